@@ -1,0 +1,42 @@
+"""humming: one weight IR and one kernel library for quantized LLM inference."""
+
+from .ir import (
+    ACT_SCHEMES,
+    FORMATS,
+    WEIGHT_SCHEMES,
+    ActScheme,
+    NumberFormat,
+    QuantizedActivation,
+    QuantizedWeight,
+    dequantize,
+    dequantize_activation,
+    get_format,
+    list_formats,
+    load,
+    quantize,
+    quantize_activation,
+    save,
+)
+from .linear import linear
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ACT_SCHEMES",
+    "FORMATS",
+    "WEIGHT_SCHEMES",
+    "ActScheme",
+    "NumberFormat",
+    "QuantizedActivation",
+    "QuantizedWeight",
+    "__version__",
+    "dequantize",
+    "dequantize_activation",
+    "get_format",
+    "linear",
+    "list_formats",
+    "load",
+    "quantize",
+    "quantize_activation",
+    "save",
+]

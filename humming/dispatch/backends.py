@@ -1,0 +1,68 @@
+"""The backend registry: each backend declares what it supports; dispatch and tests ask the same place.
+
+A backend is a module exposing ``is_available() -> str | None`` (``None`` when usable, else why not),
+``supports(qweight, act, x) -> str | None`` (``None`` when supported, else the reason) and
+``linear(x2d, qweight, bias, act, out_dtype)``. Modules are imported on first use so that
+``import humming`` never imports Triton or CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import types
+import warnings
+
+__all__ = ["BACKENDS", "backend_module", "select_backend"]
+
+#: name -> module, in the order "auto" tries them on a GPU.
+BACKENDS = {
+    "cuda": "humming.cuda_kernels",
+    "triton": "humming.triton_kernels",
+    "reference": "humming.dispatch.reference",
+}
+_warned_fallback: set[tuple] = set()
+
+
+def backend_module(name: str) -> types.ModuleType:
+    if name not in BACKENDS:
+        raise ValueError(f"backend: expected one of {['auto', *BACKENDS]}, got {name!r}")
+    try:
+        return importlib.import_module(BACKENDS[name])
+    except ImportError as err:  # the backend's own optional dependencies are missing
+        raise RuntimeError(f"backend {name!r} cannot be imported: {err}") from err
+
+
+def _unusable(name: str, qweight, act, x) -> str | None:
+    try:
+        module = backend_module(name)
+    except (RuntimeError, ValueError) as err:
+        return str(err)
+    missing = getattr(module, "is_available", lambda: None)()
+    if missing:
+        return missing
+    return module.supports(qweight, act, x)
+
+
+def select_backend(requested: str, qweight, act, x) -> types.ModuleType:
+    """The backend module that runs this call; ``HUMMING_BACKEND`` replaces ``"auto"``."""
+    if requested == "auto":
+        requested = os.environ.get("HUMMING_BACKEND", "auto") or "auto"
+    if requested != "auto":
+        reason = _unusable(requested, qweight, act, x)
+        if reason:
+            raise ValueError(f"backend {requested!r} cannot run this call: {reason}")
+        return backend_module(requested)
+    if x.device.type != "cuda":
+        return backend_module("reference")
+    reasons = {}
+    for name in ("cuda", "triton"):
+        reasons[name] = _unusable(name, qweight, act, x)
+        if reasons[name] is None:
+            return backend_module(name)
+    key = (qweight.describe(), getattr(act, "name", None), x.dtype)
+    if key not in _warned_fallback:
+        _warned_fallback.add(key)
+        why = "; ".join(f"{n}: {r}" for n, r in reasons.items())
+        warnings.warn(f"humming.linear: no fast kernel for {key}, running the reference ({why})", stacklevel=3)
+    return backend_module("reference")

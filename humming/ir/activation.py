@@ -1,0 +1,125 @@
+"""Activation quantization (reference): dynamic per-token, per-tensor and per-group, or static scales.
+
+Activations ``[M, K]`` are quantized with the same rules as weights (:func:`humming.quantize`, one code
+path): per-token is the per-channel layout of ``x``, 1x128 groups are groups along K. Kernels that fuse
+activation quantization are checked against :func:`quantize_activation`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .formats import NumberFormat, get_format
+from .layout import expand_groups, parse_group_size
+from .quantize import quantize, unpacked_codes
+
+__all__ = ["ACT_SCHEMES", "ActScheme", "QuantizedActivation", "dequantize_activation", "quantize_activation"]
+
+
+@dataclass(frozen=True)
+class ActScheme:
+    """How activations are quantized: element format, grouping, scale dtype, global scale."""
+
+    name: str
+    format: str
+    group: object  # "token", "tensor" or a group size along K
+    scale_dtype: torch.dtype = torch.float32
+    global_scale: bool = False
+
+    @property
+    def element_format(self) -> NumberFormat:
+        return get_format(self.format)
+
+    @property
+    def group_shape(self) -> tuple[int, int]:
+        return {"token": (1, -1), "tensor": (-1, -1)}.get(self.group) or parse_group_size(self.group)
+
+
+#: Named activation schemes accepted by ``humming.linear(act=...)``.
+ACT_SCHEMES = {
+    s.name: s
+    for s in (
+        ActScheme("int8", "int8", "token"),
+        ActScheme("int8_tensor", "int8", "tensor"),
+        ActScheme("fp8", "e4m3", "token"),
+        ActScheme("fp8_tensor", "e4m3", "tensor"),
+        ActScheme("fp8_g128", "e4m3", 128),
+        ActScheme("fp8_e5m2", "e5m2", "token"),
+        ActScheme("int4", "int4", "token"),
+        ActScheme("nvfp4", "e2m1", 16, torch.float8_e4m3fn, global_scale=True),
+        ActScheme("mxfp4", "e2m1", 32, torch.float8_e8m0fnu),
+        ActScheme("mxfp8", "e4m3", 32, torch.float8_e8m0fnu),
+    )
+}
+
+
+def get_act_scheme(act: str | ActScheme) -> ActScheme:
+    if isinstance(act, ActScheme):
+        return act
+    if act not in ACT_SCHEMES:
+        raise ValueError(f"act: unknown activation scheme {act!r}; expected one of {sorted(ACT_SCHEMES)}")
+    return ACT_SCHEMES[act]
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedActivation:
+    """Quantized activations: ``codes`` uint8 ``[M, K]`` (one code per byte), ``scales`` ``[gM, gK]``
+    (per-token ``[M, 1]``, per-tensor ``[1, 1]``, groups ``[M, K/g]``), optional fp32 global scale."""
+
+    scheme: ActScheme
+    codes: torch.Tensor
+    scales: torch.Tensor
+    global_scale: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    def data(self) -> torch.Tensor:
+        """The codes as the torch dtype that holds them (int8, float8_e4m3fn...), a view, where one exists."""
+        dtype = self.scheme.element_format.torch_dtype
+        if dtype is None:
+            raise ValueError(f"format {self.scheme.format} has no torch dtype; use .codes")
+        return self.codes.view(dtype)
+
+
+def quantize_activation(
+    x: torch.Tensor,
+    act: str | ActScheme,
+    *,
+    scale: torch.Tensor | None = None,
+    global_scale: torch.Tensor | None = None,
+) -> QuantizedActivation:
+    """Quantize ``x`` ``[M, K]`` with scheme ``act``; a given ``scale`` (per-tensor, static) or
+    ``global_scale`` (NVFP4 static second-level scale) replaces the dynamic one."""
+    scheme = get_act_scheme(act)
+    if x.dim() != 2:
+        raise ValueError(f"x: expected [M, K], got shape {tuple(x.shape)}")
+    fmt = scheme.element_format
+    if scale is not None:
+        scale = scale.to(device=x.device, dtype=torch.float32).reshape(1, 1)
+        codes = fmt.encode(x.to(torch.float64) / scale.to(torch.float64))
+        return QuantizedActivation(scheme, codes, scale)
+    if global_scale is not None:
+        raise ValueError("global_scale: a static global scale needs the per-group scales too; pass scale")
+    qx = quantize(
+        x,
+        fmt,
+        group_size=scheme.group_shape,
+        scale_dtype=scheme.scale_dtype,
+        global_scale=scheme.global_scale,
+    )
+    return QuantizedActivation(scheme, unpacked_codes(qx), qx.scales, qx.global_scale)
+
+
+def dequantize_activation(qa: QuantizedActivation, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``decode(codes) * float32(scale) * global_scale``, rounded once to ``dtype``."""
+    m, k = qa.shape
+    s = qa.scales.to(torch.float32)
+    if qa.global_scale is not None:
+        s = s * qa.global_scale
+    group_shape = qa.scheme.group_shape if qa.scales.numel() > 1 else (-1, -1)
+    x = qa.scheme.element_format.decode(qa.codes) * expand_groups(s, m, k, group_shape)
+    return x.to(dtype)

@@ -1,0 +1,210 @@
+"""Round-to-nearest weight quantizers and :func:`dequantize`, THE definition of a quantized weight."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .formats import NumberFormat, get_format
+from .layout import expand_groups, group_reduce, parse_group_size
+from .packing import pack_codes, unpack_codes
+from .weight import SCALE_DTYPES, QuantizedWeight
+
+__all__ = ["WEIGHT_SCHEMES", "WeightScheme", "dequantize", "quantize", "unpacked_codes"]
+
+
+@dataclass(frozen=True)
+class WeightScheme:
+    """A named recipe: element format, group layout, scale dtype, global scale (e.g. ``"nvfp4"``)."""
+
+    format: str
+    group_size: object
+    scale_dtype: torch.dtype
+    global_scale: bool = False
+
+
+#: Named recipes accepted by ``quantize(weight=...)``; explicit arguments override their fields.
+WEIGHT_SCHEMES = {
+    "mxfp4": WeightScheme("e2m1", 32, torch.float8_e8m0fnu),
+    "mxfp6_e2m3": WeightScheme("e2m3", 32, torch.float8_e8m0fnu),
+    "mxfp6_e3m2": WeightScheme("e3m2", 32, torch.float8_e8m0fnu),
+    "mxfp8": WeightScheme("e4m3", 32, torch.float8_e8m0fnu),
+    "nvfp4": WeightScheme("e2m1", 16, torch.float8_e4m3fn, global_scale=True),
+    "fp8_block": WeightScheme("e4m3", (128, 128), torch.float32),
+}
+
+_UNSET = object()
+
+
+def _default_scale_dtype(w: torch.Tensor) -> torch.dtype:
+    return w.dtype if w.dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
+def quantize(
+    w: torch.Tensor,
+    weight: str | NumberFormat = "int4",
+    group_size=_UNSET,
+    zero_point: bool | str = False,
+    scale_dtype: torch.dtype | None = None,
+    *,
+    global_scale: bool | None = None,
+    g_idx: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> QuantizedWeight:
+    """Quantize a float weight ``[N, K]`` or ``[E, N, K]`` by round to nearest.
+
+    Args:
+        weight: element format (``"int4"``, ``"uint8"``, ``"e2m1"``, ``"e4m3"``, ``"nf4"``, any ``"eXmY"``)
+            or a scheme of :data:`WEIGHT_SCHEMES` (``"nvfp4"``, ``"mxfp4"``, ...).
+        group_size: ``g`` (groups of g along K), ``-1`` (per-channel), ``"tensor"``, or ``(bn, bk)`` blocks.
+            Default: 128, or the scheme's.
+        zero_point: ``False`` (symmetric), ``True`` (integer zero points: int formats become uintN) or
+            ``"float"`` (float zero points in the scale dtype).
+        scale_dtype: float32, float16, bfloat16, float8_e4m3fn or float8_e8m0fnu. Default: ``w``'s dtype
+            if fp16/bf16, else float32, or the scheme's.
+        global_scale: add an fp32 second-level scale (per tensor, per expert for 3-D ``w``) so that
+            low-precision scales use their full range (NVFP4).
+        g_idx: act-order: int32 ``[K]`` group of each input column (groups need not be contiguous).
+        bias: optional float ``[*E, N]`` carried with the weight.
+    """
+    scheme = WEIGHT_SCHEMES.get(weight) if isinstance(weight, str) else None
+    fmt = get_format(scheme.format if scheme else weight)
+    if group_size is _UNSET:
+        group_size = scheme.group_size if scheme else 128
+    if scale_dtype is None:
+        scale_dtype = scheme.scale_dtype if scheme else _default_scale_dtype(w)
+    if global_scale is None:
+        global_scale = scheme.global_scale if scheme else False
+
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() not in (2, 3):
+        raise ValueError("w: expected a floating-point tensor [N, K] or [E, N, K]")
+    if scale_dtype not in SCALE_DTYPES:
+        raise ValueError(f"scale_dtype: expected one of {SCALE_DTYPES}, got {scale_dtype}")
+    if fmt.kind == "e8m0":
+        raise ValueError("weight: e8m0 is a scale format, not a weight element format")
+    if zero_point not in (False, True, "float"):
+        raise ValueError(f"zero_point: expected False, True or 'float', got {zero_point!r}")
+    if zero_point:
+        if not fmt.is_int:
+            raise ValueError(f"zero_point={zero_point!r}: zero points need an int format, got {fmt.name}")
+        fmt = get_format(f"uint{fmt.bits}")
+    elif fmt.is_int and fmt.signed and fmt.bits == 1:
+        raise ValueError("weight: symmetric int1 has no positive value; use zero_point=True (uint1)")
+    if zero_point == "float" and scale_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError("zero_point='float': float zeros are stored in the scale dtype, which must be fp32/fp16/bf16")
+
+    if global_scale and zero_point:
+        raise ValueError("global_scale: a global scale is only supported with symmetric quantization")
+    group_shape = parse_group_size(group_size)
+    if g_idx is not None and group_shape[0] != 1:
+        raise ValueError(f"g_idx: act-order needs a per-group layout along K, got group_size {group_size!r}")
+    if g_idx is not None:
+        g_idx = g_idx.to(device=w.device, dtype=torch.int32)
+        if tuple(g_idx.shape) != (w.shape[-1],):
+            raise ValueError(f"g_idx: expected shape ({w.shape[-1]},), got {tuple(g_idx.shape)}")
+
+    x = w.detach().to(torch.float64)
+    n_groups = None if g_idx is None else math.ceil(w.shape[-1] / group_shape[1])
+    if g_idx is not None and g_idx.numel():
+        n_groups = max(n_groups, int(g_idx.max()) + 1)
+    reduce = lambda t, op: group_reduce(t, group_shape, op, g_idx, n_groups)
+    expand = lambda t: expand_groups(t, w.shape[-2], w.shape[-1], group_shape, g_idx)
+
+    zeros = None
+    gscale = None
+    if zero_point:
+        lo = reduce(x, "amin").clamp(max=0.0)
+        hi = reduce(x, "amax").clamp(min=0.0)
+        qmax = float((1 << fmt.bits) - 1)
+        scale = _round_scale((hi - lo) / qmax, scale_dtype, fmt, ceil=True)
+        s = _decode_scale(scale)
+        s_safe = torch.where(s == 0, torch.ones_like(s), s)
+        if zero_point is True:
+            zeros = torch.round(-lo / s_safe).clamp(0, qmax).to(torch.uint8)
+            z = zeros.to(torch.float64)
+        else:
+            zeros = (-lo / s_safe).to(scale_dtype)
+            z = zeros.to(torch.float64)
+        codes = torch.round(x / expand(s_safe) + expand(z)).clamp(0, qmax).to(torch.uint8)
+    else:
+        amax = reduce(x.abs(), "amax")
+        elem_max = float((1 << (fmt.bits - 1)) - 1) if fmt.is_int else fmt.max_value
+        if global_scale:
+            scale_max = _scale_dtype_max(scale_dtype)
+            tensor_amax = x.abs().flatten(-2).amax(-1) if x.dim() == 3 else x.abs().amax()
+            gscale = (tensor_amax / (elem_max * scale_max)).to(torch.float32)
+            gscale = torch.where(gscale == 0, torch.ones_like(gscale), gscale)
+            g = gscale.to(torch.float64).reshape(*gscale.shape, 1, 1)
+            scale = _round_scale(amax / elem_max / g, scale_dtype, fmt, ceil=False)
+            s = _decode_scale(scale) * g
+        else:
+            scale = _round_scale(amax / elem_max, scale_dtype, fmt, ceil=fmt.is_int)
+            s = _decode_scale(scale)
+        s_elem = expand(s)
+        scaled = torch.where(s_elem == 0, torch.zeros_like(x), x / torch.where(s_elem == 0, 1.0, s_elem))
+        codes = fmt.encode(scaled)
+
+    return QuantizedWeight(
+        shape=tuple(w.shape),
+        format=fmt,
+        qweight=pack_codes(codes, fmt.bits),
+        scales=scale,
+        group_shape=group_shape,
+        zeros=zeros,
+        global_scale=gscale,
+        g_idx=g_idx,
+        bias=bias,
+    )
+
+
+def _scale_dtype_max(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).max
+
+
+def _decode_scale(scale: torch.Tensor) -> torch.Tensor:
+    return scale.to(torch.float32).to(torch.float64)
+
+
+def _round_scale(s: torch.Tensor, dtype: torch.dtype, fmt: NumberFormat, ceil: bool) -> torch.Tensor:
+    """Cast ideal scales to ``dtype``. e8m0: a power of two; ``ceil`` (int formats) never clips, otherwise
+    the OCP MX rule ``2^(floor(log2 amax) - emax_elem)`` is used (elements may saturate)."""
+    if dtype == torch.float8_e8m0fnu:
+        s = s.clamp(min=2.0**-127)
+        if ceil:
+            exp = torch.ceil(torch.log2(s))
+        else:
+            # s = amax / max_value: floor(log2(amax)) - emax(element format)
+            emax_elem = math.floor(math.log2(fmt.max_value))
+            exp = torch.floor(torch.log2(s * fmt.max_value)) - emax_elem
+        return torch.exp2(exp.clamp(-127, 127)).to(torch.float32).to(dtype)
+    if dtype == torch.float8_e4m3fn:
+        return s.clamp(max=448.0).to(torch.float32).to(dtype)
+    return s.to(dtype)
+
+
+def unpacked_codes(qw: QuantizedWeight) -> torch.Tensor:
+    """uint8 codes ``[*E, N, K]`` of a quantized weight."""
+    return unpack_codes(qw.qweight, qw.bits, qw.K)
+
+
+def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The float weight ``[*E, N, K]`` that ``qw`` stands for (docs/ir.md), rounded once to ``dtype``.
+
+    Computes ``(decode(q) - zero) * (float32(scale) * global_scale)`` in float32 (float64 if asked for).
+    """
+    if not isinstance(qw, QuantizedWeight):
+        raise ValueError(f"qw: expected a QuantizedWeight, got {type(qw).__name__}")
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    n, k = qw.N, qw.K
+    w = qw.format.decode(unpacked_codes(qw)).to(work)
+    if qw.zeros is not None:
+        w = w - expand_groups(qw.zeros.to(work), n, k, qw.group_shape, qw.g_idx)
+    if qw.scales is not None:
+        s = qw.scales.to(torch.float32)
+        if qw.global_scale is not None:
+            g = qw.global_scale
+            s = s * (g.reshape(*g.shape, 1, 1) if g.dim() else g)
+        w = w * expand_groups(s.to(work), n, k, qw.group_shape, qw.g_idx)
+    return w.to(dtype)

@@ -1,0 +1,257 @@
+"""``QuantizedWeight``: the one standard representation of a quantized linear (or MoE) weight.
+
+docs/ir.md gives the contract; :func:`humming.dequantize` defines the meaning. Instances are immutable:
+:meth:`QuantizedWeight.replace` returns a new, re-validated instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from .formats import NumberFormat, get_format
+from .packing import packed_words
+
+__all__ = ["SCALE_DTYPES", "QuantizedWeight", "cdiv", "layout_name"]
+
+#: dtypes a scale tensor may have.
+SCALE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e8m0fnu)
+_FLOAT_ZERO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INT_ZERO_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32)
+_BIAS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def layout_name(group_shape: tuple[int, int]) -> str:
+    """``"tensor"``, ``"channel"``, ``"group"`` or ``"block"`` for a ``(bn, bk)`` group shape."""
+    bn, bk = group_shape
+    if bn == -1 and bk == -1:
+        return "tensor"
+    if bn == 1 and bk == -1:
+        return "channel"
+    if bn == 1:
+        return "group"
+    return "block"
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedWeight:
+    """A quantized weight ``[E?, N, K]``: packed codes, scales, zero points, global scale, group layout.
+
+    Fields are described in docs/ir.md. Construction validates every field and raises ``ValueError``
+    naming the field and what was expected.
+    """
+
+    shape: tuple[int, ...]
+    format: NumberFormat
+    qweight: torch.Tensor
+    scales: torch.Tensor | None = None
+    group_shape: tuple[int, int] = (-1, -1)
+    zeros: torch.Tensor | None = None
+    global_scale: torch.Tensor | None = None
+    g_idx: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        set_("format", _as_format(self.format))
+        set_("shape", _as_shape(self.shape))
+        set_("group_shape", _as_group_shape(self.group_shape, self.shape))
+        self._validate()
+
+    # --------------------------------------------------------------------------------------- geometry
+    @property
+    def N(self) -> int:
+        return self.shape[-2]
+
+    @property
+    def K(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def num_experts(self) -> int | None:
+        return self.shape[0] if len(self.shape) == 3 else None
+
+    @property
+    def lead(self) -> tuple[int, ...]:
+        """``(E,)`` for MoE weights, ``()`` otherwise."""
+        return self.shape[:-2]
+
+    @property
+    def bits(self) -> int:
+        return self.format.bits
+
+    @property
+    def layout(self) -> str:
+        return layout_name(self.group_shape)
+
+    @property
+    def group_size(self) -> int | None:
+        """Group size along K for per-group layouts (``K`` for per-channel), else ``None``."""
+        bn, bk = self.group_shape
+        if bn != 1:
+            return None
+        return self.K if bk == -1 else bk
+
+    @property
+    def block_shape(self) -> tuple[int, int]:
+        """``group_shape`` with ``-1`` replaced by the dimension it covers."""
+        bn, bk = self.group_shape
+        return (self.N if bn == -1 else bn, self.K if bk == -1 else bk)
+
+    @property
+    def scale_grid(self) -> tuple[int, int]:
+        """Shape ``(groups along N, groups along K)`` of the scale tensor (without the expert dim)."""
+        if self.g_idx is not None and self.scales is not None:
+            return (self.N, self.scales.shape[-1])
+        bn, bk = self.block_shape
+        return (cdiv(self.N, bn), cdiv(self.K, bk))
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    @property
+    def has_zeros(self) -> bool:
+        return self.zeros is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tensor held (what a kernel reads from memory for the whole weight)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tensor fields that are set, by name."""
+        names = ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    # ------------------------------------------------------------------------------------- transforms
+    def replace(self, **changes) -> QuantizedWeight:
+        """A copy with some fields changed, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def to(self, device: torch.device | str) -> QuantizedWeight:
+        """The same weight with every tensor on ``device``."""
+        return self.replace(**{n: t.to(device) for n, t in self.tensors().items()})
+
+    def describe(self) -> str:
+        """A short name such as ``int4 g128 bf16-scales`` or ``uint4 g128 zp act-order``."""
+        parts = [self.format.name]
+        bk = self.group_shape[1]
+        parts.append({"tensor": "per-tensor", "channel": "per-channel", "group": f"g{bk}"}.get(self.layout, ""))
+        if self.layout == "block":
+            parts[-1] = f"block{self.block_shape[0]}x{self.block_shape[1]}"
+        if self.scales is not None:
+            parts.append(f"{_dtype_name(self.scales.dtype)}-scales")
+        if self.zeros is not None:
+            parts.append("zp" if not self.zeros.is_floating_point() else "float-zp")
+        if self.global_scale is not None:
+            parts.append("global-scale")
+        if self.g_idx is not None:
+            parts.append("act-order")
+        if self.num_experts is not None:
+            parts.append(f"E={self.num_experts}")
+        return " ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"QuantizedWeight(shape={self.shape}, {self.describe()}, {self.nbytes} bytes, device={self.device})"
+
+    # ------------------------------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        lead, n, k = self.lead, self.N, self.K
+        fmt = self.format
+        device = self.qweight.device if isinstance(self.qweight, torch.Tensor) else None
+        _check_tensor("qweight", self.qweight, (torch.int32,), (*lead, n, packed_words(k, fmt.bits)), device)
+        if fmt.kind == "e8m0":
+            raise ValueError("format: e8m0 is a scale format, not a weight element format")
+
+        if self.g_idx is not None:
+            if self.group_shape[0] != 1:
+                raise ValueError(
+                    f"g_idx: act-order needs a per-group layout (1, g), got group_shape {self.group_shape}"
+                )
+            if self.scales is None:
+                raise ValueError("g_idx: act-order needs scales")
+            _check_tensor("g_idx", self.g_idx, (torch.int32,), None, device)
+            if tuple(self.g_idx.shape) not in ((k,), (*lead, k)):
+                raise ValueError(f"g_idx: expected shape ({k},) or {(*lead, k)}, got {tuple(self.g_idx.shape)}")
+            n_groups = self.scales.shape[-1]
+            if self.g_idx.numel() and (int(self.g_idx.min()) < 0 or int(self.g_idx.max()) >= n_groups):
+                raise ValueError(f"g_idx: values must lie in [0, {n_groups}) (the scales' group count)")
+
+        grid = (*lead, *self.scale_grid)
+        if self.scales is not None:
+            _check_tensor("scales", self.scales, SCALE_DTYPES, grid, device)
+        if self.zeros is not None:
+            if self.scales is None:
+                raise ValueError("zeros: zero points need scales")
+            _check_tensor("zeros", self.zeros, _INT_ZERO_DTYPES + _FLOAT_ZERO_DTYPES, grid, device)
+            if not self.zeros.is_floating_point() and not (fmt.is_int and not fmt.signed):
+                raise ValueError(
+                    f"zeros: integer zero points need an unsigned int format (uintN), got {fmt.name}; "
+                    "use float zeros or a uint format"
+                )
+        if self.global_scale is not None:
+            _check_tensor("global_scale", self.global_scale, (torch.float32,), None, device)
+            if tuple(self.global_scale.shape) not in ((), tuple(lead)):
+                raise ValueError(
+                    f"global_scale: expected shape () or {tuple(lead)}, got {tuple(self.global_scale.shape)}"
+                )
+        if self.bias is not None:
+            _check_tensor("bias", self.bias, _BIAS_DTYPES, (*lead, n), device)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {
+        torch.float32: "fp32",
+        torch.float16: "fp16",
+        torch.bfloat16: "bf16",
+        torch.float8_e4m3fn: "e4m3",
+        torch.float8_e8m0fnu: "e8m0",
+    }.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def _as_format(fmt) -> NumberFormat:
+    try:
+        return get_format(fmt)
+    except ValueError as err:
+        raise ValueError(f"format: {err}") from None
+
+
+def _as_shape(shape) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in shape)
+    except TypeError:
+        raise ValueError(f"shape: expected (N, K) or (E, N, K), got {shape!r}") from None
+    if len(shape) not in (2, 3) or any(d <= 0 for d in shape):
+        raise ValueError(f"shape: expected (N, K) or (E, N, K) with positive sizes, got {shape}")
+    return shape
+
+
+def _as_group_shape(group_shape, shape) -> tuple[int, int]:
+    try:
+        bn, bk = (int(v) for v in group_shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"group_shape: expected a pair (bn, bk), got {group_shape!r}") from None
+    if bn == 0 or bk == 0 or bn < -1 or bk < -1:
+        raise ValueError(f"group_shape: each entry must be positive or -1 (whole dimension), got {(bn, bk)}")
+    # Normalise: a block covering a whole dimension is that dimension's -1.
+    n, k = shape[-2], shape[-1]
+    return (-1 if bn >= n and bn != 1 else bn, -1 if bk >= k else bk)
+
+
+def _check_tensor(name, t, dtypes, shape, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{name}: expected dtype in ({allowed}), got {str(t.dtype).replace('torch.', '')}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: on {t.device}, but qweight is on {device}; every tensor must share one device")

@@ -1,0 +1,87 @@
+"""``humming.linear``: the one entry point for quantized dense layers."""
+
+from __future__ import annotations
+
+import torch
+
+from .dispatch.backends import select_backend
+from .dispatch.support import combination_error
+from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
+from .ir.weight import QuantizedWeight
+
+__all__ = ["linear"]
+
+_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def linear(
+    x: torch.Tensor | QuantizedActivation,
+    qweight: QuantizedWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    act: str | ActScheme | None = None,
+    out_dtype: torch.dtype | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """``y = x @ W^T + bias`` with ``W = humming.dequantize(qweight)``.
+
+    Args:
+        x: ``[..., K]`` float16 / bfloat16 (float32 on the reference backend), last dim contiguous; or a
+            :class:`~humming.ir.activation.QuantizedActivation` ``[M, K]`` quantized beforehand.
+        qweight: a 2-D :class:`QuantizedWeight` ``[N, K]``.
+        bias: ``[N]``; defaults to ``qweight.bias``.
+        act: activation quantization scheme (``"fp8"``, ``"int8"``, ``"nvfp4"``... see
+            ``humming.ACT_SCHEMES``); ``None`` keeps activations in 16 bits (WnA16).
+        out_dtype: float16, bfloat16 or float32; defaults to ``x``'s dtype (bfloat16 for quantized x).
+        backend: ``"auto"``, ``"reference"``, ``"triton"`` or ``"cuda"``; the ``HUMMING_BACKEND``
+            environment variable replaces ``"auto"``. On CPU tensors ``"auto"`` runs the reference.
+    Returns:
+        ``[..., N]`` in ``out_dtype``.
+    """
+    if not isinstance(qweight, QuantizedWeight):
+        raise ValueError(f"qweight: expected a humming.QuantizedWeight, got {type(qweight).__name__}")
+    if qweight.num_experts is not None:
+        raise ValueError(f"qweight: linear takes a 2-D weight [N, K], got an expert-stacked weight {qweight.shape}")
+    n, k = qweight.N, qweight.K
+
+    prequantized = isinstance(x, QuantizedActivation)
+    if prequantized:
+        if act is not None and get_act_scheme(act) != x.scheme:
+            raise ValueError(f"act: x is already quantized with {x.scheme.name}, but act={act!r}")
+        act = x.scheme
+        x_data, lead = x.codes, x.shape[:-1]
+    elif isinstance(x, torch.Tensor):
+        if x.dtype not in _X_DTYPES:
+            raise ValueError(f"x: expected dtype float16, bfloat16 or float32, got {x.dtype}")
+        if x.dim() < 1:
+            raise ValueError("x: expected rank >= 1 ([..., K]), got a 0-d tensor")
+        if x.shape[-1] and x.stride(-1) != 1:
+            raise ValueError(f"x: the last dimension must be contiguous (stride 1), got strides {tuple(x.stride())}")
+        act = None if act is None else get_act_scheme(act)
+        x_data, lead = x, tuple(x.shape[:-1])
+    else:
+        raise ValueError(f"x: expected a torch.Tensor or QuantizedActivation, got {type(x).__name__}")
+
+    if x_data.shape[-1] != k:
+        raise ValueError(f"x: last dimension is {x_data.shape[-1]}, but qweight has K={k} (shape {qweight.shape})")
+    if x_data.device != qweight.device:
+        raise ValueError(f"x is on {x_data.device} but qweight is on {qweight.device}; move one with .to()")
+    if bias is None:
+        bias = qweight.bias
+    elif not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,) or not bias.is_floating_point():
+        raise ValueError(f"bias: expected a float tensor of shape ({n},), got {getattr(bias, 'shape', bias)!r}")
+    elif bias.device != qweight.device:
+        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if prequantized else x.dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
+    reason = combination_error(qweight.format, act)
+    if reason:
+        raise ValueError(reason)
+
+    x2d = x if prequantized else x.reshape(-1, k)
+    module = select_backend(backend, qweight, act, x2d if not prequantized else x.codes)
+    out = module.linear(x2d, qweight, bias, act, out_dtype)
+    return out.reshape(*lead, n)
