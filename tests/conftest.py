@@ -1,0 +1,41 @@
+"""Test plumbing shared by every test module.
+
+- ``gpu`` marker: the test needs CUDA and is skipped (with the reason) without it.
+- Without a GPU, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` must be set before
+  Triton decorates any kernel, so it is set here, at collection, before humming's kernels import.
+  The interpreter's known gaps are worked around in ``humming/triton_kernels/interpreter.py``.
+- ``seed`` fixture: every test draws fresh random inputs from a seed it prints on failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A per-test seed (stable across runs, different between tests), set on torch's generator."""
+    value = int.from_bytes(request.node.nodeid.encode()[-8:].ljust(8, b"\0"), "little") % (2**31)
+    torch.manual_seed(value)
+    return value
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if HAS_CUDA else "cpu"
