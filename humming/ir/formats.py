@@ -7,9 +7,10 @@ values and back:
 - ``intN``: two's complement, values ``[-2^(N-1), 2^(N-1) - 1]``.
 - ``uintN``: values ``[0, 2^N - 1]`` (used with zero points).
 - ``eXmY``: sign, X exponent bits (bias ``2^(X-1) - 1``), Y mantissa bits, subnormals. NaN/inf rules
-  (``nan_rule``): ``"ieee"`` (e5m2: all-ones exponent is inf or NaN, like IEEE), ``"fn"`` (e4m3 and
-  any other 8-bit eXmY: only the all-ones code is NaN, no inf, as torch's ``float8_e4m3fn``), ``"none"``
-  (formats under 8 bits: every code is finite, as the OCP MX spec defines e2m1 / e2m3 / e3m2).
+  (``nan_rule``): ``"fn"`` (e4m3: only the all-ones code is NaN, no inf, as OCP FP8 and torch's
+  ``float8_e4m3fn``), ``"ieee"`` (e5m2 and every other 8-bit eXmY: an all-ones exponent is inf or NaN, as
+  OCP e5m2 and ml_dtypes' ``float8_e3m4``), ``"none"`` (formats under 8 bits: every code is finite, as the
+  OCP MX spec defines e2m1 / e2m3 / e3m2).
 - ``e8m0``: unsigned power of two ``2^(code - 127)``; code 255 is NaN (OCP MX scale format).
 - lookup tables (``nf4``): the code indexes a table of values.
 
@@ -273,7 +274,7 @@ def _build(name: str) -> NumberFormat:
         bits = 1 + e + mant
         if e < 1 or bits > 8:
             raise ValueError(f"format {name!r}: need at least 1 exponent bit and at most 8 bits in all")
-        nan_rule = "none" if bits < 8 else ("ieee" if name == "e5m2" else "fn")
+        nan_rule = "none" if bits < 8 else ("fn" if name == "e4m3" else "ieee")
         return NumberFormat(
             name=name,
             kind="float",

@@ -168,8 +168,9 @@ def _decode_scale(scale: torch.Tensor) -> torch.Tensor:
 
 
 def _round_scale(s: torch.Tensor, dtype: torch.dtype, fmt: NumberFormat, ceil: bool) -> torch.Tensor:
-    """Cast ideal scales to ``dtype``. e8m0: a power of two; ``ceil`` (int formats) never clips, otherwise
-    the OCP MX rule ``2^(floor(log2 amax) - emax_elem)`` is used (elements may saturate)."""
+    """Cast ideal scales to ``dtype``. With ``ceil`` (integer grids) the scale never rounds down, so no code
+    clips; otherwise round to nearest, and e8m0 follows the OCP MX rule ``2^(floor(log2 amax) - emax_elem)``
+    (elements may then saturate, as the spec says)."""
     if dtype == torch.float8_e8m0fnu:
         s = s.clamp(min=2.0**-127)
         if ceil:
@@ -181,7 +182,11 @@ def _round_scale(s: torch.Tensor, dtype: torch.dtype, fmt: NumberFormat, ceil: b
         return torch.exp2(exp.clamp(-127, 127)).to(torch.float32).to(dtype)
     if dtype == torch.float8_e4m3fn:
         return s.clamp(max=448.0).to(torch.float32).to(dtype)
-    return s.to(dtype)
+    rounded = s.to(dtype)
+    if ceil:  # never round an integer grid's step down: the extreme codes would clip
+        up = torch.nextafter(rounded, torch.full_like(rounded, float("inf")))
+        rounded = torch.where(rounded.to(torch.float64) < s, up, rounded)
+    return rounded
 
 
 def unpacked_codes(qw: QuantizedWeight) -> torch.Tensor:

@@ -166,9 +166,9 @@ class QuantizedWeight:
         lead, n, k = self.lead, self.N, self.K
         fmt = self.format
         device = self.qweight.device if isinstance(self.qweight, torch.Tensor) else None
-        _check_tensor("qweight", self.qweight, (torch.int32,), (*lead, n, packed_words(k, fmt.bits)), device)
         if fmt.kind == "e8m0":
             raise ValueError("format: e8m0 is a scale format, not a weight element format")
+        _check_tensor("qweight", self.qweight, (torch.int32,), (*lead, n, packed_words(k, fmt.bits)), device)
 
         if self.g_idx is not None:
             if self.group_shape[0] != 1:

@@ -1,0 +1,156 @@
+"""``humming.linear`` on the reference backend, activation quantization, and every input error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming
+from humming.ir.activation import ACT_SCHEMES, dequantize_activation, quantize_activation
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not torch.isnan(out).any(), "NaN in the output"
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+# ------------------------------------------------------------------------------ activation quantization
+
+
+@pytest.mark.parametrize("name", sorted(ACT_SCHEMES))
+def test_activation_quantization(name, seed):
+    scheme = ACT_SCHEMES[name]
+    x = torch.randn(5, 96, dtype=torch.bfloat16) * 3
+    qa = quantize_activation(x, name)
+    assert qa.codes.dtype == torch.uint8 and qa.codes.shape == (5, 96)
+    gm, gk = qa.scales.shape
+    bn, bk = scheme.group_shape
+    assert gm == (1 if bn == -1 else 5) and gk == (1 if bk == -1 else -(-96 // bk))
+    xq = dequantize_activation(qa)
+    bound = {8: 0.07, 6: 0.1, 4: 0.2}[scheme.element_format.bits]
+    assert rel_err(xq, x.float()) < bound
+    if scheme.element_format.torch_dtype is not None:
+        assert qa.data().dtype == scheme.element_format.torch_dtype
+
+
+def test_per_token_scales_are_amax_over_qmax(seed):
+    x = torch.randn(4, 64)
+    qa = quantize_activation(x, "fp8")
+    assert torch.allclose(qa.scales, x.abs().amax(-1, keepdim=True) / 448, rtol=1e-6, atol=0)
+    qa = quantize_activation(x, "int8")
+    assert bool((qa.scales.double() >= x.double().abs().amax(-1, keepdim=True) / 127).all())
+    assert torch.equal(qa.data(), qa.codes.view(torch.int8))
+
+
+def test_static_scale(seed):
+    x = torch.randn(3, 32)
+    qa = quantize_activation(x, "fp8_tensor", scale=torch.tensor(0.01))
+    assert qa.scales.shape == (1, 1)
+    expected = (x / 0.01).to(torch.float8_e4m3fn).float() * torch.tensor(0.01)
+    assert torch.equal(dequantize_activation(qa), expected)
+
+
+# ----------------------------------------------------------------------------------------- reference
+
+LINEAR_CASES = [
+    ("int4", dict(group_size=32), None),
+    ("int4", dict(group_size=32, zero_point=True), None),
+    ("int3", dict(group_size=-1), None),
+    ("nf4", dict(group_size=64), None),
+    ("e4m3", dict(group_size=-1), None),
+    ("mxfp4", dict(), None),
+    ("int8", dict(group_size=-1), "int8"),
+    ("int4", dict(group_size=-1), "int8"),
+    ("e4m3", dict(group_size=-1), "fp8"),
+    ("fp8_block", dict(group_size=(32, 32)), "fp8_g128"),
+    ("int4", dict(group_size=32), "fp8"),
+    ("mxfp4", dict(), "fp8"),
+    ("int4", dict(group_size=-1), "int4"),
+    ("nvfp4", dict(), "nvfp4"),
+    ("mxfp4", dict(), "mxfp4"),
+]
+
+
+@pytest.mark.parametrize("weight,kwargs,act", LINEAR_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reference_linear(weight, kwargs, act, dtype, seed):
+    w = torch.randn(48, 256)
+    qw = humming.quantize(w, weight, **kwargs)
+    x = torch.randn(2, 3, 256, dtype=dtype)
+    bias = torch.randn(48, dtype=dtype)
+    out = humming.linear(x, qw, bias, act=act)
+    assert out.shape == (2, 3, 48) and out.dtype == dtype
+    xf = x.double().reshape(-1, 256)
+    if act is not None:
+        xf = dequantize_activation(quantize_activation(x.reshape(-1, 256), act)).double()
+    ref = (xf @ humming.dequantize(qw, torch.float64).T + bias.double()).reshape(2, 3, 48)
+    assert rel_err(out, ref) < 1e-2  # one rounding of the output to 16 bits
+    assert rel_err(out, x.double() @ w.double().T + bias.double()) < 0.35  # quantization error
+
+
+def test_prequantized_activations_and_out_dtype(seed):
+    qw = humming.quantize(torch.randn(32, 64), "e4m3", group_size=-1)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    qa = quantize_activation(x, "fp8")
+    a = humming.linear(qa, qw, out_dtype=torch.float32)
+    b = humming.linear(x, qw, act="fp8", out_dtype=torch.float32)
+    assert a.dtype == torch.float32 and torch.equal(a, b)
+
+
+def test_backend_env_override(monkeypatch, seed):
+    qw = humming.quantize(torch.randn(16, 64), "int4", group_size=32)
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    monkeypatch.setenv("HUMMING_BACKEND", "reference")
+    ref = humming.linear(x, qw)
+    monkeypatch.setenv("HUMMING_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="backend"):
+        humming.linear(x, qw)
+    monkeypatch.delenv("HUMMING_BACKEND")
+    assert torch.equal(humming.linear(x, qw), ref)  # auto on CPU = reference
+
+
+# -------------------------------------------------------------------------------------------- errors
+
+
+@pytest.fixture
+def qw():
+    return humming.quantize(torch.randn(16, 64), "int4", group_size=32)
+
+
+@pytest.mark.parametrize(
+    "make_x,kwargs,match",
+    [
+        (lambda: torch.randn(2, 64, dtype=torch.float64), {}, "x: expected dtype"),
+        (lambda: torch.randint(0, 3, (2, 64)), {}, "x: expected dtype"),
+        (lambda: torch.randn(2, 63, dtype=torch.bfloat16), {}, "K=64"),
+        (lambda: torch.tensor(1.0, dtype=torch.bfloat16), {}, "rank"),
+        (lambda: torch.randn(64, 2, dtype=torch.bfloat16).t(), {}, "contiguous"),
+        (lambda: torch.randn(2, 64, dtype=torch.bfloat16, device="meta"), {}, "is on meta"),
+        (lambda: [[1.0] * 64], {}, "x: expected a torch.Tensor"),
+        (lambda: torch.randn(2, 64, dtype=torch.bfloat16), dict(bias=torch.randn(15)), "bias"),
+        (lambda: torch.randn(2, 64, dtype=torch.bfloat16), dict(out_dtype=torch.int8), "out_dtype"),
+        (lambda: torch.randn(2, 64, dtype=torch.bfloat16), dict(act="int2"), "act: unknown"),
+        (lambda: torch.randn(2, 64, dtype=torch.bfloat16), dict(backend="tpu"), "backend"),
+    ],
+)
+def test_linear_errors(qw, make_x, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        humming.linear(make_x(), qw, **kwargs)
+
+
+def test_unsupported_combination_lists_what_is_supported():
+    qw = humming.quantize(torch.randn(16, 64), "nvfp4")
+    with pytest.raises(ValueError, match=r"e2m1 with act=int8 is not supported\. Supported: .*act int8"):
+        humming.linear(torch.randn(2, 64, dtype=torch.bfloat16), qw, act="int8")
+    qw8 = humming.quantize(torch.randn(16, 64), "int8", group_size=-1)
+    with pytest.raises(ValueError, match="not supported"):
+        humming.linear(torch.randn(2, 64, dtype=torch.bfloat16), qw8, act="nvfp4")
+
+
+def test_weight_errors():
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"qweight: expected a humming\.QuantizedWeight"):
+        humming.linear(x, torch.randn(16, 64))
+    moe = humming.quantize(torch.randn(2, 16, 64), "int4", group_size=32)
+    with pytest.raises(ValueError, match="2-D weight"):
+        humming.linear(x, moe)
