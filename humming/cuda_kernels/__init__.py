@@ -1,0 +1,120 @@
+"""humming's CUDA backend: hand-written kernels compiled at run time with NVRTC (``jit``).
+
+Backend interface (``humming.dispatch.backends``): :func:`is_available`, :func:`supports`,
+:func:`linear`. Kernels today:
+
+- ``decode`` (``include/humming/decode.cuh``): weight-only GEMM for M <= 64, int4 / uint4 (+ zero points)
+  / int8 / uint8 weights, bfloat16 or float16 activations, per-tensor / per-channel / group scales
+  (group size a multiple of 64), compute capability 8.0 and newer.
+
+Each ``QuantizedWeight`` is re-tiled once into the kernel's own layout (:func:`prepare`, cached per
+weight object). :func:`warmup` compiles the kernels a set of layers needs ahead of time, so that CUDA
+graph capture never compiles (an unprepared kernel raises ``KernelNotReadyError`` during capture).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+
+from . import _decode
+from ._warmup import WarmupReport, warmup_specs
+from .jit import KernelNotReadyError, compiler_unavailable_reason
+
+__all__ = ["KernelNotReadyError", "WarmupReport", "is_available", "linear", "prepare", "supports", "warmup"]
+
+_prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def _runtime_unavailable_reason() -> str | None:
+    reason = compiler_unavailable_reason()
+    if reason is not None:
+        return reason
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except Exception as exc:
+        return f"cuda.bindings.driver cannot be imported ({type(exc).__name__}: {exc})"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return None
+
+
+def is_available() -> str | None:
+    """``None`` when the CUDA backend can run here, else why not (missing package, no GPU...)."""
+    return _runtime_unavailable_reason()
+
+
+def supports(qweight, act, x: torch.Tensor) -> str | None:
+    """``None`` when a CUDA kernel runs ``linear(x, qweight, act=act)``, else the reason it does not.
+
+    ``x`` is the 2-D activation ``[M, K]`` (its dtype, device and M matter).
+    """
+    if act is not None:
+        return f"no CUDA kernel for quantized activations ({getattr(act, 'name', act)}) yet"
+    if x.device.type != "cuda":
+        return f"x is on {x.device}, not a CUDA device"
+    if qweight.num_experts is not None:
+        return "no CUDA kernel for expert-stacked weights yet"
+    cc = torch.cuda.get_device_capability(x.device)
+    if cc not in _decode.DECODE_CCS:
+        return f"the CUDA kernels are built for compute capabilities {_decode.DECODE_CCS}, not {cc}"
+    return _decode.decode_unsupported(qweight, x)
+
+
+def prepare(qweight, act_dtype: torch.dtype) -> _decode.PreparedDecode:
+    """``qweight`` re-tiled for the decode kernel; computed once per (weight object, activation dtype)."""
+    per_weight = _prepared.setdefault(qweight, {})
+    prep = per_weight.get(act_dtype)
+    if prep is None:
+        prep = per_weight[act_dtype] = _decode.prepare_decode(qweight, act_dtype)
+    return prep
+
+
+def linear(x: torch.Tensor, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -> torch.Tensor:
+    """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`supports`)."""
+    reason = supports(qweight, act, x)
+    if reason is not None:
+        raise ValueError(f"humming CUDA backend: {reason}")
+    return _decode.run_decode(prepare(qweight, x.dtype), x, bias, out_dtype)
+
+
+def warmup(
+    layers,
+    m_values=(1, 16, 64),
+    act_dtype: torch.dtype = torch.bfloat16,
+    out_dtype: torch.dtype | None = None,
+    bias_dtype: torch.dtype | None = None,
+    device: int | None = None,
+    progress: bool = True,
+    max_workers: int | None = None,
+) -> WarmupReport:
+    """Compile (in parallel) and load every kernel that ``layers`` need for the token counts ``m_values``.
+
+    ``layers`` are ``QuantizedWeight`` objects on a CUDA device; combinations with no CUDA kernel are
+    skipped. The report holds each kernel's origin (``compiled`` = cold, ``disk``, ``memory``) and time.
+    """
+    from . import _driver
+    from .jit import device_arch
+
+    out_dtype = out_dtype or act_dtype
+    device = torch.cuda.current_device() if device is None else device
+    cc = torch.cuda.get_device_capability(device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    jobs = []
+    for qw in layers:
+        for m in m_values:
+            x = torch.empty(m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
+            if supports(qw, None, x) is not None:
+                continue
+            prep = prepare(qw, act_dtype)
+            tuning = _decode.choose_decode_tuning(m, qw.N, qw.K, sms)
+            bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
+            spec = _decode.decode_call_spec(prep, x, bias, out_dtype, tuning)
+            jobs.append((spec, device_arch(spec, cc)))
+    report = warmup_specs(jobs, max_workers=max_workers, progress=progress)
+    for compiled in report.kernels:
+        _driver.load(compiled, device)
+    return report

@@ -1,0 +1,281 @@
+"""Small-M weight-only GEMM (``include/humming/decode.cuh``): layout, heuristics, prepare and launch.
+
+Configs come in the three kinds of the house style:
+
+- layout (:class:`DecodeLayout`): what the prepared weights are (code bits, activation dtype, zero
+  points, scale dtype); fixed by :func:`prepare_decode`.
+- compute: fp32 accumulation of exact integer-times-activation products, scaled per row and 64-column
+  chunk in fp32; the same for every tuning.
+- tuning (:class:`DecodeTuning`): token tiles, row tiles per warp, warps, loads in flight, split-K. A
+  tuning change never changes results beyond fp32 summation order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from .jit import KernelSpec
+
+__all__ = [
+    "DECODE_CCS",
+    "DecodeLayout",
+    "DecodeTuning",
+    "PreparedDecode",
+    "choose_decode_tuning",
+    "decode_spec",
+    "prepare_decode",
+    "run_decode",
+]
+
+#: Compute capabilities the decode kernel is built for (bf16 mma.sync m16n8k16 needs sm_80).
+DECODE_CCS = ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))
+#: Largest M the decode kernel takes (8 token tiles of 8).
+DECODE_MAX_M = 64
+
+_DTYPE_CODE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
+
+
+@dataclass(frozen=True)
+class DecodeLayout:
+    """What the prepared weights are: ``bits`` (4 or 8), ``zero`` (the constant zero point in code units
+    after biasing signed codes, or ``-1`` for per-group zero points), ``scale`` dtype code."""
+
+    bits: int
+    zero: int
+    scale: str
+
+
+@dataclass(frozen=True)
+class DecodeTuning:
+    """Speed-only knobs: token tiles of 8 (``mt``), 16-row tiles per warp (``r``), ``warps`` per block,
+    chunks in flight per warp (``unroll``) and blocks along K (``splits``)."""
+
+    mt: int
+    r: int
+    warps: int
+    unroll: int
+    splits: int
+
+
+@dataclass(frozen=True)
+class PreparedDecode:
+    """Weights re-tiled for the decode kernel (see ``decode.cuh``); built once per QuantizedWeight."""
+
+    layout: DecodeLayout
+    n: int
+    k: int
+    groups: int
+    chunks_per_group: int
+    qweight: torch.Tensor  # int32, 4-bit: [N/16, K/64, 32, 4]; 8-bit: [N/16, K/64, 2, 32, 4]
+    scales: torch.Tensor  # [N/16, groups, 8, 2]
+    zeros: torch.Tensor | None  # uint8 [N/16, groups, 8, 2]
+
+
+def _tile_rows(t: torch.Tensor) -> torch.Tensor:
+    """``[N, G]`` -> ``[N/16, G, 8, 2]``: rows g and g + 8 of each 16-row tile side by side."""
+    n, g = t.shape
+    return t.reshape(n // 16, 2, 8, g).permute(0, 3, 2, 1).contiguous()
+
+
+def _pack_codes_4bit(u: torch.Tensor) -> torch.Tensor:
+    """Biased 4-bit codes ``[N, K]`` (uint8) -> int32 ``[N/16, K/64, 32, 4]`` (see decode.cuh)."""
+    n, k = u.shape
+    # n = tile*16 + h*8 + g;  k = chunk*64 + c*16 + j*4 + e
+    v = u.to(torch.int64).reshape(n // 16, 2, 8, k // 64, 4, 4, 4)
+    v = v.permute(0, 3, 2, 4, 5, 1, 6)  # [tile, chunk, g, c, j, h, e]
+    e = torch.arange(4, device=u.device)
+    h = torch.arange(2, device=u.device)
+    nibble = (e & 1).view(1, 4) * 4 + (e >> 1).view(1, 4) * 2 + h.view(2, 1)  # [h, e]
+    words = (v << (4 * nibble)).sum(dim=(-2, -1))  # [tile, chunk, g, c, j]
+    words = words.reshape(n // 16, k // 64, 32, 4)
+    return (words - ((words >= 2**31).to(torch.int64) << 32)).to(torch.int32)
+
+
+def _pack_codes_8bit(u: torch.Tensor) -> torch.Tensor:
+    """Biased 8-bit codes ``[N, K]`` -> int32 ``[N/16, K/64, 2, 32, 4]`` (see decode.cuh)."""
+    n, k = u.shape
+    v = u.to(torch.int64).reshape(n // 16, 2, 8, k // 64, 4, 2, 2, 2, 2)  # [.., c, jh, jl, eh, el]
+    v = v.permute(0, 3, 5, 2, 4, 6, 7, 1, 8)  # [tile, chunk, jh, g, c, jl, eh, h, el]
+    h = torch.arange(2, device=u.device).view(2, 1)
+    el = torch.arange(2, device=u.device).view(1, 2)
+    byte = h * 2 + el  # [h, el]
+    words = (v << (8 * byte)).sum(dim=(-2, -1))  # [tile, chunk, jh, g, c, jl, eh]
+    words = words.reshape(n // 16, k // 64, 2, 32, 4)
+    return (words - ((words >= 2**31).to(torch.int64) << 32)).to(torch.int32)
+
+
+def prepare_decode(qw, act_dtype: torch.dtype) -> PreparedDecode:
+    """Re-tile a ``QuantizedWeight`` (int4 / uint4 / int8 / uint8, see :func:`decode_unsupported`)."""
+    from humming.ir import unpacked_codes
+
+    n, k, bits = qw.N, qw.K, qw.bits
+    codes = unpacked_codes(qw)
+    if qw.format.signed:  # two's complement -> offset binary: value = code' - 2^(bits-1)
+        codes = codes ^ (1 << (bits - 1))
+        zero = 1 << (bits - 1)
+    else:
+        zero = 0
+    zeros = None
+    groups = 1 if qw.scales is None else qw.scales.shape[-1]
+    if qw.zeros is not None:
+        zero = -1
+        zeros = _tile_rows(qw.zeros.to(torch.int32).expand(n, groups).to(torch.uint8))
+    if qw.scales is None:
+        scales = torch.ones(n, 1, dtype=torch.float32, device=qw.device)
+    else:
+        scales = qw.scales.expand(n, groups)
+        if qw.global_scale is not None or scales.dtype not in _DTYPE_CODE:
+            scales = scales.to(torch.float32)  # fp8 / e8m0 scales are exact in fp32
+            if qw.global_scale is not None:
+                scales = scales * qw.global_scale.to(torch.float32)
+    packed = _pack_codes_4bit(codes) if bits == 4 else _pack_codes_8bit(codes)
+    layout = DecodeLayout(bits, zero, _DTYPE_CODE[scales.dtype])
+    chunks_per_group = (qw.group_size if qw.layout == "group" else k) // 64
+    return PreparedDecode(layout, n, k, scales.shape[-1], chunks_per_group, packed, _tile_rows(scales), zeros)
+
+
+def decode_unsupported(qw, x: torch.Tensor) -> str | None:
+    """``None`` when the decode kernel runs this call, else why not."""
+    if qw.format.name not in ("int4", "uint4", "int8", "uint8"):
+        return f"the decode kernel takes int4/uint4/int8/uint8 weights, not {qw.format.name}"
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return f"the decode kernel takes bfloat16 or float16 activations, not {x.dtype}"
+    if x.shape[0] > DECODE_MAX_M:
+        return f"the decode kernel takes M <= {DECODE_MAX_M}, got M={x.shape[0]}"
+    if qw.N % 16 or qw.K % 64:
+        return f"the decode kernel needs N % 16 == 0 and K % 64 == 0, got N={qw.N}, K={qw.K}"
+    if qw.g_idx is not None:
+        return "the decode kernel has no act-order (g_idx) support"
+    if qw.layout == "block":
+        return f"the decode kernel takes per-tensor, per-channel or per-group scales, not {qw.describe()}"
+    if qw.layout == "group" and qw.group_size % 64:
+        return f"the decode kernel needs a group size that is a multiple of 64, got {qw.group_size}"
+    if qw.zeros is not None and qw.zeros.is_floating_point():
+        return "the decode kernel takes integer zero points only"
+    return None
+
+
+def choose_decode_tuning(m: int, n: int, k: int, sm_count: int) -> DecodeTuning:
+    """Tuning for ``out[m, n] = x[m, k] @ W^T``: a pure function of the problem and the SM count."""
+    mt = 1
+    while mt * 8 < m:
+        mt *= 2
+    r = 2 if mt >= 2 and n % 32 == 0 else 1
+    unroll = {1: 4, 2: 2, 4: 2, 8: 1}[mt]
+    warps = 8
+    blocks = n // (16 * r)
+    chunks = k // 64
+    splits = 1
+    if blocks < sm_count:  # too few row tiles to fill the GPU: split K across blocks
+        splits = max(1, min(-(-2 * sm_count // blocks), chunks // (warps * unroll)))
+    return DecodeTuning(mt, r, warps, unroll, splits)
+
+
+def decode_spec(layout: DecodeLayout, act: str, out: str, bias: str, tuning: DecodeTuning) -> KernelSpec:
+    """The kernel spec for a layout, activation / output / bias dtype codes and tuning."""
+    out_kernel = "f32" if tuning.splits > 1 else out
+    zp = "zp" if layout.zero < 0 else f"z{layout.zero}"
+    name = (
+        f"humming_decode_u{layout.bits}{zp}_a{act}_s{layout.scale}_o{out_kernel}_b{bias}"
+        f"_mt{tuning.mt}_r{tuning.r}_w{tuning.warps}_u{tuning.unroll}" + ("_splitk" if tuning.splits > 1 else "")
+    )
+    args = ", ".join(
+        (
+            _CPP_DTYPE[act],
+            str(layout.bits),
+            str(layout.zero),
+            _CPP_DTYPE[layout.scale],
+            _CPP_DTYPE[out_kernel],
+            _CPP_DTYPE[bias],
+            str(tuning.mt),
+            str(tuning.r),
+            str(tuning.warps),
+            str(tuning.unroll),
+            "true" if tuning.splits > 1 else "false",
+        )
+    )
+    return KernelSpec(
+        family="decode",
+        name=name,
+        header="humming/decode.cuh",
+        entry=f"humming::decode::run<{args}>",
+        params="humming::decode::Params",
+        threads=32 * tuning.warps,
+        ccs=DECODE_CCS,
+    )
+
+
+class _Params(ctypes.Structure):
+    """Mirror of ``humming::decode::Params``."""
+
+    _fields_ = (
+        ("qweight", ctypes.c_void_p),
+        ("x", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("zeros", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("M", ctypes.c_int),
+        ("N", ctypes.c_int),
+        ("K", ctypes.c_int),
+        ("x_stride", ctypes.c_int),
+        ("out_stride", ctypes.c_int),
+        ("groups", ctypes.c_int),
+        ("chunks_per_group", ctypes.c_int),
+        ("chunks_per_split", ctypes.c_int),
+    )
+
+
+def decode_call_spec(
+    prep: PreparedDecode, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, tuning: DecodeTuning
+) -> KernelSpec:
+    bias_code = _DTYPE_CODE[bias.dtype] if bias is not None else _DTYPE_CODE[x.dtype]
+    return decode_spec(prep.layout, _DTYPE_CODE[x.dtype], _DTYPE_CODE[out_dtype], bias_code, tuning)
+
+
+def run_decode(
+    prep: PreparedDecode,
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    tuning: DecodeTuning | None = None,
+) -> torch.Tensor:
+    """``x [M, K] @ W^T + bias`` -> ``[M, N]`` of ``out_dtype`` on the current stream."""
+    from .jit import get_kernel
+
+    m, k = x.shape
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if tuning is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        tuning = choose_decode_tuning(m, prep.n, k, sms)
+    kernel = get_kernel(decode_call_spec(prep, x, bias, out_dtype, tuning), device)
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.contiguous()
+    split = tuning.splits > 1
+    out = (torch.zeros if split else torch.empty)(
+        m, prep.n, device=x.device, dtype=torch.float32 if split else out_dtype
+    )
+    chunks = k // 64
+    params = _Params(
+        prep.qweight.data_ptr(),
+        x.data_ptr(),
+        prep.scales.data_ptr(),
+        prep.zeros.data_ptr() if prep.zeros is not None else None,
+        bias.data_ptr() if bias is not None else None,
+        out.data_ptr(),
+        m,
+        prep.n,
+        k,
+        x.stride(0),
+        out.stride(0),
+        prep.groups,
+        prep.chunks_per_group,
+        -(-chunks // tuning.splits),
+    )
+    grid = (prep.n // (16 * tuning.r), tuning.splits, 1)
+    kernel.launch(grid, 0, params, torch.cuda.current_stream(device).cuda_stream)
+    return out.to(out_dtype) if split else out

@@ -1,0 +1,84 @@
+"""Loading cubins and launching kernels through the CUDA driver API (``cuda.bindings.driver``).
+
+Modules are loaded into the device's primary context (the one torch uses) and kept for the life of the
+process, one per (spec, device). A launch passes the kernel's single parameter struct (a ``ctypes``
+structure mirroring the C++ one) by value on the given stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from .jit import CompiledKernel, KernelSpec
+
+__all__ = ["LoadedKernel", "check", "load", "loaded"]
+
+_loaded: dict[tuple[KernelSpec, int], LoadedKernel] = {}
+_guard = threading.Lock()
+
+
+def check(result) -> object:
+    """Unwrap a ``cuda.bindings.driver`` return tuple, raising on any error code."""
+    from cuda.bindings import driver
+
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise RuntimeError(f"CUDA driver error {name.decode() if name else err}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _make_current(device_index: int) -> None:
+    from cuda.bindings import driver
+
+    check(driver.cuInit(0))
+    dev = check(driver.cuDeviceGet(device_index))
+    ctx = check(driver.cuDevicePrimaryCtxRetain(dev))
+    check(driver.cuCtxSetCurrent(ctx))
+
+
+class LoadedKernel:
+    """A kernel loaded on one device, ready to launch."""
+
+    def __init__(self, compiled: CompiledKernel, device_index: int) -> None:
+        from cuda.bindings import driver
+
+        self.compiled = compiled
+        self.device_index = device_index
+        _make_current(device_index)
+        self._module = check(driver.cuModuleLoadData(compiled.cubin))
+        self._function = check(driver.cuModuleGetFunction(self._module, compiled.spec.name.encode()))
+        self._max_dynamic_smem = 0
+
+    def launch(self, grid: tuple[int, int, int], smem: int, params: ctypes.Structure, stream: int) -> None:
+        """Launch on ``stream`` (a ``cudaStream_t`` as int) with ``params`` passed by value."""
+        from cuda.bindings import driver
+
+        if smem > self._max_dynamic_smem:
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(driver.cuFuncSetAttribute(self._function, attr, smem))
+            self._max_dynamic_smem = smem
+        pointers = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        threads = self.compiled.spec.threads
+        check(
+            driver.cuLaunchKernel(
+                self._function, *grid, threads, 1, 1, smem, driver.CUstream(stream), ctypes.addressof(pointers), 0
+            )
+        )
+
+
+def loaded(spec: KernelSpec, device_index: int) -> LoadedKernel | None:
+    return _loaded.get((spec, device_index))
+
+
+def load(compiled: CompiledKernel, device_index: int) -> LoadedKernel:
+    """Load ``compiled`` on ``device_index`` once per process."""
+    key = (compiled.spec, device_index)
+    with _guard:
+        kernel = _loaded.get(key)
+        if kernel is None:
+            kernel = _loaded[key] = LoadedKernel(compiled, device_index)
+        return kernel

@@ -1,0 +1,118 @@
+// Shared device helpers for humming's CUDA kernels. Self-contained: no CUDA toolkit headers, so NVRTC
+// needs no include path and the JIT cache key (which hashes every included file) is complete.
+#include "humming/types.cuh"
+
+namespace humming {
+
+__device__ __forceinline__ uint4 ld_stream_v4(const void* ptr) {
+  // Weights are read once: bypass L1 allocation.
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ uint4 ld_cached_v4(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+template <int kLut>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(kLut));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+}
+
+// a * b + c on two 16-bit floats of type A packed in 32 bits.
+template <DType A>
+__device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  if constexpr (A == DType::bf16) {
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  } else {
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  }
+  return d;
+}
+
+// Two floats to two 16-bit floats of type A (lo in the low half), rounded to nearest even.
+template <DType A>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t d;
+  if constexpr (A == DType::bf16) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  }
+  return d;
+}
+
+template <DType T>
+__device__ __forceinline__ float to_float(uint16_t bits) {
+  if constexpr (T == DType::bf16) {
+    return __uint_as_float(uint32_t(bits) << 16);
+  } else {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+    return f;
+  }
+}
+
+template <DType T>
+__device__ __forceinline__ uint16_t from_float(float f) {
+  uint16_t d;
+  if constexpr (T == DType::bf16) {
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(d) : "f"(f));
+  } else {
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(d) : "f"(f));
+  }
+  return d;
+}
+
+// Load element i of a tensor of dtype T as float.
+template <DType T>
+__device__ __forceinline__ float load_float(const void* base, long i) {
+  if constexpr (T == DType::f32) {
+    return static_cast<const float*>(base)[i];
+  } else {
+    return to_float<T>(static_cast<const uint16_t*>(base)[i]);
+  }
+}
+
+template <DType T>
+__device__ __forceinline__ void store_float(void* base, long i, float v) {
+  if constexpr (T == DType::f32) {
+    static_cast<float*>(base)[i] = v;
+  } else {
+    static_cast<uint16_t*>(base)[i] = from_float<T>(v);
+  }
+}
+
+// D = A * B + D, m16n8k16, 16-bit float inputs of type A, fp32 accumulators.
+template <DType A>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (A == DType::bf16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+}  // namespace humming

@@ -1,0 +1,210 @@
+// Small-M weight-only GEMM ("decode"): out[M, N] = x[M, K] @ dequant(W[N, K])^T, M <= 64.
+//
+// Memory-bound on the weights, so the kernel is shaped around reading them once at full bandwidth:
+// - the weights are pre-tiled (humming/cuda_kernels/decode.py, `prepare_decode`) so that one warp reads
+//   one 16-row x 64-column chunk as one coalesced 512-byte access, 16 bytes per lane, and each lane's
+//   16 bytes are exactly its A fragments of four m16n8k16 mma.sync (weights are A, tokens are B: the
+//   kernel computes out^T);
+// - within a 64-column chunk, columns are permuted (the same way for weights and activations, which a
+//   dot product allows) so that each lane's activation fragments are 32 contiguous bytes;
+// - codes become 16-bit floats in registers with magic-number tricks: a 4-bit code ORed into the
+//   mantissa of 128.0 (bf16) or 1024.0 (fp16) with one lop3, then one fma subtracts magic + zero point;
+//   8-bit codes go through prmt into fp32 (8388608.0 + code) or fp16 (1024.0 + code);
+// - each chunk's mma products (exact integers times activations, fp32 accumulate) are scaled per row in
+//   fp32, so any group size that is a multiple of 64 works and the scale is applied in full precision;
+// - warps of a block split K and reduce through shared memory; split-K across blocks (kSplit) adds into
+//   an fp32 output with atomics for shapes with too few row tiles to fill the GPU.
+#include "humming/common.cuh"
+
+namespace humming {
+namespace decode {
+
+struct Params {
+  const uint4* qweight;  // [N/16, K/64, 32 lanes, 4 words] (4-bit) or [N/16, K/64, 2, 32, 4] (8-bit)
+  const void* x;         // [M, K] activations, row stride x_stride elements
+  const void* scales;    // [N/16, groups, 8, 2]: rows (g, g+8) of each 16-row tile side by side
+  const uint8_t* zeros;  // [N/16, groups, 8, 2] zero points in code units, or null
+  const void* bias;      // [N] (dtype B) or null
+  void* out;             // [M, N], row stride out_stride elements
+  int M, N, K;
+  int x_stride, out_stride;
+  int groups;            // scale groups along K
+  int chunks_per_group;  // group size / 64
+  int chunks_per_split;  // K/64 chunks handled by one blockIdx.y
+};
+
+// Four 16-bit-float pairs (A fragments a0a1, a2a3, a4a5, a6a7) from eight 4-bit codes. Register i
+// holds nibbles i (low half) and i + 4 (high half); registers 0 and 2 are row g, 1 and 3 row g + 8.
+template <DType A>
+__device__ __forceinline__ void dequant4(uint32_t w, uint32_t bias_g, uint32_t bias_g8, uint32_t (&a)[4]) {
+  constexpr uint32_t kMagic = A == DType::bf16 ? 0x43004300u : 0x64006400u;  // 128.0 / 1024.0
+  constexpr uint32_t kOne = A == DType::bf16 ? 0x3f803f80u : 0x3c003c00u;
+  constexpr int kAndOr = (0xf0 & 0xcc) | 0xaa;  // (a & b) | c
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v = lop3<kAndOr>(w >> (4 * i), 0x000f000fu, kMagic);
+    a[i] = fma2<A>(v, kOne, (i & 1) ? bias_g8 : bias_g);
+  }
+}
+
+// The same from eight 8-bit codes in two words: word 0 holds a0..a3, word 1 holds a4..a7.
+template <DType A>
+__device__ __forceinline__ void dequant8(uint32_t w0, uint32_t w1, float zf_g, float zf_g8, uint32_t bias_g,
+                                         uint32_t bias_g8, uint32_t (&a)[4]) {
+  if constexpr (A == DType::bf16) {
+    // 0x4B0000cc is 8388608 + code as fp32; subtracting 8388608 + zero is exact; the difference
+    // (|v| <= 255) is exact in bf16.
+    constexpr uint32_t kMagic = 0x4B000000u;
+    const uint32_t words[2] = {w0, w1};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t w = words[i >> 1];
+      const float z = (i & 1) ? zf_g8 : zf_g;
+      const float lo = __uint_as_float(prmt(w, kMagic, (i & 1) ? 0x7542u : 0x7540u)) - z;
+      const float hi = __uint_as_float(prmt(w, kMagic, (i & 1) ? 0x7543u : 0x7541u)) - z;
+      a[i] = pack2<A>(lo, hi);
+    }
+  } else {
+    // 0x64cc is 1024 + code as fp16.
+    constexpr uint32_t kMagic = 0x64646464u;
+    constexpr uint32_t kOne = 0x3c003c00u;
+    a[0] = fma2<A>(prmt(w0, kMagic, 0x5140u), kOne, bias_g);
+    a[1] = fma2<A>(prmt(w0, kMagic, 0x5342u), kOne, bias_g8);
+    a[2] = fma2<A>(prmt(w1, kMagic, 0x5140u), kOne, bias_g);
+    a[3] = fma2<A>(prmt(w1, kMagic, 0x5342u), kOne, bias_g8);
+  }
+}
+
+// kZero >= 0: every zero point is kZero; kZero < 0: zero points come from p.zeros.
+// kMT token tiles of 8 (M <= 8 * kMT); kR 16-row tiles per warp; kUnroll chunks in flight per warp.
+template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kUnroll,
+          bool kSplit>
+__device__ __forceinline__ void run(const Params& p) {
+  constexpr int kVecs = kBits / 4;  // 16-byte weight vectors per lane per chunk and row tile
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  const int tile0 = blockIdx.x * kR;
+  const int n_chunks = p.K / 64;
+  const int chunk_begin = blockIdx.y * p.chunks_per_split;
+  const int chunk_end = min(n_chunks, chunk_begin + p.chunks_per_split);
+  // Magic constant plus zero point, subtracted from the magic-number floats.
+  constexpr float kMagicF = kBits == 8 && A == DType::bf16 ? 8388608.0f : (A == DType::bf16 ? 128.0f : 1024.0f);
+
+  float acc[kR][kMT][4];
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+#pragma unroll
+    for (int t = 0; t < kMT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.0f;
+
+  const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
+  for (int base = chunk_begin + warp; base < chunk_end; base += kWarps * kUnroll) {
+    uint4 wv[kUnroll][kR][kVecs];
+    uint4 xv[kUnroll][kMT][2];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int chunk = base + u * kWarps;
+      const bool live = chunk < chunk_end;
+#pragma unroll
+      for (int r = 0; r < kR; ++r)
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          const long offset = ((long(tile0 + r) * n_chunks + chunk) * kVecs + v) * 32 + lane;
+          wv[u][r][v] = live ? ld_stream_v4(p.qweight + offset) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+      for (int t = 0; t < kMT; ++t) {
+        const int token = t * 8 + g;
+        const uint16_t* src = x16 + long(token) * p.x_stride + chunk * 64 + c * 16;
+        const bool ok = live && token < p.M;
+        xv[u][t][0] = ok ? ld_cached_v4(src) : make_uint4(0, 0, 0, 0);
+        xv[u][t][1] = ok ? ld_cached_v4(src + 8) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int chunk = base + u * kWarps;
+      if (chunk >= chunk_end) break;
+      const int group = chunk / p.chunks_per_group;
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const long sz = (long(tile0 + r) * p.groups + group) * 16 + g * 2;
+        const float s_g = load_float<S>(p.scales, sz);
+        const float s_g8 = load_float<S>(p.scales, sz + 1);
+        float z_g = kZero, z_g8 = kZero;
+        if constexpr (kZero < 0) {
+          z_g = p.zeros[sz];
+          z_g8 = p.zeros[sz + 1];
+        }
+        const float zf_g = kMagicF + z_g, zf_g8 = kMagicF + z_g8;
+        const uint32_t bias_g = pack2<A>(-zf_g, -zf_g);
+        const uint32_t bias_g8 = pack2<A>(-zf_g8, -zf_g8);
+        float part[kMT][4];
+#pragma unroll
+        for (int t = 0; t < kMT; ++t)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) part[t][i] = 0.0f;
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[u][r][0]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t a[4];
+          if constexpr (kBits == 4) {
+            dequant4<A>(words[j], bias_g, bias_g8, a);
+          } else {
+            // words[0..3] are mmas 0-1 and words[4..7] mmas 2-3, two words per mma.
+            dequant8<A>(words[(j >> 1) * 4 + (j & 1) * 2], words[(j >> 1) * 4 + (j & 1) * 2 + 1], zf_g, zf_g8,
+                        bias_g, bias_g8, a);
+          }
+#pragma unroll
+          for (int t = 0; t < kMT; ++t) {
+            const uint32_t* xw = reinterpret_cast<const uint32_t*>(&xv[u][t][0]);
+            mma_16816<A>(part[t], a, xw[2 * j], xw[2 * j + 1]);
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < kMT; ++t) {
+          acc[r][t][0] += s_g * part[t][0];
+          acc[r][t][1] += s_g * part[t][1];
+          acc[r][t][2] += s_g8 * part[t][2];
+          acc[r][t][3] += s_g8 * part[t][3];
+        }
+      }
+    }
+  }
+
+  // Reduce the warps' partial sums in shared memory, then write (or atomically add) the tile.
+  constexpr int kTileValues = kR * kMT * 32 * 4;
+  __shared__ float red[kTileValues];
+  for (int i = threadIdx.x; i < kTileValues; i += kWarps * 32) red[i] = 0.0f;
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+#pragma unroll
+    for (int t = 0; t < kMT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) atomicAdd(&red[((r * kMT + t) * 32 + lane) * 4 + i], acc[r][t][i]);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kTileValues; idx += kWarps * 32) {
+    const int i = idx & 3;
+    const int l = (idx >> 2) & 31;
+    const int t = (idx >> 7) % kMT;
+    const int r = (idx >> 7) / kMT;
+    const int token = t * 8 + (l & 3) * 2 + (i & 1);
+    const int n = (tile0 + r) * 16 + (l >> 2) + (i >> 1) * 8;
+    if (token >= p.M) continue;
+    float v = red[idx];
+    if (p.bias != nullptr && blockIdx.y == 0) v += load_float<B>(p.bias, n);
+    const long o = long(token) * p.out_stride + n;
+    if constexpr (kSplit) {
+      atomicAdd(static_cast<float*>(p.out) + o, v);
+    } else {
+      store_float<O>(p.out, o, v);
+    }
+  }
+}
+
+}  // namespace decode
+}  // namespace humming

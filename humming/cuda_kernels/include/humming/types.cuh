@@ -1,0 +1,12 @@
+// Fixed-width integer types and the dtype enum shared with Python (humming/cuda_kernels/_config.py).
+namespace humming {
+
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef int int32_t;
+
+enum class DType : int { f32 = 0, bf16 = 1, f16 = 2 };
+
+}  // namespace humming
