@@ -1,0 +1,124 @@
+"""``load_checkpoint``: a Hugging Face-style quantized checkpoint folder -> ``{module: QuantizedWeight}``."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from humming.ir.weight import QuantizedWeight
+
+from ._files import CheckpointFiles
+from .awq import AWQReader
+from .compressed_tensors import CompressedTensorsReader
+from .concat import stack
+from .errors import CheckpointError, UnsupportedFormatError
+from .fp8 import FP8Reader
+from .gpt_oss import GptOssReader
+from .gptq import GPTQReader
+from .modelopt import ModelOptReader
+
+__all__ = ["READERS", "load_checkpoint", "open_checkpoint"]
+
+#: ``quant_method`` -> reader class.
+READERS = {
+    "gptq": GPTQReader,
+    "awq": AWQReader,
+    "compressed-tensors": CompressedTensorsReader,
+    "fp8": FP8Reader,
+    "modelopt": ModelOptReader,
+    "mxfp4": GptOssReader,
+}
+_KERNEL_METHODS = ("gptq_marlin", "awq_marlin", "marlin", "gptq_marlin_24", "gptq_bitblas", "exl2", "exllamav2")
+_EXPERT = re.compile(r"^(?P<head>.*\.experts)\.(?P<index>\d+)\.(?P<tail>.+)$")
+# Leaf names of kernel-repacked tensors: Marlin ("B", "s", "B_meta"), exllama ("q_perm", "q_invperm").
+_KERNEL_LEAVES = {"B", "B_meta", "q_perm", "q_invperm"}
+
+
+def open_checkpoint(path: str | Path):
+    """``(files, reader)`` for a checkpoint folder; raises ``CheckpointError`` naming the problem."""
+    files = CheckpointFiles(path)
+    qconfig = files.config.get("quantization_config") or files.config.get("compression_config")
+    if files.hf_quant_config is not None and not qconfig:
+        qconfig = {"quant_method": "modelopt"}
+    if not qconfig:
+        raise CheckpointError(
+            f"{files.path}: no quantization_config in config.json and no hf_quant_config.json: "
+            "not a quantized checkpoint"
+        )
+    method = str(qconfig.get("quant_method", "")).lower().replace("_", "-")
+    method = {"compressed-tensors": "compressed-tensors"}.get(method, method.replace("-", "_"))
+    if method in _KERNEL_METHODS:
+        raise UnsupportedFormatError(
+            f"quant_method {method!r} is a kernel-specific repacked layout; humming reads the portable "
+            "export formats (re-export as 'gptq', 'awq' or compressed-tensors)"
+        )
+    if method not in READERS:
+        raise UnsupportedFormatError(
+            f"unknown quant_method {qconfig.get('quant_method')!r}; supported: {', '.join(READERS)}"
+        )
+    leaves = {key.rpartition(".")[2] for key in files.names()}
+    if leaves & _KERNEL_LEAVES:
+        raise UnsupportedFormatError(
+            f"{files.path}: tensors named {sorted(leaves & _KERNEL_LEAVES)} belong to a kernel-specific "
+            "repacked layout (Marlin / exllama), not to the portable format the config names"
+        )
+    return files, READERS[method](qconfig, files)
+
+
+def _group_key(module: str) -> tuple[str, int | None]:
+    """``(output name, expert index)``: per-expert modules map to their stacked name."""
+    m = _EXPERT.match(module)
+    if m is None:
+        return module, None
+    return f"{m['head']}.{m['tail']}", int(m["index"])
+
+
+def iter_modules(reader, modules: Iterable[str] | None = None) -> Iterator[tuple[str, list[str]]]:
+    """``(output name, [checkpoint modules])`` in order: one module, or every expert of a stacked one."""
+    wanted = list(modules) if modules is not None else None
+    grouped: dict[str, dict[int | None, str]] = {}
+    for module in reader.modules():
+        name, index = _group_key(module)
+        if wanted is not None and not any(fnmatch.fnmatchcase(name, p) for p in wanted):
+            continue
+        grouped.setdefault(name, {})[index] = module
+    for name, parts in grouped.items():
+        if None in parts:
+            yield name, [parts[None]]
+            continue
+        missing = sorted(set(range(max(parts) + 1)) - set(parts))
+        if missing:
+            raise CheckpointError(f"{name}: experts {missing} are missing (found {len(parts)} of {max(parts) + 1})")
+        yield name, [parts[i] for i in range(len(parts))]
+
+
+def load_module(reader, parts: list[str]) -> QuantizedWeight:
+    """One output module: a single checkpoint module, or per-expert modules stacked into ``[E, N, K]``."""
+    if len(parts) == 1 and _group_key(parts[0])[1] is None:
+        return reader.load(parts[0])
+    return stack([reader.load(p) for p in parts])
+
+
+def load_checkpoint(
+    path: str | Path, *, device="cpu", modules: Iterable[str] | None = None
+) -> dict[str, QuantizedWeight]:
+    """Every quantized linear of a checkpoint folder as a ``QuantizedWeight``, by module name.
+
+    Reads ``config.json`` (``quantization_config``) or ModelOpt's ``hf_quant_config.json``, and the
+    safetensors file(s) tensor by tensor. Unquantized and ignored modules are left out. Per-expert MoE
+    modules ``...experts.{e}.<proj>`` are stacked into one ``[E, N, K]`` weight named ``...experts.<proj>``.
+    ``modules`` limits loading to names matching one of its entries (exact names or shell wildcards).
+    Raises a ``CheckpointError`` subclass (see ``humming.loaders.errors``) naming the module and reason.
+    """
+    _, reader = open_checkpoint(path)
+    out = {}
+    for name, parts in iter_modules(reader, modules):
+        try:
+            out[name] = load_module(reader, parts).to(device)
+        except CheckpointError:
+            raise
+        except ValueError as err:  # the IR rejected what the reader built: a malformed checkpoint
+            raise CheckpointError(f"{name}: {err}") from err
+    return out
