@@ -1,0 +1,15 @@
+"""The README's Python example runs as written."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+
+def test_readme_example_runs(tmp_path, monkeypatch):
+    text = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "the README has a Python example"
+    monkeypatch.chdir(tmp_path)
+    for block in blocks:
+        exec(compile(block.replace("/tmp/", f"{tmp_path}/"), "README.md", "exec"), {})
