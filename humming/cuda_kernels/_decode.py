@@ -243,8 +243,12 @@ def run_decode(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     tuning: DecodeTuning | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x [M, K] @ W^T + bias`` -> ``[M, N]`` of ``out_dtype`` on the current stream."""
+    """``x [M, K] @ W^T + bias`` -> ``[M, N]`` of ``out_dtype`` on the current stream.
+
+    ``out``: an optional ``[M, N]`` tensor of ``out_dtype`` (unit column stride) to write into.
+    """
     from .jit import get_kernel
 
     m, k = x.shape
@@ -256,9 +260,13 @@ def run_decode(
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
     split = tuning.splits > 1
-    out = (torch.zeros if split else torch.empty)(
-        m, prep.n, device=x.device, dtype=torch.float32 if split else out_dtype
-    )
+    result = out
+    if out is not None and (tuple(out.shape) != (m, prep.n) or out.dtype != out_dtype or out.stride(1) != 1):
+        raise ValueError(f"out: expected a [{m}, {prep.n}] {out_dtype} tensor with unit column stride")
+    if split:
+        out = torch.zeros(m, prep.n, device=x.device, dtype=torch.float32)
+    elif out is None:
+        out = result = torch.empty(m, prep.n, device=x.device, dtype=out_dtype)
     chunks = k // 64
     params = _Params(
         prep.qweight.data_ptr(),
@@ -278,4 +286,8 @@ def run_decode(
     )
     grid = (prep.n // (16 * tuning.r), tuning.splits, 1)
     kernel.launch(grid, 0, params, torch.cuda.current_stream(device).cuda_stream)
-    return out.to(out_dtype) if split else out
+    if not split:
+        return result
+    if result is None:
+        return out.to(out_dtype)
+    return result.copy_(out)

@@ -1,0 +1,184 @@
+"""The CUDA decode kernel (small-M weight-only GEMM): layout (CPU) and results against the reference (GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming
+from humming.cuda_kernels import _decode
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _quantize(n: int, k: int, scheme: str, dtype=torch.bfloat16, device="cpu"):
+    weight, group, zero_point = {
+        "int4-g128": ("int4", 128, False),
+        "int4-g64": ("int4", 64, False),
+        "int4-channel": ("int4", -1, False),
+        "uint4-g128-zp": ("uint4", 128, True),
+        "int8-channel": ("int8", -1, False),
+        "uint8-g128-zp": ("uint8", 128, True),
+    }[scheme]
+    w = torch.randn(n, k, device=device) * 0.05
+    return humming.quantize(w, weight=weight, group_size=group, zero_point=zero_point, scale_dtype=dtype)
+
+
+def _fragment_codes(prep: _decode.PreparedDecode) -> torch.Tensor:
+    """Read the prepared weights back as the kernel's mma fragments see them (decode.cuh), as [N, K]."""
+    n, k, bits = prep.n, prep.k, prep.layout.bits
+    out = torch.full((n, k), -1, dtype=torch.int64)
+    words = prep.qweight.to(torch.int64) & 0xFFFFFFFF
+    for lane in range(32):
+        g, c = lane // 4, lane % 4
+        for j in range(4):
+            k0 = 16 * c + 4 * j
+            # a0..a7 of m16n8k16 with the chunk's column permutation: (row offset, column offset)
+            where = [(0, 0), (0, 1), (8, 0), (8, 1), (0, 2), (0, 3), (8, 2), (8, 3)]
+            for a, (dr, dk) in enumerate(where):
+                if bits == 4:  # register a//2 holds nibbles a//2 (low half) and a//2 + 4 (high half)
+                    word = words[:, :, lane, j]
+                    nibble = a // 2 + 4 * (a % 2)
+                    code = (word >> (4 * nibble)) & 0xF
+                else:  # two words per mma, four bytes each, in fragment order
+                    word = words[:, :, j // 2, lane, (j % 2) * 2 + a // 4]
+                    code = (word >> (8 * (a % 4))) & 0xFF
+                rows = torch.arange(0, n, 16).view(-1, 1) + g + dr
+                cols = torch.arange(0, k, 64).view(1, -1) + k0 + dk
+                out[rows, cols] = code
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["int4-g128", "uint4-g128-zp", "int8-channel", "uint8-g128-zp"])
+def test_prepared_layout_matches_the_fragments(scheme, seed):
+    qw = _quantize(32, 192, scheme)
+    prep = _decode.prepare_decode(qw, torch.bfloat16)
+    codes = humming.ir.unpacked_codes(qw).to(torch.int64)
+    if qw.format.signed:
+        codes = codes ^ (1 << (qw.bits - 1))
+    assert torch.equal(_fragment_codes(prep), codes)
+    scales = prep.scales.permute(0, 3, 2, 1).reshape(qw.N, -1)  # undo the row pairing
+    assert torch.equal(scales, qw.scales.to(scales.dtype))
+    if qw.zeros is not None:
+        assert torch.equal(prep.zeros.permute(0, 3, 2, 1).reshape(qw.N, -1), qw.zeros)
+        assert prep.layout.zero == -1
+    else:
+        assert prep.layout.zero == (1 << (qw.bits - 1) if qw.format.signed else 0)
+
+
+def test_tuning_is_a_pure_function_of_the_problem():
+    t = _decode.choose_decode_tuning(1, 8192, 8192, 132)
+    assert (t.mt, t.splits) == (1, 1)
+    assert _decode.choose_decode_tuning(16, 8192, 8192, 132).mt == 2
+    assert _decode.choose_decode_tuning(64, 8192, 8192, 132).mt == 8
+    small = _decode.choose_decode_tuning(1, 256, 8192, 132)
+    assert small.splits > 1
+    assert _decode.choose_decode_tuning(1, 256, 8192, 132) == small
+
+
+def test_unsupported_combinations_say_why():
+    x = torch.empty(4, 128, dtype=torch.bfloat16)
+    qw = humming.quantize(torch.randn(32, 128), weight="int4", group_size=32)
+    assert "multiple of 64" in _decode.decode_unsupported(qw, x)
+    assert "M <= 64" in _decode.decode_unsupported(
+        _quantize(32, 128, "int4-g64"), torch.empty(65, 128, dtype=torch.bfloat16)
+    )
+    assert "float32" in _decode.decode_unsupported(_quantize(32, 128, "int4-g64"), x.float())
+    assert "K % 64" in _decode.decode_unsupported(humming.quantize(torch.randn(32, 96), weight="int4"), x)
+
+
+def _reference(x, qw, bias):
+    ref = x.float() @ humming.dequantize(qw, torch.float32).T
+    return ref if bias is None else ref + bias.float()
+
+
+def _check(out, ref, tol=1e-2):
+    assert not torch.isnan(out).any(), "NaN in the output: some element was not written"
+    err = (out.float() - ref).norm() / ref.norm()
+    worst = (out.float() - ref).abs().argmax().item()
+    assert err < tol, f"relative error {err:.2e}; worst at {divmod(worst, ref.shape[1])}"
+
+
+CASES = [
+    # (N, K, scheme, M values)
+    (4096, 4096, "int4-g128", (1, 7, 16, 33, 64)),
+    (4096, 4096, "uint4-g128-zp", (1, 16, 64)),
+    (4096, 4096, "int8-channel", (1, 16, 64)),
+    (2048, 4096, "uint8-g128-zp", (1, 16)),
+    (1040, 320, "int4-g64", (1, 5, 24)),  # odd: N not a multiple of 32, K of 128
+    (48, 2048, "int4-channel", (1, 9)),  # few row tiles: split-K with atomics
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("n", "k", "scheme", "ms"), CASES)
+def test_decode_matches_reference(n, k, scheme, ms, act, seed):
+    qw = _quantize(n, k, scheme, dtype=act, device="cuda")
+    prep = _decode.prepare_decode(qw, act)
+    bias = torch.randn(n, device="cuda", dtype=act)
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=act)
+        for b in (None, bias):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=act)
+            _decode.run_decode(prep, x, b, act, out=out)
+            _check(out, _reference(x, qw, b))
+
+
+@pytest.mark.gpu
+def test_decode_float32_output_and_strided_x(seed):
+    qw = _quantize(1024, 1024, "int4-g128", device="cuda")
+    prep = _decode.prepare_decode(qw, torch.bfloat16)
+    x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16)[:, 512:1536]
+    out = torch.full((8, 1024), float("nan"), device="cuda", dtype=torch.float32)
+    _decode.run_decode(prep, x, None, torch.float32, out=out)
+    _check(out, _reference(x, qw, None), tol=5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [(1, 1, 4, 8, 1), (1, 1, 16, 2, 1), (2, 2, 8, 4, 1), (1, 1, 8, 4, 3)])
+def test_tunings_agree(tuning, seed):
+    qw = _quantize(2048, 2048, "int4-g128", device="cuda")
+    prep = _decode.prepare_decode(qw, torch.bfloat16)
+    x = torch.randn(8 * tuning[0], 2048, device="cuda", dtype=torch.bfloat16)
+    out = _decode.run_decode(prep, x, None, torch.float32, tuning=_decode.DecodeTuning(*tuning))
+    _check(out, _reference(x, qw, None), tol=5e-3)
+
+
+@pytest.mark.gpu
+def test_linear_backend_cuda(seed):
+    from humming import cuda_kernels
+
+    qw = _quantize(1024, 512, "int4-g128", device="cuda")
+    x = torch.randn(2, 3, 512, device="cuda", dtype=torch.bfloat16)
+    assert cuda_kernels.supports(qw, None, x.reshape(-1, 512)) is None
+    out = humming.linear(x, qw, backend="cuda")
+    _check(out.reshape(6, -1), _reference(x.reshape(6, -1), qw, None))
+    assert "M <= 64" in cuda_kernels.supports(qw, None, torch.empty(65, 512, device="cuda", dtype=torch.bfloat16))
+
+
+@pytest.mark.gpu
+def test_graph_capture_never_compiles(seed, tmp_path, monkeypatch):
+    from humming import cuda_kernels
+    from humming.cuda_kernels import jit
+
+    monkeypatch.setenv("HUMMING_CACHE_DIR", str(tmp_path))
+    qw = _quantize(512, 1024, "uint4-g128-zp", device="cuda")
+    x = torch.randn(3, 1024, device="cuda", dtype=torch.float16)
+    prep = cuda_kernels.prepare(qw, torch.float16)
+    tuning = _decode.DecodeTuning(1, 1, 4, 3, 1)  # a tuning nothing else uses: not loaded yet
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(jit.KernelNotReadyError, match="warmup"), torch.cuda.graph(graph, stream=stream):
+            _decode.run_decode(prep, x, None, torch.float16, tuning=tuning)
+    report = cuda_kernels.warmup([qw], m_values=(3,), act_dtype=torch.float16, progress=False)
+    assert len(report.kernels) == 1
+    out = torch.full((3, 512), float("nan"), device="cuda", dtype=torch.float16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cuda_kernels.linear(x, qw, None, None, torch.float16)
+        _decode.run_decode(prep, x, None, torch.float16, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(out, _reference(x, qw, None))
