@@ -1,0 +1,272 @@
+"""Reading the weight IR inside Triton kernels: unpack, decode, zero points, scales (private).
+
+:func:`load_weight_tile` returns a dequantized fp32 tile ``[BN, BK]`` of a :class:`~humming.QuantizedWeight`
+computed exactly as :func:`humming.dequantize` does (``(decode(q) - zero) * (float32(scale) * global)``, one
+fp32 rounding each), so a kernel that rounds it to bf16/fp16 matches ``dequantize(qw, dtype)`` bit for bit.
+Every variation is a ``constexpr`` that :func:`weight_spec` derives from the IR: the kernels are specialised,
+not copied per format.
+
+Decoding uses bit arithmetic, never a conversion instruction: a small integer ``c`` becomes a float as
+``bitcast(c | 0x4B000000) - 2^23`` (exact for ``c < 2^23``), an eXmY value as its significand times a power
+of two built from its exponent field. Lookup formats (nf4) read the format's value table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ir.weight import QuantizedWeight
+
+__all__ = ["WeightSpec", "decode_codes", "kernel_tensors", "load_weight_tile", "weight_spec"]
+
+# Element kinds (W_KIND) and scale kinds (S_KIND) as the kernels see them.
+KIND_INT, KIND_UINT, KIND_FLOAT, KIND_LUT = 0, 1, 2, 3
+NAN_NONE, NAN_FN, NAN_IEEE = 0, 1, 2
+SCALE_NONE, SCALE_FLOAT, SCALE_E4M3, SCALE_E8M0 = 0, 1, 2, 3
+_NAN_RULES = {"none": NAN_NONE, "fn": NAN_FN, "ieee": NAN_IEEE}
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """The layout constexprs of a weight: what the kernel is specialised for (never tuning)."""
+
+    W_KIND: int
+    W_BITS: int
+    W_EBITS: int
+    W_MBITS: int
+    W_BIAS: int
+    W_NAN: int
+    S_KIND: int
+    GN: int  # scale group size along N; 0 = the whole N (one group)
+    GK: int  # scale group size along K; 0 = the whole K
+    HAS_ZP: bool
+    HAS_GS: bool
+    ACT_ORDER: bool
+
+    def constexprs(self) -> dict[str, int | bool]:
+        return dict(self.__dict__)
+
+    def name(self) -> str:
+        """A short name of the specialisation, e.g. ``int4-b4-g1x128-s1``, for kernel names and logs."""
+        kind = ("int", "uint", "float", "lut")[self.W_KIND]
+        parts = [f"{kind}{self.W_BITS}", f"e{self.W_EBITS}m{self.W_MBITS}" if self.W_KIND == KIND_FLOAT else ""]
+        parts += [f"s{self.S_KIND}", f"g{self.GN}x{self.GK}"]
+        parts += [p for p, on in (("zp", self.HAS_ZP), ("gs", self.HAS_GS), ("actorder", self.ACT_ORDER)) if on]
+        return "-".join(p for p in parts if p)
+
+
+def weight_spec(qw: QuantizedWeight) -> WeightSpec:
+    """The constexprs that specialise a kernel for ``qw``'s format and layout."""
+    fmt = qw.format
+    kind = {"int": KIND_INT if fmt.signed else KIND_UINT, "float": KIND_FLOAT, "lut": KIND_LUT}[fmt.kind]
+    if qw.scales is None:
+        s_kind = SCALE_NONE
+    else:
+        s_kind = {torch.float8_e4m3fn: SCALE_E4M3, torch.float8_e8m0fnu: SCALE_E8M0}.get(qw.scales.dtype, SCALE_FLOAT)
+    bn, bk = qw.group_shape
+    return WeightSpec(
+        W_KIND=kind,
+        W_BITS=fmt.bits,
+        W_EBITS=fmt.exponent_bits,
+        W_MBITS=fmt.mantissa_bits,
+        W_BIAS=fmt.bias,
+        W_NAN=_NAN_RULES[fmt.nan_rule],
+        S_KIND=s_kind,
+        GN=max(bn, 0),
+        GK=max(bk, 0),
+        HAS_ZP=qw.zeros is not None,
+        HAS_GS=qw.global_scale is not None and qw.scales is not None,
+        ACT_ORDER=qw.g_idx is not None,
+    )
+
+
+def kernel_tensors(qw: QuantizedWeight) -> dict[str, torch.Tensor]:
+    """The weight's tensors as kernel arguments: fp8 scales as uint8 codes, absent ones as a dummy pointer.
+
+    Keys: ``qw``, ``s``, ``z``, ``gs``, ``gidx``, ``lut`` (the format's fp32 value table, or a dummy).
+    """
+    dummy = qw.qweight
+    scales = qw.scales
+    if scales is not None and scales.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu):
+        scales = scales.view(torch.uint8)
+    lut = qw.format.value_table(qw.device) if qw.format.kind == "lut" else dummy
+    return {
+        "qw": qw.qweight,
+        "s": dummy if scales is None else scales,
+        "z": dummy if qw.zeros is None else qw.zeros,
+        "gs": dummy if qw.global_scale is None else qw.global_scale,
+        "gidx": dummy if qw.g_idx is None else qw.g_idx,
+        "lut": lut,
+    }
+
+
+@triton.jit
+def _small_int_to_float(c):
+    """int32 ``c`` in ``[0, 2^23)`` -> its fp32 value, by the exponent trick (no conversion instruction)."""
+    return (c | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def decode_codes(
+    c,
+    lut_ptr,
+    W_KIND: tl.constexpr,
+    W_BITS: tl.constexpr,
+    W_EBITS: tl.constexpr,
+    W_MBITS: tl.constexpr,
+    W_BIAS: tl.constexpr,
+    W_NAN: tl.constexpr,
+):
+    """int32 codes (values in ``[0, 2^W_BITS)``) -> fp32 values, bit-exact with ``NumberFormat.decode``."""
+    if W_KIND == 0:  # two's complement: flip the sign bit, then subtract its weight
+        half: tl.constexpr = 1 << (W_BITS - 1)
+        v = ((c ^ half) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + half)
+    elif W_KIND == 1:
+        v = _small_int_to_float(c)
+    elif W_KIND == 2:
+        exp_field = (c >> W_MBITS) & ((1 << W_EBITS) - 1)
+        mant = c & ((1 << W_MBITS) - 1)
+        significand = tl.where(exp_field == 0, mant, mant | (1 << W_MBITS))
+        # 2^(e - bias - mbits) as fp32 bits; the exponent stays within the normal fp32 range for <= 8 bits.
+        pow2 = ((tl.maximum(exp_field, 1) + (127 - W_BIAS - W_MBITS)) << 23).to(tl.float32, bitcast=True)
+        v = _small_int_to_float(significand) * pow2
+        v = (v.to(tl.int32, bitcast=True) | ((c >> (W_EBITS + W_MBITS)) << 31)).to(tl.float32, bitcast=True)
+        if W_NAN == 1:  # "fn": only the all-ones magnitude is NaN
+            magnitude_mask: tl.constexpr = (1 << (W_EBITS + W_MBITS)) - 1
+            v = tl.where((c & magnitude_mask) == magnitude_mask, float("nan"), v)
+        elif W_NAN == 2:  # "ieee": all-ones exponent is inf (mantissa 0) or NaN
+            inf = tl.where(v < 0, float("-inf"), float("inf"))
+            special = tl.where(mant == 0, inf, float("nan"))
+            v = tl.where(exp_field == (1 << W_EBITS) - 1, special, v)
+    else:
+        v = tl.load(lut_ptr + c)
+    return v
+
+
+@triton.jit
+def _decode_scale(s, S_KIND: tl.constexpr):
+    """Loaded scales -> fp32 (``float32(scale)`` of docs/ir.md)."""
+    if S_KIND == 1:
+        out = s.to(tl.float32)
+    elif S_KIND == 2:
+        out = decode_codes(s.to(tl.int32), s, 2, 8, 4, 3, 7, 1)
+    else:  # e8m0: 2^(c - 127); c = 0 is the subnormal 2^-127, c = 255 is NaN
+        c = s.to(tl.int32)
+        out = (c << 23).to(tl.float32, bitcast=True)
+        out = tl.where(c == 0, tl.full(c.shape, 0x00400000, tl.int32).to(tl.float32, bitcast=True), out)
+        out = tl.where(c == 255, float("nan"), out)
+    return out
+
+
+@triton.jit
+def _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK: tl.constexpr, W_BITS: tl.constexpr):
+    """int32 codes ``[BN, BK]`` of columns ``k0 .. k0 + BK`` (the canonical little-endian bit stream)."""
+    n_words = (K * W_BITS + 31) // 32
+    row = qw_ptr + offs_n.to(tl.int64)[:, None] * stride_qn
+    n_ok = offs_n[:, None] < N
+    if 32 % W_BITS == 0:
+        # Fields never straddle words: load whole words (vectorised), then spread each into its fields.
+        PER_WORD: tl.constexpr = 32 // W_BITS
+        BKW: tl.constexpr = BK // PER_WORD
+        offs_w = k0 // PER_WORD + tl.arange(0, BKW)
+        words = tl.load(row + offs_w[None, :], mask=n_ok & (offs_w[None, :] < n_words), other=0)
+        shifts = tl.arange(0, PER_WORD) * W_BITS
+        codes = (words[:, :, None] >> shifts[None, None, :]) & ((1 << W_BITS) - 1)
+        codes = tl.reshape(codes, (words.shape[0], BK))
+    else:
+        # 3, 5, 6, 7 bits: a field may straddle two words; read both (the second only where needed).
+        pos = (k0 + tl.arange(0, BK)) * W_BITS
+        word = pos >> 5
+        shift = pos & 31
+        ok = n_ok & (word[None, :] < n_words)
+        lo = tl.load(row + word[None, :], mask=ok, other=0).to(tl.uint32, bitcast=True)
+        straddles = (shift + W_BITS > 32)[None, :]
+        hi = tl.load(row + word[None, :] + 1, mask=ok & straddles, other=0).to(tl.uint32, bitcast=True)
+        # (hi << 1) << (31 - shift) == hi << (32 - shift) without a shift by 32 when shift == 0.
+        both = (lo >> shift[None, :]) | ((hi << 1) << (31 - shift)[None, :])
+        codes = (both & ((1 << W_BITS) - 1)).to(tl.int32, bitcast=True)
+    return codes
+
+
+@triton.jit
+def _group_tile(
+    ptr,
+    stride_n,
+    offs_n,
+    offs_k,
+    k0,
+    N,
+    K,
+    gidx_ptr,
+    BK: tl.constexpr,
+    GN: tl.constexpr,
+    GK: tl.constexpr,
+    ACT_ORDER: tl.constexpr,
+):
+    """Per-group values (scales or zeros) for the tile, broadcastable to ``[BN, BK]``."""
+    gn = offs_n // GN if GN > 0 else offs_n * 0
+    row = ptr + gn.to(tl.int64)[:, None] * stride_n
+    n_ok = offs_n[:, None] < N
+    if ACT_ORDER:
+        g = tl.load(gidx_ptr + offs_k, mask=offs_k < K, other=0)
+        vals = tl.load(row + g[None, :], mask=n_ok & (offs_k[None, :] < K), other=0)
+    elif GK == 0:
+        vals = tl.load(row, mask=n_ok, other=0)
+    elif GK % BK == 0:  # the tile lies inside one group along K (k0 is a multiple of BK)
+        vals = tl.load(row + k0 // GK, mask=n_ok, other=0)
+    else:
+        vals = tl.load(row + (offs_k // GK)[None, :], mask=n_ok & (offs_k[None, :] < K), other=0)
+    return vals
+
+
+@triton.jit
+def load_weight_tile(
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    gs_ptr,
+    gidx_ptr,
+    lut_ptr,
+    stride_qn,
+    stride_sn,
+    stride_zn,
+    offs_n,
+    k0,
+    N,
+    K,
+    BK: tl.constexpr,
+    W_KIND: tl.constexpr,
+    W_BITS: tl.constexpr,
+    W_EBITS: tl.constexpr,
+    W_MBITS: tl.constexpr,
+    W_BIAS: tl.constexpr,
+    W_NAN: tl.constexpr,
+    S_KIND: tl.constexpr,
+    GN: tl.constexpr,
+    GK: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    HAS_GS: tl.constexpr,
+    ACT_ORDER: tl.constexpr,
+):
+    """fp32 ``[BN, BK]``: rows ``offs_n``, columns ``k0 .. k0 + BK`` of ``humming.dequantize(qw)``.
+
+    Elements outside ``[N, K]`` are 0 (whatever the zero point), so they add nothing to a dot product.
+    """
+    offs_k = k0 + tl.arange(0, BK)
+    codes = _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS)
+    w = decode_codes(codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
+    if HAS_ZP:
+        z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER)
+        w = w - z.to(tl.float32)
+    if S_KIND != 0:
+        s = _group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER)
+        s = _decode_scale(s, S_KIND)
+        if HAS_GS:
+            s = s * tl.load(gs_ptr)
+        w = w * s
+    inside = (offs_n[:, None] < N) & (offs_k[None, :] < K)
+    return tl.where(inside, w, 0.0)

@@ -1,0 +1,120 @@
+"""Triton dequantization of the weight IR: ``QuantizedWeight`` -> bf16 / fp16 / fp32 ``[N, K]``.
+
+The first Triton kernel of humming and the proof of its CPU plumbing: it reads the IR directly (no
+repacking) through the same :func:`~humming.triton_kernels._weight_tile.load_weight_tile` the GEMMs use,
+and is bit-exact with :func:`humming.dequantize` for every format and layout.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ir.weight import QuantizedWeight
+from ._weight_tile import kernel_tensors, load_weight_tile, weight_spec
+from .interpreter import cast
+
+__all__ = ["dequantize"]
+
+_BLOCK_N = 16
+_BLOCK_K = 64
+
+
+@triton.jit
+def _dequant_kernel(
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    gs_ptr,
+    gidx_ptr,
+    lut_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_qn,
+    stride_sn,
+    stride_zn,
+    stride_on,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    W_KIND: tl.constexpr,
+    W_BITS: tl.constexpr,
+    W_EBITS: tl.constexpr,
+    W_MBITS: tl.constexpr,
+    W_BIAS: tl.constexpr,
+    W_NAN: tl.constexpr,
+    S_KIND: tl.constexpr,
+    GN: tl.constexpr,
+    GK: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    HAS_GS: tl.constexpr,
+    ACT_ORDER: tl.constexpr,
+):
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    k0 = tl.program_id(1) * BK
+    w = load_weight_tile(
+        qw_ptr,
+        s_ptr,
+        z_ptr,
+        gs_ptr,
+        gidx_ptr,
+        lut_ptr,
+        stride_qn,
+        stride_sn,
+        stride_zn,
+        offs_n,
+        k0,
+        N,
+        K,
+        BK,
+        W_KIND,
+        W_BITS,
+        W_EBITS,
+        W_MBITS,
+        W_BIAS,
+        W_NAN,
+        S_KIND,
+        GN,
+        GK,
+        HAS_ZP,
+        HAS_GS,
+        ACT_ORDER,
+    )
+    offs_k = k0 + tl.arange(0, BK)
+    out = out_ptr + offs_n.to(tl.int64)[:, None] * stride_on + offs_k[None, :]
+    tl.store(out, cast(w, out_ptr.dtype.element_ty), mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))
+
+
+def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``humming.dequantize(qw, dtype)`` computed by a Triton kernel; 2-D weights ``[N, K]`` only.
+
+    Returns a new ``[N, K]`` tensor of ``dtype`` (bfloat16, float16 or float32), bit-exact with the reference.
+    """
+    if qw.num_experts is not None:
+        raise ValueError(f"dequantize: expected a 2-D weight [N, K], got shape {qw.shape}")
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"dequantize: dtype must be bfloat16, float16 or float32, got {dtype}")
+    n, k = qw.N, qw.K
+    t = kernel_tensors(qw)
+    out = torch.empty(n, k, dtype=dtype, device=qw.device)
+    grid = (triton.cdiv(n, _BLOCK_N), triton.cdiv(k, _BLOCK_K))
+    _dequant_kernel[grid](
+        t["qw"],
+        t["s"],
+        t["z"],
+        t["gs"],
+        t["gidx"],
+        t["lut"],
+        out,
+        n,
+        k,
+        t["qw"].stride(0),
+        t["s"].stride(0),
+        t["z"].stride(0),
+        out.stride(0),
+        BN=_BLOCK_N,
+        BK=_BLOCK_K,
+        **weight_spec(qw).constexprs(),
+    )
+    return out

@@ -1,0 +1,51 @@
+"""The one place that knows about Triton's CPU interpreter (``TRITON_INTERPRET=1``) and its gaps.
+
+CI has no GPU, so every Triton kernel of humming also runs under the interpreter (tests/conftest.py sets
+``TRITON_INTERPRET=1`` before any kernel is decorated). Triton 3.6's interpreter has two gaps that the
+kernels work around here, and only here:
+
+- ``tl.dot`` on bfloat16 operands returns garbage: the interpreter stores bf16 as uint16 and multiplies
+  the raw bit patterns. :func:`dot` therefore upcasts both operands to float32 when interpreting. The
+  products of bf16/fp16 values are exact in fp32, so the only difference from the GPU is the order of
+  the fp32 accumulation: results agree with the GPU's to a relative error of ~1e-6 of the dot's size,
+  far inside the tests' tolerances (stated in each test module).
+- fp32 -> bf16 casts truncate instead of rounding to nearest even (and mishandle fp32 subnormals).
+  :func:`cast` rounds the fp32 bit pattern to nearest even itself when interpreting.
+- ``tl.dot_scaled`` does not run at all. Kernels that use it on GPUs that have it keep an upcasting path
+  (``dot`` on dequantized operands) that the interpreter runs instead; :data:`INTERPRET` selects it.
+
+Under the interpreter ``triton.jit`` returns interpreted functions that cannot be compiled ahead of time;
+the compile check (tests/test_compile_triton.py) runs in a subprocess with ``TRITON_INTERPRET`` unset.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+__all__ = ["INTERPRET", "cast", "dot"]
+
+#: True when kernels run under Triton's CPU interpreter (read once, at import, as Triton itself does).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_INTERPRET = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def dot(a, b, acc):
+    """``acc + a @ b`` with fp32 accumulation; operands upcast to fp32 under the interpreter only."""
+    if _INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def cast(x, dtype: tl.constexpr):
+    """fp32 ``x`` -> ``dtype``, rounded to nearest even (also under the interpreter, see the module doc)."""
+    if _INTERPRET and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(x != x, 0x7FC0, rounded)  # NaN: the canonical quiet NaN, as torch
+        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype)

@@ -1,0 +1,106 @@
+"""The Triton dequantization kernel against ``humming.dequantize``: bit-exact, every format and layout.
+
+Runs under Triton's CPU interpreter without a GPU (tests/conftest.py); NaN outputs must be NaN at the same
+places (their bit patterns differ between torch and the GPU's conversion instructions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import humming
+from humming.ir.formats import FORMATS
+from humming.ir.packing import pack_codes
+
+triton_dequant = pytest.importorskip("humming.triton_kernels.dequant")
+
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def assert_bit_exact(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    nan = torch.isnan(ref)
+    assert torch.equal(torch.isnan(out), nan), "NaN positions differ"
+    ints = {2: torch.int16, 4: torch.int32}[out.element_size()]
+    bad = (out.view(ints) != ref.view(ints)) & ~nan
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(f"{int(bad.sum())} elements differ; first at {idx}: {out[idx]} vs {ref[idx]}")
+
+
+@dataclass(frozen=True)
+class Case:
+    weight: str
+    group_size: object = 128
+    zero_point: object = False
+    scale_dtype: torch.dtype | None = None
+    act_order: bool = False
+    shape: tuple[int, int] = (24, 200)
+
+    def __str__(self) -> str:
+        gs = self.group_size if not isinstance(self.group_size, tuple) else "x".join(map(str, self.group_size))
+        sd = "" if self.scale_dtype is None else str(self.scale_dtype).replace("torch.", "")
+        parts = [self.weight, f"g{gs}", f"zp={self.zero_point}" if self.zero_point else "", sd]
+        parts += ["act-order" if self.act_order else "", "x".join(map(str, self.shape))]
+        return "-".join(p for p in parts if p)
+
+
+CASES = [
+    Case("int4"),
+    Case("int4", group_size=-1, scale_dtype=torch.bfloat16),
+    Case("int8", group_size="tensor", shape=(17, 77)),
+    Case("int2", group_size=16, scale_dtype=torch.float16),
+    Case("int3", group_size=32),
+    Case("int4", zero_point=True, group_size=64, shape=(33, 130)),
+    Case("int5", zero_point=True, group_size=32),
+    Case("int6", zero_point="float", group_size=64, scale_dtype=torch.bfloat16),
+    Case("int7", zero_point=True),
+    Case("int1", zero_point=True, group_size=-1),
+    Case("int4", group_size=32, act_order=True),
+    Case("int8", zero_point=True, group_size=32, act_order=True),
+    Case("e2m1", group_size=32, scale_dtype=torch.float8_e8m0fnu),
+    Case("nvfp4", group_size=16),
+    Case("e2m3", group_size=32, scale_dtype=torch.float8_e8m0fnu),
+    Case("e3m2", group_size=32, scale_dtype=torch.float8_e4m3fn),
+    Case("e4m3", group_size=-1),
+    Case("e4m3", group_size=(128, 128), shape=(130, 260)),
+    Case("e5m2", group_size=(16, 64)),
+    Case("e1m2", group_size=16),
+    Case("e3m3", group_size=64, scale_dtype=torch.float16),
+    Case("nf4", group_size=64, scale_dtype=torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_dequant_matches_reference(case: Case, seed: int, device: str) -> None:
+    w = torch.randn(case.shape, device=device) * 3
+    kwargs = {"group_size": case.group_size, "zero_point": case.zero_point, "scale_dtype": case.scale_dtype}
+    if case.act_order:
+        n_groups = -(-case.shape[1] // case.group_size)
+        kwargs["g_idx"] = torch.randint(0, n_groups, (case.shape[1],), dtype=torch.int32, device=device)
+    qw = humming.quantize(w, case.weight, **kwargs)
+    for dtype in OUT_DTYPES:
+        assert_bit_exact(triton_dequant.dequantize(qw, dtype), humming.dequantize(qw, dtype))
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f.kind != "e8m0"], ids=str)
+def test_decode_every_code(fmt, device: str) -> None:
+    """Every code of every format, NaN and inf included, decodes as ``NumberFormat.decode``."""
+    codes = torch.arange(fmt.num_codes, device=device).reshape(1, -1).repeat(3, 1)
+    qw = humming.QuantizedWeight(shape=tuple(codes.shape), format=fmt, qweight=pack_codes(codes, fmt.bits))
+    assert_bit_exact(triton_dequant.dequantize(qw, torch.float32), humming.dequantize(qw, torch.float32))
+
+
+def test_rejects_expert_weights(device: str) -> None:
+    qw = humming.quantize(torch.randn(2, 16, 64, device=device), "int4", group_size=32)
+    with pytest.raises(ValueError, match="2-D weight"):
+        triton_dequant.dequantize(qw)
+
+
+@pytest.mark.gpu
+def test_dequant_realistic_shape(seed: int) -> None:
+    qw = humming.quantize(torch.randn(4096, 4096, device="cuda"), "int4", group_size=128)
+    assert_bit_exact(triton_dequant.dequantize(qw, torch.bfloat16), humming.dequantize(qw, torch.bfloat16))
