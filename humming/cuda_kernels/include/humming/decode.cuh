@@ -104,6 +104,8 @@ __device__ __forceinline__ void run(const Params& p) {
   for (int base = chunk_begin + warp; base < chunk_end; base += kWarps * kUnroll) {
     uint4 wv[kUnroll][kR][kVecs];
     uint4 xv[kUnroll][kMT][2];
+    float sv[kUnroll][kR][2];  // scales of rows g and g + 8
+    float zv[kUnroll][kR][2];  // zero points of rows g and g + 8
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int chunk = base + u * kWarps;
@@ -115,6 +117,19 @@ __device__ __forceinline__ void run(const Params& p) {
           const long offset = ((long(tile0 + r) * n_chunks + chunk) * kVecs + v) * 32 + lane;
           wv[u][r][v] = live ? ld_stream_v4(p.qweight + offset) : make_uint4(0, 0, 0, 0);
         }
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        // Issued with the weights so that their latency overlaps (chunks past the end read group 0).
+        const int group = live ? chunk / p.chunks_per_group : 0;
+        const long sz = (long(tile0 + r) * p.groups + group) * 16 + g * 2;
+        sv[u][r][0] = load_float<S>(p.scales, sz);
+        sv[u][r][1] = load_float<S>(p.scales, sz + 1);
+        zv[u][r][0] = zv[u][r][1] = float(kZero);
+        if constexpr (kZero < 0) {
+          zv[u][r][0] = p.zeros[sz];
+          zv[u][r][1] = p.zeros[sz + 1];
+        }
+      }
 #pragma unroll
       for (int t = 0; t < kMT; ++t) {
         const int token = t * 8 + g;
@@ -128,18 +143,10 @@ __device__ __forceinline__ void run(const Params& p) {
     for (int u = 0; u < kUnroll; ++u) {
       const int chunk = base + u * kWarps;
       if (chunk >= chunk_end) break;
-      const int group = chunk / p.chunks_per_group;
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
-        const long sz = (long(tile0 + r) * p.groups + group) * 16 + g * 2;
-        const float s_g = load_float<S>(p.scales, sz);
-        const float s_g8 = load_float<S>(p.scales, sz + 1);
-        float z_g = kZero, z_g8 = kZero;
-        if constexpr (kZero < 0) {
-          z_g = p.zeros[sz];
-          z_g8 = p.zeros[sz + 1];
-        }
-        const float zf_g = kMagicF + z_g, zf_g8 = kMagicF + z_g8;
+        const float s_g = sv[u][r][0], s_g8 = sv[u][r][1];
+        const float zf_g = kMagicF + zv[u][r][0], zf_g8 = kMagicF + zv[u][r][1];
         const uint32_t bias_g = pack2<A>(-zf_g, -zf_g);
         const uint32_t bias_g8 = pack2<A>(-zf_g8, -zf_g8);
         float part[kMT][4];

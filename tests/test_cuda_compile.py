@@ -1,0 +1,79 @@
+"""CI compile check (no GPU): every CUDA kernel compiles through NVRTC for each of its targets, with no
+register spills; the sm_90 SASS holds the instructions the design depends on."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from humming.cuda_kernels import _decode, jit
+from humming.cuda_kernels._warmup import warmup_specs
+
+pytestmark = pytest.mark.skipif(
+    jit.compiler_unavailable_reason() is not None, reason=f"{jit.compiler_unavailable_reason()}"
+)
+
+
+def _decode_specs() -> list[jit.KernelSpec]:
+    L, T = _decode.DecodeLayout, _decode.DecodeTuning
+    return [
+        _decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(1, 1, 8, 4, 1)),
+        _decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 2, 1)),
+        _decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 2, 8, 1, 1)),
+        _decode.decode_spec(L(8, -1, "bf16"), "f16", "f16", "f32", T(1, 1, 8, 4, 4)),
+    ]
+
+
+def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
+    return [(spec, arch) for spec in _decode_specs() for arch in spec.targets()]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HUMMING_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        jit.clear_memory_cache()
+        report = warmup_specs(_all_jobs(), progress=False)
+        jit.clear_memory_cache()
+    return {(k.spec.name, k.arch): k for k in report.kernels}
+
+
+def test_every_target_compiles_without_spills(compiled):
+    assert len(compiled) == len(_all_jobs())
+    for (name, arch), kernel in compiled.items():
+        assert kernel.cubin[:4] == b"\x7fELF", (name, arch)
+        frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", kernel.log)
+        assert frames, f"no ptxas resource report for {name} {arch}:\n{kernel.log}"
+        assert all(f == ("0", "0", "0") for f in frames), f"{name} {arch} spills or uses a stack:\n{kernel.log}"
+
+
+def _cuda_tool(name: str) -> str | None:
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin is not None:
+        candidate = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / name
+        if candidate.is_file():
+            return str(candidate)
+    return shutil.which(name)
+
+
+def _sass(kernel: jit.CompiledKernel, tmp_path) -> str:
+    tool = _cuda_tool("cuobjdump")
+    if tool is None:
+        pytest.skip("cuobjdump not found (neither in triton's package nor on PATH)")
+    path = tmp_path / f"{kernel.spec.name}-{kernel.arch}.cubin"
+    path.write_bytes(kernel.cubin)
+    return subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+
+
+def test_decode_sass_uses_tensor_cores_and_16_byte_loads(compiled, tmp_path):
+    for spec in _decode_specs():
+        sass = _sass(compiled[(spec.name, "sm_90")], tmp_path)
+        assert "HMMA.16816.F32" in sass, spec.name
+        assert re.search(r"LDG\.E\.(128|LTC128B\.128|EL\.128)|LDG\.E\.[A-Z0-9.]*128", sass), spec.name
+        assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
+        assert "LOP3" in sass or "PRMT" in sass, spec.name
