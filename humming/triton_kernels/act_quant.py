@@ -1,0 +1,321 @@
+"""Activation quantization in Triton, bit-exact with :func:`humming.quantize_activation`.
+
+One kernel covers every :data:`humming.ACT_SCHEMES` entry: per-token, per-tensor (dynamic or a static
+scale) and groups along K (1x16, 1x32, 1x128); int8 / int4 / e4m3 / e5m2 / e2m1 elements; fp32, e8m0 and
+e4m3 (+ fp32 global) scales. The reference divides in float64; the kernel divides in float32 and settles
+the only case where that can differ (the float32 quotient lands exactly on a rounding midpoint of the
+element grid) from the sign of the exact residual ``x - q * s``, computed in float64 (two operations per
+element; the division itself stays float32). NVFP4 scales are ``e4m3 * global``, a 28-bit product, so
+that scheme divides in float64 outright. Inputs are assumed finite (NaN / inf activations are not handled).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
+
+__all__ = ["quantize_activation", "supports"]
+
+_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _exp2i(n):
+    """2.0**n as float32 for an int32 tensor n in [-126, 127] (exact; no libdevice call)."""
+    return ((n + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _floor_log2(mag):
+    """floor(log2(mag)) of non-negative normal float32 values (-127 for zero and subnormals)."""
+    return ((mag.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _encode(q, up, INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr):
+    """float32 value ``q`` -> int32 code, rounding to nearest even and saturating like
+    ``NumberFormat.encode``. ``up`` (float32: -1, 0 or +1) is the sign of ``exact - q``: where ``q`` sits
+    exactly on a midpoint but the exact value does not, the midpoint is left in that direction."""
+    if INT:
+        qc = tl.minimum(tl.maximum(q, -MAXV - 2.0), MAXV + 2.0)
+        fl = tl.floor(qc)
+        frac = qc - fl
+        odd = (fl.to(tl.int32) & 1) == 1
+        rnd_up = (frac > 0.5) | ((frac == 0.5) & ((up > 0) | ((up == 0) & odd)))
+        r = tl.where(rnd_up, fl + 1.0, fl)
+        r = tl.minimum(tl.maximum(r, -MAXV - 1.0), MAXV)
+        return r.to(tl.int32) & ((1 << BITS) - 1)
+    else:
+        sign = (q.to(tl.int32, bitcast=True) >> 31) & 1
+        mag = tl.abs(q)
+        up_mag = tl.where(sign == 1, -up, up)
+        up_mag = tl.where(mag >= MAXV, 0.0, up_mag)
+        mag = tl.minimum(mag, MAXV)
+        e = tl.maximum(_floor_log2(mag), 1 - BIAS)
+        t = mag * _exp2i(MBITS - e)  # the significand in units of the quantum (exact: power of two)
+        fl = tl.floor(t)
+        frac = t - fl
+        odd = (fl.to(tl.int32) & 1) == 1
+        rnd_up = (frac > 0.5) | ((frac == 0.5) & ((up_mag > 0) | ((up_mag == 0) & odd)))
+        r = tl.where(rnd_up, fl + 1.0, fl).to(tl.int32)
+        carry = r >= (2 << MBITS)  # rounding carried into the next binade
+        e = tl.where(carry, e + 1, e)
+        r = tl.where(carry, 1 << MBITS, r)
+        normal = r >= (1 << MBITS)
+        exp_field = tl.where(normal, e + BIAS, 0)
+        mant = tl.where(normal, r - (1 << MBITS), r)
+        return (sign << (BITS - 1)) | (exp_field << MBITS) | mant
+
+
+@triton.jit
+def _decode_e4m3(code):
+    """uint8/int32 e4m3 code (no NaN) -> float32."""
+    exp_field = (code >> 3) & 0xF
+    mant = code & 0x7
+    normal = ((exp_field - 7 + 127) << 23) | (mant << 20)
+    mag = tl.where(exp_field == 0, mant.to(tl.float32) * 0.001953125, normal.to(tl.float32, bitcast=True))
+    return tl.where(((code >> 7) & 1) == 1, -mag, mag)
+
+
+@triton.jit
+def _quantize_chunk(
+    x,
+    s,
+    e8m0_exp,
+    INT: tl.constexpr,
+    BITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    BIAS: tl.constexpr,
+    MAXV: tl.constexpr,
+    SCALE: tl.constexpr,
+):
+    """Codes of float32 ``x`` [BM, BK] for scale ``s`` ([BM, 1], float64 for "e4m3g", else float32) or,
+    for SCALE == "e8m0", the int32 exponent ``e8m0_exp`` [BM, 1]."""
+    if SCALE == "e8m0":
+        q = x * _exp2i(-e8m0_exp)  # exact: a power of two
+        up = tl.zeros_like(q)
+        zero = tl.zeros_like(q) != 0
+    elif SCALE == "e4m3g":
+        q64 = x.to(tl.float64) / tl.where(s == 0, 1.0, s)
+        q = q64.to(tl.float32)
+        d = q64 - q.to(tl.float64)
+        up = tl.where(d > 0, 1.0, tl.where(d < 0, -1.0, 0.0))
+        zero = (s == 0) & (x == x)
+    else:
+        s_safe = tl.where(s == 0, 1.0, s)
+        q = tl.math.div_rn(x, s_safe + tl.zeros_like(x))
+        d = x.to(tl.float64) - q.to(tl.float64) * s_safe.to(tl.float64)  # exact: the residual of q
+        up = tl.where(d > 0, 1.0, tl.where(d < 0, -1.0, 0.0))
+        zero = (s == 0) & (x == x)
+    code = _encode(q, up, INT, BITS, MBITS, BIAS, MAXV)
+    return tl.where(zero, 0, code)
+
+
+@triton.jit
+def _absmax_kernel(x_ptr, amax_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """amax_ptr[0] (int32 bits of a non-negative float32, zero-initialised) = max |x| over [M, K]."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    tl.atomic_max(amax_ptr, amax.to(tl.int32, bitcast=True))  # non-negative floats order like their bits
+
+
+@triton.jit
+def _act_quant_kernel(
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    amax_ptr,
+    gscale_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_cm,
+    stride_sm,
+    INT: tl.constexpr,
+    BITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    BIAS: tl.constexpr,
+    MAXV: tl.constexpr,
+    EMAX_ELEM: tl.constexpr,
+    SCALE: tl.constexpr,  # "fp32", "e8m0" or "e4m3g" (e4m3 scales under an fp32 global scale)
+    SOURCE: tl.constexpr,  # "local" (amax per row span), "tensor" (amax_ptr) or "static" (scales_ptr given)
+    GROUP_K: tl.constexpr,  # span of one scale along K; 0 = the whole row
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Quantize x [M, K] -> codes uint8 [M, K] and scales. Grid: (cdiv(M, BLOCK_M), spans along K)."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    if GROUP_K == 0 and SOURCE == "local":
+        k_lo = 0
+        k_hi = K
+    elif GROUP_K == 0:
+        k_lo = pid_k * BLOCK_K
+        k_hi = tl.minimum(k_lo + BLOCK_K, K)
+    else:
+        k_lo = pid_k * GROUP_K
+        k_hi = tl.minimum(k_lo + GROUP_K, K)
+
+    if SOURCE == "local":
+        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            mask = row_mask[:, None] & (cols[None, :] < k_hi)
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+    else:
+        amax = tl.load(amax_ptr).to(tl.float32, bitcast=True) + tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    e8m0_exp = tl.zeros([BLOCK_M], dtype=tl.int32)
+    s = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if SOURCE == "static":
+        s = tl.load(scales_ptr) + tl.zeros([BLOCK_M], dtype=tl.float32)
+    elif SCALE == "fp32":
+        # float32(float64(amax) / max) (no double rounding: the quotient of these operands is never within
+        # 2^-53 of a float32 midpoint); integer grids round the scale up so that no code clips.
+        s = tl.math.div_rn(amax, tl.full([BLOCK_M], MAXV, tl.float32))
+        if INT:
+            below = s.to(tl.float64) * MAXV < amax.to(tl.float64)  # exact: 24 x 8 significant bits
+            s = tl.where(below, (s.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), s)
+    elif SCALE == "e8m0":
+        # OCP MX: 2^(floor(log2(amax)) - emax(element)), at least 2^-127 (exact for every fp16/bf16/fp32 amax).
+        e8m0_exp = tl.minimum(tl.maximum(_floor_log2(amax) - EMAX_ELEM, -127), 127)
+    else:
+        # NVFP4: global scale = tensor amax / (max element * 448, the largest e4m3 scale)
+        tensor_amax = tl.load(amax_ptr).to(tl.float32, bitcast=True) + tl.zeros([BLOCK_M], dtype=tl.float32)
+        g = tl.math.div_rn(tensor_amax, tl.full([BLOCK_M], MAXV * 448.0, tl.float32))
+        g = tl.where(g == 0, 1.0, g)
+        g64 = g.to(tl.float64)
+        s_ideal = tl.minimum(amax.to(tl.float64) / MAXV / g64, 448.0).to(tl.float32)
+        s_code = _encode(s_ideal, tl.zeros_like(s_ideal), False, 8, 3, 7, 448.0)
+        s = _decode_e4m3(s_code).to(tl.float64) * g64  # exact: 4 x 24 significant bits
+        if (pid_m == 0) & (pid_k == 0):
+            tl.store(gscale_ptr, tl.max(g, axis=0))
+
+    if SOURCE == "local":
+        s_col = pid_k
+        if SCALE == "e8m0":
+            tl.store(scales_ptr + rows * stride_sm + s_col, (e8m0_exp + 127).to(tl.uint8), mask=row_mask)
+        elif SCALE == "e4m3g":
+            tl.store(scales_ptr + rows * stride_sm + s_col, s_code.to(tl.uint8), mask=row_mask)
+        else:
+            tl.store(scales_ptr + rows * stride_sm + s_col, s, mask=row_mask)
+    elif SOURCE == "tensor":
+        if (pid_m == 0) & (pid_k == 0):
+            tl.store(scales_ptr, tl.max(s, axis=0))
+
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        mask = row_mask[:, None] & (cols[None, :] < k_hi)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        code = _quantize_chunk(x, s[:, None], e8m0_exp[:, None], INT, BITS, MBITS, BIAS, MAXV, SCALE)
+        tl.store(codes_ptr + rows[:, None] * stride_cm + cols[None, :], code.to(tl.uint8), mask=mask)
+
+
+def supports(x: torch.Tensor, act: str | ActScheme) -> str | None:
+    """``None`` if :func:`quantize_activation` runs ``x`` with ``act``, else the reason."""
+    scheme = get_act_scheme(act)
+    fmt = scheme.element_format
+    if fmt.kind not in ("int", "float") or (fmt.is_int and not fmt.signed):
+        return f"act {scheme.name}: element format {fmt.name} is not supported (signed int or eXmY only)"
+    if x.dim() != 2 or x.dtype not in _X_DTYPES or x.stride(-1) != 1:
+        return f"x: expected a 2-D float16/bfloat16/float32 tensor with contiguous rows, got {x.dtype} {tuple(x.shape)}"
+    scale_kind = _scale_kind(scheme)
+    if scale_kind is None:
+        return f"act {scheme.name}: scale dtype {scheme.scale_dtype} with global_scale={scheme.global_scale} is not supported"
+    bn, bk = scheme.group_shape
+    if bn == -1 and scale_kind != "fp32":
+        return f"act {scheme.name}: per-tensor scales must be float32"
+    if bk != -1 and (bn != 1 or bk & (bk - 1) or bk < 16):
+        return f"act {scheme.name}: groups along K must be a power of two >= 16, got {scheme.group_shape}"
+    return None
+
+
+def _scale_kind(scheme: ActScheme) -> str | None:
+    if scheme.scale_dtype == torch.float32 and not scheme.global_scale:
+        return "fp32"
+    if scheme.scale_dtype == torch.float8_e8m0fnu and not scheme.global_scale:
+        return "e8m0"
+    if scheme.scale_dtype == torch.float8_e4m3fn and scheme.global_scale:
+        return "e4m3g"
+    return None
+
+
+def quantize_activation(
+    x: torch.Tensor, act: str | ActScheme, *, scale: torch.Tensor | None = None
+) -> QuantizedActivation:
+    """Quantize ``x`` [M, K] (fp16/bf16/fp32, rows contiguous) with scheme ``act``; the Triton twin of
+    :func:`humming.quantize_activation` (same codes, scales and global scale). A static per-tensor
+    ``scale`` replaces the dynamic one."""
+    scheme = get_act_scheme(act)
+    reason = supports(x, scheme)
+    if reason:
+        raise ValueError(reason)
+    fmt = scheme.element_format
+    m, k = x.shape
+    bn, bk = scheme.group_shape
+    kind = _scale_kind(scheme)
+    dev = x.device
+    codes = torch.empty(m, k, dtype=torch.uint8, device=dev)
+    if scale is not None:
+        if kind != "fp32":
+            raise ValueError(f"scale: a static scale needs a float32-scale scheme, got {scheme.name}")
+        scales = scale.to(device=dev, dtype=torch.float32).reshape(1, 1).contiguous()
+        source, group_k, n_spans = "static", 0, 1
+    elif bn == -1:
+        scales = torch.empty(1, 1, dtype=torch.float32, device=dev)
+        source, group_k, n_spans = "tensor", 0, 1
+    else:
+        group_k = 0 if bk == -1 else bk
+        n_spans = 1 if bk == -1 else triton.cdiv(k, bk)
+        store_dtype = torch.float32 if kind == "fp32" else torch.uint8
+        scales = torch.empty(m, n_spans, dtype=store_dtype, device=dev)
+        source = "local"
+    gscale = torch.empty((), dtype=torch.float32, device=dev) if kind == "e4m3g" else None
+    if m == 0 or k == 0:
+        raise ValueError(f"x: expected a non-empty [M, K], got {tuple(x.shape)}")
+
+    amax = torch.zeros(1, dtype=torch.int32, device=dev)
+    if source == "tensor" or kind == "e4m3g":
+        grid = (triton.cdiv(m, 32), triton.cdiv(k, 128))
+        _absmax_kernel[grid](x, amax, m, k, x.stride(0), BLOCK_M=32, BLOCK_K=128)
+
+    block_k = group_k if group_k else min(triton.next_power_of_2(k), 256)
+    block_m = max(1, min(triton.next_power_of_2(m), 4096 // block_k, 64))
+    grid_k = n_spans if source == "local" else triton.cdiv(k, block_k)
+    _act_quant_kernel[(triton.cdiv(m, block_m), grid_k)](
+        x,
+        codes,
+        scales,
+        amax,
+        gscale if gscale is not None else amax,
+        m,
+        k,
+        x.stride(0),
+        codes.stride(0),
+        scales.stride(0),
+        INT=fmt.is_int,
+        BITS=fmt.bits,
+        MBITS=fmt.mantissa_bits,
+        BIAS=fmt.bias,
+        MAXV=fmt.max_value,
+        EMAX_ELEM=math.floor(math.log2(fmt.max_value)),
+        SCALE="fp32" if source == "static" else kind,
+        SOURCE=source,
+        GROUP_K=group_k,
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+    )
+    if kind != "fp32":
+        scales = scales.view(scheme.scale_dtype)
+    return QuantizedActivation(scheme, codes, scales, gscale)

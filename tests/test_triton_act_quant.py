@@ -1,0 +1,100 @@
+"""Triton activation quantization: bit-exact (codes, scales, global scale) with humming.quantize_activation.
+
+Runs under the interpreter on CPU (tests/conftest.py); the ``gpu`` test repeats the table at realistic
+shapes on CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import humming
+from humming.triton_kernels.act_quant import quantize_activation, supports
+
+
+@dataclass(frozen=True)
+class Case:
+    act: str
+    dtype: torch.dtype
+    m: int
+    k: int
+
+    def __str__(self) -> str:
+        return f"{self.act}-{str(self.dtype)[6:]}-{self.m}x{self.k}"
+
+
+_SHAPES = ((1, 128), (5, 200), (16, 256), (3, 48))
+CASES = [
+    Case(act, dtype, m, k)
+    for act in humming.ACT_SCHEMES
+    for dtype in (torch.float16, torch.bfloat16)
+    for m, k in _SHAPES
+] + [Case(act, torch.float32, 7, 96) for act in humming.ACT_SCHEMES]
+
+
+def _inputs(case: Case, device: str) -> torch.Tensor:
+    """Rows of different magnitudes (1e-3 .. 1e3), one all-zero row, one row of tiny values."""
+    x = torch.randn(case.m, case.k, dtype=torch.float64) * 10.0 ** torch.randint(-3, 4, (case.m, 1))
+    if case.m > 2:
+        x[1] = 0.0
+        x[2] *= 1e-4
+    return x.to(case.dtype).to(device)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def _assert_same(got: humming.QuantizedActivation, ref: humming.QuantizedActivation, what: str) -> None:
+    assert got.scales.dtype == ref.scales.dtype and got.scales.shape == ref.scales.shape, what
+    bad = (_bits(got.scales) != _bits(ref.scales)).nonzero()
+    assert bad.numel() == 0, f"{what}: {len(bad)} scales differ, first at {bad[0].tolist()}"
+    bad = (got.codes != ref.codes).nonzero()
+    assert bad.numel() == 0, (
+        f"{what}: {len(bad)} codes differ, first at {bad[0].tolist()}: "
+        f"{got.codes[tuple(bad[0])].item()} vs {ref.codes[tuple(bad[0])].item()}"
+    )
+    if ref.global_scale is None:
+        assert got.global_scale is None, what
+    else:
+        assert torch.equal(got.global_scale, ref.global_scale), what
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_act_quant_bit_exact(case, seed, device):
+    x = _inputs(case, device)
+    _assert_same(quantize_activation(x, case.act), humming.quantize_activation(x, case.act), f"{case} seed={seed}")
+
+
+@pytest.mark.parametrize("act", ["int8", "int4", "fp8", "fp8_e5m2"])
+def test_static_scale_midpoints(act, seed, device):
+    """float32 inputs placed on rounding midpoints of x / scale: the float32 quotient often lands exactly on
+    the midpoint while the exact one does not, the case the kernel settles with the float64 residual."""
+    fmt = humming.get_format(humming.ACT_SCHEMES[act].format)
+    grid = fmt.value_table().unique().sort().values
+    grid = grid[torch.isfinite(grid)]
+    mids = (grid[1:] + grid[:-1]) / 2
+    scale = torch.rand(()) + 0.5
+    pick = mids[torch.randint(0, len(mids), (8, 64))]
+    x = (pick.double() * scale.double()).float().to(device)
+    got = quantize_activation(x, act, scale=scale)
+    _assert_same(got, humming.quantize_activation(x, act, scale=scale), f"{act} seed={seed}")
+
+
+def test_supports_reasons():
+    x = torch.zeros(4, 32, dtype=torch.float16)
+    assert supports(x, "fp8") is None
+    assert "2-D" in supports(x[None], "fp8")
+    with pytest.raises(ValueError, match="2-D"):
+        quantize_activation(x.reshape(-1), "int8")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", list(humming.ACT_SCHEMES))
+@pytest.mark.parametrize("m,k", [(1, 8192), (333, 4096), (4096, 7168)])
+def test_act_quant_bit_exact_gpu(act, m, k, seed):
+    x = (torch.randn(m, k, device="cuda") * 10.0 ** torch.randint(-3, 4, (m, 1), device="cuda")).bfloat16()
+    _assert_same(quantize_activation(x, act), humming.quantize_activation(x, act), f"{act} {m}x{k} seed={seed}")
