@@ -7,6 +7,7 @@ one for tensor / expert parallelism. Errors are ``CheckpointError`` subclasses (
 from .checkpoint import load_checkpoint
 from .concat import concat, stack
 from .errors import CheckpointError, MissingTensorError, ShapeMismatchError, UnsupportedFormatError
+from .shard import deinterleave_rows, shard
 
 __all__ = [
     "CheckpointError",
@@ -14,6 +15,8 @@ __all__ = [
     "ShapeMismatchError",
     "UnsupportedFormatError",
     "concat",
+    "deinterleave_rows",
     "load_checkpoint",
+    "shard",
     "stack",
 ]
