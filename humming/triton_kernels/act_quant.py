@@ -199,8 +199,7 @@ def _act_quant_kernel(
         s_ideal = tl.minimum(amax.to(tl.float64) / MAXV / g64, 448.0).to(tl.float32)
         s_code = _encode(s_ideal, tl.zeros_like(s_ideal), False, 8, 3, 7, 448.0)
         s = _decode_e4m3(s_code).to(tl.float64) * g64  # exact: 4 x 24 significant bits
-        if (pid_m == 0) & (pid_k == 0):
-            tl.store(gscale_ptr, tl.max(g, axis=0))
+        tl.store(gscale_ptr, tl.max(g, axis=0), mask=(pid_m == 0) & (pid_k == 0))
 
     if SOURCE == "local":
         s_col = pid_k
@@ -211,8 +210,7 @@ def _act_quant_kernel(
         else:
             tl.store(scales_ptr + rows * stride_sm + s_col, s, mask=row_mask)
     elif SOURCE == "tensor":
-        if (pid_m == 0) & (pid_k == 0):
-            tl.store(scales_ptr, tl.max(s, axis=0))
+        tl.store(scales_ptr, tl.max(s, axis=0), mask=(pid_m == 0) & (pid_k == 0))
 
     for k0 in range(k_lo, k_hi, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
@@ -232,7 +230,10 @@ def supports(x: torch.Tensor, act: str | ActScheme) -> str | None:
         return f"x: expected a 2-D float16/bfloat16/float32 tensor with contiguous rows, got {x.dtype} {tuple(x.shape)}"
     scale_kind = _scale_kind(scheme)
     if scale_kind is None:
-        return f"act {scheme.name}: scale dtype {scheme.scale_dtype} with global_scale={scheme.global_scale} is not supported"
+        return (
+            f"act {scheme.name}: scale dtype {scheme.scale_dtype} with global_scale={scheme.global_scale} is not "
+            "supported (float32; e8m0; e4m3 with a global scale)"
+        )
     bn, bk = scheme.group_shape
     if bn == -1 and scale_kind != "fp32":
         return f"act {scheme.name}: per-tensor scales must be float32"
