@@ -13,13 +13,13 @@ from ._files import CheckpointFiles
 from .awq import AWQReader
 from .compressed_tensors import CompressedTensorsReader
 from .concat import stack
-from .errors import CheckpointError, UnsupportedFormatError
+from .errors import CheckpointError, MissingTensorError, UnsupportedFormatError
 from .fp8 import FP8Reader
 from .gpt_oss import GptOssReader
 from .gptq import GPTQReader
 from .modelopt import ModelOptReader
 
-__all__ = ["READERS", "load_checkpoint", "open_checkpoint"]
+__all__ = ["READERS", "iter_modules", "load_checkpoint", "load_module", "open_checkpoint"]
 
 #: ``quant_method`` -> reader class.
 READERS = {
@@ -75,8 +75,9 @@ def _group_key(module: str) -> tuple[str, int | None]:
     return f"{m['head']}.{m['tail']}", int(m["index"])
 
 
-def iter_modules(reader, modules: Iterable[str] | None = None) -> Iterator[tuple[str, list[str]]]:
-    """``(output name, [checkpoint modules])`` in order: one module, or every expert of a stacked one."""
+def iter_modules(reader, modules: Iterable[str] | None = None) -> Iterator[tuple[str, list[str | None]]]:
+    """``(output name, [checkpoint modules])``: one module, or the experts ``0..E-1`` of a stacked one
+    (``None`` for an expert missing from the checkpoint; :func:`load_module` raises on it)."""
     wanted = list(modules) if modules is not None else None
     grouped: dict[str, dict[int | None, str]] = {}
     for module in reader.modules():
@@ -87,18 +88,29 @@ def iter_modules(reader, modules: Iterable[str] | None = None) -> Iterator[tuple
     for name, parts in grouped.items():
         if None in parts:
             yield name, [parts[None]]
-            continue
-        missing = sorted(set(range(max(parts) + 1)) - set(parts))
-        if missing:
-            raise CheckpointError(f"{name}: experts {missing} are missing (found {len(parts)} of {max(parts) + 1})")
-        yield name, [parts[i] for i in range(len(parts))]
+        else:
+            yield name, [parts.get(i) for i in range(max(parts) + 1)]
 
 
-def load_module(reader, parts: list[str]) -> QuantizedWeight:
-    """One output module: a single checkpoint module, or per-expert modules stacked into ``[E, N, K]``."""
-    if len(parts) == 1 and _group_key(parts[0])[1] is None:
-        return reader.load(parts[0])
-    return stack([reader.load(p) for p in parts])
+def load_module(reader, name: str, parts: list[str | None]) -> QuantizedWeight:
+    """One output module: a single checkpoint module, or per-expert modules stacked into ``[E, N, K]``.
+
+    Raises ``CheckpointError`` naming ``name``; a ``ValueError`` from the IR (a malformed checkpoint that
+    the reader did not catch) is re-raised as one.
+    """
+    missing = [i for i, p in enumerate(parts) if p is None]
+    if missing:
+        raise MissingTensorError(
+            f"{name}: experts {missing} are missing (found {len(parts) - len(missing)} of {len(parts)})"
+        )
+    try:
+        if len(parts) == 1 and _group_key(parts[0])[1] is None:
+            return reader.load(parts[0])
+        return stack([reader.load(p) for p in parts])
+    except CheckpointError:
+        raise
+    except ValueError as err:
+        raise CheckpointError(f"{name}: {err}") from err
 
 
 def load_checkpoint(
@@ -115,10 +127,5 @@ def load_checkpoint(
     _, reader = open_checkpoint(path)
     out = {}
     for name, parts in iter_modules(reader, modules):
-        try:
-            out[name] = load_module(reader, parts).to(device)
-        except CheckpointError:
-            raise
-        except ValueError as err:  # the IR rejected what the reader built: a malformed checkpoint
-            raise CheckpointError(f"{name}: {err}") from err
+        out[name] = load_module(reader, name, parts).to(device)
     return out

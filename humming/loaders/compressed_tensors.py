@@ -32,7 +32,7 @@ from humming.ir.weight import QuantizedWeight, cdiv
 
 from ._common import bytes_to_words, check_shape, drop_trivial_g_idx, msb_mask
 from ._files import CheckpointFiles
-from .errors import CheckpointError, ShapeMismatchError, UnsupportedFormatError
+from .errors import CheckpointError, MissingTensorError, ShapeMismatchError, UnsupportedFormatError
 
 __all__ = ["CompressedTensorsReader", "pack_fp4", "pack_int_quantized"]
 
@@ -227,7 +227,7 @@ def _decode_pack_quantized(module, w, packed, scale, zero_point, weight_shape, g
     if packed.dtype != torch.int32 or packed.dim() != 2:
         raise ShapeMismatchError(f"{module}: weight_packed must be 2-D int32, got {packed.dtype} {tuple(packed.shape)}")
     if weight_shape is None:
-        raise ShapeMismatchError(f"{module}: pack-quantized needs 'weight_shape' to know K")
+        raise MissingTensorError(f"{module}: pack-quantized needs tensor '{module}.weight_shape' to know K")
     n, k = (int(v) for v in weight_shape.reshape(-1).tolist())
     if packed.shape[0] != n:
         raise ShapeMismatchError(f"{module}: weight_packed has {packed.shape[0]} rows, weight_shape says {n}")
@@ -242,7 +242,7 @@ def _decode_pack_quantized(module, w, packed, scale, zero_point, weight_shape, g
         qweight = qweight ^ msb_mask(k, bits)
     else:
         if zero_point is None:
-            raise ShapeMismatchError(f"{module}: asymmetric scheme but tensor 'weight_zero_point' is missing")
+            raise MissingTensorError(f"{module}: asymmetric scheme but tensor '{module}.weight_zero_point' is missing")
         fmt = f"uint{bits}"
         if zero_point.dtype == torch.int32:  # packed along N like the weight
             zp_version = version or ((0, 18) if layout == "dense" else (0, 0))

@@ -1,0 +1,183 @@
+"""Every refusal of the loaders is a clear, typed error (or a warning, for GPTQ v1 asym), each tested."""
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from humming.loaders import (
+    CheckpointError,
+    MissingTensorError,
+    ShapeMismatchError,
+    UnsupportedFormatError,
+    load_checkpoint,
+)
+from humming.loaders.compressed_tensors import pack_int_quantized
+from humming.loaders.gptq import pack_gptq
+
+DATA = Path(__file__).parent / "data" / "checkpoints"
+
+
+def write(path, qconfig, tensors):
+    save_file({k: v.clone() for k, v in tensors.items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({"quantization_config": qconfig}))
+    return path
+
+
+def gptq_tensors(prefix="m", n=16, k=64, bits=4, group=32):
+    codes = torch.zeros(n, k, dtype=torch.uint8)
+    t = pack_gptq(codes, torch.ones(n, k // group).half(), torch.full((n, k // group), 8), bits=bits, group_size=group)
+    return {f"{prefix}.{name}": v for name, v in t.items()}
+
+
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True}
+CT_W4 = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "version": "0.19.0",
+    "config_groups": {
+        "g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}
+    },
+}
+
+
+def ct_tensors(bits=4, n=16, k=64):
+    q = torch.zeros(n, k, dtype=torch.int64)
+    return {f"m.{k_}": v for k_, v in pack_int_quantized(q, torch.ones(n, k // 32), None, bits=bits).items()}
+
+
+# ----------------------------------------------------------------------------------- configs and methods
+@pytest.mark.parametrize(
+    ("qconfig", "match"),
+    [
+        ({"quant_method": "exl3"}, "unknown quant_method 'exl3'; supported: gptq, awq"),
+        ({"quant_method": "gptq_marlin"}, "kernel-specific repacked layout"),
+        ({**GPTQ, "checkpoint_format": "marlin"}, "GPTQ checkpoint_format 'marlin'.*kernel-specific"),
+        ({**GPTQ, "is_marlin_format": True}, "is_marlin_format=True.*kernel-specific"),
+        ({**GPTQ, "checkpoint_format": "gptq_v3"}, "checkpoint_format 'gptq_v3' is unknown"),
+        ({"quant_method": "awq", "version": "gemv"}, "AWQ version 'gemv'.*GEMV variants pack along K"),
+        ({"quant_method": "awq", "version": "marlin"}, "AWQ version 'marlin' is a kernel-specific"),
+        ({"quant_method": "awq", "bits": 8}, "defined for 4 bits only"),
+        ({"quant_method": "awq", "zero_point": False}, "zero_point=false"),
+        ({**CT_W4, "quantization_status": "frozen"}, "quantization_status 'frozen'.*stored unquantized"),
+        ({**CT_W4, "sparsity_config": {"format": "sparse-24-bitmask"}}, "sparsity format 'sparse-24-bitmask'"),
+        ({**CT_W4, "transform_config": {"config_groups": {"r": {}}}}, "transform_config.*rotations"),
+        ({"quant_method": "fp8", "fmt": "e5m2"}, "fmt 'e5m2'"),
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4_AWQ"}, "NVFP4_AWQ.*pre_quant_scale"),
+        ({"quant_method": "modelopt", "quant_algo": "W4A16_GPTQ"}, "W4A16_GPTQ.*supported: NVFP4, FP8"),
+    ],
+)
+def test_unsupported_config(tmp_path, qconfig, match):
+    write(tmp_path, qconfig, gptq_tensors())
+    with pytest.raises(UnsupportedFormatError, match=match):
+        load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "match"),
+    [
+        ("marlin-24", "kernel-specific.*Marlin 2:4"),
+        ("sparse-24-bitmask", "holds no quantized weight"),
+        ("bogus-quantized", "format 'bogus-quantized' is not supported"),
+    ],
+)
+def test_unsupported_ct_format(tmp_path, fmt, match):
+    write(tmp_path, {**CT_W4, "format": fmt}, ct_tensors())
+    with pytest.raises(UnsupportedFormatError, match=match):
+        load_checkpoint(tmp_path)
+
+
+def test_marlin_tensors_detected(tmp_path):
+    write(tmp_path, GPTQ, {"m.B": torch.zeros(4, 64, dtype=torch.int32), "m.s": torch.zeros(1, 16).half()})
+    with pytest.raises(UnsupportedFormatError, match=r"\['B'\].*Marlin"):
+        load_checkpoint(tmp_path)
+
+
+def test_not_a_quantized_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="not a checkpoint folder"):
+        load_checkpoint(tmp_path / "nope")
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="no quantization_config"):
+        load_checkpoint(tmp_path)
+
+
+# -------------------------------------------------------------------------------------- tensors
+def test_missing_tensor(tmp_path):
+    tensors = gptq_tensors()
+    del tensors["m.scales"]
+    write(tmp_path, GPTQ, tensors)
+    with pytest.raises(MissingTensorError, match=r"m: tensor 'm\.scales' is missing"):
+        load_checkpoint(tmp_path)
+
+
+def test_missing_expert(tmp_path):
+    tensors = {**gptq_tensors("x.experts.0.up"), **gptq_tensors("x.experts.2.up")}
+    write(tmp_path, GPTQ, tensors)
+    with pytest.raises(MissingTensorError, match=r"x.experts.up: experts \[1\] are missing"):
+        load_checkpoint(tmp_path)
+
+
+def test_shape_mismatches(tmp_path):
+    tensors = gptq_tensors()
+    tensors["m.scales"] = torch.ones(3, 16).half()
+    write(tmp_path, GPTQ, tensors)
+    with pytest.raises(ShapeMismatchError, match=r"m: tensor 'scales' has shape \(3, 16\), expected \(2, 16\)"):
+        load_checkpoint(tmp_path)
+    tensors = ct_tensors()
+    tensors["m.weight_scale"] = torch.ones(16, 3)
+    write(tmp_path, CT_W4, tensors)
+    with pytest.raises(ShapeMismatchError, match=r"'weight_scale' has shape \(16, 3\), expected \(16, 2\)"):
+        load_checkpoint(tmp_path)
+    tensors = ct_tensors()
+    tensors["m.weight_shape"] = torch.tensor([16, 80])
+    write(tmp_path, CT_W4, tensors)
+    with pytest.raises(ShapeMismatchError, match="8 packed words for 80 4-bit fields"):
+        load_checkpoint(tmp_path)
+
+
+def test_wrong_bits_in_dynamic_override(tmp_path):
+    write(tmp_path, {**GPTQ, "dynamic": {".*": {"bits": 5}}}, gptq_tensors())
+    with pytest.raises(UnsupportedFormatError, match="GPTQ 5-bit"):
+        load_checkpoint(tmp_path)
+
+
+def test_ct_padded_packing_ambiguous_without_version(tmp_path):
+    """11 3-bit fields take 2 words in both packings, at different bits: only the version can decide."""
+    config = {
+        **CT_W4,
+        "config_groups": {
+            "g": {"targets": ["Linear"], "weights": {"num_bits": 3, "type": "int", "strategy": "channel"}}
+        },
+    }
+    del config["version"]
+    q = torch.zeros(4, 11, dtype=torch.int64)
+    write(tmp_path, config, {f"m.{k}": v for k, v in pack_int_quantized(q, torch.ones(4, 1), None, bits=3).items()})
+    with pytest.raises(UnsupportedFormatError, match="fit both the dense"):
+        load_checkpoint(tmp_path)
+
+
+def test_gptq_v1_asymmetric_warns_v2_does_not(tmp_path):
+    write(tmp_path, {**GPTQ, "sym": False}, gptq_tensors())
+    with pytest.warns(UserWarning, match="GPTQ v1 asymmetric checkpoint: v1 stores zero-1"):
+        load_checkpoint(tmp_path)
+    write(tmp_path, {**GPTQ, "sym": False, "checkpoint_format": "gptq_v2"}, gptq_tensors())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_checkpoint(tmp_path)
+
+
+def test_fixture_with_a_broken_module(tmp_path):
+    shutil.copytree(DATA / "ct_w4a16_asym", tmp_path / "ckpt")
+    tensors = load_file(tmp_path / "ckpt" / "model.safetensors")
+    del tensors["model.layers.0.mlp.up_proj.weight_zero_point"]
+    save_file(tensors, str(tmp_path / "ckpt" / "model.safetensors"))
+    with pytest.raises(
+        MissingTensorError, match=r"up_proj: asymmetric scheme but tensor .*weight_zero_point' is missing"
+    ):
+        load_checkpoint(tmp_path / "ckpt")
