@@ -16,6 +16,7 @@ from humming.loaders import (
     UnsupportedFormatError,
     load_checkpoint,
 )
+from humming.loaders.bnb import pack_bnb_nf4
 from humming.loaders.compressed_tensors import pack_int_quantized
 from humming.loaders.gptq import pack_gptq
 
@@ -70,6 +71,8 @@ def ct_tensors(bits=4, n=16, k=64):
         ({"quant_method": "fp8", "fmt": "e5m2"}, "fmt 'e5m2'"),
         ({"quant_method": "modelopt", "quant_algo": "NVFP4_AWQ"}, "NVFP4_AWQ.*pre_quant_scale"),
         ({"quant_method": "modelopt", "quant_algo": "W4A16_GPTQ"}, "W4A16_GPTQ.*supported: NVFP4, FP8"),
+        ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "LLM.int8.*SCB / 127"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "fp4"}, "only nf4"),
     ],
 )
 def test_unsupported_config(tmp_path, qconfig, match):
@@ -181,3 +184,11 @@ def test_fixture_with_a_broken_module(tmp_path):
         MissingTensorError, match=r"up_proj: asymmetric scheme but tensor .*weight_zero_point' is missing"
     ):
         load_checkpoint(tmp_path / "ckpt")
+
+
+def test_bnb_blocks_straddling_rows(tmp_path):
+    tensors = pack_bnb_nf4(torch.zeros(4, 96, dtype=torch.uint8), torch.ones(6))
+    qconfig = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    write(tmp_path, qconfig, {f"m.{k}": v for k, v in tensors.items()})
+    with pytest.raises(UnsupportedFormatError, match="K=96 is not a multiple of the bitsandbytes blocksize 64"):
+        load_checkpoint(tmp_path)

@@ -14,6 +14,7 @@ import humming
 from humming.ir.formats import get_format
 from humming.loaders import load_checkpoint
 from humming.loaders.awq import pack_awq
+from humming.loaders.bnb import pack_bnb_nf4
 from humming.loaders.compressed_tensors import pack_fp4, pack_int_quantized
 from humming.loaders.gpt_oss import pack_gpt_oss
 from humming.loaders.gptq import pack_gptq
@@ -458,3 +459,34 @@ def test_moe_per_expert_modules_are_stacked(tmp_path):
     qw = qws["model.layers.0.mlp.experts.down_proj"]
     assert qw.shape == (e, n, k) and qw.format.name == "uint4"
     assert_bits_equal(humming.dequantize(qw, torch.float16), torch.stack(expected))
+
+
+# ---------------------------------------------------------------------------------- bitsandbytes
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_bnb_nf4(tmp_path, double_quant):
+    gen = torch.Generator().manual_seed(14)
+    n, k, block = 24, 128, 64
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    blocks = n * k // block
+    if double_quant:
+        absmax_codes = torch.randint(0, 256, (blocks,), generator=gen, dtype=torch.uint8)
+        nested_map = torch.sort(torch.rand(256, generator=gen) * 2 - 1).values
+        nested_absmax = torch.rand(-(-blocks // 16), generator=gen)
+        offset = 0.0371
+        absmax = nested_map[absmax_codes.long()] * nested_absmax[torch.arange(blocks) // 16] + torch.tensor(offset)
+        tensors = pack_bnb_nf4(codes, absmax, nested=(absmax_codes, nested_absmax, nested_map, offset, 16))
+    else:
+        absmax = torch.rand(blocks, generator=gen)
+        tensors = pack_bnb_nf4(codes, absmax)
+    qconfig = {
+        "quant_method": "bitsandbytes",
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": double_quant,
+        "llm_int8_skip_modules": ["lm_head"],
+    }
+    qws = load_checkpoint(write_checkpoint(tmp_path, qconfig, {"m.gate_proj": tensors, "lm_head": tensors}))
+    assert list(qws) == ["m.gate_proj"]
+    values = get_format("nf4").decode(codes)
+    expected = (values * absmax.reshape(n, k // block).repeat_interleave(block, 1)).bfloat16()
+    assert_bits_equal(humming.dequantize(qws["m.gate_proj"], torch.bfloat16), expected)

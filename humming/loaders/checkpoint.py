@@ -11,6 +11,7 @@ from humming.ir.weight import QuantizedWeight
 
 from ._files import CheckpointFiles
 from .awq import AWQReader
+from .bnb import BitsAndBytesReader
 from .compressed_tensors import CompressedTensorsReader
 from .concat import stack
 from .errors import CheckpointError, MissingTensorError, UnsupportedFormatError
@@ -29,6 +30,7 @@ READERS = {
     "fp8": FP8Reader,
     "modelopt": ModelOptReader,
     "mxfp4": GptOssReader,
+    "bitsandbytes": BitsAndBytesReader,
 }
 _KERNEL_METHODS = ("gptq_marlin", "awq_marlin", "marlin", "gptq_marlin_24", "gptq_bitblas", "exl2", "exllamav2")
 _EXPERT = re.compile(r"^(?P<head>.*\.experts)\.(?P<index>\d+)\.(?P<tail>.+)$")
