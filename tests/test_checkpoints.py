@@ -5,11 +5,13 @@ llm-compressor and ModelOpt; each PRODUCER.txt states the layout and how the ref
 Signed zeros are compared too: the loader reproduces ModelOpt's +0.0 for e2m1 code 8.
 """
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import humming
 from humming.loaders import load_checkpoint
@@ -71,3 +73,20 @@ def test_gptq_bias_and_symmetric_conversion():
     qw = load_checkpoint(DATA / "autogptq_w4_g128_sym")["model.layers.0.mlp.down_proj"]
     assert qw.bias is not None and qw.bias.dtype == torch.float16 and not qw.bias.any()
     assert qw.zeros is None and qw.g_idx is None and qw.format.name == "int4"
+
+
+def test_sharded_checkpoint_with_index(tmp_path):
+    """A checkpoint split over two safetensors files with a ``model.safetensors.index.json`` loads the same."""
+    src = DATA / "ct_w4a16_asym"
+    tensors = load_file(src / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(tmp_path / file))
+    weight_map = {k: file for file, keys in shards.items() for k in keys}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    shutil.copy(src / "config.json", tmp_path / "config.json")
+    sharded, single = load_checkpoint(tmp_path), load_checkpoint(src)
+    assert sorted(sharded) == sorted(single)
+    for name, qw in single.items():
+        assert all(torch.equal(t, sharded[name].tensors()[field]) for field, t in qw.tensors().items())

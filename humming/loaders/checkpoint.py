@@ -49,8 +49,9 @@ def open_checkpoint(path: str | Path):
             f"{files.path}: no quantization_config in config.json and no hf_quant_config.json: "
             "not a quantized checkpoint"
         )
-    method = str(qconfig.get("quant_method", "")).lower().replace("_", "-")
-    method = {"compressed-tensors": "compressed-tensors"}.get(method, method.replace("-", "_"))
+    method = str(qconfig.get("quant_method", "")).lower()
+    if method == "compressed_tensors":
+        method = "compressed-tensors"
     if method in _KERNEL_METHODS:
         raise UnsupportedFormatError(
             f"quant_method {method!r} is a kernel-specific repacked layout; humming reads the portable "

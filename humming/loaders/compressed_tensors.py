@@ -30,7 +30,7 @@ import torch
 from humming.ir.packing import pack_codes, packed_words, unpack_codes
 from humming.ir.weight import QuantizedWeight, cdiv
 
-from ._common import bytes_to_words, check_shape, drop_trivial_g_idx, msb_mask
+from ._common import bytes_to_words, check_shape, drop_trivial_g_idx, match_any, msb_mask
 from ._files import CheckpointFiles
 from .errors import CheckpointError, MissingTensorError, ShapeMismatchError, UnsupportedFormatError
 
@@ -77,9 +77,6 @@ class CompressedTensorsReader:
             parts.append(f"{name}: {fmt} {w.get('type')}{w.get('num_bits')} {w.get('strategy')}")
         return "compressed-tensors " + "; ".join(parts)
 
-    def _ignored(self, module: str) -> bool:
-        return any((p.startswith("re:") and re.match(p[3:], module)) or p == module for p in self.ignore)
-
     def _group(self, module: str) -> dict:
         """The config group for ``module``: exact name beats regex beats class name (as compressed-tensors)."""
         best, best_rank = None, 3
@@ -99,7 +96,7 @@ class CompressedTensorsReader:
 
     def modules(self) -> list[str]:
         found = self.files.modules_with("weight_packed", "weight_scale")
-        return [m for m in found if not self._ignored(m)]
+        return [m for m in found if not match_any(m, self.ignore)]
 
     def load(self, module: str) -> QuantizedWeight:
         group = self._group(module)
@@ -138,9 +135,7 @@ class CompressedTensorsReader:
             )
         if fmt in _PACKED_FP4:
             scale_kind, group_size = _PACKED_FP4[fmt]
-            global_scale = opt("weight_global_scale") if scale_kind == "e4m3" else None
-            if scale_kind == "e4m3" and global_scale is None:
-                get("weight_global_scale")
+            global_scale = get("weight_global_scale") if scale_kind == "e4m3" else None
             return _decode_fp4(
                 module,
                 get("weight_packed"),

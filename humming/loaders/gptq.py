@@ -24,7 +24,7 @@ from humming.ir.weight import QuantizedWeight, cdiv
 
 from ._common import check_shape, drop_trivial_g_idx, signed_if_symmetric
 from ._files import CheckpointFiles
-from .errors import ShapeMismatchError, UnsupportedFormatError
+from .errors import CheckpointError, ShapeMismatchError, UnsupportedFormatError
 
 __all__ = ["GPTQReader", "pack_gptq"]
 
@@ -53,7 +53,10 @@ class GPTQReader:
         }
         self.dynamic = qconfig.get("dynamic") or {}
         for key in self.dynamic:
-            re.compile(key[2:] if key[:2] in ("+:", "-:") else key)
+            try:
+                re.compile(key[2:] if key[:2] in ("+:", "-:") else key)
+            except re.error as err:
+                raise CheckpointError(f"GPTQ dynamic: invalid pattern {key!r} ({err})") from None
         self._warned = False
 
     def describe(self) -> str:
