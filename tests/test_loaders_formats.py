@@ -490,3 +490,26 @@ def test_bnb_nf4(tmp_path, double_quant):
     values = get_format("nf4").decode(codes)
     expected = (values * absmax.reshape(n, k // block).repeat_interleave(block, 1)).bfloat16()
     assert_bits_equal(humming.dequantize(qws["m.gate_proj"], torch.bfloat16), expected)
+
+
+def test_modelopt_mixed_precision_from_config_json(tmp_path):
+    """``quant_method: modelopt`` in config.json alone; MIXED_PRECISION picks each layer's algorithm."""
+    gen = torch.Generator().manual_seed(15)
+    codes = torch.randint(0, 16, (16, 32), generator=gen, dtype=torch.uint8)
+    nvfp4 = {
+        "weight": pack_fp4(codes),
+        "weight_scale": torch.rand(16, 2, generator=gen).to(torch.float8_e4m3fn),
+        "weight_scale_2": torch.tensor(0.01),
+    }
+    fp8 = {"weight": torch.randn(16, 32, generator=gen).to(torch.float8_e4m3fn), "weight_scale": torch.tensor(0.5)}
+    qconfig = {
+        "quant_method": "modelopt",
+        "quant_algo": "MIXED_PRECISION",
+        "quantized_layers": {
+            "l.mlp.up_proj": {"quant_algo": "NVFP4", "group_size": 16},
+            "l.attn.q": {"quant_algo": "FP8"},
+        },
+    }
+    qws = load_checkpoint(write_checkpoint(tmp_path, qconfig, {"l.mlp.up_proj": nvfp4, "l.attn.q": fp8, "l.x": fp8}))
+    assert sorted(qws) == ["l.attn.q", "l.mlp.up_proj"]
+    assert qws["l.mlp.up_proj"].format.name == "e2m1" and qws["l.attn.q"].format.name == "e4m3"
