@@ -1,0 +1,464 @@
+"""Triton scaled GEMM: quantized activations x quantized weights (W8A8, W4A8, W4A4).
+
+``y = dequantize_activation(qa) @ dequantize(W)^T + bias`` for activations quantized by
+:mod:`.act_quant` (or given as a :class:`~humming.QuantizedActivation`) and any IR weight whose values the
+tensor cores can take exactly. One kernel, specialised by ``constexpr``:
+
+- the tensor-core operand type (``MMA``): ``int8`` (int32 accumulation: int8 / int4 activations with int
+  weights whose ``q - zero`` fits int8), ``e4m3`` (fp8 activations with weights exact in e4m3: int4, e2m1,
+  e4m3, ...; sm_89+), or ``fp16`` / ``bf16`` / ``fp32`` (the upcasting path: codes decoded to values that
+  the type holds exactly, e.g. e5m2 activations, int8 or nf4 weights under fp8 activations, NVFP4 / MXFP4);
+- per operand, where its scale is applied: ``end`` (constant along K: per-token / per-tensor / per-channel,
+  in the epilogue), ``promote`` (changes along K: the partial dot of each K step is promoted to the fp32
+  accumulator with its scales, as DeepSeek's 1x128 x 128x128 fp8 recipe), or ``fold`` (multiplied into the
+  operand before the dot, where the product is exact: e8m0 scales into bf16, e4m3 scales of e2m1 / int4
+  values into fp16; MXFP4 x fp8, NVFP4, MXFP4 x MXFP4). Global scales multiply the epilogue.
+
+The plan (:func:`compute_plan`) is numerics and depends only on the formats and the device's capability; tile
+sizes (:mod:`.scaled_mm_configs`) are tuning. ``tl.dot_scaled`` (Blackwell's block-scaled MMA) is not used
+yet: W4A4 runs the exact upcasting path on every GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
+from ..ir.formats import NumberFormat, get_format
+from ..ir.weight import QuantizedWeight
+from . import act_quant
+from ._weight_tile import _decode_scale, _group_tile, _unpack_tile, decode_codes, kernel_tensors, weight_spec
+from .interpreter import INTERPRET, cast, dot
+from .scaled_mm_configs import ScaledMMConfig, scaled_mm_config
+
+__all__ = ["ComputePlan", "act_group_k", "compute_plan", "linear", "supports"]
+
+_X_DTYPES = (torch.float16, torch.bfloat16)
+_SCALE_KINDS = {torch.float32: 1, torch.float8_e4m3fn: 2, torch.float8_e8m0fnu: 3}  # _weight_tile's S_KIND
+_MMA_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+_TL_DTYPES = {"int8": tl.int8, "e4m3": tl.float8e4nv, "fp16": tl.float16, "bf16": tl.bfloat16, "fp32": tl.float32}
+
+
+@triton.jit
+def _scale_vec(ptr, stride, offs, limit, col, PER_ROW: tl.constexpr, GROUP: tl.constexpr, S_KIND: tl.constexpr):
+    """fp32 scales [B] of rows ``offs`` at scale column ``col``: row groups of ``GROUP`` (0 = one for all)."""
+    if PER_ROW:
+        g = offs // GROUP if GROUP > 1 else offs
+        s = tl.load(ptr + g.to(tl.int64) * stride + col, mask=offs < limit, other=0)
+    else:
+        s = tl.load(ptr + col + offs * 0)
+    return _decode_scale(s, S_KIND)
+
+
+@triton.jit
+def _mma(a, b, acc, MMA: tl.constexpr):
+    """``acc + a @ b`` (int32 for int8 operands, else fp32)."""
+    if MMA == "int8":
+        return tl.dot(a, b, acc, out_dtype=tl.int32)
+    elif MMA == "fp32":
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return dot(a, b, acc)
+
+
+@triton.jit
+def _scaled_mm_kernel(
+    a_ptr,
+    as_ptr,
+    ags_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    gs_ptr,
+    lut_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_asm,
+    stride_qn,
+    stride_sn,
+    stride_zn,
+    stride_om,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    MMA: tl.constexpr,  # "int8", "e4m3", "fp16", "bf16" or "fp32"
+    MMA_DTYPE: tl.constexpr,
+    A_SCALE: tl.constexpr,  # "end", "promote" or "fold"
+    W_SCALE: tl.constexpr,  # "none", "end", "promote" or "fold"
+    A_KIND: tl.constexpr,
+    A_BITS: tl.constexpr,
+    A_EBITS: tl.constexpr,
+    A_MBITS: tl.constexpr,
+    A_BIAS: tl.constexpr,
+    A_S_KIND: tl.constexpr,
+    A_PER_ROW: tl.constexpr,  # scales per token (else one for the tensor)
+    A_GK: tl.constexpr,  # activation scale group along K; 0 = the whole K
+    A_HAS_GS: tl.constexpr,
+    W_KIND: tl.constexpr,
+    W_BITS: tl.constexpr,
+    W_EBITS: tl.constexpr,
+    W_MBITS: tl.constexpr,
+    W_BIAS: tl.constexpr,
+    W_NAN: tl.constexpr,
+    S_KIND: tl.constexpr,
+    GN: tl.constexpr,
+    GK: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    HAS_GS: tl.constexpr,
+):
+    # Grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2.
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    m_ok = offs_m[:, None] < M
+    a_rows = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am
+    W_PER_ROW: tl.constexpr = GN > 0
+    W_GN: tl.constexpr = GN if GN > 0 else 1
+    PROMOTE: tl.constexpr = A_SCALE == "promote" or W_SCALE == "promote" or MMA == "e4m3"
+    ACC_DTYPE: tl.constexpr = tl.int32 if MMA == "int8" else tl.float32
+    W_IS_E4M3: tl.constexpr = W_KIND == 2 and W_EBITS == 4 and W_MBITS == 3 and not HAS_ZP
+
+    acc = tl.zeros((BM, BN), dtype=tl.float32 if PROMOTE else ACC_DTYPE)
+    for k0 in range(0, K, BK):
+        offs_k = k0 + tl.arange(0, BK)
+        a_codes = tl.load(a_rows + offs_k[None, :], mask=m_ok & (offs_k[None, :] < K), other=0).to(tl.int32)
+        w_codes = _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS)
+
+        # Activation operand. Codes beyond K are 0 and decode to 0, so the weight's padding adds nothing.
+        if MMA == "int8":
+            a_op = ((a_codes << (32 - A_BITS)) >> (32 - A_BITS)).to(tl.int8)
+        elif MMA == "e4m3":
+            a_op = a_codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+        else:
+            a_val = decode_codes(a_codes, lut_ptr, A_KIND, A_BITS, A_EBITS, A_MBITS, A_BIAS, 0)
+            if A_SCALE == "fold":
+                a_s = tl.load(
+                    as_ptr + offs_m.to(tl.int64)[:, None] * stride_asm + (offs_k // A_GK)[None, :],
+                    mask=m_ok & (offs_k[None, :] < K),
+                    other=0,
+                )
+                a_val = a_val * _decode_scale(a_s, A_S_KIND)
+            a_op = cast(a_val, MMA_DTYPE)
+
+        # Weight operand: decode(q) - zero (times a folded scale), exact in the MMA type (the plan checks).
+        if MMA == "int8":
+            w_int = (w_codes << (32 - W_BITS)) >> (32 - W_BITS) if W_KIND == 0 else w_codes
+            if HAS_ZP:
+                z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
+                w_int = w_int - z.to(tl.int32)
+            w_op = w_int.to(tl.int8)
+        elif MMA == "e4m3" and W_IS_E4M3:
+            w_op = w_codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+        else:
+            w_val = decode_codes(w_codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
+            if HAS_ZP:
+                z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
+                w_val = w_val - z.to(tl.float32)
+            if W_SCALE == "fold":
+                s = _group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, s_ptr, BK, GN, GK, False)
+                w_val = w_val * _decode_scale(s, S_KIND)
+            if MMA == "e4m3":
+                w_op = w_val.to(tl.float8e4nv)
+            else:
+                w_op = cast(w_val, MMA_DTYPE)
+
+        if PROMOTE:
+            # Each K step's partial product joins the fp32 accumulator with its scales (fp8 tensor cores
+            # accumulate with reduced precision, so e4m3 steps are promoted even without K-varying scales).
+            part = _mma(a_op, tl.trans(w_op), tl.zeros((BM, BN), dtype=ACC_DTYPE), MMA).to(tl.float32)
+            if A_SCALE == "promote":
+                part = part * _scale_vec(as_ptr, stride_asm, offs_m, M, k0 // A_GK, A_PER_ROW, 1, A_S_KIND)[:, None]
+            if W_SCALE == "promote":
+                part = part * _scale_vec(s_ptr, stride_sn, offs_n, N, k0 // GK, W_PER_ROW, W_GN, S_KIND)[None, :]
+            acc += part
+        else:
+            acc = _mma(a_op, tl.trans(w_op), acc, MMA)
+
+    acc = acc.to(tl.float32)
+    if A_SCALE == "end":
+        acc = acc * _scale_vec(as_ptr, stride_asm, offs_m, M, 0, A_PER_ROW, 1, A_S_KIND)[:, None]
+    if W_SCALE == "end":
+        acc = acc * _scale_vec(s_ptr, stride_sn, offs_n, N, 0, W_PER_ROW, W_GN, S_KIND)[None, :]
+    if A_HAS_GS:
+        acc = acc * tl.load(ags_ptr)
+    if HAS_GS:
+        acc = acc * tl.load(gs_ptr)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=m_ok & (offs_n[None, :] < N))
+
+
+# --------------------------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class ComputePlan:
+    """How a (weight, activation) pair is computed: the numerics, not the tiling.
+
+    ``mma``: tensor-core operand type; ``a_scale`` / ``w_scale``: ``"end"``, ``"promote"`` or ``"fold"``
+    (``w_scale`` is ``"none"`` without weight scales); ``k_step``: the promotion step along K (0 = none).
+    """
+
+    mma: str
+    a_scale: str
+    w_scale: str
+    k_step: int
+
+    @property
+    def operand_bits(self) -> int:
+        return 8 if self.mma in ("int8", "e4m3") else 16
+
+
+def _weight_values(qw: QuantizedWeight) -> torch.Tensor | None:
+    """Every value ``decode(q) - zero`` can take (float64), or None for float zero points."""
+    fmt = qw.format
+    table = fmt.value_table().to(torch.float64)
+    if qw.zeros is None:
+        return table
+    if qw.zeros.is_floating_point():
+        return None
+    z = torch.arange(0, 1 << fmt.bits, dtype=torch.float64)
+    return (table[:, None] - z[None, :]).flatten()
+
+
+def _exact_in(values: torch.Tensor | None, fmt: str | NumberFormat | torch.dtype) -> bool:
+    """True if every value is exactly representable in ``fmt`` (a humming format or a torch float dtype)."""
+    if values is None:
+        return False
+    values = values[torch.isfinite(values)]
+    if isinstance(fmt, torch.dtype):
+        if fmt == torch.int8:
+            return bool(((values == values.round()) & (values >= -128) & (values <= 127)).all())
+        return bool((values.to(fmt).to(torch.float64) == values).all())
+    fmt = get_format(fmt)
+    return bool((fmt.quantize_values(values).to(torch.float64) == values).all())
+
+
+def _fold_dtype(values: torch.Tensor | None, scale_dtype: torch.dtype) -> str | None:
+    """The 16-bit type in which ``value * scale`` is exact for every value and scale, if one is."""
+    if values is None:
+        return None
+    if scale_dtype == torch.float8_e8m0fnu:  # a power of two: exact in bf16 (same exponent range as e8m0)
+        return "bf16" if _exact_in(values, torch.bfloat16) else None
+    if scale_dtype == torch.float8_e4m3fn:
+        scales = get_format("e4m3").value_table().to(torch.float64)
+        products = (values[:, None] * scales[torch.isfinite(scales)][None, :]).flatten()
+        return "fp16" if _exact_in(products, torch.float16) else None
+    return None
+
+
+def act_group_k(scheme: ActScheme, scales: torch.Tensor | None = None) -> int:
+    """The activation scale group along K (0 = constant along K); a single scale is per-tensor, as
+    :func:`humming.dequantize_activation` reads it."""
+    if scales is not None and scales.numel() == 1:
+        return 0
+    bk = scheme.group_shape[1]
+    return 0 if bk == -1 else bk
+
+
+def compute_plan(qw: QuantizedWeight, scheme: ActScheme, a_gk: int, capability: tuple[int, int]) -> ComputePlan | str:
+    """The :class:`ComputePlan` for weight ``qw`` with activations ``scheme`` (scale group ``a_gk`` along K)
+    on a GPU of ``capability``, or the reason it cannot be computed exactly."""
+    a_fmt = scheme.element_format
+    a_values = a_fmt.value_table().to(torch.float64)
+    w_values = _weight_values(qw)
+    if w_values is None:
+        return "float zero points are only supported with 16-bit activations (act=None)"
+    w_gk = qw.group_shape[1] if qw.scales is not None and qw.group_shape[1] != -1 else 0
+    w_none = qw.scales is None
+
+    def promoted(gk: int, min_step: int) -> str | None:
+        return "end" if gk == 0 else ("promote" if gk >= min_step else None)
+
+    # 8-bit tensor cores: exact operands, every scale in the epilogue or promoted per K step of >= 64 (finer
+    # steps would spend as much time promoting on the CUDA cores as multiplying on the tensor cores).
+    a_mode, w_mode = promoted(a_gk, 64), "none" if w_none else promoted(w_gk, 64)
+    steps = [g for g, mode in ((a_gk, a_mode), (w_gk, w_mode)) if mode == "promote"]
+    if a_mode and w_mode:
+        if a_fmt.is_int and _exact_in(w_values, torch.int8):
+            return ComputePlan("int8", a_mode, w_mode, math.gcd(*steps) if steps else 0)
+        if a_fmt.name == "e4m3" and _exact_in(w_values, "e4m3") and capability >= (8, 9):
+            return ComputePlan("e4m3", a_mode, w_mode, math.gcd(*steps) if steps else 0)
+
+    # Upcasting path: fold fine-grained fp8 scales where the product is exact, promote the others.
+    a_fold = _fold_dtype(a_values, scheme.scale_dtype) if 0 < a_gk < 64 else None
+    w_fold = None if w_none or not 0 < w_gk < 64 else _fold_dtype(w_values, qw.scales.dtype)
+    if a_fold and w_fold and a_fold != w_fold:
+        w_fold = None
+    mma = a_fold or w_fold or "fp16"
+    if not _exact_in(a_values, _MMA_DTYPES[mma]):
+        return f"activation values ({a_fmt.name}) are not exact in {mma}"
+    if not _exact_in(w_values, _MMA_DTYPES[mma]) and qw.format.kind != "lut":
+        return f"weight values ({qw.format.name}) are not exact in {mma}"
+    a_mode = "fold" if a_fold else promoted(a_gk, 16)
+    w_mode = "none" if w_none else ("fold" if w_fold else promoted(w_gk, 16))
+    if a_mode is None or w_mode is None:
+        return f"scale groups along K (act {a_gk}, weight {w_gk}) below 16 can be neither promoted nor folded"
+    steps = [g for g, mode in ((a_gk, a_mode), (w_gk, w_mode)) if mode == "promote"]
+    if mma == "bf16" and capability < (8, 0):
+        mma = "fp32"  # no bf16 tensor cores before Ampere: fp32 FMA, still exact
+    return ComputePlan(mma, a_mode, w_mode, math.gcd(*steps) if steps else 0)
+
+
+# --------------------------------------------------------------------------------------------- entry points
+_SUPPORTED = (
+    "supported: act int8/int4 with int/uint weights (W8A8, W4A8-int, W4A4-int); act fp8 e4m3/e5m2 (per-token, "
+    "per-tensor, 1x128, MXFP8) with int/uint, eXmY and nf4 weights (W8A8-fp8, W4A8); act NVFP4/MXFP4 with e2m1 "
+    "and int<=4 weights (W4A4); any weight scale layout without act-order (g_idx) or float zero points"
+)
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    if device.type != "cuda":  # the interpreter runs the fp8 tensor-core path too
+        return (9, 0)
+    return _device_capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _device_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def supports(qweight: QuantizedWeight, act: ActScheme | str | None, x: torch.Tensor) -> str | None:
+    """``None`` if :func:`linear` runs ``qweight`` with activations ``act`` like ``x`` (fp16/bf16 [M, K], or
+    the uint8 codes of a QuantizedActivation), else the reason, with what is supported."""
+    if act is None:
+        return f"the scaled GEMM needs quantized activations (act=...); {_SUPPORTED}"
+    scheme = get_act_scheme(act)
+    if qweight.num_experts is not None:
+        return f"expert-stacked weights {qweight.shape} are not supported by the dense GEMM"
+    if qweight.g_idx is not None:
+        return f"act-order (g_idx) weights are not supported with quantized activations; {_SUPPORTED}"
+    if x.dim() != 2 or (x.shape[1] and x.stride(1) != 1):
+        return f"x must be 2-D [M, K] with a contiguous last dimension, got shape {tuple(x.shape)}"
+    if x.dtype != torch.uint8:
+        if x.dtype not in _X_DTYPES:
+            return f"x dtype {x.dtype}: the scaled GEMM takes float16 or bfloat16 activations"
+        reason = act_quant.supports(x, scheme)
+        if reason:
+            return reason
+    if scheme.scale_dtype not in _SCALE_KINDS:
+        return f"act {scheme.name}: scale dtype {scheme.scale_dtype} is not supported; {_SUPPORTED}"
+    plan = compute_plan(qweight, scheme, act_group_k(scheme), _capability(x.device))
+    if isinstance(plan, str):
+        return f"weight {qweight.describe()} with act {scheme.name}: {plan}; {_SUPPORTED}"
+    return None
+
+
+def linear(
+    x2d: torch.Tensor | QuantizedActivation,
+    qweight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    act: ActScheme | str | None,
+    out_dtype: torch.dtype,
+    config: ScaledMMConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``dequantize_activation(quantize(x2d, act)) @ dequantize(qweight)^T + bias -> [M, N]`` in
+    ``out_dtype`` (fp16 / bf16 / fp32).
+
+    ``x2d``: fp16/bf16 ``[M, K]`` (quantized here by :mod:`.act_quant`, one extra pass) or a
+    :class:`~humming.QuantizedActivation` (``act`` may then be None). ``config`` overrides the tiles of
+    :func:`~.scaled_mm_configs.scaled_mm_config` (benchmarks); it never changes the promotion step. ``out``:
+    an optional contiguous ``[M, N]`` tensor of ``out_dtype`` to write into.
+    """
+    if isinstance(x2d, QuantizedActivation):
+        qa = x2d
+        if act is not None and get_act_scheme(act) != qa.scheme:
+            raise ValueError(f"act: x is quantized with {qa.scheme.name}, but act={act!r}")
+        scheme = qa.scheme
+        codes = qa.codes
+    else:
+        scheme = get_act_scheme(act) if act is not None else None
+        codes = x2d
+    reason = supports(qweight, scheme, codes)
+    if reason:
+        raise ValueError(f"triton scaled_mm: {reason}")
+    m, k = codes.shape
+    n = qweight.N
+    if k != qweight.K:
+        raise ValueError(f"triton scaled_mm: x has K={k}, qweight has K={qweight.K}")
+    if codes.device.type != "cuda" and not INTERPRET:
+        raise ValueError(f"triton scaled_mm: x is on {codes.device}; CPU tensors need TRITON_INTERPRET=1")
+    if m == 0:
+        return torch.empty(0, n, dtype=out_dtype, device=codes.device)
+    if not isinstance(x2d, QuantizedActivation):
+        qa = act_quant.quantize_activation(x2d, scheme)
+    a_gk = act_group_k(scheme, qa.scales)
+    plan = compute_plan(qweight, scheme, a_gk, _capability(codes.device))
+    if isinstance(plan, str):
+        raise ValueError(f"triton scaled_mm: {plan}")
+    cfg = config or scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step)
+    if plan.k_step and plan.k_step % cfg.block_k:
+        raise ValueError(f"config: block_k={cfg.block_k} must divide the promotion step {plan.k_step}")
+
+    t = kernel_tensors(qweight)
+    a_scales = qa.scales if qa.scales.dtype == torch.float32 else qa.scales.view(torch.uint8)
+    a_fmt = scheme.element_format
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype, device=codes.device)
+    elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
+        raise ValueError(f"out: expected [{m}, {n}] {out_dtype} with contiguous rows, got {out.shape} {out.dtype}")
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    _scaled_mm_kernel[grid](
+        qa.codes,
+        a_scales,
+        qa.global_scale if qa.global_scale is not None else a_scales,
+        t["qw"],
+        t["s"],
+        t["z"],
+        t["gs"],
+        t["lut"],
+        t["qw"] if bias is None else bias,
+        out,
+        m,
+        n,
+        k,
+        qa.codes.stride(0),
+        a_scales.stride(0),
+        t["qw"].stride(0),
+        t["s"].stride(0),
+        t["z"].stride(0),
+        out.stride(0),
+        BM=cfg.block_m,
+        BN=cfg.block_n,
+        BK=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        HAS_BIAS=bias is not None,
+        MMA=plan.mma,
+        MMA_DTYPE=_TL_DTYPES[plan.mma],
+        A_SCALE=plan.a_scale,
+        W_SCALE=plan.w_scale,
+        A_KIND=0 if a_fmt.is_int else 2,
+        A_BITS=a_fmt.bits,
+        A_EBITS=a_fmt.exponent_bits,
+        A_MBITS=a_fmt.mantissa_bits,
+        A_BIAS=a_fmt.bias,
+        A_S_KIND=_SCALE_KINDS[scheme.scale_dtype],
+        A_PER_ROW=qa.scales.numel() > 1,
+        A_GK=a_gk,
+        A_HAS_GS=qa.global_scale is not None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **{k_: v for k_, v in weight_spec(qweight).constexprs().items() if k_ != "ACT_ORDER"},
+    )
+    return out

@@ -1,0 +1,66 @@
+"""Tuning of the Triton scaled GEMM (W8A8 / W4A8 / W4A4): tile configurations per M bucket (speed only).
+
+:func:`scaled_mm_config` is a pure function of the problem ``(M, N, K)``, the tensor-core operand width
+and the promotion step; no autotuning runs in the hot path. Where a scale changes along K the compute plan
+fixes the promotion step (numerics), and the tile's ``block_k`` is capped to divide it, so tuning never
+moves a promotion boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["ScaledMMConfig", "scaled_mm_config"]
+
+
+@dataclass(frozen=True)
+class ScaledMMConfig:
+    """One launch configuration of the scaled GEMM kernel."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def replace(self, **overrides) -> ScaledMMConfig:
+        """A copy with some fields changed; an unknown field name is an error."""
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"ScaledMMConfig: unknown field(s) {sorted(unknown)}; known: {list(self.__dict__)}")
+        return dataclasses.replace(self, **overrides)
+
+    def name(self) -> str:
+        c = self
+        return f"m{c.block_m}n{c.block_n}k{c.block_k}g{c.group_m}w{c.num_warps}st{c.num_stages}"
+
+
+#: (largest M of the bucket, config) for 8-bit tensor-core operands (int8, e4m3): K tiles of 128 bytes.
+_BUCKETS_8BIT = (
+    (16, ScaledMMConfig(16, 64, 128, num_warps=4, num_stages=4)),
+    (64, ScaledMMConfig(64, 64, 128, num_warps=4, num_stages=4)),
+    (256, ScaledMMConfig(128, 128, 128, num_warps=8, num_stages=3)),
+    (None, ScaledMMConfig(128, 256, 128, num_warps=8, num_stages=3)),
+)
+#: The same for 16-bit operands (fp16 / bf16 upcasting paths) and fp32 (pre-Ampere bf16 fallback).
+_BUCKETS_16BIT = (
+    (16, ScaledMMConfig(16, 64, 64, num_warps=4, num_stages=4)),
+    (64, ScaledMMConfig(64, 64, 64, num_warps=4, num_stages=4)),
+    (256, ScaledMMConfig(128, 128, 64, num_warps=8, num_stages=3)),
+    (None, ScaledMMConfig(128, 256, 64, num_warps=8, num_stages=3)),
+)
+
+
+def scaled_mm_config(m: int, n: int, k: int, operand_bits: int, k_step: int) -> ScaledMMConfig:
+    """The tile configuration for ``[m, k] x [n, k]^T`` with ``operand_bits``-wide tensor-core operands;
+    ``k_step`` (0 = free) is the promotion step that ``block_k`` must divide."""
+    buckets = _BUCKETS_8BIT if operand_bits == 8 else _BUCKETS_16BIT
+    cfg = next(c for bound, c in buckets if bound is None or m <= bound)
+    block_k = cfg.block_k
+    if k_step:
+        block_k = min(block_k, k_step & -k_step)  # the largest power of two dividing the step
+    # Small K: one tile spans it (never below the tensor cores' minimum: 32 bytes of K).
+    block_k = max(256 // operand_bits, min(block_k, 1 << max(k - 1, 1).bit_length()))
+    return cfg.replace(block_k=block_k)
