@@ -257,16 +257,17 @@ def test_ct_pack_quantized_act_order(tmp_path):
     assert_bits_equal(humming.dequantize(qw, torch.bfloat16), reference(q, scales, g_idx=g_idx))
 
 
+@pytest.mark.parametrize("fmt", ["int-quantized", "naive-quantized"])
 @pytest.mark.parametrize("sym", [True, False])
 @pytest.mark.parametrize("bits", [8, 4])
-def test_ct_int_quantized(tmp_path, bits, sym):
+def test_ct_int_quantized(tmp_path, bits, sym, fmt):
     gen = torch.Generator().manual_seed(bits)
     n, k = 30, 50
     q = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), (n, k), generator=gen, dtype=torch.int8)
     scales = torch.rand(n, 1, generator=gen).bfloat16()
     zp = None if sym else torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), (n, 1), generator=gen, dtype=torch.int8)
     tensors = {"weight": q, "weight_scale": scales, **({} if sym else {"weight_zero_point": zp})}
-    config = ct_config(int_weights(bits, "channel", sym=sym), "int-quantized")
+    config = ct_config(int_weights(bits, "channel", sym=sym), fmt)
     qw = load_checkpoint(write_checkpoint(tmp_path, config, {"m.o_proj": tensors}))["m.o_proj"]
     assert qw.format.name == (f"int{bits}" if sym else f"uint{bits}")
     assert_bits_equal(humming.dequantize(qw, torch.bfloat16), reference(q, scales, zp))
