@@ -6,10 +6,9 @@ Layout (per module): ``qweight`` int32 ``[K*bits/32, N]``, a little-endian dense
 (group of each input column; a real permutation with ``desc_act``); optional ``bias`` ``[N]``.
 
 Zero points: v1 (``checkpoint_format`` absent or ``gptq``) stores ``zero - 1`` and AutoGPTQ decodes
-``zero = field + 1`` without wrapping, so a zero may be ``2^bits`` (uint8 zeros, int16 for 8 bits). v2
-(``gptq_v2``) stores
-the zero as is. When every zero is ``2^(bits-1)`` (symmetric) the codes become two's-complement ``intN``
-and the zeros are dropped (exact). ``g_idx`` equal to ``arange(K) // group_size`` is dropped; a real
+``zero = field + 1`` without wrapping, so a zero may be ``2^bits`` (uint8 zeros, int16 for 8 bits).
+v2 (``gptq_v2``) stores the zero as is. When every zero is ``2^(bits-1)`` (symmetric) the codes become
+two's-complement ``intN`` and the zeros are dropped (exact). ``g_idx`` equal to ``arange(K) // group_size`` is dropped; a real
 act-order ``g_idx`` is kept as is (not permuted).
 """
 
