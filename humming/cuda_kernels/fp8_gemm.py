@@ -1,0 +1,412 @@
+"""FP8 W8A8 GEMM for Hopper (``include/humming/fp8_gemm_sm90.cuh``): e4m3 weights x e4m3 activations.
+
+``out[M, N] = x[M, K] @ dequantize(W)^T + bias`` with activations quantized to e4m3 (per token, per tensor,
+or 1x128 groups) by the Triton activation pass, bit-exact with :func:`humming.quantize_activation`.
+
+Configs come in the three kinds of the house style:
+
+- layout (:class:`PreparedFp8`): the e4m3 weight bytes ``[N, Kp]`` (K padded to 16 for the TMA row-stride
+  rule) and fp32 scales, built once per ``QuantizedWeight`` by :func:`prepare`;
+- compute: fp32 accumulation on wgmma, promoted into an fp32 total every 128 of K; scales in fp32 either
+  in the epilogue (per-tensor / per-channel weights x per-token / per-tensor activations) or at each
+  promotion (``block``: 128x128 weight blocks x 1x128 activation groups, the DeepSeek-V3 recipe);
+- tuning (:class:`Fp8Tuning`): warpgroups, tokens per block, pipeline stages, blocks per SM, raster
+  grouping; a pure function of the problem and the device limits (:func:`choose_tuning`). A tuning change
+  never changes results beyond fp32 summation order across K blocks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .jit import KernelSpec
+
+__all__ = [
+    "FP8_CCS",
+    "DeviceLimits",
+    "Fp8Tuning",
+    "PreparedFp8",
+    "choose_tuning",
+    "fp8_spec",
+    "linear",
+    "prepare",
+    "run",
+    "smem_bytes",
+    "supports",
+]
+
+#: Compute capabilities the kernel is built for (wgmma and setmaxnreg need sm_90a).
+FP8_CCS = ((9, 0),)
+_BK = 128  # K per pipeline stage
+_BLOCK_M_CHOICES = (8, 16, 32, 64, 128)
+_PRODUCER_REGS = 40
+_OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+_BIAS_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
+_prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What the heuristics read off the device: SM count and shared memory (bytes) per block / per SM."""
+
+    sm_count: int
+    smem_per_block: int
+    smem_per_sm: int
+
+
+@functools.cache
+def device_limits(device_index: int) -> DeviceLimits:
+    from cuda.bindings import driver
+
+    from ._driver import check
+
+    check(driver.cuInit(0))
+    dev = check(driver.cuDeviceGet(device_index))
+    attr = driver.CUdevice_attribute
+
+    def get(name: str) -> int:
+        return int(check(driver.cuDeviceGetAttribute(getattr(attr, name), dev)))
+
+    return DeviceLimits(
+        get("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
+        get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+        get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+    )
+
+
+@dataclass(frozen=True)
+class Fp8Tuning:
+    """Speed-only knobs: consumer warpgroups (``wgs``, 64 weight rows each), tokens per block
+    (``block_m``, the wgmma N), pipeline ``stages``, blocks per SM the registers are sized for
+    (``min_blocks``) and token tiles per raster group (``group_m``)."""
+
+    wgs: int
+    block_m: int
+    stages: int
+    min_blocks: int
+    group_m: int = 8
+
+    @property
+    def block_n(self) -> int:
+        return 64 * self.wgs
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.wgs + 1)
+
+    def registers(self) -> tuple[int, int]:
+        """(producer, consumer) registers per thread after ``setmaxnreg``: the producer gives up what the
+        consumers take, within the per-thread cap that ``__launch_bounds__`` sets."""
+        cap = min(255, 65536 // (self.threads * self.min_blocks)) // 8 * 8
+        consumer = (cap * self.threads - _PRODUCER_REGS * 128) // (128 * self.wgs) // 8 * 8
+        return _PRODUCER_REGS, min(240, consumer)
+
+
+def smem_bytes(wgs: int, block_m: int, stages: int) -> int:
+    """Dynamic shared memory of one block (mirrors ``SmemLayout`` in the header)."""
+    stage = 64 * wgs * _BK + block_m * _BK
+    return 1024 + stages * stage + wgs * block_m * 128 + 16 * stages
+
+
+def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits) -> Fp8Tuning:
+    """Tuning for ``out[m, n] = x[m, k] @ W[n, k]^T``: a pure function of the problem and the device.
+
+    Tokens per block: the smallest wgmma N that covers ``m`` (at most 128). Two consumer warpgroups (128
+    weight rows) when that still gives every SM a block, else one (64 rows, two blocks per SM) so that
+    small-M calls spread the weight stream over the whole GPU. Stages: as many as shared memory holds.
+    """
+    block_m = next((b for b in _BLOCK_M_CHOICES if b >= m), _BLOCK_M_CHOICES[-1])
+    tiles_m = _cdiv(m, block_m)
+    wgs = 2 if _cdiv(n, 128) * tiles_m >= limits.sm_count else 1
+    min_blocks = 1 if wgs == 2 else 2
+    budget = min(limits.smem_per_block, limits.smem_per_sm // min_blocks - 1024)
+    stages = 2
+    while stages < 16 and smem_bytes(wgs, block_m, stages + 1) <= budget:
+        stages += 1
+    return Fp8Tuning(wgs, block_m, stages, min_blocks)
+
+
+def fp8_spec(block_scale: bool, out: str, bias: str, tuning: Fp8Tuning) -> KernelSpec:
+    """The kernel spec for a scaling mode, output / bias dtype codes and tuning."""
+    producer, consumer = tuning.registers()
+    mode = "block128" if block_scale else "rowcol"
+    name = (
+        f"humming_fp8_gemm_sm90_{mode}_o{out}_b{bias}_w{tuning.wgs}_m{tuning.block_m}"
+        f"_s{tuning.stages}_mb{tuning.min_blocks}"
+    )
+    args = ", ".join(
+        (
+            str(tuning.wgs),
+            str(tuning.block_m),
+            str(tuning.stages),
+            "true" if block_scale else "false",
+            _CPP_DTYPE[out],
+            _CPP_DTYPE[bias],
+            str(producer),
+            str(consumer),
+        )
+    )
+    return KernelSpec(
+        family="fp8_gemm_sm90",
+        name=name,
+        header="humming/fp8_gemm_sm90.cuh",
+        entry=f"humming::fp8_sm90::run<{args}>",
+        params="humming::fp8_sm90::Params",
+        threads=tuning.threads,
+        ccs=FP8_CCS,
+        min_blocks=tuning.min_blocks,
+        arch_specific=True,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedFp8:
+    """Weights as the kernel reads them; built once per QuantizedWeight (:func:`prepare`)."""
+
+    n: int
+    k: int
+    kp: int  # K padded to a multiple of 16 (TMA row strides are multiples of 16 bytes)
+    block_scale: bool
+    weight: torch.Tensor  # uint8 [N, Kp]: the e4m3 bytes, zero-padded along K
+    w_scale: torch.Tensor | None  # fp32 [round_up(N, 128)]: per-channel (per-tensor expanded), zero-padded
+    w_block_scale: torch.Tensor | None  # fp32 [ceil(N / 128), ceil(K / 128)]
+    maps: dict = field(default_factory=dict)  # block_n -> encoded tensor map of ``weight``
+
+
+def _weight_scales(qw) -> torch.Tensor:
+    """fp32 scales of ``qw`` in its own grid (``global_scale`` folded in with one fp32 rounding)."""
+    if qw.scales is None:
+        return torch.ones(1, 1, dtype=torch.float32, device=qw.device)
+    s = qw.scales.to(torch.float32)
+    if qw.global_scale is not None:
+        s = s * qw.global_scale.to(torch.float32)
+    return s
+
+
+def prepare(qw) -> PreparedFp8:
+    """The kernel's view of an e4m3 ``QuantizedWeight`` (see :func:`weight_unsupported`); cached per object."""
+    prep = _prepared.get(qw)
+    if prep is not None:
+        return prep
+    n, k = qw.N, qw.K
+    kp = _cdiv(k, 16) * 16
+    weight = torch.zeros(n, kp, dtype=torch.uint8, device=qw.device)
+    weight[:, :k] = qw.qweight.contiguous().view(torch.uint8)[:, :k]  # little-endian: byte i is element i
+    scales = _weight_scales(qw)
+    block_scale = qw.layout == "block"
+    w_scale = w_block = None
+    if block_scale:
+        w_block = scales.contiguous()
+    else:
+        w_scale = torch.zeros(_cdiv(n, 128) * 128, dtype=torch.float32, device=qw.device)
+        w_scale[:n] = scales.expand(n, 1).reshape(n)
+    prep = PreparedFp8(n, k, kp, block_scale, weight, w_scale, w_block)
+    _prepared[qw] = prep
+    return prep
+
+
+def weight_unsupported(qw) -> str | None:
+    """``None`` when the kernel takes this weight, else why not."""
+    if qw.format.name != "e4m3":
+        return f"the FP8 GEMM takes e4m3 weights, not {qw.format.name}"
+    if qw.num_experts is not None:
+        return "the FP8 GEMM takes 2-D weights, not expert-stacked ones"
+    if qw.zeros is not None or qw.g_idx is not None:
+        return "the FP8 GEMM takes symmetric weights without act-order"
+    if qw.layout not in ("tensor", "channel") and qw.group_shape != (128, 128):
+        return f"the FP8 GEMM takes per-tensor, per-channel or 128x128-block weight scales, not {qw.describe()}"
+    return None
+
+
+def _act_unsupported(qw, act) -> str | None:
+    if act is None:
+        return "the FP8 GEMM needs fp8 activations (act='fp8', 'fp8_tensor' or 'fp8_g128')"
+    if act.format != "e4m3" or act.scale_dtype != torch.float32 or act.global_scale:
+        return f"the FP8 GEMM takes e4m3 activations with float32 scales, not act={act.name}"
+    if qw.layout == "block":
+        if act.group != 128:
+            return f"128x128-block weights need 1x128 activation groups (act='fp8_g128'), not act={act.name}"
+    elif act.group not in ("token", "tensor"):
+        return f"per-tensor / per-channel weights need per-token or per-tensor activations, not act={act.name}"
+    return None
+
+
+def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> str | None:
+    """``None`` when the FP8 kernel runs ``linear(x, qweight, act=act)``, else the reason it does not.
+
+    ``x`` is the 2-D activation ``[M, K]`` (a float tensor, or the uint8 codes of a pre-quantized one).
+    """
+    reason = weight_unsupported(qweight) or _act_unsupported(qweight, act)
+    if reason:
+        return reason
+    if x.device.type != "cuda":
+        return f"x is on {x.device}, not a CUDA device"
+    cc = torch.cuda.get_device_capability(x.device)
+    if cc not in FP8_CCS:
+        return f"the FP8 GEMM is built for compute capabilities {FP8_CCS} (sm_90a), not {cc}"
+    if out_dtype is not None and out_dtype not in _OUT_DTYPES:
+        return f"the FP8 GEMM writes bfloat16 or float16, not {out_dtype}"
+    return None
+
+
+@dataclass(frozen=True)
+class _Activations:
+    codes: torch.Tensor  # uint8 [M, Kp], e4m3 bytes
+    x_scale: torch.Tensor | None  # fp32 per-token [M] or per-tensor [1]
+    x_block_scale: torch.Tensor | None  # fp32 [ceil(K / 128), tiles_m * block_m]
+
+
+def _activations(x, act, kp: int, block_m: int) -> _Activations:
+    """Quantize ``x`` (a float ``[M, K]``, or take a ``QuantizedActivation``) into the kernel's layout."""
+    from ..ir.activation import QuantizedActivation
+
+    if isinstance(x, QuantizedActivation):
+        qa = x
+    else:
+        from ..triton_kernels.act_quant import quantize_activation
+
+        qa = quantize_activation(x, act)
+    m, k = qa.codes.shape
+    codes = qa.codes if kp == k else F.pad(qa.codes, (0, kp - k))
+    scales = qa.scales.to(torch.float32)
+    if qa.scheme.group == 128:
+        blocks = torch.zeros(scales.shape[1], _cdiv(m, block_m) * block_m, dtype=torch.float32, device=codes.device)
+        blocks[:, :m] = scales.T
+        return _Activations(codes.contiguous(), None, blocks)
+    return _Activations(codes.contiguous(), scales.reshape(-1).contiguous(), None)
+
+
+_TMAP_DTYPES = {torch.uint8: "UINT8", torch.bfloat16: "BFLOAT16", torch.float16: "FLOAT16"}
+
+
+def _tensor_map(t: torch.Tensor, box_inner: int, box_rows: int) -> bytes:
+    """The 128-byte TMA descriptor of a row-major 2-D tensor, boxes of ``box_rows x box_inner`` elements
+    (``box_inner`` x element size = 128 bytes), 128-byte swizzle, zero fill outside the tensor."""
+    from cuda.bindings import driver
+
+    from ._driver import check
+
+    rows, cols = t.shape
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    dtype = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[t.dtype]}")
+    tmap = check(
+        driver.cuTensorMapEncodeTiled(
+            dtype,
+            2,
+            t.data_ptr(),
+            [u64(cols), u64(rows)],
+            [u64(t.stride(0) * t.element_size())],
+            [u32(box_inner), u32(box_rows)],
+            [u32(1), u32(1)],
+            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    )
+    return ctypes.string_at(tmap.getPtr(), 128)
+
+
+class _Params(ctypes.Structure):
+    """Mirror of ``humming::fp8_sm90::Params`` (512 bytes, 64-byte aligned in the kernel)."""
+
+    _fields_ = (
+        ("w_map", ctypes.c_uint8 * 128),
+        ("x_map", ctypes.c_uint8 * 128),
+        ("out_map", ctypes.c_uint8 * 128),
+        ("w_scale", ctypes.c_void_p),
+        ("x_scale", ctypes.c_void_p),
+        ("w_block_scale", ctypes.c_void_p),
+        ("x_block_scale", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("M", ctypes.c_int),
+        ("N", ctypes.c_int),
+        ("num_kb", ctypes.c_int),
+        ("x_scale_stride", ctypes.c_int),
+        ("x_block_stride", ctypes.c_int),
+        ("tiles_m", ctypes.c_int),
+        ("tiles_n", ctypes.c_int),
+        ("group_m", ctypes.c_int),
+        ("_tail", ctypes.c_uint8 * 56),
+    )
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def call_spec(prep: PreparedFp8, bias: torch.Tensor | None, out_dtype: torch.dtype, tuning: Fp8Tuning) -> KernelSpec:
+    bias_code = _BIAS_DTYPES[bias.dtype] if bias is not None else _OUT_DTYPES[out_dtype]
+    return fp8_spec(prep.block_scale, _OUT_DTYPES[out_dtype], bias_code, tuning)
+
+
+def run(
+    prep: PreparedFp8,
+    x,
+    act,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    tuning: Fp8Tuning | None = None,
+) -> torch.Tensor:
+    """``x [M, K]`` (float, quantized here with ``act``, or a ``QuantizedActivation``) ``@ W^T + bias``
+    -> ``[M, N]`` of ``out_dtype`` on the current stream. For ``N % 8 != 0`` the result is a view with
+    a row stride rounded up to 8 (TMA stores need 16-byte row strides)."""
+    from .jit import get_kernel
+
+    codes = getattr(x, "codes", x)
+    m = codes.shape[0]
+    device = codes.device.index if codes.device.index is not None else torch.cuda.current_device()
+    n_pad = _cdiv(prep.n, 8) * 8
+    out = torch.empty(m, n_pad, dtype=out_dtype, device=codes.device)[:, : prep.n]
+    if m == 0:
+        return out
+    if tuning is None:
+        tuning = choose_tuning(m, prep.n, prep.k, device_limits(device))
+    kernel = get_kernel(call_spec(prep, bias, out_dtype, tuning), device)
+    a = _activations(x, act, prep.kp, tuning.block_m)
+    if bias is not None:
+        bias = bias.contiguous()
+    w_map = prep.maps.get(tuning.block_n)
+    if w_map is None:
+        w_map = prep.maps[tuning.block_n] = _tensor_map(prep.weight, _BK, tuning.block_n)
+    tiles_m, tiles_n = _cdiv(m, tuning.block_m), _cdiv(prep.n, tuning.block_n)
+    params = _Params()
+    params.w_map[:] = w_map
+    params.x_map[:] = _tensor_map(a.codes, _BK, tuning.block_m)
+    params.out_map[:] = _tensor_map(out, 64, tuning.block_m)
+    params.w_scale = _ptr(prep.w_scale)
+    params.x_scale = _ptr(a.x_scale)
+    params.w_block_scale = _ptr(prep.w_block_scale)
+    params.x_block_scale = _ptr(a.x_block_scale)
+    params.bias = _ptr(bias)
+    params.M, params.N, params.num_kb = m, prep.n, _cdiv(prep.kp, _BK)
+    params.x_scale_stride = 1 if a.x_scale is not None and a.x_scale.numel() > 1 else 0
+    params.x_block_stride = a.x_block_scale.shape[1] if a.x_block_scale is not None else 0
+    params.tiles_m, params.tiles_n, params.group_m = tiles_m, tiles_n, tuning.group_m
+    smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages)
+    kernel.launch((tiles_m * tiles_n, 1, 1), smem, params, torch.cuda.current_stream(device).cuda_stream)
+    return out
+
+
+def linear(x, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -> torch.Tensor:
+    """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`supports`).
+
+    ``x`` is a float tensor (quantized with ``act`` by the Triton activation pass) or a
+    ``QuantizedActivation`` of scheme ``act``.
+    """
+    codes = getattr(x, "codes", x)
+    reason = supports(qweight, act, codes, out_dtype)
+    if reason is not None:
+        raise ValueError(f"humming FP8 GEMM: {reason}")
+    return run(prepare(qweight), x, act, bias, out_dtype)
