@@ -1,5 +1,5 @@
 """CI compile check (no GPU): every CUDA kernel compiles through NVRTC for each of its targets, with no
-register spills; the sm_90 SASS holds the instructions the design depends on."""
+register spills or stack (cuobjdump -res-usage); the sm_90 SASS holds the instructions the design needs."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def _decode_specs() -> list[jit.KernelSpec]:
     L, T = _decode.DecodeLayout, _decode.DecodeTuning
     return [
         _decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(1, 1, 8, 4, 1)),
-        _decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 2, 1)),
-        _decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 2, 8, 1, 1)),
+        _decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 3, 1)),
+        _decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 2, 8, 2, 1)),
         _decode.decode_spec(L(8, -1, "bf16"), "f16", "f16", "f32", T(1, 1, 8, 4, 4)),
     ]
 
@@ -43,13 +43,11 @@ def compiled(tmp_path_factory):
     return {(k.spec.name, k.arch): k for k in report.kernels}
 
 
-def test_every_target_compiles_without_spills(compiled):
+def test_every_target_compiles(compiled):
     assert len(compiled) == len(_all_jobs())
     for (name, arch), kernel in compiled.items():
         assert kernel.cubin[:4] == b"\x7fELF", (name, arch)
-        frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", kernel.log)
-        assert frames, f"no ptxas resource report for {name} {arch}:\n{kernel.log}"
-        assert all(f == ("0", "0", "0") for f in frames), f"{name} {arch} spills or uses a stack:\n{kernel.log}"
+        assert arch in kernel.log or not kernel.log, (name, arch, kernel.log)
 
 
 def _cuda_tool(name: str) -> str | None:
@@ -61,19 +59,27 @@ def _cuda_tool(name: str) -> str | None:
     return shutil.which(name)
 
 
-def _sass(kernel: jit.CompiledKernel, tmp_path) -> str:
-    tool = _cuda_tool("cuobjdump")
+def _cubin_tool(tool_name: str, args: list[str], kernel: jit.CompiledKernel, tmp_path) -> str:
+    tool = _cuda_tool(tool_name)
     if tool is None:
-        pytest.skip("cuobjdump not found (neither in triton's package nor on PATH)")
+        pytest.skip(f"{tool_name} not found (neither in triton's package nor on PATH)")
     path = tmp_path / f"{kernel.spec.name}-{kernel.arch}.cubin"
     path.write_bytes(kernel.cubin)
-    return subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+    return subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True).stdout
 
 
-def test_decode_sass_uses_tensor_cores_and_16_byte_loads(compiled, tmp_path):
+def test_no_spills_no_stack(compiled, tmp_path):
+    """cuobjdump's resource report: no stack frame and no local memory (where spills go) anywhere."""
+    for (name, arch), kernel in compiled.items():
+        report = _cubin_tool("cuobjdump", ["-res-usage"], kernel, tmp_path)
+        usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", report)
+        assert usage, report
+        assert usage.group(2) == "0" and usage.group(3) == "0", f"{name} {arch}: {usage.group(0)}"
+
+
+def test_decode_sass_uses_tensor_cores_and_16_byte_async_loads(compiled, tmp_path):
     for spec in _decode_specs():
-        sass = _sass(compiled[(spec.name, "sm_90")], tmp_path)
+        sass = _cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90")], tmp_path)
         assert "HMMA.16816.F32" in sass, spec.name
-        assert re.search(r"LDG\.E\.(128|LTC128B\.128|EL\.128)|LDG\.E\.[A-Z0-9.]*128", sass), spec.name
+        assert "LDGSTS.E.BYPASS.128" in sass, f"{spec.name}: weights are not streamed with 16-byte cp.async"
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
-        assert "LOP3" in sass or "PRMT" in sass, spec.name

@@ -67,13 +67,17 @@ def test_prepared_layout_matches_the_fragments(scheme, seed):
 
 
 def test_tuning_is_a_pure_function_of_the_problem():
-    t = _decode.choose_decode_tuning(1, 8192, 8192, 132)
+    h200 = (132, 232448)
+    t = _decode.choose_decode_tuning(1, 8192, 8192, 4, *h200)
     assert (t.mt, t.splits) == (1, 1)
-    assert _decode.choose_decode_tuning(16, 8192, 8192, 132).mt == 2
-    assert _decode.choose_decode_tuning(64, 8192, 8192, 132).mt == 8
-    small = _decode.choose_decode_tuning(1, 256, 8192, 132)
+    assert _decode.choose_decode_tuning(16, 8192, 8192, 4, *h200).mt == 2
+    big = _decode.choose_decode_tuning(64, 8192, 8192, 8, *h200)
+    assert big.mt == 8 and big.smem_bytes(8) <= h200[1]
+    small = _decode.choose_decode_tuning(1, 256, 8192, 4, *h200)
     assert small.splits > 1
-    assert _decode.choose_decode_tuning(1, 256, 8192, 132) == small
+    assert _decode.choose_decode_tuning(1, 256, 8192, 4, *h200) == small
+    sm86 = _decode.choose_decode_tuning(64, 8192, 8192, 8, 84, 101376)
+    assert sm86.smem_bytes(8) <= 101376
 
 
 def test_unsupported_combinations_say_why():

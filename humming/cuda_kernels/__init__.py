@@ -102,7 +102,6 @@ def warmup(
     out_dtype = out_dtype or act_dtype
     device = torch.cuda.current_device() if device is None else device
     cc = torch.cuda.get_device_capability(device)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
     jobs = []
     for qw in layers:
         for m in m_values:
@@ -110,7 +109,7 @@ def warmup(
             if supports(qw, None, x) is not None:
                 continue
             prep = prepare(qw, act_dtype)
-            tuning = _decode.choose_decode_tuning(m, qw.N, qw.K, sms)
+            tuning = _decode.default_tuning(m, qw.N, qw.K, qw.bits, device)
             bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
             spec = _decode.decode_call_spec(prep, x, bias, out_dtype, tuning)
             jobs.append((spec, device_arch(spec, cc)))

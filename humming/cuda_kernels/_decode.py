@@ -13,6 +13,7 @@ Configs come in the three kinds of the house style:
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -52,13 +53,18 @@ class DecodeLayout:
 @dataclass(frozen=True)
 class DecodeTuning:
     """Speed-only knobs: token tiles of 8 (``mt``), 16-row tiles per warp (``r``), ``warps`` per block,
-    chunks in flight per warp (``unroll``) and blocks along K (``splits``)."""
+    cp.async pipeline ``stages`` (chunks in flight per thread) and blocks along K (``splits``)."""
 
     mt: int
     r: int
     warps: int
-    unroll: int
+    stages: int
     splits: int
+
+    def smem_bytes(self, bits: int) -> int:
+        """Dynamic shared memory of the pipeline (``stage_bytes_per_thread`` in decode.cuh)."""
+        per_thread = self.r * (bits // 4) * 16 + self.mt * 32 + self.r * 8 + self.r * 4
+        return self.stages * self.warps * 32 * per_thread
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class PreparedDecode:
     chunks_per_group: int
     qweight: torch.Tensor  # int32, 4-bit: [N/16, K/64, 32, 4]; 8-bit: [N/16, K/64, 2, 32, 4]
     scales: torch.Tensor  # [N/16, groups, 8, 2]
-    zeros: torch.Tensor | None  # uint8 [N/16, groups, 8, 2]
+    zeros: torch.Tensor | None  # int16 [N/16, groups, 8, 2]
 
 
 def _tile_rows(t: torch.Tensor) -> torch.Tensor:
@@ -123,7 +129,7 @@ def prepare_decode(qw, act_dtype: torch.dtype) -> PreparedDecode:
     groups = 1 if qw.scales is None else qw.scales.shape[-1]
     if qw.zeros is not None:
         zero = -1
-        zeros = _tile_rows(qw.zeros.to(torch.int32).expand(n, groups).to(torch.uint8))
+        zeros = _tile_rows(qw.zeros.to(torch.int32).expand(n, groups).to(torch.int16))
     if qw.scales is None:
         scales = torch.ones(n, 1, dtype=torch.float32, device=qw.device)
     else:
@@ -159,20 +165,25 @@ def decode_unsupported(qw, x: torch.Tensor) -> str | None:
     return None
 
 
-def choose_decode_tuning(m: int, n: int, k: int, sm_count: int) -> DecodeTuning:
-    """Tuning for ``out[m, n] = x[m, k] @ W^T``: a pure function of the problem and the SM count."""
+def choose_decode_tuning(m: int, n: int, k: int, bits: int, sm_count: int, smem_per_block: int) -> DecodeTuning:
+    """Tuning for ``out[m, n] = x[m, k] @ W^T`` with ``bits``-bit weights: a pure function of the problem
+    and the device's SM count and shared memory per block (``sharedMemPerBlockOptin``)."""
     mt = 1
     while mt * 8 < m:
         mt *= 2
     r = 2 if mt >= 2 and n % 32 == 0 else 1
-    unroll = {1: 4, 2: 2, 4: 2, 8: 1}[mt]
     warps = 8
+    stages = {1: 4, 2: 4, 4: 3, 8: 2}[mt]
+    while stages > 2 and DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
+        stages -= 1
+    if DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
+        warps = 4
     blocks = n // (16 * r)
     chunks = k // 64
     splits = 1
     if blocks < sm_count:  # too few row tiles to fill the GPU: split K across blocks
-        splits = max(1, min(-(-2 * sm_count // blocks), chunks // (warps * unroll)))
-    return DecodeTuning(mt, r, warps, unroll, splits)
+        splits = max(1, min(-(-2 * sm_count // blocks), chunks // (warps * 2)))
+    return DecodeTuning(mt, r, warps, stages, splits)
 
 
 def decode_spec(layout: DecodeLayout, act: str, out: str, bias: str, tuning: DecodeTuning) -> KernelSpec:
@@ -181,7 +192,7 @@ def decode_spec(layout: DecodeLayout, act: str, out: str, bias: str, tuning: Dec
     zp = "zp" if layout.zero < 0 else f"z{layout.zero}"
     name = (
         f"humming_decode_u{layout.bits}{zp}_a{act}_s{layout.scale}_o{out_kernel}_b{bias}"
-        f"_mt{tuning.mt}_r{tuning.r}_w{tuning.warps}_u{tuning.unroll}" + ("_splitk" if tuning.splits > 1 else "")
+        f"_mt{tuning.mt}_r{tuning.r}_w{tuning.warps}_s{tuning.stages}" + ("_splitk" if tuning.splits > 1 else "")
     )
     args = ", ".join(
         (
@@ -194,7 +205,7 @@ def decode_spec(layout: DecodeLayout, act: str, out: str, bias: str, tuning: Dec
             str(tuning.mt),
             str(tuning.r),
             str(tuning.warps),
-            str(tuning.unroll),
+            str(tuning.stages),
             "true" if tuning.splits > 1 else "false",
         )
     )
@@ -207,6 +218,17 @@ def decode_spec(layout: DecodeLayout, act: str, out: str, bias: str, tuning: Dec
         threads=32 * tuning.warps,
         ccs=DECODE_CCS,
     )
+
+
+@functools.cache
+def _device_limits(device: int) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, props.shared_memory_per_block_optin
+
+
+def default_tuning(m: int, n: int, k: int, bits: int, device: int) -> DecodeTuning:
+    """:func:`choose_decode_tuning` with the limits of CUDA device ``device``."""
+    return choose_decode_tuning(m, n, k, bits, *_device_limits(device))
 
 
 class _Params(ctypes.Structure):
@@ -254,8 +276,7 @@ def run_decode(
     m, k = x.shape
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     if tuning is None:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        tuning = choose_decode_tuning(m, prep.n, k, sms)
+        tuning = default_tuning(m, prep.n, k, prep.layout.bits, device)
     kernel = get_kernel(decode_call_spec(prep, x, bias, out_dtype, tuning), device)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
@@ -285,7 +306,7 @@ def run_decode(
         -(-chunks // tuning.splits),
     )
     grid = (prep.n // (16 * tuning.r), tuning.splits, 1)
-    kernel.launch(grid, 0, params, torch.cuda.current_stream(device).cuda_stream)
+    kernel.launch(grid, tuning.smem_bytes(prep.layout.bits), params, torch.cuda.current_stream(device).cuda_stream)
     if not split:
         return result
     if result is None:

@@ -12,6 +12,8 @@
 //   8-bit codes go through prmt into fp32 (8388608.0 + code) or fp16 (1024.0 + code);
 // - each chunk's mma products (exact integers times activations, fp32 accumulate) are scaled per row in
 //   fp32, so any group size that is a multiple of 64 works and the scale is applied in full precision;
+// - each thread streams its fragments through a private multi-stage cp.async pipeline in shared
+//   memory, so many chunks are in flight per SM without holding registers;
 // - warps of a block split K and reduce through shared memory; split-K across blocks (kSplit) adds into
 //   an fp32 output with atomics for shapes with too few row tiles to fill the GPU.
 #include "humming/common.cuh"
@@ -23,7 +25,7 @@ struct Params {
   const uint4* qweight;  // [N/16, K/64, 32 lanes, 4 words] (4-bit) or [N/16, K/64, 2, 32, 4] (8-bit)
   const void* x;         // [M, K] activations, row stride x_stride elements
   const void* scales;    // [N/16, groups, 8, 2]: rows (g, g+8) of each 16-row tile side by side
-  const uint8_t* zeros;  // [N/16, groups, 8, 2] zero points in code units, or null
+  const uint16_t* zeros; // [N/16, groups, 8, 2] zero points in code units, or null
   const void* bias;      // [N] (dtype B) or null
   void* out;             // [M, N], row stride out_stride elements
   int M, N, K;
@@ -76,11 +78,18 @@ __device__ __forceinline__ void dequant8(uint32_t w0, uint32_t w1, float zf_g, f
 }
 
 // kZero >= 0: every zero point is kZero; kZero < 0: zero points come from p.zeros.
-// kMT token tiles of 8 (M <= 8 * kMT); kR 16-row tiles per warp; kUnroll chunks in flight per warp.
-template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kUnroll,
+// kMT token tiles of 8 (M <= 8 * kMT); kR 16-row tiles per warp; kStages chunks in flight per thread.
+//
+// Each thread runs a private cp.async pipeline: it copies its own weight fragments, activation
+// fragments, scale and zero pairs for chunk i + kStages - 1 into its own shared-memory slots, then
+// waits for chunk i and computes on it. A thread only reads slots it wrote itself, so the pipeline
+// needs no block barrier, and the bytes in flight do not occupy registers.
+template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kStages,
           bool kSplit>
 __device__ __forceinline__ void run(const Params& p) {
   constexpr int kVecs = kBits / 4;  // 16-byte weight vectors per lane per chunk and row tile
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kScaleBytes = S == DType::f32 ? 8 : 4;  // the pair (row g, row g + 8)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
@@ -92,6 +101,45 @@ __device__ __forceinline__ void run(const Params& p) {
   // Magic constant plus zero point, subtracted from the magic-number floats.
   constexpr float kMagicF = kBits == 8 && A == DType::bf16 ? 8388608.0f : (A == DType::bf16 ? 128.0f : 1024.0f);
 
+  // Per-stage slots, [stage][item][thread] so that a warp's accesses are contiguous. Dynamic shared
+  // memory: kStages * kThreads * (kR * kVecs * 16 + kMT * 32 + kR * 8 + kR * 4) bytes
+  // (DecodeTuning.smem_bytes in decode.py).
+  extern __shared__ uint4 smem[];
+  uint4* w_slots = smem;                                        // [kStages][kR * kVecs][kThreads]
+  uint4* x_slots = w_slots + kStages * kR * kVecs * kThreads;   // [kStages][kMT * 2][kThreads]
+  uint2* s_slots = reinterpret_cast<uint2*>(x_slots + kStages * kMT * 2 * kThreads);  // [kStages][kR][kThreads]
+  uint32_t* z_slots = reinterpret_cast<uint32_t*>(s_slots + kStages * kR * kThreads);  // [kStages][kR][kThreads]
+
+  const char* x_bytes = static_cast<const char*>(p.x);
+  const char* s_bytes = static_cast<const char*>(p.scales);
+  auto issue = [&](int stage, int chunk) {
+    if (chunk < chunk_end) {
+      const int group = chunk / p.chunks_per_group;
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          const long offset = ((long(tile0 + r) * n_chunks + chunk) * kVecs + v) * 32 + lane;
+          cp_async_cg16(&w_slots[(stage * kR * kVecs + r * kVecs + v) * kThreads + threadIdx.x], p.qweight + offset);
+        }
+        const long pair = (long(tile0 + r) * p.groups + group) * 8 + g;  // index of the (g, g + 8) pair
+        cp_async_ca<kScaleBytes>(&s_slots[(stage * kR + r) * kThreads + threadIdx.x], s_bytes + pair * kScaleBytes);
+        if constexpr (kZero < 0) {
+          cp_async_ca<4>(&z_slots[(stage * kR + r) * kThreads + threadIdx.x], p.zeros + pair * 2);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kMT; ++t) {
+        const int token = t * 8 + g;
+        const bool ok = token < p.M;
+        const char* src = x_bytes + (long(ok ? token : 0) * p.x_stride + chunk * 64 + c * 16) * 2;
+        cp_async_ca16_zfill(&x_slots[(stage * kMT * 2 + t * 2) * kThreads + threadIdx.x], src, ok);
+        cp_async_ca16_zfill(&x_slots[(stage * kMT * 2 + t * 2 + 1) * kThreads + threadIdx.x], src + 16, ok);
+      }
+    }
+    cp_async_commit();  // empty groups past the end keep the group count uniform
+  };
+
   float acc[kR][kMT][4];
 #pragma unroll
   for (int r = 0; r < kR; ++r)
@@ -100,92 +148,79 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.0f;
 
-  const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
-  for (int base = chunk_begin + warp; base < chunk_end; base += kWarps * kUnroll) {
-    uint4 wv[kUnroll][kR][kVecs];
-    uint4 xv[kUnroll][kMT][2];
-    float sv[kUnroll][kR][2];  // scales of rows g and g + 8
-    float zv[kUnroll][kR][2];  // zero points of rows g and g + 8
+  const int first = chunk_begin + warp;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int chunk = base + u * kWarps;
-      const bool live = chunk < chunk_end;
+  for (int s = 0; s < kStages - 1; ++s) issue(s, first + s * kWarps);
+  int stage = 0;
+  for (int chunk = first; chunk < chunk_end; chunk += kWarps) {
+    issue(stage == 0 ? kStages - 1 : stage - 1, chunk + (kStages - 1) * kWarps);
+    cp_async_wait<kStages - 1>();
+    uint4 xv[kMT][2];
 #pragma unroll
-      for (int r = 0; r < kR; ++r)
+    for (int t = 0; t < kMT; ++t) {
+      xv[t][0] = x_slots[(stage * kMT * 2 + t * 2) * kThreads + threadIdx.x];
+      xv[t][1] = x_slots[(stage * kMT * 2 + t * 2 + 1) * kThreads + threadIdx.x];
+    }
 #pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-          const long offset = ((long(tile0 + r) * n_chunks + chunk) * kVecs + v) * 32 + lane;
-          wv[u][r][v] = live ? ld_stream_v4(p.qweight + offset) : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < kR; ++r) {
+      uint4 wv[kVecs];
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) wv[v] = w_slots[(stage * kR * kVecs + r * kVecs + v) * kThreads + threadIdx.x];
+      const uint2 sp = s_slots[(stage * kR + r) * kThreads + threadIdx.x];
+      float s_g, s_g8;
+      if constexpr (S == DType::f32) {
+        s_g = __uint_as_float(sp.x);
+        s_g8 = __uint_as_float(sp.y);
+      } else {
+        s_g = to_float<S>(uint16_t(sp.x & 0xffff));
+        s_g8 = to_float<S>(uint16_t(sp.x >> 16));
+      }
+      float zf_g = kMagicF + kZero, zf_g8 = kMagicF + kZero;
+      if constexpr (kZero < 0) {
+        const uint32_t zp = z_slots[(stage * kR + r) * kThreads + threadIdx.x];
+        zf_g = kMagicF + float(zp & 0xffff);
+        zf_g8 = kMagicF + float(zp >> 16);
+      }
+      const uint32_t bias_g = pack2<A>(-zf_g, -zf_g);
+      const uint32_t bias_g8 = pack2<A>(-zf_g8, -zf_g8);
+      float part[kMT][4];
+#pragma unroll
+      for (int t = 0; t < kMT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[t][i] = 0.0f;
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[0]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t a[4];
+        if constexpr (kBits == 4) {
+          dequant4<A>(words[j], bias_g, bias_g8, a);
+        } else {
+          // words[0..3] are mmas 0-1 and words[4..7] mmas 2-3, two words per mma.
+          dequant8<A>(words[(j >> 1) * 4 + (j & 1) * 2], words[(j >> 1) * 4 + (j & 1) * 2 + 1], zf_g, zf_g8,
+                      bias_g, bias_g8, a);
         }
 #pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        // Issued with the weights so that their latency overlaps (chunks past the end read group 0).
-        const int group = live ? chunk / p.chunks_per_group : 0;
-        const long sz = (long(tile0 + r) * p.groups + group) * 16 + g * 2;
-        sv[u][r][0] = load_float<S>(p.scales, sz);
-        sv[u][r][1] = load_float<S>(p.scales, sz + 1);
-        zv[u][r][0] = zv[u][r][1] = float(kZero);
-        if constexpr (kZero < 0) {
-          zv[u][r][0] = p.zeros[sz];
-          zv[u][r][1] = p.zeros[sz + 1];
+        for (int t = 0; t < kMT; ++t) {
+          const uint32_t* xw = reinterpret_cast<const uint32_t*>(&xv[t][0]);
+          mma_16816<A>(part[t], a, xw[2 * j], xw[2 * j + 1]);
         }
       }
 #pragma unroll
       for (int t = 0; t < kMT; ++t) {
-        const int token = t * 8 + g;
-        const uint16_t* src = x16 + long(token) * p.x_stride + chunk * 64 + c * 16;
-        const bool ok = live && token < p.M;
-        xv[u][t][0] = ok ? ld_cached_v4(src) : make_uint4(0, 0, 0, 0);
-        xv[u][t][1] = ok ? ld_cached_v4(src + 8) : make_uint4(0, 0, 0, 0);
+        acc[r][t][0] += s_g * part[t][0];
+        acc[r][t][1] += s_g * part[t][1];
+        acc[r][t][2] += s_g8 * part[t][2];
+        acc[r][t][3] += s_g8 * part[t][3];
       }
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int chunk = base + u * kWarps;
-      if (chunk >= chunk_end) break;
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        const float s_g = sv[u][r][0], s_g8 = sv[u][r][1];
-        const float zf_g = kMagicF + zv[u][r][0], zf_g8 = kMagicF + zv[u][r][1];
-        const uint32_t bias_g = pack2<A>(-zf_g, -zf_g);
-        const uint32_t bias_g8 = pack2<A>(-zf_g8, -zf_g8);
-        float part[kMT][4];
-#pragma unroll
-        for (int t = 0; t < kMT; ++t)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) part[t][i] = 0.0f;
-        const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[u][r][0]);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t a[4];
-          if constexpr (kBits == 4) {
-            dequant4<A>(words[j], bias_g, bias_g8, a);
-          } else {
-            // words[0..3] are mmas 0-1 and words[4..7] mmas 2-3, two words per mma.
-            dequant8<A>(words[(j >> 1) * 4 + (j & 1) * 2], words[(j >> 1) * 4 + (j & 1) * 2 + 1], zf_g, zf_g8,
-                        bias_g, bias_g8, a);
-          }
-#pragma unroll
-          for (int t = 0; t < kMT; ++t) {
-            const uint32_t* xw = reinterpret_cast<const uint32_t*>(&xv[u][t][0]);
-            mma_16816<A>(part[t], a, xw[2 * j], xw[2 * j + 1]);
-          }
-        }
-#pragma unroll
-        for (int t = 0; t < kMT; ++t) {
-          acc[r][t][0] += s_g * part[t][0];
-          acc[r][t][1] += s_g * part[t][1];
-          acc[r][t][2] += s_g8 * part[t][2];
-          acc[r][t][3] += s_g8 * part[t][3];
-        }
-      }
-    }
+    stage = stage + 1 == kStages ? 0 : stage + 1;
   }
+  cp_async_wait<0>();
 
   // Reduce the warps' partial sums in shared memory, then write (or atomically add) the tile.
   constexpr int kTileValues = kR * kMT * 32 * 4;
   __shared__ float red[kTileValues];
-  for (int i = threadIdx.x; i < kTileValues; i += kWarps * 32) red[i] = 0.0f;
+  for (int i = threadIdx.x; i < kTileValues; i += kThreads) red[i] = 0.0f;
   __syncthreads();
 #pragma unroll
   for (int r = 0; r < kR; ++r)
@@ -194,7 +229,7 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) atomicAdd(&red[((r * kMT + t) * 32 + lane) * 4 + i], acc[r][t][i]);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kTileValues; idx += kWarps * 32) {
+  for (int idx = threadIdx.x; idx < kTileValues; idx += kThreads) {
     const int i = idx & 3;
     const int l = (idx >> 2) & 31;
     const int t = (idx >> 7) % kMT;

@@ -1,0 +1,31 @@
+"""One small run of each CUDA kernel variant family, for compute-sanitizer (memcheck, racecheck)."""
+
+from __future__ import annotations
+
+import torch
+
+import humming
+from humming.cuda_kernels import _decode
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    cases = [
+        ("int4", 128, False, 5, 256, 512, None),  # one block per 16 rows, K split over warps
+        ("uint4", 128, True, 16, 512, 1024, None),  # zero points, two token tiles, two row tiles
+        ("int8", -1, False, 3, 48, 2048, _decode.DecodeTuning(1, 1, 8, 3, 4)),  # split-K atomics
+    ]
+    for weight, group, zp, m, n, k, tuning in cases:
+        qw = humming.quantize(torch.randn(n, k, device="cuda"), weight=weight, group_size=group, zero_point=zp)
+        prep = _decode.prepare_decode(qw, torch.bfloat16)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda")
+        out = _decode.run_decode(prep, x, bias, torch.bfloat16, tuning)
+        ref = x.float() @ humming.dequantize(qw).T + bias
+        torch.cuda.synchronize()
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        print(f"{weight} g{group} zp={zp} M={m} N={n} K={k}: rel err {err:.2e}")
+
+
+if __name__ == "__main__":
+    main()
