@@ -165,11 +165,28 @@ def test_ct_padded_packing_ambiguous_without_version(tmp_path):
         load_checkpoint(tmp_path)
 
 
-def test_gptq_v1_asymmetric_warns_v2_does_not(tmp_path):
-    write(tmp_path, {**GPTQ, "sym": False}, gptq_tensors())
-    with pytest.warns(UserWarning, match="GPTQ v1 asymmetric checkpoint: v1 stores zero-1"):
-        load_checkpoint(tmp_path)
-    write(tmp_path, {**GPTQ, "sym": False, "checkpoint_format": "gptq_v2"}, gptq_tensors())
+def test_gptq_v1_zero_point_ambiguity_warns(tmp_path):
+    """v1 cannot store a zero of 0: AutoGPTQ and GPTQModel write it differently, so loading warns (as vLLM);
+    without such a field (or in v2) the decode is unambiguous and silent."""
+    zeros = torch.full((16, 2), 3)
+    zeros[5, 1] = 0
+    for version, expect_warning in ((1, True), (2, False)):
+        t = pack_gptq(
+            torch.zeros(16, 64, dtype=torch.uint8),
+            torch.ones(16, 2).half(),
+            zeros,
+            bits=4,
+            group_size=32,
+            version=version,
+        )
+        fmt = "gptq" if version == 1 else "gptq_v2"
+        write(tmp_path, {**GPTQ, "sym": False, "checkpoint_format": fmt}, {f"m.{k}": v for k, v in t.items()})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            load_checkpoint(tmp_path)
+        messages = [str(w.message) for w in caught]
+        assert any("cannot represent a zero point of 0" in m for m in messages) == expect_warning, messages
+    write(tmp_path, {**GPTQ, "sym": False}, gptq_tensors())  # v1 asym without a zero of 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_checkpoint(tmp_path)

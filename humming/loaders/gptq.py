@@ -8,8 +8,11 @@ Layout (per module): ``qweight`` int32 ``[K*bits/32, N]``, a little-endian dense
 Zero points: v1 (``checkpoint_format`` absent or ``gptq``) stores ``zero - 1`` and AutoGPTQ decodes
 ``zero = field + 1`` without wrapping, so a zero may be ``2^bits`` (uint8 zeros, int16 for 8 bits).
 v2 (``gptq_v2``) stores the zero as is. When every zero is ``2^(bits-1)`` (symmetric) the codes become
-two's-complement ``intN`` and the zeros are dropped (exact). ``g_idx`` equal to ``arange(K) // group_size`` is dropped; a real
-act-order ``g_idx`` is kept as is (not permuted).
+two's-complement ``intN`` and the zeros are dropped (exact). ``g_idx`` equal to ``arange(K) // group_size``
+is dropped; a real act-order ``g_idx`` is kept as is (not permuted).
+
+v1 asymmetric is ambiguous only where a zero point is 0 (an all-ones field): AutoGPTQ and GPTQModel write
+it differently, so loading warns then (as vLLM does for v1 asym) and decodes as AutoGPTQ.
 """
 
 from __future__ import annotations
@@ -80,21 +83,24 @@ class GPTQReader:
         bits = int(scheme["bits"])
         if bits not in (2, 3, 4, 8):
             raise UnsupportedFormatError(f"{module}: GPTQ {bits}-bit is not a GPTQ format (2, 3, 4 or 8 bits)")
-        if self.version == 1 and not scheme["sym"] and not self._warned:
-            self._warned = True
-            warnings.warn(
-                "GPTQ v1 asymmetric checkpoint: v1 stores zero-1 and cannot represent a zero point of 0 "
-                "(AutoGPTQ writes it as an all-ones field, decoded as 2^bits). Decoding zero = field + 1 as "
-                "AutoGPTQ does; if a v2-aware tool wrote this checkpoint without checkpoint_format='gptq_v2', "
-                "the zero points are off by one.",
-                stacklevel=3,
-            )
         t = {name: self.files.get(f"{module}.{name}", module) for name in ("qweight", "qzeros", "scales")}
         g_idx = self.files.get_optional(f"{module}.g_idx")
         bias = self.files.get_optional(f"{module}.bias")
-        return decode_gptq(
+        qw = decode_gptq(
             module, **t, g_idx=g_idx, bias=bias, bits=bits, group_size=int(scheme["group_size"]), version=self.version
         )
+        if self.version == 1 and qw.zeros is not None and not self._warned and bool((qw.zeros == 1 << bits).any()):
+            self._warned = True
+            warnings.warn(
+                f"GPTQ v1 asymmetric checkpoint ({module} and maybe others): v1 stores zero - 1 and cannot "
+                "represent a zero point of 0; this checkpoint holds such all-ones fields. AutoGPTQ writes -1 "
+                "there (also setting every higher field of the word) and decodes zero = field + 1 per field, "
+                "which humming reproduces. GPTQModel's v2->v1 conversion subtracts with borrows instead: for "
+                "its checkpoints that zero reads as 2^bits and the next field's zero one too low. Re-export "
+                "with checkpoint_format='gptq_v2' to remove the ambiguity.",
+                stacklevel=3,
+            )
+        return qw
 
 
 def decode_gptq(module, *, qweight, qzeros, scales, g_idx, bias, bits, group_size, version) -> QuantizedWeight:
