@@ -180,7 +180,7 @@ class PreparedFp8:
     block_scale: bool
     weight: torch.Tensor  # uint8 [N, Kp]: the e4m3 bytes, zero-padded along K
     w_scale: torch.Tensor | None  # fp32 [round_up(N, 128)]: per-channel (per-tensor expanded), zero-padded
-    w_block_scale: torch.Tensor | None  # fp32 [ceil(N / 128), ceil(K / 128)]
+    w_block_scale: torch.Tensor | None  # fp32 [ceil(N / 128), ceil(K / 128)], one per 128 x 128 block
     maps: dict = field(default_factory=dict)  # block_n -> encoded tensor map of ``weight``
 
 
@@ -206,8 +206,11 @@ def prepare(qw) -> PreparedFp8:
     scales = _weight_scales(qw)
     block_scale = qw.layout == "block"
     w_scale = w_block = None
-    if block_scale:
-        w_block = scales.contiguous()
+    if block_scale:  # one scale per 128 x 128 block (exact: every such block lies inside one weight block)
+        bn, bk = qw.block_shape
+        rows = torch.arange(0, n, 128, device=qw.device) // bn
+        cols = torch.arange(0, kp, 128, device=qw.device) // bk
+        w_block = scales[rows][:, cols].contiguous()
     else:
         w_scale = torch.zeros(_cdiv(n, 128) * 128, dtype=torch.float32, device=qw.device)
         w_scale[:n] = scales.expand(n, 1).reshape(n)
@@ -224,7 +227,10 @@ def weight_unsupported(qw) -> str | None:
         return "the FP8 GEMM takes 2-D weights, not expert-stacked ones"
     if qw.zeros is not None or qw.g_idx is not None:
         return "the FP8 GEMM takes symmetric weights without act-order"
-    if qw.layout not in ("tensor", "channel") and qw.group_shape != (128, 128):
+    if qw.layout == "block":
+        if any(b % 128 and b < d for b, d in zip(qw.block_shape, (qw.N, qw.K))):
+            return f"the FP8 GEMM takes weight blocks that are multiples of 128 x 128, not {qw.describe()}"
+    elif qw.layout not in ("tensor", "channel"):
         return f"the FP8 GEMM takes per-tensor, per-channel or 128x128-block weight scales, not {qw.describe()}"
     return None
 
@@ -358,17 +364,30 @@ def run(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     tuning: Fp8Tuning | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x [M, K]`` (float, quantized here with ``act``, or a ``QuantizedActivation``) ``@ W^T + bias``
     -> ``[M, N]`` of ``out_dtype`` on the current stream. For ``N % 8 != 0`` the result is a view with
-    a row stride rounded up to 8 (TMA stores need 16-byte row strides)."""
+    a row stride rounded up to 8 (TMA stores need 16-byte row strides).
+
+    ``out``: an optional ``[M, N]`` tensor of ``out_dtype`` to write into (unit column stride, row stride
+    and address multiples of 16 bytes)."""
     from .jit import get_kernel
 
     codes = getattr(x, "codes", x)
     m = codes.shape[0]
     device = codes.device.index if codes.device.index is not None else torch.cuda.current_device()
-    n_pad = _cdiv(prep.n, 8) * 8
-    out = torch.empty(m, n_pad, dtype=out_dtype, device=codes.device)[:, : prep.n]
+    if out is None:
+        n_pad = _cdiv(prep.n, 8) * 8
+        out = torch.empty(m, n_pad, dtype=out_dtype, device=codes.device)[:, : prep.n]
+    elif (
+        tuple(out.shape) != (m, prep.n)
+        or out.dtype != out_dtype
+        or out.stride(1) != 1
+        or (out.stride(0) * out.element_size()) % 16
+        or out.data_ptr() % 16
+    ):
+        raise ValueError(f"out: expected a [{m}, {prep.n}] {out_dtype} tensor, unit column stride, 16-byte rows")
     if m == 0:
         return out
     if tuning is None:

@@ -1,0 +1,266 @@
+"""The Hopper FP8 GEMM (``fp8_gemm.py``): compile, SASS and layout checks on CPU; results on an sm_90 GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import humming
+from humming.cuda_kernels import fp8_gemm, jit
+from humming.cuda_kernels._warmup import warmup_specs
+from humming.ir.activation import get_act_scheme
+
+H200 = fp8_gemm.DeviceLimits(sm_count=132, smem_per_block=232448, smem_per_sm=233472)
+needs_nvrtc = pytest.mark.skipif(
+    jit.compiler_unavailable_reason() is not None, reason=f"{jit.compiler_unavailable_reason()}"
+)
+
+
+def _specs() -> list[jit.KernelSpec]:
+    """The kernels the heuristics pick for decode, mid and large M, in both scaling modes."""
+    picks = [(1, 8192, False, "bf16", "bf16"), (16, 28672, False, "f16", "f32"), (128, 8192, False, "bf16", "f16")]
+    picks += [(4096, 8192, False, "bf16", "bf16"), (4096, 8192, True, "bf16", "bf16"), (64, 4096, True, "f16", "f16")]
+    return [fp8_gemm.fp8_spec(b, o, bias, fp8_gemm.choose_tuning(m, n, 8192, H200)) for m, n, b, o, bias in picks]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HUMMING_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        jit.clear_memory_cache()
+        report = warmup_specs([(spec, "sm_90a") for spec in _specs()], progress=False)
+        jit.clear_memory_cache()
+    return {k.spec.name: k for k in report.kernels}
+
+
+@needs_nvrtc
+def test_compiles_for_sm90a_without_spills(compiled):
+    assert len(compiled) == len(_specs())
+    for name, kernel in compiled.items():
+        assert kernel.cubin[:4] == b"\x7fELF", name
+        frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", kernel.log)
+        assert frames and all(f == ("0", "0", "0") for f in frames), f"{name} spills or uses a stack:\n{kernel.log}"
+        # setmaxnreg needs the whole per-thread cap at entry: producer + consumers fill it exactly
+        used = int(re.search(r"Used (\d+) registers", kernel.log).group(1))
+        threads, min_blocks = kernel.spec.threads, kernel.spec.min_blocks
+        assert used == min(255, 65536 // (threads * min_blocks)) // 8 * 8, (name, used)
+
+
+def _cuobjdump() -> str | None:
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin is not None:
+        candidate = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if candidate.is_file():
+            return str(candidate)
+    return shutil.which("cuobjdump")
+
+
+@needs_nvrtc
+def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (neither in triton's package nor on PATH)")
+    for name, kernel in compiled.items():
+        path = tmp_path / f"{name}.cubin"
+        path.write_bytes(kernel.cubin)
+        sass = subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+        block_m = int(re.search(r"_m(\d+)_", name).group(1))
+        assert f"QGMMA.64x{block_m}x32.F32.E4M3.E4M3" in sass, name
+        for op in ("UTMALDG.2D", "UTMASTG.2D", "STSM.16.MT88", "USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"):
+            assert op in sass, (name, op)
+        assert not re.search(r"\b(LDL|STL)\b", sass), f"{name} uses local memory"
+
+
+def test_tuning_is_pure_and_fits_the_device():
+    for m in (1, 7, 16, 100, 128, 129, 1024, 8192):
+        for n in (256, 8192, 28672):
+            t = fp8_gemm.choose_tuning(m, n, 8192, H200)
+            assert t == fp8_gemm.choose_tuning(m, n, 8192, H200)
+            assert t.block_m >= min(m, 128) and t.block_m in (8, 16, 32, 64, 128)
+            smem = fp8_gemm.smem_bytes(t.wgs, t.block_m, t.stages)
+            assert smem <= H200.smem_per_block and t.min_blocks * (smem + 1024) <= H200.smem_per_sm
+            producer, consumer = t.registers()
+            cap = min(255, 65536 // (t.threads * t.min_blocks)) // 8 * 8
+            assert producer * 128 + consumer * 128 * t.wgs <= cap * t.threads and consumer >= t.block_m + 32
+    assert fp8_gemm.choose_tuning(1, 8192, 8192, H200).wgs == 1  # decode: spread over every SM
+    assert fp8_gemm.choose_tuning(4096, 8192, 8192, H200).wgs == 2
+
+
+def test_params_mirror_the_kernel_struct():
+    assert fp8_gemm._Params.__dict__["_fields_"][0][0] == "w_map"
+    assert __import__("ctypes").sizeof(fp8_gemm._Params) == 512  # static_assert in fp8_gemm_sm90.cuh
+
+
+@pytest.mark.parametrize("group", ["tensor", -1, (128, 128), (256, 384)])
+@pytest.mark.parametrize("n,k", [(130, 256), (130, 100), (130, 99), (300, 1000)])
+def test_prepared_weight_is_the_e4m3_matrix(group, n, k, seed):
+    qw = humming.quantize(torch.randn(n, k) * 0.1, weight="e4m3", group_size=group, scale_dtype=torch.bfloat16)
+    prep = fp8_gemm.prepare(qw)
+    assert prep is fp8_gemm.prepare(qw)
+    assert prep.kp % 16 == 0 and prep.kp >= k
+    assert torch.equal(prep.weight[:, :k], humming.ir.unpacked_codes(qw).to(torch.uint8))
+    assert not prep.weight[:, k:].any()
+    values = prep.weight[:, :k].view(torch.float8_e4m3fn).to(torch.float64)
+    if prep.block_scale:
+        assert prep.w_scale is None and prep.w_block_scale.shape == (-(-n // 128), -(-k // 128))
+        s = prep.w_block_scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    else:
+        assert prep.w_block_scale is None and prep.w_scale.shape == (-(-n // 128) * 128,)
+        assert not prep.w_scale[n:].any()
+        s = prep.w_scale[:n, None]
+    assert torch.equal((values * s.to(torch.float64)).to(torch.float32), humming.dequantize(qw, torch.float32))
+
+
+def test_unsupported_combinations_say_why():
+    x = torch.empty(4, 256, dtype=torch.bfloat16)
+    e4m3 = humming.quantize(torch.randn(64, 256), weight="e4m3", group_size=-1)
+    block = humming.quantize(torch.randn(256, 256), weight="e4m3", group_size=(128, 128))
+    block64 = humming.quantize(torch.randn(256, 256), weight="e4m3", group_size=(64, 128))
+    int4 = humming.quantize(torch.randn(64, 256), weight="int4", group_size=128)
+    fp8, g128 = get_act_scheme("fp8"), get_act_scheme("fp8_g128")
+    assert "e4m3 weights" in fp8_gemm.supports(int4, fp8, x)
+    assert "fp8 activations" in fp8_gemm.supports(e4m3, None, x)
+    assert "1x128 activation groups" in fp8_gemm.supports(block, fp8, x)
+    assert "multiples of 128 x 128" in fp8_gemm.supports(block64, g128, x)
+    assert "per-token or per-tensor" in fp8_gemm.supports(e4m3, g128, x)
+    assert "e4m3 activations" in fp8_gemm.supports(e4m3, get_act_scheme("int8"), x)
+    assert "not a CUDA device" in fp8_gemm.supports(e4m3, fp8, x)
+    with pytest.raises(ValueError, match="humming FP8 GEMM"):
+        fp8_gemm.linear(x, e4m3, None, fp8, torch.bfloat16)
+
+
+# ---- GPU ----
+
+
+@dataclass(frozen=True)
+class Case:
+    m: int
+    n: int
+    k: int
+    weight: object  # group_size of humming.quantize
+    act: str
+    out: torch.dtype = torch.bfloat16
+    bias: torch.dtype | None = None
+
+
+CASES = [
+    # real shapes
+    Case(1, 8192, 8192, -1, "fp8"),
+    Case(16, 28672, 8192, -1, "fp8", bias=torch.bfloat16),
+    Case(128, 8192, 8192, "tensor", "fp8_tensor", torch.float16),
+    Case(1024, 28672, 8192, -1, "fp8"),
+    Case(8192, 8192, 8192, -1, "fp8", bias=torch.float32),
+    Case(4096, 28672, 8192, (128, 128), "fp8_g128"),
+    Case(3, 8192, 8192, (128, 128), "fp8_g128", torch.float16, torch.bfloat16),
+    Case(8192, 8192, 8192, (128, 128), "fp8_g128"),
+    # odd shapes: M, N, K off every tile size, K % 16 != 0, N % 8 != 0, partial 128x128 blocks
+    Case(37, 333, 1000, -1, "fp8", bias=torch.float16),
+    Case(130, 4100, 2056, "tensor", "fp8", torch.float16),
+    Case(300, 1000, 520, -1, "fp8_tensor"),
+    Case(5, 129, 72, -1, "fp8"),
+    Case(200, 1000, 1000, (128, 128), "fp8_g128", bias=torch.float32),
+    Case(1, 200, 4000, (128, 128), "fp8_g128"),
+]
+
+
+def _ids(case: Case) -> str:
+    group = "x".join(map(str, case.weight)) if isinstance(case.weight, tuple) else case.weight
+    return f"m{case.m}-n{case.n}-k{case.k}-w{group}-{case.act}-{str(case.out)[6:]}-b{str(case.bias)[6:]}"
+
+
+def _problem(case: Case, device: str = "cuda"):
+    w = torch.randn(case.n, case.k, device=device) * 0.05
+    qw = humming.quantize(w, weight="e4m3", group_size=case.weight, scale_dtype=torch.float32)
+    x = torch.randn(case.m, case.k, device=device, dtype=torch.bfloat16)
+    bias = None if case.bias is None else torch.randn(case.n, device=device, dtype=case.bias)
+    return qw, x, bias
+
+
+def _reference(qa, qw, bias) -> torch.Tensor:
+    """float64 matmul of the dequantized operands the kernel consumed."""
+    xd = humming.dequantize_activation(qa, torch.float32).to(torch.float64)
+    ref = xd @ humming.dequantize(qw, torch.float32).to(torch.float64).T
+    return ref if bias is None else ref + bias.to(torch.float64)
+
+
+def _require_sm90() -> None:
+    reason = jit.compiler_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cc = torch.cuda.get_device_capability()
+    if cc not in fp8_gemm.FP8_CCS:
+        pytest.skip(f"the FP8 GEMM needs compute capability {fp8_gemm.FP8_CCS}, this GPU is {cc}")
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, seed: int) -> None:
+    """No NaN left from the poisoned output; ||out - ref|| / ||ref|| < 1e-2, else the worst coordinates."""
+    assert not torch.isnan(out).any(), f"unwritten (NaN) outputs at {torch.isnan(out).nonzero()[:5].tolist()}"
+    diff = out.to(torch.float64) - ref
+    rel = (diff.norm() / ref.norm()).item()
+    worst = divmod(int(diff.abs().argmax()), out.shape[1])
+    got, want = out[worst].item(), ref[worst].item()
+    assert rel < 1e-2, f"seed {seed}: rel err {rel:.3e}, worst (m, n) = {worst}: {got} vs {want}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_matches_float64_reference(case, seed):
+    _require_sm90()
+    from humming.triton_kernels.act_quant import quantize_activation
+
+    qw, x, bias = _problem(case)
+    act = get_act_scheme(case.act)
+    assert fp8_gemm.supports(qw, act, x, case.out) is None
+    qa = quantize_activation(x, act)
+    prep = fp8_gemm.prepare(qw)
+    n_pad = -(-case.n // 8) * 8
+    out = torch.full((case.m, n_pad), float("nan"), device="cuda", dtype=case.out)[:, : case.n]
+    fp8_gemm.run(prep, qa, act, bias, case.out, out=out)
+    _check(out, _reference(qa, qw, bias), seed)
+    # the float-input path quantizes with the same Triton pass: same codes, same result
+    again = fp8_gemm.linear(x, qw, bias, act, case.out)
+    assert torch.equal(again, out)
+
+
+@pytest.mark.gpu
+def test_every_tuning_computes_the_same_function(seed):
+    _require_sm90()
+    from humming.triton_kernels.act_quant import quantize_activation
+
+    for weight, act_name in ((-1, "fp8"), ((128, 128), "fp8_g128")):
+        qw, x, _ = _problem(Case(77, 1000, 1000, weight, act_name))
+        act = get_act_scheme(act_name)
+        qa = quantize_activation(x, act)
+        ref = _reference(qa, qw, None)
+        prep = fp8_gemm.prepare(qw)
+        for wgs, block_m, stages, min_blocks in ((1, 8, 2, 2), (1, 32, 4, 2), (2, 64, 3, 1), (2, 128, 6, 1)):
+            tuning = fp8_gemm.Fp8Tuning(wgs, block_m, stages, min_blocks, group_m=2)
+            _check(fp8_gemm.run(prep, qa, act, None, torch.bfloat16, tuning=tuning), ref, seed)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay(seed):
+    _require_sm90()
+    qw, x, bias = _problem(Case(16, 4096, 4096, -1, "fp8", bias=torch.bfloat16))
+    act = get_act_scheme("fp8")
+    eager = fp8_gemm.linear(x, qw, bias, act, torch.bfloat16)  # compiles and loads before capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fp8_gemm.linear(x, qw, bias, act, torch.bfloat16)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fp8_gemm.linear(x, qw, bias, act, torch.bfloat16)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, fp8_gemm.linear(x, qw, bias, act, torch.bfloat16))
+    assert not torch.equal(captured, eager)
