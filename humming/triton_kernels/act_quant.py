@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
+from ..ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
+from . import registry
 
 __all__ = ["quantize_activation", "supports"]
 
@@ -320,3 +321,53 @@ def quantize_activation(
     if kind != "fp32":
         scales = scales.view(scheme.scale_dtype)
     return QuantizedActivation(scheme, codes, scales, gscale)
+
+
+def _compile_specs() -> list[registry.CompileSpec]:
+    """Every activation scheme (per-token, per-tensor, groups) from bf16, and the absmax reduction."""
+    specs = [
+        registry.CompileSpec(
+            name="act_quant-absmax-bf16",
+            kernel=_absmax_kernel,
+            pointers={"x_ptr": "*bf16", "amax_ptr": "*i32"},
+            constexprs={"BLOCK_M": 32, "BLOCK_K": 128},
+            aligned=("K", "stride_xm"),
+        )
+    ]
+    for scheme in ACT_SCHEMES.values():
+        fmt = scheme.element_format
+        kind = _scale_kind(scheme)
+        bn, bk = scheme.group_shape
+        source = "tensor" if bn == -1 else "local"
+        block_k = 256 if bk == -1 else bk
+        specs.append(
+            registry.CompileSpec(
+                name=f"act_quant-{scheme.name}-bf16",
+                kernel=_act_quant_kernel,
+                pointers={
+                    "x_ptr": "*bf16",
+                    "codes_ptr": "*u8",
+                    "scales_ptr": "*fp32" if kind == "fp32" else "*u8",
+                    "amax_ptr": "*i32",
+                    "gscale_ptr": "*fp32",
+                },
+                constexprs={
+                    "INT": fmt.is_int,
+                    "BITS": fmt.bits,
+                    "MBITS": fmt.mantissa_bits,
+                    "BIAS": fmt.bias,
+                    "MAXV": fmt.max_value,
+                    "EMAX_ELEM": math.floor(math.log2(fmt.max_value)),
+                    "SCALE": kind,
+                    "SOURCE": source,
+                    "GROUP_K": 0 if bk == -1 else bk,
+                    "BLOCK_M": 4096 // block_k if bk != -1 else 16,
+                    "BLOCK_K": block_k,
+                },
+                aligned=("K", "stride_xm", "stride_cm"),
+            )
+        )
+    return specs
+
+
+registry.register("act_quant", _compile_specs)

@@ -32,8 +32,17 @@ import triton.language as tl
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.formats import NumberFormat, get_format
 from ..ir.weight import QuantizedWeight
-from . import act_quant
-from ._weight_tile import _decode_scale, _group_tile, _unpack_tile, decode_codes, kernel_tensors, weight_spec
+from . import act_quant, registry
+from ._weight_tile import (
+    _decode_scale,
+    _group_tile,
+    _unpack_tile,
+    decode_codes,
+    kernel_tensors,
+    pointer_types,
+    triton_type,
+    weight_spec,
+)
 from .interpreter import INTERPRET, cast, dot
 from .scaled_mm_configs import ScaledMMConfig, scaled_mm_config
 
@@ -319,6 +328,26 @@ def compute_plan(qw: QuantizedWeight, scheme: ActScheme, a_gk: int, capability: 
     return ComputePlan(mma, a_mode, w_mode, math.gcd(*steps) if steps else 0)
 
 
+def _plan_constexprs(plan: ComputePlan, scheme: ActScheme, a_gk: int, per_row: bool) -> dict[str, object]:
+    """The kernel's constexprs for the plan and the activation side."""
+    a_fmt = scheme.element_format
+    return {
+        "MMA": plan.mma,
+        "MMA_DTYPE": _TL_DTYPES[plan.mma],
+        "A_SCALE": plan.a_scale,
+        "W_SCALE": plan.w_scale,
+        "A_KIND": 0 if a_fmt.is_int else 2,
+        "A_BITS": a_fmt.bits,
+        "A_EBITS": a_fmt.exponent_bits,
+        "A_MBITS": a_fmt.mantissa_bits,
+        "A_BIAS": a_fmt.bias,
+        "A_S_KIND": _SCALE_KINDS[scheme.scale_dtype],
+        "A_PER_ROW": per_row,
+        "A_GK": a_gk,
+        "A_HAS_GS": scheme.global_scale,
+    }
+
+
 # --------------------------------------------------------------------------------------------- entry points
 _SUPPORTED = (
     "supported: act int8/int4 with int/uint weights (W8A8, W4A8-int, W4A4-int); act fp8 e4m3/e5m2 (per-token, "
@@ -413,7 +442,6 @@ def linear(
 
     t = kernel_tensors(qweight)
     a_scales = qa.scales if qa.scales.dtype == torch.float32 else qa.scales.view(torch.uint8)
-    a_fmt = scheme.element_format
     if out is None:
         out = torch.empty(m, n, dtype=out_dtype, device=codes.device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
@@ -444,21 +472,73 @@ def linear(
         BK=cfg.block_k,
         GROUP_M=cfg.group_m,
         HAS_BIAS=bias is not None,
-        MMA=plan.mma,
-        MMA_DTYPE=_TL_DTYPES[plan.mma],
-        A_SCALE=plan.a_scale,
-        W_SCALE=plan.w_scale,
-        A_KIND=0 if a_fmt.is_int else 2,
-        A_BITS=a_fmt.bits,
-        A_EBITS=a_fmt.exponent_bits,
-        A_MBITS=a_fmt.mantissa_bits,
-        A_BIAS=a_fmt.bias,
-        A_S_KIND=_SCALE_KINDS[scheme.scale_dtype],
-        A_PER_ROW=qa.scales.numel() > 1,
-        A_GK=a_gk,
-        A_HAS_GS=qa.global_scale is not None,
+        **_plan_constexprs(plan, scheme, a_gk, per_row=qa.scales.numel() > 1),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **{k_: v for k_, v in weight_spec(qweight).constexprs().items() if k_ != "ACT_ORDER"},
     )
     return out
+
+
+def _compile_specs() -> list[registry.CompileSpec]:
+    """Representative specialisations for the all-architecture compile check: each plan kind (int8, e4m3,
+    fp16 / bf16 folds and promotions, the pre-Ampere fp32 fallback) at small- and large-M tiles."""
+    from ..ir.quantize import quantize
+    from .scaled_mm_configs import _BUCKETS_8BIT, _BUCKETS_16BIT
+
+    w = torch.ones(256, 512)
+    cases = (  # label, weight, act, capability the plan is made for, oldest arch, output dtype
+        ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.float32), "int8", (8, 0), 75, torch.float16),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.float16), "int8", (8, 0), 75, torch.float16),
+        ("int4-channel", quantize(w, "int4", -1, scale_dtype=torch.float32), "int4", (8, 0), 75, torch.float16),
+        ("e4m3-channel", quantize(w, "e4m3", -1, scale_dtype=torch.float32), "fp8", (9, 0), 89, torch.bfloat16),
+        ("fp8-block128", quantize(w, "fp8_block"), "fp8_g128", (9, 0), 89, torch.bfloat16),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), "fp8", (9, 0), 89, torch.bfloat16),
+        ("mxfp4", quantize(w, "mxfp4"), "fp8", (9, 0), 80, torch.bfloat16),
+        ("nf4-g64", quantize(w, "nf4", 64, scale_dtype=torch.float16), "fp8", (8, 0), 75, torch.float16),
+        ("nvfp4", quantize(w, "nvfp4"), "nvfp4", (8, 0), 75, torch.float16),
+        ("mxfp4", quantize(w, "mxfp4"), "mxfp4", (8, 0), 80, torch.bfloat16),
+        ("mxfp4-fp32", quantize(w, "mxfp4"), "mxfp4", (7, 5), 75, torch.float16),
+    )
+    specs = []
+    for label, qw, act, capability, min_arch, out_dtype in cases:
+        scheme = get_act_scheme(act)
+        a_gk = act_group_k(scheme)
+        plan = compute_plan(qw, scheme, a_gk, capability)
+        buckets = _BUCKETS_8BIT if plan.operand_bits == 8 else _BUCKETS_16BIT
+        for cfg in (buckets[0][1], buckets[-1][1]):
+            if plan.k_step:
+                cfg = cfg.replace(block_k=min(cfg.block_k, plan.k_step))
+            a_scale_type = "*fp32" if scheme.scale_dtype == torch.float32 else "*u8"
+            specs.append(
+                registry.CompileSpec(
+                    name=f"scaled_mm-{label}-{act}-{plan.mma}-{triton_type(out_dtype)}-{cfg.name()}",
+                    kernel=_scaled_mm_kernel,
+                    pointers={
+                        **pointer_types(qw),
+                        "a_ptr": "*u8",
+                        "as_ptr": a_scale_type,
+                        "ags_ptr": "*fp32",
+                        "bias_ptr": "*fp32",
+                        "out_ptr": "*" + triton_type(out_dtype),
+                    },
+                    constexprs={
+                        "BM": cfg.block_m,
+                        "BN": cfg.block_n,
+                        "BK": cfg.block_k,
+                        "GROUP_M": cfg.group_m,
+                        "HAS_BIAS": True,
+                        **_plan_constexprs(plan, scheme, a_gk, per_row=scheme.group_shape[0] == 1),
+                        **{k: v for k, v in weight_spec(qw).constexprs().items() if k != "ACT_ORDER"},
+                    },
+                    num_warps=cfg.num_warps,
+                    num_stages=cfg.num_stages,
+                    mma="none" if plan.mma == "fp32" else ("best" if cfg.block_m >= 64 else "any"),
+                    min_arch=min_arch,
+                    aligned=("N", "K", "stride_am", "stride_qn", "stride_om"),
+                )
+            )
+    return specs
+
+
+registry.register("scaled_mm", _compile_specs)

@@ -1,0 +1,161 @@
+"""Triton scaled GEMM (W8A8, W4A8, W4A4) against a float64 matmul of the dequantized operands.
+
+Reference: ``dequantize_activation(humming.quantize_activation(x, act)) @ dequantize(W)^T + bias`` in float64
+(the operands are humming's own definitions; the activation quantizer is checked bit-exact separately).
+
+Tolerances, as a fraction of ``|A| @ |W|^T`` (the size of the dot, so cancellation does not hide errors),
+plus one rounding of the output dtype:
+- exact tensor-core operands (int8 with int32 accumulation, e4m3, fp16/bf16 holding the values and folded
+  scales exactly): 1e-6 (fp32 summation order only; int8 x int8 per-token x per-channel is ~1e-7);
+- lookup-table weights (nf4) through fp16 operands: 1e-3 (their values round to fp16);
+- on Hopper, fp8 tensor cores accumulate each K step with ~14 bits: 5e-4 for the e4m3 path on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+import humming
+from humming.triton_kernels import scaled_mm
+from humming.triton_kernels.act_quant import quantize_activation as triton_quantize_activation
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    weight: dict = field(hash=False)
+    act: str
+
+    def __str__(self) -> str:
+        return f"{self.name}-{self.act}"
+
+    def quantize(self, w: torch.Tensor) -> humming.QuantizedWeight:
+        return humming.quantize(w, **self.weight)
+
+
+CASES = [
+    # W8A8
+    Case("int8-channel", dict(weight="int8", group_size=-1, scale_dtype=torch.float32), "int8"),
+    Case("int8-channel", dict(weight="int8", group_size=-1, scale_dtype=torch.float32), "int8_tensor"),
+    Case("e4m3-channel", dict(weight="e4m3", group_size=-1, scale_dtype=torch.float32), "fp8"),
+    Case("e4m3-tensor", dict(weight="e4m3", group_size="tensor", scale_dtype=torch.float32), "fp8_tensor"),
+    Case("fp8-block128", dict(weight="fp8_block"), "fp8_g128"),
+    Case("e4m3-channel", dict(weight="e4m3", group_size=-1, scale_dtype=torch.float32), "fp8_e5m2"),
+    # W4A8
+    Case("int4-g128-bf16", dict(weight="int4", group_size=128, scale_dtype=torch.bfloat16), "fp8"),
+    Case("uint4-zp-g64", dict(weight="int4", group_size=64, zero_point=True, scale_dtype=torch.float16), "fp8"),
+    Case("int4-g128-fp16", dict(weight="int4", group_size=128, scale_dtype=torch.float16), "int8"),
+    Case("uint4-zp-channel", dict(weight="int4", group_size=-1, zero_point=True), "int8"),
+    Case("mxfp4", dict(weight="mxfp4"), "fp8"),
+    Case("int4-g32-fp32", dict(weight="int4", group_size=32, scale_dtype=torch.float32), "fp8"),
+    Case("int8-channel", dict(weight="int8", group_size=-1, scale_dtype=torch.float32), "fp8"),
+    Case("nf4-g64", dict(weight="nf4", group_size=64, scale_dtype=torch.float16), "fp8"),
+    Case("e3m2-mx", dict(weight="mxfp6_e3m2"), "fp8"),
+    Case("int2-g128", dict(weight="int2", group_size=128, scale_dtype=torch.float16), "int8"),
+    Case("mxfp4", dict(weight="mxfp4"), "mxfp8"),
+    # W4A4
+    Case("int4-channel", dict(weight="int4", group_size=-1, scale_dtype=torch.float32), "int4"),
+    Case("int4-g128", dict(weight="int4", group_size=128, scale_dtype=torch.bfloat16), "int4"),
+    Case("nvfp4", dict(weight="nvfp4"), "nvfp4"),
+    Case("mxfp4", dict(weight="mxfp4"), "mxfp4"),
+]
+#: (M, N, K): one row, odd M/N/K (not multiples of tiles or groups), a full small tile.
+SHAPES = [(1, 64, 256), (7, 40, 200), (16, 33, 96)]
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+
+
+def _tolerance(qw: humming.QuantizedWeight, plan: scaled_mm.ComputePlan, on_gpu: bool) -> float:
+    if qw.format.kind == "lut":
+        return 1e-3
+    if plan.mma == "e4m3" and on_gpu:
+        return 5e-4
+    return 1e-6
+
+
+def _check(y, x, qw, bias, act, qa_ref, tol, what):
+    a = humming.dequantize_activation(qa_ref, torch.float64)
+    w = humming.dequantize(qw, torch.float64)
+    ref = a @ w.T + (0 if bias is None else bias.double())
+    size = a.abs() @ w.abs().T
+    allowed = tol * size + _EPS[y.dtype] * ref.abs() + 1e-30
+    err = (y.double() - ref).abs()
+    assert not torch.isnan(y).any(), f"{what}: NaN in the output (unwritten elements?)"
+    worst = torch.argmax(err / allowed)
+    i, j = divmod(int(worst), y.shape[1])
+    assert bool((err <= allowed).all()), (
+        f"{what}: worst at (m={i}, n={j}): got {y[i, j].item():.6g}, want {ref[i, j].item():.6g}, "
+        f"error {err[i, j].item():.3g} > allowed {allowed[i, j].item():.3g} (|A||W| = {size[i, j].item():.3g})"
+    )
+
+
+def _run(case: Case, m: int, n: int, k: int, device: str, seed: int, prequantized: bool = False):
+    w = torch.randn(n, k, device=device) * torch.rand(n, 1, device=device)
+    qw = case.quantize(w)
+    x = (torch.randn(m, k, device=device) * 2).to(torch.bfloat16 if (m + n) % 2 else torch.float16)
+    bias = torch.randn(n, device=device) if m % 2 else None
+    out_dtype = _OUT_DTYPES[(m + k) % 3]
+    scheme = humming.ACT_SCHEMES[case.act]
+    reason = scaled_mm.supports(qw, scheme, x)
+    assert reason is None, reason
+    out = torch.full((m, n), float("nan"), dtype=out_dtype, device=device)
+    if prequantized:
+        y = scaled_mm.linear(triton_quantize_activation(x, scheme), qw, bias, None, out_dtype, out=out)
+    else:
+        y = scaled_mm.linear(x, qw, bias, scheme, out_dtype, out=out)
+    assert y.shape == (m, n) and y.dtype == out_dtype
+    plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), scaled_mm._capability(x.device))
+    tol = _tolerance(qw, plan, x.device.type == "cuda")
+    what = f"{case} {m}x{n}x{k} {plan} out={out_dtype} seed={seed}"
+    _check(y, x, qw, bias, case.act, humming.quantize_activation(x, scheme), tol, what)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_scaled_mm(case, shape, seed, device):
+    _run(case, *shape, device, seed)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.act in ("fp8", "int8", "nvfp4")][:4], ids=str)
+def test_scaled_mm_prequantized(case, seed, device):
+    _run(case, 5, 48, 128, device, seed, prequantized=True)
+
+
+def test_int8_exact_accumulation(seed, device):
+    """int8 x int8 with int32 accumulation: ~1e-7 relative of an exact float64 result, even for K = 4096."""
+    qw = humming.quantize(torch.randn(16, 4096, device=device), "int8", group_size=-1, scale_dtype=torch.float32)
+    x = torch.randn(2, 4096, device=device, dtype=torch.bfloat16)
+    y = scaled_mm.linear(x, qw, None, humming.ACT_SCHEMES["int8"], torch.float32)
+    _check(y, x, qw, None, "int8", humming.quantize_activation(x, "int8"), 1e-6, f"int8 K=4096 seed={seed}")
+
+
+def test_unsupported_reasons():
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    fp8 = humming.ACT_SCHEMES["fp8"]
+    g_idx = torch.arange(64, dtype=torch.int32) % 2
+    qw = humming.quantize(torch.randn(8, 64), "int4", group_size=32, g_idx=g_idx)
+    assert "g_idx" in scaled_mm.supports(qw, fp8, x)
+    qw = humming.quantize(torch.randn(8, 64), "int4", group_size=32, zero_point="float")
+    assert "float zero points" in scaled_mm.supports(qw, fp8, x)
+    qw = humming.quantize(torch.randn(8, 64), "int4", group_size=32)
+    assert "needs quantized activations" in scaled_mm.supports(qw, None, x)
+    reason = scaled_mm.supports(qw, fp8, x.float())
+    assert "float16 or bfloat16" in reason
+    with pytest.raises(ValueError, match="supported: act int8"):
+        scaled_mm.linear(x, qw, None, None, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 333, 4096])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_scaled_mm_gpu(case, m, seed):
+    _run(case, m, 4096, 4096, "cuda", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in CASES if c.act in ("fp8", "fp8_g128")][:3], ids=str)
+def test_scaled_mm_gpu_large(case, seed):
+    _run(case, 8192, 28672, 8192, "cuda", seed)
