@@ -11,6 +11,7 @@ Usage: python bench/cuda_decode.py OUT.json [--sweep]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import time
@@ -20,6 +21,7 @@ import torch
 
 import humming
 from humming.cuda_kernels import _decode, jit
+from humming.cuda_kernels._layout import prepare_weight
 
 NOMINAL_BW = 4.3e12
 SHAPES = [(8192, 8192), (28672, 8192)]
@@ -65,11 +67,6 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / t
 
 
-def prepared_bytes(prep: _decode.PreparedDecode) -> int:
-    tensors = [prep.qweight, prep.scales] + ([prep.zeros] if prep.zeros is not None else [])
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -105,19 +102,15 @@ def main() -> None:
         torch_ws = [w_bf16.clone() for _ in range(torch_copies)]
         for scheme, kwargs in SCHEMES.items():
             qw = humming.quantize(w, scale_dtype=torch.bfloat16, **kwargs)
-            prep = _decode.prepare_decode(qw, torch.bfloat16)
-            wbytes = prepared_bytes(prep)
+            prep = prepare_weight(qw)
+            wbytes = prep.nbytes
             copies = max(2, -(-3 * l2 // wbytes))
             preps = [prep] + [
-                _decode.PreparedDecode(
-                    prep.layout,
-                    prep.n,
-                    prep.k,
-                    prep.groups,
-                    prep.chunks_per_group,
-                    prep.qweight.clone(),
-                    prep.scales.clone(),
-                    None if prep.zeros is None else prep.zeros.clone(),
+                dataclasses.replace(
+                    prep,
+                    qweight=prep.qweight.clone(),
+                    scales=prep.scales.clone(),
+                    zeros=None if prep.zeros is None else prep.zeros.clone(),
                 )
                 for _ in range(copies - 1)
             ]

@@ -6,6 +6,7 @@ import torch
 
 import humming
 from humming.cuda_kernels import _decode
+from humming.cuda_kernels._layout import prepare_weight
 
 
 def main() -> None:
@@ -17,7 +18,7 @@ def main() -> None:
     ]
     for weight, group, zp, m, n, k, tuning in cases:
         qw = humming.quantize(torch.randn(n, k, device="cuda"), weight=weight, group_size=group, zero_point=zp)
-        prep = _decode.prepare_decode(qw, torch.bfloat16)
+        prep = prepare_weight(qw)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(n, device="cuda")
         out = _decode.run_decode(prep, x, bias, torch.bfloat16, tuning)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from humming.cuda_kernels import _decode, jit
+from humming.cuda_kernels._layout import WeightLayout
 from humming.cuda_kernels._warmup import warmup_specs
 
 pytestmark = pytest.mark.skipif(
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _decode_specs() -> list[jit.KernelSpec]:
-    L, T = _decode.DecodeLayout, _decode.DecodeTuning
+    L, T = WeightLayout, _decode.DecodeTuning
     return [
         _decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(1, 1, 8, 4, 1)),
         _decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 3, 1)),

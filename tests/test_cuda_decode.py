@@ -7,6 +7,7 @@ import torch
 
 import humming
 from humming.cuda_kernels import _decode
+from humming.cuda_kernels._layout import PreparedWeight, prepare_weight
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -24,43 +25,48 @@ def _quantize(n: int, k: int, scheme: str, dtype=torch.bfloat16, device="cpu"):
     return humming.quantize(w, weight=weight, group_size=group, zero_point=zero_point, scale_dtype=dtype)
 
 
-def _fragment_codes(prep: _decode.PreparedDecode) -> torch.Tensor:
-    """Read the prepared weights back as the kernel's mma fragments see them (decode.cuh), as [N, K]."""
+def _fragment_codes(prep: PreparedWeight) -> torch.Tensor:
+    """Read the prepared weights back as m16n8k16 A fragments (see _layout.py), as codes [N, K]."""
     n, k, bits = prep.n, prep.k, prep.layout.bits
     out = torch.full((n, k), -1, dtype=torch.int64)
     words = prep.qweight.to(torch.int64) & 0xFFFFFFFF
+    tiles = torch.arange(n // 16)
     for lane in range(32):
         g, c = lane // 4, lane % 4
         for j in range(4):
-            k0 = 16 * c + 4 * j
-            # a0..a7 of m16n8k16 with the chunk's column permutation: (row offset, column offset)
-            where = [(0, 0), (0, 1), (8, 0), (8, 1), (0, 2), (0, 3), (8, 2), (8, 3)]
-            for a, (dr, dk) in enumerate(where):
+            for a in range(8):  # PTX's m16n8k16 A fragment element a of lane (g, c)
+                row = g + 8 * ((a // 2) % 2)
+                col = 16 * j + 8 * (a // 4) + 2 * c + a % 2
                 if bits == 4:  # register a//2 holds nibbles a//2 (low half) and a//2 + 4 (high half)
-                    word = words[:, :, lane, j]
-                    nibble = a // 2 + 4 * (a % 2)
-                    code = (word >> (4 * nibble)) & 0xF
-                else:  # two words per mma, four bytes each, in fragment order
-                    word = words[:, :, j // 2, lane, (j % 2) * 2 + a // 4]
+                    word = words[:, :, :, lane, j]
+                    code = (word >> (4 * (a // 2 + 4 * (a % 2)))) & 0xF
+                else:  # words 2j (a0..a3) and 2j + 1 (a4..a7), one byte each
+                    word = words[:, :, :, j // 2, lane, (j % 2) * 2 + a // 4]
                     code = (word >> (8 * (a % 4))) & 0xFF
-                rows = torch.arange(0, n, 16).view(-1, 1) + g + dr
-                cols = torch.arange(0, k, 64).view(1, -1) + k0 + dk
+                code = code.permute(0, 2, 1).reshape(n // 16, k // 64)  # [tile, chunk]
+                rows = (tiles * 16 + row).view(-1, 1)
+                cols = (torch.arange(0, k, 64) + col).view(1, -1)
                 out[rows, cols] = code
     return out
 
 
 @pytest.mark.parametrize("scheme", ["int4-g128", "uint4-g128-zp", "int8-channel", "uint8-g128-zp"])
-def test_prepared_layout_matches_the_fragments(scheme, seed):
-    qw = _quantize(32, 192, scheme)
-    prep = _decode.prepare_decode(qw, torch.bfloat16)
+@pytest.mark.parametrize("n", [256, 48])  # tile groups of 8 and of 1
+def test_prepared_layout_matches_the_fragments(scheme, n, seed):
+    qw = _quantize(n, 192, scheme)
+    prep = prepare_weight(qw)
+    assert prep.tile_group == (8 if n % 128 == 0 else 1)
     codes = humming.ir.unpacked_codes(qw).to(torch.int64)
     if qw.format.signed:
         codes = codes ^ (1 << (qw.bits - 1))
     assert torch.equal(_fragment_codes(prep), codes)
-    scales = prep.scales.permute(0, 3, 2, 1).reshape(qw.N, -1)  # undo the row pairing
-    assert torch.equal(scales, qw.scales.to(scales.dtype))
+
+    def untile(t):  # [N/16/TG, G, TG, 8, 2] -> [N, G]
+        return t.permute(0, 2, 4, 3, 1).reshape(qw.N, -1)
+
+    assert torch.equal(untile(prep.scales), qw.scales.to(prep.scales.dtype))
     if qw.zeros is not None:
-        assert torch.equal(prep.zeros.permute(0, 3, 2, 1).reshape(qw.N, -1), qw.zeros)
+        assert torch.equal(untile(prep.zeros), qw.zeros.to(torch.int16))
         assert prep.layout.zero == -1
     else:
         assert prep.layout.zero == (1 << (qw.bits - 1) if qw.format.signed else 0)
@@ -119,7 +125,7 @@ CASES = [
 @pytest.mark.parametrize(("n", "k", "scheme", "ms"), CASES)
 def test_decode_matches_reference(n, k, scheme, ms, act, seed):
     qw = _quantize(n, k, scheme, dtype=act, device="cuda")
-    prep = _decode.prepare_decode(qw, act)
+    prep = prepare_weight(qw)
     bias = torch.randn(n, device="cuda", dtype=act)
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=act)
@@ -132,7 +138,7 @@ def test_decode_matches_reference(n, k, scheme, ms, act, seed):
 @pytest.mark.gpu
 def test_decode_float32_output_and_strided_x(seed):
     qw = _quantize(1024, 1024, "int4-g128", device="cuda")
-    prep = _decode.prepare_decode(qw, torch.bfloat16)
+    prep = prepare_weight(qw)
     x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16)[:, 512:1536]
     out = torch.full((8, 1024), float("nan"), device="cuda", dtype=torch.float32)
     _decode.run_decode(prep, x, None, torch.float32, out=out)
@@ -143,7 +149,7 @@ def test_decode_float32_output_and_strided_x(seed):
 @pytest.mark.parametrize("tuning", [(1, 1, 4, 8, 1), (1, 1, 16, 2, 1), (2, 2, 8, 4, 1), (1, 1, 8, 4, 3)])
 def test_tunings_agree(tuning, seed):
     qw = _quantize(2048, 2048, "int4-g128", device="cuda")
-    prep = _decode.prepare_decode(qw, torch.bfloat16)
+    prep = prepare_weight(qw)
     x = torch.randn(8 * tuning[0], 2048, device="cuda", dtype=torch.bfloat16)
     out = _decode.run_decode(prep, x, None, torch.float32, tuning=_decode.DecodeTuning(*tuning))
     _check(out, _reference(x, qw, None), tol=5e-3)
@@ -169,7 +175,7 @@ def test_graph_capture_never_compiles(seed, tmp_path, monkeypatch):
     monkeypatch.setenv("HUMMING_CACHE_DIR", str(tmp_path))
     qw = _quantize(512, 1024, "uint4-g128-zp", device="cuda")
     x = torch.randn(3, 1024, device="cuda", dtype=torch.float16)
-    prep = cuda_kernels.prepare(qw, torch.float16)
+    prep = cuda_kernels.prepare(qw)
     tuning = _decode.DecodeTuning(1, 1, 4, 3, 1)  # a tuning nothing else uses: not loaded yet
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):

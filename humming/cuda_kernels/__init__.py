@@ -7,9 +7,10 @@ Backend interface (``humming.dispatch.backends``): :func:`is_available`, :func:`
   / int8 / uint8 weights, bfloat16 or float16 activations, per-tensor / per-channel / group scales
   (group size a multiple of 64), compute capability 8.0 and newer.
 
-Each ``QuantizedWeight`` is re-tiled once into the kernel's own layout (:func:`prepare`, cached per
-weight object). :func:`warmup` compiles the kernels a set of layers needs ahead of time, so that CUDA
-graph capture never compiles (an unprepared kernel raises ``KernelNotReadyError`` during capture).
+Each ``QuantizedWeight`` is re-tiled once into the fragment layout that every kernel here reads
+(``_layout``; :func:`prepare`, cached per weight object). :func:`warmup` compiles the kernels a set
+of layers needs ahead of time, so that CUDA graph capture never compiles (an unprepared kernel raises
+``KernelNotReadyError`` during capture).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import weakref
 import torch
 
 from . import _decode
+from ._layout import PreparedWeight, prepare_weight
 from ._warmup import WarmupReport, warmup_specs
 from .jit import KernelNotReadyError, compiler_unavailable_reason
 
@@ -64,12 +66,11 @@ def supports(qweight, act, x: torch.Tensor) -> str | None:
     return _decode.decode_unsupported(qweight, x)
 
 
-def prepare(qweight, act_dtype: torch.dtype) -> _decode.PreparedDecode:
-    """``qweight`` re-tiled for the decode kernel; computed once per (weight object, activation dtype)."""
-    per_weight = _prepared.setdefault(qweight, {})
-    prep = per_weight.get(act_dtype)
+def prepare(qweight) -> PreparedWeight:
+    """``qweight`` in the CUDA kernels' fragment layout (``_layout``); computed once per weight object."""
+    prep = _prepared.get(qweight)
     if prep is None:
-        prep = per_weight[act_dtype] = _decode.prepare_decode(qweight, act_dtype)
+        prep = _prepared[qweight] = prepare_weight(qweight)
     return prep
 
 
@@ -78,7 +79,7 @@ def linear(x: torch.Tensor, qweight, bias: torch.Tensor | None, act, out_dtype: 
     reason = supports(qweight, act, x)
     if reason is not None:
         raise ValueError(f"humming CUDA backend: {reason}")
-    return _decode.run_decode(prepare(qweight, x.dtype), x, bias, out_dtype)
+    return _decode.run_decode(prepare(qweight), x, bias, out_dtype)
 
 
 def warmup(
@@ -108,7 +109,7 @@ def warmup(
             x = torch.empty(m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
             if supports(qw, None, x) is not None:
                 continue
-            prep = prepare(qw, act_dtype)
+            prep = prepare(qw)
             tuning = _decode.default_tuning(m, qw.N, qw.K, qw.bits, device)
             bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
             spec = _decode.decode_call_spec(prep, x, bias, out_dtype, tuning)

@@ -1,9 +1,9 @@
-"""Small-M weight-only GEMM (``include/humming/decode.cuh``): layout, heuristics, prepare and launch.
+"""Small-M weight-only GEMM (``include/humming/decode.cuh``): heuristics, kernel specs and launch.
 
 Configs come in the three kinds of the house style:
 
-- layout (:class:`DecodeLayout`): what the prepared weights are (code bits, activation dtype, zero
-  points, scale dtype); fixed by :func:`prepare_decode`.
+- layout (:class:`~humming.cuda_kernels._layout.WeightLayout`): what the prepared weights are (code
+  bits, zero points, scale dtype); fixed by ``prepare_weight``.
 - compute: fp32 accumulation of exact integer-times-activation products, scaled per row and 64-column
   chunk in fp32; the same for every tuning.
 - tuning (:class:`DecodeTuning`): token tiles, row tiles per warp, warps, loads in flight, split-K. A
@@ -18,16 +18,17 @@ from dataclasses import dataclass
 
 import torch
 
+from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout
 from .jit import KernelSpec
 
 __all__ = [
     "DECODE_CCS",
-    "DecodeLayout",
+    "DECODE_MAX_M",
     "DecodeTuning",
-    "PreparedDecode",
     "choose_decode_tuning",
     "decode_spec",
-    "prepare_decode",
+    "decode_unsupported",
+    "default_tuning",
     "run_decode",
 ]
 
@@ -36,18 +37,7 @@ DECODE_CCS = ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))
 #: Largest M the decode kernel takes (8 token tiles of 8).
 DECODE_MAX_M = 64
 
-_DTYPE_CODE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
-
-
-@dataclass(frozen=True)
-class DecodeLayout:
-    """What the prepared weights are: ``bits`` (4 or 8), ``zero`` (the constant zero point in code units
-    after biasing signed codes, or ``-1`` for per-group zero points), ``scale`` dtype code."""
-
-    bits: int
-    zero: int
-    scale: str
 
 
 @dataclass(frozen=True)
@@ -65,83 +55,6 @@ class DecodeTuning:
         """Dynamic shared memory of the pipeline (``stage_bytes_per_thread`` in decode.cuh)."""
         per_thread = self.r * (bits // 4) * 16 + self.mt * 32 + self.r * 8 + self.r * 4
         return self.stages * self.warps * 32 * per_thread
-
-
-@dataclass(frozen=True)
-class PreparedDecode:
-    """Weights re-tiled for the decode kernel (see ``decode.cuh``); built once per QuantizedWeight."""
-
-    layout: DecodeLayout
-    n: int
-    k: int
-    groups: int
-    chunks_per_group: int
-    qweight: torch.Tensor  # int32, 4-bit: [N/16, K/64, 32, 4]; 8-bit: [N/16, K/64, 2, 32, 4]
-    scales: torch.Tensor  # [N/16, groups, 8, 2]
-    zeros: torch.Tensor | None  # int16 [N/16, groups, 8, 2]
-
-
-def _tile_rows(t: torch.Tensor) -> torch.Tensor:
-    """``[N, G]`` -> ``[N/16, G, 8, 2]``: rows g and g + 8 of each 16-row tile side by side."""
-    n, g = t.shape
-    return t.reshape(n // 16, 2, 8, g).permute(0, 3, 2, 1).contiguous()
-
-
-def _pack_codes_4bit(u: torch.Tensor) -> torch.Tensor:
-    """Biased 4-bit codes ``[N, K]`` (uint8) -> int32 ``[N/16, K/64, 32, 4]`` (see decode.cuh)."""
-    n, k = u.shape
-    # n = tile*16 + h*8 + g;  k = chunk*64 + c*16 + j*4 + e
-    v = u.to(torch.int64).reshape(n // 16, 2, 8, k // 64, 4, 4, 4)
-    v = v.permute(0, 3, 2, 4, 5, 1, 6)  # [tile, chunk, g, c, j, h, e]
-    e = torch.arange(4, device=u.device)
-    h = torch.arange(2, device=u.device)
-    nibble = (e & 1).view(1, 4) * 4 + (e >> 1).view(1, 4) * 2 + h.view(2, 1)  # [h, e]
-    words = (v << (4 * nibble)).sum(dim=(-2, -1))  # [tile, chunk, g, c, j]
-    words = words.reshape(n // 16, k // 64, 32, 4)
-    return (words - ((words >= 2**31).to(torch.int64) << 32)).to(torch.int32)
-
-
-def _pack_codes_8bit(u: torch.Tensor) -> torch.Tensor:
-    """Biased 8-bit codes ``[N, K]`` -> int32 ``[N/16, K/64, 2, 32, 4]`` (see decode.cuh)."""
-    n, k = u.shape
-    v = u.to(torch.int64).reshape(n // 16, 2, 8, k // 64, 4, 2, 2, 2, 2)  # [.., c, jh, jl, eh, el]
-    v = v.permute(0, 3, 5, 2, 4, 6, 7, 1, 8)  # [tile, chunk, jh, g, c, jl, eh, h, el]
-    h = torch.arange(2, device=u.device).view(2, 1)
-    el = torch.arange(2, device=u.device).view(1, 2)
-    byte = h * 2 + el  # [h, el]
-    words = (v << (8 * byte)).sum(dim=(-2, -1))  # [tile, chunk, jh, g, c, jl, eh]
-    words = words.reshape(n // 16, k // 64, 2, 32, 4)
-    return (words - ((words >= 2**31).to(torch.int64) << 32)).to(torch.int32)
-
-
-def prepare_decode(qw, act_dtype: torch.dtype) -> PreparedDecode:
-    """Re-tile a ``QuantizedWeight`` (int4 / uint4 / int8 / uint8, see :func:`decode_unsupported`)."""
-    from humming.ir import unpacked_codes
-
-    n, k, bits = qw.N, qw.K, qw.bits
-    codes = unpacked_codes(qw)
-    if qw.format.signed:  # two's complement -> offset binary: value = code' - 2^(bits-1)
-        codes = codes ^ (1 << (bits - 1))
-        zero = 1 << (bits - 1)
-    else:
-        zero = 0
-    zeros = None
-    groups = 1 if qw.scales is None else qw.scales.shape[-1]
-    if qw.zeros is not None:
-        zero = -1
-        zeros = _tile_rows(qw.zeros.to(torch.int32).expand(n, groups).to(torch.int16))
-    if qw.scales is None:
-        scales = torch.ones(n, 1, dtype=torch.float32, device=qw.device)
-    else:
-        scales = qw.scales.expand(n, groups)
-        if qw.global_scale is not None or scales.dtype not in _DTYPE_CODE:
-            scales = scales.to(torch.float32)  # fp8 / e8m0 scales are exact in fp32
-            if qw.global_scale is not None:
-                scales = scales * qw.global_scale.to(torch.float32)
-    packed = _pack_codes_4bit(codes) if bits == 4 else _pack_codes_8bit(codes)
-    layout = DecodeLayout(bits, zero, _DTYPE_CODE[scales.dtype])
-    chunks_per_group = (qw.group_size if qw.layout == "group" else k) // 64
-    return PreparedDecode(layout, n, k, scales.shape[-1], chunks_per_group, packed, _tile_rows(scales), zeros)
 
 
 def decode_unsupported(qw, x: torch.Tensor) -> str | None:
@@ -186,7 +99,7 @@ def choose_decode_tuning(m: int, n: int, k: int, bits: int, sm_count: int, smem_
     return DecodeTuning(mt, r, warps, stages, splits)
 
 
-def decode_spec(layout: DecodeLayout, act: str, out: str, bias: str, tuning: DecodeTuning) -> KernelSpec:
+def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: DecodeTuning) -> KernelSpec:
     """The kernel spec for a layout, activation / output / bias dtype codes and tuning."""
     out_kernel = "f32" if tuning.splits > 1 else out
     zp = "zp" if layout.zero < 0 else f"z{layout.zero}"
@@ -249,18 +162,19 @@ class _Params(ctypes.Structure):
         ("groups", ctypes.c_int),
         ("chunks_per_group", ctypes.c_int),
         ("chunks_per_split", ctypes.c_int),
+        ("tile_group", ctypes.c_int),
     )
 
 
 def decode_call_spec(
-    prep: PreparedDecode, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, tuning: DecodeTuning
+    prep: PreparedWeight, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, tuning: DecodeTuning
 ) -> KernelSpec:
-    bias_code = _DTYPE_CODE[bias.dtype] if bias is not None else _DTYPE_CODE[x.dtype]
-    return decode_spec(prep.layout, _DTYPE_CODE[x.dtype], _DTYPE_CODE[out_dtype], bias_code, tuning)
+    bias_code = DTYPE_CODE[bias.dtype] if bias is not None else DTYPE_CODE[x.dtype]
+    return decode_spec(prep.layout, DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code, tuning)
 
 
 def run_decode(
-    prep: PreparedDecode,
+    prep: PreparedWeight,
     x: torch.Tensor,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
@@ -304,6 +218,7 @@ def run_decode(
         prep.groups,
         prep.chunks_per_group,
         -(-chunks // tuning.splits),
+        prep.tile_group,
     )
     grid = (prep.n // (16 * tuning.r), tuning.splits, 1)
     kernel.launch(grid, tuning.smem_bytes(prep.layout.bits), params, torch.cuda.current_stream(device).cuda_stream)

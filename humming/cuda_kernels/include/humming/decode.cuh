@@ -1,19 +1,18 @@
 // Small-M weight-only GEMM ("decode"): out[M, N] = x[M, K] @ dequant(W[N, K])^T, M <= 64.
 //
 // Memory-bound on the weights, so the kernel is shaped around reading them once at full bandwidth:
-// - the weights are pre-tiled (humming/cuda_kernels/decode.py, `prepare_decode`) so that one warp reads
-//   one 16-row x 64-column chunk as one coalesced 512-byte access, 16 bytes per lane, and each lane's
-//   16 bytes are exactly its A fragments of four m16n8k16 mma.sync (weights are A, tokens are B: the
-//   kernel computes out^T);
-// - within a 64-column chunk, columns are permuted (the same way for weights and activations, which a
-//   dot product allows) so that each lane's activation fragments are 32 contiguous bytes;
+// - the weights are in the fragment layout (humming/cuda_kernels/_layout.py): one warp reads one 16-row x
+//   64-column chunk as one coalesced 512-byte access, 16 bytes per lane, and each lane's 16 bytes are
+//   exactly its A fragments of four m16n8k16 mma.sync (weights are A, tokens are B: the kernel computes
+//   out^T);
 // - codes become 16-bit floats in registers with magic-number tricks: a 4-bit code ORed into the
 //   mantissa of 128.0 (bf16) or 1024.0 (fp16) with one lop3, then one fma subtracts magic + zero point;
 //   8-bit codes go through prmt into fp32 (8388608.0 + code) or fp16 (1024.0 + code);
 // - each chunk's mma products (exact integers times activations, fp32 accumulate) are scaled per row in
 //   fp32, so any group size that is a multiple of 64 works and the scale is applied in full precision;
-// - each thread streams its fragments through a private multi-stage cp.async pipeline in shared
-//   memory, so many chunks are in flight per SM without holding registers;
+// - each thread streams its weight fragments, scale and zero pairs through a private multi-stage
+//   cp.async pipeline in shared memory, and each warp its activation chunk (read back with ldmatrix),
+//   so many chunks are in flight per SM without holding registers;
 // - warps of a block split K and reduce through shared memory; split-K across blocks (kSplit) adds into
 //   an fp32 output with atomics for shapes with too few row tiles to fill the GPU.
 #include "humming/common.cuh"
@@ -22,10 +21,10 @@ namespace humming {
 namespace decode {
 
 struct Params {
-  const uint4* qweight;  // [N/16, K/64, 32 lanes, 4 words] (4-bit) or [N/16, K/64, 2, 32, 4] (8-bit)
+  const uint4* qweight;  // [N/16/TG, K/64, TG, 32 lanes, 4 words] (4-bit), [.., TG, 2, 32, 4] (8-bit)
   const void* x;         // [M, K] activations, row stride x_stride elements
-  const void* scales;    // [N/16, groups, 8, 2]: rows (g, g+8) of each 16-row tile side by side
-  const uint16_t* zeros; // [N/16, groups, 8, 2] zero points in code units, or null
+  const void* scales;    // [N/16/TG, groups, TG, 8, 2]: rows (g, g+8) of each 16-row tile side by side
+  const uint16_t* zeros; // [N/16/TG, groups, TG, 8, 2] zero points in code units, or null
   const void* bias;      // [N] (dtype B) or null
   void* out;             // [M, N], row stride out_stride elements
   int M, N, K;
@@ -33,6 +32,7 @@ struct Params {
   int groups;            // scale groups along K
   int chunks_per_group;  // group size / 64
   int chunks_per_split;  // K/64 chunks handled by one blockIdx.y
+  int tile_group;        // 16-row tiles per contiguous block of the layout
 };
 
 // Four 16-bit-float pairs (A fragments a0a1, a2a3, a4a5, a6a7) from eight 4-bit codes. Register i
@@ -80,10 +80,11 @@ __device__ __forceinline__ void dequant8(uint32_t w0, uint32_t w1, float zf_g, f
 // kZero >= 0: every zero point is kZero; kZero < 0: zero points come from p.zeros.
 // kMT token tiles of 8 (M <= 8 * kMT); kR 16-row tiles per warp; kStages chunks in flight per thread.
 //
-// Each thread runs a private cp.async pipeline: it copies its own weight fragments, activation
-// fragments, scale and zero pairs for chunk i + kStages - 1 into its own shared-memory slots, then
-// waits for chunk i and computes on it. A thread only reads slots it wrote itself, so the pipeline
-// needs no block barrier, and the bytes in flight do not occupy registers.
+// Each thread runs a cp.async pipeline: it copies its own weight fragments, scale and zero pairs, and
+// its share of its warp's activation chunk, for chunk i + kStages - 1 into shared memory, then waits for
+// chunk i and computes on it. Weight, scale and zero slots are private to the thread; the activation
+// slot is private to the warp (a __syncwarp orders it), so the pipeline needs no block barrier, and the
+// bytes in flight do not occupy registers.
 template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kStages,
           bool kSplit>
 __device__ __forceinline__ void run(const Params& p) {
@@ -106,7 +107,7 @@ __device__ __forceinline__ void run(const Params& p) {
   // (DecodeTuning.smem_bytes in decode.py).
   extern __shared__ uint4 smem[];
   uint4* w_slots = smem;                                        // [kStages][kR * kVecs][kThreads]
-  uint4* x_slots = w_slots + kStages * kR * kVecs * kThreads;   // [kStages][kMT * 2][kThreads]
+  uint4* x_slots = w_slots + kStages * kR * kVecs * kThreads;   // [kStages][kWarps][kMT * 8 tokens][8]
   uint2* s_slots = reinterpret_cast<uint2*>(x_slots + kStages * kMT * 2 * kThreads);  // [kStages][kR][kThreads]
   uint32_t* z_slots = reinterpret_cast<uint32_t*>(s_slots + kStages * kR * kThreads);  // [kStages][kR][kThreads]
 
@@ -117,24 +118,28 @@ __device__ __forceinline__ void run(const Params& p) {
       const int group = chunk / p.chunks_per_group;
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
+        const int blk = (tile0 + r) / p.tile_group, t = (tile0 + r) % p.tile_group;
 #pragma unroll
         for (int v = 0; v < kVecs; ++v) {
-          const long offset = ((long(tile0 + r) * n_chunks + chunk) * kVecs + v) * 32 + lane;
+          const long offset = (((long(blk) * n_chunks + chunk) * p.tile_group + t) * kVecs + v) * 32 + lane;
           cp_async_cg16(&w_slots[(stage * kR * kVecs + r * kVecs + v) * kThreads + threadIdx.x], p.qweight + offset);
         }
-        const long pair = (long(tile0 + r) * p.groups + group) * 8 + g;  // index of the (g, g + 8) pair
+        const long pair = ((long(blk) * p.groups + group) * p.tile_group + t) * 8 + g;  // the (g, g + 8) pair
         cp_async_ca<kScaleBytes>(&s_slots[(stage * kR + r) * kThreads + threadIdx.x], s_bytes + pair * kScaleBytes);
         if constexpr (kZero < 0) {
           cp_async_ca<4>(&z_slots[(stage * kR + r) * kThreads + threadIdx.x], p.zeros + pair * 2);
         }
       }
+      // The warp's activation chunk: kMT * 8 tokens x 64 columns, 16-byte granules, granule q of token
+      // row r stored at q ^ (r & 7) so that ldmatrix reads are conflict-free.
+      uint4* xs = x_slots + (stage * kWarps + warp) * kMT * 64;
 #pragma unroll
-      for (int t = 0; t < kMT; ++t) {
-        const int token = t * 8 + g;
-        const bool ok = token < p.M;
-        const char* src = x_bytes + (long(ok ? token : 0) * p.x_stride + chunk * 64 + c * 16) * 2;
-        cp_async_ca16_zfill(&x_slots[(stage * kMT * 2 + t * 2) * kThreads + threadIdx.x], src, ok);
-        cp_async_ca16_zfill(&x_slots[(stage * kMT * 2 + t * 2 + 1) * kThreads + threadIdx.x], src + 16, ok);
+      for (int i = 0; i < kMT * 2; ++i) {
+        const int q = lane + 32 * i;
+        const int row = q >> 3, gran = q & 7;
+        const bool ok = row < p.M;
+        const char* src = x_bytes + (long(ok ? row : 0) * p.x_stride + chunk * 64 + gran * 8) * 2;
+        cp_async_ca16_zfill(&xs[row * 8 + (gran ^ (row & 7))], src, ok);
       }
     }
     cp_async_commit();  // empty groups past the end keep the group count uniform
@@ -153,14 +158,22 @@ __device__ __forceinline__ void run(const Params& p) {
   for (int s = 0; s < kStages - 1; ++s) issue(s, first + s * kWarps);
   int stage = 0;
   for (int chunk = first; chunk < chunk_end; chunk += kWarps) {
+    __syncwarp();  // every lane is done reading the slot the next issue overwrites
     issue(stage == 0 ? kStages - 1 : stage - 1, chunk + (kStages - 1) * kWarps);
     cp_async_wait<kStages - 1>();
-    uint4 xv[kMT][2];
+    __syncwarp();  // the warp's activation chunk, copied by all its lanes, is complete
+    // B fragments: xb[t][j] = {b0, b1} of k16 step j for token tile t, two steps per ldmatrix.x4.
+    uint32_t xb[kMT][4][2];
+    const uint4* xs = x_slots + (stage * kWarps + warp) * kMT * 64;
 #pragma unroll
-    for (int t = 0; t < kMT; ++t) {
-      xv[t][0] = x_slots[(stage * kMT * 2 + t * 2) * kThreads + threadIdx.x];
-      xv[t][1] = x_slots[(stage * kMT * 2 + t * 2 + 1) * kThreads + threadIdx.x];
-    }
+    for (int t = 0; t < kMT; ++t)
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {
+        const int row = t * 8 + (lane & 7);
+        const int gran = 4 * jp + (lane >> 3);  // matrices: (2jp, lo), (2jp, hi), (2jp+1, lo), (2jp+1, hi)
+        ldmatrix_x4(&xs[row * 8 + (gran ^ (row & 7))], xb[t][2 * jp][0], xb[t][2 * jp][1], xb[t][2 * jp + 1][0],
+                    xb[t][2 * jp + 1][1]);
+      }
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       uint4 wv[kVecs];
@@ -200,10 +213,7 @@ __device__ __forceinline__ void run(const Params& p) {
                       bias_g, bias_g8, a);
         }
 #pragma unroll
-        for (int t = 0; t < kMT; ++t) {
-          const uint32_t* xw = reinterpret_cast<const uint32_t*>(&xv[t][0]);
-          mma_16816<A>(part[t], a, xw[2 * j], xw[2 * j + 1]);
-        }
+        for (int t = 0; t < kMT; ++t) mma_16816<A>(part[t], a, xb[t][j][0], xb[t][j][1]);
       }
 #pragma unroll
       for (int t = 0; t < kMT; ++t) {

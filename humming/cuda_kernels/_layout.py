@@ -1,0 +1,124 @@
+"""The weight layout shared by humming's CUDA kernels ("fragment layout"), and ``prepare_weight``.
+
+Both the decode kernel (mma.sync, A = weights) and the Hopper GEMM (wgmma with A from registers) read the
+weights as m16n8k16 A fragments, so one re-tiling of a ``QuantizedWeight`` serves both:
+
+- rows are cut into 16-row tiles, tiles into blocks of ``tile_group`` tiles (8 when N % 128 == 0, so a
+  128-row GEMM tile is one contiguous run, else 1); K into 64-column chunks;
+- ``qweight`` int32 ``[N/16/TG, K/64, TG, 32 lanes, 4 words]`` (4-bit) or ``[N/16/TG, K/64, TG, 2, 32, 4]``
+  (8-bit): one 16-row x 64-column chunk is 512 (1024) contiguous bytes, lane ``l = 4 g + c`` holds its A
+  fragments of the four k16 steps: step ``j``, fragment element ``a`` (0..7) is row ``g + 8 * (a // 2 % 2)``,
+  column ``16 j + 8 * (a // 4) + 2 c + a % 2``. 4-bit: word ``j``, element ``a`` in nibble
+  ``a // 2 + 4 * (a % 2)`` (a 16-bit pair per nibble pair ``i, i + 4``); 8-bit: words ``2 j`` (a0..a3) and
+  ``2 j + 1`` (a4..a7), one byte each, in order;
+- codes are offset binary (signed codes XOR ``2^(bits-1)``), so value = code - zero with a constant zero
+  (``2^(bits-1)`` for signed formats, 0 for unsigned) or per-group zero points;
+- ``scales`` ``[N/16/TG, groups, TG, 8, 2]``: per 16-row tile, rows ``g`` and ``g + 8`` side by side (f32,
+  bf16 or f16; fp8 / e8m0 scales and a global scale are folded into exact f32); ``zeros`` the same, int16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DTYPE_CODE", "PreparedWeight", "WeightLayout", "prepare_weight", "tile_group"]
+
+DTYPE_CODE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """What the prepared weights are: ``bits`` (4 or 8), ``zero`` (the constant zero point in code units,
+    or ``-1`` for per-group zero points), ``scale`` dtype code."""
+
+    bits: int
+    zero: int
+    scale: str
+
+
+@dataclass(frozen=True)
+class PreparedWeight:
+    """A ``QuantizedWeight`` in the fragment layout (module docstring); built once per weight."""
+
+    layout: WeightLayout
+    n: int
+    k: int
+    groups: int
+    chunks_per_group: int
+    tile_group: int
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.qweight, self.scales] + ([self.zeros] if self.zeros is not None else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def tile_group(n: int) -> int:
+    """16-row tiles per contiguous block: 8 when ``n % 128 == 0``, else 1."""
+    return 8 if n % 128 == 0 else 1
+
+
+def _tile_rows(t: torch.Tensor, tg: int) -> torch.Tensor:
+    """``[N, G]`` -> ``[N/16/TG, G, TG, 8, 2]``."""
+    n, g = t.shape
+    return t.reshape(n // (16 * tg), tg, 2, 8, g).permute(0, 4, 1, 3, 2).contiguous()
+
+
+def _to_int32(words: torch.Tensor) -> torch.Tensor:
+    return (words - ((words >= 2**31).to(torch.int64) << 32)).to(torch.int32)
+
+
+def _pack_4bit(u: torch.Tensor, tg: int) -> torch.Tensor:
+    n, k = u.shape
+    # n = blk*16TG + t*16 + h*8 + g;  k = chunk*64 + j*16 + hk*8 + c*2 + e
+    v = u.to(torch.int64).reshape(n // (16 * tg), tg, 2, 8, k // 64, 4, 2, 4, 2)
+    v = v.permute(0, 4, 1, 3, 7, 5, 6, 2, 8)  # [blk, chunk, t, g, c, j, hk, h, e]
+    ar = torch.arange(2, device=u.device)
+    nibble = ar.view(2, 1, 1) * 2 + ar.view(1, 2, 1) + 4 * ar.view(1, 1, 2)  # [hk, h, e]
+    words = (v << (4 * nibble)).sum(dim=(-3, -2, -1))  # [blk, chunk, t, g, c, j]
+    return _to_int32(words.reshape(n // (16 * tg), k // 64, tg, 32, 4))
+
+
+def _pack_8bit(u: torch.Tensor, tg: int) -> torch.Tensor:
+    n, k = u.shape
+    v = u.to(torch.int64).reshape(n // (16 * tg), tg, 2, 8, k // 64, 2, 2, 2, 4, 2)
+    v = v.permute(0, 4, 1, 5, 3, 8, 6, 7, 2, 9)  # [blk, chunk, t, jh, g, c, jl, hk, h, e]
+    ar = torch.arange(2, device=u.device)
+    byte = ar.view(2, 1) * 2 + ar.view(1, 2)  # [h, e]
+    words = (v << (8 * byte)).sum(dim=(-2, -1))  # [blk, chunk, t, jh, g, c, jl, hk]
+    return _to_int32(words.reshape(n // (16 * tg), k // 64, tg, 2, 32, 4))
+
+
+def prepare_weight(qw) -> PreparedWeight:
+    """Re-tile an int4 / uint4 / int8 / uint8 ``QuantizedWeight`` with N % 16 == 0 and K % 64 == 0."""
+    from humming.ir import unpacked_codes
+
+    n, k, bits = qw.N, qw.K, qw.bits
+    tg = tile_group(n)
+    codes = unpacked_codes(qw)
+    zero = 0
+    if qw.format.signed:  # two's complement -> offset binary: value = code' - 2^(bits-1)
+        codes = codes ^ (1 << (bits - 1))
+        zero = 1 << (bits - 1)
+    groups = 1 if qw.scales is None else qw.scales.shape[-1]
+    zeros = None
+    if qw.zeros is not None:
+        zero = -1
+        zeros = _tile_rows(qw.zeros.to(torch.int32).expand(n, groups).to(torch.int16), tg)
+    if qw.scales is None:
+        scales = torch.ones(n, 1, dtype=torch.float32, device=qw.device)
+    else:
+        scales = qw.scales.expand(n, groups)
+        if qw.global_scale is not None or scales.dtype not in DTYPE_CODE:
+            scales = scales.to(torch.float32)  # fp8 / e8m0 scales are exact in fp32
+            if qw.global_scale is not None:
+                scales = scales * qw.global_scale.to(torch.float32)
+    packed = _pack_4bit(codes, tg) if bits == 4 else _pack_8bit(codes, tg)
+    chunks_per_group = (qw.group_size if qw.layout == "group" else k) // 64
+    layout = WeightLayout(bits, zero, DTYPE_CODE[scales.dtype])
+    return PreparedWeight(layout, n, k, groups, chunks_per_group, tg, packed, _tile_rows(scales, tg), zeros)
