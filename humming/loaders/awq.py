@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import torch
 
-from humming.ir.packing import pack_codes, unpack_codes
 from humming.ir.weight import QuantizedWeight, cdiv
 
-from ._common import check_shape
+from ._common import check_shape, pack_aligned
 from ._files import CheckpointFiles
 from .errors import ShapeMismatchError, UnsupportedFormatError
 
 __all__ = ["AWQReader", "pack_awq"]
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i holds column 8c + AWQ_ORDER[i]
-_AWQ_INVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column 8c + j sits in nibble _AWQ_INVERSE[j]
 
 
 def _columns(n: int, order: tuple[int, ...]) -> torch.Tensor:
-    return (torch.arange(n).view(-1, 8)[:, list(order)]).reshape(-1)
+    return torch.arange(n).view(-1, 8)[:, list(order)].reshape(-1)
 
 
 class AWQReader:
@@ -65,6 +63,19 @@ class AWQReader:
         return decode_awq(module, **t, bias=self.files.get_optional(f"{module}.bias"), group_size=self.group_size)
 
 
+def _unpack_awq(words: torch.Tensor) -> torch.Tensor:
+    """int32 ``[R, N/8]`` in AWQ nibble order -> uint8 codes ``[R, N]`` in column order.
+
+    Byte b of a word holds nibbles 2b (low) and 2b+1 (high), i.e. columns ``order[2b]`` and ``order[2b+1]``;
+    working on bytes keeps the memory traffic at one byte per code.
+    """
+    data = words.contiguous().view(torch.uint8).reshape(*words.shape, 4)
+    lo, hi = data & 0x0F, data >> 4
+    # columns 0..7 sit in (lo|hi, byte): 0 lo0, 1 lo2, 2 hi0, 3 hi2, 4 lo1, 5 lo3, 6 hi1, 7 hi3
+    by_column = (lo[..., 0], lo[..., 2], hi[..., 0], hi[..., 2], lo[..., 1], lo[..., 3], hi[..., 1], hi[..., 3])
+    return torch.stack(by_column, dim=-1).reshape(words.shape[0], -1)
+
+
 def decode_awq(module, *, qweight, qzeros, scales, bias, group_size) -> QuantizedWeight:
     """AWQ GEMM tensors of one module -> ``uint4`` ``QuantizedWeight`` with uint8 zeros."""
     if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
@@ -78,13 +89,12 @@ def decode_awq(module, *, qweight, qzeros, scales, bias, group_size) -> Quantize
     check_shape(module, "qweight", qweight, (k, n // 8))
     check_shape(module, "scales", scales, (cdiv(k, group), n))
     check_shape(module, "qzeros", qzeros, (cdiv(k, group), n // 8))
-    inverse = _columns(n, _AWQ_INVERSE)
-    codes = unpack_codes(qweight, 4, n)[:, inverse].T
-    zeros = unpack_codes(qzeros, 4, n)[:, inverse].T.contiguous()
+    codes = _unpack_awq(qweight).T
+    zeros = _unpack_awq(qzeros).T.contiguous()
     return QuantizedWeight(
         shape=(n, k),
         format="uint4",
-        qweight=pack_codes(codes, 4),
+        qweight=pack_aligned(codes, 4),
         scales=scales.T.contiguous(),
         group_shape=(1, group_size),
         zeros=zeros,
@@ -100,7 +110,7 @@ def pack_awq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> 
     """
     order = _columns(codes.shape[0], AWQ_ORDER)
     return {
-        "qweight": pack_codes(codes.T[:, order], 4),
-        "qzeros": pack_codes(zeros.T[:, order], 4),
+        "qweight": pack_aligned(codes.T[:, order], 4),
+        "qzeros": pack_aligned(zeros.T[:, order], 4),
         "scales": scales.T.contiguous(),
     }

@@ -30,7 +30,7 @@ import torch
 from humming.ir.packing import pack_codes, packed_words, unpack_codes
 from humming.ir.weight import QuantizedWeight, cdiv
 
-from ._common import bytes_to_words, check_shape, drop_trivial_g_idx, match_any, msb_mask
+from ._common import bytes_to_words, check_shape, drop_trivial_g_idx, match_any, msb_mask, pack_aligned
 from ._files import CheckpointFiles
 from .errors import CheckpointError, MissingTensorError, ShapeMismatchError, UnsupportedFormatError
 
@@ -308,7 +308,7 @@ def _decode_unpacked(module, w, weight, scale, zero_point, g_idx, bias) -> Quant
             fmt = f"uint{bits}"
             codes = codes ^ (1 << (bits - 1))
             zeros = _unpacked_zeros(module, zero_point, bits, scales.shape)
-        qweight = bytes_to_words(codes) if bits == 8 else pack_codes(codes, bits)
+        qweight = pack_aligned(codes, bits)
     group = k if group_shape[1] == -1 else group_shape[1]
     if g_idx is not None:
         check_shape(module, "weight_g_idx", g_idx, (k,))
