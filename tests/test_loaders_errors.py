@@ -97,7 +97,7 @@ def test_unsupported_ct_format(tmp_path, fmt, match):
 
 def test_marlin_tensors_detected(tmp_path):
     write(tmp_path, GPTQ, {"m.B": torch.zeros(4, 64, dtype=torch.int32), "m.s": torch.zeros(1, 16).half()})
-    with pytest.raises(UnsupportedFormatError, match=r"\['B'\].*Marlin"):
+    with pytest.raises(UnsupportedFormatError, match=r"\['B', 's'\].*Marlin"):
         load_checkpoint(tmp_path)
 
 

@@ -34,8 +34,8 @@ READERS = {
 }
 _KERNEL_METHODS = ("gptq_marlin", "awq_marlin", "marlin", "gptq_marlin_24", "gptq_bitblas", "exl2", "exllamav2")
 _EXPERT = re.compile(r"^(?P<head>.*\.experts)\.(?P<index>\d+)\.(?P<tail>.+)$")
-# Leaf names of kernel-repacked tensors: Marlin ("B", "s", "B_meta"), exllama ("q_perm", "q_invperm").
-_KERNEL_LEAVES = {"B", "B_meta", "q_perm", "q_invperm"}
+# Tensors of kernel-repacked layouts: Marlin ("B" with "s", "B_meta" for 2:4), exllama ("q_perm", "q_invperm").
+_KERNEL_LEAVES = {"B_meta", "q_perm", "q_invperm"}
 
 
 def open_checkpoint(path: str | Path):
@@ -61,13 +61,25 @@ def open_checkpoint(path: str | Path):
         raise UnsupportedFormatError(
             f"unknown quant_method {qconfig.get('quant_method')!r}; supported: {', '.join(READERS)}"
         )
-    leaves = {key.rpartition(".")[2] for key in files.names()}
-    if leaves & _KERNEL_LEAVES:
+    kernel = _kernel_tensors(files)
+    if kernel:
         raise UnsupportedFormatError(
-            f"{files.path}: tensors named {sorted(leaves & _KERNEL_LEAVES)} belong to a kernel-specific "
-            "repacked layout (Marlin / exllama), not to the portable format the config names"
+            f"{files.path}: tensors named {kernel} belong to a kernel-specific repacked layout "
+            "(Marlin / exllama), not to the portable format the config names"
         )
     return files, READERS[method](qconfig, files)
+
+
+def _kernel_tensors(files: CheckpointFiles) -> list[str]:
+    """Leaf names only kernel-repacked layouts write (Marlin ``B`` with ``s``, ``B_meta``; exllama perms)."""
+    found = set()
+    for key in files.names():
+        module, _, leaf = key.rpartition(".")
+        if leaf in _KERNEL_LEAVES:
+            found.add(leaf)
+        elif leaf == "B" and f"{module}.s" in files:
+            found |= {"B", "s"}
+    return sorted(found)
 
 
 def _group_key(module: str) -> tuple[str, int | None]:
