@@ -517,3 +517,15 @@ def test_pack_aligned_equals_pack_codes(bits):
     for k in (1, 5, 31, 33, 100):
         codes = torch.randint(0, 2**bits, (3, 7, k), generator=torch.Generator().manual_seed(k), dtype=torch.uint8)
         assert torch.equal(pack_aligned(codes, bits), pack_codes(codes, bits)), k
+
+
+def test_ct_zero_zero_points_become_signed(tmp_path):
+    """An asymmetric scheme whose zero points are all 0 is symmetric: int4 codes, no zeros tensor (exact)."""
+    gen = torch.Generator().manual_seed(16)
+    q = torch.randint(-8, 8, (20, 64), generator=gen)
+    scales = torch.rand(20, 2, generator=gen).bfloat16()
+    tensors = pack_int_quantized(q, scales, torch.zeros(20, 2, dtype=torch.int64), bits=4)
+    config = ct_config(int_weights(4, "group", 32, sym=False), "pack-quantized")
+    qw = load_checkpoint(write_checkpoint(tmp_path, config, {"m": tensors}))["m"]
+    assert qw.format.name == "int4" and qw.zeros is None
+    assert_bits_equal(humming.dequantize(qw, torch.bfloat16), reference(q, scales, group=32))

@@ -30,7 +30,15 @@ import torch
 from humming.ir.packing import pack_codes, packed_words, unpack_codes
 from humming.ir.weight import QuantizedWeight, cdiv
 
-from ._common import bytes_to_words, check_shape, drop_trivial_g_idx, match_any, msb_mask, pack_aligned
+from ._common import (
+    bytes_to_words,
+    check_shape,
+    drop_trivial_g_idx,
+    match_any,
+    msb_mask,
+    pack_aligned,
+    signed_if_symmetric,
+)
 from ._files import CheckpointFiles
 from .errors import CheckpointError, MissingTensorError, ShapeMismatchError, UnsupportedFormatError
 
@@ -238,12 +246,12 @@ def _decode_pack_quantized(module, w, packed, scale, zero_point, weight_shape, g
     else:
         if zero_point is None:
             raise MissingTensorError(f"{module}: asymmetric scheme but tensor '{module}.weight_zero_point' is missing")
-        fmt = f"uint{bits}"
         if zero_point.dtype == torch.int32:  # packed along N like the weight
             zp_version = version or ((0, 18) if layout == "dense" else (0, 0))
             zeros = _packed_zeros(module, zero_point, bits, scales.shape, zp_version)
         else:
             zeros = _unpacked_zeros(module, zero_point, bits, scales.shape)
+        fmt, qweight, zeros = signed_if_symmetric(qweight, zeros, bits, k)  # all-zero zero points
     group = k if group_shape[1] == -1 else group_shape[1]
     return QuantizedWeight(
         shape=(n, k),
