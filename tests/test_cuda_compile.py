@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from humming.cuda_kernels import _decode, jit
+from humming.cuda_kernels import _decode, _gemm_sm90, jit
 from humming.cuda_kernels._layout import WeightLayout
 from humming.cuda_kernels._warmup import warmup_specs
 
@@ -30,8 +30,17 @@ def _decode_specs() -> list[jit.KernelSpec]:
     ]
 
 
+def _gemm_specs() -> list[jit.KernelSpec]:
+    L, T = WeightLayout, _gemm_sm90.GemmTuning
+    return [
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(6)),
+        _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(5)),
+        _gemm_sm90.gemm_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(4)),
+    ]
+
+
 def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
-    return [(spec, arch) for spec in _decode_specs() for arch in spec.targets()]
+    return [(spec, arch) for spec in _decode_specs() + _gemm_specs() for arch in spec.targets()]
 
 
 @pytest.fixture(scope="module")
@@ -83,4 +92,15 @@ def test_decode_sass_uses_tensor_cores_and_16_byte_async_loads(compiled, tmp_pat
         sass = _cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90")], tmp_path)
         assert "HMMA.16816.F32" in sass, spec.name
         assert "LDGSTS.E.BYPASS.128" in sass, f"{spec.name}: weights are not streamed with 16-byte cp.async"
+        assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
+
+
+def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
+    for spec in _gemm_specs():
+        assert spec.targets() == ("sm_90a",)
+        sass = _cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        assert re.search(r"HGMMA\.64x128x16\.F32(\.BF16)? R\d+, R\d+, gdesc", sass), spec.name  # A from registers
+        assert "UTMALDG.2D" in sass, f"{spec.name}: activations are not loaded by TMA"
+        assert "UBLKCP" in sass, f"{spec.name}: weights are not loaded by bulk copies"
+        assert "USETMAXREG" in sass, f"{spec.name}: setmaxnreg was dropped"
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"

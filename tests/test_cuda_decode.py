@@ -164,7 +164,11 @@ def test_linear_backend_cuda(seed):
     assert cuda_kernels.supports(qw, None, x.reshape(-1, 512)) is None
     out = humming.linear(x, qw, backend="cuda")
     _check(out.reshape(6, -1), _reference(x.reshape(6, -1), qw, None))
-    assert "M <= 64" in cuda_kernels.supports(qw, None, torch.empty(65, 512, device="cuda", dtype=torch.bfloat16))
+    wide = torch.empty(65, 512, device="cuda", dtype=torch.bfloat16)
+    if torch.cuda.get_device_capability() != (9, 0):
+        assert "large-M GEMM" in cuda_kernels.supports(qw, None, wide)
+    narrow = humming.quantize(torch.randn(48, 512, device="cuda"), weight="int4", group_size=128)
+    assert "N % 128" in cuda_kernels.supports(narrow, None, wide)
 
 
 @pytest.mark.gpu

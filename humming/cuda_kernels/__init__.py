@@ -6,6 +6,9 @@ Backend interface (``humming.dispatch.backends``): :func:`is_available`, :func:`
 - ``decode`` (``include/humming/decode.cuh``): weight-only GEMM for M <= 64, int4 / uint4 (+ zero points)
   / int8 / uint8 weights, bfloat16 or float16 activations, per-tensor / per-channel / group scales
   (group size a multiple of 64), compute capability 8.0 and newer.
+- ``gemm_sm90`` (``include/humming/gemm_sm90.cuh``): the same weights for M > 64 on Hopper (sm_90a):
+  TMA + mbarrier pipeline, producer / consumer warpgroups with setmaxnreg, wgmma with the dequantized
+  weights as the register A operand; needs N % 128 == 0.
 
 Each ``QuantizedWeight`` is re-tiled once into the fragment layout that every kernel here reads
 (``_layout``; :func:`prepare`, cached per weight object). :func:`warmup` compiles the kernels a set
@@ -20,8 +23,8 @@ import weakref
 
 import torch
 
-from . import _decode
-from ._layout import PreparedWeight, prepare_weight
+from . import _decode, _gemm_sm90
+from ._layout import PreparedWeight, prepare_weight, weight_unsupported
 from ._warmup import WarmupReport, warmup_specs
 from .jit import KernelNotReadyError, compiler_unavailable_reason
 
@@ -60,10 +63,23 @@ def supports(qweight, act, x: torch.Tensor) -> str | None:
         return f"x is on {x.device}, not a CUDA device"
     if qweight.num_experts is not None:
         return "no CUDA kernel for expert-stacked weights yet"
+    return _route(qweight, x)[1]
+
+
+def _route(qweight, x: torch.Tensor) -> tuple[str | None, str | None]:
+    """``("decode" | "gemm_sm90", None)``, or ``(None, reason)`` when no CUDA kernel runs the call."""
     cc = torch.cuda.get_device_capability(x.device)
     if cc not in _decode.DECODE_CCS:
-        return f"the CUDA kernels are built for compute capabilities {_decode.DECODE_CCS}, not {cc}"
-    return _decode.decode_unsupported(qweight, x)
+        return None, f"the CUDA kernels are built for compute capabilities {_decode.DECODE_CCS}, not {cc}"
+    reason = weight_unsupported(qweight, x)
+    if reason is not None:
+        return None, reason
+    if x.shape[0] <= _decode.DECODE_MAX_M:
+        return "decode", None
+    reason = _gemm_sm90.gemm_unsupported(qweight, x, cc)
+    if reason is not None:
+        return None, f"M={x.shape[0]} > {_decode.DECODE_MAX_M} needs the large-M GEMM, but {reason}"
+    return "gemm_sm90", None
 
 
 def prepare(qweight) -> PreparedWeight:
@@ -79,7 +95,9 @@ def linear(x: torch.Tensor, qweight, bias: torch.Tensor | None, act, out_dtype: 
     reason = supports(qweight, act, x)
     if reason is not None:
         raise ValueError(f"humming CUDA backend: {reason}")
-    return _decode.run_decode(prepare(qweight), x, bias, out_dtype)
+    if _route(qweight, x)[0] == "decode":
+        return _decode.run_decode(prepare(qweight), x, bias, out_dtype)
+    return _gemm_sm90.run_gemm(prepare(qweight), x, bias, out_dtype)
 
 
 def warmup(
@@ -110,9 +128,13 @@ def warmup(
             if supports(qw, None, x) is not None:
                 continue
             prep = prepare(qw)
-            tuning = _decode.default_tuning(m, qw.N, qw.K, qw.bits, device)
             bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
-            spec = _decode.decode_call_spec(prep, x, bias, out_dtype, tuning)
+            if _route(qw, x)[0] == "decode":
+                tuning = _decode.default_tuning(m, qw.N, qw.K, qw.bits, device)
+                spec = _decode.decode_call_spec(prep, x, bias, out_dtype, tuning)
+            else:
+                gemm_tuning = _gemm_sm90.default_gemm_tuning(prep.layout, _decode.device_limits(device)[1])
+                spec = _gemm_sm90.gemm_call_spec(prep, x, bias, out_dtype, gemm_tuning)
             jobs.append((spec, device_arch(spec, cc)))
     report = warmup_specs(jobs, max_workers=max_workers, progress=progress)
     for compiled in report.kernels:

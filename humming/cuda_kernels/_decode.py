@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout
+from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout, weight_unsupported
 from .jit import KernelSpec
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "decode_spec",
     "decode_unsupported",
     "default_tuning",
+    "device_limits",
     "run_decode",
 ]
 
@@ -59,23 +60,10 @@ class DecodeTuning:
 
 def decode_unsupported(qw, x: torch.Tensor) -> str | None:
     """``None`` when the decode kernel runs this call, else why not."""
-    if qw.format.name not in ("int4", "uint4", "int8", "uint8"):
-        return f"the decode kernel takes int4/uint4/int8/uint8 weights, not {qw.format.name}"
-    if x.dtype not in (torch.bfloat16, torch.float16):
-        return f"the decode kernel takes bfloat16 or float16 activations, not {x.dtype}"
-    if x.shape[0] > DECODE_MAX_M:
-        return f"the decode kernel takes M <= {DECODE_MAX_M}, got M={x.shape[0]}"
-    if qw.N % 16 or qw.K % 64:
-        return f"the decode kernel needs N % 16 == 0 and K % 64 == 0, got N={qw.N}, K={qw.K}"
-    if qw.g_idx is not None:
-        return "the decode kernel has no act-order (g_idx) support"
-    if qw.layout == "block":
-        return f"the decode kernel takes per-tensor, per-channel or per-group scales, not {qw.describe()}"
-    if qw.layout == "group" and qw.group_size % 64:
-        return f"the decode kernel needs a group size that is a multiple of 64, got {qw.group_size}"
-    if qw.zeros is not None and qw.zeros.is_floating_point():
-        return "the decode kernel takes integer zero points only"
-    return None
+    reason = weight_unsupported(qw, x)
+    if reason is None and x.shape[0] > DECODE_MAX_M:
+        reason = f"the decode kernel takes M <= {DECODE_MAX_M}, got M={x.shape[0]}"
+    return reason
 
 
 def choose_decode_tuning(m: int, n: int, k: int, bits: int, sm_count: int, smem_per_block: int) -> DecodeTuning:
@@ -134,14 +122,15 @@ def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: Dec
 
 
 @functools.cache
-def _device_limits(device: int) -> tuple[int, int]:
+def device_limits(device: int) -> tuple[int, int]:
+    """(SM count, opt-in shared memory per block) of CUDA device ``device``."""
     props = torch.cuda.get_device_properties(device)
     return props.multi_processor_count, props.shared_memory_per_block_optin
 
 
 def default_tuning(m: int, n: int, k: int, bits: int, device: int) -> DecodeTuning:
     """:func:`choose_decode_tuning` with the limits of CUDA device ``device``."""
-    return choose_decode_tuning(m, n, k, bits, *_device_limits(device))
+    return choose_decode_tuning(m, n, k, bits, *device_limits(device))
 
 
 class _Params(ctypes.Structure):

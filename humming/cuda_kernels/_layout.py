@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DTYPE_CODE", "PreparedWeight", "WeightLayout", "prepare_weight", "tile_group"]
+__all__ = ["DTYPE_CODE", "PreparedWeight", "WeightLayout", "prepare_weight", "tile_group", "weight_unsupported"]
 
 DTYPE_CODE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -122,3 +122,22 @@ def prepare_weight(qw) -> PreparedWeight:
     chunks_per_group = (qw.group_size if qw.layout == "group" else k) // 64
     layout = WeightLayout(bits, zero, DTYPE_CODE[scales.dtype])
     return PreparedWeight(layout, n, k, groups, chunks_per_group, tg, packed, _tile_rows(scales, tg), zeros)
+
+
+def weight_unsupported(qw, x: torch.Tensor) -> str | None:
+    """``None`` when the fragment layout holds ``qw`` and the kernels take ``x``'s dtype, else why not."""
+    if qw.format.name not in ("int4", "uint4", "int8", "uint8"):
+        return f"the CUDA kernels take int4/uint4/int8/uint8 weights, not {qw.format.name}"
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return f"the CUDA kernels take bfloat16 or float16 activations, not {x.dtype}"
+    if qw.N % 16 or qw.K % 64:
+        return f"the CUDA kernels need N % 16 == 0 and K % 64 == 0, got N={qw.N}, K={qw.K}"
+    if qw.g_idx is not None:
+        return "the CUDA kernels have no act-order (g_idx) support"
+    if qw.layout == "block":
+        return f"the CUDA kernels take per-tensor, per-channel or per-group scales, not {qw.describe()}"
+    if qw.layout == "group" and qw.group_size % 64:
+        return f"the CUDA kernels need a group size that is a multiple of 64, got {qw.group_size}"
+    if qw.zeros is not None and qw.zeros.is_floating_point():
+        return "the CUDA kernels take integer zero points only"
+    return None
