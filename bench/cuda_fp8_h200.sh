@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call for the Hopper FP8 GEMM: smoke test, GPU tests, benchmark vs torch._scaled_mm,
-# compute-sanitizer memcheck on small configs. Logs under $OUT (default ./out).
+# One device call for the Hopper FP8 GEMM: stage-by-stage diagnosis, GPU tests, benchmark vs
+# torch._scaled_mm, compute-sanitizer memcheck on small configs. Logs under $OUT (default ./out).
 # Usage (on the GPU machine, repo root): bash bench/cuda_fp8_h200.sh
 set -u
 OUT=${OUT:-out}
@@ -25,16 +25,23 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
   echo "== $name: exit $rc in $((SECONDS - t0))s" | tee -a "$OUT/$name.log"
   return $rc
 }
-if ! step cuda_fp8_smoke 40 python3 bench/cuda_fp8_sanitize.py; then
-  cat "$OUT/cuda_fp8_smoke.log" | tail -30
-  step cuda_fp8_memcheck 60 compute-sanitizer --tool memcheck --leak-check no python3 bench/cuda_fp8_sanitize.py
-  grep -E "Invalid|ERROR SUMMARY|rel err|at 0x|by thread" "$OUT/cuda_fp8_memcheck.log" | head -30
-  exit 1
-fi
-cat "$OUT/cuda_fp8_smoke.log"
-step cuda_fp8_pytest 80 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_fp8.py
-tail -8 "$OUT/cuda_fp8_pytest.log"
-step cuda_fp8_bench 80 python3 bench/cuda_fp8.py "$OUT/cuda_fp8_h200.json"
-tail -28 "$OUT/cuda_fp8_bench.log"
-step cuda_fp8_memcheck 45 compute-sanitizer --tool memcheck --leak-check no python3 bench/cuda_fp8_sanitize.py
+step cuda_fp8_diag 45 python3 bench/cuda_fp8_diag.py
+cat "$OUT/cuda_fp8_diag.log"
+choice=$(grep CHOICE "$OUT/cuda_fp8_diag.log")
+case "$choice" in
+  *store=tma*) ;;
+  *store=direct*) sed -i 's/^    tma_store: bool = True$/    tma_store: bool = False/' humming/cuda_kernels/fp8_gemm.py ;;
+  *)
+    step cuda_fp8_memcheck 60 compute-sanitizer --tool memcheck --leak-check no python3 bench/cuda_fp8_sanitize.py
+    grep -v "Host Frame\|cuGetProcAddress\|Saved host backtrace\|^========= $" "$OUT/cuda_fp8_memcheck.log" | head -40
+    exit 1 ;;
+esac
+case "$choice" in  # the Triton activation pass disagrees with the reference: time the kernel on reference codes
+  *act=reference*) sed -i 's/from ..triton_kernels.act_quant import quantize_activation/from ..ir.activation import quantize_activation/' humming/cuda_kernels/fp8_gemm.py ;;
+esac
+step cuda_fp8_pytest 85 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_fp8.py
+grep -E "passed|failed|Error|assert" "$OUT/cuda_fp8_pytest.log" | tail -12
+step cuda_fp8_bench 75 python3 bench/cuda_fp8.py "$OUT/cuda_fp8_h200.json"
+tail -27 "$OUT/cuda_fp8_bench.log"
+step cuda_fp8_memcheck 30 compute-sanitizer --tool memcheck --leak-check no python3 bench/cuda_fp8_sanitize.py
 grep -E "ERROR SUMMARY|rel err|==" "$OUT/cuda_fp8_memcheck.log" | tail -8

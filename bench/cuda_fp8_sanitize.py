@@ -13,7 +13,6 @@ import torch
 import humming
 from humming.cuda_kernels import fp8_gemm
 from humming.ir.activation import get_act_scheme
-from humming.triton_kernels.act_quant import quantize_activation
 
 CASES = [  # m, n, k, weight group, act, tuning (None: the heuristic's)
     (37, 333, 1000, -1, "fp8", None),
@@ -32,7 +31,7 @@ def main() -> int:
         act = get_act_scheme(act_name)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        qa = quantize_activation(x, act)
+        qa = humming.quantize_activation(x, act)
         out = fp8_gemm.run(fp8_gemm.prepare(qw), qa, act, bias, torch.bfloat16, tuning=tuning)
         torch.cuda.synchronize()
         xd = humming.dequantize_activation(qa).double()

@@ -89,13 +89,15 @@ def device_limits(device_index: int) -> DeviceLimits:
 class Fp8Tuning:
     """Speed-only knobs: consumer warpgroups (``wgs``, 64 weight rows each), tokens per block
     (``block_m``, the wgmma N), pipeline ``stages``, blocks per SM the registers are sized for
-    (``min_blocks``) and token tiles per raster group (``group_m``)."""
+    (``min_blocks``), token tiles per raster group (``group_m``) and the epilogue's store (``tma_store``:
+    stmatrix + TMA store, else plain global stores)."""
 
     wgs: int
     block_m: int
     stages: int
     min_blocks: int
     group_m: int = 8
+    tma_store: bool = True
 
     @property
     def block_n(self) -> int:
@@ -143,7 +145,7 @@ def fp8_spec(block_scale: bool, out: str, bias: str, tuning: Fp8Tuning) -> Kerne
     mode = "block128" if block_scale else "rowcol"
     name = (
         f"humming_fp8_gemm_sm90_{mode}_o{out}_b{bias}_w{tuning.wgs}_m{tuning.block_m}"
-        f"_s{tuning.stages}_mb{tuning.min_blocks}"
+        f"_s{tuning.stages}_mb{tuning.min_blocks}" + ("" if tuning.tma_store else "_stg")
     )
     args = ", ".join(
         (
@@ -151,6 +153,7 @@ def fp8_spec(block_scale: bool, out: str, bias: str, tuning: Fp8Tuning) -> Kerne
             str(tuning.block_m),
             str(tuning.stages),
             "true" if block_scale else "false",
+            "true" if tuning.tma_store else "false",
             _CPP_DTYPE[out],
             _CPP_DTYPE[bias],
             str(producer),
@@ -344,7 +347,9 @@ class _Params(ctypes.Structure):
         ("tiles_m", ctypes.c_int),
         ("tiles_n", ctypes.c_int),
         ("group_m", ctypes.c_int),
-        ("_tail", ctypes.c_uint8 * 56),
+        ("out", ctypes.c_void_p),
+        ("out_stride", ctypes.c_int),
+        ("_tail", ctypes.c_uint8 * 44),
     )
 
 
@@ -413,6 +418,7 @@ def run(
     params.x_scale_stride = 1 if a.x_scale is not None and a.x_scale.numel() > 1 else 0
     params.x_block_stride = a.x_block_scale.shape[1] if a.x_block_scale is not None else 0
     params.tiles_m, params.tiles_n, params.group_m = tiles_m, tiles_n, tuning.group_m
+    params.out, params.out_stride = out.data_ptr(), out.stride(0)
     smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages)
     kernel.launch((tiles_m * tiles_n, 1, 1), smem, params, torch.cuda.current_stream(device).cuda_stream)
     return out

@@ -40,6 +40,8 @@ struct alignas(64) Params {
   int M, N, num_kb;
   int x_scale_stride, x_block_stride;
   int tiles_m, tiles_n, group_m;
+  void* out;                   // [M, N] of dtype O, row stride out_stride elements (direct-store epilogue)
+  int out_stride;
 };
 static_assert(sizeof(Params) == 512, "the host mirrors this layout (fp8_gemm.py, _Params)");
 
@@ -59,8 +61,9 @@ struct SmemLayout {
   static constexpr int kBytes = 1024 + kBars + 16 * kStages;  // + worst-case base alignment
 };
 
-template <int kWgs, int kBlockM, int kStages, bool kBlockScale, DType O, DType B, int kProducerRegs,
-          int kConsumerRegs>
+// kTmaStore: epilogue through shared memory (stmatrix) and a TMA store; else plain global stores.
+template <int kWgs, int kBlockM, int kStages, bool kBlockScale, bool kTmaStore, DType O, DType B,
+          int kProducerRegs, int kConsumerRegs>
 __device__ __forceinline__ void run(const Params& p) {
   using L = SmemLayout<kWgs, kBlockM, kStages>;
   constexpr int kBlockN = L::kBlockN;
@@ -180,16 +183,29 @@ __device__ __forceinline__ void run(const Params& p) {
         xs0 = p.x_scale[min(t, p.M - 1) * p.x_scale_stride];
         xs1 = p.x_scale[min(t + 1, p.M - 1) * p.x_scale_stride];
       }
-      const uint32_t lo = pack2<O>(total[4 * j + 0] * ws0 * xs0 + b0, total[4 * j + 1] * ws0 * xs1 + b0);
-      const uint32_t hi = pack2<O>(total[4 * j + 2] * ws1 * xs0 + b1, total[4 * j + 3] * ws1 * xs1 + b1);
-      const int token = 8 * j + token_row;
-      stmatrix_x2_trans(slab + token * 128 + ((chunk ^ (token % 8)) << 4), lo, hi);
+      const float v00 = total[4 * j + 0] * ws0 * xs0 + b0;  // (channel n, token t)
+      const float v01 = total[4 * j + 1] * ws0 * xs1 + b0;  // (n, t + 1)
+      const float v10 = total[4 * j + 2] * ws1 * xs0 + b1;  // (n + 8, t)
+      const float v11 = total[4 * j + 3] * ws1 * xs1 + b1;  // (n + 8, t + 1)
+      if constexpr (kTmaStore) {
+        const int token = 8 * j + token_row;
+        stmatrix_x2_trans(slab + token * 128 + ((chunk ^ (token % 8)) << 4), pack2<O>(v00, v01), pack2<O>(v10, v11));
+      } else {
+        const int t = m_tile * kBlockM + 8 * j + col;
+        const long row0 = long(t) * p.out_stride, row1 = row0 + p.out_stride;
+        if (t < p.M && n < p.N) store_float<O>(p.out, row0 + n, v00);
+        if (t + 1 < p.M && n < p.N) store_float<O>(p.out, row1 + n, v01);
+        if (t < p.M && n + 8 < p.N) store_float<O>(p.out, row0 + n + 8, v10);
+        if (t + 1 < p.M && n + 8 < p.N) store_float<O>(p.out, row1 + n + 8, v11);
+      }
     }
-    fence_proxy_async();
-    named_barrier_sync(1 + wg, 128);
-    if (tid == 0) {
-      tma_store_2d(&p.out_map, slab, n_tile * kBlockN + 64 * wg, m_tile * kBlockM);
-      tma_store_commit_and_wait();
+    if constexpr (kTmaStore) {
+      fence_proxy_async();
+      named_barrier_sync(1 + wg, 128);
+      if (tid == 0) {
+        tma_store_2d(&p.out_map, slab, n_tile * kBlockN + 64 * wg, m_tile * kBlockM);
+        tma_store_commit_and_wait();
+      }
     }
   }
 }
