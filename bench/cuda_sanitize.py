@@ -1,11 +1,11 @@
-"""One small run of each CUDA kernel variant family, for compute-sanitizer (memcheck, racecheck)."""
+"""One small run of each CUDA kernel family and variant, for compute-sanitizer (memcheck, racecheck)."""
 
 from __future__ import annotations
 
 import torch
 
 import humming
-from humming.cuda_kernels import _decode
+from humming.cuda_kernels import _decode, _gemm_sm90
 from humming.cuda_kernels._layout import prepare_weight
 
 
@@ -25,7 +25,14 @@ def main() -> None:
         ref = x.float() @ humming.dequantize(qw).T + bias
         torch.cuda.synchronize()
         err = ((out.float() - ref).norm() / ref.norm()).item()
-        print(f"{weight} g{group} zp={zp} M={m} N={n} K={k}: rel err {err:.2e}")
+        print(f"decode {weight} g{group} zp={zp} M={m} N={n} K={k}: rel err {err:.2e}")
+    if torch.cuda.get_device_capability() == (9, 0):
+        qw = humming.quantize(torch.randn(256, 512, device="cuda"), weight="uint4", group_size=128, zero_point=True)
+        x = torch.randn(130, 512, device="cuda", dtype=torch.bfloat16)
+        out = _gemm_sm90.run_gemm(prepare_weight(qw), x, None, torch.bfloat16)
+        ref = x.float() @ humming.dequantize(qw).T
+        torch.cuda.synchronize()
+        print(f"gemm_sm90 uint4 g128 zp M=130: rel err {((out.float() - ref).norm() / ref.norm()).item():.2e}")
 
 
 if __name__ == "__main__":
