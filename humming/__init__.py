@@ -18,6 +18,7 @@ from .ir import (
     save,
 )
 from .linear import linear
+from .loaders import concat, load_checkpoint, shard, stack
 
 __version__ = "0.1.0"
 
@@ -30,13 +31,17 @@ __all__ = [
     "QuantizedActivation",
     "QuantizedWeight",
     "__version__",
+    "concat",
     "dequantize",
     "dequantize_activation",
     "get_format",
     "linear",
     "list_formats",
     "load",
+    "load_checkpoint",
     "quantize",
     "quantize_activation",
     "save",
+    "shard",
+    "stack",
 ]

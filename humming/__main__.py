@@ -82,7 +82,7 @@ def _backend_name(qw, act, x) -> str:
 def inspect(args: argparse.Namespace) -> int:
     from .loaders.cli import inspect_main
 
-    return inspect_main([args.path])
+    return inspect_main([args.path, *(["--modules", *args.modules] if args.modules else [])])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=demo)
     p = sub.add_parser("inspect", help="list the quantized modules of a checkpoint folder")
     p.add_argument("path")
+    p.add_argument("--modules", nargs="*", help="only these module names / shell wildcards")
     p.set_defaults(func=inspect)
     args = parser.parse_args(argv)
     start = time.perf_counter()

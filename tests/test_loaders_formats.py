@@ -11,9 +11,7 @@ from safetensors.torch import save_file
 
 import humming
 from humming.ir.formats import get_format
-from humming.ir.packing import pack_codes
 from humming.loaders import load_checkpoint
-from humming.loaders._common import pack_aligned
 from humming.loaders.awq import pack_awq
 from humming.loaders.bnb import pack_bnb_nf4
 from humming.loaders.compressed_tensors import pack_fp4, pack_int_quantized
@@ -510,13 +508,6 @@ def test_modelopt_mixed_precision_from_config_json(tmp_path):
     qws = load_checkpoint(write_checkpoint(tmp_path, qconfig, {"l.mlp.up_proj": nvfp4, "l.attn.q": fp8, "l.x": fp8}))
     assert sorted(qws) == ["l.attn.q", "l.mlp.up_proj"]
     assert qws["l.mlp.up_proj"].format.name == "e2m1" and qws["l.attn.q"].format.name == "e4m3"
-
-
-@pytest.mark.parametrize("bits", range(1, 9))
-def test_pack_aligned_equals_pack_codes(bits):
-    for k in (1, 5, 31, 33, 100):
-        codes = torch.randint(0, 2**bits, (3, 7, k), generator=torch.Generator().manual_seed(k), dtype=torch.uint8)
-        assert torch.equal(pack_aligned(codes, bits), pack_codes(codes, bits)), k
 
 
 def test_ct_zero_zero_points_become_signed(tmp_path):

@@ -11,5 +11,6 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert blocks, "the README has a Python example"
     monkeypatch.chdir(tmp_path)
-    for block in blocks:
+    runnable = [b for b in blocks if "path/to/model" not in b]  # the loader example needs a real folder
+    for block in runnable:
         exec(compile(block.replace("/tmp/", f"{tmp_path}/"), "README.md", "exec"), {})

@@ -31,6 +31,8 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
         raise ValueError(f"pack_codes: codes must be an integer tensor, got {codes.dtype}")
     k = codes.shape[-1]
     lead = codes.shape[:-1]
+    if 8 % bits == 0:
+        return _pack_bytes(codes, bits)
     values = codes.reshape(-1, k).to(torch.int64) & ((1 << bits) - 1)
     word, shift = _field_positions(k, bits, codes.device)
     n_words = packed_words(k, bits)
@@ -54,9 +56,33 @@ def unpack_codes(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
     if n_words != packed_words(k, bits):
         raise ValueError(f"unpack_codes: {k} codes of {bits} bits need {packed_words(k, bits)} words, got {n_words}")
     lead = packed.shape[:-1]
+    if 8 % bits == 0:
+        return _unpack_bytes(packed, bits, k)
     words = packed.reshape(-1, n_words).to(torch.int64) & 0xFFFFFFFF
     words = torch.nn.functional.pad(words, (0, 1))
     word, shift = _field_positions(k, bits, packed.device)
     pair = words[:, word] | (words[:, word + 1] << 32)  # 64-bit window; bits above 40 are never read
     codes = (pair >> shift) & ((1 << bits) - 1)
     return codes.to(torch.uint8).reshape(*lead, k)
+
+
+# Fast paths for 1, 2, 4 and 8 bits: fields never straddle a byte, and the little-endian stream's byte b is
+# stream bits [8b, 8b + 8), so whole-byte operations suffice (multi-GB checkpoint layers repack in seconds).
+def _pack_bytes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    per_byte = 8 // bits
+    k = codes.shape[-1]
+    codes = (codes.to(torch.uint8) & ((1 << bits) - 1)) if bits < 8 else codes.to(torch.uint8)
+    codes = torch.nn.functional.pad(codes, (0, -k % per_byte))
+    data = codes[..., 0::per_byte].clone()
+    for i in range(1, per_byte):
+        data |= codes[..., i::per_byte] << (bits * i)
+    data = torch.nn.functional.pad(data, (0, -data.shape[-1] % 4))
+    return data.contiguous().view(torch.int32)
+
+
+def _unpack_bytes(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    per_byte = 8 // bits
+    data = packed.contiguous().view(torch.uint8)
+    fields = [(data >> (bits * i)) & ((1 << bits) - 1) for i in range(per_byte)]
+    codes = torch.stack(fields, dim=-1).flatten(-2) if per_byte > 1 else data
+    return codes[..., :k].contiguous()

@@ -139,6 +139,13 @@ class QuantizedWeight:
         """The same weight with every tensor on ``device``."""
         return self.replace(**{n: t.to(device) for n, t in self.tensors().items()})
 
+    def shard(self, dim: int, rank: int, world_size: int) -> QuantizedWeight:
+        """Rank ``rank``'s equal part along ``dim`` (0 = N, column-parallel; 1 = K, row-parallel; with a
+        leading expert dim, 0 = experts); raises ``ValueError`` when a split cannot be exact."""
+        from humming.loaders.shard import shard  # the loaders build on the IR, not the other way round
+
+        return shard(self, dim, rank, world_size)
+
     def describe(self) -> str:
         """A short name such as ``int4 g128 bf16-scales`` or ``uint4 g128 zp act-order``."""
         parts = [self.format.name]

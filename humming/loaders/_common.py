@@ -17,26 +17,9 @@ __all__ = [
     "drop_trivial_g_idx",
     "match_any",
     "msb_mask",
-    "pack_aligned",
     "signed_if_symmetric",
     "to_unsigned",
 ]
-
-
-def pack_aligned(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """``humming.ir.packing.pack_codes``, fast when ``bits`` divides 8 (1, 2, 4, 8).
-
-    Same result. Works on bytes (the stream is little-endian, so byte b of the row is stream bits
-    ``[8b, 8b+8)``), which matters for the multi-GB layers of real checkpoints: AWQ repacks every weight.
-    """
-    if 8 % bits:
-        return pack_codes(codes, bits)
-    per_byte = 8 // bits
-    codes = torch.nn.functional.pad(codes.to(torch.uint8), (0, -codes.shape[-1] % per_byte))
-    data = codes[..., 0::per_byte].clone()
-    for i in range(1, per_byte):
-        data |= codes[..., i::per_byte] << (bits * i)
-    return bytes_to_words(data)
 
 
 def check_shape(module: str, name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -58,10 +41,7 @@ def msb_mask(k: int, bits: int, device: torch.device | str = "cpu") -> torch.Ten
 
 def bytes_to_words(data: torch.Tensor) -> torch.Tensor:
     """uint8 ``[..., B]`` holding a little-endian bit stream -> int32 ``[..., ceil(B/4)]`` (zero-padded)."""
-    pad = -data.shape[-1] % 4
-    if pad:
-        data = torch.nn.functional.pad(data, (0, pad))
-    return data.contiguous().view(torch.int32)
+    return pack_codes(data, 8)
 
 
 def drop_trivial_g_idx(g_idx: torch.Tensor | None, k: int, group: int) -> torch.Tensor | None:

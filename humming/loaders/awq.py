@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from humming.ir.packing import pack_codes
 from humming.ir.weight import QuantizedWeight, cdiv
 
-from ._common import check_shape, pack_aligned
+from ._common import check_shape
 from ._files import CheckpointFiles
 from .errors import ShapeMismatchError, UnsupportedFormatError
 
@@ -94,7 +95,7 @@ def decode_awq(module, *, qweight, qzeros, scales, bias, group_size) -> Quantize
     return QuantizedWeight(
         shape=(n, k),
         format="uint4",
-        qweight=pack_aligned(codes, 4),
+        qweight=pack_codes(codes, 4),
         scales=scales.T.contiguous(),
         group_shape=(1, group_size),
         zeros=zeros,
@@ -110,7 +111,7 @@ def pack_awq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> 
     """
     order = _columns(codes.shape[0], AWQ_ORDER)
     return {
-        "qweight": pack_aligned(codes.T[:, order], 4),
-        "qzeros": pack_aligned(zeros.T[:, order], 4),
+        "qweight": pack_codes(codes.T[:, order], 4),
+        "qzeros": pack_codes(zeros.T[:, order], 4),
         "scales": scales.T.contiguous(),
     }

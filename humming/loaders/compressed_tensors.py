@@ -36,7 +36,6 @@ from ._common import (
     drop_trivial_g_idx,
     match_any,
     msb_mask,
-    pack_aligned,
     signed_if_symmetric,
 )
 from ._files import CheckpointFiles
@@ -316,7 +315,7 @@ def _decode_unpacked(module, w, weight, scale, zero_point, g_idx, bias) -> Quant
             fmt = f"uint{bits}"
             codes = codes ^ (1 << (bits - 1))
             zeros = _unpacked_zeros(module, zero_point, bits, scales.shape)
-        qweight = pack_aligned(codes, bits)
+        qweight = pack_codes(codes, bits)
     group = k if group_shape[1] == -1 else group_shape[1]
     if g_idx is not None:
         check_shape(module, "weight_g_idx", g_idx, (k,))
