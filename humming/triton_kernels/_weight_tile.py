@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ..ir.weight import QuantizedWeight
 
-__all__ = ["WeightSpec", "decode_codes", "kernel_tensors", "load_weight_tile", "weight_spec"]
+__all__ = ["WeightSpec", "decode_codes", "kernel_tensors", "load_weight_tile", "pointer_types", "weight_spec"]
 
 # Element kinds (W_KIND) and scale kinds (S_KIND) as the kernels see them.
 KIND_INT, KIND_UINT, KIND_FLOAT, KIND_LUT = 0, 1, 2, 3
@@ -85,23 +85,44 @@ def weight_spec(qw: QuantizedWeight) -> WeightSpec:
 
 
 def kernel_tensors(qw: QuantizedWeight) -> dict[str, torch.Tensor]:
-    """The weight's tensors as kernel arguments: fp8 scales as uint8 codes, absent ones as a dummy pointer.
+    """The weight's tensors as kernel arguments (contiguous): fp8 scales as uint8 codes, absent ones as a dummy.
 
     Keys: ``qw``, ``s``, ``z``, ``gs``, ``gidx``, ``lut`` (the format's fp32 value table, or a dummy).
     """
-    dummy = qw.qweight
-    scales = qw.scales
+    dummy = qw.qweight.contiguous()
+    scales = None if qw.scales is None else qw.scales.contiguous()
     if scales is not None and scales.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu):
         scales = scales.view(torch.uint8)
     lut = qw.format.value_table(qw.device) if qw.format.kind == "lut" else dummy
     return {
-        "qw": qw.qweight,
+        "qw": dummy,
         "s": dummy if scales is None else scales,
-        "z": dummy if qw.zeros is None else qw.zeros,
+        "z": dummy if qw.zeros is None else qw.zeros.contiguous(),
         "gs": dummy if qw.global_scale is None else qw.global_scale,
         "gidx": dummy if qw.g_idx is None else qw.g_idx,
         "lut": lut,
     }
+
+
+_TRITON_TYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+}
+
+
+def triton_type(dtype: torch.dtype) -> str:
+    """Triton's name of a torch dtype (``torch.bfloat16`` -> ``"bf16"``), for signatures."""
+    return _TRITON_TYPES[dtype]
+
+
+def pointer_types(qw: QuantizedWeight) -> dict[str, str]:
+    """Pointer signature of :func:`kernel_tensors` as kernel arguments ``qw_ptr``, ``s_ptr``..."""
+    return {f"{name}_ptr": "*" + triton_type(t.dtype) for name, t in kernel_tensors(qw).items()}
 
 
 @triton.jit
@@ -163,7 +184,9 @@ def _decode_scale(s, S_KIND: tl.constexpr):
 
 
 @triton.jit
-def _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK: tl.constexpr, W_BITS: tl.constexpr):
+def _unpack_tile(
+    qw_ptr, stride_qn, offs_n, k0, N, K, BK: tl.constexpr, W_BITS: tl.constexpr, EVEN_K: tl.constexpr = False
+):
     """int32 codes ``[BN, BK]`` of columns ``k0 .. k0 + BK`` (the canonical little-endian bit stream)."""
     n_words = (K * W_BITS + 31) // 32
     row = qw_ptr + offs_n.to(tl.int64)[:, None] * stride_qn
@@ -172,8 +195,9 @@ def _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK: tl.constexpr, W_BITS: 
         # Fields never straddle words: load whole words (vectorised), then spread each into its fields.
         PER_WORD: tl.constexpr = 32 // W_BITS
         BKW: tl.constexpr = BK // PER_WORD
-        offs_w = k0 // PER_WORD + tl.arange(0, BKW)
-        words = tl.load(row + offs_w[None, :], mask=n_ok & (offs_w[None, :] < n_words), other=0)
+        offs_w = tl.multiple_of(k0 // PER_WORD, BKW) + tl.arange(0, BKW)
+        words_ok = n_ok if EVEN_K else n_ok & (offs_w[None, :] < n_words)
+        words = tl.load(row + offs_w[None, :], mask=words_ok, other=0)
         shifts = tl.arange(0, PER_WORD) * W_BITS
         codes = (words[:, :, None] >> shifts[None, None, :]) & ((1 << W_BITS) - 1)
         codes = tl.reshape(codes, (words.shape[0], BK))
@@ -182,7 +206,7 @@ def _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK: tl.constexpr, W_BITS: 
         pos = (k0 + tl.arange(0, BK)) * W_BITS
         word = pos >> 5
         shift = pos & 31
-        ok = n_ok & (word[None, :] < n_words)
+        ok = n_ok if EVEN_K else n_ok & (word[None, :] < n_words)
         lo = tl.load(row + word[None, :], mask=ok, other=0).to(tl.uint32, bitcast=True)
         straddles = (shift + W_BITS > 32)[None, :]
         hi = tl.load(row + word[None, :] + 1, mask=ok & straddles, other=0).to(tl.uint32, bitcast=True)
@@ -206,14 +230,16 @@ def _group_tile(
     GN: tl.constexpr,
     GK: tl.constexpr,
     ACT_ORDER: tl.constexpr,
+    EVEN_K: tl.constexpr = False,
 ):
     """Per-group values (scales or zeros) for the tile, broadcastable to ``[BN, BK]``."""
     gn = offs_n // GN if GN > 0 else offs_n * 0
     row = ptr + gn.to(tl.int64)[:, None] * stride_n
     n_ok = offs_n[:, None] < N
     if ACT_ORDER:
-        g = tl.load(gidx_ptr + offs_k, mask=offs_k < K, other=0)
-        vals = tl.load(row + g[None, :], mask=n_ok & (offs_k[None, :] < K), other=0)
+        k_ok = offs_k < K
+        g = tl.load(gidx_ptr + offs_k, mask=k_ok, other=0)
+        vals = tl.load(row + g[None, :], mask=n_ok & k_ok[None, :], other=0)
     elif GK == 0:
         vals = tl.load(row, mask=n_ok, other=0)
     elif GK % BK == 0:  # the tile lies inside one group along K (k0 is a multiple of BK)
@@ -221,6 +247,17 @@ def _group_tile(
     else:
         vals = tl.load(row + (offs_k // GK)[None, :], mask=n_ok & (offs_k[None, :] < K), other=0)
     return vals
+
+
+@triton.jit
+def _subgroup_tile(ptr, stride_n, offs_n, k0, N, K, BK: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr, EVEN_K):
+    """Per-group values for a tile that holds whole groups along K (``BK % GK == 0``): ``[BN, BK // GK]``."""
+    gn = offs_n // GN if GN > 0 else offs_n * 0
+    gk = k0 // GK + tl.arange(0, BK // GK)
+    ok = offs_n[:, None] < N
+    if not EVEN_K:
+        ok = ok & (gk[None, :] * GK < K)
+    return tl.load(ptr + gn.to(tl.int64)[:, None] * stride_n + gk[None, :], mask=ok, other=0)
 
 
 @triton.jit
@@ -251,22 +288,37 @@ def load_weight_tile(
     HAS_ZP: tl.constexpr,
     HAS_GS: tl.constexpr,
     ACT_ORDER: tl.constexpr,
+    EVEN_K: tl.constexpr = False,
 ):
     """fp32 ``[BN, BK]``: rows ``offs_n``, columns ``k0 .. k0 + BK`` of ``humming.dequantize(qw)``.
 
-    Elements outside ``[N, K]`` are 0 (whatever the zero point), so they add nothing to a dot product.
+    ``EVEN_K`` (K % BK == 0) drops the masks along K. Elements outside ``[N, K]`` are garbage but finite
+    (for finite scales): a dot product whose activations are masked to 0 past K gets nothing from them.
     """
     offs_k = k0 + tl.arange(0, BK)
-    codes = _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS)
+    codes = _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS, EVEN_K)
     w = decode_codes(codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
+    # Groups smaller than the tile: view the tile as [BN, groups, GK] and apply one value per group.
+    SUBGROUPS: tl.constexpr = (not ACT_ORDER) and GK > 0 and GK < BK and BK % GK == 0
+    BN: tl.constexpr = w.shape[0]
+    if SUBGROUPS:
+        w = tl.reshape(w, (BN, BK // GK, GK))
     if HAS_ZP:
-        z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER)
+        if SUBGROUPS:
+            z = _subgroup_tile(z_ptr, stride_zn, offs_n, k0, N, K, BK, GN, GK, EVEN_K).to(tl.float32)[:, :, None]
+        else:
+            z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER, EVEN_K)
         w = w - z.to(tl.float32)
     if S_KIND != 0:
-        s = _group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER)
-        s = _decode_scale(s, S_KIND)
+        if SUBGROUPS:
+            s = _decode_scale(_subgroup_tile(s_ptr, stride_sn, offs_n, k0, N, K, BK, GN, GK, EVEN_K), S_KIND)
+        else:
+            s = _decode_scale(
+                _group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER, EVEN_K), S_KIND
+            )
         if HAS_GS:
             s = s * tl.load(gs_ptr)
-        w = w * s
-    inside = (offs_n[:, None] < N) & (offs_k[None, :] < K)
-    return tl.where(inside, w, 0.0)
+        w = w * (s[:, :, None] if SUBGROUPS else s)
+    if SUBGROUPS:
+        w = tl.reshape(w, (BN, BK))
+    return w

@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 from ..ir.weight import QuantizedWeight
-from ._weight_tile import kernel_tensors, load_weight_tile, weight_spec
+from . import registry
+from ._weight_tile import kernel_tensors, load_weight_tile, pointer_types, weight_spec
 from .interpreter import cast
 
 __all__ = ["dequantize"]
@@ -50,6 +51,7 @@ def _dequant_kernel(
     HAS_ZP: tl.constexpr,
     HAS_GS: tl.constexpr,
     ACT_ORDER: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     k0 = tl.program_id(1) * BK
@@ -80,6 +82,7 @@ def _dequant_kernel(
         HAS_ZP,
         HAS_GS,
         ACT_ORDER,
+        EVEN_K,
     )
     offs_k = k0 + tl.arange(0, BK)
     out = out_ptr + offs_n.to(tl.int64)[:, None] * stride_on + offs_k[None, :]
@@ -114,7 +117,32 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.bfloat16) -> torc
         t["z"].stride(0),
         out.stride(0),
         BN=_BLOCK_N,
+        EVEN_K=k % _BLOCK_K == 0,
         BK=_BLOCK_K,
         **weight_spec(qw).constexprs(),
     )
     return out
+
+
+def _compile_specs() -> list[registry.CompileSpec]:
+    from ..ir.quantize import quantize
+
+    specs = []
+    for label, qw in (
+        ("int4-g128", quantize(torch.ones(64, 256), "int4", group_size=128)),
+        ("nvfp4", quantize(torch.ones(64, 256), "nvfp4")),
+        ("uint3-zp-actorder", quantize(torch.ones(64, 256), "int3", 32, True, g_idx=torch.arange(256) % 8)),
+    ):
+        specs.append(
+            registry.CompileSpec(
+                name=f"dequant-{label}",
+                kernel=_dequant_kernel,
+                pointers={**pointer_types(qw), "out_ptr": "*bf16"},
+                constexprs={"BN": _BLOCK_N, "BK": _BLOCK_K, "EVEN_K": True, **weight_spec(qw).constexprs()},
+                aligned=("K", "stride_qn", "stride_on"),
+            )
+        )
+    return specs
+
+
+registry.register("dequant", _compile_specs)

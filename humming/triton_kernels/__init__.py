@@ -1,0 +1,65 @@
+"""The Triton backend of ``humming.linear`` (protocol: humming/dispatch/backends.py).
+
+- Weight-only (``act=None``, WnA16): :mod:`.wna16`, every weight format and layout of the IR.
+- Quantized activations (W8A8, W4A8, W4A4): :mod:`.scaled_mm`, imported on first use.
+
+Without a GPU the kernels run under Triton's CPU interpreter when ``TRITON_INTERPRET=1`` (see
+:mod:`.interpreter`); :mod:`.registry` lists every kernel for the all-architecture compile check.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import torch
+
+from ..ir.weight import QuantizedWeight
+from . import wna16
+from .interpreter import INTERPRET
+
+__all__ = ["is_available", "linear", "supports"]
+
+_MIN_CAPABILITY = (7, 5)
+_SCALED_MM = "humming.triton_kernels.scaled_mm"
+
+
+def is_available() -> str | None:
+    """``None`` when Triton kernels can run here (a CUDA GPU of sm_75 or newer, or the interpreter)."""
+    if INTERPRET:
+        return None
+    if not torch.cuda.is_available():
+        return "no CUDA GPU (set TRITON_INTERPRET=1 to run the Triton kernels on the CPU interpreter)"
+    cap = torch.cuda.get_device_capability()
+    if cap < _MIN_CAPABILITY:
+        return f"GPU compute capability {cap} is below the {_MIN_CAPABILITY} the Triton kernels need"
+    return None
+
+
+def _scaled_mm():
+    """The quantized-activation GEMM module, or ``None`` while it does not exist yet."""
+    if importlib.util.find_spec(_SCALED_MM) is None:
+        return None
+    return importlib.import_module(_SCALED_MM)
+
+
+def supports(qweight: QuantizedWeight, act, x: torch.Tensor) -> str | None:
+    """``None`` if :func:`linear` runs this call, else the reason."""
+    if x.device.type != "cuda" and not INTERPRET:
+        return f"x is on {x.device}; the Triton kernels run on CUDA tensors (or CPU ones under TRITON_INTERPRET=1)"
+    if act is not None:
+        scaled_mm = _scaled_mm()
+        if scaled_mm is None:
+            return "not yet implemented: Triton kernels for quantized activations (act=...)"
+        return scaled_mm.supports(qweight, act, x)
+    return wna16.supports(qweight, x)
+
+
+def linear(x2d, qweight: QuantizedWeight, bias, act, out_dtype: torch.dtype) -> torch.Tensor:
+    """``x2d [M, K] @ dequantize(qweight)^T + bias -> [M, N]`` in ``out_dtype``; ``act`` quantizes ``x2d``."""
+    if act is not None:
+        scaled_mm = _scaled_mm()
+        if scaled_mm is None:
+            raise ValueError("triton: not yet implemented: Triton kernels for quantized activations (act=...)")
+        return scaled_mm.linear(x2d, qweight, bias, act, out_dtype)
+    return wna16.linear(x2d, qweight, bias, out_dtype)

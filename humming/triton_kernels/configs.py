@@ -1,0 +1,68 @@
+"""Tuning of the Triton WnA16 GEMM: tile configurations per M bucket (speed only, never numerics).
+
+:func:`wna16_config` is a pure function of the problem ``(M, N, K, bits)`` and the device's multiprocessor
+count; no autotuning runs in the hot path. The buckets were chosen for the H200 (bench/sweep.py measures
+them; bench/results/h200/ holds the numbers). Every config computes the same function: split-K only changes
+the fp32 summation order, within the tolerances the tests state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["TileConfig", "wna16_config"]
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration of the WnA16 kernel."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def replace(self, **overrides) -> TileConfig:
+        """A copy with some fields changed; an unknown field name is an error."""
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"TileConfig: unknown field(s) {sorted(unknown)}; known: {list(self.__dict__)}")
+        return dataclasses.replace(self, **overrides)
+
+    def name(self) -> str:
+        c = self
+        return f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}g{c.group_m}w{c.num_warps}st{c.num_stages}"
+
+
+#: (largest M of the bucket, config); the first bucket whose bound is >= M is used.
+_BUCKETS = (
+    (16, TileConfig(16, 32, 256, num_warps=4, num_stages=4)),
+    (32, TileConfig(32, 64, 128, num_warps=4, num_stages=4)),
+    (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4)),
+    (128, TileConfig(64, 128, 64, num_warps=4, num_stages=4)),
+    (512, TileConfig(128, 128, 64, num_warps=8, num_stages=4)),
+    (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),
+)
+
+
+def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
+    """Split K until the grid covers the multiprocessors about twice, keeping >= 4 K tiles per split."""
+    split = 1
+    while tiles * split < 2 * sm_count and k_tiles // (split * 2) >= 4:
+        split *= 2
+    return split
+
+
+def wna16_config(m: int, n: int, k: int, bits: int, sm_count: int) -> TileConfig:
+    """The tile configuration for ``x [m, k] @ W[n, k]^T`` with ``bits``-bit weights on a device with
+    ``sm_count`` multiprocessors."""
+    cfg = next(c for bound, c in _BUCKETS if bound is None or m <= bound)
+    if 32 % bits:  # fields straddle words: each element reads its two words, so keep the staged tiles small
+        cfg = cfg.replace(block_k=min(cfg.block_k, 64))
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    k_tiles = -(-k // cfg.block_k)
+    return cfg.replace(split_k=_split_k(tiles, k_tiles, sm_count))

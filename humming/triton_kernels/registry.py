@@ -1,0 +1,134 @@
+"""The compile-check registry: every Triton kernel declares representative specialisations here.
+
+A kernel module calls :func:`register` at import with a factory of :class:`CompileSpec` records;
+tests/test_compile_triton.py compiles each of them ahead of time for every architecture in :data:`ARCHS`
+(``triton.compile`` with a ``GPUTarget``: no GPU needed) and checks the PTX for the matrix instructions
+that the architecture should use. Run it by hand with ``python -m humming.triton_kernels --arch 90``
+(``TRITON_INTERPRET`` must be unset: interpreted kernels cannot be compiled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import pkgutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["ARCHS", "BEST_MMA", "TENSOR_CORE_OPS", "CompileSpec", "compile_spec", "compile_specs", "register"]
+
+#: Architectures (compute capability x10) every kernel must compile for.
+ARCHS = (75, 80, 86, 89, 90, 100, 120)
+#: PTX matrix instructions that count as tensor-core use, per architecture.
+TENSOR_CORE_OPS = {
+    75: (),  # Triton 3.6 lowers dots on Turing to FMA: compile only
+    80: ("mma.sync",),
+    86: ("mma.sync",),
+    89: ("mma.sync",),
+    90: ("mma.sync", "wgmma.mma_async"),
+    100: ("mma.sync", "tcgen05.mma"),
+    120: ("mma.sync",),
+}
+#: The architecture's own large-tile instruction, required of specs with ``mma="best"``.
+BEST_MMA = {90: "wgmma.mma_async", 100: "tcgen05.mma"}
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    """One specialisation of a kernel to compile ahead of time.
+
+    ``pointers`` maps pointer arguments to Triton types (``"*bf16"``); arguments in neither ``pointers``
+    nor ``constexprs`` are ``i32``. Pointers and the ``aligned`` arguments are declared multiples of 16,
+    as Triton's launcher specialises them on real shapes. ``mma``: ``"none"`` (no dot), ``"any"``
+    (some tensor-core instruction), ``"best"`` (wgmma on sm_90, tcgen05 on sm_100, mma.sync elsewhere).
+    ``min_arch``: the oldest architecture it targets (bf16 tensor cores need sm_80).
+    """
+
+    name: str
+    kernel: object
+    pointers: dict[str, str]
+    constexprs: dict[str, object]
+    num_warps: int = 4
+    num_stages: int = 3
+    mma: str = "none"
+    min_arch: int = 75
+    aligned: tuple[str, ...] = field(default_factory=tuple)
+
+    def signature(self) -> dict[str, str]:
+        sig = {}
+        for arg in self.kernel.arg_names:
+            if arg in self.constexprs:
+                sig[arg] = "constexpr"
+            else:
+                sig[arg] = self.pointers.get(arg, "i32")
+        return sig
+
+    def attrs(self) -> dict[tuple[int, ...], list]:
+        hinted = set(self.pointers) | set(self.aligned)
+        return {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(self.kernel.arg_names) if arg in hinted}
+
+
+_FACTORIES: dict[str, Callable[[], list[CompileSpec]]] = {}
+
+
+def register(kernel_name: str, factory: Callable[[], list[CompileSpec]]) -> None:
+    """Declare a kernel's representative specialisations (called by the kernel's module at import)."""
+    _FACTORIES[kernel_name] = factory
+
+
+def compile_specs() -> list[CompileSpec]:
+    """Every registered specialisation, after importing each public module of humming.triton_kernels."""
+    package = importlib.import_module("humming.triton_kernels")
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_") and info.name != "registry":
+            importlib.import_module(f"{package.__name__}.{info.name}")
+    return [spec for factory in _FACTORIES.values() for spec in factory()]
+
+
+def compile_spec(spec: CompileSpec, arch: int) -> dict:
+    """Compile ``spec`` for ``sm_<arch>``; returns the matrix instructions found and any problem."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    result = {"name": spec.name, "arch": arch, "ok": False, "problem": None, "mma_ops": {}}
+    if arch < spec.min_arch:
+        result.update(ok=True, problem=f"skipped: targets sm_{spec.min_arch}+")
+        return result
+    src = triton.compiler.ASTSource(spec.kernel, spec.signature(), spec.constexprs, spec.attrs())
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    try:
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    except Exception as err:  # report every compiler failure as data: the test prints them all
+        result["problem"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
+        return result
+    ptx = compiled.asm["ptx"]
+    found = {op: ptx.count(op) for op in TENSOR_CORE_OPS[arch] if op in ptx}
+    result["mma_ops"] = found
+    result["shared_bytes"] = compiled.metadata.shared
+    if not TENSOR_CORE_OPS[arch] or spec.mma == "none":
+        pass
+    elif spec.mma == "any" and not found:
+        result["problem"] = f"no tensor-core instruction ({', '.join(TENSOR_CORE_OPS[arch])}) in the PTX"
+    elif spec.mma == "best" and arch in BEST_MMA and BEST_MMA[arch] not in found:
+        result["problem"] = f"expected {BEST_MMA[arch]} in the PTX, found {found or 'none'}"
+    elif not found:
+        result["problem"] = f"no tensor-core instruction ({', '.join(TENSOR_CORE_OPS[arch])}) in the PTX"
+    result["ok"] = result["problem"] is None
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, action="append", help="compute capability x10 (repeatable)")
+    parser.add_argument("--only", default=None, help="compile only specs whose name contains this")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        parser.error("unset TRITON_INTERPRET: interpreted kernels cannot be compiled ahead of time")
+    specs = [s for s in compile_specs() if args.only is None or args.only in s.name]
+    results = [compile_spec(s, arch) for arch in (args.arch or ARCHS) for s in specs]
+    json.dump(results, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0 if all(r["ok"] for r in results) else 1

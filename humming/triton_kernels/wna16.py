@@ -1,0 +1,277 @@
+"""Triton WnA16 GEMM: ``y = x @ dequantize(W)^T + bias`` with fp16/bf16 activations and any IR weight.
+
+One kernel, specialised by ``constexpr`` for the weight's format (int/uint 1..8 bits, any <= 8-bit eXmY,
+lookup tables), scale dtype and layout (per tensor, channel, group, 2-D block, act-order ``g_idx`` read in
+place: the weights are never permuted), zero points (int or float) and global scale. It reads the IR as is:
+there is no repacking step, so no cache either. Weight tiles are dequantized in registers exactly as
+:func:`humming.dequantize` does, rounded once to the activations' dtype and fed to ``tl.dot`` (mma.sync on
+Ampere/Ada, wgmma on Hopper) with fp32 accumulation; the bias is added in fp32, then the output is rounded
+once to ``out_dtype``. Small M uses thin tiles (16 x 32) and, when the grid would not fill the GPU, split-K
+(fp32 atomics into a workspace); large M uses 128 x 256 tiles. Tile choice: :mod:`.configs`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ir.weight import QuantizedWeight
+from . import registry
+from ._weight_tile import kernel_tensors, load_weight_tile, pointer_types, triton_type, weight_spec
+from .configs import TileConfig, wna16_config
+from .interpreter import INTERPRET, cast, dot
+
+__all__ = ["linear", "supports"]
+
+
+@triton.jit
+def _wna16_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    gs_ptr,
+    gidx_ptr,
+    lut_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_qn,
+    stride_sn,
+    stride_zn,
+    stride_om,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    W_KIND: tl.constexpr,
+    W_BITS: tl.constexpr,
+    W_EBITS: tl.constexpr,
+    W_MBITS: tl.constexpr,
+    W_BIAS: tl.constexpr,
+    W_NAN: tl.constexpr,
+    S_KIND: tl.constexpr,
+    GN: tl.constexpr,
+    GK: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    HAS_GS: tl.constexpr,
+    ACT_ORDER: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    # Grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2.
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    m_ok = offs_m[:, None] < M
+
+    k_tiles = tl.cdiv(K, BK)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    first = tl.program_id(1) * per_split
+    last = tl.minimum(first + per_split, k_tiles)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for t in range(first, last):
+        k0 = t * BK
+        offs_k = k0 + tl.arange(0, BK)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
+        w = load_weight_tile(
+            qw_ptr,
+            s_ptr,
+            z_ptr,
+            gs_ptr,
+            gidx_ptr,
+            lut_ptr,
+            stride_qn,
+            stride_sn,
+            stride_zn,
+            offs_n,
+            k0,
+            N,
+            K,
+            BK,
+            W_KIND,
+            W_BITS,
+            W_EBITS,
+            W_MBITS,
+            W_BIAS,
+            W_NAN,
+            S_KIND,
+            GN,
+            GK,
+            HAS_ZP,
+            HAS_GS,
+            ACT_ORDER,
+            EVEN_K,
+        )
+        acc = dot(x, tl.trans(cast(w, x.dtype)), acc)
+
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    mask = m_ok & (offs_n[None, :] < N)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(out, acc, mask=mask, sem="relaxed")
+
+
+_X_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def supports(qweight: QuantizedWeight, x: torch.Tensor) -> str | None:
+    """``None`` if :func:`linear` runs this weight with activations like ``x``, else the reason."""
+    if qweight.num_experts is not None:
+        return f"expert-stacked weights {qweight.shape} are not supported by the dense GEMM"
+    if qweight.format.kind not in ("int", "float", "lut"):
+        return f"weight format {qweight.format.name} is not an element format"
+    if x.dtype not in _X_DTYPES:
+        return f"x dtype {x.dtype}: the Triton WnA16 kernel takes float16 or bfloat16 activations"
+    if x.dim() != 2 or (x.shape[1] and x.stride(1) != 1):
+        return f"x must be 2-D [M, K] with a contiguous last dimension, got shape {tuple(x.shape)}"
+    return None
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _device_sm_count(device: torch.device) -> int:
+    if device.type != "cuda":  # the interpreter: any count; 1 keeps split-K exercised on small shapes
+        return 1
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def linear(
+    x: torch.Tensor,
+    qweight: QuantizedWeight,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """``x [M, K] (fp16/bf16) @ dequantize(qweight)^T + bias -> [M, N]`` in ``out_dtype`` (default x's).
+
+    ``config`` overrides the tile configuration of :func:`~humming.triton_kernels.configs.wna16_config`
+    (benchmarks and the tuner use it; it never changes results beyond fp32 summation order).
+    """
+    reason = supports(qweight, x)
+    if reason:
+        raise ValueError(f"triton wna16: {reason}")
+    m, k = x.shape
+    n = qweight.N
+    if k != qweight.K:
+        raise ValueError(f"triton wna16: x has K={k}, qweight has K={qweight.K}")
+    if x.device.type != "cuda" and not INTERPRET:
+        raise ValueError(f"triton wna16: x is on {x.device}; CPU tensors need TRITON_INTERPRET=1")
+    out_dtype = out_dtype or x.dtype
+    if m == 0:
+        return torch.empty(0, n, dtype=out_dtype, device=x.device)
+    cfg = config or wna16_config(m, n, k, qweight.bits, _device_sm_count(x.device))
+    t = kernel_tensors(qweight)
+    split = cfg.split_k > 1
+    out = (torch.zeros if split else torch.empty)(m, n, dtype=torch.float32 if split else out_dtype, device=x.device)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+    _wna16_kernel[grid](
+        x,
+        t["qw"],
+        t["s"],
+        t["z"],
+        t["gs"],
+        t["gidx"],
+        t["lut"],
+        t["qw"] if bias is None else bias,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        t["qw"].stride(0),
+        t["s"].stride(0),
+        t["z"].stride(0),
+        out.stride(0),
+        BM=cfg.block_m,
+        BN=cfg.block_n,
+        BK=cfg.block_k,
+        SPLIT_K=cfg.split_k,
+        GROUP_M=cfg.group_m,
+        HAS_BIAS=bias is not None,
+        EVEN_K=k % cfg.block_k == 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **weight_spec(qweight).constexprs(),
+    )
+    if split:
+        if bias is not None:
+            out += bias.to(torch.float32)
+        out = out.to(out_dtype)
+    return out
+
+
+def _compile_specs() -> list[registry.CompileSpec]:
+    """Representative specialisations: each M bucket's tiles, the main formats and layouts, fp16 for sm_75."""
+    from ..ir.quantize import quantize
+    from .configs import _BUCKETS
+
+    w = torch.ones(256, 512)
+    small, large = _BUCKETS[0][1], _BUCKETS[-1][1]
+    medium = next(c for bound, c in _BUCKETS if bound == 128)
+    cases = (
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
+        ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
+        ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, large, 80),
+        ("nvfp4", quantize(w, "nvfp4"), torch.bfloat16, medium, 80),
+        ("uint4-zp-actorder", quantize(w, "int4", 64, True, g_idx=torch.arange(512) % 8), torch.float16, medium, 75),
+        ("int3-g32", quantize(w, "int3", 32, scale_dtype=torch.float16), torch.float16, small.replace(block_k=64), 75),
+        ("nf4-g64", quantize(w, "nf4", 64, scale_dtype=torch.float16), torch.float16, large, 75),
+    )
+    specs = []
+    for label, qw, dtype, cfg, min_arch in cases:
+        spec = weight_spec(qw)
+        specs.append(
+            registry.CompileSpec(
+                name=f"wna16-{label}-{triton_type(dtype)}-{cfg.name()}",
+                kernel=_wna16_kernel,
+                pointers={
+                    **pointer_types(qw),
+                    "x_ptr": "*" + triton_type(dtype),
+                    "bias_ptr": "*fp32",
+                    "out_ptr": "*" + triton_type(dtype),
+                },
+                constexprs={
+                    "BM": cfg.block_m,
+                    "BN": cfg.block_n,
+                    "BK": cfg.block_k,
+                    "SPLIT_K": 1,
+                    "GROUP_M": cfg.group_m,
+                    "HAS_BIAS": True,
+                    "EVEN_K": True,
+                    **spec.constexprs(),
+                },
+                num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages,
+                mma="best" if cfg.block_m >= 64 else "any",
+                min_arch=min_arch,
+                aligned=("N", "K", "stride_xm", "stride_qn", "stride_sn", "stride_zn", "stride_om"),
+            )
+        )
+    return specs
+
+
+registry.register("wna16", _compile_specs)
