@@ -1,10 +1,12 @@
 """Benchmark of the Hopper FP8 GEMM against torch._scaled_mm and the floor, on 8192x8192 and 28672x8192.
 
-Kernel time: a CUDA graph of several launches that rotate over enough weight copies to exceed the L2
-(cold weights), replayed; the median replay divided by the launches. Activations are quantized once
-beforehand (GEMM only); the ``linear`` column adds the Triton activation pass. The floor is the larger of
-bytes (weights + activations + output, once) over the copy bandwidth measured in the same run, and FLOPs
-over the nominal dense e4m3 rate (1979 TFLOP/s, the H100/H200 SXM datasheet).
+Weights are random non-NaN e4m3 codes with random scales (bench/cuda_fp8_inputs.py); activations are
+random normal bf16 quantized by the Triton activation pass. Kernel time: a CUDA graph of several
+launches that rotate over enough weight copies to exceed the L2 (cold weights), replayed; the median
+replay divided by the launches. Activations are quantized once beforehand (GEMM only); the ``linear``
+column adds the Triton activation pass. The floor is the larger of bytes (weights + activations +
+output, once) over the copy bandwidth measured in the same run, and FLOPs over the nominal dense e4m3
+rate (1979 TFLOP/s, the H100/H200 SXM datasheet).
 
 Usage: python bench/cuda_fp8.py OUT.json
 """
@@ -19,7 +21,7 @@ from functools import partial
 
 import torch
 
-import humming
+from bench.cuda_fp8_inputs import random_weight
 from humming.cuda_kernels import fp8_gemm, jit
 from humming.ir.activation import get_act_scheme
 from humming.triton_kernels.act_quant import quantize_activation
@@ -69,9 +71,8 @@ def launches(m: int) -> int:
 
 def bench_shape(n: int, k: int, bw: float, l2: int) -> list[dict]:
     rows = []
-    w = torch.randn(n, k, device="cuda") * 0.05
     for mode, group, act_name in (("rowcol", -1, "fp8"), ("block128", (128, 128), "fp8_g128")):
-        qw = humming.quantize(w, weight="e4m3", group_size=group, scale_dtype=torch.float32)
+        qw = random_weight(n, k, group, "cuda")
         act = get_act_scheme(act_name)
         prep = fp8_gemm.prepare(qw)
         copies = max(1, -(-3 * l2 // prep.weight.numel()))

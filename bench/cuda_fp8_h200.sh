@@ -36,9 +36,6 @@ case "$choice" in
     grep -v "Host Frame\|cuGetProcAddress\|Saved host backtrace\|^========= $" "$OUT/cuda_fp8_memcheck.log" | head -40
     exit 1 ;;
 esac
-case "$choice" in  # the Triton activation pass disagrees with the reference: time the kernel on reference codes
-  *act=reference*) sed -i 's/from ..triton_kernels.act_quant import quantize_activation/from ..ir.activation import quantize_activation/' humming/cuda_kernels/fp8_gemm.py ;;
-esac
 step cuda_fp8_pytest 85 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_fp8.py
 grep -E "passed|failed|Error|assert" "$OUT/cuda_fp8_pytest.log" | tail -12
 step cuda_fp8_bench 75 python3 bench/cuda_fp8.py "$OUT/cuda_fp8_h200.json"

@@ -1,0 +1,57 @@
+"""Random FP8 GEMM operands built directly in humming's IR, and the float64 product they define.
+
+Codes are drawn uniformly from every e4m3 code except NaN (0x7F, 0xFF), scales uniformly from [s, 2s):
+no quantizer runs, so a GPU check depends on nothing but the kernel and torch's exact fp8 -> float
+conversion. (On the H200, 2026-11-29, humming.quantize / quantize_activation on CUDA tensors gave NaN
+codes: see bench/results/h200/cuda_fp8_diag.log.)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from humming.ir.activation import QuantizedActivation, get_act_scheme
+from humming.ir.layout import parse_group_size
+from humming.ir.weight import QuantizedWeight
+
+__all__ = ["random_activation", "random_codes", "random_weight", "reference"]
+
+
+def random_codes(rows: int, k: int, device) -> torch.Tensor:
+    """uint8 ``[rows, k]`` e4m3 codes, uniform over the 254 non-NaN codes."""
+    codes = torch.randint(0, 254, (rows, k), dtype=torch.int32, device=device)
+    return (codes + (codes >= 0x7F).to(torch.int32)).to(torch.uint8)  # skip 0x7F; 0xFF is never reached
+
+
+def random_weight(n: int, k: int, group, device, bias_dtype: torch.dtype | None = None) -> QuantizedWeight:
+    """An e4m3 ``QuantizedWeight [n, k]`` with ``group`` scales (``"tensor"``, ``-1``, ``(bn, bk)``)."""
+    codes = random_codes(n, k, device)
+    qweight = F.pad(codes, (0, -k % 4)).view(torch.int32)  # canonical packing: bytes little-endian along K
+    bias = None if bias_dtype is None else torch.randn(n, device=device, dtype=bias_dtype)
+    probe = QuantizedWeight((n, k), "e4m3", qweight, None, parse_group_size(group), bias=bias)
+    return probe.replace(scales=(1 + torch.rand(probe.scale_grid, device=device)) * 2e-3)
+
+
+def random_activation(m: int, k: int, act: str, device) -> QuantizedActivation:
+    """e4m3 activations ``[m, k]`` of scheme ``act`` (per-token, per-tensor or 1x128 groups)."""
+    scheme = get_act_scheme(act)
+    grid = {"token": (m, 1), "tensor": (1, 1)}.get(scheme.group) or (m, -(-k // scheme.group))
+    return QuantizedActivation(scheme, random_codes(m, k, device), (1 + torch.rand(grid, device=device)) * 1e-2)
+
+
+def _expand(scales: torch.Tensor, block: tuple[int, int], rows: int, k: int) -> torch.Tensor:
+    s = scales.to(torch.float64).repeat_interleave(block[0], 0)[:rows]
+    return s.repeat_interleave(block[1], 1)[:, :k]
+
+
+def reference(qa: QuantizedActivation, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 ``dequant(x) @ dequant(W)^T + bias``, with torch's exact e4m3 decoding."""
+    m, k = qa.codes.shape
+    n = qw.N
+    x_block = {"token": (1, k), "tensor": (m, k)}.get(qa.scheme.group) or (1, qa.scheme.group)
+    xd = qa.codes.view(torch.float8_e4m3fn).to(torch.float64) * _expand(qa.scales, x_block, m, k)
+    w_codes = qw.qweight.view(torch.uint8)[:, :k].view(torch.float8_e4m3fn)
+    wd = w_codes.to(torch.float64) * _expand(qw.scales, qw.block_shape, n, k)
+    out = xd @ wd.T
+    return out if bias is None else out + bias.to(torch.float64)
