@@ -2,7 +2,7 @@
 matrix instructions (humming/triton_kernels/registry.py). No GPU needed.
 
 Under the interpreter ``triton.jit`` returns functions that cannot be compiled, so each architecture is
-compiled in a subprocess with ``TRITON_INTERPRET`` unset.
+compiled in a subprocess with ``TRITON_INTERPRET`` unset; the subprocesses run in parallel, one per core.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -31,9 +32,15 @@ def _compile(arch: int) -> list[dict]:
     return json.loads(proc.stdout)
 
 
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return {arch: pool.submit(_compile, arch) for arch in registry.ARCHS}
+
+
 @pytest.mark.parametrize("arch", registry.ARCHS, ids=lambda a: f"sm_{a}")
-def test_every_kernel_compiles(arch: int) -> None:
-    results = _compile(arch)
+def test_every_kernel_compiles(arch: int, compiled: dict) -> None:
+    results = compiled[arch].result()
     names = {r["name"] for r in results}
     assert any(n.startswith("wna16-") for n in names) and any(n.startswith("dequant-") for n in names)
     failed = [f"{r['name']}: {r['problem']}" for r in results if not r["ok"]]

@@ -164,9 +164,11 @@ def linear(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: TileConfig | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x [M, K] (fp16/bf16) @ dequantize(qweight)^T + bias -> [M, N]`` in ``out_dtype`` (default x's).
 
+    ``out``: an optional contiguous ``[M, N]`` tensor of ``out_dtype`` to write into (tests poison it).
     ``config`` overrides the tile configuration of :func:`~humming.triton_kernels.configs.wna16_config`
     (benchmarks and the tuner use it; it never changes results beyond fp32 summation order).
     """
@@ -180,12 +182,16 @@ def linear(
     if x.device.type != "cuda" and not INTERPRET:
         raise ValueError(f"triton wna16: x is on {x.device}; CPU tensors need TRITON_INTERPRET=1")
     out_dtype = out_dtype or x.dtype
+    if out is not None and (out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous()):
+        raise ValueError(f"triton wna16: out must be a contiguous [{m}, {n}] {out_dtype} tensor")
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0:
-        return torch.empty(0, n, dtype=out_dtype, device=x.device)
+        return out
     cfg = config or wna16_config(m, n, k, qweight.bits, _device_sm_count(x.device))
     t = kernel_tensors(qweight)
     split = cfg.split_k > 1
-    out = (torch.zeros if split else torch.empty)(m, n, dtype=torch.float32 if split else out_dtype, device=x.device)
+    acc = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split else out
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     _wna16_kernel[grid](
         x,
@@ -196,7 +202,7 @@ def linear(
         t["gidx"],
         t["lut"],
         t["qw"] if bias is None else bias,
-        out,
+        acc,
         m,
         n,
         k,
@@ -204,7 +210,7 @@ def linear(
         t["qw"].stride(0),
         t["s"].stride(0),
         t["z"].stride(0),
-        out.stride(0),
+        acc.stride(0),
         BM=cfg.block_m,
         BN=cfg.block_n,
         BK=cfg.block_k,
@@ -218,8 +224,8 @@ def linear(
     )
     if split:
         if bias is not None:
-            out += bias.to(torch.float32)
-        out = out.to(out_dtype)
+            acc += bias.to(torch.float32)
+        out.copy_(acc)
     return out
 
 

@@ -1,0 +1,188 @@
+"""The Triton WnA16 GEMM against the reference, from a table of cases (formats x layouts x shapes).
+
+Reference: ``x @ dequantize(qw, x.dtype)^T + bias`` in float64 (the kernel rounds each dequantized weight
+once to the activations' dtype, exactly as ``dequantize`` does, then accumulates in fp32). Tolerances
+(``||out - ref|| / ||ref||``): the fp32 accumulation and output rounding, i.e. 2e-6 for fp32 output,
+2e-3 for fp16, 1e-2 for bf16. Against ``humming.linear(backend="reference")`` (fp32 weights) the
+weight rounding adds one bf16/fp16 rounding per weight: 1e-2. Outputs are poisoned with NaN before each
+call. Without a GPU the kernel runs under Triton's interpreter (tests/conftest.py), on small shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import humming
+
+wna16 = pytest.importorskip("humming.triton_kernels.wna16")
+from humming.triton_kernels.configs import TileConfig, wna16_config  # noqa: E402
+
+TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@dataclass(frozen=True)
+class Case:
+    weight: str
+    group_size: object = 128
+    zero_point: object = False
+    scale_dtype: torch.dtype | None = None
+    act_order: bool = False
+    x_dtype: torch.dtype = torch.bfloat16
+    out_dtype: torch.dtype | None = None
+    bias: bool = True
+
+    def __str__(self) -> str:
+        gs = self.group_size if not isinstance(self.group_size, tuple) else "x".join(map(str, self.group_size))
+        name = lambda d: "" if d is None else str(d).replace("torch.", "").replace("float", "f")
+        parts = [self.weight, f"g{gs}", f"zp={self.zero_point}" if self.zero_point else "", name(self.scale_dtype)]
+        parts += ["act-order" if self.act_order else "", f"x={name(self.x_dtype)}", name(self.out_dtype)]
+        parts += ["" if self.bias else "nobias"]
+        return "-".join(p for p in parts if p)
+
+    def quantize(self, w: torch.Tensor) -> humming.QuantizedWeight:
+        kwargs = {"group_size": self.group_size, "zero_point": self.zero_point, "scale_dtype": self.scale_dtype}
+        if self.act_order:
+            k = w.shape[1]
+            kwargs["g_idx"] = torch.randint(0, -(-k // self.group_size), (k,), dtype=torch.int32, device=w.device)
+        return humming.quantize(w, self.weight, **kwargs)
+
+
+CASES = [
+    Case("int4"),
+    Case("int4", group_size=-1, scale_dtype=torch.bfloat16, out_dtype=torch.float32),
+    Case("int8", group_size=-1, x_dtype=torch.float16),
+    Case("int8", group_size="tensor", bias=False),
+    Case("int2", group_size=16, scale_dtype=torch.float16, x_dtype=torch.float16),
+    Case("int3", group_size=32),
+    Case("int4", zero_point=True, group_size=64),
+    Case("int5", zero_point=True, group_size=32, x_dtype=torch.float16, out_dtype=torch.float32),
+    Case("int6", zero_point="float", group_size=64, scale_dtype=torch.bfloat16),
+    Case("int7", zero_point=True, group_size=-1),
+    Case("int1", zero_point=True, group_size=32),
+    Case("int4", group_size=32, act_order=True),
+    Case("int4", zero_point=True, group_size=16, act_order=True, x_dtype=torch.float16),
+    Case("mxfp4"),
+    Case("nvfp4", out_dtype=torch.float32),
+    Case("e2m3", group_size=32, scale_dtype=torch.float8_e8m0fnu),
+    Case("e3m2", group_size=32, scale_dtype=torch.float8_e4m3fn, x_dtype=torch.float16),
+    Case("e4m3", group_size=-1),
+    Case("fp8_block", group_size=(16, 64)),
+    Case("e5m2", group_size=64, scale_dtype=torch.float16),
+    Case("e1m2", group_size=16),
+    Case("nf4", group_size=64, scale_dtype=torch.bfloat16),
+]
+#: (M, N, K): aligned, odd everything (K not a multiple of a word, a group or a tile), M past one tile.
+SHAPES = [(1, 64, 256), (5, 40, 200), (33, 48, 136)]
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _check(case: Case, qw, x, bias, out_dtype, config=None) -> None:
+    m, n = x.shape[0], qw.N
+    out = torch.full((m, n), float("nan"), dtype=out_dtype, device=x.device)
+    result = wna16.linear(x, qw, bias, out_dtype, config=config, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} outputs not written (NaN poison left)"
+    ref = x.double() @ humming.dequantize(qw, x.dtype).double().T
+    if bias is not None:
+        ref = ref + bias.double()
+    err = _rel_err(out, ref)
+    worst = tuple(int(i) for i in divmod(int((out.double() - ref).abs().argmax()), n))
+    assert err <= TOL[out_dtype], f"rel err {err:.2e} > {TOL[out_dtype]:.0e}; worst at {worst}"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_wna16_matches_reference(case: Case, shape, seed: int, device: str) -> None:
+    m, n, k = shape
+    qw = case.quantize(torch.randn(n, k, device=device))
+    x = torch.randn(m, k, device=device).to(case.x_dtype)
+    bias = torch.randn(n, device=device) if case.bias else None
+    _check(case, qw, x, bias, case.out_dtype or case.x_dtype)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [TileConfig(16, 16, 64, split_k=3), TileConfig(32, 32, 32, split_k=2, group_m=1), TileConfig(16, 64, 128)],
+    ids=lambda c: c.name(),
+)
+def test_wna16_tile_configs(config: TileConfig, seed: int, device: str) -> None:
+    """Split-K (fp32 atomics, bias added after) and other tiles compute the same function."""
+    case = Case("int4", group_size=32)
+    qw = case.quantize(torch.randn(40, 200, device=device))
+    x = torch.randn(7, 200, device=device).to(torch.bfloat16)
+    _check(case, qw, x, torch.randn(40, device=device), torch.bfloat16, config=config)
+
+
+def test_linear_triton_backend(seed: int, device: str) -> None:
+    """``humming.linear(..., backend="triton")`` runs this kernel and agrees with the reference backend."""
+    qw = humming.quantize(
+        torch.randn(48, 96, device=device), "int4", group_size=32, bias=torch.randn(48, device=device)
+    )
+    x = torch.randn(2, 3, 96, device=device).to(torch.bfloat16)
+    out = humming.linear(x, qw, backend="triton", out_dtype=torch.float32)
+    ref = humming.linear(x, qw, backend="reference", out_dtype=torch.float32)
+    assert out.shape == (2, 3, 48)
+    assert _rel_err(out, ref.double()) <= 1e-2
+
+
+def test_empty_m(device: str) -> None:
+    qw = humming.quantize(torch.randn(32, 64, device=device), "int4", group_size=32)
+    out = wna16.linear(torch.empty(0, 64, dtype=torch.bfloat16, device=device), qw)
+    assert out.shape == (0, 32)
+
+
+def _q(*shape: int) -> humming.QuantizedWeight:
+    return humming.quantize(torch.randn(*shape), "int4", group_size=32)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda d: (torch.randn(2, 64, device=d), _q(32, 64)), "float16"),
+        (lambda d: (torch.randn(2, 64, device=d).bfloat16(), _q(2, 32, 64)), "expert"),
+        (lambda d: (torch.randn(2, 48, device=d).bfloat16(), _q(32, 64)), "K=48"),
+    ],
+    ids=["fp32-x", "experts", "k-mismatch"],
+)
+def test_wna16_rejects(make, match: str, device: str) -> None:
+    x, qw = make(device)
+    with pytest.raises(ValueError, match=match):
+        wna16.linear(x, qw.to(device))
+
+
+def test_config_override_rejects_unknown_field() -> None:
+    with pytest.raises(ValueError, match="unknown field"):
+        wna16_config(1, 64, 64, 4, 132).replace(block_q=3)
+
+
+# ----------------------------------------------------------------------------------------------- GPU, real shapes
+GPU_CASES = [
+    Case("int4"),
+    Case("int8", group_size=-1),
+    Case("mxfp4"),
+    Case("nvfp4"),
+    Case("int4", 128, True, act_order=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 16, 128, 1024, 8192])
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_wna16_gpu_realistic(case: Case, m: int, seed: int) -> None:
+    n, k = (28672, 8192) if case.weight == "int4" and not case.act_order else (8192, 8192)
+    qw = case.quantize(torch.randn(n, k, device="cuda"))
+    x = torch.randn(m, k, device="cuda").to(case.x_dtype)
+    bias = torch.randn(n, device="cuda")
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    wna16.linear(x, qw, bias, torch.bfloat16, out=out)
+    assert not torch.isnan(out).any()
+    w = humming.dequantize(qw, torch.bfloat16).float()
+    ref = x.float() @ w.T + bias
+    err = _rel_err(out, ref.double())
+    assert err <= TOL[torch.bfloat16], f"rel err {err:.2e}"
