@@ -25,7 +25,7 @@ def _decode_specs() -> list[jit.KernelSpec]:
     return [
         _decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(1, 1, 8, 4, 1)),
         _decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 3, 1)),
-        _decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 2, 8, 2, 1)),
+        _decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 1, 8, 2, 1)),
         _decode.decode_spec(L(8, -1, "bf16"), "f16", "f16", "f32", T(1, 1, 8, 4, 4)),
     ]
 
@@ -33,9 +33,10 @@ def _decode_specs() -> list[jit.KernelSpec]:
 def _gemm_specs() -> list[jit.KernelSpec]:
     L, T = WeightLayout, _gemm_sm90.GemmTuning
     return [
-        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(6)),
-        _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(5)),
-        _gemm_sm90.gemm_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(4)),
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 6)),
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(256, 5)),
+        _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(256, 5)),
+        _gemm_sm90.gemm_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(256, 4)),
     ]
 
 
@@ -57,7 +58,7 @@ def test_every_target_compiles(compiled):
     assert len(compiled) == len(_all_jobs())
     for (name, arch), kernel in compiled.items():
         assert kernel.cubin[:4] == b"\x7fELF", (name, arch)
-        assert arch in kernel.log or not kernel.log, (name, arch, kernel.log)
+        assert "warning" not in kernel.log.lower(), f"{name} {arch}:\n{kernel.log}"
 
 
 def _cuda_tool(name: str) -> str | None:
@@ -99,7 +100,7 @@ def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
     for spec in _gemm_specs():
         assert spec.targets() == ("sm_90a",)
         sass = _cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
-        assert re.search(r"HGMMA\.64x128x16\.F32(\.BF16)? R\d+, R\d+, gdesc", sass), spec.name  # A from registers
+        assert re.search(r"HGMMA\.64x(128|256)x16\.F32(\.BF16)? R\d+, R\d+, gdesc", sass), spec.name  # A in registers
         assert "UTMALDG.2D" in sass, f"{spec.name}: activations are not loaded by TMA"
         assert "UBLKCP" in sass, f"{spec.name}: weights are not loaded by bulk copies"
         assert "USETMAXREG" in sass, f"{spec.name}: setmaxnreg was dropped"

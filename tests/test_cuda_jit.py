@@ -161,5 +161,5 @@ def test_warmup_reports_cold_then_warm(include_root, capsys):
 
 def test_unavailable_reason_names_the_missing_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.core", None)
-    reason = jit.compiler_unavailable_reason.__wrapped__()
+    reason = jit._probe_compiler.__wrapped__()
     assert reason is not None and "cuda-core cannot be imported" in reason and "ModuleNotFoundError" in reason

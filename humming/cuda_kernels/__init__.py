@@ -6,7 +6,7 @@ Backend interface (``humming.dispatch.backends``): :func:`is_available`, :func:`
 - ``decode`` (``include/humming/decode.cuh``): weight-only GEMM for M <= 64, int4 / uint4 (+ zero points)
   / int8 / uint8 weights, bfloat16 or float16 activations, per-tensor / per-channel / group scales
   (group size a multiple of 64), compute capability 8.0 and newer.
-- ``gemm_sm90`` (``include/humming/gemm_sm90.cuh``): the same weights for M > 64 on Hopper (sm_90a):
+- ``gemm_sm90`` (``include/humming/gemm_sm90.cuh``): the same weights for M > 32 on Hopper (sm_90a):
   TMA + mbarrier pipeline, producer / consumer warpgroups with setmaxnreg, wgmma with the dequantized
   weights as the register A operand; needs N % 128 == 0.
 
@@ -74,12 +74,13 @@ def _route(qweight, x: torch.Tensor) -> tuple[str | None, str | None]:
     reason = weight_unsupported(qweight, x)
     if reason is not None:
         return None, reason
-    if x.shape[0] <= _decode.DECODE_MAX_M:
+    m = x.shape[0]
+    gemm_reason = _gemm_sm90.gemm_unsupported(qweight, x, cc) if m > _gemm_sm90.GEMM_MIN_M else "M too small"
+    if gemm_reason is None:
+        return "gemm_sm90", None
+    if m <= _decode.DECODE_MAX_M:
         return "decode", None
-    reason = _gemm_sm90.gemm_unsupported(qweight, x, cc)
-    if reason is not None:
-        return None, f"M={x.shape[0]} > {_decode.DECODE_MAX_M} needs the large-M GEMM, but {reason}"
-    return "gemm_sm90", None
+    return None, f"M={m} > {_decode.DECODE_MAX_M} needs the large-M GEMM, but {gemm_reason}"
 
 
 def prepare(qweight) -> PreparedWeight:
@@ -133,7 +134,7 @@ def warmup(
                 tuning = _decode.default_tuning(m, qw.N, qw.K, qw.bits, device)
                 spec = _decode.decode_call_spec(prep, x, bias, out_dtype, tuning)
             else:
-                gemm_tuning = _gemm_sm90.default_gemm_tuning(prep.layout, _decode.device_limits(device)[1])
+                gemm_tuning = _gemm_sm90.default_gemm_tuning(m, prep.layout, _decode.device_limits(device)[1])
                 spec = _gemm_sm90.gemm_call_spec(prep, x, bias, out_dtype, gemm_tuning)
             jobs.append((spec, device_arch(spec, cc)))
     report = warmup_specs(jobs, max_workers=max_workers, progress=progress)

@@ -72,7 +72,9 @@ def choose_decode_tuning(m: int, n: int, k: int, bits: int, sm_count: int, smem_
     mt = 1
     while mt * 8 < m:
         mt *= 2
-    r = 2 if mt >= 2 and n % 32 == 0 else 1
+    # Two row tiles per warp halve the per-chunk overhead (activation fragments, pipeline bookkeeping)
+    # per weight byte; one when that would leave SMs without a block, or with 8 token tiles (registers).
+    r = 2 if n % 32 == 0 and n // 32 >= sm_count and mt < 8 else 1
     warps = 8
     stages = {1: 4, 2: 4, 4: 3, 8: 2}[mt]
     while stages > 2 and DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
@@ -149,7 +151,7 @@ class _Params(ctypes.Structure):
         ("x_stride", ctypes.c_int),
         ("out_stride", ctypes.c_int),
         ("groups", ctypes.c_int),
-        ("chunks_per_group", ctypes.c_int),
+        ("group_shift", ctypes.c_int),
         ("chunks_per_split", ctypes.c_int),
         ("tile_group", ctypes.c_int),
     )
@@ -205,7 +207,7 @@ def run_decode(
         x.stride(0),
         out.stride(0),
         prep.groups,
-        prep.chunks_per_group,
+        31 if prep.groups == 1 else prep.chunks_per_group.bit_length() - 1,
         -(-chunks // tuning.splits),
         prep.tile_group,
     )

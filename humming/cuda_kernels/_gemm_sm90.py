@@ -2,7 +2,7 @@
 
 Layout: the shared fragment layout (``_layout``) with tile groups of 8 (N % 128 == 0). Compute: w =
 (q - z) * s rounded once to the activation dtype, bf16/fp16 wgmma with fp32 accumulation. Tuning:
-pipeline ``stages`` only (the block tile is 128 weight rows x 128 tokens).
+tokens per block tile (the block tile is 128 weight rows x ``bm`` tokens) and pipeline ``stages``.
 """
 
 from __future__ import annotations
@@ -16,32 +16,38 @@ from ._decode import device_limits
 from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout
 from .jit import KernelSpec
 
-__all__ = ["GEMM_CCS", "GemmTuning", "default_gemm_tuning", "gemm_spec", "gemm_unsupported", "run_gemm"]
+__all__ = ["GEMM_CCS", "GEMM_MIN_M", "GemmTuning", "default_gemm_tuning", "gemm_spec", "gemm_unsupported", "run_gemm"]
 
 GEMM_CCS = ((9, 0),)
-_BM = 128
+#: The GEMM takes M above this (measured on the H200: at M = 64 one 128-token tile beats the decode
+#: kernel's 8 token tiles; at M = 32 the decode kernel wins).
+GEMM_MIN_M = 32
 _CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
 
 
 @dataclass(frozen=True)
 class GemmTuning:
-    """Speed-only knob: pipeline stages (chunks of 64 columns in flight)."""
+    """Speed-only knobs: tokens per block tile (``bm``, 128 or 256) and pipeline ``stages`` (chunks of
+    64 columns in flight)."""
 
+    bm: int
     stages: int
 
     def smem_bytes(self, layout: WeightLayout) -> int:
         """Dynamic shared memory (``SmemLayout::kTotal`` in gemm_sm90.cuh) plus 1 KiB alignment slack."""
-        per_stage = _BM * 128 + 128 * 64 * layout.bits // 8 + 128 * (4 if layout.scale == "f32" else 2)
+        per_stage = self.bm * 128 + 128 * 64 * layout.bits // 8 + 128 * (4 if layout.scale == "f32" else 2)
         per_stage += 128 * 2 if layout.zero < 0 else 0
         return self.stages * (per_stage + 16) + 1024
 
 
-def default_gemm_tuning(layout: WeightLayout, smem_per_block: int) -> GemmTuning:
-    """As many stages (up to 6) as the device's shared memory per block allows."""
+def default_gemm_tuning(m: int, layout: WeightLayout, smem_per_block: int) -> GemmTuning:
+    """256-token tiles from M >= 512 (half the dequantization per FLOP), and as many stages (up to 6)
+    as the device's shared memory per block allows."""
+    bm = 256 if m >= 512 else 128
     stages = 6
-    while stages > 2 and GemmTuning(stages).smem_bytes(layout) > smem_per_block:
+    while stages > 2 and GemmTuning(bm, stages).smem_bytes(layout) > smem_per_block:
         stages -= 1
-    return GemmTuning(stages)
+    return GemmTuning(bm, stages)
 
 
 def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:
@@ -57,7 +63,7 @@ def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:
 
 def gemm_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: GemmTuning) -> KernelSpec:
     zp = "zp" if layout.zero < 0 else f"z{layout.zero}"
-    name = f"humming_gemm_sm90_u{layout.bits}{zp}_a{act}_s{layout.scale}_o{out}_b{bias}_bm{_BM}_s{tuning.stages}"
+    name = f"humming_gemm_sm90_u{layout.bits}{zp}_a{act}_s{layout.scale}_o{out}_b{bias}_bm{tuning.bm}_s{tuning.stages}"
     args = ", ".join(
         (
             _CPP_DTYPE[act],
@@ -66,6 +72,7 @@ def gemm_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: GemmT
             _CPP_DTYPE[layout.scale],
             _CPP_DTYPE[out],
             _CPP_DTYPE[bias],
+            str(tuning.bm),
             str(tuning.stages),
         )
     )
@@ -108,8 +115,8 @@ class _Params(ctypes.Structure):
     )
 
 
-def _x_tensor_map(x: torch.Tensor) -> bytes:
-    """TMA descriptor of ``x [M, K]``: 64 x 128 boxes (128 bytes wide), 128-byte swizzle, zero fill."""
+def _x_tensor_map(x: torch.Tensor, bm: int) -> bytes:
+    """TMA descriptor of ``x [M, K]``: 64 x ``bm`` boxes (128 bytes wide), 128-byte swizzle, zero fill."""
     from cuda.bindings import driver
 
     from ._driver import check
@@ -126,7 +133,7 @@ def _x_tensor_map(x: torch.Tensor) -> bytes:
             x.data_ptr(),
             [driver.cuuint64_t(k), driver.cuuint64_t(m)],
             [driver.cuuint64_t(x.stride(0) * x.element_size())],
-            [driver.cuuint32_t(64), driver.cuuint32_t(_BM)],
+            [driver.cuuint32_t(64), driver.cuuint32_t(bm)],
             [driver.cuuint32_t(1), driver.cuuint32_t(1)],
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
@@ -151,7 +158,7 @@ def run_gemm(
     m, k = x.shape
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     if tuning is None:
-        tuning = default_gemm_tuning(prep.layout, device_limits(device)[1])
+        tuning = default_gemm_tuning(m, prep.layout, device_limits(device)[1])
     kernel = get_kernel(gemm_call_spec(prep, x, bias, out_dtype, tuning), device)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
@@ -160,7 +167,7 @@ def run_gemm(
     elif tuple(out.shape) != (m, prep.n) or out.dtype != out_dtype or out.stride(1) != 1:
         raise ValueError(f"out: expected a [{m}, {prep.n}] {out_dtype} tensor with unit column stride")
     params = _Params(
-        (ctypes.c_uint8 * 128).from_buffer_copy(_x_tensor_map(x)),
+        (ctypes.c_uint8 * 128).from_buffer_copy(_x_tensor_map(x, tuning.bm)),
         prep.qweight.data_ptr(),
         prep.scales.data_ptr(),
         prep.zeros.data_ptr() if prep.zeros is not None else None,
@@ -173,6 +180,6 @@ def run_gemm(
         prep.groups,
         prep.chunks_per_group,
     )
-    grid = (prep.n // 128, -(-m // _BM), 1)
+    grid = (prep.n // 128, -(-m // tuning.bm), 1)
     kernel.launch(grid, tuning.smem_bytes(prep.layout), params, torch.cuda.current_stream(device).cuda_stream)
     return out

@@ -136,8 +136,8 @@ def weight_unsupported(qw, x: torch.Tensor) -> str | None:
         return "the CUDA kernels have no act-order (g_idx) support"
     if qw.layout == "block":
         return f"the CUDA kernels take per-tensor, per-channel or per-group scales, not {qw.describe()}"
-    if qw.layout == "group" and qw.group_size % 64:
-        return f"the CUDA kernels need a group size that is a multiple of 64, got {qw.group_size}"
+    if qw.layout == "group" and (qw.group_size % 64 or (qw.group_size // 64) & (qw.group_size // 64 - 1)):
+        return f"the CUDA kernels need a group size of 64 times a power of two, got {qw.group_size}"
     if qw.zeros is not None and qw.zeros.is_floating_point():
         return "the CUDA kernels take integer zero points only"
     return None

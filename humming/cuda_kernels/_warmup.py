@@ -10,7 +10,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
-from .jit import CompiledKernel, KernelSpec, compile_kernel
+from .jit import CompiledKernel, KernelSpec, compile_kernel, compiler_unavailable_reason
 
 __all__ = ["WarmupReport", "warmup_specs"]
 
@@ -65,6 +65,9 @@ def warmup_specs(
     jobs: list[tuple[KernelSpec, str]], max_workers: int | None = None, progress: bool = True
 ) -> WarmupReport:
     """Compile every ``(spec, arch)`` of ``jobs`` in a thread pool (NVRTC runs without the GIL)."""
+    reason = compiler_unavailable_reason()  # imports cuda-core once, before the threads
+    if reason is not None:
+        raise RuntimeError(reason)
     unique = list(dict.fromkeys(jobs))
     bar = _Progress(len(unique), progress and len(unique) > 0)
     start = time.perf_counter()

@@ -127,9 +127,21 @@ def _flatten(text: str, origin: str, root: Path, seen: set[str]) -> str:
     return _INCLUDE_RE.sub(include, text)
 
 
-@functools.cache
+_import_lock = threading.Lock()
+
+
 def compiler_unavailable_reason() -> str | None:
-    """``None`` when cuda-core and NVRTC can compile, else why not (the import or load error)."""
+    """``None`` when cuda-core and NVRTC can compile, else why not (the import or load error).
+
+    Checked once per process, under a lock: cuda-core's first import is not safe to run from several
+    threads at once (it picks its versioned submodule at import time).
+    """
+    with _import_lock:
+        return _probe_compiler()
+
+
+@functools.cache
+def _probe_compiler() -> str | None:
     try:
         from cuda.core import Program, ProgramOptions  # noqa: F401
     except Exception as exc:  # any import failure is reported, with its type and message

@@ -30,7 +30,7 @@ struct Params {
   int M, N, K;
   int x_stride, out_stride;
   int groups;            // scale groups along K
-  int chunks_per_group;  // group size / 64
+  int group_shift;       // log2(group size / 64), or 31 when there is one group
   int chunks_per_split;  // K/64 chunks handled by one blockIdx.y
   int tile_group;        // 16-row tiles per contiguous block of the layout
 };
@@ -52,7 +52,6 @@ __device__ __forceinline__ void run(const Params& p) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
-  const int c = lane & 3;
   const int tile0 = blockIdx.x * kR;
   const int n_chunks = p.K / 64;
   const int chunk_begin = blockIdx.y * p.chunks_per_split;
@@ -69,37 +68,71 @@ __device__ __forceinline__ void run(const Params& p) {
   uint2* s_slots = reinterpret_cast<uint2*>(x_slots + kStages * kMT * 2 * kThreads);  // [kStages][kR][kThreads]
   uint32_t* z_slots = reinterpret_cast<uint32_t*>(s_slots + kStages * kR * kThreads);  // [kStages][kR][kThreads]
 
-  const char* x_bytes = static_cast<const char*>(p.x);
-  const char* s_bytes = static_cast<const char*>(p.scales);
-  auto issue = [&](int stage, int chunk) {
-    if (chunk < chunk_end) {
-      const int group = chunk / p.chunks_per_group;
+  // Copy cursors of this thread, at the first chunk it issues, advanced by one chunk per issue
+  // (chunks first, first + kWarps, ...): only pointer increments per chunk, no index arithmetic.
+  const int first = chunk_begin + warp;
+  constexpr int kStrideChunks = kWarps;
+  const uint4* w_src[kR];
+  const char* s_src[kR];
+  const char* z_src[kR];
+  long group_stride_s, group_stride_z;
+  {
+    const long tile_group = p.tile_group;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const long blk = (tile0 + r) / tile_group, t = (tile0 + r) % tile_group;
+      w_src[r] = p.qweight + ((blk * n_chunks + first) * tile_group + t) * kVecs * 32 + lane;
+      const long pair = (blk * p.groups * tile_group + t) * 8 + g;  // the (g, g + 8) pair of group 0
+      s_src[r] = static_cast<const char*>(p.scales) + pair * kScaleBytes;
+      z_src[r] = reinterpret_cast<const char*>(p.zeros) + pair * 4;
+    }
+    group_stride_s = tile_group * 8 * kScaleBytes;
+    group_stride_z = tile_group * 8 * 4;
+  }
+  const long w_step = long(kStrideChunks) * p.tile_group * kVecs * 32;
+  // The warp's activation chunk: kMT * 8 token rows x 64 columns in 16-byte granules; lane copies
+  // granules q = lane + 32 i; granule gran of row `row` is stored at gran ^ (row & 7), so that
+  // ldmatrix reads are conflict-free. Rows past M are zero-filled (nothing read).
+  const char* x_src[kMT * 2];
+  uint32_t x_dst[kMT * 2];
+  bool x_ok[kMT * 2];
+#pragma unroll
+  for (int i = 0; i < kMT * 2; ++i) {
+    const int q = lane + 32 * i;
+    const int row = q >> 3, gran = q & 7;
+    x_ok[i] = row < p.M;
+    x_src[i] = static_cast<const char*>(p.x) + (long(x_ok[i] ? row : 0) * p.x_stride + first * 64 + gran * 8) * 2;
+    x_dst[i] = (row * 8 + (gran ^ (row & 7))) * 16;
+  }
+  const uint32_t smem_base = smem_addr(smem);
+  const uint32_t w_base = smem_base + threadIdx.x * 16;
+  const uint32_t x_base = smem_base + kStages * kR * kVecs * kThreads * 16 + warp * kMT * 1024;
+  const uint32_t s_base = smem_base + kStages * (kR * kVecs + kMT * 2) * kThreads * 16 + threadIdx.x * 8;
+  const uint32_t z_base = s_base - threadIdx.x * 8 + kStages * kR * kThreads * 8 + threadIdx.x * 4;
+  int next = first;  // the chunk the next issue copies
+
+  auto issue = [&](int stage) {
+    if (next < chunk_end) {
+      const long group = next >> p.group_shift;
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
-        const int blk = (tile0 + r) / p.tile_group, t = (tile0 + r) % p.tile_group;
 #pragma unroll
         for (int v = 0; v < kVecs; ++v) {
-          const long offset = (((long(blk) * n_chunks + chunk) * p.tile_group + t) * kVecs + v) * 32 + lane;
-          cp_async_cg16(&w_slots[(stage * kR * kVecs + r * kVecs + v) * kThreads + threadIdx.x], p.qweight + offset);
+          cp_async_cg16(w_base + ((stage * kR + r) * kVecs + v) * kThreads * 16, w_src[r] + v * 32);
         }
-        const long pair = ((long(blk) * p.groups + group) * p.tile_group + t) * 8 + g;  // the (g, g + 8) pair
-        cp_async_ca<kScaleBytes>(&s_slots[(stage * kR + r) * kThreads + threadIdx.x], s_bytes + pair * kScaleBytes);
+        cp_async_ca<kScaleBytes>(s_base + (stage * kR + r) * kThreads * 8, s_src[r] + group * group_stride_s);
         if constexpr (kZero < 0) {
-          cp_async_ca<4>(&z_slots[(stage * kR + r) * kThreads + threadIdx.x], p.zeros + pair * 2);
+          cp_async_ca<4>(z_base + (stage * kR + r) * kThreads * 4, z_src[r] + group * group_stride_z);
         }
+        w_src[r] += w_step;
       }
-      // The warp's activation chunk: kMT * 8 tokens x 64 columns, 16-byte granules, granule q of token
-      // row r stored at q ^ (r & 7) so that ldmatrix reads are conflict-free.
-      uint4* xs = x_slots + (stage * kWarps + warp) * kMT * 64;
 #pragma unroll
       for (int i = 0; i < kMT * 2; ++i) {
-        const int q = lane + 32 * i;
-        const int row = q >> 3, gran = q & 7;
-        const bool ok = row < p.M;
-        const char* src = x_bytes + (long(ok ? row : 0) * p.x_stride + chunk * 64 + gran * 8) * 2;
-        cp_async_ca16_zfill(&xs[row * 8 + (gran ^ (row & 7))], src, ok);
+        cp_async_ca16_zfill(x_base + stage * kWarps * kMT * 1024 + x_dst[i], x_src[i], x_ok[i]);
+        x_src[i] += kStrideChunks * 128;
       }
     }
+    next += kStrideChunks;
     cp_async_commit();  // empty groups past the end keep the group count uniform
   };
 
@@ -111,13 +144,12 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.0f;
 
-  const int first = chunk_begin + warp;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s, first + s * kWarps);
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
   int stage = 0;
   for (int chunk = first; chunk < chunk_end; chunk += kWarps) {
     __syncwarp();  // every lane is done reading the slot the next issue overwrites
-    issue(stage == 0 ? kStages - 1 : stage - 1, chunk + (kStages - 1) * kWarps);
+    issue(stage == 0 ? kStages - 1 : stage - 1);
     cp_async_wait<kStages - 1>();
     __syncwarp();  // the warp's activation chunk, copied by all its lanes, is complete
     // B fragments: xb[t][j] = {b0, b1} of k16 step j for token tile t, two steps per ldmatrix.x4.

@@ -2,7 +2,7 @@
 //
 // The kernel computes out^T tile by tile so that the quantized weights are the wgmma A operand, which
 // Hopper lets come from registers: the weights never go through shared memory in 16-bit form.
-// - Block tile: 128 weight rows x kBM tokens, K in 64-column chunks; 3 warpgroups (384 threads):
+// - Block tile: 128 weight rows x kBM (128 or 256) tokens, K in 64-column chunks; 3 warpgroups (384 threads):
 //   warpgroup 0 is the producer (one thread issues all copies, setmaxnreg.dec to 40 registers),
 //   warpgroups 1 and 2 are consumers of 64 rows each (setmaxnreg.inc to 232).
 // - Each pipeline stage holds one chunk: the activation tile (kBM x 64, loaded by TMA with the
@@ -103,9 +103,36 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
   }
 }
 
-template <int kBits, int kZero, DType S, int kStages>
+// d[64 x 256] (+)= a[64 x 16] (registers) * b[16 x 256] (shared memory, K-major), fp32 accumulators.
+template <DType A>
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b_desc,
+                                                    int accumulate) {
+  if constexpr (A == DType::bf16) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  }
+}
+
+template <DType A, int kBM>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kBM / 2], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
+  if constexpr (kBM == 128) {
+    wgmma_m64n128k16_rs<A>(d, a, b_desc, accumulate);
+  } else {
+    wgmma_m64n256k16_rs<A>(d, a, b_desc, accumulate);
+  }
+}
+
+template <int kBits, int kZero, DType S, int kBM, int kStages>
 struct SmemLayout {
-  static constexpr int kBM = 128;
   static constexpr int kXBytes = kBM * 128;                 // activation tile, 1024-byte aligned
   static constexpr int kWBytes = 128 * 64 * kBits / 8;      // weight chunk of 128 rows
   static constexpr int kSBytes = 128 * (S == DType::f32 ? 4 : 2);
@@ -118,10 +145,9 @@ struct SmemLayout {
   static constexpr int kTotal = kBar + 2 * kStages * 8;
 };
 
-template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kStages>
+template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages>
 __device__ __forceinline__ void run(const Params& p) {
-  using L = SmemLayout<kBits, kZero, S, kStages>;
-  constexpr int kBM = L::kBM;
+  using L = SmemLayout<kBits, kZero, S, kBM, kStages>;
   constexpr int kVecs = kBits / 4;
   constexpr uint32_t kStageTx = L::kXBytes + L::kWBytes + L::kSBytes + L::kZBytes;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -174,8 +200,10 @@ __device__ __forceinline__ void run(const Params& p) {
     const int g = lane >> 2, c = lane & 3;
     constexpr float kMagicF = kBits == 8 && A == DType::bf16 ? 8388608.0f : (A == DType::bf16 ? 128.0f : 1024.0f);
     constexpr uint32_t kNegZero = 0x80008000u;
-    float acc[64];
-    for (int kc = 0; kc < n_chunks; ++kc) {
+    float acc[kBM / 2];
+    // Wait for chunk kc, load this lane's weight fragment, scales and zero points, and dequantize its
+    // four k16 steps into a (w = (q - z) * s, rounded once to the activation type).
+    auto load_dequant = [&](int kc, uint32_t (&a)[4][4]) {
       const int s = kc % kStages;
       mbar_wait(full0 + 8 * s, (kc / kStages) & 1);
       const uint4* w = reinterpret_cast<const uint4*>(smem + L::kW + s * L::kWBytes) + tile * kVecs * 32 + lane;
@@ -200,7 +228,6 @@ __device__ __forceinline__ void run(const Params& p) {
       }
       const uint32_t bias_g = pack2<A>(-zf_g, -zf_g), bias_g8 = pack2<A>(-zf_g8, -zf_g8);
       const uint32_t scale_g = pack2<A>(s_g, s_g), scale_g8 = pack2<A>(s_g8, s_g8);
-      uint32_t a[4][4];
       const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[0]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -212,13 +239,24 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) a[j][i] = fma2<A>(a[j][i], (i & 1) ? scale_g8 : scale_g, kNegZero);
       }
-      const uint64_t desc = sw128_desc(base + L::kX + s * L::kXBytes);
+    };
+    auto issue_mma = [&](int kc, const uint32_t (&a)[4][4]) {
+      const uint64_t desc = sw128_desc(base + L::kX + (kc % kStages) * L::kXBytes);
       wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wgmma_m64n128k16_rs<A>(acc, a[j], desc + 2 * j, kc > 0 || j > 0);
+      for (int j = 0; j < 4; ++j) wgmma_rs<A, kBM>(acc, a[j], desc + 2 * j, kc > 0 || j > 0);
       wgmma_commit();
+    };
+    // One chunk at a time: the dequantized A registers must stay untouched until the wgmmas that read
+    // them complete, and ptxas serializes wgmmas whose register inputs are written while earlier ones
+    // are in flight (C7513), so the overlap of dequantization and tensor-core work comes from the two
+    // consumer warpgroups taking turns.
+    for (int kc = 0; kc < n_chunks; ++kc) {
+      uint32_t a[4][4];
+      load_dequant(kc, a);
+      issue_mma(kc, a);
       wgmma_wait<0>();
-      mbar_arrive(empty0 + 8 * s);
+      mbar_arrive(empty0 + 8 * (kc % kStages));
     }
     // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).
     const long n_base = long(blk) * 128 + tile * 16 + g;
