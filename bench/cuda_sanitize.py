@@ -15,6 +15,7 @@ def main() -> None:
         ("int4", 128, False, 5, 256, 512, None),  # one block per 16 rows, K split over warps
         ("uint4", 128, True, 16, 512, 1024, None),  # zero points, two token tiles, two row tiles
         ("int8", -1, False, 3, 48, 2048, _decode.DecodeTuning(1, 1, 8, 3, 4)),  # split-K atomics
+        ("int4", 64, False, 9, 256, 1024, _decode.DecodeTuning(2, 4, 8, 3, 1)),  # four row tiles per warp
     ]
     for weight, group, zp, m, n, k, tuning in cases:
         qw = humming.quantize(torch.randn(n, k, device="cuda"), weight=weight, group_size=group, zero_point=zp)
@@ -29,10 +30,12 @@ def main() -> None:
     if torch.cuda.get_device_capability() == (9, 0):
         qw = humming.quantize(torch.randn(256, 512, device="cuda"), weight="uint4", group_size=128, zero_point=True)
         x = torch.randn(130, 512, device="cuda", dtype=torch.bfloat16)
-        out = _gemm_sm90.run_gemm(prepare_weight(qw), x, None, torch.bfloat16)
         ref = x.float() @ humming.dequantize(qw).T
-        torch.cuda.synchronize()
-        print(f"gemm_sm90 uint4 g128 zp M=130: rel err {((out.float() - ref).norm() / ref.norm()).item():.2e}")
+        for tuning in (_gemm_sm90.GemmTuning(128, 4), _gemm_sm90.GemmTuning(256, 3)):
+            out = _gemm_sm90.run_gemm(prepare_weight(qw), x, None, torch.bfloat16, tuning)
+            torch.cuda.synchronize()
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            print(f"gemm_sm90 uint4 g128 zp M=130 {tuning}: rel err {err:.2e}")
 
 
 if __name__ == "__main__":
