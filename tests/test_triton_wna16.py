@@ -172,11 +172,11 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 7, 16, 128, 1024, 8192])
+@pytest.mark.parametrize("m", [1, 7, 128, 1024, 8192])
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
 def test_wna16_gpu_realistic(case: Case, m: int, seed: int) -> None:
     n, k = (28672, 8192) if case.weight == "int4" and not case.act_order else (8192, 8192)
-    qw = case.quantize(torch.randn(n, k, device="cuda"))
+    qw = case.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))  # bf16 scales, as real checkpoints
     x = torch.randn(m, k, device="cuda").to(case.x_dtype)
     bias = torch.randn(n, device="cuda")
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")

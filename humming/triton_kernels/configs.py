@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["TileConfig", "wna16_config"]
+__all__ = ["TileConfig", "choose_split_k", "wna16_config"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ _BUCKETS = (
 )
 
 
-def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
+def choose_split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
     """Split K until the grid covers the multiprocessors about twice, keeping >= 4 K tiles per split."""
     split = 1
     while tiles * split < 2 * sm_count and k_tiles // (split * 2) >= 4:
@@ -65,4 +65,4 @@ def wna16_config(m: int, n: int, k: int, bits: int, sm_count: int) -> TileConfig
         cfg = cfg.replace(block_k=min(cfg.block_k, 64))
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     k_tiles = -(-k // cfg.block_k)
-    return cfg.replace(split_k=_split_k(tiles, k_tiles, sm_count))
+    return cfg.replace(split_k=choose_split_k(tiles, k_tiles, sm_count))
