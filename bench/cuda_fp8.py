@@ -1,4 +1,5 @@
-"""Benchmark of the Hopper FP8 GEMM against torch._scaled_mm and the floor, on 8192x8192 and 28672x8192.
+"""Benchmark of the Hopper FP8 GEMMs (W8A8 per-token x per-channel, W8A8 128-blocks, W4A8 int4 g128) against
+torch._scaled_mm (W8A8 row-wise), torch's bf16 matmul (W4A8) and the floor, on 8192x8192 and 28672x8192.
 
 Weights are random non-NaN e4m3 codes with random scales (bench/cuda_fp8_inputs.py); activations are
 random normal bf16 quantized by the Triton activation pass. Kernel time: a CUDA graph of several
@@ -21,7 +22,7 @@ from functools import partial
 
 import torch
 
-from bench.cuda_fp8_inputs import random_weight
+from bench.cuda_fp8_inputs import random_weight, reference_weight
 from humming.cuda_kernels import fp8_gemm, jit
 from humming.ir.activation import get_act_scheme
 from humming.triton_kernels.act_quant import quantize_activation
@@ -69,47 +70,62 @@ def launches(m: int) -> int:
     return 32 if m <= 128 else (8 if m <= 1024 else 3)
 
 
+def baseline(row: dict, key: str, fns, ours: float, out: torch.Tensor) -> None:
+    """Time ``fns`` (a torch baseline) into ``row[key]``; a refusal is recorded, not fatal."""
+    try:
+        ref = fns[0]()
+        row[key] = graph_time(fns)
+    except RuntimeError as err:
+        row[f"{key}_error"] = str(err).splitlines()[0]
+        return
+    row[f"{key}_rel_err"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    row[f"{key}_speedup"] = row[key] / ours
+
+
+MODES = (  # name, weight format, weight group, activation scheme
+    ("w8a8_rowcol", "e4m3", -1, "fp8"),
+    ("w8a8_block128", "e4m3", (128, 128), "fp8_g128"),
+    ("w4a8_g128", "int4", 128, "fp8"),
+)
+
+
 def bench_shape(n: int, k: int, bw: float, l2: int) -> list[dict]:
     rows = []
-    for mode, group, act_name in (("rowcol", -1, "fp8"), ("block128", (128, 128), "fp8_g128")):
-        qw = random_weight(n, k, group, "cuda")
+    limits = fp8_gemm.device_limits(torch.cuda.current_device())
+    for mode, fmt, group, act_name in MODES:
+        qw = random_weight(n, k, group, "cuda", fmt=fmt)
         act = get_act_scheme(act_name)
         prep = fp8_gemm.prepare(qw)
         copies = max(1, -(-3 * l2 // prep.weight.numel()))
         preps = [prep] + [dataclasses.replace(prep, weight=prep.weight.clone(), maps={}) for _ in range(copies - 1)]
         w_fp8 = [p.weight.view(torch.float8_e4m3fn) for p in preps]
-        w_scale = prep.w_scale[:n].reshape(1, n) if prep.w_scale is not None else None
+        w_scale = prep.w_scale[:n].reshape(1, n) if mode == "w8a8_rowcol" else None
+        w_bf16 = reference_weight(qw).to(torch.bfloat16) if fmt == "int4" else None
         for m in M_VALUES:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             qa = quantize_activation(x, act)
             count = launches(m)
-            tuning = fp8_gemm.choose_tuning(m, n, k, fp8_gemm.device_limits(torch.cuda.current_device()))
+            tuning = fp8_gemm.choose_tuning(m, n, k, limits, prep.w_bits)
             ours = graph_time([partial(fp8_gemm.run, preps[i % copies], qa, act, None, bf16) for i in range(count)])
             full = graph_time([partial(fp8_gemm.run, preps[i % copies], x, act, None, bf16) for i in range(count)])
             out = fp8_gemm.run(prep, qa, act, None, bf16)
             row = dict(mode=mode, m=m, n=n, k=k, tuning=dataclasses.asdict(tuning), ours_s=ours, linear_s=full)
-            nbytes = n * k + m * k + 2 * m * n
+            nbytes = prep.weight.numel() + m * k + 2 * m * n
             row["floor_bw_s"] = nbytes / bw
             row["floor_flop_s"] = 2 * m * n * k / NOMINAL_FP8
             row["floor_s"] = max(row["floor_bw_s"], row["floor_flop_s"])
             row["ours_tflops"] = 2 * m * n * k / ours / 1e12
             if w_scale is not None:
-                fns = [
-                    partial(torch._scaled_mm, qa.data(), w_fp8[i % copies].t(), qa.scales, w_scale, out_dtype=bf16)
-                    for i in range(count)
-                ]
-                try:
-                    ref = fns[0]()
-                    row["torch_s"] = graph_time(fns)
-                except RuntimeError as err:  # recorded, not fatal: the rest of the sweep still runs
-                    row["torch_error"] = str(err).splitlines()[0]
-                else:
-                    row["rel_err_vs_torch"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-                    row["speedup_vs_torch"] = row["torch_s"] / ours
+                a, s = qa.data(), qa.scales
+                fns = [partial(torch._scaled_mm, a, w.t(), s, w_scale, out_dtype=bf16) for w in w_fp8 * count][:count]
+                baseline(row, "torch_scaled_mm_s", fns, ours, out)
+            if w_bf16 is not None:
+                baseline(row, "torch_bf16_s", [partial(torch.matmul, x, w_bf16.T)] * count, ours, out)
             rows.append(row)
-            vs = f" torch {row['torch_s'] * 1e6:9.1f} us  x{row['speedup_vs_torch']:.2f}" if "torch_s" in row else ""
+            key = next((key for key in ("torch_scaled_mm_s", "torch_bf16_s") if key in row), None)
+            vs = f" {key[:-2]} {row[key] * 1e6:9.1f} us x{row[key + '_speedup']:.2f}" if key else ""
             print(
-                f"{mode:8s} {n:5d}x{k} m={m:5d}: ours {ours * 1e6:9.1f} us ({row['ours_tflops']:6.0f} TFLOP/s,"
+                f"{mode:13s} {n:5d}x{k} m={m:5d}: ours {ours * 1e6:9.1f} us ({row['ours_tflops']:6.0f} TFLOP/s,"
                 f" {ours / row['floor_s']:.2f}x floor) linear {full * 1e6:9.1f} us{vs}",
                 flush=True,
             )

@@ -1,9 +1,9 @@
 """Isolates each stage of the FP8 GEMM on the GPU: tensor-map bytes, the kernel on an outer product
 (rows and columns constant along K: checks the row / column mapping and the scales) and on random codes
 (checks the K-direction swizzle of TMA against the wgmma descriptors), with each epilogue (TMA store,
-plain stores) and both warpgroup counts; and, for information, the Triton activation pass against
-humming's reference quantizer on the GPU. The last line names the epilogue that works:
-``CHOICE store=tma|direct|none``.
+plain stores) and both warpgroup counts, for W8A8 (rows, 128-blocks) and W4A8; and, for information,
+the Triton activation pass against humming's reference quantizer on the GPU. The last line names the
+epilogue with which every W8A8 problem is right: ``CHOICE store=tma|direct|none``.
 
 Usage: python bench/cuda_fp8_diag.py
 """
@@ -89,24 +89,25 @@ def main() -> None:
     torch.manual_seed(0)
     tensor_map_bytes_agree()
     limits = fp8_gemm.device_limits(torch.cuda.current_device())
+    problems = [  # label, weight, activations (W8A8 first: they decide the CHOICE line)
+        ("outer", *outer_product(13, 72, 256)),
+        ("random", random_weight(333, 1000, -1, "cuda"), random_activation(37, 1000, "fp8", "cuda")),
+        ("random", random_weight(1000, 520, -1, "cuda"), random_activation(300, 520, "fp8", "cuda")),
+        ("block", random_weight(1000, 1000, (128, 128), "cuda"), random_activation(77, 1000, "fp8_g128", "cuda")),
+        ("w4a8", random_weight(1000, 1000, 128, "cuda", fmt="int4"), random_activation(77, 1000, "fp8", "cuda")),
+    ]
     good = {}
     for store in (True, False):
-        errs = []
-        for m, n, k, group, act in ((13, 72, 256, None, None), (37, 333, 1000, -1, "fp8"), (300, 1000, 520, -1, "fp8")):
-            base = dataclasses.replace(fp8_gemm.choose_tuning(m, n, k, limits), tma_store=store)
-            wide = fp8_gemm.Fp8Tuning(2, 64, 3, 1, tma_store=store)
-            if group is None:
-                qw, qa = outer_product(m, n, k)
-            else:
-                qw, qa = random_weight(n, k, group, "cuda"), random_activation(m, k, act, "cuda")
-            errs += [run_case(qw, qa, base, "outer" if group is None else "random"), run_case(qw, qa, wide, "")]
-        qw, qa = random_weight(1000, 1000, (128, 128), "cuda"), random_activation(77, 1000, "fp8_g128", "cuda")
-        errs.append(
-            run_case(
-                qw, qa, dataclasses.replace(fp8_gemm.choose_tuning(77, 1000, 1000, limits), tma_store=store), "block"
-            )
-        )
-        good["tma" if store else "direct"] = max(errs) < 1e-2
+        errs = {}
+        for label, qw, qa in problems:
+            m, k = qa.codes.shape
+            base = fp8_gemm.choose_tuning(m, qw.N, k, limits, qw.bits if qw.format.name == "int4" else 8)
+            for tuning in (base, fp8_gemm.Fp8Tuning(2, 64, 3, 1)):
+                err = run_case(qw, qa, dataclasses.replace(tuning, tma_store=store), label)
+                errs[label] = max(errs.get(label, 0.0), err)
+        name = "tma" if store else "direct"
+        good[name] = max(v for k, v in errs.items() if k != "w4a8") < 1e-2
+        print(f"{name}: worst rel err per problem {errs}")
     x = torch.randn(37, 1000, device="cuda", dtype=torch.bfloat16)
     for name in ("fp8", "fp8_g128"):
         act_quant_report(x, name)

@@ -15,7 +15,7 @@ from humming.ir.activation import QuantizedActivation, get_act_scheme
 from humming.ir.layout import parse_group_size
 from humming.ir.weight import QuantizedWeight
 
-__all__ = ["random_activation", "random_codes", "random_weight", "reference"]
+__all__ = ["random_activation", "random_codes", "random_weight", "reference", "reference_weight"]
 
 
 def random_codes(rows: int, k: int, device) -> torch.Tensor:
@@ -24,12 +24,17 @@ def random_codes(rows: int, k: int, device) -> torch.Tensor:
     return (codes + (codes >= 0x7F).to(torch.int32)).to(torch.uint8)  # skip 0x7F; 0xFF is never reached
 
 
-def random_weight(n: int, k: int, group, device, bias_dtype: torch.dtype | None = None) -> QuantizedWeight:
-    """An e4m3 ``QuantizedWeight [n, k]`` with ``group`` scales (``"tensor"``, ``-1``, ``(bn, bk)``)."""
-    codes = random_codes(n, k, device)
-    qweight = F.pad(codes, (0, -k % 4)).view(torch.int32)  # canonical packing: bytes little-endian along K
+def random_weight(
+    n: int, k: int, group, device, bias_dtype: torch.dtype | None = None, fmt: str = "e4m3"
+) -> QuantizedWeight:
+    """An e4m3 or int4 ``QuantizedWeight [n, k]`` with ``group`` scales (``"tensor"``, ``-1``, ``g``, ``(bn, bk)``)."""
+    if fmt == "int4":  # nibbles: element k in bits 4k..4k+3 of the row's little-endian stream
+        nibbles = F.pad(torch.randint(0, 16, (n, k), device=device), (0, -k % 8))
+        qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
+    else:  # canonical packing of 8-bit codes: bytes little-endian along K
+        qweight = F.pad(random_codes(n, k, device), (0, -k % 4)).view(torch.int32)
     bias = None if bias_dtype is None else torch.randn(n, device=device, dtype=bias_dtype)
-    probe = QuantizedWeight((n, k), "e4m3", qweight, None, parse_group_size(group), bias=bias)
+    probe = QuantizedWeight((n, k), fmt, qweight, None, parse_group_size(group), bias=bias)
     return probe.replace(scales=(1 + torch.rand(probe.scale_grid, device=device)) * 2e-3)
 
 
@@ -45,13 +50,22 @@ def _expand(scales: torch.Tensor, block: tuple[int, int], rows: int, k: int) -> 
     return s.repeat_interleave(block[1], 1)[:, :k]
 
 
+def reference_weight(qw: QuantizedWeight) -> torch.Tensor:
+    """float64 ``dequant(W)`` ``[N, K]``: torch's exact e4m3 decoding, or int4 as two's complement."""
+    n, k = qw.N, qw.K
+    if qw.format.name == "int4":
+        packed = qw.qweight.view(torch.uint8).to(torch.int64)
+        nibbles = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)[:, :k]
+        values = (nibbles - 16 * (nibbles >= 8)).to(torch.float64)
+    else:
+        values = qw.qweight.view(torch.uint8)[:, :k].view(torch.float8_e4m3fn).to(torch.float64)
+    return values * _expand(qw.scales, qw.block_shape, n, k)
+
+
 def reference(qa: QuantizedActivation, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """float64 ``dequant(x) @ dequant(W)^T + bias``, with torch's exact e4m3 decoding."""
+    """float64 ``dequant(x) @ dequant(W)^T + bias``, with torch's exact e4m3 decoding (int4: two's complement)."""
     m, k = qa.codes.shape
-    n = qw.N
     x_block = {"token": (1, k), "tensor": (m, k)}.get(qa.scheme.group) or (1, qa.scheme.group)
     xd = qa.codes.view(torch.float8_e4m3fn).to(torch.float64) * _expand(qa.scales, x_block, m, k)
-    w_codes = qw.qweight.view(torch.uint8)[:, :k].view(torch.float8_e4m3fn)
-    wd = w_codes.to(torch.float64) * _expand(qw.scales, qw.block_shape, n, k)
-    out = xd @ wd.T
+    out = xd @ reference_weight(qw).T
     return out if bias is None else out + bias.to(torch.float64)

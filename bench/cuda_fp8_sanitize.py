@@ -1,5 +1,5 @@
-"""Small FP8 GEMM calls for compute-sanitizer: both scaling modes, odd shapes, both warpgroup counts and
-both epilogues; prints the relative error of each against float64 and exits 1 on any failure.
+"""Small FP8 GEMM calls for compute-sanitizer: W8A8 in both scaling modes and W4A8, odd shapes, both
+warpgroup counts and both epilogues; prints the relative error of each against float64 and exits 1 on any failure.
 
 Usage: python bench/cuda_fp8_sanitize.py
 """
@@ -13,20 +13,22 @@ import torch
 from bench.cuda_fp8_inputs import random_activation, random_weight, reference
 from humming.cuda_kernels import fp8_gemm
 
-CASES = [  # m, n, k, weight group, act, tuning (None: the heuristic's)
-    (37, 333, 1000, -1, "fp8", None),
-    (37, 333, 1000, -1, "fp8", fp8_gemm.Fp8Tuning(2, 64, 3, 1)),
-    (20, 256, 384, (128, 128), "fp8_g128", fp8_gemm.Fp8Tuning(1, 32, 2, 2, tma_store=False)),
-    (130, 200, 520, (128, 128), "fp8_g128", fp8_gemm.Fp8Tuning(2, 128, 2, 1)),
-    (1, 64, 32, "tensor", "fp8_tensor", None),
+CASES = [  # weight format, m, n, k, weight group, act, tuning (None: the heuristic's)
+    ("e4m3", 37, 333, 1000, -1, "fp8", None),
+    ("e4m3", 37, 333, 1000, -1, "fp8", fp8_gemm.Fp8Tuning(2, 64, 3, 1)),
+    ("e4m3", 20, 256, 384, (128, 128), "fp8_g128", fp8_gemm.Fp8Tuning(1, 32, 2, 2, tma_store=False)),
+    ("e4m3", 130, 200, 520, (128, 128), "fp8_g128", fp8_gemm.Fp8Tuning(2, 128, 2, 1)),
+    ("e4m3", 1, 64, 32, "tensor", "fp8_tensor", None),
+    ("int4", 37, 333, 1000, 256, "fp8", None),
+    ("int4", 130, 200, 520, -1, "fp8", fp8_gemm.Fp8Tuning(2, 128, 2, 1)),
 ]
 
 
 def main() -> int:
     torch.manual_seed(0)
     failed = 0
-    for m, n, k, group, act_name, tuning in CASES:
-        qw = random_weight(n, k, group, "cuda", torch.bfloat16)
+    for fmt, m, n, k, group, act_name, tuning in CASES:
+        qw = random_weight(n, k, group, "cuda", torch.bfloat16, fmt)
         qa = random_activation(m, k, act_name, "cuda")
         out = fp8_gemm.run(fp8_gemm.prepare(qw), qa, qa.scheme, qw.bias, torch.bfloat16, tuning=tuning)
         torch.cuda.synchronize()
@@ -34,7 +36,7 @@ def main() -> int:
         rel = ((out.double() - ref).norm() / ref.norm()).item()
         ok = rel < 1e-2 and not torch.isnan(out).any()
         failed += not ok
-        print(f"m={m} n={n} k={k} w={group} act={act_name} tuning={tuning}: rel err {rel:.2e} {'ok' if ok else 'FAIL'}")
+        print(f"{fmt} m={m} n={n} k={k} w={group} act={act_name} {tuning}: rel err {rel:.2e} {'ok' if ok else 'FAIL'}")
     return 1 if failed else 0
 
 

@@ -29,9 +29,15 @@ def _specs() -> list[jit.KernelSpec]:
     """The kernels the heuristics pick for decode, mid and large M, in both scaling modes."""
     picks = [(1, 8192, False, "bf16", "bf16"), (16, 28672, False, "f16", "f32"), (128, 8192, False, "bf16", "f16")]
     picks += [(4096, 8192, False, "bf16", "bf16"), (4096, 8192, True, "bf16", "bf16"), (64, 4096, True, "f16", "f16")]
-    specs = [fp8_gemm.fp8_spec(b, o, bias, fp8_gemm.choose_tuning(m, n, 8192, H200)) for m, n, b, o, bias in picks]
+    specs = [
+        fp8_gemm.fp8_spec(8, "block128" if b else "rowcol", o, bias, fp8_gemm.choose_tuning(m, n, 8192, H200))
+        for m, n, b, o, bias in picks
+    ]
     direct = dataclasses.replace(fp8_gemm.choose_tuning(16, 8192, 8192, H200), tma_store=False)
-    return [*specs, fp8_gemm.fp8_spec(False, "bf16", "bf16", direct)]
+    specs.append(fp8_gemm.fp8_spec(8, "rowcol", "bf16", "bf16", direct))
+    for m, mode in ((1, "group"), (4096, "group"), (128, "rowcol")):  # W4A8
+        specs.append(fp8_gemm.fp8_spec(4, mode, "bf16", "f16", fp8_gemm.choose_tuning(m, 8192, 8192, H200, 4)))
+    return specs
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +83,9 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
         sass = subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
         block_m = int(re.search(r"_m(\d+)_", name).group(1))
         assert f"QGMMA.64x{block_m}x32.F32.E4M3.E4M3" in sass, name
+        if "_w4a8_" in name:  # A from registers, fed by bulk copies and prmt table lookups
+            assert re.search(rf"QGMMA\.64x{block_m}x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", sass), name
+            assert "UBLKCP" in sass and sass.count("PRMT") >= 48, name
         for op in ("UTMALDG.2D", "USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"):
             assert op in sass, (name, op)
         tma_store = not name.endswith("_stg")
@@ -114,7 +123,7 @@ def test_prepared_weight_is_the_e4m3_matrix(group, n, k, seed):
     assert torch.equal(prep.weight[:, :k], humming.ir.unpacked_codes(qw).to(torch.uint8))
     assert not prep.weight[:, k:].any()
     values = prep.weight[:, :k].view(torch.float8_e4m3fn).to(torch.float64)
-    if prep.block_scale:
+    if prep.scale_mode == "block128":
         assert prep.w_scale is None and prep.w_block_scale.shape == (-(-n // 128), -(-k // 128))
         s = prep.w_block_scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
     else:
@@ -124,14 +133,82 @@ def test_prepared_weight_is_the_e4m3_matrix(group, n, k, seed):
     assert torch.equal((values * s.to(torch.float64)).to(torch.float32), humming.dequantize(qw, torch.float32))
 
 
+def _prmt(a: int, b: int, sel: int) -> int:
+    """PTX prmt.b32 (default mode): byte i = byte (sel >> 4i) & 7 of {b, a}, sign-replicated if bit 3 is set."""
+    pool = (b << 32) | a
+    out = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = (pool >> (8 * (nib & 7))) & 0xFF
+        out |= (0xFF if byte & 0x80 else 0) << (8 * i) if nib & 8 else byte << (8 * i)
+    return out
+
+
+def _int4_to_e4m3(nibbles: int) -> int:
+    """The header's int4_to_e4m3, run on the host with its constants read from the header."""
+    text = (jit.INCLUDE_DIR / "humming" / "fp8_gemm_sm90.cuh").read_text()
+    table = {k: int(v, 16) for k, v in re.findall(r"(k(?:Lo|Hi)[01]) = (0x[0-9A-F]+)u", text)}
+    sel = nibbles & 0x7777
+    lo = _prmt(table["kLo0"], table["kLo1"], sel)
+    hi = _prmt(table["kHi0"], table["kHi1"], sel)
+    return _prmt(lo, hi, ((nibbles >> 1) & 0x4444) | 0x3210)
+
+
+def test_int4_to_e4m3_is_exact_for_every_code():
+    values = torch.tensor([v if v < 8 else v - 16 for v in range(16)], dtype=torch.float32)
+    want = values.to(torch.float8_e4m3fn).view(torch.uint8).tolist()
+    for a, b, c, d in [(i, (i + 5) % 16, (i + 9) % 16, 15 - i) for i in range(16)]:
+        got = _int4_to_e4m3(a | b << 4 | c << 8 | d << 12)
+        assert [(got >> (8 * j)) & 0xFF for j in range(4)] == [want[a], want[b], want[c], want[d]]
+
+
+@pytest.mark.parametrize("group", [-1, 128, 256, "tensor"])
+def test_int4_tiles_are_the_wgmma_fragments(group, seed):
+    """Read the pre-tiled int4 weights back the way each consumer thread does (two 16-byte loads, each word
+    -> a0/a1 or a2/a3 of one k-step) and check every (row, k) lands where the A fragment puts it."""
+    n, k = 130, 300
+    qw = humming.quantize(torch.randn(n, k), weight="int4", group_size=group, scale_dtype=torch.float32)
+    prep = fp8_gemm.prepare(qw)
+    assert prep.w_bits == 4 and prep.scale_mode == ("group" if group in (128, 256) else "rowcol")
+    tiles = prep.weight.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [N/64, K/128, 1024 words]
+    n_pad, k_pad = tiles.shape[0] * 64, tiles.shape[1] * 128
+    seen = torch.full((n_pad, k_pad), -1, dtype=torch.int64)
+    for warp in range(4):
+        for lane in range(32):
+            g, c = lane // 4, lane % 4
+            for half in range(2):
+                for j in range(4):  # word j of this thread's 16 bytes
+                    words = tiles[:, :, warp * 256 + half * 128 + lane * 4 + j]  # [N/64, K/128]
+                    step, q = 2 * half + j // 2, j % 2
+                    for hi in range(2):  # a0 / a2 (row g) in the low half, a1 / a3 (row g + 8) in the high
+                        for e in range(4):
+                            code = (words >> (16 * hi + 4 * e)) & 0xF
+                            rows = torch.arange(0, n_pad, 64).view(-1, 1) + 16 * warp + g + 8 * hi
+                            cols = torch.arange(0, k_pad, 128).view(1, -1) + 32 * step + 16 * q + 4 * c + e
+                            seen[rows, cols] = code
+    codes = humming.ir.unpacked_codes(qw).to(torch.int64)
+    assert torch.equal(seen[:n, :k], codes)
+    assert not seen[n:].any() and not seen[:, k:].any()
+    scales = qw.scales.to(torch.float32)
+    if prep.scale_mode == "group":
+        per_block = prep.w_group_scale[:, :n].T  # [N, K/128]
+        assert torch.equal(per_block, scales.repeat_interleave(qw.group_size // 128, 1)[:, : per_block.shape[1]])
+    else:
+        assert torch.equal(prep.w_scale[:n], scales.expand(n, 1).reshape(n))
+
+
 def test_unsupported_combinations_say_why():
     x = torch.empty(4, 256, dtype=torch.bfloat16)
     e4m3 = humming.quantize(torch.randn(64, 256), weight="e4m3", group_size=-1)
     block = humming.quantize(torch.randn(256, 256), weight="e4m3", group_size=(128, 128))
     block64 = humming.quantize(torch.randn(256, 256), weight="e4m3", group_size=(64, 128))
+    uint4 = humming.quantize(torch.randn(64, 256), weight="uint4", group_size=128, zero_point=True)
+    int4_g64 = humming.quantize(torch.randn(64, 256), weight="int4", group_size=64)
     int4 = humming.quantize(torch.randn(64, 256), weight="int4", group_size=128)
     fp8, g128 = get_act_scheme("fp8"), get_act_scheme("fp8_g128")
-    assert "e4m3 weights" in fp8_gemm.supports(int4, fp8, x)
+    assert "e4m3 or int4 weights" in fp8_gemm.supports(uint4, fp8, x)
+    assert "128-multiple group" in fp8_gemm.supports(int4_g64, fp8, x)
+    assert "per-token or per-tensor" in fp8_gemm.supports(int4, g128, x)
     assert "fp8 activations" in fp8_gemm.supports(e4m3, None, x)
     assert "1x128 activation groups" in fp8_gemm.supports(block, fp8, x)
     assert "multiples of 128 x 128" in fp8_gemm.supports(block64, g128, x)
@@ -154,6 +231,7 @@ class Case:
     act: str
     out: torch.dtype = torch.bfloat16
     bias: torch.dtype | None = None
+    w: str = "e4m3"  # weight format: e4m3 (W8A8) or int4 (W4A8)
 
 
 CASES = [
@@ -173,12 +251,20 @@ CASES = [
     Case(5, 129, 72, -1, "fp8"),
     Case(200, 1000, 1000, (128, 128), "fp8_g128", bias=torch.float32),
     Case(1, 200, 4000, (128, 128), "fp8_g128"),
+    # W4A8: int4 weights, per-channel / 128-multiple groups, per-token / per-tensor activations
+    Case(1, 8192, 8192, 128, "fp8", w="int4"),
+    Case(16, 28672, 8192, 128, "fp8", bias=torch.bfloat16, w="int4"),
+    Case(1024, 8192, 8192, -1, "fp8_tensor", torch.float16, w="int4"),
+    Case(4096, 28672, 8192, 128, "fp8", w="int4"),
+    Case(37, 333, 1000, 256, "fp8", bias=torch.float32, w="int4"),
+    Case(130, 100, 72, "tensor", "fp8", w="int4"),
 ]
 
 
 def _ids(case: Case) -> str:
     group = "x".join(map(str, case.weight)) if isinstance(case.weight, tuple) else case.weight
-    return f"m{case.m}-n{case.n}-k{case.k}-w{group}-{case.act}-{str(case.out)[6:]}-b{str(case.bias)[6:]}"
+    bias = str(case.bias)[6:]
+    return f"{case.w}-m{case.m}-n{case.n}-k{case.k}-w{group}-{case.act}-{str(case.out)[6:]}-b{bias}"
 
 
 # Operands are built directly in the IR (random non-NaN e4m3 codes, random scales): the check depends on
@@ -198,9 +284,12 @@ def _expand(scales: torch.Tensor, block: tuple[int, int], rows: int, k: int) -> 
 
 def _problem(case: Case):
     """(weight, activations, bias, float64 reference) for ``case`` on the GPU."""
-    codes = _codes(case.n, case.k)
-    qweight = torch.nn.functional.pad(codes, (0, -case.k % 4)).view(torch.int32)  # bytes little-endian along K
-    probe = humming.QuantizedWeight((case.n, case.k), "e4m3", qweight, None, parse_group_size(case.weight))
+    if case.w == "int4":  # nibbles, element k in bits 4k..4k+3 of the row's little-endian stream
+        nibbles = torch.nn.functional.pad(torch.randint(0, 16, (case.n, case.k), device="cuda"), (0, -case.k % 8))
+        qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
+    else:
+        qweight = torch.nn.functional.pad(_codes(case.n, case.k), (0, -case.k % 4)).view(torch.int32)
+    probe = humming.QuantizedWeight((case.n, case.k), case.w, qweight, None, parse_group_size(case.weight))
     qw = probe.replace(scales=(1 + torch.rand(probe.scale_grid, device="cuda")) * 2e-3)
     scheme = get_act_scheme(case.act)
     m, k = case.m, case.k
@@ -215,8 +304,13 @@ def _reference(qa, qw, bias) -> torch.Tensor:
     m, k = qa.codes.shape
     x_block = {"token": (1, k), "tensor": (m, k)}.get(qa.scheme.group) or (1, qa.scheme.group)
     xd = qa.codes.view(torch.float8_e4m3fn).to(torch.float64) * _expand(qa.scales, x_block, m, k)
-    w_codes = qw.qweight.view(torch.uint8)[:, :k].view(torch.float8_e4m3fn)
-    ref = xd @ (w_codes.to(torch.float64) * _expand(qw.scales, qw.block_shape, qw.N, k)).T
+    if qw.format.name == "int4":
+        packed = qw.qweight.view(torch.uint8).to(torch.int64)
+        nibbles = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)[:, :k]
+        w_values = (nibbles - 16 * (nibbles >= 8)).to(torch.float64)
+    else:
+        w_values = qw.qweight.view(torch.uint8)[:, :k].view(torch.float8_e4m3fn).to(torch.float64)
+    ref = xd @ (w_values * _expand(qw.scales, qw.block_shape, qw.N, k)).T
     return ref if bias is None else ref + bias.to(torch.float64)
 
 
@@ -269,8 +363,8 @@ def test_linear_quantizes_with_the_triton_pass(act_name, seed):
 @pytest.mark.gpu
 def test_every_tuning_computes_the_same_function(seed):
     _require_sm90()
-    for weight, act_name in ((-1, "fp8"), ((128, 128), "fp8_g128")):
-        qw, qa, _, ref = _problem(Case(77, 1000, 1000, weight, act_name))
+    for weight, act_name, w in ((-1, "fp8", "e4m3"), ((128, 128), "fp8_g128", "e4m3"), (128, "fp8", "int4")):
+        qw, qa, _, ref = _problem(Case(77, 1000, 1000, weight, act_name, w=w))
         prep = fp8_gemm.prepare(qw)
         for wgs, block_m, stages, min_blocks, tma in ((1, 8, 2, 2, True), (1, 32, 4, 2, False), (2, 64, 3, 1, True)):
             tuning = fp8_gemm.Fp8Tuning(wgs, block_m, stages, min_blocks, group_m=2, tma_store=tma)

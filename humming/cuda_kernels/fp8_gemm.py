@@ -1,4 +1,5 @@
-"""FP8 W8A8 GEMM for Hopper (``include/humming/fp8_gemm_sm90.cuh``): e4m3 weights x e4m3 activations.
+"""FP8 GEMMs for Hopper (``include/humming/fp8_gemm_sm90.cuh``): e4m3 activations x e4m3 weights (W8A8)
+or x int4 weights turned into e4m3 in registers (W4A8).
 
 ``out[M, N] = x[M, K] @ dequantize(W)^T + bias`` with activations quantized to e4m3 (per token, per tensor,
 or 1x128 groups) by the Triton activation pass, bit-exact with :func:`humming.quantize_activation`.
@@ -6,10 +7,12 @@ or 1x128 groups) by the Triton activation pass, bit-exact with :func:`humming.qu
 Configs come in the three kinds of the house style:
 
 - layout (:class:`PreparedFp8`): the e4m3 weight bytes ``[N, Kp]`` (K padded to 16 for the TMA row-stride
-  rule) and fp32 scales, built once per ``QuantizedWeight`` by :func:`prepare`;
+  rule), or int4 codes pre-tiled in wgmma fragment order (:func:`_pack_int4`), and fp32 scales; built
+  once per ``QuantizedWeight`` by :func:`prepare`;
 - compute: fp32 accumulation on wgmma, promoted into an fp32 total every 128 of K; scales in fp32 either
   in the epilogue (per-tensor / per-channel weights x per-token / per-tensor activations) or at each
-  promotion (``block``: 128x128 weight blocks x 1x128 activation groups, the DeepSeek-V3 recipe);
+  promotion (``block``: 128x128 weight blocks x 1x128 activation groups, the DeepSeek-V3 recipe;
+  ``group``: int4 weight groups of a multiple of 128 along K, per row);
 - tuning (:class:`Fp8Tuning`): warpgroups, tokens per block, pipeline stages, blocks per SM, raster
   grouping; a pure function of the problem and the device limits (:func:`choose_tuning`). A tuning change
   never changes results beyond fp32 summation order across K blocks.
@@ -29,6 +32,7 @@ from .jit import KernelSpec
 
 __all__ = [
     "FP8_CCS",
+    "SCALE_MODES",
     "DeviceLimits",
     "Fp8Tuning",
     "PreparedFp8",
@@ -115,13 +119,13 @@ class Fp8Tuning:
         return _PRODUCER_REGS, min(240, consumer)
 
 
-def smem_bytes(wgs: int, block_m: int, stages: int) -> int:
+def smem_bytes(wgs: int, block_m: int, stages: int, w_bits: int = 8) -> int:
     """Dynamic shared memory of one block (mirrors ``SmemLayout`` in the header)."""
-    stage = 64 * wgs * _BK + block_m * _BK
+    stage = 64 * wgs * _BK * w_bits // 8 + block_m * _BK
     return 1024 + stages * stage + wgs * block_m * 128 + 16 * stages
 
 
-def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits) -> Fp8Tuning:
+def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_bits: int = 8) -> Fp8Tuning:
     """Tuning for ``out[m, n] = x[m, k] @ W[n, k]^T``: a pure function of the problem and the device.
 
     Tokens per block: the smallest wgmma N that covers ``m`` (at most 128). Two consumer warpgroups (128
@@ -134,17 +138,20 @@ def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits) -> Fp8Tuning:
     min_blocks = 1 if wgs == 2 else 2
     budget = min(limits.smem_per_block, limits.smem_per_sm // min_blocks - 1024)
     stages = 2
-    while stages < 16 and smem_bytes(wgs, block_m, stages + 1) <= budget:
+    while stages < 16 and smem_bytes(wgs, block_m, stages + 1, w_bits) <= budget:
         stages += 1
     return Fp8Tuning(wgs, block_m, stages, min_blocks)
 
 
-def fp8_spec(block_scale: bool, out: str, bias: str, tuning: Fp8Tuning) -> KernelSpec:
-    """The kernel spec for a scaling mode, output / bias dtype codes and tuning."""
+#: Scale modes (the kernel's kScaleMode): where the scales are applied.
+SCALE_MODES = {"rowcol": 0, "block128": 1, "group": 2}
+
+
+def fp8_spec(w_bits: int, scale_mode: str, out: str, bias: str, tuning: Fp8Tuning) -> KernelSpec:
+    """The kernel spec for weight bits (8: e4m3, 4: int4), a scale mode, output / bias dtype codes and tuning."""
     producer, consumer = tuning.registers()
-    mode = "block128" if block_scale else "rowcol"
     name = (
-        f"humming_fp8_gemm_sm90_{mode}_o{out}_b{bias}_w{tuning.wgs}_m{tuning.block_m}"
+        f"humming_fp8_gemm_sm90_w{w_bits}a8_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}_m{tuning.block_m}"
         f"_s{tuning.stages}_mb{tuning.min_blocks}" + ("" if tuning.tma_store else "_stg")
     )
     args = ", ".join(
@@ -152,7 +159,8 @@ def fp8_spec(block_scale: bool, out: str, bias: str, tuning: Fp8Tuning) -> Kerne
             str(tuning.wgs),
             str(tuning.block_m),
             str(tuning.stages),
-            "true" if block_scale else "false",
+            str(w_bits),
+            str(SCALE_MODES[scale_mode]),
             "true" if tuning.tma_store else "false",
             _CPP_DTYPE[out],
             _CPP_DTYPE[bias],
@@ -180,10 +188,12 @@ class PreparedFp8:
     n: int
     k: int
     kp: int  # K padded to a multiple of 16 (TMA row strides are multiples of 16 bytes)
-    block_scale: bool
-    weight: torch.Tensor  # uint8 [N, Kp]: the e4m3 bytes, zero-padded along K
+    w_bits: int  # 8: e4m3 weights; 4: int4 weights
+    scale_mode: str  # a key of SCALE_MODES
+    weight: torch.Tensor  # e4m3: uint8 [N, Kp] zero-padded along K; int4: uint8 [N/64, K/128, 4096] (padded)
     w_scale: torch.Tensor | None  # fp32 [round_up(N, 128)]: per-channel (per-tensor expanded), zero-padded
     w_block_scale: torch.Tensor | None  # fp32 [ceil(N / 128), ceil(K / 128)], one per 128 x 128 block
+    w_group_scale: torch.Tensor | None  # fp32 [ceil(K / 128), round_up(N, 128)]: int4 group scales per K block
     maps: dict = field(default_factory=dict)  # block_n -> encoded tensor map of ``weight``
 
 
@@ -197,13 +207,52 @@ def _weight_scales(qw) -> torch.Tensor:
     return s
 
 
+def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """int4 codes ``[N, K]`` (uint8 nibbles, N and K multiples of 128) -> uint8 ``[N/64, K/128, 4096]``.
+
+    Each 64-row x 128-K tile is laid out as the consumer warpgroup reads it (fp8_gemm_sm90.cuh):
+    ``[warp 4][half 2][lane 32][word 4]``; word j of half h holds k-step s = 2h + j // 2 (32 of K) at
+    offset 16 (j % 2), its nibble p row ``16 warp + lane / 4 + 8 (p // 4)``, column ``4 (lane % 4) + p % 4``
+    of that 16 — the wgmma A fragments a0..a3 (low half of a word: a0 or a2, high half: a1 or a3).
+    """
+    n, k = codes.shape
+    v = codes.to(torch.int64).reshape(n // 64, 4, 2, 8, k // 128, 2, 2, 2, 4, 4)  # t w r8 g kb h jj q c e
+    v = v.permute(0, 4, 1, 5, 3, 8, 6, 7, 2, 9)  # t kb w h g c jj q r8 e
+    shifts = 4 * torch.arange(8, device=codes.device)
+    words = (v.reshape(*v.shape[:8], 8) << shifts).sum(-1)  # [t, kb, w, h, g, c, jj, q]
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.reshape(n // 64, k // 128, -1).contiguous().view(torch.uint8)
+
+
+def _prepare_int4(qw, kp: int, scales: torch.Tensor) -> PreparedFp8:
+    from ..ir.quantize import unpacked_codes
+
+    n, k = qw.N, qw.K
+    n_pad, k_pad = _cdiv(n, 128) * 128, _cdiv(k, 128) * 128
+    codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=qw.device)
+    codes[:n, :k] = unpacked_codes(qw)
+    w_scale = w_group = None
+    if qw.layout == "group":
+        blocks = torch.arange(0, k_pad, 128, device=qw.device) // qw.group_size
+        w_group = torch.zeros(k_pad // 128, n_pad, dtype=torch.float32, device=qw.device)
+        w_group[:, :n] = scales[:, blocks].T
+    else:
+        w_scale = torch.zeros(n_pad, dtype=torch.float32, device=qw.device)
+        w_scale[:n] = scales.expand(n, 1).reshape(n)
+    mode = "group" if w_group is not None else "rowcol"
+    return PreparedFp8(n, k, kp, 4, mode, _pack_int4(codes), w_scale, None, w_group)
+
+
 def prepare(qw) -> PreparedFp8:
-    """The kernel's view of an e4m3 ``QuantizedWeight`` (see :func:`weight_unsupported`); cached per object."""
+    """The kernel's view of an e4m3 or int4 ``QuantizedWeight`` (see :func:`weight_unsupported`); cached."""
     prep = _prepared.get(qw)
     if prep is not None:
         return prep
     n, k = qw.N, qw.K
     kp = _cdiv(k, 16) * 16
+    if qw.format.name == "int4":
+        prep = _prepared[qw] = _prepare_int4(qw, kp, _weight_scales(qw))
+        return prep
     weight = torch.zeros(n, kp, dtype=torch.uint8, device=qw.device)
     weight[:, :k] = qw.qweight.contiguous().view(torch.uint8)[:, :k]  # little-endian: byte i is element i
     scales = _weight_scales(qw)
@@ -217,19 +266,25 @@ def prepare(qw) -> PreparedFp8:
     else:
         w_scale = torch.zeros(_cdiv(n, 128) * 128, dtype=torch.float32, device=qw.device)
         w_scale[:n] = scales.expand(n, 1).reshape(n)
-    prep = PreparedFp8(n, k, kp, block_scale, weight, w_scale, w_block)
+    prep = PreparedFp8(n, k, kp, 8, "block128" if block_scale else "rowcol", weight, w_scale, w_block, None)
     _prepared[qw] = prep
     return prep
 
 
 def weight_unsupported(qw) -> str | None:
     """``None`` when the kernel takes this weight, else why not."""
-    if qw.format.name != "e4m3":
-        return f"the FP8 GEMM takes e4m3 weights, not {qw.format.name}"
+    if qw.format.name not in ("e4m3", "int4"):
+        return f"the FP8 GEMM takes e4m3 or int4 weights, not {qw.format.name}"
     if qw.num_experts is not None:
         return "the FP8 GEMM takes 2-D weights, not expert-stacked ones"
     if qw.zeros is not None or qw.g_idx is not None:
         return "the FP8 GEMM takes symmetric weights without act-order"
+    if qw.format.name == "int4":
+        if qw.layout == "group" and qw.group_size % 128 == 0:
+            return None
+        if qw.layout not in ("tensor", "channel"):
+            return f"the W4A8 GEMM takes per-tensor, per-channel or 128-multiple group scales, not {qw.describe()}"
+        return None
     if qw.layout == "block":
         if any(b % 128 and b < d for b, d in zip(qw.block_shape, (qw.N, qw.K))):
             return f"the FP8 GEMM takes weight blocks that are multiples of 128 x 128, not {qw.describe()}"
@@ -243,6 +298,8 @@ def _act_unsupported(qw, act) -> str | None:
         return "the FP8 GEMM needs fp8 activations (act='fp8', 'fp8_tensor' or 'fp8_g128')"
     if act.format != "e4m3" or act.scale_dtype != torch.float32 or act.global_scale:
         return f"the FP8 GEMM takes e4m3 activations with float32 scales, not act={act.name}"
+    if qw.format.name == "int4" and act.group not in ("token", "tensor"):
+        return f"int4 weights need per-token or per-tensor activations, not act={act.name}"
     if qw.layout == "block":
         if act.group != 128:
             return f"128x128-block weights need 1x128 activation groups (act='fp8_g128'), not act={act.name}"
@@ -349,7 +406,10 @@ class _Params(ctypes.Structure):
         ("group_m", ctypes.c_int),
         ("out", ctypes.c_void_p),
         ("out_stride", ctypes.c_int),
-        ("_tail", ctypes.c_uint8 * 44),
+        ("w_packed", ctypes.c_void_p),
+        ("w_group_scale", ctypes.c_void_p),
+        ("w_group_stride", ctypes.c_int),
+        ("_tail", ctypes.c_uint8 * 20),
     )
 
 
@@ -359,7 +419,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 def call_spec(prep: PreparedFp8, bias: torch.Tensor | None, out_dtype: torch.dtype, tuning: Fp8Tuning) -> KernelSpec:
     bias_code = _BIAS_DTYPES[bias.dtype] if bias is not None else _OUT_DTYPES[out_dtype]
-    return fp8_spec(prep.block_scale, _OUT_DTYPES[out_dtype], bias_code, tuning)
+    return fp8_spec(prep.w_bits, prep.scale_mode, _OUT_DTYPES[out_dtype], bias_code, tuning)
 
 
 def run(
@@ -396,17 +456,17 @@ def run(
     if m == 0:
         return out
     if tuning is None:
-        tuning = choose_tuning(m, prep.n, prep.k, device_limits(device))
+        tuning = choose_tuning(m, prep.n, prep.k, device_limits(device), prep.w_bits)
     kernel = get_kernel(call_spec(prep, bias, out_dtype, tuning), device)
     a = _activations(x, act, prep.kp, tuning.block_m)
     if bias is not None:
         bias = bias.contiguous()
-    w_map = prep.maps.get(tuning.block_n)
-    if w_map is None:
-        w_map = prep.maps[tuning.block_n] = _tensor_map(prep.weight, _BK, tuning.block_n)
+    if prep.w_bits == 8 and tuning.block_n not in prep.maps:
+        prep.maps[tuning.block_n] = _tensor_map(prep.weight, _BK, tuning.block_n)
     tiles_m, tiles_n = _cdiv(m, tuning.block_m), _cdiv(prep.n, tuning.block_n)
     params = _Params()
-    params.w_map[:] = w_map
+    if prep.w_bits == 8:
+        params.w_map[:] = prep.maps[tuning.block_n]
     params.x_map[:] = _tensor_map(a.codes, _BK, tuning.block_m)
     params.out_map[:] = _tensor_map(out, 64, tuning.block_m)
     params.w_scale = _ptr(prep.w_scale)
@@ -419,7 +479,11 @@ def run(
     params.x_block_stride = a.x_block_scale.shape[1] if a.x_block_scale is not None else 0
     params.tiles_m, params.tiles_n, params.group_m = tiles_m, tiles_n, tuning.group_m
     params.out, params.out_stride = out.data_ptr(), out.stride(0)
-    smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages)
+    if prep.w_bits == 4:
+        params.w_packed = prep.weight.data_ptr()
+        params.w_group_scale = _ptr(prep.w_group_scale)
+        params.w_group_stride = prep.w_group_scale.shape[1] if prep.w_group_scale is not None else 0
+    smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages, prep.w_bits)
     kernel.launch((tiles_m * tiles_n, 1, 1), smem, params, torch.cuda.current_stream(device).cuda_stream)
     return out
 

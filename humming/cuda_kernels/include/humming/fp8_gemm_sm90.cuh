@@ -1,5 +1,6 @@
-// FP8 W8A8 GEMM for Hopper (sm_90a): out[M, N] = (x[M, K] @ W[N, K]^T) * scales + bias, with e4m3
-// weights and activations, fp32 accumulation on wgmma and 16-bit output.
+// FP8 GEMM for Hopper (sm_90a): out[M, N] = (x[M, K] @ W[N, K]^T) * scales + bias, with e4m3 activations,
+// e4m3 weights (W8A8) or int4 weights turned into e4m3 in registers (W4A8, exact: -8..7 are e4m3 values),
+// fp32 accumulation on wgmma and 16-bit output.
 //
 // Shape of the kernel:
 // - weights are the wgmma A operand and tokens the B operand (the kernel computes out^T tile by tile):
@@ -22,6 +23,11 @@
 //   stmatrix.trans (128-byte swizzled, conflict-free) and stored by TMA, which clips rows and columns
 //   outside [M, N]. Loads past the edges of W and x are zero-filled by TMA, so any M, N and K work
 //   (the host pads K to a multiple of 16 for the TMA stride rule).
+// - W4A8 (kWBits == 4): the host pre-tiles int4 weights so that each 64-row x 128-K tile is one contiguous
+//   4 KiB block in wgmma A-fragment order (fp8_gemm.py, `_pack_int4`); the producer fetches it with one
+//   bulk copy, each consumer thread reads its 32 bytes with two 16-byte shared loads and turns every 4
+//   nibbles into 4 e4m3 bytes with three prmt (a 16-entry table in four registers); wgmma takes A from
+//   registers. Group scales (groups of 128 multiples along K) are applied per row at each promotion.
 #include "humming/common.cuh"
 #include "humming/fp8_sm90_ptx.cuh"
 
@@ -42,6 +48,9 @@ struct alignas(64) Params {
   int tiles_m, tiles_n, group_m;
   void* out;                   // [M, N] of dtype O, row stride out_stride elements (direct-store epilogue)
   int out_stride;
+  const uint8_t* w_packed;     // int4 weights, [N / 64][num_kb][4 KiB] in fragment order (kWBits == 4)
+  const float* w_group_scale;  // [num_kb, w_group_stride] per-row scales of each K block (kScaleMode == 2)
+  int w_group_stride;
 };
 static_assert(sizeof(Params) == 512, "the host mirrors this layout (fp8_gemm.py, _Params)");
 
@@ -49,10 +58,10 @@ constexpr int kBK = 128;  // K per pipeline stage (bytes of e4m3 per tile row)
 
 // Dynamic shared memory: [stages x (W tile, x tile)] [kWgs output slabs] [full, empty barriers], from a
 // 1024-byte aligned base (the swizzle atom).
-template <int kWgs, int kBlockM, int kStages>
+template <int kWgs, int kBlockM, int kStages, int kWBits>
 struct SmemLayout {
   static constexpr int kBlockN = 64 * kWgs;
-  static constexpr int kWBytes = kBlockN * kBK;
+  static constexpr int kWBytes = kBlockN * kBK * kWBits / 8;
   static constexpr int kXBytes = kBlockM * kBK;
   static constexpr int kStageBytes = kWBytes + kXBytes;
   static constexpr int kOutSlab = kBlockM * 128;  // one warpgroup's [kBlockM tokens][64 channels] 16-bit
@@ -61,11 +70,30 @@ struct SmemLayout {
   static constexpr int kBytes = 1024 + kBars + 16 * kStages;  // + worst-case base alignment
 };
 
+// Four two's-complement int4 codes (bits 0-15 of `nibbles`, code i in bits 4i..4i+3) -> four e4m3 bytes.
+// prmt picks byte (sel & 7) of {b, a}; selector bit 3 would ask for sign replication, so the table is
+// split in halves looked up with bit 3 cleared, and a third prmt picks each byte from the right half.
+__device__ __forceinline__ uint32_t int4_to_e4m3(uint32_t nibbles) {
+  constexpr uint32_t kLo0 = 0x44403800u, kLo1 = 0x4E4C4A48u;  // e4m3 of 0, 1, 2, 3 | 4, 5, 6, 7
+  constexpr uint32_t kHi0 = 0xCACCCED0u, kHi1 = 0xB8C0C4C8u;  // e4m3 of -8, -7, -6, -5 | -4, -3, -2, -1
+  const uint32_t sel = nibbles & 0x7777u;
+  const uint32_t lo = prmt(kLo0, kLo1, sel);
+  const uint32_t hi = prmt(kHi0, kHi1, sel);
+  return prmt(lo, hi, ((nibbles >> 1) & 0x4444u) | 0x3210u);
+}
+
+// kWBits: 8 (e4m3 weights through TMA) or 4 (pre-tiled int4 weights through bulk copies).
+// kScaleMode: 0 = scales in the epilogue (per-tensor / per-channel weights, per-token / per-tensor
+// activations); 1 = 128 x 128 weight blocks x 1 x 128 activation groups at each promotion; 2 = per-row
+// weight scales of each K block at each promotion, activation scales in the epilogue.
 // kTmaStore: epilogue through shared memory (stmatrix) and a TMA store; else plain global stores.
-template <int kWgs, int kBlockM, int kStages, bool kBlockScale, bool kTmaStore, DType O, DType B,
+template <int kWgs, int kBlockM, int kStages, int kWBits, int kScaleMode, bool kTmaStore, DType O, DType B,
           int kProducerRegs, int kConsumerRegs>
 __device__ __forceinline__ void run(const Params& p) {
-  using L = SmemLayout<kWgs, kBlockM, kStages>;
+  using L = SmemLayout<kWgs, kBlockM, kStages, kWBits>;
+  constexpr bool kBlockScale = kScaleMode == 1;
+  static_assert(kWBits == 8 || kWBits == 4, "e4m3 or int4 weights");
+  static_assert(kScaleMode >= 0 && kScaleMode <= 2, "scale mode 0, 1 or 2");
   constexpr int kBlockN = L::kBlockN;
   constexpr int kAcc = kBlockM / 2;
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
@@ -109,7 +137,15 @@ __device__ __forceinline__ void run(const Params& p) {
         const int s = kb % kStages;
         if (kb >= kStages) mbar_wait(empty(s), ((kb / kStages) - 1) & 1);
         mbar_expect_tx(full(s), L::kStageBytes);
-        tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, n_tile * kBlockN);
+        if constexpr (kWBits == 8) {
+          tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, n_tile * kBlockN);
+        } else {
+#pragma unroll
+          for (int t = 0; t < kWgs; ++t) {
+            const long tile = long(n_tile * kWgs + t) * p.num_kb + kb;
+            bulk_load(w_tile(s) + t * 4096, p.w_packed + tile * 4096, 4096, full(s));
+          }
+        }
         tma_load_2d(x_tile(s), &p.x_map, full(s), kb * kBK, m_tile * kBlockM);
       }
     }
@@ -118,6 +154,8 @@ __device__ __forceinline__ void run(const Params& p) {
     const int warp = tid / 32;
     const int lane = tid % 32;
     const int col = 2 * (lane % 4);  // this thread's first token column in each group of 8
+    const int row = 16 * warp + lane / 4;  // this thread's channels: row and row + 8 of the warpgroup's 64
+    const int n = n_tile * kBlockN + 64 * wg + row;
     float acc[kAcc];
     float total[kAcc];
 #pragma unroll
@@ -125,21 +163,45 @@ __device__ __forceinline__ void run(const Params& p) {
 
     for (int kb = 0; kb < p.num_kb; ++kb) {
       const int s = kb % kStages;
-      float w_block = 1.0f;
+      float w_block = 1.0f, w_row0 = 1.0f, w_row1 = 1.0f;
       float2 x_block[kBlockM / 8];
-      if constexpr (kBlockScale) {  // issued before the wait: the loads overlap the wgmmas
+      if constexpr (kScaleMode == 2) {  // issued before the wait: the loads overlap the wgmmas
+        const float* ws = p.w_group_scale + long(kb) * p.w_group_stride + n;
+        w_row0 = __ldg(ws);
+        w_row1 = __ldg(ws + 8);
+      }
+      if constexpr (kBlockScale) {
         w_block = __ldg(p.w_block_scale + (n_tile * kBlockN / 128) * p.num_kb + kb);
         const float* xs = p.x_block_scale + long(kb) * p.x_block_stride + m_tile * kBlockM + col;
 #pragma unroll
         for (int j = 0; j < kBlockM / 8; ++j) x_block[j] = __ldg(reinterpret_cast<const float2*>(xs + 8 * j));
       }
       mbar_wait(full(s), (kb / kStages) & 1);
-      const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
       const uint64_t b_desc = sw128_desc(x_tile(s));
-      fence_registers(acc);
-      wgmma_fence();
+      if constexpr (kWBits == 8) {
+        const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
+        fence_registers(acc);
+        wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(acc, a_desc + 2 * k, b_desc + 2 * k, k);
+        for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(acc, a_desc + 2 * k, b_desc + 2 * k, k);
+      } else {
+        // [warp][half][lane][16 bytes]: half h holds k-steps 2h, 2h + 1, two words each (k and k + 16)
+        const uint32_t src = w_tile(s) + wg * 4096 + warp * 1024 + lane * 16;
+        const uint4 h0 = lds_v4(src), h1 = lds_v4(src + 512);
+        const uint32_t words[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        uint32_t a[kBK / 32][4];
+#pragma unroll
+        for (int k = 0; k < kBK / 32; ++k) {
+          a[k][0] = int4_to_e4m3(words[2 * k]);             // row, k .. k + 15
+          a[k][1] = int4_to_e4m3(words[2 * k] >> 16);       // row + 8
+          a[k][2] = int4_to_e4m3(words[2 * k + 1]);         // row, k + 16 ..
+          a[k][3] = int4_to_e4m3(words[2 * k + 1] >> 16);   // row + 8, k + 16 ..
+        }
+        fence_registers(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(acc, a[k], b_desc + 2 * k, k);
+      }
       wgmma_commit();
       wgmma_wait_all();
       fence_registers(acc);
@@ -153,6 +215,11 @@ __device__ __forceinline__ void run(const Params& p) {
           total[4 * j + 1] = fmaf(acc[4 * j + 1], s1, total[4 * j + 1]);
           total[4 * j + 2] = fmaf(acc[4 * j + 2], s0, total[4 * j + 2]);
           total[4 * j + 3] = fmaf(acc[4 * j + 3], s1, total[4 * j + 3]);
+        } else if constexpr (kScaleMode == 2) {
+          total[4 * j + 0] = fmaf(acc[4 * j + 0], w_row0, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(acc[4 * j + 1], w_row0, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(acc[4 * j + 2], w_row1, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(acc[4 * j + 3], w_row1, total[4 * j + 3]);
         } else {
 #pragma unroll
           for (int c = 0; c < 4; ++c) total[4 * j + c] += acc[4 * j + c];
@@ -160,11 +227,9 @@ __device__ __forceinline__ void run(const Params& p) {
       }
     }
 
-    // Epilogue: this thread holds channels `row` and `row + 8` of its warp's 16, tokens 8 j + col + {0, 1}.
-    const int row = 16 * warp + lane / 4;
-    const int n = n_tile * kBlockN + 64 * wg + row;
+    // Epilogue: this thread holds channels n and n + 8, tokens 8 j + col + {0, 1}.
     float ws0 = 1.0f, ws1 = 1.0f, b0 = 0.0f, b1 = 0.0f;
-    if constexpr (!kBlockScale) {
+    if constexpr (kScaleMode == 0) {
       ws0 = p.w_scale[n];
       ws1 = p.w_scale[n + 8];
     }
