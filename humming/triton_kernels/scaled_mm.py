@@ -237,13 +237,12 @@ class ComputePlan:
         return 8 if self.mma in ("int8", "e4m3") else 16
 
 
-def _weight_values(qw: QuantizedWeight) -> torch.Tensor | None:
-    """Every value ``decode(q) - zero`` can take (float64), or None for float zero points."""
-    fmt = qw.format
+def _weight_values(fmt: NumberFormat, zeros: str | None) -> torch.Tensor | None:
+    """Every value ``decode(q) - zero`` can take (float64); None for float zero points."""
     table = fmt.value_table().to(torch.float64)
-    if qw.zeros is None:
+    if zeros is None:
         return table
-    if qw.zeros.is_floating_point():
+    if zeros == "float":
         return None
     z = torch.arange(0, 1 << fmt.bits, dtype=torch.float64)
     return (table[:, None] - z[None, :]).flatten()
@@ -286,14 +285,29 @@ def act_group_k(scheme: ActScheme, scales: torch.Tensor | None = None) -> int:
 
 def compute_plan(qw: QuantizedWeight, scheme: ActScheme, a_gk: int, capability: tuple[int, int]) -> ComputePlan | str:
     """The :class:`ComputePlan` for weight ``qw`` with activations ``scheme`` (scale group ``a_gk`` along K)
-    on a GPU of ``capability``, or the reason it cannot be computed exactly."""
+    on a GPU of ``capability``, or the reason it cannot be computed exactly. Cached per format and layout."""
+    zeros = None if qw.zeros is None else ("float" if qw.zeros.is_floating_point() else "int")
+    w_gk = qw.group_shape[1] if qw.scales is not None and qw.group_shape[1] != -1 else 0
+    w_scale_dtype = None if qw.scales is None else qw.scales.dtype
+    return _compute_plan(qw.format, zeros, w_scale_dtype, w_gk, scheme, a_gk, tuple(capability))
+
+
+@functools.cache
+def _compute_plan(
+    w_fmt: NumberFormat,
+    zeros: str | None,
+    w_scale_dtype: torch.dtype | None,
+    w_gk: int,
+    scheme: ActScheme,
+    a_gk: int,
+    capability: tuple[int, int],
+) -> ComputePlan | str:
     a_fmt = scheme.element_format
     a_values = a_fmt.value_table().to(torch.float64)
-    w_values = _weight_values(qw)
+    w_values = _weight_values(w_fmt, zeros)
     if w_values is None:
         return "float zero points are only supported with 16-bit activations (act=None)"
-    w_gk = qw.group_shape[1] if qw.scales is not None and qw.group_shape[1] != -1 else 0
-    w_none = qw.scales is None
+    w_none = w_scale_dtype is None
 
     def promoted(gk: int, min_step: int) -> str | None:
         return "end" if gk == 0 else ("promote" if gk >= min_step else None)
@@ -303,21 +317,21 @@ def compute_plan(qw: QuantizedWeight, scheme: ActScheme, a_gk: int, capability: 
     a_mode, w_mode = promoted(a_gk, 64), "none" if w_none else promoted(w_gk, 64)
     steps = [g for g, mode in ((a_gk, a_mode), (w_gk, w_mode)) if mode == "promote"]
     if a_mode and w_mode:
-        if a_fmt.is_int and _exact_in(w_values, torch.int8):
+        if a_fmt.is_int and _exact_in(w_values, torch.int8) and capability >= (8, 0):  # Triton: no int8 MMA on sm_75
             return ComputePlan("int8", a_mode, w_mode, math.gcd(*steps) if steps else 0)
         if a_fmt.name == "e4m3" and _exact_in(w_values, "e4m3") and capability >= (8, 9):
             return ComputePlan("e4m3", a_mode, w_mode, math.gcd(*steps) if steps else 0)
 
     # Upcasting path: fold fine-grained fp8 scales where the product is exact, promote the others.
     a_fold = _fold_dtype(a_values, scheme.scale_dtype) if 0 < a_gk < 64 else None
-    w_fold = None if w_none or not 0 < w_gk < 64 else _fold_dtype(w_values, qw.scales.dtype)
+    w_fold = None if w_none or not 0 < w_gk < 64 else _fold_dtype(w_values, w_scale_dtype)
     if a_fold and w_fold and a_fold != w_fold:
         w_fold = None
     mma = a_fold or w_fold or "fp16"
     if not _exact_in(a_values, _MMA_DTYPES[mma]):
         return f"activation values ({a_fmt.name}) are not exact in {mma}"
-    if not _exact_in(w_values, _MMA_DTYPES[mma]) and qw.format.kind != "lut":
-        return f"weight values ({qw.format.name}) are not exact in {mma}"
+    if not _exact_in(w_values, _MMA_DTYPES[mma]) and w_fmt.kind != "lut":
+        return f"weight values ({w_fmt.name}) are not exact in {mma}"
     a_mode = "fold" if a_fold else promoted(a_gk, 16)
     w_mode = "none" if w_none else ("fold" if w_fold else promoted(w_gk, 16))
     if a_mode is None or w_mode is None:
@@ -488,9 +502,10 @@ def _compile_specs() -> list[registry.CompileSpec]:
 
     w = torch.ones(256, 512)
     cases = (  # label, weight, act, capability the plan is made for, oldest arch, output dtype
-        ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.float32), "int8", (8, 0), 75, torch.float16),
-        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.float16), "int8", (8, 0), 75, torch.float16),
-        ("int4-channel", quantize(w, "int4", -1, scale_dtype=torch.float32), "int4", (8, 0), 75, torch.float16),
+        ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.float32), "int8", (8, 0), 80, torch.float16),
+        ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.float32), "int8", (7, 5), 75, torch.float16),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.float16), "int8", (8, 0), 80, torch.float16),
+        ("int4-channel", quantize(w, "int4", -1, scale_dtype=torch.float32), "int4", (8, 0), 80, torch.float16),
         ("e4m3-channel", quantize(w, "e4m3", -1, scale_dtype=torch.float32), "fp8", (9, 0), 89, torch.bfloat16),
         ("fp8-block128", quantize(w, "fp8_block"), "fp8_g128", (9, 0), 89, torch.bfloat16),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), "fp8", (9, 0), 89, torch.bfloat16),
@@ -510,6 +525,10 @@ def _compile_specs() -> list[registry.CompileSpec]:
             if plan.k_step:
                 cfg = cfg.replace(block_k=min(cfg.block_k, plan.k_step))
             a_scale_type = "*fp32" if scheme.scale_dtype == torch.float32 else "*u8"
+            # int8: Triton has no tcgen05 int8 path (mma.sync on sm_100); fp32: FMA, no tensor cores.
+            mma_check = "best" if cfg.block_m >= 64 and plan.mma != "int8" else "any"
+            if plan.mma == "fp32":
+                mma_check = "none"
             specs.append(
                 registry.CompileSpec(
                     name=f"scaled_mm-{label}-{act}-{plan.mma}-{triton_type(out_dtype)}-{cfg.name()}",
@@ -533,7 +552,9 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     },
                     num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages,
-                    mma="none" if plan.mma == "fp32" else ("best" if cfg.block_m >= 64 else "any"),
+                    mma=mma_check,
+                    if plan.mma == "fp32"
+                    else ("best" if cfg.block_m >= 64 and plan.mma != "int8" else "any"),
                     min_arch=min_arch,
                     aligned=("N", "K", "stride_am", "stride_qn", "stride_om"),
                 )
