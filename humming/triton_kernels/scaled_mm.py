@@ -553,8 +553,6 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages,
                     mma=mma_check,
-                    if plan.mma == "fp32"
-                    else ("best" if cfg.block_m >= 64 and plan.mma != "int8" else "any"),
                     min_arch=min_arch,
                     aligned=("N", "K", "stride_am", "stride_qn", "stride_om"),
                 )
