@@ -35,6 +35,7 @@ def _specs() -> list[jit.KernelSpec]:
     ]
     direct = dataclasses.replace(fp8_gemm.choose_tuning(16, 8192, 8192, H200), tma_store=False)
     specs.append(fp8_gemm.fp8_spec(8, "rowcol", "bf16", "bf16", direct))
+    specs.append(fp8_gemm.fp8_spec(8, "block128", "f32", "f32", direct))
     for m, mode in ((1, "group"), (4096, "group"), (128, "rowcol")):  # W4A8
         specs.append(fp8_gemm.fp8_spec(4, mode, "bf16", "f16", fp8_gemm.choose_tuning(m, 8192, 8192, H200, 4)))
     return specs
@@ -248,6 +249,7 @@ CASES = [
     Case(37, 333, 1000, -1, "fp8", bias=torch.float16),
     Case(130, 4100, 2056, "tensor", "fp8", torch.float16),
     Case(300, 1000, 520, -1, "fp8_tensor"),
+    Case(300, 1001, 520, -1, "fp8", torch.float32, torch.float32),
     Case(5, 129, 72, -1, "fp8"),
     Case(200, 1000, 1000, (128, 128), "fp8_g128", bias=torch.float32),
     Case(1, 200, 4000, (128, 128), "fp8_g128"),
@@ -258,6 +260,7 @@ CASES = [
     Case(4096, 28672, 8192, 128, "fp8", w="int4"),
     Case(37, 333, 1000, 256, "fp8", bias=torch.float32, w="int4"),
     Case(130, 100, 72, "tensor", "fp8", w="int4"),
+    Case(64, 1000, 1024, 128, "fp8", torch.float32, w="int4"),
 ]
 
 

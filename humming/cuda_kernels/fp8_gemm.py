@@ -21,6 +21,7 @@ Configs come in the three kinds of the house style:
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ FP8_CCS = ((9, 0),)
 _BK = 128  # K per pipeline stage
 _BLOCK_M_CHOICES = (8, 16, 32, 64, 128)
 _PRODUCER_REGS = 40
-_OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+_OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 _BIAS_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -322,7 +323,7 @@ def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None
     if cc not in FP8_CCS:
         return f"the FP8 GEMM is built for compute capabilities {FP8_CCS} (sm_90a), not {cc}"
     if out_dtype is not None and out_dtype not in _OUT_DTYPES:
-        return f"the FP8 GEMM writes bfloat16 or float16, not {out_dtype}"
+        return f"the FP8 GEMM writes bfloat16, float16 or float32, not {out_dtype}"
     return None
 
 
@@ -432,8 +433,8 @@ def run(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x [M, K]`` (float, quantized here with ``act``, or a ``QuantizedActivation``) ``@ W^T + bias``
-    -> ``[M, N]`` of ``out_dtype`` on the current stream. For ``N % 8 != 0`` the result is a view with
-    a row stride rounded up to 8 (TMA stores need 16-byte row strides).
+    -> ``[M, N]`` of ``out_dtype`` (bf16, fp16, fp32) on the current stream. Unless ``N`` fills whole
+    16-byte rows the result is a view with a padded row stride (TMA needs 16-byte row strides).
 
     ``out``: an optional ``[M, N]`` tensor of ``out_dtype`` to write into (unit column stride, row stride
     and address multiples of 16 bytes)."""
@@ -443,7 +444,7 @@ def run(
     m = codes.shape[0]
     device = codes.device.index if codes.device.index is not None else torch.cuda.current_device()
     if out is None:
-        n_pad = _cdiv(prep.n, 8) * 8
+        n_pad = _cdiv(prep.n, 16 // out_dtype.itemsize) * (16 // out_dtype.itemsize)
         out = torch.empty(m, n_pad, dtype=out_dtype, device=codes.device)[:, : prep.n]
     elif (
         tuple(out.shape) != (m, prep.n)
@@ -457,6 +458,8 @@ def run(
         return out
     if tuning is None:
         tuning = choose_tuning(m, prep.n, prep.k, device_limits(device), prep.w_bits)
+    if out_dtype == torch.float32:  # the TMA-store epilogue writes 16-bit floats only
+        tuning = dataclasses.replace(tuning, tma_store=False)
     kernel = get_kernel(call_spec(prep, bias, out_dtype, tuning), device)
     a = _activations(x, act, prep.kp, tuning.block_m)
     if bias is not None:
@@ -468,7 +471,8 @@ def run(
     if prep.w_bits == 8:
         params.w_map[:] = prep.maps[tuning.block_n]
     params.x_map[:] = _tensor_map(a.codes, _BK, tuning.block_m)
-    params.out_map[:] = _tensor_map(out, 64, tuning.block_m)
+    if tuning.tma_store:
+        params.out_map[:] = _tensor_map(out, 64, tuning.block_m)
     params.w_scale = _ptr(prep.w_scale)
     params.x_scale = _ptr(a.x_scale)
     params.w_block_scale = _ptr(prep.w_block_scale)

@@ -1,6 +1,6 @@
 // FP8 GEMM for Hopper (sm_90a): out[M, N] = (x[M, K] @ W[N, K]^T) * scales + bias, with e4m3 activations,
 // e4m3 weights (W8A8) or int4 weights turned into e4m3 in registers (W4A8, exact: -8..7 are e4m3 values),
-// fp32 accumulation on wgmma and 16-bit output.
+// fp32 accumulation on wgmma and bf16 / fp16 (TMA-store epilogue) or fp32 (plain-store epilogue) output.
 //
 // Shape of the kernel:
 // - weights are the wgmma A operand and tokens the B operand (the kernel computes out^T tile by tile):
@@ -97,7 +97,7 @@ __device__ __forceinline__ void run(const Params& p) {
   constexpr int kBlockN = L::kBlockN;
   constexpr int kAcc = kBlockM / 2;
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
-  static_assert(O == DType::bf16 || O == DType::f16, "16-bit output only");
+  static_assert(!kTmaStore || O == DType::bf16 || O == DType::f16, "the TMA-store epilogue writes 16-bit floats");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
