@@ -205,6 +205,19 @@ def _decode_all(fmt: NumberFormat) -> list[float]:
     return values
 
 
+def floor_log2(x: torch.Tensor) -> torch.Tensor:
+    """Exponent of float64 ``x`` (``floor(log2(x))`` for normal positive values), read from its bits.
+
+    Bit operations are exact on every device; ``torch.frexp`` / ``torch.ldexp`` are avoided (ldexp has been
+    seen computing garbage on CUDA)."""
+    return ((x.view(torch.int64) >> 52) & 0x7FF) - 1023
+
+
+def exact_pow2(exp: torch.Tensor) -> torch.Tensor:
+    """``2.0 ** exp`` in float64 for integer ``exp`` in [-1022, 1023], built from bits (exact)."""
+    return ((exp + 1023) << 52).view(torch.float64)
+
+
 def _encode_float(fmt: NumberFormat, x: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
     e_bits, m_bits = fmt.exponent_bits, fmt.mantissa_bits
     sign = torch.signbit(x)
@@ -212,16 +225,14 @@ def _encode_float(fmt: NumberFormat, x: torch.Tensor, nan: torch.Tensor) -> torc
     inf = torch.isinf(mag)
     mag = mag.clamp(max=fmt.max_value)
     min_normal_exp = 1 - fmt.bias
-    # Exponent of the binade (frexp is exact, unlike floor(log2)); subnormals share the lowest binade.
-    _, exp = torch.frexp(mag)
-    exp = (exp.to(torch.int64) - 1).clamp(min=min_normal_exp)
-    quantum = torch.ldexp(torch.ones_like(mag), (exp - m_bits).to(mag.dtype))
+    # Exponent of the binade; subnormals (and zero) share the lowest normal binade's quantum.
+    exp = floor_log2(mag).clamp(min=min_normal_exp)
+    quantum = exact_pow2(exp - m_bits)
     rounded = (torch.round(mag / quantum) * quantum).clamp(max=fmt.max_value)  # round half to even
     # Re-derive fields from the rounded value (rounding may carry into the next binade).
-    _, exp = torch.frexp(rounded)
-    exp = (exp.to(torch.int64) - 1).clamp(min=min_normal_exp)
+    exp = floor_log2(rounded).clamp(min=min_normal_exp)
     normal = rounded >= 2.0**min_normal_exp
-    scaled = torch.ldexp(rounded, (m_bits - exp).to(rounded.dtype)).to(torch.int64)
+    scaled = (rounded * exact_pow2(m_bits - exp)).to(torch.int64)
     exp_field = torch.where(normal, exp + fmt.bias, torch.zeros_like(exp))
     mant = torch.where(normal, scaled - (1 << m_bits), scaled)
     code = (exp_field << m_bits) | mant
@@ -236,8 +247,8 @@ def _encode_float(fmt: NumberFormat, x: torch.Tensor, nan: torch.Tensor) -> torc
 
 def _encode_e8m0(x: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
     mag = x.abs().nan_to_num(0.0).clamp(min=2.0**-127, max=2.0**127)
-    mant, exp = torch.frexp(mag)  # mag = mant * 2^exp, mant in [0.5, 1)
-    exp = exp.to(torch.int64) - 1 + (mant >= 0.75).to(torch.int64)  # round the mantissa, ties up
+    # Round the significand (in [1, 2)) to 1 or 2, ties up: its top fraction bit says >= 1.5.
+    exp = floor_log2(mag) + ((mag.view(torch.int64) >> 51) & 1)
     code = (exp + 127).clamp(0, 254)
     return torch.where(nan, torch.full_like(code, 255), code).to(torch.uint8)
 

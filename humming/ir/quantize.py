@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .formats import NumberFormat, get_format
+from .formats import NumberFormat, exact_pow2, floor_log2, get_format
 from .layout import expand_groups, group_reduce, parse_group_size
 from .packing import pack_codes, unpack_codes
 from .weight import SCALE_DTYPES, QuantizedWeight
@@ -174,12 +174,13 @@ def _round_scale(s: torch.Tensor, dtype: torch.dtype, fmt: NumberFormat, ceil: b
     if dtype == torch.float8_e8m0fnu:
         s = s.clamp(min=2.0**-127)
         if ceil:
-            exp = torch.ceil(torch.log2(s))
+            not_pow2 = (s.view(torch.int64) & ((1 << 52) - 1)) != 0
+            exp = floor_log2(s) + not_pow2.to(torch.int64)
         else:
             # s = amax / max_value: floor(log2(amax)) - emax(element format)
             emax_elem = math.floor(math.log2(fmt.max_value))
-            exp = torch.floor(torch.log2(s * fmt.max_value)) - emax_elem
-        return torch.exp2(exp.clamp(-127, 127)).to(torch.float32).to(dtype)
+            exp = floor_log2(s * fmt.max_value) - emax_elem
+        return exact_pow2(exp.clamp(-127, 127)).to(torch.float32).to(dtype)
     if dtype == torch.float8_e4m3fn:
         return s.clamp(max=448.0).to(torch.float32).to(dtype)
     rounded = s.to(dtype)
