@@ -76,7 +76,9 @@ def choose_decode_tuning(m: int, n: int, k: int, bits: int, sm_count: int, smem_
     # per weight byte; one when that would leave SMs without a block, or with 8 token tiles (registers).
     r = 2 if n % 32 == 0 and n // 32 >= sm_count and mt < 8 else 1
     warps = 8
-    stages = {1: 4, 2: 4, 4: 3, 8: 2}[mt]
+    # Measured on the H200 (bench/results/h200/cuda_decode_v4.json): 3 stages keep two blocks per SM,
+    # which beats deeper pipelines with one block per SM.
+    stages = {1: 3, 2: 3, 4: 3, 8: 2}[mt]
     while stages > 2 and DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
         stages -= 1
     if DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
