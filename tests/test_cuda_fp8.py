@@ -109,6 +109,20 @@ def test_tuning_is_pure_and_fits_the_device():
     assert fp8_gemm.choose_tuning(4096, 8192, 8192, H200).wgs == 2
 
 
+def test_warmup_jobs_are_the_kernels_linear_runs():
+    int4 = humming.quantize(torch.randn(256, 512), weight="int4", group_size=128)
+    e4m3 = humming.quantize(torch.randn(256, 512), weight="e4m3", group_size=-1)
+    fp8 = get_act_scheme("fp8")
+    jobs = fp8_gemm.warmup_jobs(e4m3, fp8, (1, 16, 4096), torch.bfloat16, torch.bfloat16, H200)
+    assert [arch for _, arch in jobs] == ["sm_90a"] * len(jobs) and len({spec for spec, _ in jobs}) == len(jobs)
+    for m, (spec, _) in zip((1, 16, 4096), jobs, strict=False):
+        tuning = fp8_gemm.choose_tuning(m, 256, 512, H200)
+        assert spec == fp8_gemm.call_spec(8, "rowcol", torch.bfloat16, torch.bfloat16, tuning)
+    (w4, _), *_ = fp8_gemm.warmup_jobs(int4, fp8, (8,), torch.float32, None, H200)
+    assert "_w4a8_group_of32_bf32_" in w4.name and w4.name.endswith("_stg")
+    assert fp8_gemm.warmup_jobs(int4, get_act_scheme("fp8_g128"), (8,), torch.bfloat16, None, H200) == []
+
+
 def test_params_mirror_the_kernel_struct():
     assert fp8_gemm._Params.__dict__["_fields_"][0][0] == "w_map"
     assert __import__("ctypes").sizeof(fp8_gemm._Params) == 512  # static_assert in fp8_gemm_sm90.cuh

@@ -44,6 +44,7 @@ __all__ = [
     "run",
     "smem_bytes",
     "supports",
+    "warmup_jobs",
 ]
 
 #: Compute capabilities the kernel is built for (wgmma and setmaxnreg need sm_90a).
@@ -208,6 +209,13 @@ def _weight_scales(qw) -> torch.Tensor:
     return s
 
 
+def _scale_mode(qw) -> str:
+    """Where the kernel applies ``qw``'s scales (a key of :data:`SCALE_MODES`)."""
+    if qw.layout == "block":
+        return "block128"
+    return "group" if qw.layout == "group" else "rowcol"
+
+
 def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
     """int4 codes ``[N, K]`` (uint8 nibbles, N and K multiples of 128) -> uint8 ``[N/64, K/128, 4096]``.
 
@@ -240,8 +248,7 @@ def _prepare_int4(qw, kp: int, scales: torch.Tensor) -> PreparedFp8:
     else:
         w_scale = torch.zeros(n_pad, dtype=torch.float32, device=qw.device)
         w_scale[:n] = scales.expand(n, 1).reshape(n)
-    mode = "group" if w_group is not None else "rowcol"
-    return PreparedFp8(n, k, kp, 4, mode, _pack_int4(codes), w_scale, None, w_group)
+    return PreparedFp8(n, k, kp, 4, _scale_mode(qw), _pack_int4(codes), w_scale, None, w_group)
 
 
 def prepare(qw) -> PreparedFp8:
@@ -267,7 +274,7 @@ def prepare(qw) -> PreparedFp8:
     else:
         w_scale = torch.zeros(_cdiv(n, 128) * 128, dtype=torch.float32, device=qw.device)
         w_scale[:n] = scales.expand(n, 1).reshape(n)
-    prep = PreparedFp8(n, k, kp, 8, "block128" if block_scale else "rowcol", weight, w_scale, w_block, None)
+    prep = PreparedFp8(n, k, kp, 8, _scale_mode(qw), weight, w_scale, w_block, None)
     _prepared[qw] = prep
     return prep
 
@@ -418,9 +425,36 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def call_spec(prep: PreparedFp8, bias: torch.Tensor | None, out_dtype: torch.dtype, tuning: Fp8Tuning) -> KernelSpec:
-    bias_code = _BIAS_DTYPES[bias.dtype] if bias is not None else _OUT_DTYPES[out_dtype]
-    return fp8_spec(prep.w_bits, prep.scale_mode, _OUT_DTYPES[out_dtype], bias_code, tuning)
+def call_spec(
+    w_bits: int, scale_mode: str, bias_dtype: torch.dtype | None, out_dtype: torch.dtype, tuning: Fp8Tuning
+) -> KernelSpec:
+    """The spec of one call: weight bits, scale mode, bias dtype (``None``: no bias), output dtype, tuning."""
+    bias_code = _BIAS_DTYPES[bias_dtype] if bias_dtype is not None else _OUT_DTYPES[out_dtype]
+    return fp8_spec(w_bits, scale_mode, _OUT_DTYPES[out_dtype], bias_code, tuning)
+
+
+def warmup_jobs(
+    qweight,
+    act,
+    m_values,
+    out_dtype: torch.dtype,
+    bias_dtype: torch.dtype | None,
+    limits: DeviceLimits,
+) -> list[tuple[KernelSpec, str]]:
+    """``(spec, "sm_90a")`` of every kernel :func:`linear` runs for ``qweight`` and ``act`` at the token
+    counts ``m_values`` (for ``humming.cuda_kernels.warmup``); empty when the combination has no kernel."""
+    if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in _OUT_DTYPES:
+        return []
+    w_bits = 4 if qweight.format.name == "int4" else 8
+    jobs = []
+    for m in m_values:
+        tuning = choose_tuning(m, qweight.N, qweight.K, limits, w_bits)
+        if out_dtype == torch.float32:
+            tuning = dataclasses.replace(tuning, tma_store=False)
+        spec = call_spec(w_bits, _scale_mode(qweight), bias_dtype, out_dtype, tuning)
+        if (spec, "sm_90a") not in jobs:
+            jobs.append((spec, "sm_90a"))
+    return jobs
 
 
 def run(
@@ -460,7 +494,8 @@ def run(
         tuning = choose_tuning(m, prep.n, prep.k, device_limits(device), prep.w_bits)
     if out_dtype == torch.float32:  # the TMA-store epilogue writes 16-bit floats only
         tuning = dataclasses.replace(tuning, tma_store=False)
-    kernel = get_kernel(call_spec(prep, bias, out_dtype, tuning), device)
+    spec = call_spec(prep.w_bits, prep.scale_mode, None if bias is None else bias.dtype, out_dtype, tuning)
+    kernel = get_kernel(spec, device)
     a = _activations(x, act, prep.kp, tuning.block_m)
     if bias is not None:
         bias = bias.contiguous()
