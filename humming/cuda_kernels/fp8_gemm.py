@@ -355,8 +355,7 @@ def _activations(x, act, kp: int, block_m: int) -> _Activations:
     codes = qa.codes if kp == k else F.pad(qa.codes, (0, kp - k))
     scales = qa.scales.to(torch.float32)
     if qa.scheme.group == 128:
-        blocks = torch.zeros(scales.shape[1], _cdiv(m, block_m) * block_m, dtype=torch.float32, device=codes.device)
-        blocks[:, :m] = scales.T
+        blocks = F.pad(scales.T, (0, _cdiv(m, block_m) * block_m - m))  # one kernel: transpose and pad
         return _Activations(codes.contiguous(), None, blocks)
     return _Activations(codes.contiguous(), scales.reshape(-1).contiguous(), None)
 
