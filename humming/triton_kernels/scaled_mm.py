@@ -66,10 +66,13 @@ def _scale_vec(ptr, stride, offs, limit, col, PER_ROW: tl.constexpr, GROUP: tl.c
 
 
 @triton.jit
-def _mma(a, b, acc, MMA: tl.constexpr):
-    """``acc + a @ b`` (int32 for int8 operands, else fp32)."""
+def _mma(a, b, acc, MMA: tl.constexpr, BK: tl.constexpr):
+    """``acc + a @ b`` (int32 for int8 operands, else fp32). fp8 products are promoted to the fp32
+    accumulator every ``BK`` (fp8 tensor cores accumulate with reduced precision)."""
     if MMA == "int8":
         return tl.dot(a, b, acc, out_dtype=tl.int32)
+    elif MMA == "e4m3":
+        return tl.dot(a, b, acc, max_num_imprecise_acc=BK)
     elif MMA == "fp32":
         return tl.dot(a, b, acc, input_precision="ieee")
     else:
@@ -82,6 +85,7 @@ def _scaled_mm_kernel(
     as_ptr,
     ags_ptr,
     qw_ptr,
+    qb_ptr,
     s_ptr,
     z_ptr,
     gs_ptr,
@@ -94,6 +98,7 @@ def _scaled_mm_kernel(
     stride_am,
     stride_asm,
     stride_qn,
+    stride_qb,
     stride_sn,
     stride_zn,
     stride_om,
@@ -101,6 +106,7 @@ def _scaled_mm_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K % BK == 0: no masks along K
     HAS_BIAS: tl.constexpr,
     MMA: tl.constexpr,  # "int8", "e4m3", "fp16", "bf16" or "fp32"
     MMA_DTYPE: tl.constexpr,
@@ -143,23 +149,30 @@ def _scaled_mm_kernel(
     a_rows = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am
     W_PER_ROW: tl.constexpr = GN > 0
     W_GN: tl.constexpr = GN if GN > 0 else 1
-    PROMOTE: tl.constexpr = A_SCALE == "promote" or W_SCALE == "promote" or MMA == "e4m3"
+    PROMOTE: tl.constexpr = A_SCALE == "promote" or W_SCALE == "promote"
     ACC_DTYPE: tl.constexpr = tl.int32 if MMA == "int8" else tl.float32
-    W_IS_E4M3: tl.constexpr = W_KIND == 2 and W_EBITS == 4 and W_MBITS == 3 and not HAS_ZP
+    # 8-bit weights that are the MMA operand bit for bit are loaded as bytes, [BK, BN], straight to the dot.
+    W_BYTES: tl.constexpr = (W_BITS == 8 and not HAS_ZP and W_SCALE != "fold") and (
+        (MMA == "int8" and W_KIND == 0) or (MMA == "e4m3" and W_KIND == 2 and W_EBITS == 4 and W_MBITS == 3)
+    )
+    n_ok = offs_n[None, :] < N
+    b_cols = qb_ptr + offs_n.to(tl.int64)[None, :] * stride_qb
 
     acc = tl.zeros((BM, BN), dtype=tl.float32 if PROMOTE else ACC_DTYPE)
     for k0 in range(0, K, BK):
         offs_k = k0 + tl.arange(0, BK)
-        a_codes = tl.load(a_rows + offs_k[None, :], mask=m_ok & (offs_k[None, :] < K), other=0).to(tl.int32)
-        w_codes = _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS)
+        a_mask = m_ok if EVEN_K else m_ok & (offs_k[None, :] < K)
+        a_raw = tl.load(a_rows + offs_k[None, :], mask=a_mask, other=0)
 
         # Activation operand. Codes beyond K are 0 and decode to 0, so the weight's padding adds nothing.
-        if MMA == "int8":
-            a_op = ((a_codes << (32 - A_BITS)) >> (32 - A_BITS)).to(tl.int8)
+        if MMA == "int8" and A_BITS == 8:
+            a_op = a_raw.to(tl.int8, bitcast=True)
+        elif MMA == "int8":
+            a_op = ((a_raw.to(tl.int32) << (32 - A_BITS)) >> (32 - A_BITS)).to(tl.int8)
         elif MMA == "e4m3":
-            a_op = a_codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+            a_op = a_raw.to(tl.float8e4nv, bitcast=True)
         else:
-            a_val = decode_codes(a_codes, lut_ptr, A_KIND, A_BITS, A_EBITS, A_MBITS, A_BIAS, 0)
+            a_val = decode_codes(a_raw.to(tl.int32), lut_ptr, A_KIND, A_BITS, A_EBITS, A_MBITS, A_BIAS, 0)
             if A_SCALE == "fold":
                 a_s = tl.load(
                     as_ptr + offs_m.to(tl.int64)[:, None] * stride_asm + (offs_k // A_GK)[None, :],
@@ -169,39 +182,40 @@ def _scaled_mm_kernel(
                 a_val = a_val * _decode_scale(a_s, A_S_KIND)
             a_op = cast(a_val, MMA_DTYPE)
 
-        # Weight operand: decode(q) - zero (times a folded scale), exact in the MMA type (the plan checks).
-        if MMA == "int8":
-            w_int = (w_codes << (32 - W_BITS)) >> (32 - W_BITS) if W_KIND == 0 else w_codes
-            if HAS_ZP:
-                z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
-                w_int = w_int - z.to(tl.int32)
-            w_op = w_int.to(tl.int8)
-        elif MMA == "e4m3" and W_IS_E4M3:
-            w_op = w_codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+        # Weight operand [BK, BN]: decode(q) - zero (times a folded scale), exact in the MMA type.
+        if W_BYTES:
+            b_mask = n_ok if EVEN_K else n_ok & (offs_k[:, None] < K)
+            b_raw = tl.load(b_cols + offs_k[:, None], mask=b_mask, other=0)
+            b_op = b_raw.to(MMA_DTYPE, bitcast=True)
         else:
-            w_val = decode_codes(w_codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
-            if HAS_ZP:
-                z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
-                w_val = w_val - z.to(tl.float32)
-            if W_SCALE == "fold":
-                s = _group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, s_ptr, BK, GN, GK, False)
-                w_val = w_val * _decode_scale(s, S_KIND)
-            if MMA == "e4m3":
-                w_op = w_val.to(tl.float8e4nv)
+            w_codes = _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS)
+            if MMA == "int8":
+                w_int = (w_codes << (32 - W_BITS)) >> (32 - W_BITS) if W_KIND == 0 else w_codes
+                if HAS_ZP:
+                    z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
+                    w_int = w_int - z.to(tl.int32)
+                w_op = w_int.to(tl.int8)
             else:
-                w_op = cast(w_val, MMA_DTYPE)
+                w_val = decode_codes(w_codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
+                if HAS_ZP:
+                    z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
+                    w_val = w_val - z.to(tl.float32)
+                if W_SCALE == "fold":
+                    s = _group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, s_ptr, BK, GN, GK, False)
+                    w_val = w_val * _decode_scale(s, S_KIND)
+                w_op = w_val.to(tl.float8e4nv) if MMA == "e4m3" else cast(w_val, MMA_DTYPE)
+            b_op = tl.trans(w_op)
 
         if PROMOTE:
-            # Each K step's partial product joins the fp32 accumulator with its scales (fp8 tensor cores
-            # accumulate with reduced precision, so e4m3 steps are promoted even without K-varying scales).
-            part = _mma(a_op, tl.trans(w_op), tl.zeros((BM, BN), dtype=ACC_DTYPE), MMA).to(tl.float32)
+            # Each K step's partial product joins the fp32 accumulator with its scales.
+            part = _mma(a_op, b_op, tl.zeros((BM, BN), dtype=ACC_DTYPE), MMA, BK).to(tl.float32)
             if A_SCALE == "promote":
                 part = part * _scale_vec(as_ptr, stride_asm, offs_m, M, k0 // A_GK, A_PER_ROW, 1, A_S_KIND)[:, None]
             if W_SCALE == "promote":
                 part = part * _scale_vec(s_ptr, stride_sn, offs_n, N, k0 // GK, W_PER_ROW, W_GN, S_KIND)[None, :]
             acc += part
         else:
-            acc = _mma(a_op, tl.trans(w_op), acc, MMA)
+            acc = _mma(a_op, b_op, acc, MMA, BK)
 
     acc = acc.to(tl.float32)
     if A_SCALE == "end":
@@ -450,7 +464,7 @@ def linear(
     plan = compute_plan(qweight, scheme, a_gk, _capability(codes.device))
     if isinstance(plan, str):
         raise ValueError(f"triton scaled_mm: {plan}")
-    cfg = config or scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step)
+    cfg = config or scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qweight.bits)
     if plan.k_step and plan.k_step % cfg.block_k:
         raise ValueError(f"config: block_k={cfg.block_k} must divide the promotion step {plan.k_step}")
 
@@ -466,6 +480,7 @@ def linear(
         a_scales,
         qa.global_scale if qa.global_scale is not None else a_scales,
         t["qw"],
+        t["qw"].view(torch.uint8),
         t["s"],
         t["z"],
         t["gs"],
@@ -478,6 +493,7 @@ def linear(
         qa.codes.stride(0),
         a_scales.stride(0),
         t["qw"].stride(0),
+        t["qw"].stride(0) * 4,
         t["s"].stride(0),
         t["z"].stride(0),
         out.stride(0),
@@ -485,6 +501,7 @@ def linear(
         BN=cfg.block_n,
         BK=cfg.block_k,
         GROUP_M=cfg.group_m,
+        EVEN_K=k % cfg.block_k == 0,
         HAS_BIAS=bias is not None,
         **_plan_constexprs(plan, scheme, a_gk, per_row=qa.scales.numel() > 1),
         num_warps=cfg.num_warps,
@@ -535,6 +552,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     kernel=_scaled_mm_kernel,
                     pointers={
                         **pointer_types(qw),
+                        "qb_ptr": "*u8",
                         "a_ptr": "*u8",
                         "as_ptr": a_scale_type,
                         "ags_ptr": "*fp32",
@@ -546,6 +564,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                         "BN": cfg.block_n,
                         "BK": cfg.block_k,
                         "GROUP_M": cfg.group_m,
+                        "EVEN_K": True,
                         "HAS_BIAS": True,
                         **_plan_constexprs(plan, scheme, a_gk, per_row=scheme.group_shape[0] == 1),
                         **{k: v for k, v in weight_spec(qw).constexprs().items() if k != "ACT_ORDER"},
@@ -554,7 +573,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     num_stages=cfg.num_stages,
                     mma=mma_check,
                     min_arch=min_arch,
-                    aligned=("N", "K", "stride_am", "stride_qn", "stride_om"),
+                    aligned=("N", "K", "stride_am", "stride_qn", "stride_qb", "stride_om"),
                 )
             )
     return specs

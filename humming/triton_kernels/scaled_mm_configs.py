@@ -53,11 +53,13 @@ _BUCKETS_16BIT = (
 )
 
 
-def scaled_mm_config(m: int, n: int, k: int, operand_bits: int, k_step: int) -> ScaledMMConfig:
-    """The tile configuration for ``[m, k] x [n, k]^T`` with ``operand_bits``-wide tensor-core operands;
-    ``k_step`` (0 = free) is the promotion step that ``block_k`` must divide."""
+def scaled_mm_config(m: int, n: int, k: int, operand_bits: int, k_step: int, weight_bits: int = 8) -> ScaledMMConfig:
+    """The tile configuration for ``[m, k] x [n, k]^T`` with ``operand_bits``-wide tensor-core operands and
+    ``weight_bits``-wide codes; ``k_step`` (0 = free) is the promotion step that ``block_k`` must divide."""
     buckets = _BUCKETS_8BIT if operand_bits == 8 else _BUCKETS_16BIT
     cfg = next(c for bound, c in buckets if bound is None or m <= bound)
+    if 32 % weight_bits:  # 3/5/6/7-bit codes straddle words: two int32 tiles per stage; fit the shared memory
+        cfg = cfg.replace(block_n=min(cfg.block_n, 128), num_stages=min(cfg.num_stages, 2))
     block_k = cfg.block_k
     if k_step:
         block_k = min(block_k, k_step & -k_step)  # the largest power of two dividing the step
