@@ -29,6 +29,12 @@ from humming.triton_kernels.configs import TileConfig, choose_split_k, wna16_con
 DEFAULT_M = [1 << i for i in range(14)]
 #: Tile candidates the tuner tries per M (on top of the current default).
 TUNE_CANDIDATES = {
+    "gemv": [
+        TileConfig(1, 32, 256, num_stages=1),
+        TileConfig(1, 16, 512, num_warps=8, num_stages=1),
+        TileConfig(1, 8, 512, num_stages=1),
+        TileConfig(16, 32, 256, num_stages=4),
+    ],
     "small": [
         TileConfig(16, 32, 256, num_stages=4),
         TileConfig(16, 64, 256, num_stages=4),
@@ -123,7 +129,7 @@ def tune(shape, ms, method_name, roofs, l2_bytes, deadline, log) -> list[dict]:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for m in ms:
         default = wna16_config(m, n, k, 4, sms)
-        bucket = "small" if m <= 16 else "medium" if m <= 512 else "large"
+        bucket = "gemv" if m == 1 else "small" if m <= 16 else "medium" if m <= 512 else "large"
         candidates = [default] + [
             c for c in TUNE_CANDIDATES[bucket] if c.replace(split_k=1) != default.replace(split_k=1)
         ]
@@ -133,7 +139,8 @@ def tune(shape, ms, method_name, roofs, l2_bytes, deadline, log) -> list[dict]:
                 break
             if cfg is not default:
                 tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-                cfg = cfg.replace(split_k=choose_split_k(tiles, -(-k // cfg.block_k), sms))
+                waves = 4 if cfg.block_m <= 4 else 2
+                cfg = cfg.replace(split_k=choose_split_k(tiles, -(-k // cfg.block_k), sms, waves))
             try:
                 ops = [method.build(n, k, "cuda", config=cfg) for _ in range(_copies(method, n, k, l2_bytes))]
                 row = _row(method, n, k, m, ops, roofs, note=f"config {cfg.name()}")

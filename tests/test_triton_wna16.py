@@ -1,7 +1,8 @@
 """The Triton WnA16 GEMM against the reference, from a table of cases (formats x layouts x shapes).
 
-Reference: ``x @ dequantize(qw, x.dtype)^T + bias`` in float64 (the kernel rounds each dequantized weight
-once to the activations' dtype, exactly as ``dequantize`` does, then accumulates in fp32). Tolerances
+Reference: ``x @ dequantize(qw, x.dtype)^T + bias`` in float64 (the tensor-core path rounds each dequantized
+weight once to the activations' dtype, exactly as ``dequantize`` does, then accumulates in fp32; the GEMV path
+for M <= 4 keeps the fp32 weights, so its reference is ``dequantize(qw, float32)``). Tolerances
 (``||out - ref|| / ||ref||``): the fp32 accumulation and output rounding, i.e. 2e-6 for fp32 output,
 2e-3 for fp16, 1e-2 for bf16. Against ``humming.linear(backend="reference")`` (fp32 weights) the
 weight rounding adds one bf16/fp16 rounding per weight: 1e-2. Outputs are poisoned with NaN before each
@@ -88,7 +89,9 @@ def _check(case: Case, qw, x, bias, out_dtype, config=None) -> None:
     result = wna16.linear(x, qw, bias, out_dtype, config=config, out=out)
     assert result.data_ptr() == out.data_ptr()
     assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} outputs not written (NaN poison left)"
-    ref = x.double() @ humming.dequantize(qw, x.dtype).double().T
+    # The GEMV path (block_m <= 4) uses the fp32 weights; the tensor-core path rounds them to x's dtype.
+    gemv = (config or wna16_config(m, n, qw.K, qw.bits, 1)).block_m <= 4
+    ref = x.double() @ humming.dequantize(qw, torch.float32 if gemv else x.dtype).double().T
     if bias is not None:
         ref = ref + bias.double()
     err = _rel_err(out, ref)
@@ -108,14 +111,20 @@ def test_wna16_matches_reference(case: Case, shape, seed: int, device: str) -> N
 
 @pytest.mark.parametrize(
     "config",
-    [TileConfig(16, 16, 64, split_k=3), TileConfig(32, 32, 32, split_k=2, group_m=1), TileConfig(16, 64, 128)],
+    [
+        TileConfig(16, 16, 64, split_k=3),
+        TileConfig(32, 32, 32, split_k=2, group_m=1),
+        TileConfig(16, 64, 128),
+        TileConfig(4, 16, 64, split_k=2),
+        TileConfig(2, 32, 128),
+    ],
     ids=lambda c: c.name(),
 )
 def test_wna16_tile_configs(config: TileConfig, seed: int, device: str) -> None:
-    """Split-K (fp32 atomics, bias added after) and other tiles compute the same function."""
+    """Split-K (fp32 atomics, bias added after), GEMV (block_m <= 4) and other tiles compute the same function."""
     case = Case("int4", group_size=32)
     qw = case.quantize(torch.randn(40, 200, device=device))
-    x = torch.randn(7, 200, device=device).to(torch.bfloat16)
+    x = torch.randn(config.block_m - 1 if config.block_m <= 4 else 7, 200, device=device).to(torch.bfloat16)
     _check(case, qw, x, torch.randn(40, device=device), torch.bfloat16, config=config)
 
 

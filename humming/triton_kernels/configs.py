@@ -38,8 +38,12 @@ class TileConfig:
         return f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}g{c.group_m}w{c.num_warps}st{c.num_stages}"
 
 
-#: (largest M of the bucket, config); the first bucket whose bound is >= M is used.
+#: (largest M of the bucket, config); the first bucket whose bound is >= M is used. ``block_m <= 4`` selects
+#: the GEMV kernel (no tensor cores: for decode the weight decode, not the MACs, is the work).
 _BUCKETS = (
+    (1, TileConfig(1, 16, 256, num_warps=4, num_stages=1)),
+    (2, TileConfig(2, 16, 256, num_warps=4, num_stages=1)),
+    (4, TileConfig(4, 16, 128, num_warps=4, num_stages=1)),
     (16, TileConfig(16, 32, 256, num_warps=4, num_stages=4)),
     (32, TileConfig(32, 64, 128, num_warps=4, num_stages=4)),
     (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4)),
@@ -49,10 +53,10 @@ _BUCKETS = (
 )
 
 
-def choose_split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
-    """Split K until the grid covers the multiprocessors about twice, keeping >= 4 K tiles per split."""
+def choose_split_k(tiles: int, k_tiles: int, sm_count: int, waves: int = 2) -> int:
+    """Split K until the grid covers the multiprocessors ``waves`` times, keeping >= 4 K tiles per split."""
     split = 1
-    while tiles * split < 2 * sm_count and k_tiles // (split * 2) >= 4:
+    while tiles * split < waves * sm_count and k_tiles // (split * 2) >= 4:
         split *= 2
     return split
 
@@ -65,4 +69,6 @@ def wna16_config(m: int, n: int, k: int, bits: int, sm_count: int) -> TileConfig
         cfg = cfg.replace(block_k=min(cfg.block_k, 64))
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     k_tiles = -(-k // cfg.block_k)
-    return cfg.replace(split_k=choose_split_k(tiles, k_tiles, sm_count))
+    # GEMV programs are small (no staged tiles): several per multiprocessor keep enough loads in flight.
+    waves = 4 if cfg.block_m <= 4 else 2
+    return cfg.replace(split_k=choose_split_k(tiles, k_tiles, sm_count, waves))

@@ -6,8 +6,10 @@ place: the weights are never permuted), zero points (int or float) and global sc
 there is no repacking step, so no cache either. Weight tiles are dequantized in registers exactly as
 :func:`humming.dequantize` does, rounded once to the activations' dtype and fed to ``tl.dot`` (mma.sync on
 Ampere/Ada, wgmma on Hopper) with fp32 accumulation; the bias is added in fp32, then the output is rounded
-once to ``out_dtype``. Small M uses thin tiles (16 x 32) and, when the grid would not fill the GPU, split-K
-(fp32 atomics into a workspace); large M uses 128 x 256 tiles. Tile choice: :mod:`.configs`.
+once to ``out_dtype``. M <= 4 (decode) runs a GEMV kernel without tensor cores (elementwise fp32 products of
+the unrounded fp32 weights, one reduction at the end); small M uses thin tiles (16 x 32); either splits K
+when the grid would not fill the GPU (fp32 atomics into a workspace); large M uses 128 x 256 tiles. Tile
+choice: :mod:`.configs`.
 """
 
 from __future__ import annotations
@@ -131,6 +133,106 @@ def _wna16_kernel(
         tl.atomic_add(out, acc, mask=mask, sem="relaxed")
 
 
+@triton.jit
+def _wna16_gemv_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    gs_ptr,
+    gidx_ptr,
+    lut_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_qn,
+    stride_sn,
+    stride_zn,
+    stride_om,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    W_KIND: tl.constexpr,
+    W_BITS: tl.constexpr,
+    W_EBITS: tl.constexpr,
+    W_MBITS: tl.constexpr,
+    W_BIAS: tl.constexpr,
+    W_NAN: tl.constexpr,
+    S_KIND: tl.constexpr,
+    GN: tl.constexpr,
+    GK: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    HAS_GS: tl.constexpr,
+    ACT_ORDER: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """Decode (M <= BM <= 4): no tensor cores, so no layout change of the weight tile; products accumulate
+    elementwise in fp32 ``[BM, BN, BK]`` and are reduced along K once, after the loop.
+
+    Compute config, not tuning: the fp32 weights are used as they are, without the rounding to the
+    activations' dtype that tensor cores need (a conversion per weight would cost more than the bandwidth
+    allows at decode). Results are at least as accurate; they differ from the tensor-core path by up to one
+    bf16/fp16 rounding of each weight, inside the tolerances the tests state.
+    """
+    offs_m = tl.arange(0, BM)
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    m_ok = offs_m[:, None] < M
+    k_tiles = tl.cdiv(K, BK)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    first = tl.program_id(1) * per_split
+    last = tl.minimum(first + per_split, k_tiles)
+    acc = tl.zeros((BM, BN, BK), dtype=tl.float32)
+    for t in range(first, last):
+        k0 = t * BK
+        offs_k = k0 + tl.arange(0, BK)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
+        w = load_weight_tile(
+            qw_ptr,
+            s_ptr,
+            z_ptr,
+            gs_ptr,
+            gidx_ptr,
+            lut_ptr,
+            stride_qn,
+            stride_sn,
+            stride_zn,
+            offs_n,
+            k0,
+            N,
+            K,
+            BK,
+            W_KIND,
+            W_BITS,
+            W_EBITS,
+            W_MBITS,
+            W_BIAS,
+            W_NAN,
+            S_KIND,
+            GN,
+            GK,
+            HAS_ZP,
+            HAS_GS,
+            ACT_ORDER,
+            EVEN_K,
+        )
+        acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
+    y = tl.sum(acc, axis=2)
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    mask = m_ok & (offs_n[None, :] < N)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out, cast(y, out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(out, y, mask=mask, sem="relaxed")
+
+
 _X_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -192,8 +294,13 @@ def linear(
     t = kernel_tensors(qweight)
     split = cfg.split_k > 1
     acc = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split else out
+    gemv = cfg.block_m <= 4
+    if gemv and m > cfg.block_m:
+        raise ValueError(f"triton wna16: GEMV config block_m={cfg.block_m} cannot take M={m}")
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
-    _wna16_kernel[grid](
+    kernel = _wna16_gemv_kernel if gemv else _wna16_kernel
+    extra = {} if gemv else {"GROUP_M": cfg.group_m}
+    kernel[grid](
         x,
         t["qw"],
         t["s"],
@@ -215,7 +322,7 @@ def linear(
         BN=cfg.block_n,
         BK=cfg.block_k,
         SPLIT_K=cfg.split_k,
-        GROUP_M=cfg.group_m,
+        **extra,
         HAS_BIAS=bias is not None,
         EVEN_K=k % cfg.block_k == 0,
         num_warps=cfg.num_warps,
@@ -235,9 +342,11 @@ def _compile_specs() -> list[registry.CompileSpec]:
     from .configs import _BUCKETS
 
     w = torch.ones(256, 512)
-    small, large = _BUCKETS[0][1], _BUCKETS[-1][1]
+    gemv, small, large = _BUCKETS[0][1], _BUCKETS[3][1], _BUCKETS[-1][1]
     medium = next(c for bound, c in _BUCKETS if bound == 128)
     cases = (
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, gemv, 80),
+        ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, gemv, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
@@ -250,10 +359,11 @@ def _compile_specs() -> list[registry.CompileSpec]:
     specs = []
     for label, qw, dtype, cfg, min_arch in cases:
         spec = weight_spec(qw)
+        is_gemv = cfg.block_m <= 4
         specs.append(
             registry.CompileSpec(
-                name=f"wna16-{label}-{triton_type(dtype)}-{cfg.name()}",
-                kernel=_wna16_kernel,
+                name=f"wna16{'_gemv' if is_gemv else ''}-{label}-{triton_type(dtype)}-{cfg.name()}",
+                kernel=_wna16_gemv_kernel if is_gemv else _wna16_kernel,
                 pointers={
                     **pointer_types(qw),
                     "x_ptr": "*" + triton_type(dtype),
@@ -265,14 +375,14 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "BN": cfg.block_n,
                     "BK": cfg.block_k,
                     "SPLIT_K": 1,
-                    "GROUP_M": cfg.group_m,
+                    **({} if is_gemv else {"GROUP_M": cfg.group_m}),
                     "HAS_BIAS": True,
                     "EVEN_K": True,
                     **spec.constexprs(),
                 },
                 num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages,
-                mma="best" if cfg.block_m >= 64 else "any",
+                mma="none" if is_gemv else "best" if cfg.block_m >= 64 else "any",
                 min_arch=min_arch,
                 aligned=("N", "K", "stride_xm", "stride_qn", "stride_sn", "stride_zn", "stride_om"),
             )
