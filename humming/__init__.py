@@ -20,6 +20,15 @@ from .ir import (
 from .linear import linear
 from .loaders import concat, load_checkpoint, shard, stack
 
+
+def warmup(layers, m_values=(1, 16, 64), **kwargs):
+    """Compile every CUDA kernel ``layers`` need for token counts ``m_values`` ahead of time, in parallel,
+    so that serving (and CUDA graph capture) never compiles; see ``humming.cuda_kernels.warmup``."""
+    from .cuda_kernels import warmup as cuda_warmup  # imports cuda-core only when asked
+
+    return cuda_warmup(layers, m_values, **kwargs)
+
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -44,4 +53,5 @@ __all__ = [
     "save",
     "shard",
     "stack",
+    "warmup",
 ]

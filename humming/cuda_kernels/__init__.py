@@ -9,6 +9,8 @@ Backend interface (``humming.dispatch.backends``): :func:`is_available`, :func:`
 - ``gemm_sm90`` (``include/humming/gemm_sm90.cuh``): the same weights for M > 32 on Hopper (sm_90a):
   TMA + mbarrier pipeline, producer / consumer warpgroups with setmaxnreg, wgmma with the dequantized
   weights as the register A operand; needs N % 128 == 0.
+- ``fp8_gemm`` (``include/humming/fp8_gemm_sm90.cuh``): quantized activations on Hopper: W8A8 e4m3 x e4m3
+  (per-tensor / per-token x per-channel, 1x128 x 128x128 blocks) and W4A8 int4 x e4m3, on fp8 wgmma.
 
 Each ``QuantizedWeight`` is re-tiled once into the fragment layout that every kernel here reads
 (``_layout``; :func:`prepare`, cached per weight object). :func:`warmup` compiles the kernels a set
@@ -23,7 +25,7 @@ import weakref
 
 import torch
 
-from . import _decode, _gemm_sm90
+from . import _decode, _gemm_sm90, fp8_gemm
 from ._layout import PreparedWeight, prepare_weight, weight_unsupported
 from ._warmup import WarmupReport, warmup_specs
 from .jit import KernelNotReadyError, compiler_unavailable_reason
@@ -58,7 +60,7 @@ def supports(qweight, act, x: torch.Tensor) -> str | None:
     ``x`` is the 2-D activation ``[M, K]`` (its dtype, device and M matter).
     """
     if act is not None:
-        return f"no CUDA kernel for quantized activations ({getattr(act, 'name', act)}) yet"
+        return fp8_gemm.supports(qweight, act, x)
     if x.device.type != "cuda":
         return f"x is on {x.device}, not a CUDA device"
     if qweight.num_experts is not None:
@@ -93,6 +95,8 @@ def prepare(qweight) -> PreparedWeight:
 
 def linear(x: torch.Tensor, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -> torch.Tensor:
     """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`supports`)."""
+    if act is not None:  # before supports(): a pre-quantized x is a QuantizedActivation, not a tensor
+        return fp8_gemm.linear(x, qweight, bias, act, out_dtype)
     reason = supports(qweight, act, x)
     if reason is not None:
         raise ValueError(f"humming CUDA backend: {reason}")
@@ -104,6 +108,7 @@ def linear(x: torch.Tensor, qweight, bias: torch.Tensor | None, act, out_dtype: 
 def warmup(
     layers,
     m_values=(1, 16, 64),
+    act=None,
     act_dtype: torch.dtype = torch.bfloat16,
     out_dtype: torch.dtype | None = None,
     bias_dtype: torch.dtype | None = None,
@@ -113,8 +118,9 @@ def warmup(
 ) -> WarmupReport:
     """Compile (in parallel) and load every kernel that ``layers`` need for the token counts ``m_values``.
 
-    ``layers`` are ``QuantizedWeight`` objects on a CUDA device; combinations with no CUDA kernel are
-    skipped. The report holds each kernel's origin (``compiled`` = cold, ``disk``, ``memory``) and time.
+    ``layers`` are ``QuantizedWeight`` objects on a CUDA device; ``act`` the activation scheme they run with
+    (``None`` = WnA16); combinations with no CUDA kernel are skipped. The report holds each kernel's
+    origin (``compiled`` = cold, ``disk``, ``memory``) and time.
     """
     from . import _driver
     from .jit import device_arch
@@ -123,7 +129,14 @@ def warmup(
     device = torch.cuda.current_device() if device is None else device
     cc = torch.cuda.get_device_capability(device)
     jobs = []
+    if act is not None:
+        from humming.ir.activation import get_act_scheme
+
+        act = get_act_scheme(act)
     for qw in layers:
+        if act is not None:
+            jobs += fp8_gemm.warmup_jobs(qw, act, m_values, out_dtype, bias_dtype, fp8_gemm.device_limits(device))
+            continue
         for m in m_values:
             x = torch.empty(m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
             if supports(qw, None, x) is not None:
