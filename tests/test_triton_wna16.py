@@ -128,6 +128,18 @@ def test_wna16_tile_configs(config: TileConfig, seed: int, device: str) -> None:
     _check(case, qw, x, torch.randn(40, device=device), torch.bfloat16, config=config)
 
 
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_wna16_dequant_first(x_dtype: torch.dtype, seed: int, device: str) -> None:
+    """The large-M path (dequantize once, one library GEMM) where it applies, the tiled kernel where not."""
+    config = TileConfig(16, 32, 64, dequant_first=True)
+    case = Case("uint4", group_size=32, zero_point=True, x_dtype=x_dtype)
+    qw = case.quantize(torch.randn(48, 200, device=device))
+    x = torch.randn(9, 200, device=device).to(x_dtype)
+    _check(case, qw, x, None, x_dtype, config=config)  # dequant-first
+    _check(case, qw, x, torch.randn(48, device=device), x_dtype, config=config)  # bias: tiled kernel
+    _check(case, qw, x, None, torch.float32, config=config)  # other out dtype: tiled kernel
+
+
 def test_linear_triton_backend(seed: int, device: str) -> None:
     """``humming.linear(..., backend="triton")`` runs this kernel and agrees with the reference backend."""
     qw = humming.quantize(
@@ -195,3 +207,16 @@ def test_wna16_gpu_realistic(case: Case, m: int, seed: int) -> None:
     ref = x.float() @ w.T + bias
     err = _rel_err(out, ref.double())
     assert err <= TOL[torch.bfloat16], f"rel err {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1024, 8192])
+def test_wna16_gpu_dequant_first(m: int, seed: int) -> None:
+    """Large M without bias: the dequantize-then-GEMM path at a real shape."""
+    qw = Case("int4").quantize(torch.randn(28672, 8192, device="cuda", dtype=torch.bfloat16))
+    x = torch.randn(m, 8192, device="cuda").to(torch.bfloat16)
+    out = torch.full((m, 28672), float("nan"), dtype=torch.bfloat16, device="cuda")
+    wna16.linear(x, qw, None, torch.bfloat16, out=out)
+    assert not torch.isnan(out).any()
+    ref = x.float() @ humming.dequantize(qw, torch.bfloat16).float().T
+    assert _rel_err(out, ref.double()) <= TOL[torch.bfloat16]

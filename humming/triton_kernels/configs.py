@@ -4,6 +4,14 @@
 count; no autotuning runs in the hot path. The buckets were chosen for the H200 (bench/sweep.py measures
 them; bench/results/h200/ holds the numbers). Every config computes the same function: split-K only changes
 the fp32 summation order, within the tolerances the tests state.
+
+Measured on the H200 (bench/results/h200/triton_tune.json, W4A16 g128, 28672 x 8192): M=1 1x8x512 GEMV
+110 us (1x16x256: 131 us; the 16x32x256 tensor-core tile: 240 us); M=16 16x64x256 218 us (16x32x256: 236);
+M=128 64x128x64 325 us; M=1024 and 8192 128x256x64 (3 or 4 stages: equal within noise) 1.77 and 13.5 ms,
+0.40x torch bf16 (cuBLAS: 0.70 and 5.34 ms). Hence ``dequant_first`` for M > 512: cuBLAS's measured time
+plus one dequantization pass (about 0.6 GB of traffic for 28672 x 8192, ~0.14 ms at the copy rate) should
+land near 0.8-0.97x torch bf16; that path is NOT measured yet. The M=2..4 GEMV tiles and the buckets
+between the measured points are interpolations.
 """
 
 from __future__ import annotations
@@ -25,6 +33,10 @@ class TileConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    #: Large M: dequantize W to the activations' dtype once per call (Triton), then one cuBLAS GEMM. Same
+    #: numerics as the tensor-core kernel (bf16/fp16 weights, fp32 accumulation, one output rounding); used
+    #: only without bias and with ``out_dtype == x.dtype`` (otherwise the Triton kernel runs).
+    dequant_first: bool = False
 
     def replace(self, **overrides) -> TileConfig:
         """A copy with some fields changed; an unknown field name is an error."""
@@ -35,21 +47,22 @@ class TileConfig:
 
     def name(self) -> str:
         c = self
-        return f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}g{c.group_m}w{c.num_warps}st{c.num_stages}"
+        tiles = f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}g{c.group_m}w{c.num_warps}st{c.num_stages}"
+        return tiles + ("-dequant-first" if c.dequant_first else "")
 
 
 #: (largest M of the bucket, config); the first bucket whose bound is >= M is used. ``block_m <= 4`` selects
 #: the GEMV kernel (no tensor cores: for decode the weight decode, not the MACs, is the work).
 _BUCKETS = (
-    (1, TileConfig(1, 16, 256, num_warps=4, num_stages=1)),
-    (2, TileConfig(2, 16, 256, num_warps=4, num_stages=1)),
-    (4, TileConfig(4, 16, 128, num_warps=4, num_stages=1)),
-    (16, TileConfig(16, 32, 256, num_warps=4, num_stages=4)),
+    (1, TileConfig(1, 8, 512, num_warps=4, num_stages=1)),
+    (2, TileConfig(2, 8, 512, num_warps=4, num_stages=1)),
+    (4, TileConfig(4, 8, 256, num_warps=4, num_stages=1)),
+    (16, TileConfig(16, 64, 256, num_warps=4, num_stages=4)),
     (32, TileConfig(32, 64, 128, num_warps=4, num_stages=4)),
     (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4)),
     (128, TileConfig(64, 128, 64, num_warps=4, num_stages=4)),
     (512, TileConfig(128, 128, 64, num_warps=8, num_stages=4)),
-    (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),
+    (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3, dequant_first=True)),
 )
 
 

@@ -18,8 +18,8 @@ from .interpreter import cast
 
 __all__ = ["dequantize"]
 
-_BLOCK_N = 16
-_BLOCK_K = 64
+_BLOCK_N = 32
+_BLOCK_K = 256
 
 
 @triton.jit

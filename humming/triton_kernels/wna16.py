@@ -1,15 +1,20 @@
 """Triton WnA16 GEMM: ``y = x @ dequantize(W)^T + bias`` with fp16/bf16 activations and any IR weight.
 
-One kernel, specialised by ``constexpr`` for the weight's format (int/uint 1..8 bits, any <= 8-bit eXmY,
-lookup tables), scale dtype and layout (per tensor, channel, group, 2-D block, act-order ``g_idx`` read in
-place: the weights are never permuted), zero points (int or float) and global scale. It reads the IR as is:
-there is no repacking step, so no cache either. Weight tiles are dequantized in registers exactly as
-:func:`humming.dequantize` does, rounded once to the activations' dtype and fed to ``tl.dot`` (mma.sync on
-Ampere/Ada, wgmma on Hopper) with fp32 accumulation; the bias is added in fp32, then the output is rounded
-once to ``out_dtype``. M <= 4 (decode) runs a GEMV kernel without tensor cores (elementwise fp32 products of
-the unrounded fp32 weights, one reduction at the end); small M uses thin tiles (16 x 32); either splits K
-when the grid would not fill the GPU (fp32 atomics into a workspace); large M uses 128 x 256 tiles. Tile
-choice: :mod:`.configs`.
+Kernels specialised by ``constexpr`` for the weight's format (int/uint 1..8 bits, any <= 8-bit eXmY, lookup
+tables), scale dtype and layout (per tensor, channel, group, 2-D block, act-order ``g_idx`` read in place:
+the weights are never permuted), zero points (int or float) and global scale. They read the IR as is: there
+is no repacking step, so no cache either. Three paths, chosen by M (:mod:`.configs`):
+
+- M <= 4 (decode): a GEMV kernel without tensor cores; elementwise fp32 products of the unrounded fp32
+  weights, one reduction along K at the end.
+- otherwise a tiled kernel: weight tiles dequantized in registers exactly as :func:`humming.dequantize`
+  does, rounded once to the activations' dtype, fed to ``tl.dot`` (mma.sync on Ampere/Ada, wgmma on
+  Hopper, tcgen05 on Blackwell) with fp32 accumulation; 16 x 64 tiles for small M, up to 128 x 256.
+- large M without bias and with ``out_dtype == x.dtype``: the weight is dequantized once per call
+  (:mod:`.dequant`) and one cuBLAS GEMM runs (same numerics as the tiled kernel).
+
+Both kernels split K when the grid would not fill the GPU (fp32 atomics into a workspace); the bias is added
+in fp32 and the output rounded once to ``out_dtype``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..ir.weight import QuantizedWeight
-from . import registry
+from . import dequant, registry
 from ._weight_tile import kernel_tensors, load_weight_tile, pointer_types, triton_type, weight_spec
 from .configs import TileConfig, wna16_config
 from .interpreter import INTERPRET, cast, dot
@@ -291,6 +296,8 @@ def linear(
     if m == 0:
         return out
     cfg = config or wna16_config(m, n, k, qweight.bits, _device_sm_count(x.device))
+    if cfg.dequant_first and bias is None and out_dtype == x.dtype:
+        return torch.matmul(x, dequant.dequantize(qweight, x.dtype).T, out=out)
     t = kernel_tensors(qweight)
     split = cfg.split_k > 1
     acc = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split else out
