@@ -408,3 +408,14 @@ def test_cuda_graph_replay(seed):
     torch.cuda.synchronize()
     assert torch.equal(captured, fp8_gemm.linear(x, qw, bias, act, torch.bfloat16))
     assert not torch.equal(captured, eager)
+
+
+def test_block_activation_scales_are_row_major_even_without_padding():
+    """Regression (H200): at M a multiple of the token tile the transposed scales kept transposed strides."""
+    from humming.ir.activation import QuantizedActivation
+
+    scheme = get_act_scheme("fp8_g128")
+    scales = torch.rand(256, 4)
+    qa = QuantizedActivation(scheme, torch.zeros(256, 512, dtype=torch.uint8), scales)
+    blocks = fp8_gemm._activations(qa, scheme, 512, 128).x_block_scale
+    assert blocks.is_contiguous() and torch.equal(blocks, scales.T)

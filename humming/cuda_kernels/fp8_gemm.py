@@ -355,7 +355,9 @@ def _activations(x, act, kp: int, block_m: int) -> _Activations:
     codes = qa.codes if kp == k else F.pad(qa.codes, (0, kp - k))
     scales = qa.scales.to(torch.float32)
     if qa.scheme.group == 128:
-        blocks = F.pad(scales.T, (0, _cdiv(m, block_m) * block_m - m))  # one kernel: transpose and pad
+        # [num_kb, M padded to the token tile], row-major: F.pad with nothing to pad returns a clone that keeps
+        # the transposed strides (seen on the H200 as wrong results at M = 4096), hence .contiguous()
+        blocks = F.pad(scales.T, (0, _cdiv(m, block_m) * block_m - m)).contiguous()
         return _Activations(codes.contiguous(), None, blocks)
     return _Activations(codes.contiguous(), scales.reshape(-1).contiguous(), None)
 
