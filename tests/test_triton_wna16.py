@@ -117,6 +117,7 @@ def test_wna16_matches_reference(case: Case, shape, seed: int, device: str) -> N
         TileConfig(16, 64, 128),
         TileConfig(4, 16, 64, split_k=2),
         TileConfig(2, 32, 128),
+        TileConfig(1, 32, 32, split_k=2),
     ],
     ids=lambda c: c.name(),
 )
@@ -124,7 +125,7 @@ def test_wna16_tile_configs(config: TileConfig, seed: int, device: str) -> None:
     """Split-K (fp32 atomics, bias added after), GEMV (block_m <= 4) and other tiles compute the same function."""
     case = Case("int4", group_size=32)
     qw = case.quantize(torch.randn(40, 200, device=device))
-    x = torch.randn(config.block_m - 1 if config.block_m <= 4 else 7, 200, device=device).to(torch.bfloat16)
+    x = torch.randn(max(1, config.block_m - 1) if config.block_m <= 4 else 7, 200, device=device).to(torch.bfloat16)
     _check(case, qw, x, torch.randn(40, device=device), torch.bfloat16, config=config)
 
 

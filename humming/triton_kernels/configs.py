@@ -5,13 +5,15 @@ count; no autotuning runs in the hot path. The buckets were chosen for the H200 
 them; bench/results/h200/ holds the numbers). Every config computes the same function: split-K only changes
 the fp32 summation order, within the tolerances the tests state.
 
-Measured on the H200 (bench/results/h200/triton_tune.json, W4A16 g128, 28672 x 8192): M=1 1x8x512 GEMV
-110 us (1x16x256: 131 us; the 16x32x256 tensor-core tile: 240 us); M=16 16x64x256 218 us (16x32x256: 236);
-M=128 64x128x64 325 us; M=1024 and 8192 128x256x64 (3 or 4 stages: equal within noise) 1.77 and 13.5 ms,
-0.40x torch bf16 (cuBLAS: 0.70 and 5.34 ms). Hence ``dequant_first`` for M > 512: cuBLAS's measured time
-plus one dequantization pass (about 0.6 GB of traffic for 28672 x 8192, ~0.14 ms at the copy rate) should
-land near 0.8-0.97x torch bf16; that path is NOT measured yet. The M=2..4 GEMV tiles and the buckets
-between the measured points are interpolations.
+Measured on the H200 (bench/results/h200/triton_tune.json, W4A16 g128, 28672 x 8192), with the first GEMV
+kernel: M=1 1x8x512 110 us (1x16x256: 131 us; the 16x32x256 tensor-core tile: 240 us). The GEMV kernel was
+then rewritten to unpack words in place (no layout conversions; SASS: 13.5 -> 7.8 instructions per weight
+for int4 g128 at 1x64x128, see :func:`_gemv_tile`): its tiles are NOT measured yet. M=16: 16x64x256 218 us
+(16x32x256: 236). M=128: 64x128x64 325 us. M=1024 and 8192: 128x256x64 (3 or 4 stages, equal within noise)
+1.77 and 13.5 ms, 0.40x torch bf16 (cuBLAS: 0.70 and 5.34 ms). Hence ``dequant_first`` for M > 512:
+cuBLAS's measured time plus one dequantization pass (about 0.6 GB of traffic for 28672 x 8192, ~0.14 ms at
+the copy rate) should land near 0.8-0.97x torch bf16; that path is NOT measured yet. The M=2..4 GEMV tiles
+and the buckets between the measured points are interpolations.
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ class TileConfig:
 #: (largest M of the bucket, config); the first bucket whose bound is >= M is used. ``block_m <= 4`` selects
 #: the GEMV kernel (no tensor cores: for decode the weight decode, not the MACs, is the work).
 _BUCKETS = (
-    (1, TileConfig(1, 8, 512, num_warps=4, num_stages=1)),
-    (2, TileConfig(2, 8, 512, num_warps=4, num_stages=1)),
+    (1, TileConfig(1, 32, 256, num_warps=4, num_stages=1)),
+    (2, TileConfig(2, 16, 256, num_warps=4, num_stages=1)),
     (4, TileConfig(4, 8, 256, num_warps=4, num_stages=1)),
     (16, TileConfig(16, 64, 256, num_warps=4, num_stages=4)),
     (32, TileConfig(32, 64, 128, num_warps=4, num_stages=4)),
@@ -74,10 +76,21 @@ def choose_split_k(tiles: int, k_tiles: int, sm_count: int, waves: int = 2) -> i
     return split
 
 
-def wna16_config(m: int, n: int, k: int, bits: int, sm_count: int) -> TileConfig:
-    """The tile configuration for ``x [m, k] @ W[n, k]^T`` with ``bits``-bit weights on a device with
-    ``sm_count`` multiprocessors."""
+def _gemv_tile(cfg: TileConfig, group_k: int) -> TileConfig:
+    """GEMV tiles that hold whole scale groups of one value per row (``block_k <= group_k``), so the
+    kernel applies one scale per row and never changes layouts; ~1024 words per iteration."""
+    block_k = min(cfg.block_k, group_k) if group_k else cfg.block_k
+    block_k = max(block_k, 32)
+    block_n = max(8, min(64, 8192 // block_k)) // cfg.block_m
+    return cfg.replace(block_k=block_k, block_n=max(block_n, 8))
+
+
+def wna16_config(m: int, n: int, k: int, bits: int, sm_count: int, group_k: int = 0) -> TileConfig:
+    """The tile configuration for ``x [m, k] @ W[n, k]^T`` with ``bits``-bit weights in scale groups of
+    ``group_k`` along K (0: one group per row) on a device with ``sm_count`` multiprocessors."""
     cfg = next(c for bound, c in _BUCKETS if bound is None or m <= bound)
+    if cfg.block_m <= 4:
+        cfg = _gemv_tile(cfg, group_k)
     if 32 % bits:  # fields straddle words: each element reads its two words, so keep the staged tiles small
         cfg = cfg.replace(block_k=min(cfg.block_k, 64))
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)

@@ -27,7 +27,16 @@ import triton.language as tl
 
 from ..ir.weight import QuantizedWeight
 from . import dequant, registry
-from ._weight_tile import kernel_tensors, load_weight_tile, pointer_types, triton_type, weight_spec
+from ._weight_tile import (
+    _decode_scale,
+    _group_tile,
+    decode_codes,
+    kernel_tensors,
+    load_weight_tile,
+    pointer_types,
+    triton_type,
+    weight_spec,
+)
 from .configs import TileConfig, wna16_config
 from .interpreter import INTERPRET, cast, dot
 
@@ -192,42 +201,81 @@ def _wna16_gemv_kernel(
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     first = tl.program_id(1) * per_split
     last = tl.minimum(first + per_split, k_tiles)
-    acc = tl.zeros((BM, BN, BK), dtype=tl.float32)
-    for t in range(first, last):
-        k0 = t * BK
-        offs_k = k0 + tl.arange(0, BK)
-        x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
-        w = load_weight_tile(
-            qw_ptr,
-            s_ptr,
-            z_ptr,
-            gs_ptr,
-            gidx_ptr,
-            lut_ptr,
-            stride_qn,
-            stride_sn,
-            stride_zn,
-            offs_n,
-            k0,
-            N,
-            K,
-            BK,
-            W_KIND,
-            W_BITS,
-            W_EBITS,
-            W_MBITS,
-            W_BIAS,
-            W_NAN,
-            S_KIND,
-            GN,
-            GK,
-            HAS_ZP,
-            HAS_GS,
-            ACT_ORDER,
-            EVEN_K,
-        )
-        acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
-    y = tl.sum(acc, axis=2)
+    # Whole-word fields and groups of whole words: unpack field j of every word in place (the K order of a
+    # dot product is free), so the word tile keeps its load layout; x is read at the matching positions.
+    PER_WORD: tl.constexpr = 32 // W_BITS
+    PACKED: tl.constexpr = (32 % W_BITS == 0) and (not ACT_ORDER) and (GK % PER_WORD == 0)
+    if PACKED:
+        BKW: tl.constexpr = BK // PER_WORD
+        # One row (decode): a 2-D accumulator in the word tile's own layout (no layout conversions).
+        acc = tl.zeros((BN, BKW) if BM == 1 else (BM, BN, BKW), dtype=tl.float32)
+        n_words = (K * W_BITS + 31) // 32
+        q_rows = qw_ptr + offs_n.to(tl.int64)[:, None] * stride_qn
+        n_ok = offs_n[:, None] < N
+        for t in range(first, last):
+            offs_w = tl.multiple_of(t * BKW, BKW) + tl.arange(0, BKW)
+            w_ok = n_ok if EVEN_K else n_ok & (offs_w[None, :] < n_words)
+            words = tl.load(q_rows + offs_w[None, :], mask=w_ok, other=0)
+            first_k = offs_w * PER_WORD  # element index of each word's field 0; one group holds whole words
+            k0 = t * BK
+            if HAS_ZP:
+                z = _group_tile(z_ptr, stride_zn, offs_n, first_k, k0, N, K, gidx_ptr, BK, GN, GK, False, EVEN_K)
+                z = z.to(tl.float32)
+            if S_KIND != 0:
+                sc = _group_tile(s_ptr, stride_sn, offs_n, first_k, k0, N, K, gidx_ptr, BK, GN, GK, False, EVEN_K)
+                sc = _decode_scale(sc, S_KIND)
+                if HAS_GS:
+                    sc = sc * tl.load(gs_ptr)
+            for j in tl.static_range(PER_WORD):
+                codes = (words >> (j * W_BITS)) & ((1 << W_BITS) - 1)
+                w = decode_codes(codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
+                if HAS_ZP:
+                    w = w - z
+                if S_KIND != 0:
+                    w = w * sc
+                xk = first_k + j
+                x = tl.load(x_rows + xk[None, :], mask=m_ok if EVEN_K else m_ok & (xk[None, :] < K), other=0.0)
+                if BM == 1:
+                    acc += x.to(tl.float32) * w
+                else:
+                    acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
+    else:
+        acc = tl.zeros((BM, BN, BK), dtype=tl.float32)
+        for t in range(first, last):
+            k0 = t * BK
+            offs_k = k0 + tl.arange(0, BK)
+            x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
+            w = load_weight_tile(
+                qw_ptr,
+                s_ptr,
+                z_ptr,
+                gs_ptr,
+                gidx_ptr,
+                lut_ptr,
+                stride_qn,
+                stride_sn,
+                stride_zn,
+                offs_n,
+                k0,
+                N,
+                K,
+                BK,
+                W_KIND,
+                W_BITS,
+                W_EBITS,
+                W_MBITS,
+                W_BIAS,
+                W_NAN,
+                S_KIND,
+                GN,
+                GK,
+                HAS_ZP,
+                HAS_GS,
+                ACT_ORDER,
+                EVEN_K,
+            )
+            acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
+    y = tl.sum(acc, axis=1)[None, :] if PACKED and BM == 1 else tl.sum(acc, axis=2)
     out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     mask = m_ok & (offs_n[None, :] < N)
     if SPLIT_K == 1:
@@ -295,7 +343,8 @@ def linear(
         out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0:
         return out
-    cfg = config or wna16_config(m, n, k, qweight.bits, _device_sm_count(x.device))
+    group_k = 0 if qweight.g_idx is not None else max(qweight.group_shape[1], 0)
+    cfg = config or wna16_config(m, n, k, qweight.bits, _device_sm_count(x.device), group_k)
     if cfg.dequant_first and bias is None and out_dtype == x.dtype:
         return torch.matmul(x, dequant.dequantize(qweight, x.dtype).T, out=out)
     t = kernel_tensors(qweight)
@@ -349,11 +398,14 @@ def _compile_specs() -> list[registry.CompileSpec]:
     from .configs import _BUCKETS
 
     w = torch.ones(256, 512)
-    gemv, small, large = _BUCKETS[0][1], _BUCKETS[3][1], _BUCKETS[-1][1]
+    small, large = _BUCKETS[3][1], _BUCKETS[-1][1].replace(dequant_first=False)  # the kernel's own tiles
     medium = next(c for bound, c in _BUCKETS if bound == 128)
+    gemv = lambda m, group_k: wna16_config(m, 28672, 8192, 4, 132, group_k)  # H200-like problem
     cases = (
-        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, gemv, 80),
-        ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, gemv, 80),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 128), 80),
+        ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 0), 80),
+        ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, gemv(1, 32), 80),
+        ("uint4-zp-g128", quantize(w, "int4", 128, True), torch.float16, gemv(4, 128), 75),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
@@ -381,7 +433,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "BM": cfg.block_m,
                     "BN": cfg.block_n,
                     "BK": cfg.block_k,
-                    "SPLIT_K": 1,
+                    "SPLIT_K": cfg.split_k,
                     **({} if is_gemv else {"GROUP_M": cfg.group_m}),
                     "HAS_BIAS": True,
                     "EVEN_K": True,
