@@ -1,7 +1,7 @@
 """Timing of the Triton scaled GEMM against ``torch._scaled_mm`` (the script behind scaled_mm_h200.json).
 
-``python bench/results/h200/scaled_mm_bench.py OUT.json``. CUDA-graph kernel time (a graph of ``REPS`` calls,
-replayed; the median of 5 replays), weights cycled over enough copies to exceed the L2 several times.
+``python bench/results/h200/scaled_mm_bench.py OUT.json [--m 1 16 ...] [--sweep]``. CUDA-graph kernel time (a
+graph of ``REPS`` calls, replayed; the median of 5 replays), weights cycled over copies exceeding the L2 4x.
 Cases, on N x K = 28672 x 8192 and 8192 x 8192, M = 1 .. 4096:
 - ``fp8``: W8A8 e4m3 per-channel weights x e4m3 per-token activations, quantized beforehand (GEMM only);
 - ``fp8+quant``: the same with the activation quantization kernel in the timed graph;
@@ -11,16 +11,17 @@ Cases, on N x K = 28672 x 8192 and 8192 x 8192, M = 1 .. 4096:
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
-import sys
 
 import torch
 import triton
 
 import humming
 from humming.triton_kernels import act_quant, scaled_mm
+from humming.triton_kernels.scaled_mm_configs import ScaledMMConfig
 
 REPS = 20
 L2_BYTES = 60 * 2**20
@@ -100,15 +101,50 @@ def _shape_rows(m, n, k, copies8, copies4, device) -> list[dict]:
     return rows
 
 
-def main(path: str, device: str = "cuda") -> None:
+#: Candidate tiles for --sweep (M <= 16 and large M); the winners go to scaled_mm_configs.py.
+_SWEEP = {
+    "small": (
+        ScaledMMConfig(16, 64, 128, num_warps=4, num_stages=4),
+        ScaledMMConfig(16, 64, 256, num_warps=4, num_stages=4),
+        ScaledMMConfig(16, 128, 128, num_warps=4, num_stages=5),
+        ScaledMMConfig(16, 32, 256, num_warps=4, num_stages=6),
+    ),
+    "large": (
+        ScaledMMConfig(128, 256, 128, num_warps=8, num_stages=3),
+        ScaledMMConfig(128, 128, 128, num_warps=8, num_stages=4),
+        ScaledMMConfig(128, 256, 64, num_warps=8, num_stages=4),
+    ),
+}
+
+
+def _sweep_rows(m, n, k, copies8, copies4, device) -> list[dict]:
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    qa = act_quant.quantize_activation(x, humming.ACT_SCHEMES["fp8"])
+    out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+    rows = []
+    for cfg in _SWEEP["small" if m <= 16 else "large"]:
+        for case, copies in (("fp8", copies8), ("w4a8", copies4)):
+            if case == "w4a8":  # block_k divides the g128 promotion step
+                cfg = cfg.replace(block_k=min(cfg.block_k, 128))
+            fns = [
+                lambda q=q, c=cfg: scaled_mm.linear(qa, q, None, None, torch.bfloat16, config=c, out=out)
+                for q in copies
+            ]
+            rows.append(_row(f"{case} {cfg.name()}", m, n, k, _graph_time(fns), copies[0].nbytes))
+    return rows
+
+
+def main(path: str, ms: tuple[int, ...], sweep: bool, device: str = "cuda") -> None:
     rows = []
     for n, k in ((28672, 8192), (8192, 8192)):
         w = torch.randn(n, k, device=device)
         copies8 = _copies(humming.quantize(w, "e4m3", group_size=-1, scale_dtype=torch.float32))
         copies4 = _copies(humming.quantize(w, "int4", group_size=128, scale_dtype=torch.bfloat16))
         del w
-        for m in (1, 16, 128, 1024, 4096):
+        for m in ms:
             rows += _shape_rows(m, n, k, copies8, copies4, device)
+            if sweep and n == 28672:
+                rows += _sweep_rows(m, n, k, copies8, copies4, device)
     meta = {
         "device": torch.cuda.get_device_name() if device == "cuda" else device,
         "torch": torch.__version__,
@@ -121,4 +157,9 @@ def main(path: str, device: str = "cuda") -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="JSON file to write")
+    parser.add_argument("--m", type=int, nargs="+", default=[1, 16, 128, 1024, 4096], help="values of M")
+    parser.add_argument("--sweep", action="store_true", help="also time candidate tiles on 28672 x 8192")
+    args = parser.parse_args()
+    main(args.out, tuple(args.m), args.sweep)
