@@ -10,9 +10,11 @@ kernel: M=1 1x8x512 110 us (1x16x256: 131 us; the 16x32x256 tensor-core tile: 24
 then rewritten to unpack words in place (no layout conversions; SASS: 13.5 -> 7.8 instructions per weight
 for int4 g128 at 1x64x128, see :func:`_gemv_tile`): its tiles are NOT measured yet. M=16: 16x64x256 218 us
 (16x32x256: 236). M=128: 64x128x64 325 us. M=1024 and 8192: 128x256x64 (3 or 4 stages, equal within noise)
-1.77 and 13.5 ms, 0.40x torch bf16 (cuBLAS: 0.70 and 5.34 ms). Hence ``dequant_first`` for M > 512:
-cuBLAS's measured time plus one dequantization pass (about 0.6 GB of traffic for 28672 x 8192, ~0.14 ms at
-the copy rate) should land near 0.8-0.97x torch bf16; that path is NOT measured yet. The M=2..4 GEMV tiles
+1.77 and 13.5 ms, 0.40x torch bf16 (cuBLAS: 0.70 and 5.34 ms); M=256: 688 us (cuBLAS 182). Hence
+``dequant_first`` for M > 128: cuBLAS's measured time plus one dequantization pass (0.6 GB of traffic for
+28672 x 8192, ~0.14 ms at the copy rate; the dequant kernel's SASS has ~8 instructions per weight, so it is
+memory-bound) should land near 0.5x torch bf16 at M=256 and 0.8-0.97x at M >= 1024 (it loses below
+M ~ 64); that path is NOT measured yet. The M=2..4 GEMV tiles
 and the buckets between the measured points are interpolations.
 """
 
@@ -63,7 +65,7 @@ _BUCKETS = (
     (32, TileConfig(32, 64, 128, num_warps=4, num_stages=4)),
     (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4)),
     (128, TileConfig(64, 128, 64, num_warps=4, num_stages=4)),
-    (512, TileConfig(128, 128, 64, num_warps=8, num_stages=4)),
+    (512, TileConfig(128, 128, 64, num_warps=8, num_stages=4, dequant_first=True)),
     (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3, dequant_first=True)),
 )
 
