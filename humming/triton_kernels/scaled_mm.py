@@ -51,7 +51,14 @@ __all__ = ["ComputePlan", "act_group_k", "compute_plan", "linear", "supports"]
 _X_DTYPES = (torch.float16, torch.bfloat16)
 _SCALE_KINDS = {torch.float32: 1, torch.float8_e4m3fn: 2, torch.float8_e8m0fnu: 3}  # _weight_tile's S_KIND
 _MMA_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-_TL_DTYPES = {"int8": tl.int8, "e4m3": tl.float8e4nv, "fp16": tl.float16, "bf16": tl.bfloat16, "fp32": tl.float32}
+_TL_DTYPES = {
+    "int8": tl.int8,
+    "e4m3": tl.float8e4nv,
+    "fp16": tl.float16,
+    "bf16": tl.bfloat16,
+    "fp32": tl.float32,
+    "scaled": tl.uint8,  # tl.dot_scaled takes the codes as bytes
+}
 
 
 @triton.jit
@@ -108,10 +115,10 @@ def _scaled_mm_kernel(
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BK == 0: no masks along K
     HAS_BIAS: tl.constexpr,
-    MMA: tl.constexpr,  # "int8", "e4m3", "fp16", "bf16" or "fp32"
+    MMA: tl.constexpr,  # "int8", "e4m3", "fp16", "bf16", "fp32" or "scaled" (tl.dot_scaled, sm_100+)
     MMA_DTYPE: tl.constexpr,
-    A_SCALE: tl.constexpr,  # "end", "promote" or "fold"
-    W_SCALE: tl.constexpr,  # "none", "end", "promote" or "fold"
+    A_SCALE: tl.constexpr,  # "end", "promote", "fold" or "native" (inside tl.dot_scaled)
+    W_SCALE: tl.constexpr,  # "none", "end", "promote", "fold" or "native"
     A_KIND: tl.constexpr,
     A_BITS: tl.constexpr,
     A_EBITS: tl.constexpr,
@@ -164,58 +171,76 @@ def _scaled_mm_kernel(
         a_mask = m_ok if EVEN_K else m_ok & (offs_k[None, :] < K)
         a_raw = tl.load(a_rows + offs_k[None, :], mask=a_mask, other=0)
 
-        # Activation operand. Codes beyond K are 0 and decode to 0, so the weight's padding adds nothing.
-        if MMA == "int8" and A_BITS == 8:
-            a_op = a_raw.to(tl.int8, bitcast=True)
-        elif MMA == "int8":
-            a_op = ((a_raw.to(tl.int32) << (32 - A_BITS)) >> (32 - A_BITS)).to(tl.int8)
-        elif MMA == "e4m3":
-            a_op = a_raw.to(tl.float8e4nv, bitcast=True)
-        else:
-            a_val = decode_codes(a_raw.to(tl.int32), lut_ptr, A_KIND, A_BITS, A_EBITS, A_MBITS, A_BIAS, 0)
-            if A_SCALE == "fold":
-                a_s = tl.load(
-                    as_ptr + offs_m.to(tl.int64)[:, None] * stride_asm + (offs_k // A_GK)[None, :],
-                    mask=m_ok & (offs_k[None, :] < K),
-                    other=0,
-                )
-                a_val = a_val * _decode_scale(a_s, A_S_KIND)
-            a_op = cast(a_val, MMA_DTYPE)
-
-        # Weight operand [BK, BN]: decode(q) - zero (times a folded scale), exact in the MMA type.
-        if W_BYTES:
-            b_mask = n_ok if EVEN_K else n_ok & (offs_k[:, None] < K)
-            b_raw = tl.load(b_cols + offs_k[:, None], mask=b_mask, other=0)
-            b_op = b_raw.to(MMA_DTYPE, bitcast=True)
-        else:
-            w_codes = _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS)
-            if MMA == "int8":
-                w_int = (w_codes << (32 - W_BITS)) >> (32 - W_BITS) if W_KIND == 0 else w_codes
-                if HAS_ZP:
-                    z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
-                    w_int = w_int - z.to(tl.int32)
-                w_op = w_int.to(tl.int8)
+        if MMA == "scaled":
+            # Blackwell block-scaled MMA: MX activations (e2m1 / e4m3, e8m0 per 32) x MXFP4 weights, packed
+            # two e2m1 per byte along K, low nibble first (the IR's canonical packing of the weight as is).
+            if A_BITS == 4:
+                lo, hi = tl.split(tl.reshape(a_raw, (BM, BK // 2, 2)))
+                a_op = lo | (hi << 4)
             else:
-                w_val = decode_codes(w_codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
-                if HAS_ZP:
-                    z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
-                    w_val = w_val - z.to(tl.float32)
-                if W_SCALE == "fold":
-                    s = _group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, s_ptr, BK, GN, GK, False)
-                    w_val = w_val * _decode_scale(s, S_KIND)
-                w_op = w_val.to(tl.float8e4nv) if MMA == "e4m3" else cast(w_val, MMA_DTYPE)
-            b_op = tl.trans(w_op)
-
-        if PROMOTE:
-            # Each K step's partial product joins the fp32 accumulator with its scales.
-            part = _mma(a_op, b_op, tl.zeros((BM, BN), dtype=ACC_DTYPE), MMA, BK).to(tl.float32)
-            if A_SCALE == "promote":
-                part = part * _scale_vec(as_ptr, stride_asm, offs_m, M, k0 // A_GK, A_PER_ROW, 1, A_S_KIND)[:, None]
-            if W_SCALE == "promote":
-                part = part * _scale_vec(s_ptr, stride_sn, offs_n, N, k0 // GK, W_PER_ROW, W_GN, S_KIND)[None, :]
-            acc += part
+                a_op = a_raw
+            offs_kb = k0 // 2 + tl.arange(0, BK // 2)
+            b_op = tl.load(b_cols + offs_kb[:, None], mask=n_ok & (offs_kb[:, None] < (K + 1) // 2), other=0)
+            offs_ks = k0 // 32 + tl.arange(0, BK // 32)
+            ks_ok = offs_ks[None, :] < tl.cdiv(K, 32)
+            a_sc = tl.load(as_ptr + offs_m[:, None] * stride_asm + offs_ks[None, :], mask=m_ok & ks_ok, other=127)
+            w_sc = tl.load(
+                s_ptr + offs_n[:, None] * stride_sn + offs_ks[None, :], mask=(offs_n[:, None] < N) & ks_ok, other=127
+            )
+            acc = tl.dot_scaled(a_op, a_sc, "e2m1" if A_BITS == 4 else "e4m3", b_op, w_sc, "e2m1", acc)
         else:
-            acc = _mma(a_op, b_op, acc, MMA, BK)
+            # Activation operand. Codes beyond K are 0 and decode to 0, so the weight's padding adds nothing.
+            if MMA == "int8" and A_BITS == 8:
+                a_op = a_raw.to(tl.int8, bitcast=True)
+            elif MMA == "int8":
+                a_op = ((a_raw.to(tl.int32) << (32 - A_BITS)) >> (32 - A_BITS)).to(tl.int8)
+            elif MMA == "e4m3":
+                a_op = a_raw.to(tl.float8e4nv, bitcast=True)
+            else:
+                a_val = decode_codes(a_raw.to(tl.int32), lut_ptr, A_KIND, A_BITS, A_EBITS, A_MBITS, A_BIAS, 0)
+                if A_SCALE == "fold":
+                    a_s = tl.load(
+                        as_ptr + offs_m.to(tl.int64)[:, None] * stride_asm + (offs_k // A_GK)[None, :],
+                        mask=m_ok & (offs_k[None, :] < K),
+                        other=0,
+                    )
+                    a_val = a_val * _decode_scale(a_s, A_S_KIND)
+                a_op = cast(a_val, MMA_DTYPE)
+
+            # Weight operand [BK, BN]: decode(q) - zero (times a folded scale), exact in the MMA type.
+            if W_BYTES:
+                b_mask = n_ok if EVEN_K else n_ok & (offs_k[:, None] < K)
+                b_raw = tl.load(b_cols + offs_k[:, None], mask=b_mask, other=0)
+                b_op = b_raw.to(MMA_DTYPE, bitcast=True)
+            else:
+                w_codes = _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS)
+                if MMA == "int8":
+                    w_int = (w_codes << (32 - W_BITS)) >> (32 - W_BITS) if W_KIND == 0 else w_codes
+                    if HAS_ZP:
+                        z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
+                        w_int = w_int - z.to(tl.int32)
+                    w_op = w_int.to(tl.int8)
+                else:
+                    w_val = decode_codes(w_codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
+                    if HAS_ZP:
+                        z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
+                        w_val = w_val - z.to(tl.float32)
+                    if W_SCALE == "fold":
+                        s = _group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, s_ptr, BK, GN, GK, False)
+                        w_val = w_val * _decode_scale(s, S_KIND)
+                    w_op = w_val.to(tl.float8e4nv) if MMA == "e4m3" else cast(w_val, MMA_DTYPE)
+                b_op = tl.trans(w_op)
+
+            if PROMOTE:
+                # Each K step's partial product joins the fp32 accumulator with its scales.
+                part = _mma(a_op, b_op, tl.zeros((BM, BN), dtype=ACC_DTYPE), MMA, BK).to(tl.float32)
+                if A_SCALE == "promote":
+                    part = part * _scale_vec(as_ptr, stride_asm, offs_m, M, k0 // A_GK, A_PER_ROW, 1, A_S_KIND)[:, None]
+                if W_SCALE == "promote":
+                    part = part * _scale_vec(s_ptr, stride_sn, offs_n, N, k0 // GK, W_PER_ROW, W_GN, S_KIND)[None, :]
+                acc += part
+            else:
+                acc = _mma(a_op, b_op, acc, MMA, BK)
 
     acc = acc.to(tl.float32)
     if A_SCALE == "end":
@@ -248,7 +273,7 @@ class ComputePlan:
 
     @property
     def operand_bits(self) -> int:
-        return 8 if self.mma in ("int8", "e4m3") else 16
+        return 8 if self.mma in ("int8", "e4m3", "scaled") else 16
 
 
 def _weight_values(fmt: NumberFormat, zeros: str | None) -> torch.Tensor | None:
@@ -325,6 +350,12 @@ def _compute_plan(
 
     def promoted(gk: int, min_step: int) -> str | None:
         return "end" if gk == 0 else ("promote" if gk >= min_step else None)
+
+    # Blackwell's block-scaled MMA takes MX operands as they are (e8m0 scales per 32 along K).
+    mx_act = scheme.scale_dtype == torch.float8_e8m0fnu and a_gk == 32 and a_fmt.name in ("e2m1", "e4m3")
+    mx_weight = w_fmt.name == "e2m1" and zeros is None and w_scale_dtype == torch.float8_e8m0fnu and w_gk == 32
+    if mx_act and mx_weight and capability >= (10, 0):
+        return ComputePlan("scaled", "native", "native", 0)
 
     # 8-bit tensor cores: exact operands, every scale in the epilogue or promoted per K step of >= 64 (finer
     # steps would spend as much time promoting on the CUDA cores as multiplying on the tensor cores).
@@ -531,6 +562,8 @@ def _compile_specs() -> list[registry.CompileSpec]:
         ("nvfp4", quantize(w, "nvfp4"), "nvfp4", (8, 0), 75, torch.float16),
         ("mxfp4", quantize(w, "mxfp4"), "mxfp4", (8, 0), 80, torch.bfloat16),
         ("mxfp4-fp32", quantize(w, "mxfp4"), "mxfp4", (7, 5), 75, torch.float16),
+        ("mxfp4-native", quantize(w, "mxfp4"), "mxfp4", (10, 0), 100, torch.bfloat16),
+        ("mxfp4-native", quantize(w, "mxfp4"), "mxfp8", (10, 0), 100, torch.bfloat16),
     )
     specs = []
     for label, qw, act, capability, min_arch, out_dtype in cases:
