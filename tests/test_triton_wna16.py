@@ -1,10 +1,10 @@
 """The Triton WnA16 GEMM against the reference, from a table of cases (formats x layouts x shapes).
 
 Reference: ``x @ dequantize(qw, x.dtype)^T + bias`` in float64 (the tensor-core path rounds each dequantized
-weight once to the activations' dtype, exactly as ``dequantize`` does, then accumulates in fp32; the GEMV path
-for M <= 4 keeps the fp32 weights, so its reference is ``dequantize(qw, float32)``). Tolerances
-(``||out - ref|| / ||ref||``): the fp32 accumulation and output rounding, i.e. 2e-6 for fp32 output,
-2e-3 for fp16, 1e-2 for bf16. Against ``humming.linear(backend="reference")`` (fp32 weights) the
+weight once to the activations' dtype, exactly as ``dequantize`` does, then accumulates in fp32; the GEMV
+path, M = 1 or configs with block_m <= 4, keeps the fp32 weights: its reference is ``dequantize(qw, fp32)``).
+Tolerances (``||out - ref|| / ||ref||``): the fp32 accumulation and output rounding, i.e. 2e-6 for fp32
+output, 2e-3 for fp16, 1e-2 for bf16. Against ``humming.linear(backend="reference")`` (fp32 weights) the
 weight rounding adds one bf16/fp16 rounding per weight: 1e-2. Outputs are poisoned with NaN before each
 call. Without a GPU the kernel runs under Triton's interpreter (tests/conftest.py), on small shapes.
 """

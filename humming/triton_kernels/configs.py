@@ -15,7 +15,9 @@ for int4 g128 at 1x64x128, see :func:`_gemv_tile`): its tiles are NOT measured y
 28672 x 8192, ~0.14 ms at the copy rate; the dequant kernel's SASS has ~8 instructions per weight, so it is
 memory-bound) should land near 0.5x torch bf16 at M=256 and 0.8-0.97x at M >= 1024 (it loses below
 M ~ 64); that path is NOT measured yet. The M=2..4 GEMV tiles
-and the buckets between the measured points are interpolations.
+and the buckets between the measured points are interpolations. M=2..4 use the tensor-core tile: the first
+GEMV kernel took 260 us at M=4 against 236 us for 16x32x256 at M=16 (a [BM, BN, BK] accumulator with
+BM > 1 needs layout conversions; ``block_m`` 2 or 4 still selects that GEMV path when asked for).
 """
 
 from __future__ import annotations
@@ -59,8 +61,6 @@ class TileConfig:
 #: the GEMV kernel (no tensor cores: for decode the weight decode, not the MACs, is the work).
 _BUCKETS = (
     (1, TileConfig(1, 32, 256, num_warps=4, num_stages=1)),
-    (2, TileConfig(2, 16, 256, num_warps=4, num_stages=1)),
-    (4, TileConfig(4, 8, 256, num_warps=4, num_stages=1)),
     (16, TileConfig(16, 64, 256, num_warps=4, num_stages=4)),
     (32, TileConfig(32, 64, 128, num_warps=4, num_stages=4)),
     (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4)),

@@ -5,8 +5,8 @@ tables), scale dtype and layout (per tensor, channel, group, 2-D block, act-orde
 the weights are never permuted), zero points (int or float) and global scale. They read the IR as is: there
 is no repacking step, so no cache either. Three paths, chosen by M (:mod:`.configs`):
 
-- M <= 4 (decode): a GEMV kernel without tensor cores; elementwise fp32 products of the unrounded fp32
-  weights, one reduction along K at the end.
+- M = 1 (decode): a GEMV kernel without tensor cores; elementwise fp32 products of the unrounded fp32
+  weights, one reduction along K at the end (it also takes M <= 4 when a config asks for it).
 - otherwise a tiled kernel: weight tiles dequantized in registers exactly as :func:`humming.dequantize`
   does, rounded once to the activations' dtype, fed to ``tl.dot`` (mma.sync on Ampere/Ada, wgmma on
   Hopper, tcgen05 on Blackwell) with fp32 accumulation; 16 x 64 tiles for small M, up to 128 x 256.
@@ -398,14 +398,14 @@ def _compile_specs() -> list[registry.CompileSpec]:
     from .configs import _BUCKETS
 
     w = torch.ones(256, 512)
-    small, large = _BUCKETS[3][1], _BUCKETS[-1][1].replace(dequant_first=False)  # the kernel's own tiles
+    small, large = _BUCKETS[1][1], _BUCKETS[-1][1].replace(dequant_first=False)  # the kernel's own tiles
     medium = next(c for bound, c in _BUCKETS if bound == 128)
     gemv = lambda m, group_k: wna16_config(m, 28672, 8192, 4, 132, group_k)  # H200-like problem
     cases = (
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 128), 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 0), 80),
         ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, gemv(1, 32), 80),
-        ("uint4-zp-g128", quantize(w, "int4", 128, True), torch.float16, gemv(4, 128), 75),
+        ("uint4-zp-g128", quantize(w, "int4", 128, True), torch.float16, TileConfig(4, 16, 128, num_stages=1), 75),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
