@@ -6,7 +6,7 @@ fp32 rounding each), so a kernel that rounds it to bf16/fp16 matches ``dequantiz
 Every variation is a ``constexpr`` that :func:`weight_spec` derives from the IR: the kernels are specialised,
 not copied per format.
 
-Decoding uses bit arithmetic, never a conversion instruction: a small integer ``c`` becomes a float as
+Codes decode by bit arithmetic, never a conversion instruction: a small integer ``c`` becomes a float as
 ``bitcast(c | 0x4B000000) - 2^23`` (exact for ``c < 2^23``), an eXmY value as its significand times a power
 of two built from its exponent field. Lookup formats (nf4) read the format's value table.
 """
@@ -49,14 +49,6 @@ class WeightSpec:
 
     def constexprs(self) -> dict[str, int | bool]:
         return dict(self.__dict__)
-
-    def name(self) -> str:
-        """A short name of the specialisation, e.g. ``int4-b4-g1x128-s1``, for kernel names and logs."""
-        kind = ("int", "uint", "float", "lut")[self.W_KIND]
-        parts = [f"{kind}{self.W_BITS}", f"e{self.W_EBITS}m{self.W_MBITS}" if self.W_KIND == KIND_FLOAT else ""]
-        parts += [f"s{self.S_KIND}", f"g{self.GN}x{self.GK}"]
-        parts += [p for p, on in (("zp", self.HAS_ZP), ("gs", self.HAS_GS), ("actorder", self.ACT_ORDER)) if on]
-        return "-".join(p for p in parts if p)
 
 
 def weight_spec(qw: QuantizedWeight) -> WeightSpec:

@@ -1,7 +1,7 @@
 """The one place that knows about Triton's CPU interpreter (``TRITON_INTERPRET=1``) and its gaps.
 
 CI has no GPU, so every Triton kernel of humming also runs under the interpreter (tests/conftest.py sets
-``TRITON_INTERPRET=1`` before any kernel is decorated). Triton 3.6's interpreter has two gaps that the
+``TRITON_INTERPRET=1`` before any kernel is decorated). Triton 3.6's interpreter has three gaps that the
 kernels work around here, and only here:
 
 - ``tl.dot`` on bfloat16 operands returns garbage: the interpreter stores bf16 as uint16 and multiplies
