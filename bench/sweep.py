@@ -128,7 +128,7 @@ def tune(shape, ms, method_name, roofs, l2_bytes, deadline, log) -> list[dict]:
     rows = []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for m in ms:
-        default = wna16_config(m, n, k, 4, sms)
+        default = wna16_config(m, n, k, 4, sms, group_k=128)  # the tuned method is W4A16 g128
         bucket = "gemv" if m == 1 else "small" if m <= 16 else "medium" if m <= 512 else "large"
         candidates = [default] + [
             c for c in TUNE_CANDIDATES[bucket] if c.replace(split_k=1) != default.replace(split_k=1)
