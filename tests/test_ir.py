@@ -247,6 +247,7 @@ def _valid(**changes):
         (dict(format="int4"), "zeros"),
         (dict(scales=None), "zeros"),
         (dict(global_scale=torch.ones(3)), "global_scale"),
+        (dict(scales=None, zeros=None, global_scale=torch.ones(())), "global_scale"),
         (dict(global_scale=torch.ones((), dtype=torch.float16)), "global_scale"),
         (dict(g_idx=torch.zeros(63, dtype=torch.int32)), "g_idx"),
         (dict(g_idx=torch.full((64,), 2, dtype=torch.int32)), "g_idx"),

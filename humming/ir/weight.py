@@ -204,6 +204,8 @@ class QuantizedWeight:
                     "use float zeros or a uint format"
                 )
         if self.global_scale is not None:
+            if self.scales is None:
+                raise ValueError("global_scale: a global scale multiplies the scales, so it needs scales")
             _check_tensor("global_scale", self.global_scale, (torch.float32,), None, device)
             if tuple(self.global_scale.shape) not in ((), tuple(lead)):
                 raise ValueError(
