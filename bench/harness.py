@@ -58,6 +58,16 @@ def _humming_scaled(weight: str, group_size, act: str) -> Callable[..., Op]:
     return build
 
 
+def _humming_auto(weight: str, group_size, act: str | None = None) -> Callable[..., Op]:
+    """``humming.linear`` as users call it: the dispatcher picks the backend (CUDA first, then Triton)."""
+
+    def build(n, k, device, config=None) -> Op:
+        qw = humming.quantize(_bf16_weight(n, k, device), weight, group_size=group_size)
+        return lambda x: humming.linear(x, qw, act=act)
+
+    return build
+
+
 def _torch_int4pack(n, k, device, config=None) -> Op:
     group = 128
     codes = torch.randint(0, 16, (n, k), dtype=torch.int32, device=device)
@@ -114,11 +124,18 @@ METHODS = {
     m.name: m
     for m in (
         Method("torch_bf16", _torch_bf16, _bytes(16)),
-        Method("humming_w4a16_g128", _humming_wna16("int4", 128), _bytes(4 + 16 / 128)),
-        Method("humming_w8a16", _humming_wna16("int8", -1), _bytes(8)),
-        Method("humming_mxfp4_a16", _humming_wna16("mxfp4", 32), _bytes(4 + 8 / 32)),
-        Method("humming_w8a8_fp8", _humming_scaled("e4m3", -1, "fp8"), _bytes(8), "includes activation quant"),
-        Method("humming_w4a8_fp8", _humming_scaled("int4", 128, "fp8"), _bytes(4 + 32 / 128), "incl. act quant"),
+        Method("triton_w4a16_g128", _humming_wna16("int4", 128), _bytes(4 + 16 / 128)),
+        Method("triton_w8a16", _humming_wna16("int8", -1), _bytes(8)),
+        Method("triton_mxfp4_a16", _humming_wna16("mxfp4", 32), _bytes(4 + 8 / 32)),
+        Method("triton_w8a8_fp8", _humming_scaled("e4m3", -1, "fp8"), _bytes(8), "includes activation quant"),
+        Method("triton_w4a8_fp8", _humming_scaled("int4", 128, "fp8"), _bytes(4 + 32 / 128), "incl. act quant"),
+        Method("auto_w4a16_g128", _humming_auto("int4", 128), _bytes(4 + 16 / 128), "humming.linear"),
+        Method("auto_w8a16", _humming_auto("int8", -1), _bytes(8), "humming.linear"),
+        Method("auto_mxfp4_a16", _humming_auto("mxfp4", 32), _bytes(4 + 8 / 32), "humming.linear"),
+        Method("auto_w8a8_fp8", _humming_auto("e4m3", -1, "fp8"), _bytes(8), "humming.linear, incl. act quant"),
+        Method(
+            "auto_w4a8_fp8", _humming_auto("int4", 128, "fp8"), _bytes(4 + 16 / 128), "humming.linear, incl. act quant"
+        ),
         Method("torch_int4pack_g128", _torch_int4pack, _bytes(4 + 32 / 128)),
         Method("torch_scaled_mm_fp8", _torch_scaled_mm_fp8, _bytes(8), "activations pre-quantized"),
         Method("gemlite_w4a16_g128", _gemlite("w4g128"), _bytes(4 + 32 / 128)),

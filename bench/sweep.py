@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(result, indent=1))
 
     if args.tune:
-        save(tune(shapes[0], ms, "humming_w4a16_g128", roofs, l2_bytes, deadline, log))
+        save(tune(shapes[0], ms, "triton_w4a16_g128", roofs, l2_bytes, deadline, log))
     else:
         save(sweep(shapes, ms, args.methods.split(","), roofs, l2_bytes, deadline, log, save))
     return 0

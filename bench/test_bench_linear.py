@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import METHODS
 
 POINTS = [(1, 28672, 8192), (16, 28672, 8192), (1024, 8192, 8192), (8192, 8192, 8192)]
-BENCHED = ["torch_bf16", "humming_w4a16_g128", "humming_w8a16", "humming_mxfp4_a16", "torch_int4pack_g128"]
+BENCHED = ["torch_bf16", "triton_w4a16_g128", "triton_w8a16", "triton_mxfp4_a16", "torch_int4pack_g128"]
 
 
 @pytest.mark.parametrize("point", POINTS, ids=lambda p: "M{}-N{}-K{}".format(*p))

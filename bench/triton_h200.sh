@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/env.log" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/env.log" 2>&1
-MAIN=torch_bf16,humming_w4a16_g128,humming_w8a16,humming_mxfp4_a16,humming_w8a8_fp8,humming_w4a8_fp8,torch_int4pack_g128,torch_scaled_mm_fp8
+MAIN=torch_bf16,triton_w4a16_g128,triton_w8a16,triton_mxfp4_a16,triton_w8a8_fp8,triton_w4a8_fp8,torch_int4pack_g128,torch_scaled_mm_fp8
 timeout 125 python3 bench/sweep.py --methods $MAIN --budget-s 105 --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
 echo "sweep rc=$?"
 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton_wna16.py tests/test_triton_dequant.py > "$OUT/pytest_gpu.log" 2>&1
