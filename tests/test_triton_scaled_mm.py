@@ -56,6 +56,8 @@ CASES = [
     Case("e3m2-mx", dict(weight="mxfp6_e3m2"), "fp8"),
     Case("int2-g128", dict(weight="int2", group_size=128, scale_dtype=torch.float16), "int8"),
     Case("mxfp4", dict(weight="mxfp4"), "mxfp8"),
+    Case("nf4-g64", dict(weight="nf4", group_size=64, scale_dtype=torch.float16), "mxfp8"),
+    Case("uint8-zp-channel", dict(weight="int8", group_size=-1, zero_point=True), "int8"),
     # W4A4
     Case("int4-channel", dict(weight="int4", group_size=-1, scale_dtype=torch.float32), "int4"),
     Case("int4-g128", dict(weight="int4", group_size=128, scale_dtype=torch.bfloat16), "int4"),
@@ -130,6 +132,19 @@ def test_int8_exact_accumulation(seed, device):
     x = torch.randn(2, 4096, device=device, dtype=torch.bfloat16)
     y = scaled_mm.linear(x, qw, None, humming.ACT_SCHEMES["int8"], torch.float32)
     _check(y, x, qw, None, "int8", humming.quantize_activation(x, "int8"), 1e-6, f"int8 K=4096 seed={seed}")
+
+
+def test_humming_linear_dispatch(seed, device):
+    """``humming.linear(..., act=..., backend="triton")`` reaches this kernel (3-D x, prequantized x)."""
+    qw = humming.quantize(torch.randn(24, 128, device=device), "int4", group_size=64, scale_dtype=torch.float16)
+    x = torch.randn(2, 3, 128, device=device, dtype=torch.bfloat16)
+    y = humming.linear(x, qw, act="fp8", backend="triton")
+    ref = humming.linear(x, qw, act="fp8", backend="reference")
+    assert y.shape == (2, 3, 24) and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), ref.float(), rtol=2**-7, atol=1e-5)
+    qa = triton_quantize_activation(x.reshape(6, 128), "fp8")
+    y = humming.linear(qa, qw, backend="triton", out_dtype=torch.float32)
+    _check(y, x, qw, None, "fp8", humming.quantize_activation(x.reshape(6, 128), "fp8"), 1e-6, f"seed={seed}")
 
 
 def test_unsupported_reasons():

@@ -373,6 +373,9 @@ def _compute_plan(
     if a_fold and w_fold and a_fold != w_fold:
         w_fold = None
     mma = a_fold or w_fold or "fp16"
+    if mma != "fp16" and not (_exact_in(a_values, _MMA_DTYPES[mma]) and _exact_in(w_values, _MMA_DTYPES[mma])):
+        a_fold = w_fold = None  # the fold's type would round the other operand (nf4 in bf16): promote instead
+        mma = "fp16"
     if not _exact_in(a_values, _MMA_DTYPES[mma]):
         return f"activation values ({a_fmt.name}) are not exact in {mma}"
     if not _exact_in(w_values, _MMA_DTYPES[mma]) and w_fmt.kind != "lut":
