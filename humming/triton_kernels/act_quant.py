@@ -292,8 +292,15 @@ def quantize_activation(
         grid = (triton.cdiv(m, 32), triton.cdiv(k, 128))
         _absmax_kernel[grid](x, amax, m, k, x.stride(0), BLOCK_M=32, BLOCK_K=128)
 
-    block_k = group_k if group_k else min(triton.next_power_of_2(k), 256)
-    block_m = max(1, min(triton.next_power_of_2(m), 4096 // block_k, 64))
+    if group_k:
+        block_k = group_k
+        block_m = max(1, min(triton.next_power_of_2(m), 4096 // block_k, 64))
+    elif source == "local":  # per-token: a program per row (few rows) or four rows, each pass 1024 wide
+        block_k = min(triton.next_power_of_2(k), 1024)
+        block_m = 1 if m < 1024 else 4
+    else:
+        block_k = min(triton.next_power_of_2(k), 256)
+        block_m = max(1, min(triton.next_power_of_2(m), 16))
     grid_k = n_spans if source == "local" else triton.cdiv(k, block_k)
     _act_quant_kernel[(triton.cdiv(m, block_m), grid_k)](
         x,
@@ -339,7 +346,8 @@ def _compile_specs() -> list[registry.CompileSpec]:
         kind = _scale_kind(scheme)
         bn, bk = scheme.group_shape
         source = "tensor" if bn == -1 else "local"
-        block_k = 256 if bk == -1 else bk
+        # The launch's tiles (quantize_activation): groups, per-token rows (M >= 1024), per-tensor.
+        block_m, block_k = {"local": (4, 1024), "tensor": (16, 256)}[source] if bk == -1 else (4096 // bk, bk)
         specs.append(
             registry.CompileSpec(
                 name=f"act_quant-{scheme.name}-bf16",
@@ -361,7 +369,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "SCALE": kind,
                     "SOURCE": source,
                     "GROUP_K": 0 if bk == -1 else bk,
-                    "BLOCK_M": 4096 // block_k if bk != -1 else 16,
+                    "BLOCK_M": block_m,
                     "BLOCK_K": block_k,
                 },
                 aligned=("K", "stride_xm", "stride_cm"),
