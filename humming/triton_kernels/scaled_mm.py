@@ -2,21 +2,23 @@
 
 ``y = dequantize_activation(qa) @ dequantize(W)^T + bias`` for activations quantized by
 :mod:`.act_quant` (or given as a :class:`~humming.QuantizedActivation`) and any IR weight whose values the
-tensor cores can take exactly. One kernel, specialised by ``constexpr``:
+tensor cores can take exactly. The IR is read as is (no repacking). One kernel, specialised by ``constexpr``:
 
 - the tensor-core operand type (``MMA``): ``int8`` (int32 accumulation: int8 / int4 activations with int
-  weights whose ``q - zero`` fits int8), ``e4m3`` (fp8 activations with weights exact in e4m3: int4, e2m1,
-  e4m3, ...; sm_89+), or ``fp16`` / ``bf16`` / ``fp32`` (the upcasting path: codes decoded to values that
-  the type holds exactly, e.g. e5m2 activations, int8 or nf4 weights under fp8 activations, NVFP4 / MXFP4);
+  weights whose ``q - zero`` fits int8; sm_80+), ``e4m3`` (fp8 activations with weights exact in e4m3: int4,
+  e2m1, e4m3, ...; sm_89+; products promoted to fp32 every K step), ``fp16`` / ``bf16`` / ``fp32`` (the
+  upcasting path: codes decoded to values that the type holds exactly, e.g. e5m2 activations, int8 or nf4
+  weights under fp8 activations, NVFP4, MXFP4 on Hopper), or ``scaled`` (``tl.dot_scaled``, sm_100+: MX
+  activations x MXFP4 weights, the weight's packed codes and e8m0 scales fed as they are);
 - per operand, where its scale is applied: ``end`` (constant along K: per-token / per-tensor / per-channel,
   in the epilogue), ``promote`` (changes along K: the partial dot of each K step is promoted to the fp32
-  accumulator with its scales, as DeepSeek's 1x128 x 128x128 fp8 recipe), or ``fold`` (multiplied into the
+  accumulator with its scales, as DeepSeek's 1x128 x 128x128 fp8 recipe), ``fold`` (multiplied into the
   operand before the dot, where the product is exact: e8m0 scales into bf16, e4m3 scales of e2m1 / int4
-  values into fp16; MXFP4 x fp8, NVFP4, MXFP4 x MXFP4). Global scales multiply the epilogue.
+  values into fp16; MXFP4 x fp8, NVFP4, MXFP4 x MXFP4) or ``native`` (inside ``tl.dot_scaled``). Global
+  scales multiply the epilogue.
 
 The plan (:func:`compute_plan`) is numerics and depends only on the formats and the device's capability; tile
-sizes (:mod:`.scaled_mm_configs`) are tuning. ``tl.dot_scaled`` (Blackwell's block-scaled MMA) is not used
-yet: W4A4 runs the exact upcasting path on every GPU.
+sizes (:mod:`.scaled_mm_configs`) are tuning. Under the interpreter the plan is made for sm_90.
 """
 
 from __future__ import annotations
