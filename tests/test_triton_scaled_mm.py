@@ -21,6 +21,7 @@ import torch
 import humming
 from humming.triton_kernels import scaled_mm
 from humming.triton_kernels.act_quant import quantize_activation as triton_quantize_activation
+from humming.triton_kernels.scaled_mm_configs import scaled_mm_config
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,22 @@ def test_scaled_mm(case, shape, seed, device):
 @pytest.mark.parametrize("case", [c for c in CASES if c.act in ("fp8", "int8", "nvfp4")][:4], ids=str)
 def test_scaled_mm_prequantized(case, seed, device):
     _run(case, 5, 48, 128, device, seed, prequantized=True)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[7], CASES[-2]], ids=str)
+def test_scaled_mm_split_k(case, seed, device):
+    """Split-K (fp32 atomics into a workspace, bias and the output cast after) gives the same results."""
+    m, n, k = 3, 40, 256
+    qw = case.quantize(torch.randn(n, k, device=device))
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    bias = torch.randn(n, device=device)
+    scheme = humming.ACT_SCHEMES[case.act]
+    plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), scaled_mm._capability(x.device))
+    cfg = scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qw.bits).replace(block_k=64, split_k=2)
+    out = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
+    y = scaled_mm.linear(x, qw, bias, scheme, torch.float16, config=cfg, out=out)
+    tol = _tolerance(qw, plan, x.device.type == "cuda")
+    _check(y, x, qw, bias, case.act, humming.quantize_activation(x, scheme), tol, f"{case} split-K seed={seed}")
 
 
 def test_int8_exact_accumulation(seed, device):

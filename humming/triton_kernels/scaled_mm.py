@@ -114,6 +114,7 @@ def _scaled_mm_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # > 1: program_id(1) takes a slice of K and adds fp32 into a zeroed [M, N] workspace
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BK == 0: no masks along K
     HAS_BIAS: tl.constexpr,
@@ -168,7 +169,11 @@ def _scaled_mm_kernel(
     b_cols = qb_ptr + offs_n.to(tl.int64)[None, :] * stride_qb
 
     acc = tl.zeros((BM, BN), dtype=tl.float32 if PROMOTE else ACC_DTYPE)
-    for k0 in range(0, K, BK):
+    k_tiles = tl.cdiv(K, BK)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    first = tl.program_id(1) * per_split
+    for t in range(first, tl.minimum(first + per_split, k_tiles)):
+        k0 = t * BK
         offs_k = k0 + tl.arange(0, BK)
         a_mask = m_ok if EVEN_K else m_ok & (offs_k[None, :] < K)
         a_raw = tl.load(a_rows + offs_k[None, :], mask=a_mask, other=0)
@@ -253,10 +258,13 @@ def _scaled_mm_kernel(
         acc = acc * tl.load(ags_ptr)
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=m_ok & (offs_n[None, :] < N))
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=m_ok & (offs_n[None, :] < N))
+    else:
+        tl.atomic_add(out, acc, mask=m_ok & (offs_n[None, :] < N), sem="relaxed")
 
 
 # --------------------------------------------------------------------------------------------- the plan
@@ -431,6 +439,17 @@ def _device_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":  # the interpreter: any count
+        return 1
+    return _device_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _device_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def supports(qweight: QuantizedWeight, act: ActScheme | str | None, x: torch.Tensor) -> str | None:
     """``None`` if :func:`linear` runs ``qweight`` with activations ``act`` like ``x`` (fp16/bf16 [M, K], or
     the uint8 codes of a QuantizedActivation), else the reason, with what is supported."""
@@ -500,7 +519,8 @@ def linear(
     plan = compute_plan(qweight, scheme, a_gk, _capability(codes.device))
     if isinstance(plan, str):
         raise ValueError(f"triton scaled_mm: {plan}")
-    cfg = config or scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qweight.bits)
+    sm_count = _sm_count(codes.device)
+    cfg = config or scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qweight.bits, sm_count)
     if plan.k_step and plan.k_step % cfg.block_k:
         raise ValueError(f"config: block_k={cfg.block_k} must divide the promotion step {plan.k_step}")
 
@@ -510,7 +530,9 @@ def linear(
         out = torch.empty(m, n, dtype=out_dtype, device=codes.device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
         raise ValueError(f"out: expected [{m}, {n}] {out_dtype} with contiguous rows, got {out.shape} {out.dtype}")
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    split = cfg.split_k > 1
+    dest = torch.zeros(m, n, dtype=torch.float32, device=codes.device) if split else out
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     _scaled_mm_kernel[grid](
         qa.codes,
         a_scales,
@@ -522,7 +544,7 @@ def linear(
         t["gs"],
         t["lut"],
         t["qw"] if bias is None else bias,
-        out,
+        dest,
         m,
         n,
         k,
@@ -532,10 +554,11 @@ def linear(
         t["qw"].stride(0) * 4,
         t["s"].stride(0),
         t["z"].stride(0),
-        out.stride(0),
+        dest.stride(0),
         BM=cfg.block_m,
         BN=cfg.block_n,
         BK=cfg.block_k,
+        SPLIT_K=cfg.split_k,
         GROUP_M=cfg.group_m,
         EVEN_K=k % cfg.block_k == 0,
         HAS_BIAS=bias is not None,
@@ -544,6 +567,10 @@ def linear(
         num_stages=cfg.num_stages,
         **{k_: v for k_, v in weight_spec(qweight).constexprs().items() if k_ != "ACT_ORDER"},
     )
+    if split:
+        if bias is not None:
+            dest += bias.to(torch.float32)
+        out.copy_(dest)
     return out
 
 
@@ -576,7 +603,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
         a_gk = act_group_k(scheme)
         plan = compute_plan(qw, scheme, a_gk, capability)
         buckets = _BUCKETS_8BIT if plan.operand_bits == 8 else _BUCKETS_16BIT
-        for cfg in (buckets[0][1], buckets[-1][1]):
+        for cfg in (buckets[0][1].replace(split_k=4), buckets[-1][1]):  # small M: the split-K epilogue
             if plan.k_step:
                 cfg = cfg.replace(block_k=min(cfg.block_k, plan.k_step))
             a_scale_type = "*fp32" if scheme.scale_dtype == torch.float32 else "*u8"
@@ -601,6 +628,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                         "BM": cfg.block_m,
                         "BN": cfg.block_n,
                         "BK": cfg.block_k,
+                        "SPLIT_K": cfg.split_k,
                         "GROUP_M": cfg.group_m,
                         "EVEN_K": True,
                         "HAS_BIAS": True,

@@ -21,6 +21,7 @@ class ScaledMMConfig:
     block_m: int
     block_n: int
     block_k: int
+    split_k: int = 1
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
@@ -34,7 +35,7 @@ class ScaledMMConfig:
 
     def name(self) -> str:
         c = self
-        return f"m{c.block_m}n{c.block_n}k{c.block_k}g{c.group_m}w{c.num_warps}st{c.num_stages}"
+        return f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}g{c.group_m}w{c.num_warps}st{c.num_stages}"
 
 
 #: (largest M of the bucket, config) for 8-bit tensor-core operands (int8, e4m3): K tiles of 128 bytes.
@@ -53,9 +54,20 @@ _BUCKETS_16BIT = (
 )
 
 
-def scaled_mm_config(m: int, n: int, k: int, operand_bits: int, k_step: int, weight_bits: int = 8) -> ScaledMMConfig:
+def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
+    """Split K until the grid covers the multiprocessors about twice, keeping >= 4 K tiles per split."""
+    split = 1
+    while tiles * split < 2 * sm_count and k_tiles // (split * 2) >= 4:
+        split *= 2
+    return split
+
+
+def scaled_mm_config(
+    m: int, n: int, k: int, operand_bits: int, k_step: int, weight_bits: int = 8, sm_count: int = 1
+) -> ScaledMMConfig:
     """The tile configuration for ``[m, k] x [n, k]^T`` with ``operand_bits``-wide tensor-core operands and
-    ``weight_bits``-wide codes; ``k_step`` (0 = free) is the promotion step that ``block_k`` must divide."""
+    ``weight_bits``-wide codes on ``sm_count`` multiprocessors; ``k_step`` (0 = free) is the promotion step
+    that ``block_k`` must divide. Split-K (fp32 atomics) only changes the fp32 summation order."""
     buckets = _BUCKETS_8BIT if operand_bits == 8 else _BUCKETS_16BIT
     cfg = next(c for bound, c in buckets if bound is None or m <= bound)
     if 32 % weight_bits:  # 3/5/6/7-bit codes straddle words: two int32 tiles per stage; fit the shared memory
@@ -65,4 +77,5 @@ def scaled_mm_config(m: int, n: int, k: int, operand_bits: int, k_step: int, wei
         block_k = min(block_k, k_step & -k_step)  # the largest power of two dividing the step
     # Small K: one tile spans it (never below the tensor cores' minimum: 32 bytes of K).
     block_k = max(256 // operand_bits, min(block_k, 1 << max(k - 1, 1).bit_length()))
-    return cfg.replace(block_k=block_k)
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    return cfg.replace(block_k=block_k, split_k=_split_k(tiles, -(-k // block_k), sm_count))
