@@ -137,10 +137,10 @@ def quantize(
             gscale = (tensor_amax / (elem_max * scale_max)).to(torch.float32)
             gscale = torch.where(gscale == 0, torch.ones_like(gscale), gscale)
             g = gscale.to(torch.float64).reshape(*gscale.shape, 1, 1)
-            scale = _round_scale(amax / elem_max / g, scale_dtype, fmt, ceil=False)
+            scale = _round_scale(amax / elem_max / g, scale_dtype, fmt, ceil=False, amax=amax / g)
             s = _decode_scale(scale) * g
         else:
-            scale = _round_scale(amax / elem_max, scale_dtype, fmt, ceil=fmt.is_int)
+            scale = _round_scale(amax / elem_max, scale_dtype, fmt, ceil=fmt.is_int, amax=amax)
             s = _decode_scale(scale)
         s_elem = expand(s)
         scaled = torch.where(s_elem == 0, torch.zeros_like(x), x / torch.where(s_elem == 0, 1.0, s_elem))
@@ -167,7 +167,9 @@ def _decode_scale(scale: torch.Tensor) -> torch.Tensor:
     return scale.to(torch.float32).to(torch.float64)
 
 
-def _round_scale(s: torch.Tensor, dtype: torch.dtype, fmt: NumberFormat, ceil: bool) -> torch.Tensor:
+def _round_scale(
+    s: torch.Tensor, dtype: torch.dtype, fmt: NumberFormat, ceil: bool, amax: torch.Tensor | None = None
+) -> torch.Tensor:
     """Cast ideal scales to ``dtype``. With ``ceil`` (integer grids) the scale never rounds down, so no code
     clips; otherwise round to nearest, and e8m0 follows the OCP MX rule ``2^(floor(log2 amax) - emax_elem)``
     (elements may then saturate, as the spec says)."""
@@ -177,9 +179,9 @@ def _round_scale(s: torch.Tensor, dtype: torch.dtype, fmt: NumberFormat, ceil: b
             not_pow2 = (s.view(torch.int64) & ((1 << 52) - 1)) != 0
             exp = floor_log2(s) + not_pow2.to(torch.int64)
         else:
-            # s = amax / max_value: floor(log2(amax)) - emax(element format)
+            # OCP MX: floor(log2(amax)) - emax(element format), read off amax's exponent bits
             emax_elem = math.floor(math.log2(fmt.max_value))
-            exp = floor_log2(s * fmt.max_value) - emax_elem
+            exp = floor_log2(amax.clamp(min=2.0**-127)) - emax_elem
         return exact_pow2(exp.clamp(-127, 127)).to(torch.float32).to(dtype)
     if dtype == torch.float8_e4m3fn:
         return s.clamp(max=448.0).to(torch.float32).to(dtype)
