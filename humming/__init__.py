@@ -1,5 +1,6 @@
 """humming: one weight IR and one kernel library for quantized LLM inference."""
 
+from .dispatch.backends import prepare
 from .ir import (
     ACT_SCHEMES,
     FORMATS,
@@ -48,6 +49,7 @@ __all__ = [
     "list_formats",
     "load",
     "load_checkpoint",
+    "prepare",
     "quantize",
     "quantize_activation",
     "save",

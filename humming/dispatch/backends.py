@@ -13,7 +13,7 @@ import os
 import types
 import warnings
 
-__all__ = ["BACKENDS", "backend_module", "select_backend"]
+__all__ = ["BACKENDS", "backend_module", "prepare", "select_backend"]
 
 #: name -> module, in the order "auto" tries them on a GPU.
 BACKENDS = {
@@ -66,3 +66,11 @@ def select_backend(requested: str, qweight, act, x) -> types.ModuleType:
         why = "; ".join(f"{n}: {r}" for n, r in reasons.items())
         warnings.warn(f"humming.linear: no fast kernel for {key}, running the reference ({why})", stacklevel=3)
     return backend_module("reference")
+
+
+def prepare(qweight, backend: str = "cuda"):
+    """Repack ``qweight`` now into ``backend``'s own layout (cached per weight object), so that the first
+    ``linear`` call does not; returns that backend's prepared form, or ``qweight`` itself for backends that
+    read the IR in place (Triton, reference)."""
+    module = backend_module(backend)
+    return module.prepare(qweight) if hasattr(module, "prepare") else qweight
