@@ -22,6 +22,7 @@ from functools import partial
 
 import torch
 
+from bench.cuda_decode import copy_bandwidth, graph_time
 from bench.cuda_fp8_inputs import random_weight, reference_weight
 from humming.cuda_kernels import fp8_gemm, jit
 from humming.ir.activation import get_act_scheme
@@ -31,39 +32,6 @@ NOMINAL_FP8 = 1979e12
 SHAPES = [(8192, 8192), (28672, 8192)]
 M_VALUES = (1, 16, 128, 1024, 4096, 8192)
 bf16 = torch.bfloat16
-
-
-def graph_time(fns, replays: int = 10) -> float:
-    """Median seconds per launch of the calls in ``fns``, captured once into a CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / len(fns))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def copy_bandwidth() -> float:
-    """Bytes read + written per second of a 2 GiB device-to-device copy."""
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / graph_time([lambda: dst.copy_(src)] * 5)
 
 
 def launches(m: int) -> int:
