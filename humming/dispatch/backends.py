@@ -12,6 +12,7 @@ import importlib
 import os
 import types
 import warnings
+import weakref
 
 __all__ = ["BACKENDS", "backend_module", "prepare", "select_backend"]
 
@@ -22,6 +23,7 @@ BACKENDS = {
     "reference": "humming.dispatch.reference",
 }
 _warned_fallback: set[tuple] = set()
+_choices: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {call key: backend module}
 
 
 def backend_module(name: str) -> types.ModuleType:
@@ -45,9 +47,25 @@ def _unusable(name: str, qweight, act, x) -> str | None:
 
 
 def select_backend(requested: str, qweight, act, x) -> types.ModuleType:
-    """The backend module that runs this call; ``HUMMING_BACKEND`` replaces ``"auto"``."""
+    """The backend module that runs this call; ``HUMMING_BACKEND`` replaces ``"auto"``.
+
+    Decode calls take microseconds, so the choice is made once per weight and call shape (everything the
+    backends' ``supports`` reads: activation scheme, dtype, device, M, row alignment) and then looked up.
+    """
     if requested == "auto":
         requested = os.environ.get("HUMMING_BACKEND", "auto") or "auto"
+    aligned = x.dim() == 2 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+    key = (requested, act, x.dtype, x.device, x.shape[0], aligned)
+    choices = _choices.get(qweight)
+    if choices is None:
+        choices = _choices[qweight] = {}
+    module = choices.get(key)
+    if module is None:
+        module = choices[key] = _select(requested, qweight, act, x)
+    return module
+
+
+def _select(requested: str, qweight, act, x) -> types.ModuleType:
     if requested != "auto":
         reason = _unusable(requested, qweight, act, x)
         if reason:
