@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from . import _decode, _gemm_sm90, fp8_gemm
+from . import _decode, _gemm_sm90, fp4_gemm, fp8_gemm
 from ._layout import PreparedWeight, prepare_weight, weight_unsupported
 from ._warmup import WarmupReport, warmup_specs
 from .jit import KernelNotReadyError, compiler_unavailable_reason
@@ -59,6 +59,8 @@ def supports(qweight, act, x: torch.Tensor) -> str | None:
 
     ``x`` is the 2-D activation ``[M, K]`` (its dtype, device and M matter).
     """
+    if act is not None and act.format == "e2m1":
+        return fp4_gemm.supports(qweight, act, x)
     if act is not None:
         return fp8_gemm.supports(qweight, act, x)
     if x.device.type != "cuda":
@@ -95,6 +97,8 @@ def prepare(qweight) -> PreparedWeight:
 
 def linear(x: torch.Tensor, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -> torch.Tensor:
     """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`supports`)."""
+    if act is not None and act.format == "e2m1":  # before supports(), as below
+        return fp4_gemm.linear(x, qweight, bias, act, out_dtype)
     if act is not None:  # before supports(): a pre-quantized x is a QuantizedActivation, not a tensor
         return fp8_gemm.linear(x, qweight, bias, act, out_dtype)
     reason = supports(qweight, act, x)
