@@ -16,10 +16,11 @@ No sm_120 GPU has been available: the kernel has NEVER RUN. What is checked here
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 import torch
-from test_cuda_compile import _cubin_tool  # tests/ is on sys.path (pytest rootdir-relative imports)
+from test_cuda_compile import _cubin_tool, _cuda_tool  # tests/ is on sys.path (pytest rootdir-relative imports)
 
 from humming import dequantize, quantize
 from humming.cuda_kernels import fp4_gemm, jit
@@ -92,6 +93,56 @@ def test_resource_usage_no_stack_no_local(compiled, tmp_path):
         usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", report)
         assert usage, report
         assert usage.group(2) == "0" and usage.group(3) == "0", f"{name}: {usage.group(0)}"
+
+
+_TCGEN05_BLOCK_SCALED = r"""extern "C" __global__ void probe(unsigned* o, unsigned long long* q) {
+  __shared__ unsigned tmem_base;
+  if (threadIdx.x < 32)
+    asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], 256;"
+                 :: "r"((unsigned)__cvta_generic_to_shared(&tmem_base)));
+  __syncthreads();
+  const unsigned t = tmem_base;
+  if (threadIdx.x == 0) {
+    asm volatile("tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;" :: "r"(t + 128), "l"(q[2]));
+    asm volatile("tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;" :: "r"(t + 132), "l"(q[3]));
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %4, 0; tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale"
+                 ".scale_vec::4X [%0], %1, %2, %3, [%5], [%6], p;}"
+                 :: "r"(t), "l"(q[0]), "l"(q[1]), "r"(o[0]), "r"(o[1]), "r"(t + 128), "r"(t + 132));
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %4, 0; tcgen05.mma.cta_group::1.kind::mxf4.block_scale"
+                 ".scale_vec::2X [%0], %1, %2, %3, [%5], [%6], p;}"
+                 :: "r"(t), "l"(q[0]), "l"(q[1]), "r"(o[0]), "r"(o[1]), "r"(t + 128), "r"(t + 132));
+    asm volatile("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" :: "r"(o[2]));
+  }
+  unsigned r0, r1, r2, r3;
+  asm volatile("tcgen05.ld.sync.aligned.32x32b.x4.b32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(t));
+  asm volatile("tcgen05.wait::ld.sync.aligned;");
+  o[threadIdx.x] = r0 + r1 + r2 + r3;
+  __syncthreads();
+  if (threadIdx.x < 32) asm volatile("tcgen05.dealloc.cta_group::1.sync.aligned.b32 %0, 256;" :: "r"(t));
+}
+"""
+
+
+@needs_nvrtc
+def test_sm100a_tcgen05_block_scaled_sequence_compiles(tmp_path):
+    """The instruction sequence an sm_100a FP4 kernel would issue (BLACKWELL.md, "what is missing") compiles
+    for sm_100a, not for sm_120a, and lowers to UTCCP (scale factors into TMEM) and UTCOMMA (.4X: NVFP4).
+    Descriptor contents are run-time values that ptxas does not check: this says nothing about layouts."""
+    from cuda.core import Program, ProgramOptions
+
+    def build(arch: str):
+        return Program(_TCGEN05_BLOCK_SCALED, "c++", ProgramOptions(arch=arch, std="c++17")).compile("cubin")
+
+    with pytest.raises(Exception, match=re.escape("not supported on .target 'sm_120a'")):
+        build("sm_120a")
+    tool = _cuda_tool("cuobjdump")
+    if tool is None:
+        pytest.skip("cuobjdump not found (neither in triton's package nor on PATH)")
+    path = tmp_path / "probe-sm_100a.cubin"
+    path.write_bytes(bytes(build("sm_100a").code))
+    sass = subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+    assert {"UTCOMMA.4X", "UTCOMMA", "UTCCP.T.S.4x32dp128bit"} <= set(re.findall(r"\bUTC[\w.]+", sass))
 
 
 # ---------------------------------------------------------------------------------------------------------
