@@ -21,7 +21,18 @@ import triton.language as tl
 
 from ..ir.weight import QuantizedWeight
 
-__all__ = ["WeightSpec", "decode_codes", "kernel_tensors", "load_weight_tile", "pointer_types", "weight_spec"]
+__all__ = [
+    "WeightSpec",
+    "decode_codes",
+    "decode_scale",
+    "group_tile",
+    "kernel_tensors",
+    "load_weight_tile",
+    "pointer_types",
+    "triton_type",
+    "unpack_tile",
+    "weight_spec",
+]
 
 # Element kinds (W_KIND) and scale kinds (S_KIND) as the kernels see them.
 KIND_INT, KIND_UINT, KIND_FLOAT, KIND_LUT = 0, 1, 2, 3
@@ -161,7 +172,7 @@ def decode_codes(
 
 
 @triton.jit
-def _decode_scale(s, S_KIND: tl.constexpr):
+def decode_scale(s, S_KIND: tl.constexpr):
     """Loaded scales -> fp32 (``float32(scale)`` of docs/ir.md)."""
     if S_KIND == 1:
         out = s.to(tl.float32)
@@ -176,7 +187,7 @@ def _decode_scale(s, S_KIND: tl.constexpr):
 
 
 @triton.jit
-def _unpack_tile(
+def unpack_tile(
     qw_ptr, stride_qn, offs_n, k0, N, K, BK: tl.constexpr, W_BITS: tl.constexpr, EVEN_K: tl.constexpr = False
 ):
     """int32 codes ``[BN, BK]`` of columns ``k0 .. k0 + BK`` (the canonical little-endian bit stream)."""
@@ -209,7 +220,7 @@ def _unpack_tile(
 
 
 @triton.jit
-def _group_tile(
+def group_tile(
     ptr,
     stride_n,
     offs_n,
@@ -288,7 +299,7 @@ def load_weight_tile(
     (for finite scales): a dot product whose activations are masked to 0 past K gets nothing from them.
     """
     offs_k = k0 + tl.arange(0, BK)
-    codes = _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS, EVEN_K)
+    codes = unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS, EVEN_K)
     w = decode_codes(codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
     # Groups smaller than the tile: view the tile as [BN, groups, GK] and apply one value per group.
     SUBGROUPS: tl.constexpr = (not ACT_ORDER) and GK > 0 and GK < BK and BK % GK == 0
@@ -299,14 +310,14 @@ def load_weight_tile(
         if SUBGROUPS:
             z = _subgroup_tile(z_ptr, stride_zn, offs_n, k0, N, K, BK, GN, GK, EVEN_K).to(tl.float32)[:, :, None]
         else:
-            z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER, EVEN_K)
+            z = group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER, EVEN_K)
         w = w - z.to(tl.float32)
     if S_KIND != 0:
         if SUBGROUPS:
-            s = _decode_scale(_subgroup_tile(s_ptr, stride_sn, offs_n, k0, N, K, BK, GN, GK, EVEN_K), S_KIND)
+            s = decode_scale(_subgroup_tile(s_ptr, stride_sn, offs_n, k0, N, K, BK, GN, GK, EVEN_K), S_KIND)
         else:
-            s = _decode_scale(
-                _group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER, EVEN_K), S_KIND
+            s = decode_scale(
+                group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER, EVEN_K), S_KIND
             )
         if HAS_GS:
             s = s * tl.load(gs_ptr)

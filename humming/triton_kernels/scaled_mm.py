@@ -36,13 +36,13 @@ from ..ir.formats import NumberFormat, get_format
 from ..ir.weight import QuantizedWeight
 from . import act_quant, registry
 from ._weight_tile import (
-    _decode_scale,
-    _group_tile,
-    _unpack_tile,
     decode_codes,
+    decode_scale,
+    group_tile,
     kernel_tensors,
     pointer_types,
     triton_type,
+    unpack_tile,
     weight_spec,
 )
 from .interpreter import INTERPRET, cast, dot
@@ -71,7 +71,7 @@ def _scale_vec(ptr, stride, offs, limit, col, PER_ROW: tl.constexpr, GROUP: tl.c
         s = tl.load(ptr + g.to(tl.int64) * stride + col, mask=offs < limit, other=0)
     else:
         s = tl.load(ptr + col + offs * 0)
-    return _decode_scale(s, S_KIND)
+    return decode_scale(s, S_KIND)
 
 
 @triton.jit
@@ -211,7 +211,7 @@ def _scaled_mm_kernel(
                         mask=m_ok & (offs_k[None, :] < K),
                         other=0,
                     )
-                    a_val = a_val * _decode_scale(a_s, A_S_KIND)
+                    a_val = a_val * decode_scale(a_s, A_S_KIND)
                 a_op = cast(a_val, MMA_DTYPE)
 
             # Weight operand [BK, BN]: decode(q) - zero (times a folded scale), exact in the MMA type.
@@ -220,21 +220,21 @@ def _scaled_mm_kernel(
                 b_raw = tl.load(b_cols + offs_k[:, None], mask=b_mask, other=0)
                 b_op = b_raw.to(MMA_DTYPE, bitcast=True)
             else:
-                w_codes = _unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS)
+                w_codes = unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS)
                 if MMA == "int8":
                     w_int = (w_codes << (32 - W_BITS)) >> (32 - W_BITS) if W_KIND == 0 else w_codes
                     if HAS_ZP:
-                        z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
+                        z = group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
                         w_int = w_int - z.to(tl.int32)
                     w_op = w_int.to(tl.int8)
                 else:
                     w_val = decode_codes(w_codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
                     if HAS_ZP:
-                        z = _group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
+                        z = group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, z_ptr, BK, GN, GK, False)
                         w_val = w_val - z.to(tl.float32)
                     if W_SCALE == "fold":
-                        s = _group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, s_ptr, BK, GN, GK, False)
-                        w_val = w_val * _decode_scale(s, S_KIND)
+                        s = group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, s_ptr, BK, GN, GK, False)
+                        w_val = w_val * decode_scale(s, S_KIND)
                     w_op = w_val.to(tl.float8e4nv) if MMA == "e4m3" else cast(w_val, MMA_DTYPE)
                 b_op = tl.trans(w_op)
 

@@ -28,9 +28,9 @@ import triton.language as tl
 from ..ir.weight import QuantizedWeight
 from . import dequant, registry
 from ._weight_tile import (
-    _decode_scale,
-    _group_tile,
     decode_codes,
+    decode_scale,
+    group_tile,
     kernel_tensors,
     load_weight_tile,
     pointer_types,
@@ -219,11 +219,11 @@ def _wna16_gemv_kernel(
             first_k = offs_w * PER_WORD  # element index of each word's field 0; one group holds whole words
             k0 = t * BK
             if HAS_ZP:
-                z = _group_tile(z_ptr, stride_zn, offs_n, first_k, k0, N, K, gidx_ptr, BK, GN, GK, False, EVEN_K)
+                z = group_tile(z_ptr, stride_zn, offs_n, first_k, k0, N, K, gidx_ptr, BK, GN, GK, False, EVEN_K)
                 z = z.to(tl.float32)
             if S_KIND != 0:
-                sc = _group_tile(s_ptr, stride_sn, offs_n, first_k, k0, N, K, gidx_ptr, BK, GN, GK, False, EVEN_K)
-                sc = _decode_scale(sc, S_KIND)
+                sc = group_tile(s_ptr, stride_sn, offs_n, first_k, k0, N, K, gidx_ptr, BK, GN, GK, False, EVEN_K)
+                sc = decode_scale(sc, S_KIND)
                 if HAS_GS:
                     sc = sc * tl.load(gs_ptr)
             for j in tl.static_range(PER_WORD):
