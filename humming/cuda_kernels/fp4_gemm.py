@@ -43,6 +43,7 @@ __all__ = [
     "prepare",
     "run",
     "supports",
+    "warmup_jobs",
     "weight_unsupported",
 ]
 
@@ -265,6 +266,16 @@ def run(prep: PreparedFp4, x, act, bias: torch.Tensor | None, out_dtype: torch.d
     grid = (_cdiv(prep.n, tuning.block_n), _cdiv(m, tuning.block_m), 1)
     kernel.launch(grid, 0, params, torch.cuda.current_stream(device_index).cuda_stream)
     return out
+
+
+def warmup_jobs(qweight, act, m_values, out_dtype: torch.dtype, bias_dtype: torch.dtype | None) -> list:
+    """``(spec, "sm_120a")`` of every kernel :func:`linear` runs for ``qweight`` and ``act`` at the token counts
+    ``m_values``; empty when the combination has no FP4 kernel."""
+    if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in _OUT_DTYPES:
+        return []
+    bias_code = _OUT_DTYPES[bias_dtype] if bias_dtype is not None else _OUT_DTYPES[out_dtype]
+    specs = {fp4_spec(qweight.group_shape[1], _OUT_DTYPES[out_dtype], bias_code, choose_tuning(m)) for m in m_values}
+    return [(spec, "sm_120a") for spec in sorted(specs, key=lambda spec: spec.name)]
 
 
 def linear(x, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -> torch.Tensor:
