@@ -10,7 +10,9 @@ No sm_120 GPU has been available: the kernel has NEVER RUN. What is checked here
    block-scaling tables (``_mma_reference``). It must reproduce ``x_deq @ w_deq^T`` computed from
    ``humming.dequantize`` / ``dequantize_activation``. This proves the data movement and layouts compose
    correctly *given* the PTX ISA tables; it cannot prove the hardware follows them.
-3. ``gpu`` tests against a float64 reference, skipped unless the device is sm_120 (they have never run).
+3. ``gpu`` tests, skipped unless the device is sm_120 (they have never run): first one MMA on random
+   registers (``fp4_mma_probe_sm120.cuh``) against the same ISA model, which isolates the model from the
+   GEMM's data movement; then the GEMM against a float64 reference.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def _specs() -> list[jit.KernelSpec]:
         for tuning in (fp4_gemm.SMALL_M, fp4_gemm.LARGE_M):
             for out, bias in (("bf16", "bf16"), ("f16", "f32"), ("f32", "f32")):
                 specs.append(fp4_gemm.fp4_spec(vec, out, bias, tuning))
-    return specs
+    return specs + [fp4_gemm.probe_spec(vec) for vec in SCHEMES]
 
 
 needs_nvrtc = pytest.mark.skipif(
@@ -84,6 +86,8 @@ def test_sass_uses_block_scaled_omma_and_no_local_memory(compiled, tmp_path):
             assert len(omma) == 2 * tuning.m_tiles * tuning.n_tiles, spec.name  # unrolled: 2 k64 steps a stage
             assert "LDSM" in sass and "LDGSTS" in sass, spec.name
             assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
+        probe = _cubin_tool("cuobjdump", ["-sass"], compiled[fp4_gemm.probe_spec(vec).name], tmp_path)
+        assert re.findall(r"OMMA\.\S+", probe) == [expected[vec]]
 
 
 @needs_nvrtc
@@ -439,6 +443,45 @@ def test_gpu_matches_float64_reference(scheme, m, n, k, out_dtype):
     tol = 1e-5 * magnitude + (8e-3 if out_dtype == torch.bfloat16 else 0.0) * ref.abs()  # fp32 sums, bf16 out
     bad = err > tol
     assert not bad.any(), f"{int(bad.sum())} bad; worst {err.max().item():.3e} at {divmod(int(err.argmax()), n)}"
+
+
+def _random_registers(vec: int, seed: int) -> torch.Tensor:
+    """Random per-lane MMA registers: any e2m1 nibbles; finite positive scales of a moderate range."""
+    gen = torch.Generator().manual_seed(seed)
+    regs = torch.randint(0, 2**32, (32, 8), generator=gen, dtype=torch.int64)
+    lo, hi = (0x28, 0x48) if vec == 16 else (123, 131)  # e4m3 0.25 .. 3.75; e8m0 2^-4 .. 2^3
+    for col in (6, 7):
+        raw = torch.randint(lo, hi, (32, 4), generator=gen, dtype=torch.int64)
+        regs[:, col] = (raw << torch.tensor([0, 8, 16, 24])).sum(1)
+    return regs
+
+
+@pytest.mark.parametrize("vec", SCHEMES)
+def test_random_registers_exercise_every_scale(vec):
+    """The probe inputs below give every scale byte the MMA reads a distinct-enough value to matter."""
+    regs = _random_registers(vec, seed=vec)
+    sfa = [int(w) for w in regs[:, 6]]
+    assert len({_scale_values(sfa[4 * (m % 8) + m // 8], vec)[0].item() for m in range(16)}) > 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm120(), reason="needs an sm_120 GPU (RTX 50xx / RTX PRO 6000); never run so far")
+@pytest.mark.parametrize("vec", SCHEMES)
+def test_gpu_mma_follows_the_ptx_isa_tables(vec):
+    """Run this first on new hardware: it isolates the ISA model (fragments, scale lanes and bytes) from the
+    GEMM's data movement."""
+    for seed in range(4):
+        regs = _random_registers(vec, seed)
+        words = torch.where(regs >= 2**31, regs - 2**32, regs).to(torch.int32)
+        got = fp4_gemm.mma_probe(words.to("cuda"), vec).cpu().to(torch.float64)
+        ref = torch.tensor(_mma_reference(*_split_registers(regs), vec), dtype=torch.float64)
+        # exact products, fp32 sums of 64 terms below ~1e3: a wrong mapping is off by units to hundreds
+        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-2), (seed, (got - ref).abs().max().item())
+
+
+def _split_registers(regs: torch.Tensor):
+    words = [[int(w) for w in row] for row in regs]
+    return [w[0:4] for w in words], [w[4:6] for w in words], [w[6] for w in words], [w[7] for w in words]
 
 
 @pytest.mark.gpu

@@ -39,8 +39,10 @@ __all__ = [
     "choose_tuning",
     "fp4_spec",
     "linear",
+    "mma_probe",
     "pack_codes",
     "prepare",
+    "probe_spec",
     "run",
     "supports",
     "warmup_jobs",
@@ -117,6 +119,41 @@ def fp4_spec(vec: int, out: str, bias: str, tuning: Fp4Tuning) -> KernelSpec:
         ccs=FP4_CCS,
         arch_specific=True,
     )
+
+
+class _ProbeParams(ctypes.Structure):
+    """Mirror of ``humming::fp4_sm120::ProbeParams``."""
+
+    _fields_ = (("regs", ctypes.c_void_p), ("d", ctypes.c_void_p))
+
+
+def probe_spec(vec: int) -> KernelSpec:
+    """One block-scaled MMA on registers given per lane (``include/humming/fp4_mma_probe_sm120.cuh``)."""
+    return KernelSpec(
+        family="fp4_mma_probe_sm120",
+        name=f"humming_fp4_mma_probe_sm120_{SCALE_VECS[vec][2]}",
+        header="humming/fp4_mma_probe_sm120.cuh",
+        entry=f"humming::fp4_sm120::mma_probe<{vec}>",
+        params="humming::fp4_sm120::ProbeParams",
+        threads=32,
+        ccs=FP4_CCS,
+        arch_specific=True,
+    )
+
+
+def mma_probe(regs: torch.Tensor, vec: int) -> torch.Tensor:
+    """Run one m16n8k64 block-scaled MMA: ``regs`` int32 ``[32, 8]`` on an sm_120 device (lane l: a0..a3,
+    b0, b1, scale-A word, scale-B word) -> fp32 ``[32, 4]`` (lane l: c0..c3). Checks the hardware against the
+    PTX ISA fragment and scale tables (tests/test_cuda_fp4.py)."""
+    from .jit import get_kernel
+
+    device_index = regs.device.index if regs.device.index is not None else torch.cuda.current_device()
+    regs = regs.to(torch.int32).contiguous()
+    d = torch.full((32, 4), float("nan"), dtype=torch.float32, device=regs.device)
+    params = _ProbeParams(regs.data_ptr(), d.data_ptr())
+    kernel = get_kernel(probe_spec(vec), device_index)
+    kernel.launch((1, 1, 1), 0, params, torch.cuda.current_stream(device_index).cuda_stream)
+    return d
 
 
 def pack_codes(codes: torch.Tensor, kp: int) -> torch.Tensor:
