@@ -286,7 +286,7 @@ def run(prep: PreparedFp4, x, act, bias: torch.Tensor | None, out_dtype: torch.d
     device = qa.codes.device
     device_index = device.index if device.index is not None else torch.cuda.current_device()
     out = torch.empty(m, prep.n, dtype=out_dtype, device=device)
-    if m == 0:
+    if m == 0 or prep.n == 0:
         return out
     tuning = choose_tuning(m)
     bias_code = _OUT_DTYPES[bias.dtype] if bias is not None else _OUT_DTYPES[out_dtype]
