@@ -37,10 +37,10 @@ BK, ROW_BYTES = 128, 64  # kBK and kRowBytes in the header
 def _specs() -> list[jit.KernelSpec]:
     specs = []
     for vec in SCHEMES:
-        for tuning in (fp4_gemm.SMALL_M, fp4_gemm.LARGE_M):
-            for out, bias in (("bf16", "bf16"), ("f16", "f32"), ("f32", "f32")):
-                specs.append(fp4_gemm.fp4_spec(vec, out, bias, tuning))
-    return specs + [fp4_gemm.probe_spec(vec) for vec in SCHEMES]
+        specs += [fp4_gemm.fp4_spec(vec, "bf16", "bf16", tuning) for tuning in fp4_gemm.TUNINGS]
+        specs += [fp4_gemm.fp4_spec(vec, out, "f32", fp4_gemm.LARGE_M[0]) for out in ("f16", "f32")]
+        specs.append(fp4_gemm.probe_spec(vec))
+    return specs
 
 
 needs_nvrtc = pytest.mark.skipif(
@@ -78,7 +78,7 @@ def test_sass_uses_block_scaled_omma_and_no_local_memory(compiled, tmp_path):
     # cp.async (LDGSTS).
     expected = {16: "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X", 32: "OMMA.SF.16864.F32.E2M1.E2M1.E8"}
     for vec in SCHEMES:
-        for tuning in (fp4_gemm.SMALL_M, fp4_gemm.LARGE_M):
+        for tuning in fp4_gemm.TUNINGS:
             spec = fp4_gemm.fp4_spec(vec, "bf16", "bf16", tuning)
             sass = _cubin_tool("cuobjdump", ["-sass"], compiled[spec.name], tmp_path)
             omma = re.findall(r"OMMA\.\S+", sass)
@@ -248,9 +248,8 @@ def _mma_reference(a, b, sfa, sfb, vec: int) -> list[list[float]]:
     return [[float(D[lane // 4 + 8 * (e // 2), 2 * (lane % 4) + e % 2]) for e in range(4)] for lane in range(32)]
 
 
-def _emulate(prep: fp4_gemm.PreparedFp4, qa, bias: torch.Tensor | None) -> torch.Tensor:
-    """The kernel's result (fp32 accumulators modelled in float64), computed by walking its grid."""
-    tuning = fp4_gemm.choose_tuning(qa.codes.shape[0])
+def _emulate(prep: fp4_gemm.PreparedFp4, qa, bias: torch.Tensor | None, tuning) -> torch.Tensor:
+    """The kernel's result (fp32 accumulators modelled in float64) with ``tuning``, by walking its grid."""
     vec, kp = prep.vec, prep.kp
     x_codes, x_scales, x_global = fp4_gemm.activation_buffers(qa, kp, vec)
     m, n = qa.codes.shape[0], prep.n
@@ -328,7 +327,7 @@ def _reference(qw, qa, bias) -> torch.Tensor:
 
 
 EMULATION_CASES = [
-    # (scheme, M, N, K, bias): both tunings (M <= 16 and > 16), N and K off the tile sizes, M past a block
+    # (scheme, M, N, K, bias), each run with every tuning of its M range: N and K off the tile sizes, M past a block
     ("nvfp4", 5, 136, 200, True),
     ("mxfp4", 3, 72, 256, False),
     ("nvfp4", 70, 24, 128, False),
@@ -336,12 +335,20 @@ EMULATION_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("scheme", "m", "n", "k", "with_bias"), EMULATION_CASES)
-def test_emulated_kernel_matches_dequantized_matmul(scheme, m, n, k, with_bias):
+@pytest.mark.parametrize(
+    ("scheme", "m", "n", "k", "with_bias", "tuning"),
+    [
+        (*case, tuning)
+        for case in EMULATION_CASES
+        for tuning in (fp4_gemm.SMALL_M if case[1] <= 16 else fp4_gemm.LARGE_M)
+    ],
+    ids=lambda v: f"{v.block_m}x{v.block_n}w{v.threads // 32}" if isinstance(v, fp4_gemm.Fp4Tuning) else None,
+)
+def test_emulated_kernel_matches_dequantized_matmul(scheme, m, n, k, with_bias, tuning):
     qw, qa = _problem(scheme, m, n, k, seed=m * 1000 + n + k)
     assert fp4_gemm.weight_unsupported(qw) is None
     bias = torch.randn(n, generator=torch.Generator().manual_seed(k)) if with_bias else None
-    got = _emulate(fp4_gemm.prepare(qw), qa, bias)
+    got = _emulate(fp4_gemm.prepare(qw), qa, bias, tuning)
     ref = _reference(qw, qa, bias)
     # The reference rounds scale * global_scale to fp32 once per element (docs/ir.md); the kernel applies the
     # global scales after the sum. Both are exact otherwise, so the two differ by at most ~2^-23 of the sum of
@@ -394,14 +401,22 @@ def test_supports_names_the_reason(weight, act, fragment):
     assert reason is not None and fragment in reason, reason
 
 
-def test_warmup_jobs_cover_both_tunings():
-    qw = quantize(torch.randn(16, 64), "mxfp4")
-    jobs = fp4_gemm.warmup_jobs(qw, get_act_scheme("mxfp4"), (1, 16, 64, 512), torch.bfloat16, None)
+def test_choose_tuning_fills_the_sms_then_takes_the_most_blocks():
+    assert fp4_gemm.choose_tuning(1, 28672, 170) == fp4_gemm.SMALL_M[0]  # 224 blocks of 128 channels
+    assert fp4_gemm.choose_tuning(1, 12288, 170) == fp4_gemm.SMALL_M[1]  # 96 blocks of 128 < 170 <= 192 of 64
+    assert fp4_gemm.choose_tuning(16, 8192, 170) == fp4_gemm.SMALL_M[2]  # 128 blocks of 64 < 170: 32 channels
+    assert fp4_gemm.choose_tuning(1, 1024, 170) == fp4_gemm.SMALL_M[2]  # never enough: the most blocks
+    assert fp4_gemm.choose_tuning(4096, 8192, 170) == fp4_gemm.LARGE_M[0]
+    assert fp4_gemm.choose_tuning(64, 4096, 170) == fp4_gemm.LARGE_M[1]
+
+
+def test_warmup_jobs_follow_choose_tuning():
+    qw = quantize(torch.randn(4096, 64), "mxfp4")
+    jobs = fp4_gemm.warmup_jobs(qw, get_act_scheme("mxfp4"), (1, 16, 64, 512), torch.bfloat16, None, 64)
     assert all(arch == "sm_120a" for _, arch in jobs)
-    assert [spec.name for spec, _ in jobs] == sorted(
-        {fp4_gemm.fp4_spec(32, "bf16", "bf16", t).name for t in (fp4_gemm.SMALL_M, fp4_gemm.LARGE_M)}
-    )
-    assert fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1,), torch.bfloat16, None) == []
+    expected = {fp4_gemm.choose_tuning(m, 4096, 64) for m in (1, 16, 64, 512)}
+    assert [spec.name for spec, _ in jobs] == sorted(fp4_gemm.fp4_spec(32, "bf16", "bf16", t).name for t in expected)
+    assert fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1,), torch.bfloat16, None, 64) == []
 
 
 def test_supports_only_sm_120():

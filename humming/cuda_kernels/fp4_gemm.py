@@ -14,7 +14,7 @@ they reproduce the ``humming.dequantize``-based matmul. The ``gpu`` tests there 
 - compute: the tensor core applies both operands' block scales and accumulates in fp32; the global scales
   multiply the result in the epilogue;
 - tuning (:class:`Fp4Tuning`): warps and tiles per block, pipeline stages; :func:`choose_tuning` is a pure
-  function of M. A tuning change never changes results beyond fp32 summation order.
+  function of M, N and the SM count. A tuning change never changes results beyond fp32 summation order.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "LARGE_M",
     "SCALE_VECS",
     "SMALL_M",
+    "TUNINGS",
     "Fp4Tuning",
     "PreparedFp4",
     "activation_buffers",
@@ -90,15 +91,21 @@ class Fp4Tuning:
         return 32 * self.warps_m * self.warps_n
 
 
-#: Decode-sized M: one m16 tile per block, four warps side by side along N.
-SMALL_M = Fp4Tuning(1, 4, 1, 4, 3)
-#: Larger M: 64 x 128 blocks, each warp 32 tokens x 64 channels.
-LARGE_M = Fp4Tuning(2, 2, 2, 8, 3)
+#: Candidate tunings per token range, largest block first: up to 16 tokens one m16 tile per block (the
+#: weight stream is the cost, so blocks narrow along N until every SM has one), else 64-token blocks.
+SMALL_M = (Fp4Tuning(1, 4, 1, 4, 3), Fp4Tuning(1, 4, 1, 2, 3), Fp4Tuning(1, 2, 1, 2, 4))
+LARGE_M = (Fp4Tuning(2, 2, 2, 8, 3), Fp4Tuning(2, 2, 2, 4, 3))
+TUNINGS = SMALL_M + LARGE_M
 
 
-def choose_tuning(m: int) -> Fp4Tuning:
-    """Tuning for ``m`` tokens (pure function): one m16 tile per block up to 16 tokens, else 64 x 128."""
-    return SMALL_M if m <= 16 else LARGE_M
+def choose_tuning(m: int, n: int, sm_count: int) -> Fp4Tuning:
+    """Tuning for ``out[m, n]`` on a device with ``sm_count`` SMs (pure function): the largest candidate block
+    for this M that still gives every SM a block, else the candidate with the most blocks."""
+    candidates = SMALL_M if m <= 16 else LARGE_M
+    for tuning in candidates:
+        if _cdiv(m, tuning.block_m) * _cdiv(n, tuning.block_n) >= sm_count:
+            return tuning
+    return candidates[-1]
 
 
 def fp4_spec(vec: int, out: str, bias: str, tuning: Fp4Tuning) -> KernelSpec:
@@ -288,7 +295,7 @@ def run(prep: PreparedFp4, x, act, bias: torch.Tensor | None, out_dtype: torch.d
     out = torch.empty(m, prep.n, dtype=out_dtype, device=device)
     if m == 0 or prep.n == 0:
         return out
-    tuning = choose_tuning(m)
+    tuning = choose_tuning(m, prep.n, torch.cuda.get_device_properties(device_index).multi_processor_count)
     bias_code = _OUT_DTYPES[bias.dtype] if bias is not None else _OUT_DTYPES[out_dtype]
     kernel = get_kernel(fp4_spec(prep.vec, _OUT_DTYPES[out_dtype], bias_code, tuning), device_index)
     x_codes, x_scales, x_global = activation_buffers(qa, prep.kp, prep.vec)
@@ -305,13 +312,16 @@ def run(prep: PreparedFp4, x, act, bias: torch.Tensor | None, out_dtype: torch.d
     return out
 
 
-def warmup_jobs(qweight, act, m_values, out_dtype: torch.dtype, bias_dtype: torch.dtype | None) -> list:
+def warmup_jobs(
+    qweight, act, m_values, out_dtype: torch.dtype, bias_dtype: torch.dtype | None, sm_count: int
+) -> list[tuple[KernelSpec, str]]:
     """``(spec, "sm_120a")`` of every kernel :func:`linear` runs for ``qweight`` and ``act`` at the token counts
-    ``m_values``; empty when the combination has no FP4 kernel."""
+    ``m_values`` on a device with ``sm_count`` SMs; empty when the combination has no FP4 kernel."""
     if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in _OUT_DTYPES:
         return []
     bias_code = _OUT_DTYPES[bias_dtype] if bias_dtype is not None else _OUT_DTYPES[out_dtype]
-    specs = {fp4_spec(qweight.group_shape[1], _OUT_DTYPES[out_dtype], bias_code, choose_tuning(m)) for m in m_values}
+    vec, out = qweight.group_shape[1], _OUT_DTYPES[out_dtype]
+    specs = {fp4_spec(vec, out, bias_code, choose_tuning(m, qweight.N, sm_count)) for m in m_values}
     return [(spec, "sm_120a") for spec in sorted(specs, key=lambda spec: spec.name)]
 
 
