@@ -11,6 +11,8 @@ Backend interface (``humming.dispatch.backends``): :func:`is_available`, :func:`
   weights as the register A operand; needs N % 128 == 0.
 - ``fp8_gemm`` (``include/humming/fp8_gemm_sm90.cuh``): quantized activations on Hopper: W8A8 e4m3 x e4m3
   (per-tensor / per-token x per-channel, 1x128 x 128x128 blocks) and W4A8 int4 x e4m3, on fp8 wgmma.
+- ``fp4_gemm`` (``include/humming/fp4_gemm_sm120.cuh``): W4A4 NVFP4 / MXFP4 on sm_120a block-scaled
+  ``mma.sync``; compiled and checked in CI, never run on hardware (BLACKWELL.md).
 
 Each ``QuantizedWeight`` is re-tiled once into the fragment layout that every kernel here reads
 (``_layout``; :func:`prepare`, cached per weight object). :func:`warmup` compiles the kernels a set
@@ -138,6 +140,10 @@ def warmup(
 
         act = get_act_scheme(act)
     for qw in layers:
+        if act is not None and act.format == "e2m1":
+            sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+            jobs += fp4_gemm.warmup_jobs(qw, act, m_values, out_dtype, bias_dtype, sm_count)
+            continue
         if act is not None:
             jobs += fp8_gemm.warmup_jobs(qw, act, m_values, out_dtype, bias_dtype, fp8_gemm.device_limits(device))
             continue
