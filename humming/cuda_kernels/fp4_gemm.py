@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._support import device_unsupported
 from .jit import KernelSpec
 
 __all__ = [
@@ -227,17 +228,11 @@ def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None
 
     ``x`` is the 2-D activation ``[M, K]`` (a float tensor, or the uint8 codes of a pre-quantized one).
     """
-    reason = weight_unsupported(qweight) or _act_unsupported(qweight, act)
-    if reason:
-        return reason
-    if x.device.type != "cuda":
-        return f"x is on {x.device}, not a CUDA device"
-    cc = torch.cuda.get_device_capability(x.device)
-    if cc not in FP4_CCS:
-        return f"the FP4 GEMM is built for compute capabilities {FP4_CCS} (sm_120a), not {cc}"
-    if out_dtype is not None and out_dtype not in _OUT_DTYPES:
-        return f"the FP4 GEMM writes bfloat16, float16 or float32, not {out_dtype}"
-    return None
+    return (
+        weight_unsupported(qweight)
+        or _act_unsupported(qweight, act)
+        or device_unsupported("FP4 GEMM", x, FP4_CCS, "sm_120a", out_dtype, _OUT_DTYPES)
+    )
 
 
 def prepare(qw) -> PreparedFp4:
