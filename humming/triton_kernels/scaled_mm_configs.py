@@ -8,34 +8,13 @@ moves a promotion boundary.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from .configs import TileConfig
 
 __all__ = ["ScaledMMConfig", "scaled_mm_config"]
 
 
-@dataclass(frozen=True)
-class ScaledMMConfig:
-    """One launch configuration of the scaled GEMM kernel."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def replace(self, **overrides) -> ScaledMMConfig:
-        """A copy with some fields changed; an unknown field name is an error."""
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
-        if unknown:
-            raise ValueError(f"ScaledMMConfig: unknown field(s) {sorted(unknown)}; known: {list(self.__dict__)}")
-        return dataclasses.replace(self, **overrides)
-
-    def name(self) -> str:
-        c = self
-        return f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}g{c.group_m}w{c.num_warps}st{c.num_stages}"
+#: The scaled GEMM launches with the WnA16 kernel's tile parameters (``dequant_first`` does not apply to it).
+ScaledMMConfig = TileConfig
 
 
 #: (largest M of the bucket, config) for 8-bit tensor-core operands (int8, e4m3): K tiles of 128 bytes.
