@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..ir.weight import cdiv
 from ._support import device_unsupported
 from .jit import KernelSpec
 
@@ -65,10 +66,6 @@ _CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @dataclass(frozen=True)
 class Fp4Tuning:
     """Speed-only knobs: warps along M and N, m16 / n8 tiles per warp, cp.async pipeline stages."""
@@ -104,7 +101,7 @@ def choose_tuning(m: int, n: int, sm_count: int) -> Fp4Tuning:
     for this M that still gives every SM a block, else the candidate with the most blocks."""
     candidates = SMALL_M if m <= 16 else LARGE_M
     for tuning in candidates:
-        if _cdiv(m, tuning.block_m) * _cdiv(n, tuning.block_n) >= sm_count:
+        if cdiv(m, tuning.block_m) * cdiv(n, tuning.block_n) >= sm_count:
             return tuning
     return candidates[-1]
 
@@ -241,8 +238,8 @@ def prepare(qw) -> PreparedFp4:
     if prep is not None:
         return prep
     n, k, vec = qw.N, qw.K, qw.group_shape[1]
-    kp = _cdiv(max(k, 1), _BK) * _BK
-    packed = qw.qweight.contiguous().view(torch.uint8)[:, : _cdiv(k, 2)]  # little-endian words: byte i = 2i, 2i+1
+    kp = cdiv(max(k, 1), _BK) * _BK
+    packed = qw.qweight.contiguous().view(torch.uint8)[:, : cdiv(k, 2)]  # little-endian words: byte i = 2i, 2i+1
     codes = F.pad(packed, (0, kp // 2 - packed.shape[1])).contiguous()
     gscale = None if qw.global_scale is None else qw.global_scale.to(torch.float32).reshape(1).contiguous()
     prep = _prepared[qw] = PreparedFp4(n, k, kp, vec, codes, _scale_bytes(qw.scales, vec, kp), gscale)
@@ -302,7 +299,7 @@ def run(prep: PreparedFp4, x, act, bias: torch.Tensor | None, out_dtype: torch.d
     params.x_global, params.w_global = _ptr(x_global), _ptr(prep.global_scale)
     params.bias, params.out = _ptr(bias), out.data_ptr()
     params.M, params.N, params.Kp, params.out_stride = m, prep.n, prep.kp, out.stride(0)
-    grid = (_cdiv(prep.n, tuning.block_n), _cdiv(m, tuning.block_m), 1)
+    grid = (cdiv(prep.n, tuning.block_n), cdiv(m, tuning.block_m), 1)
     kernel.launch(grid, 0, params, torch.cuda.current_stream(device_index).cuda_stream)
     return out
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..ir.weight import cdiv
 from ._support import device_unsupported
 from .jit import KernelSpec
 
@@ -57,10 +58,6 @@ _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32
 _BIAS_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -136,8 +133,8 @@ def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_bits: int = 8)
     small-M calls spread the weight stream over the whole GPU. Stages: as many as shared memory holds.
     """
     block_m = next((b for b in _BLOCK_M_CHOICES if b >= m), _BLOCK_M_CHOICES[-1])
-    tiles_m = _cdiv(m, block_m)
-    wgs = 2 if _cdiv(n, 128) * tiles_m >= limits.sm_count else 1
+    tiles_m = cdiv(m, block_m)
+    wgs = 2 if cdiv(n, 128) * tiles_m >= limits.sm_count else 1
     min_blocks = 1 if wgs == 2 else 2
     budget = min(limits.smem_per_block, limits.smem_per_sm // min_blocks - 1024)
     stages = 2
@@ -238,7 +235,7 @@ def _prepare_int4(qw, kp: int, scales: torch.Tensor) -> PreparedFp8:
     from ..ir.quantize import unpacked_codes
 
     n, k = qw.N, qw.K
-    n_pad, k_pad = _cdiv(n, 128) * 128, _cdiv(k, 128) * 128
+    n_pad, k_pad = cdiv(n, 128) * 128, cdiv(k, 128) * 128
     codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=qw.device)
     codes[:n, :k] = unpacked_codes(qw)
     w_scale = w_group = None
@@ -258,7 +255,7 @@ def prepare(qw) -> PreparedFp8:
     if prep is not None:
         return prep
     n, k = qw.N, qw.K
-    kp = _cdiv(k, 16) * 16
+    kp = cdiv(k, 16) * 16
     if qw.format.name == "int4":
         prep = _prepared[qw] = _prepare_int4(qw, kp, _weight_scales(qw))
         return prep
@@ -273,7 +270,7 @@ def prepare(qw) -> PreparedFp8:
         cols = torch.arange(0, kp, 128, device=qw.device) // bk
         w_block = scales[rows][:, cols].contiguous()
     else:
-        w_scale = torch.zeros(_cdiv(n, 128) * 128, dtype=torch.float32, device=qw.device)
+        w_scale = torch.zeros(cdiv(n, 128) * 128, dtype=torch.float32, device=qw.device)
         w_scale[:n] = scales.expand(n, 1).reshape(n)
     prep = PreparedFp8(n, k, kp, 8, _scale_mode(qw), weight, w_scale, w_block, None)
     _prepared[qw] = prep
@@ -352,7 +349,7 @@ def _activations(x, act, kp: int, block_m: int) -> _Activations:
     if qa.scheme.group == 128:
         # [num_kb, M padded to the token tile], row-major: F.pad with nothing to pad returns a clone that keeps
         # the transposed strides (seen on the H200 as wrong results at M = 4096), hence .contiguous()
-        blocks = F.pad(scales.T, (0, _cdiv(m, block_m) * block_m - m)).contiguous()
+        blocks = F.pad(scales.T, (0, cdiv(m, block_m) * block_m - m)).contiguous()
         return _Activations(codes.contiguous(), None, blocks)
     return _Activations(codes.contiguous(), scales.reshape(-1).contiguous(), None)
 
@@ -474,7 +471,7 @@ def run(
     m = codes.shape[0]
     device = codes.device.index if codes.device.index is not None else torch.cuda.current_device()
     if out is None:
-        n_pad = _cdiv(prep.n, 16 // out_dtype.itemsize) * (16 // out_dtype.itemsize)
+        n_pad = cdiv(prep.n, 16 // out_dtype.itemsize) * (16 // out_dtype.itemsize)
         out = torch.empty(m, n_pad, dtype=out_dtype, device=codes.device)[:, : prep.n]
     elif (
         tuple(out.shape) != (m, prep.n)
@@ -497,7 +494,7 @@ def run(
         bias = bias.contiguous()
     if prep.w_bits == 8 and tuning.block_n not in prep.maps:
         prep.maps[tuning.block_n] = _tensor_map(prep.weight, _BK, tuning.block_n)
-    tiles_m, tiles_n = _cdiv(m, tuning.block_m), _cdiv(prep.n, tuning.block_n)
+    tiles_m, tiles_n = cdiv(m, tuning.block_m), cdiv(prep.n, tuning.block_n)
     params = _Params()
     if prep.w_bits == 8:
         params.w_map[:] = prep.maps[tuning.block_n]
@@ -509,7 +506,7 @@ def run(
     params.w_block_scale = _ptr(prep.w_block_scale)
     params.x_block_scale = _ptr(a.x_block_scale)
     params.bias = _ptr(bias)
-    params.M, params.N, params.num_kb = m, prep.n, _cdiv(prep.kp, _BK)
+    params.M, params.N, params.num_kb = m, prep.n, cdiv(prep.kp, _BK)
     params.x_scale_stride = 1 if a.x_scale is not None and a.x_scale.numel() > 1 else 0
     params.x_block_stride = a.x_block_scale.shape[1] if a.x_block_scale is not None else 0
     params.tiles_m, params.tiles_n, params.group_m = tiles_m, tiles_n, tuning.group_m
