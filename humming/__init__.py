@@ -1,5 +1,6 @@
 """humming: one weight IR and one kernel library for quantized LLM inference."""
 
+from . import moe
 from .dispatch.backends import prepare
 from .ir import (
     ACT_SCHEMES,
@@ -49,6 +50,7 @@ __all__ = [
     "list_formats",
     "load",
     "load_checkpoint",
+    "moe",
     "prepare",
     "quantize",
     "quantize_activation",

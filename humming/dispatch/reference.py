@@ -8,7 +8,7 @@ import torch
 from ..ir.activation import QuantizedActivation, dequantize_activation, quantize_activation
 from ..ir.quantize import dequantize
 
-__all__ = ["is_available", "linear", "supports"]
+__all__ = ["grouped_linear", "is_available", "linear", "supports", "supports_grouped"]
 
 
 def is_available() -> str | None:
@@ -16,6 +16,10 @@ def is_available() -> str | None:
 
 
 def supports(qweight, act, x) -> str | None:
+    return None
+
+
+def supports_grouped(qweight, act, x, block_m) -> str | None:
     return None
 
 
@@ -31,3 +35,20 @@ def linear(x, qweight, bias, act, out_dtype):
     if bias is not None:
         out = out + bias.to(torch.float32)
     return out.to(out_dtype)
+
+
+def grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype):
+    """``x [M_pad, K]``: each block's rows times its expert (``humming.moe.grouped_linear``), one expert at
+    a time; rows of blocks with expert -1 are zero. Reads the routing on the host (not capturable)."""
+    from ..moe import expert_weight  # humming.moe builds on the dispatcher, not the other way round
+
+    row_expert = expert_ids.long().repeat_interleave(block_m)
+    used = row_expert >= 0
+    xf = x.to(torch.float32)
+    if act is not None:  # one quantization of every row in use: per-tensor scales span all experts
+        xf = torch.zeros_like(xf).index_put_((used,), dequantize_activation(quantize_activation(x[used], act)))
+    out = torch.zeros(x.shape[0], qweight.N, dtype=out_dtype, device=x.device)
+    for e in row_expert[used].unique().tolist():
+        rows = (row_expert == e).nonzero()[:, 0]
+        out[rows] = linear(xf[rows], expert_weight(qweight, e), None if bias is None else bias[e], None, out_dtype)
+    return out

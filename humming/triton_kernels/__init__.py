@@ -2,6 +2,8 @@
 
 - Weight-only (``act=None``, WnA16): :mod:`.wna16`, every weight format and layout of the IR.
 - Quantized activations (W8A8, W4A8, W4A4): :mod:`.scaled_mm`, imported on first use.
+- MoE grouped GEMM (``humming.moe``): :func:`.wna16.grouped_linear`, WnA16 only (``act=None``); grouped
+  calls with quantized activations are refused here and run on the reference.
 
 Without a GPU the kernels run under Triton's CPU interpreter when ``TRITON_INTERPRET=1`` (see
 :mod:`.interpreter`); :mod:`.registry` lists every kernel for the all-architecture compile check.
@@ -18,7 +20,7 @@ from ..ir.weight import QuantizedWeight
 from . import wna16
 from .interpreter import INTERPRET
 
-__all__ = ["is_available", "linear", "supports"]
+__all__ = ["grouped_linear", "is_available", "linear", "supports", "supports_grouped"]
 
 _MIN_CAPABILITY = (7, 5)
 _SCALED_MM = "humming.triton_kernels.scaled_mm"
@@ -53,6 +55,23 @@ def supports(qweight: QuantizedWeight, act, x: torch.Tensor) -> str | None:
             return "not yet implemented: Triton kernels for quantized activations (act=...)"
         return scaled_mm.supports(qweight, act, x)
     return wna16.supports(qweight, x)
+
+
+def supports_grouped(qweight: QuantizedWeight, act, x: torch.Tensor, block_m: int) -> str | None:
+    """``None`` if :func:`grouped_linear` runs this MoE call, else the reason."""
+    if x.device.type != "cuda" and not INTERPRET:
+        return f"x is on {x.device}; the Triton kernels run on CUDA tensors (or CPU ones under TRITON_INTERPRET=1)"
+    if act is not None:
+        return f"no grouped Triton kernel for quantized activations (act={act.name}); WnA16 (act=None) only"
+    return wna16.supports_grouped(qweight, x, block_m)
+
+
+def grouped_linear(x, qweight: QuantizedWeight, expert_ids, block_m: int, bias, act, out_dtype) -> torch.Tensor:
+    """MoE grouped GEMM ``[M_pad, K] -> [M_pad, N]`` (``humming.moe.grouped_linear``), WnA16 only."""
+    reason = supports_grouped(qweight, act, x, block_m)
+    if reason:
+        raise ValueError(f"triton: {reason}")
+    return wna16.grouped_linear(x, qweight, expert_ids, block_m, bias, out_dtype)
 
 
 def linear(x2d, qweight: QuantizedWeight, bias, act, out_dtype: torch.dtype) -> torch.Tensor:

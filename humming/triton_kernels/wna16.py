@@ -37,10 +37,13 @@ from ._weight_tile import (
     triton_type,
     weight_spec,
 )
-from .configs import TileConfig, wna16_config
+from .configs import TileConfig, choose_split_k, wna16_config
 from .interpreter import INTERPRET, cast, dot
 
-__all__ = ["linear", "supports"]
+__all__ = ["grouped_config", "grouped_linear", "linear", "supports", "supports_grouped"]
+
+#: The grouped tile's smallest ``block_m`` (tl.dot needs M >= 16); the routing ``block_m`` is a multiple of it.
+_MIN_GROUPED_BM = 16
 
 
 @triton.jit
@@ -54,6 +57,7 @@ def _wna16_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    expert_ptr,
     M,
     N,
     K,
@@ -62,6 +66,13 @@ def _wna16_kernel(
     stride_sn,
     stride_zn,
     stride_om,
+    stride_qe,
+    stride_se,
+    stride_ze,
+    stride_gse,
+    stride_gie,
+    stride_be,
+    route_bm,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -81,7 +92,11 @@ def _wna16_kernel(
     HAS_GS: tl.constexpr,
     ACT_ORDER: tl.constexpr,
     EVEN_K: tl.constexpr,
+    GROUPED: tl.constexpr,
 ):
+    """The tiled kernel; with ``GROUPED`` the MoE grouped GEMM: row ``r`` of ``x`` uses expert
+    ``expert_ptr[r // route_bm]`` (``BM`` divides ``route_bm``, so one tile has one expert), tiles of
+    expert -1 return at once, and every per-expert tensor is offset by ``expert * stride_*e``."""
     # Grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2.
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -91,6 +106,17 @@ def _wna16_kernel(
     size_m = tl.minimum(num_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
+    if GROUPED:
+        expert = tl.load(expert_ptr + (pid_m * BM) // route_bm)
+        if expert < 0:
+            return
+        e = expert.to(tl.int64)
+        qw_ptr += e * stride_qe
+        s_ptr += e * stride_se
+        z_ptr += e * stride_ze
+        gs_ptr += e * stride_gse
+        gidx_ptr += e * stride_gie
+        bias_ptr += e * stride_be
 
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -144,6 +170,9 @@ def _wna16_kernel(
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=mask)
     else:
+        if GROUPED and HAS_BIAS:  # the bias differs per expert: the first K slice adds it
+            first_slice = tl.program_id(1) == 0
+            acc += tl.load(bias_ptr + offs_n, mask=(offs_n < N) & first_slice, other=0.0).to(tl.float32)[None, :]
         tl.atomic_add(out, acc, mask=mask, sem="relaxed")
 
 
@@ -289,10 +318,8 @@ def _wna16_gemv_kernel(
 _X_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def supports(qweight: QuantizedWeight, x: torch.Tensor) -> str | None:
-    """``None`` if :func:`linear` runs this weight with activations like ``x``, else the reason."""
-    if qweight.num_experts is not None:
-        return f"expert-stacked weights {qweight.shape} are not supported by the dense GEMM"
+def _unsupported(qweight: QuantizedWeight, x: torch.Tensor) -> str | None:
+    """What the dense and the grouped kernel both need of the weight format and of ``x``."""
     if qweight.format.kind not in ("int", "float", "lut"):
         return f"weight format {qweight.format.name} is not an element format"
     if x.dtype not in _X_DTYPES:
@@ -300,6 +327,22 @@ def supports(qweight: QuantizedWeight, x: torch.Tensor) -> str | None:
     if x.dim() != 2 or (x.shape[1] and x.stride(1) != 1):
         return f"x must be 2-D [M, K] with a contiguous last dimension, got shape {tuple(x.shape)}"
     return None
+
+
+def supports(qweight: QuantizedWeight, x: torch.Tensor) -> str | None:
+    """``None`` if :func:`linear` runs this weight with activations like ``x``, else the reason."""
+    if qweight.num_experts is not None:
+        return f"expert-stacked weights {qweight.shape} are not supported by the dense GEMM"
+    return _unsupported(qweight, x)
+
+
+def supports_grouped(qweight: QuantizedWeight, x: torch.Tensor, block_m: int) -> str | None:
+    """``None`` if :func:`grouped_linear` runs this expert-stacked weight, else the reason."""
+    if qweight.num_experts is None:
+        return f"the grouped GEMM needs an expert-stacked weight [E, N, K], got {qweight.shape}"
+    if block_m % _MIN_GROUPED_BM:
+        return f"block_m={block_m}: the Triton grouped GEMM needs a multiple of {_MIN_GROUPED_BM} (tl.dot's smallest M)"
+    return _unsupported(qweight, x)
 
 
 @functools.cache
@@ -311,6 +354,16 @@ def _device_sm_count(device: torch.device) -> int:
     if device.type != "cuda":  # the interpreter: any count; 1 keeps split-K exercised on small shapes
         return 1
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _group_k(qweight: QuantizedWeight) -> int:
+    return 0 if qweight.g_idx is not None else max(qweight.group_shape[1], 0)
+
+
+def _out_buffer(out, m: int, n: int, out_dtype: torch.dtype, device) -> torch.Tensor:
+    if out is not None and (out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous()):
+        raise ValueError(f"triton wna16: out must be a contiguous [{m}, {n}] {out_dtype} tensor")
+    return torch.empty(m, n, dtype=out_dtype, device=device) if out is None else out
 
 
 def linear(
@@ -337,58 +390,125 @@ def linear(
     if x.device.type != "cuda" and not INTERPRET:
         raise ValueError(f"triton wna16: x is on {x.device}; CPU tensors need TRITON_INTERPRET=1")
     out_dtype = out_dtype or x.dtype
-    if out is not None and (out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous()):
-        raise ValueError(f"triton wna16: out must be a contiguous [{m}, {n}] {out_dtype} tensor")
-    if out is None:
-        out = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    out = _out_buffer(out, m, n, out_dtype, x.device)
     if m == 0:
         return out
-    group_k = 0 if qweight.g_idx is not None else max(qweight.group_shape[1], 0)
-    cfg = config or wna16_config(m, n, k, qweight.bits, _device_sm_count(x.device), group_k)
+    cfg = config or wna16_config(m, n, k, qweight.bits, _device_sm_count(x.device), _group_k(qweight))
     if cfg.dequant_first and bias is None and out_dtype == x.dtype:
         return torch.matmul(x, dequant.dequantize(qweight, x.dtype).T, out=out)
+    if cfg.block_m <= 4 and m > cfg.block_m:
+        raise ValueError(f"triton wna16: GEMV config block_m={cfg.block_m} cannot take M={m}")
+    return _launch(x, qweight, bias, out, cfg)
+
+
+def grouped_linear(
+    x: torch.Tensor,
+    qweight: QuantizedWeight,
+    expert_ids: torch.Tensor,
+    block_m: int,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    config: TileConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """MoE grouped GEMM: row ``r`` of ``x [M_pad, K]`` times expert ``expert_ids[r // block_m]`` of
+    ``qweight [E, N, K]`` (+ ``bias [E, N]``) -> ``[M_pad, N]``; blocks of expert -1 are skipped (their
+    rows of ``out`` are left as they are). Arguments are those of :func:`humming.moe.grouped_linear`,
+    already checked there.
+
+    The tile's ``block_m`` divides the routing ``block_m`` (it is the largest of 16, 32, 64, 128 that does
+    and does not exceed the dense M bucket's tile for ``block_m`` rows), so each tile reads one expert id.
+    """
+    reason = supports_grouped(qweight, x, block_m)
+    if reason:
+        raise ValueError(f"triton wna16: {reason}")
+    m, n = x.shape[0], qweight.N
+    out_dtype = out_dtype or x.dtype
+    out = _out_buffer(out, m, n, out_dtype, x.device)
+    if m == 0:
+        return out
+    cfg = config or grouped_config(
+        m, n, qweight.K, qweight.bits, block_m, _device_sm_count(x.device), _group_k(qweight)
+    )
+    if block_m % cfg.block_m or cfg.block_m < _MIN_GROUPED_BM:
+        raise ValueError(f"triton wna16: config block_m={cfg.block_m} must divide block_m={block_m} and be >= 16")
+    return _launch(x, qweight, bias, out, cfg, expert_ids, block_m)
+
+
+def grouped_config(m_pad: int, n: int, k: int, bits: int, block_m: int, sm_count: int, group_k: int = 0) -> TileConfig:
+    """The dense tile for ``block_m`` rows, its ``block_m`` cut to a divisor of the routing ``block_m``;
+    split-K counts every tile of ``m_pad`` (the routing is not read on the host: no sync)."""
+    cfg = wna16_config(block_m, n, k, bits, sm_count, group_k).replace(dequant_first=False)
+    tile_m = max(bm for bm in (16, 32, 64, 128) if block_m % bm == 0 and bm <= max(cfg.block_m, 16))
+    cfg = cfg.replace(block_m=tile_m)
+    tiles = -(-m_pad // tile_m) * -(-n // cfg.block_n)
+    return cfg.replace(split_k=choose_split_k(tiles, -(-k // cfg.block_k), sm_count))
+
+
+def _launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1) -> torch.Tensor:
+    """One launch of the tiled (or GEMV) kernel into ``out``; split-K accumulates in an fp32 workspace."""
+    m, k = x.shape
+    n = qweight.N
     t = kernel_tensors(qweight)
+    grouped = expert_ids is not None
     split = cfg.split_k > 1
     acc = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split else out
     gemv = cfg.block_m <= 4
-    if gemv and m > cfg.block_m:
-        raise ValueError(f"triton wna16: GEMV config block_m={cfg.block_m} cannot take M={m}")
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
-    kernel = _wna16_gemv_kernel if gemv else _wna16_kernel
-    extra = {} if gemv else {"GROUP_M": cfg.group_m}
+    if gemv:
+        kernel, extra = _wna16_gemv_kernel, {}
+    else:
+        e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
+        kernel = _wna16_kernel
+        extra = {
+            "GROUP_M": cfg.group_m,
+            "GROUPED": grouped,
+            "expert_ptr": expert_ids if grouped else t["qw"],
+            "stride_qe": e_stride("qw", 3) if grouped else 0,
+            "stride_se": e_stride("s", 3) if grouped else 0,
+            "stride_ze": e_stride("z", 3) if grouped else 0,
+            "stride_gse": e_stride("gs", 1) if grouped else 0,
+            "stride_gie": e_stride("gidx", 2) if grouped else 0,
+            "stride_be": bias.stride(0) if grouped and bias is not None else 0,
+            "route_bm": route_bm,
+        }
     kernel[grid](
-        x,
-        t["qw"],
-        t["s"],
-        t["z"],
-        t["gs"],
-        t["gidx"],
-        t["lut"],
-        t["qw"] if bias is None else bias,
-        acc,
-        m,
-        n,
-        k,
-        x.stride(0),
-        t["qw"].stride(0),
-        t["s"].stride(0),
-        t["z"].stride(0),
-        acc.stride(0),
+        x_ptr=x,
+        qw_ptr=t["qw"],
+        s_ptr=t["s"],
+        z_ptr=t["z"],
+        gs_ptr=t["gs"],
+        gidx_ptr=t["gidx"],
+        lut_ptr=t["lut"],
+        bias_ptr=t["qw"] if bias is None else bias,
+        out_ptr=acc,
+        M=m,
+        N=n,
+        K=k,
+        stride_xm=x.stride(0),
+        stride_qn=t["qw"].stride(-2),
+        stride_sn=t["s"].stride(-2),
+        stride_zn=t["z"].stride(-2),
+        stride_om=acc.stride(0),
         BM=cfg.block_m,
         BN=cfg.block_n,
         BK=cfg.block_k,
         SPLIT_K=cfg.split_k,
-        **extra,
         HAS_BIAS=bias is not None,
         EVEN_K=k % cfg.block_k == 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **extra,
         **weight_spec(qweight).constexprs(),
     )
     if split:
-        if bias is not None:
+        if bias is not None and not grouped:  # the grouped kernel adds its per-expert bias itself
             acc += bias.to(torch.float32)
-        out.copy_(acc)
+        if grouped:  # rows of skipped blocks keep what ``out`` held
+            rows = (expert_ids >= 0).repeat_interleave(route_bm)[:, None]
+            out.copy_(torch.where(rows, acc, out))
+        else:
+            out.copy_(acc)
     return out
 
 
@@ -415,10 +535,15 @@ def _compile_specs() -> list[registry.CompileSpec]:
         ("int3-g32", quantize(w, "int3", 32, scale_dtype=torch.float16), torch.float16, small.replace(block_k=64), 75),
         ("nf4-g64", quantize(w, "nf4", 64, scale_dtype=torch.float16), torch.float16, large, 75),
     )
+    experts = quantize(torch.ones(2, 256, 512), "int4", 128, True)  # uint4 + zero points, E = 2
+    cases += (
+        ("grouped-uint4-zp-g128", experts, torch.bfloat16, grouped_config(4096, 2816, 2048, 4, 16, 132, 128), 80),
+    )
     specs = []
     for label, qw, dtype, cfg, min_arch in cases:
         spec = weight_spec(qw)
         is_gemv = cfg.block_m <= 4
+        tiled = {"GROUP_M": cfg.group_m, "GROUPED": qw.num_experts is not None}
         specs.append(
             registry.CompileSpec(
                 name=f"wna16{'_gemv' if is_gemv else ''}-{label}-{triton_type(dtype)}-{cfg.name()}",
@@ -428,13 +553,14 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "x_ptr": "*" + triton_type(dtype),
                     "bias_ptr": "*fp32",
                     "out_ptr": "*" + triton_type(dtype),
+                    **({} if is_gemv else {"expert_ptr": "*i32"}),
                 },
                 constexprs={
                     "BM": cfg.block_m,
                     "BN": cfg.block_n,
                     "BK": cfg.block_k,
                     "SPLIT_K": cfg.split_k,
-                    **({} if is_gemv else {"GROUP_M": cfg.group_m}),
+                    **({} if is_gemv else tiled),
                     "HAS_BIAS": True,
                     "EVEN_K": True,
                     **spec.constexprs(),

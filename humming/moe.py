@@ -1,0 +1,290 @@
+"""``humming.moe``: mixture-of-experts entry points on expert-stacked weights ``[E, N, K]``.
+
+Layout: the "contiguous grouped" layout of DeepGEMM and vLLM's fused_moe. The ``T * topk`` routed slots
+(slot ``t * topk + j`` = token ``t``'s ``j``-th expert) are sorted by expert into one ``[M_pad, K]`` matrix;
+each expert's segment is padded to a multiple of ``block_m`` rows, so every ``block_m`` block of rows has
+one expert (``expert_ids``) and a kernel tile reads one expert's weights and contiguous activations (what
+TMA needs). ``M_pad`` is the worst case, fixed by ``(T, topk, E, block_m)``, so that routing never reads
+anything back to the host and the whole layer can be captured in a CUDA graph; blocks past the last used
+one have expert id -1 and kernels skip them.
+
+- :func:`moe_align`: routing ``topk_ids [T, topk]`` -> :class:`MoeRouting` (torch ops only, no host sync).
+- :func:`grouped_linear`: ``[M_pad, K]`` rows times their block's expert -> ``[M_pad, N]``.
+- :func:`fused_moe`: align, gather, ``w13``, SiLU-and-multiply, ``w2``, weighted sum back to tokens.
+
+Backends: ``"auto"`` tries CUDA, Triton, then the reference (``humming/dispatch/backends.py``). The
+reference runs every weight format and ``act`` scheme that :func:`humming.linear` does; the Triton grouped
+kernel runs every WnA16 format (``act=None``) with ``block_m`` a multiple of 16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .dispatch.backends import select_backend
+from .dispatch.support import combination_error
+from .ir.activation import get_act_scheme
+from .ir.weight import QuantizedWeight
+
+__all__ = ["MoeRouting", "default_block_m", "expert_weight", "fused_moe", "grouped_linear", "moe_align"]
+
+_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_ACTIVATIONS = ("silu",)
+
+
+@dataclass(frozen=True)
+class MoeRouting:
+    """Routed slots grouped by expert (see the module doc); every tensor is on ``topk_ids``' device.
+
+    ``src_slots``: int32 ``[M_pad]``, the slot ``t * topk + j`` of each grouped row, -1 for padding rows.
+    ``expert_ids``: int32 ``[M_pad // block_m]``, each block's expert, -1 past the last used block.
+    ``num_rows``: int32 0-d, the grouped rows in use (padding included).
+    """
+
+    src_slots: torch.Tensor
+    expert_ids: torch.Tensor
+    block_m: int
+    num_rows: torch.Tensor
+
+    @property
+    def m_pad(self) -> int:
+        return self.src_slots.shape[0]
+
+
+def _check_block_m(block_m) -> int:
+    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m <= 0 or block_m % 8:
+        raise ValueError(f"block_m: expected a positive multiple of 8, got {block_m!r}")
+    return block_m
+
+
+def padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
+    """``M_pad``: the grouped rows of the worst case, every expert's segment padded by ``block_m - 1``."""
+    worst = num_slots + num_experts * (block_m - 1)
+    return -(-worst // block_m) * block_m
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRouting:
+    """Group the routed slots of ``topk_ids`` (integer ``[T, topk]``) by expert, padded to ``block_m``.
+
+    Within an expert, slots keep their order (stable). Torch ops only and no host sync: CUDA-graph
+    capturable. Ids outside ``[0, num_experts)`` raise ``ValueError`` on CPU tensors; on a GPU they are not
+    checked (that would read them back to the host): such slots are dropped (no row, so they add nothing).
+    """
+    if not isinstance(topk_ids, torch.Tensor):
+        raise ValueError(f"topk_ids: expected a torch.Tensor, got {type(topk_ids).__name__}")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
+        raise ValueError(f"topk_ids: expected an integer dtype, got {topk_ids.dtype}")
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids: expected shape [T, topk], got {tuple(topk_ids.shape)}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0:
+        raise ValueError(f"num_experts: expected a positive int, got {num_experts!r}")
+    block_m = _check_block_m(block_m)
+    device = topk_ids.device
+    ids = topk_ids.reshape(-1).long()
+    if device.type == "cpu" and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
+        bad = ids[(ids < 0) | (ids >= num_experts)][0]
+        raise ValueError(f"topk_ids: values must lie in [0, {num_experts}), found {int(bad)}")
+    m_pad = padded_rows(ids.numel(), num_experts, block_m)
+    # Expert num_experts is a bucket for dropped (out of range) slots: it gets no rows.
+    key = torch.where((ids >= 0) & (ids < num_experts), ids, num_experts)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device).scatter_add_(0, key, torch.ones_like(key))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded[num_experts] = 0
+    seg_start = torch.cumsum(padded, 0) - padded  # first grouped row of each expert
+    first_sorted = torch.cumsum(counts, 0) - counts  # first position of each expert in sorted order
+    order = torch.argsort(key, stable=True)
+    sorted_key = key[order]
+    rank = torch.arange(ids.numel(), device=device) - first_sorted[sorted_key]
+    dest = torch.where(sorted_key < num_experts, seg_start[sorted_key] + rank, m_pad)  # m_pad: dropped
+    src_slots = torch.full((m_pad + 1,), -1, dtype=torch.int32, device=device)
+    src_slots.scatter_(0, dest, order.to(torch.int32))
+    block_ends = torch.cumsum(padded[:num_experts] // block_m, 0)
+    blocks = torch.arange(m_pad // block_m, device=device)
+    expert_ids = torch.searchsorted(block_ends, blocks, right=True).to(torch.int32)
+    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1)
+    num_rows = padded.sum().to(torch.int32)
+    return MoeRouting(src_slots[:m_pad], expert_ids, block_m, num_rows)
+
+
+def expert_weight(qweight: QuantizedWeight, expert: int) -> QuantizedWeight:
+    """Expert ``expert`` of an expert-stacked weight, as a 2-D ``[N, K]`` weight (views, no copy)."""
+    if qweight.num_experts is None:
+        raise ValueError(f"qweight: expected an expert-stacked weight [E, N, K], got {qweight.shape}")
+    if not 0 <= expert < qweight.num_experts:
+        raise ValueError(f"expert: expected 0 <= expert < {qweight.num_experts}, got {expert}")
+    pick = lambda t, stacked_dims: t[expert] if t is not None and t.dim() == stacked_dims else t
+    return QuantizedWeight(
+        shape=qweight.shape[1:],
+        format=qweight.format,
+        qweight=qweight.qweight[expert],
+        scales=pick(qweight.scales, 3),
+        group_shape=qweight.group_shape,
+        zeros=pick(qweight.zeros, 3),
+        global_scale=pick(qweight.global_scale, 1),
+        g_idx=pick(qweight.g_idx, 2),
+        bias=pick(qweight.bias, 2),
+    )
+
+
+def _check_experts(name: str, qweight) -> QuantizedWeight:
+    if not isinstance(qweight, QuantizedWeight):
+        raise ValueError(f"{name}: expected a humming.QuantizedWeight, got {type(qweight).__name__}")
+    if qweight.num_experts is None:
+        raise ValueError(
+            f"{name}: expected an expert-stacked weight [E, N, K], got a dense weight {qweight.shape} "
+            "(humming.linear takes dense weights; humming.stack builds [E, N, K])"
+        )
+    return qweight
+
+
+def _check_x(name: str, x, k: int, device: torch.device) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _X_DTYPES:
+        raise ValueError(f"{name}: expected dtype float16, bfloat16 or float32, got {x.dtype}")
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"{name}: expected shape [M, {k}] (K of the weight), got {tuple(x.shape)}")
+    if x.shape[1] and x.stride(1) != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got strides {tuple(x.stride())}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but the weight is on {device}; move one with .to()")
+
+
+def grouped_linear(
+    x: torch.Tensor,
+    qweight: QuantizedWeight,
+    expert_ids: torch.Tensor,
+    block_m: int,
+    bias: torch.Tensor | None = None,
+    *,
+    act=None,
+    out_dtype: torch.dtype | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Grouped GEMM: row ``r`` of ``x`` times expert ``expert_ids[r // block_m]`` of ``qweight``.
+
+    Args:
+        x: ``[M_pad, K]`` float16 / bfloat16 (float32 on the reference backend), ``M_pad % block_m == 0``.
+        qweight: expert-stacked ``[E, N, K]``.
+        expert_ids: int32 ``[M_pad // block_m]`` on ``x``'s device, values in ``[-1, E)`` (checked on CPU
+            only; on a GPU that would be a host sync). Rows of blocks with expert -1 are unspecified.
+        block_m: rows per routing block, a positive multiple of 8 (:func:`moe_align`'s).
+        bias: ``[E, N]``; defaults to ``qweight.bias``.
+        act, out_dtype, backend: as :func:`humming.linear`. Dynamic per-tensor activation scales are taken
+            over the rows of blocks in use (expert id >= 0).
+    Returns:
+        ``[M_pad, N]`` in ``out_dtype`` (default ``x``'s dtype).
+    """
+    qweight = _check_experts("qweight", qweight)
+    e, n, k = qweight.shape
+    _check_x("x", x, k, qweight.device)
+    block_m = _check_block_m(block_m)
+    m_pad = x.shape[0]
+    if m_pad % block_m:
+        raise ValueError(f"x: its {m_pad} rows are not a multiple of block_m={block_m}")
+    if not isinstance(expert_ids, torch.Tensor) or expert_ids.dtype != torch.int32:
+        raise ValueError(f"expert_ids: expected an int32 tensor, got {getattr(expert_ids, 'dtype', type(expert_ids))}")
+    if tuple(expert_ids.shape) != (m_pad // block_m,):
+        raise ValueError(
+            f"expert_ids: expected shape ({m_pad // block_m},) = M_pad // block_m, got {tuple(expert_ids.shape)}"
+        )
+    if expert_ids.device != x.device:
+        raise ValueError(f"expert_ids is on {expert_ids.device} but x is on {x.device}")
+    if (
+        expert_ids.device.type == "cpu"
+        and expert_ids.numel()
+        and not (int(expert_ids.min()) >= -1 and int(expert_ids.max()) < e)
+    ):
+        raise ValueError(f"expert_ids: values must lie in [-1, {e})")
+    if bias is None:
+        bias = qweight.bias
+    elif not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (e, n) or not bias.is_floating_point():
+        raise ValueError(f"bias: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
+    elif bias.device != qweight.device:
+        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
+    act = None if act is None else get_act_scheme(act)
+    reason = combination_error(qweight.format, act)
+    if reason:
+        raise ValueError(reason)
+    module = select_backend(backend, qweight, act, x, block_m=block_m)
+    return module.grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype)
+
+
+def default_block_m(num_slots: int, num_experts: int) -> int:
+    """``block_m`` for ``num_slots`` routed slots over ``num_experts``: 16 while experts average <= 16 rows
+    (decode: little padding), 64 up to 96 rows, else 128 (larger tiles for prefill)."""
+    rows = num_slots / num_experts
+    return 16 if rows <= 16 else 64 if rows <= 96 else 128
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: QuantizedWeight,
+    w2: QuantizedWeight,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    act=None,
+    block_m: int | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """A mixture-of-experts MLP: ``sum_j topk_weights[t, j] * w2_e(silu(gate) * up)`` with
+    ``[gate, up] = w13_e(x[t])``, ``e = topk_ids[t, j]``.
+
+    Args:
+        x: ``[T, K]`` float16 / bfloat16 (float32 on the reference backend).
+        w13: ``[E, 2I, K]``: gate rows first, then up rows (vLLM's convention: gate = the first I outputs).
+        w2: ``[E, K, I]``. Their ``bias`` fields, if set, are added.
+        topk_weights: float ``[T, topk]``; topk_ids: integer ``[T, topk]`` (see :func:`moe_align`).
+        activation: ``"silu"`` (SwiGLU).
+        act, backend: as :func:`grouped_linear`, for both GEMMs.
+        block_m: the routing block; ``None`` -> :func:`default_block_m`.
+    Returns:
+        ``[T, K]`` in ``x``'s dtype; the weighted sum accumulates in fp32 and is rounded once.
+    """
+    w13 = _check_experts("w13", w13)
+    w2 = _check_experts("w2", w2)
+    e, two_i, k = w13.shape
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
+    if two_i % 2:
+        raise ValueError(f"w13: expected [E, 2I, K] (gate and up rows), got an odd N={two_i}")
+    inter = two_i // 2
+    if w2.shape != (e, k, inter):
+        raise ValueError(f"w2: expected shape {(e, k, inter)} for w13 {w13.shape}, got {w2.shape}")
+    if w2.device != w13.device:
+        raise ValueError(f"w2 is on {w2.device} but w13 is on {w13.device}")
+    _check_x("x", x, k, w13.device)
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_ids: expected shape [T={x.shape[0]}, topk], got {getattr(topk_ids, 'shape', topk_ids)}")
+    if topk_ids.device != x.device:
+        raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
+    if not isinstance(topk_weights, torch.Tensor) or not topk_weights.is_floating_point():
+        raise ValueError(f"topk_weights: expected a float tensor, got {getattr(topk_weights, 'dtype', topk_weights)}")
+    if topk_weights.shape != topk_ids.shape or topk_weights.device != x.device:
+        raise ValueError(
+            f"topk_weights: expected shape {tuple(topk_ids.shape)} on {x.device} (as topk_ids), "
+            f"got {tuple(topk_weights.shape)} on {topk_weights.device}"
+        )
+    topk = topk_ids.shape[1]
+    block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
+    routing = moe_align(topk_ids, e, block_m)
+    slots = routing.src_slots.long()
+    used = slots >= 0
+    token = torch.where(used, slots // topk, 0)
+    xg = torch.where(used[:, None], x[token], 0)  # padding rows are zero (finite; their results are dropped)
+    h = grouped_linear(xg, w13, routing.expert_ids, block_m, act=act, backend=backend)
+    hidden = (torch.nn.functional.silu(h[:, :inter].float()) * h[:, inter:].float()).to(x.dtype)
+    y = grouped_linear(hidden, w2, routing.expert_ids, block_m, act=act, backend=backend)
+    # Rows of skipped blocks are unspecified (may be NaN): where, not a multiplication by zero, drops them.
+    weights = topk_weights.reshape(-1).float()[slots.clamp_min(0)]
+    rows = torch.where(used[:, None], y.float() * weights[:, None], 0.0)
+    out = torch.zeros(x.shape[0], k, dtype=torch.float32, device=x.device).index_add_(0, token, rows)
+    return out.to(x.dtype)

@@ -1,0 +1,471 @@
+"""``humming.moe``: routing (moe_align), the grouped GEMM on every backend, the fused MoE layer.
+
+References are independent of the code under test: routing against a plain Python grouping of the slots;
+grouped GEMMs against ``humming.dequantize`` of each expert in float64 (rows of blocks whose expert is -1
+are not compared: they are unspecified); ``fused_moe`` against a per-token loop in float64. Outputs of the
+Triton kernel are poisoned with NaN before the call; skipped blocks must keep the poison. Tolerances
+(``||out - ref|| / ||ref||``): fp32 accumulation and one output rounding, 2e-6 for fp32 outputs, 2e-3 for
+fp16, 1e-2 for bf16 (weights rounded to x's dtype, as the tensor-core kernel does, so the reference uses
+``dequantize(qw, x.dtype)``); ``fused_moe`` rounds twice more (the first GEMM's output and the SiLU product,
+to x's dtype) and runs against fp32 weights: 3e-2 for bf16, 5e-3 for fp16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming
+from humming import moe
+from humming.dispatch import backends
+
+wna16 = pytest.importorskip("humming.triton_kernels.wna16")
+from humming.triton_kernels.configs import TileConfig  # noqa: E402
+
+TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+MOE_TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} NaN outputs"
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _routing(t: int, topk: int, e: int, device, empty: int = 0) -> torch.Tensor:
+    """Random distinct experts per token, never choosing the last ``empty`` experts."""
+    return torch.stack([torch.randperm(e - empty, device=device)[:topk] for _ in range(t)]).to(torch.int32)
+
+
+# ----------------------------------------------------------------------------------------------- moe_align
+def _expected_routing(ids: torch.Tensor, e: int, block_m: int) -> tuple[list[int], list[int]]:
+    flat = ids.reshape(-1).tolist()
+    rows, blocks = [], []
+    for expert in range(e):
+        slots = [s for s, v in enumerate(flat) if v == expert]
+        padded = -(-len(slots) // block_m) * block_m
+        rows += slots + [-1] * (padded - len(slots))
+        blocks += [expert] * (padded // block_m)
+    return rows, blocks
+
+
+@pytest.mark.parametrize(
+    ("t", "topk", "e", "block_m"),
+    [(1, 1, 1, 8), (5, 2, 4, 16), (33, 4, 8, 16), (7, 3, 16, 32), (64, 8, 8, 64), (40, 2, 6, 8), (3, 2, 9, 24)],
+    ids=lambda v: str(v),
+)
+@pytest.mark.parametrize("empty", [0, 2])
+def test_moe_align(t: int, topk: int, e: int, block_m: int, empty: int, seed: int, device: str) -> None:
+    empty = min(empty, e - topk)
+    ids = _routing(t, topk, e, device, empty)
+    r = moe.moe_align(ids.long() if t % 2 else ids, e, block_m)
+    m_pad = -(-(t * topk + e * (block_m - 1)) // block_m) * block_m
+    assert r.src_slots.shape == (m_pad,) and r.expert_ids.shape == (m_pad // block_m,) and r.block_m == block_m
+    assert r.src_slots.dtype == r.expert_ids.dtype == r.num_rows.dtype == torch.int32
+    assert r.src_slots.device == r.expert_ids.device == r.num_rows.device == ids.device
+    rows, blocks = _expected_routing(ids.cpu(), e, block_m)
+    assert r.src_slots.tolist() == rows + [-1] * (m_pad - len(rows))
+    assert r.expert_ids.tolist() == blocks + [-1] * (m_pad // block_m - len(blocks))
+    assert int(r.num_rows) == len(rows)
+    slots = r.src_slots[r.src_slots >= 0]
+    assert sorted(slots.tolist()) == list(range(t * topk))  # every slot once
+    row_expert = r.expert_ids.long().repeat_interleave(block_m)
+    assert torch.equal(row_expert[r.src_slots >= 0], ids.reshape(-1).long()[slots.long()])
+
+
+@pytest.mark.parametrize(
+    ("ids", "e", "block_m", "match"),
+    [
+        (torch.zeros(2, 2), 4, 16, "integer dtype"),
+        (torch.zeros(4, dtype=torch.int32), 4, 16, r"\[T, topk\]"),
+        (torch.zeros(2, 2, dtype=torch.int32), 0, 16, "num_experts"),
+        (torch.zeros(2, 2, dtype=torch.int32), 4, 12, "multiple of 8"),
+        (torch.zeros(2, 2, dtype=torch.int32), 4, 0, "multiple of 8"),
+        (torch.zeros(2, 2, dtype=torch.int32), 4, True, "multiple of 8"),
+        (torch.tensor([[0, 4]]), 4, 16, r"\[0, 4\), found 4"),
+        (torch.tensor([[-1, 0]]), 4, 16, r"\[0, 4\), found -1"),
+    ],
+    ids=["float", "1-d", "no-experts", "block-12", "block-0", "block-bool", "id-too-large", "id-negative"],
+)
+def test_moe_align_rejects(ids, e, block_m, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        moe.moe_align(ids, e, block_m)
+
+
+@pytest.mark.gpu
+def test_moe_align_out_of_range_gpu_drops_slots() -> None:
+    """On a GPU, ids are not read back (no sync): out-of-range slots get no row."""
+    ids = torch.tensor([[0, 7], [-3, 1]], device="cuda")
+    r = moe.moe_align(ids, 4, 16)
+    assert sorted(r.src_slots[r.src_slots >= 0].tolist()) == [0, 3]
+
+
+@pytest.mark.gpu
+def test_moe_capture_in_cuda_graph(seed: int) -> None:
+    """moe_align and fused_moe (Triton) never sync with the host: a CUDA graph captures them and a replay
+    with new routing gives the eager result."""
+    t, topk, e, k, inter = 24, 4, 8, 256, 128
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k, device="cuda"), "int4", group_size=128)
+    w2 = humming.quantize(torch.randn(e, k, inter, device="cuda"), "int4", group_size=128)
+    x = torch.randn(t, k, device="cuda").bfloat16()
+    ids = _routing(t, topk, e, "cuda")
+    weights = torch.rand(t, topk, device="cuda")
+    run = lambda: moe.fused_moe(x, w13, w2, weights, ids, block_m=16, backend="triton")
+    run()  # compile outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        routing = moe.moe_align(ids, e, 16)
+        out = run()
+    ids.copy_(_routing(t, topk, e, "cuda", empty=3))
+    weights.copy_(torch.rand(t, topk, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = moe.moe_align(ids, e, 16)
+    assert torch.equal(routing.src_slots, eager.src_slots) and torch.equal(routing.expert_ids, eager.expert_ids)
+    assert torch.equal(out, run())
+
+
+# ------------------------------------------------------------------------------------- grouped references
+def _grouped_ref(x, qw, expert_ids, block_m, bias, w_dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``[M_pad, N]`` of every row in a used block, and the mask of those rows."""
+    row_expert = expert_ids.long().repeat_interleave(block_m)
+    ref = torch.zeros(x.shape[0], qw.N, dtype=torch.float64, device=x.device)
+    for e in range(qw.num_experts):
+        rows = row_expert == e
+        w = humming.dequantize(moe.expert_weight(qw, e), w_dtype).double()
+        ref[rows] = x[rows].double() @ w.T + (0 if bias is None else bias[e].double())
+    return ref, row_expert >= 0
+
+
+def _grouped_input(t, topk, e, k, block_m, dtype, device, empty=1):
+    r = moe.moe_align(_routing(t, topk, e, device, min(empty, e - topk)), e, block_m)
+    return torch.randn(r.m_pad, k, device=device).to(dtype), r.expert_ids
+
+
+WEIGHTS = {
+    "int4-g32": dict(weight="int4", group_size=32),
+    "uint4-zp-g128": dict(weight="int4", group_size=128, zero_point=True),
+    "int8-channel": dict(weight="int8", group_size=-1),
+    "e4m3-channel": dict(weight="e4m3", group_size=-1),
+    "mxfp4": dict(weight="mxfp4"),
+    "nvfp4": dict(weight="nvfp4"),
+    "int3-g64-float-zp": dict(weight="int3", group_size=64, zero_point="float"),
+}
+
+
+def _quantize(name: str, e: int, n: int, k: int, device, act_order: bool = False, bias: bool = False):
+    kwargs = dict(WEIGHTS[name])
+    if bias:
+        kwargs["bias"] = torch.randn(e, n, device=device)
+    if act_order:  # a different column -> group map per expert: g_idx [E, K]
+        groups = -(-k // kwargs["group_size"])
+        b = kwargs.pop("bias", [None] * e)
+        g_idx = lambda: torch.randint(0, groups, (k,), dtype=torch.int32, device=device)
+        parts = [
+            humming.quantize(torch.randn(n, k, device=device), **kwargs, g_idx=g_idx(), bias=b[i]) for i in range(e)
+        ]
+        return humming.stack(parts)
+    return humming.quantize(torch.randn(e, n, k, device=device), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("name", "act"),
+    [
+        ("int4-g32", None),
+        ("uint4-zp-g128", "int8"),
+        ("int8-channel", "fp8"),
+        ("e4m3-channel", "fp8_g128"),
+        ("mxfp4", "mxfp4"),
+        ("nvfp4", "fp8"),
+        ("int4-g32", "int4"),
+        ("int3-g64-float-zp", "fp8_e5m2"),
+    ],
+)
+def test_grouped_reference_matches_per_expert_linear(name: str, act, seed: int, device: str) -> None:
+    """The reference grouped GEMM = humming.linear of each block's rows with that block's expert."""
+    e, n, k, block_m = 4, 40, 256, 16
+    qw = _quantize(name, e, n, k, device, bias=True)
+    x, expert_ids = _grouped_input(9, 2, e, k, block_m, torch.bfloat16, device)
+    out = moe.grouped_linear(x, qw, expert_ids, block_m, act=act, out_dtype=torch.float32, backend="reference")
+    for b, expert in enumerate(expert_ids.tolist()):
+        if expert < 0:
+            continue
+        rows = slice(b * block_m, (b + 1) * block_m)
+        ref = humming.linear(
+            x[rows], moe.expert_weight(qw, expert), act=act, out_dtype=torch.float32, backend="reference"
+        )
+        assert _rel_err(out[rows], ref.double()) <= 1e-6, f"block {b} (expert {expert})"
+
+
+@pytest.mark.parametrize(
+    ("name", "act"), [("int8-channel", "int8_tensor"), ("e4m3-channel", "fp8_tensor"), ("nvfp4", "nvfp4")]
+)
+def test_grouped_reference_per_tensor_scale_spans_all_blocks(name: str, act: str, seed: int, device: str) -> None:
+    """A dynamic per-tensor activation scale (nvfp4's global scale too) is one for every row in use: with
+    two blocks of one expert, the result is humming.linear of those rows."""
+    qw = _quantize(name, 3, 32, 128, device)
+    x = torch.randn(48, 128, device=device).bfloat16()
+    expert_ids = torch.tensor([1, 1, -1], dtype=torch.int32, device=device)
+    out = moe.grouped_linear(x, qw, expert_ids, 16, act=act, backend="reference", out_dtype=torch.float32)
+    ref = humming.linear(x[:32], moe.expert_weight(qw, 1), act=act, backend="reference", out_dtype=torch.float32)
+    assert _rel_err(out[:32], ref.double()) <= 1e-6
+
+
+# ------------------------------------------------------------------------------------------ Triton grouped
+@pytest.mark.parametrize(
+    ("name", "shape", "x_dtype", "out_dtype", "act_order"),
+    [
+        ("uint4-zp-g128", (4, 48, 256), torch.bfloat16, None, False),
+        ("int8-channel", (4, 40, 200), torch.float16, None, False),
+        ("e4m3-channel", (3, 64, 128), torch.bfloat16, torch.float32, False),
+        ("mxfp4", (4, 48, 256), torch.bfloat16, None, False),
+        ("nvfp4", (2, 32, 128), torch.float16, torch.float32, False),
+        ("int4-g32", (3, 40, 200), torch.bfloat16, None, True),
+        ("int3-g64-float-zp", (2, 32, 192), torch.float16, None, False),
+    ],
+    ids=lambda v: v if isinstance(v, str) else str(v),
+)
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_triton_grouped_matches_reference(name, shape, x_dtype, out_dtype, act_order, bias, seed, device) -> None:
+    e, n, k = shape
+    block_m = 16
+    qw = _quantize(name, e, n, k, device, act_order=act_order)
+    b = torch.randn(e, n, device=device) if bias else None
+    x, expert_ids = _grouped_input(11, 2, e, k, block_m, x_dtype, device)
+    out_dtype = out_dtype or x_dtype
+    out = torch.full((x.shape[0], n), float("nan"), dtype=out_dtype, device=device)
+    result = wna16.grouped_linear(x, qw, expert_ids, block_m, b, out_dtype, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    ref, used = _grouped_ref(x, qw, expert_ids, block_m, b, x_dtype)
+    assert torch.isnan(out[~used]).all(), "a block of expert -1 was written"
+    err = _rel_err(out[used], ref[used])
+    assert err <= TOL[out_dtype], f"rel err {err:.2e} > {TOL[out_dtype]:.0e}"
+
+
+@pytest.mark.parametrize(
+    ("config", "block_m"),
+    [(TileConfig(16, 16, 64, split_k=3), 16), (TileConfig(32, 32, 32, group_m=1), 64), (None, 48), (None, 128)],
+    ids=["split-k", "tile-32-of-64", "auto-48", "auto-128"],
+)
+def test_triton_grouped_tiles(config, block_m: int, seed: int, device: str) -> None:
+    """Split-K (per-expert bias added by the first K slice), tiles smaller than the routing block."""
+    qw = _quantize("int4-g32", 3, 40, 200, device)
+    b = torch.randn(3, 40, device=device)
+    x, expert_ids = _grouped_input(21, 2, 3, 200, block_m, torch.bfloat16, device, empty=0)
+    out = torch.full((x.shape[0], 40), float("nan"), dtype=torch.bfloat16, device=device)
+    wna16.grouped_linear(x, qw, expert_ids, block_m, b, torch.bfloat16, config=config, out=out)
+    ref, used = _grouped_ref(x, qw, expert_ids, block_m, b, torch.bfloat16)
+    assert torch.isnan(out[~used]).all()
+    assert _rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
+
+
+def test_triton_grouped_config_divides_block_m() -> None:
+    for block_m in (16, 32, 48, 64, 96, 128, 256):
+        cfg = wna16.grouped_config(4096, 2816, 2048, 4, block_m, 132, 128)
+        assert block_m % cfg.block_m == 0 and cfg.block_m >= 16 and not cfg.dequant_first
+
+
+def test_grouped_linear_dispatch(seed: int, device: str) -> None:
+    """``backend="triton"`` runs the kernel; "auto" and the reference agree with it; bias defaults to qw's."""
+    qw = _quantize("uint4-zp-g128", 4, 48, 128, device, bias=True)
+    x, expert_ids = _grouped_input(6, 2, 4, 128, 32, torch.bfloat16, device)
+    ref, used = _grouped_ref(x, qw, expert_ids, 32, qw.bias, torch.bfloat16)
+    for backend in ("triton", "auto", "reference"):
+        out = moe.grouped_linear(x, qw, expert_ids, 32, backend=backend)
+        assert out.shape == (x.shape[0], 48) and out.dtype == torch.bfloat16
+        assert _rel_err(out[used], ref[used]) <= 1e-2, backend
+
+
+def test_dispatch_backend_without_grouped_kernel(monkeypatch) -> None:
+    """A backend module without supports_grouped / grouped_linear is refused with that reason."""
+    monkeypatch.setitem(backends.BACKENDS, "cuda", "humming.dispatch.support")
+    qw = _quantize("int4-g32", 2, 32, 64, "cpu")
+    with pytest.raises(ValueError, match="no grouped kernel in backend cuda"):
+        moe.grouped_linear(torch.randn(16, 64).bfloat16(), qw, torch.zeros(1, dtype=torch.int32), 16, backend="cuda")
+
+
+# ------------------------------------------------------------------------------------------------ fused_moe
+def _fused_ref(x, w13, w2, weights, ids, act=None) -> torch.Tensor:
+    """A per-token loop in float64 over fp32-dequantized experts (activations quantized per token)."""
+    q = lambda v: v if act is None else humming.dequantize_activation(humming.quantize_activation(v, act))
+    out = torch.zeros(x.shape[0], w2.N, dtype=torch.float64, device=x.device)
+    inter = w2.K
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            a, b = moe.expert_weight(w13, e), moe.expert_weight(w2, e)
+            h = q(x[t : t + 1]).double() @ humming.dequantize(a).double().T
+            h = h + (0 if a.bias is None else a.bias.double())
+            hidden = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+            y = q(hidden.float()).double() @ humming.dequantize(b).double().T
+            y = y + (0 if b.bias is None else b.bias.double())
+            out[t] += float(weights[t, j]) * y[0]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("backend", "name", "act", "x_dtype", "t", "topk", "e", "block_m", "bias"),
+    [
+        ("triton", "uint4-zp-g128", None, torch.bfloat16, 5, 2, 4, None, False),
+        ("triton", "mxfp4", None, torch.float16, 9, 3, 6, 32, True),
+        ("triton", "int8-channel", None, torch.bfloat16, 1, 4, 8, 16, False),
+        ("reference", "e4m3-channel", "fp8", torch.bfloat16, 6, 2, 4, 8, True),
+        ("reference", "int4-g32", None, torch.float16, 4, 2, 3, None, False),
+    ],
+    ids=lambda v: str(v).replace("torch.", ""),
+)
+def test_fused_moe_matches_token_loop(backend, name, act, x_dtype, t, topk, e, block_m, bias, seed, device) -> None:
+    k, inter = 256, 64
+    w13 = _quantize(name, e, 2 * inter, k, device, bias=bias)
+    w2 = _quantize(name, e, k, inter, device, bias=bias)
+    x = torch.randn(t, k, device=device).to(x_dtype)
+    ids = _routing(t, topk, e, device, empty=1 if e > topk else 0)
+    weights = torch.softmax(torch.randn(t, topk, device=device), -1)
+    out = moe.fused_moe(x, w13, w2, weights, ids, act=act, block_m=block_m, backend=backend)
+    assert out.shape == (t, k) and out.dtype == x_dtype
+    err = _rel_err(out, _fused_ref(x, w13, w2, weights, ids, act))
+    assert err <= MOE_TOL[x_dtype], f"rel err {err:.2e} > {MOE_TOL[x_dtype]:.0e}"
+
+
+def test_default_block_m() -> None:
+    assert [moe.default_block_m(s, 64) for s in (8, 1024, 4096, 65536)] == [16, 16, 64, 128]
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def _ok():
+    qw = _quantize("int4-g32", 2, 32, 64, "cpu")
+    return torch.randn(32, 64).bfloat16(), qw, torch.tensor([0, 1], dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda x, qw, ids: (x.double(), qw, ids, 16, {}), "x: expected dtype"),
+        (lambda x, qw, ids: (x[:, :48], qw, ids, 16, {}), r"x: expected shape \[M, 64\]"),
+        (lambda x, qw, ids: (x[:24], qw, ids, 16, {}), "not a multiple of block_m=16"),
+        (lambda x, qw, ids: (x, qw, ids, 12, {}), "block_m: expected a positive multiple of 8"),
+        (lambda x, qw, ids: (x, qw, ids.long(), 16, {}), "expert_ids: expected an int32"),
+        (lambda x, qw, ids: (x, qw, ids[:1], 16, {}), r"expert_ids: expected shape \(2,\)"),
+        (lambda x, qw, ids: (x, qw, ids.to("meta"), 16, {}), "expert_ids is on meta"),
+        (lambda x, qw, ids: (x, qw, torch.tensor([0, 2], dtype=torch.int32), 16, {}), r"\[-1, 2\)"),
+        (lambda x, qw, ids: (x, moe.expert_weight(qw, 0), ids, 16, {}), "expected an expert-stacked weight"),
+        (lambda x, qw, ids: (x, qw, ids, 16, {"bias": torch.randn(32)}), r"bias: expected .* \(2, 32\)"),
+        (lambda x, qw, ids: (x, qw, ids, 16, {"out_dtype": torch.int8}), "out_dtype"),
+        (lambda x, qw, ids: (x, qw, ids, 16, {"backend": "triton", "act": "fp8"}), "no grouped Triton kernel"),
+        (lambda x, qw, ids: (x, qw, torch.tensor([0, 1, 1, -1], dtype=torch.int32), 8, {"backend": "triton"}), "of 16"),
+        (lambda x, qw, ids: (x, qw, ids, 16, {"backend": "tpu"}), "backend: expected one of"),
+    ],
+    ids=[
+        "x-dtype",
+        "x-k",
+        "rows",
+        "block-m",
+        "ids-dtype",
+        "ids-shape",
+        "ids-device",
+        "ids-range",
+        "dense-weight",
+        "bias-shape",
+        "out-dtype",
+        "triton-act",
+        "triton-block-8",
+        "backend-name",
+    ],
+)
+def test_grouped_linear_rejects(change, match: str) -> None:
+    x, qw, ids, block_m, kwargs = change(*_ok())
+    with pytest.raises(ValueError, match=match):
+        moe.grouped_linear(x, qw, ids, block_m, **kwargs)
+
+
+def test_grouped_linear_rejects_combination() -> None:
+    qw = humming.quantize(torch.randn(2, 32, 64), "nf4", group_size=32)
+    with pytest.raises(ValueError, match="nf4 with act=int8 is not supported"):
+        moe.grouped_linear(torch.randn(16, 64).bfloat16(), qw, torch.zeros(1, dtype=torch.int32), 16, act="int8")
+
+
+def test_linear_rejects_experts() -> None:
+    with pytest.raises(ValueError, match="expert-stacked"):
+        humming.linear(torch.randn(2, 64).bfloat16(), _quantize("int4-g32", 2, 32, 64, "cpu"))
+
+
+def _moe_args():
+    e, k, inter = 3, 64, 32
+    w13, w2 = _quantize("int4-g32", e, 2 * inter, k, "cpu"), _quantize("int4-g32", e, k, inter, "cpu")
+    ids = torch.tensor([[0, 2], [1, 0]], dtype=torch.int32)
+    return torch.randn(2, k).bfloat16(), w13, w2, torch.rand(2, 2), ids
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda x, a, b, w, i: ((x, moe.expert_weight(a, 0), b, w, i), {}), "w13: expected an expert-stacked"),
+        (lambda x, a, b, w, i: ((x, a, a, w, i), {}), r"w2: expected shape \(3, 64, 32\)"),
+        (lambda x, a, b, w, i: ((x[:, :32], a, b, w, i), {}), r"x: expected shape \[M, 64\]"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i[:1]), {}), r"topk_ids: expected shape \[T=2, topk\]"),
+        (lambda x, a, b, w, i: ((x, a, b, w.long(), i), {}), "topk_weights: expected a float"),
+        (lambda x, a, b, w, i: ((x, a, b, w[:, :1], i), {}), r"topk_weights: expected shape \(2, 2\)"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i.float()), {}), "topk_ids: expected an integer"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i + 2), {}), r"topk_ids: values must lie in \[0, 3\)"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"activation": "gelu"}), "activation: expected one of"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"block_m": 20}), "block_m"),
+    ],
+    ids=[
+        "dense-w13",
+        "w2-shape",
+        "x-k",
+        "ids-shape",
+        "weights-dtype",
+        "weights-shape",
+        "ids-dtype",
+        "ids-range",
+        "activation",
+        "block-m",
+    ],
+)
+def test_fused_moe_rejects(change, match: str) -> None:
+    args, kwargs = change(*_moe_args())
+    with pytest.raises(ValueError, match=match):
+        moe.fused_moe(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------ GPU, real MoE shapes
+GPU_WEIGHTS = ["uint4-zp-g128", "int4-g32", "int8-channel", "e4m3-channel", "mxfp4"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16, 256])
+@pytest.mark.parametrize(("e", "topk"), [(8, 2), (64, 8)])
+@pytest.mark.parametrize("name", GPU_WEIGHTS)
+def test_triton_grouped_gpu_realistic(name: str, e: int, topk: int, t: int, seed: int) -> None:
+    """A Qwen-MoE-like w13 (N = 2 * 1408, K = 2048), bf16, every block size the heuristic picks."""
+    n, k = 2 * 1408, 2048
+    block_m = moe.default_block_m(t * topk, e)
+    qw = _quantize(name, e, n, k, "cuda")
+    x, expert_ids = _grouped_input(t, topk, e, k, block_m, torch.bfloat16, "cuda", empty=0)
+    bias = torch.randn(e, n, device="cuda")
+    out = torch.full((x.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    wna16.grouped_linear(x, qw, expert_ids, block_m, bias, torch.bfloat16, out=out)
+    ref, used = _grouped_ref(x, qw, expert_ids, block_m, bias, torch.bfloat16)
+    assert torch.isnan(out[~used]).all()
+    assert _rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16, 256])
+@pytest.mark.parametrize("name", ["uint4-zp-g128", "int8-channel", "mxfp4"])
+def test_fused_moe_gpu_realistic(name: str, t: int, seed: int) -> None:
+    """fused_moe (auto: CUDA or Triton) against the reference backend at E=64, topk=8, K=2048, I=768."""
+    e, topk, k, inter = 64, 8, 2048, 768
+    w13 = _quantize(name, e, 2 * inter, k, "cuda")
+    w2 = _quantize(name, e, k, inter, "cuda")
+    x = torch.randn(t, k, device="cuda").bfloat16()
+    ids = _routing(t, topk, e, "cuda")
+    weights = torch.softmax(torch.randn(t, topk, device="cuda"), -1)
+    out = moe.fused_moe(x, w13, w2, weights, ids)
+    ref = moe.fused_moe(x.float(), w13, w2, weights, ids, backend="reference")
+    assert _rel_err(out, ref.double()) <= MOE_TOL[torch.bfloat16]
