@@ -2,7 +2,8 @@
 
 Modules are loaded into the device's primary context (the one torch uses) and kept for the life of the
 process, one per (spec, device). A launch passes the kernel's single parameter struct (a ``ctypes``
-structure mirroring the C++ one) by value on the given stream.
+structure mirroring the C++ one) by value on the given stream. :func:`tensor_map_2d` encodes the TMA
+descriptors the Hopper kernels take inside that struct.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import ctypes
 import threading
 
+import torch
+
 from .jit import CompiledKernel, KernelSpec
 
-__all__ = ["LoadedKernel", "check", "load", "loaded"]
+__all__ = ["LoadedKernel", "check", "load", "loaded", "tensor_map_2d"]
 
 _loaded: dict[tuple[KernelSpec, int], LoadedKernel] = {}
 _guard = threading.Lock()
@@ -29,6 +32,40 @@ def check(result) -> object:
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
+
+
+_TMAP_DTYPES = {torch.uint8: "UINT8", torch.bfloat16: "BFLOAT16", torch.float16: "FLOAT16"}
+
+
+def tensor_map_2d(t: torch.Tensor, box_inner: int, box_rows: int) -> bytes:
+    """The 128-byte TMA descriptor (``CUtensorMap``) of a row-major 2-D tensor (uint8, bf16 or fp16), boxes
+    of ``box_rows x box_inner`` elements (``box_inner`` x element size = 128 bytes), 128-byte swizzle, zero
+    fill outside the tensor."""
+    from cuda.bindings import driver
+
+    if t.dim() != 2 or t.stride(1) != 1 or t.dtype not in _TMAP_DTYPES:
+        raise ValueError(f"t: expected a 2-D uint8 / bf16 / fp16 tensor, unit column stride; got {t.dtype} {t.shape}")
+    if box_inner * t.element_size() != 128:
+        raise ValueError(f"box_inner: expected {128 // t.element_size()} (128 bytes of {t.dtype}), got {box_inner}")
+    rows, cols = t.shape
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    dtype = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[t.dtype]}")
+    tmap = check(
+        driver.cuTensorMapEncodeTiled(
+            dtype,
+            2,
+            t.data_ptr(),
+            [u64(cols), u64(rows)],
+            [u64(t.stride(0) * t.element_size())],
+            [u32(box_inner), u32(box_rows)],
+            [u32(1), u32(1)],
+            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    )
+    return ctypes.string_at(tmap.getPtr(), 128)
 
 
 def _make_current(device_index: int) -> None:

@@ -117,31 +117,9 @@ class _Params(ctypes.Structure):
 
 def _x_tensor_map(x: torch.Tensor, bm: int) -> bytes:
     """TMA descriptor of ``x [M, K]``: 64 x ``bm`` boxes (128 bytes wide), 128-byte swizzle, zero fill."""
-    from cuda.bindings import driver
+    from ._driver import tensor_map_2d
 
-    from ._driver import check
-
-    m, k = x.shape
-    dtype = {
-        torch.bfloat16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        torch.float16: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-    }[x.dtype]
-    tensor_map = check(
-        driver.cuTensorMapEncodeTiled(
-            dtype,
-            2,
-            x.data_ptr(),
-            [driver.cuuint64_t(k), driver.cuuint64_t(m)],
-            [driver.cuuint64_t(x.stride(0) * x.element_size())],
-            [driver.cuuint32_t(64), driver.cuuint32_t(bm)],
-            [driver.cuuint32_t(1), driver.cuuint32_t(1)],
-            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    )
-    return ctypes.string_at(tensor_map.getPtr(), 128)
+    return tensor_map_2d(x, 64, bm)
 
 
 def run_gemm(
