@@ -73,7 +73,7 @@ def bench_shape(n: int, k: int, bw: float, l2: int) -> list[dict]:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             qa = quantize_activation(x, act)
             count = launches(m)
-            tuning = fp8_gemm.choose_tuning(m, n, k, limits, prep.w_bits)
+            tuning = fp8_gemm.choose_tuning(m, n, k, limits, prep.w_format)
             ours = graph_time([partial(fp8_gemm.run, preps[i % copies], qa, act, None, bf16) for i in range(count)])
             full = graph_time([partial(fp8_gemm.run, preps[i % copies], x, act, None, bf16) for i in range(count)])
             out = fp8_gemm.run(prep, qa, act, None, bf16)

@@ -17,6 +17,7 @@ import torch
 import humming
 from bench.cuda_fp8_inputs import random_activation, random_weight, reference
 from humming.cuda_kernels import fp8_gemm
+from humming.cuda_kernels._driver import tensor_map_2d
 from humming.ir.activation import QuantizedActivation, get_act_scheme
 from humming.ir.weight import QuantizedWeight
 from humming.triton_kernels.act_quant import quantize_activation as triton_quantize
@@ -28,7 +29,7 @@ def tensor_map_bytes_agree() -> bool:
     from cuda.bindings import driver
 
     t = torch.randint(0, 255, (256, 512), dtype=torch.uint8, device="cuda")
-    raw = fp8_gemm._tensor_map(t, 128, 64)
+    raw = tensor_map_2d(t, 128, 64)
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
     _, tmap = driver.cuTensorMapEncodeTiled(
         driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8,
@@ -101,7 +102,7 @@ def main() -> None:
         errs = {}
         for label, qw, qa in problems:
             m, k = qa.codes.shape
-            base = fp8_gemm.choose_tuning(m, qw.N, k, limits, qw.bits if qw.format.name == "int4" else 8)
+            base = fp8_gemm.choose_tuning(m, qw.N, k, limits, fp8_gemm._w_format(qw))
             for tuning in (base, fp8_gemm.Fp8Tuning(2, 64, 3, 1)):
                 err = run_case(qw, qa, dataclasses.replace(tuning, tma_store=store), label)
                 errs[label] = max(errs.get(label, 0.0), err)

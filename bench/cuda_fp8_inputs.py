@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from humming.ir.activation import QuantizedActivation, get_act_scheme
 from humming.ir.layout import parse_group_size
+from humming.ir.quantize import dequantize
 from humming.ir.weight import QuantizedWeight
 
 __all__ = ["random_activation", "random_codes", "random_weight", "reference", "reference_weight"]
@@ -27,13 +28,17 @@ def random_codes(rows: int, k: int, device) -> torch.Tensor:
 def random_weight(
     n: int, k: int, group, device, bias_dtype: torch.dtype | None = None, fmt: str = "e4m3"
 ) -> QuantizedWeight:
-    """An e4m3 or int4 ``QuantizedWeight [n, k]`` with ``group`` scales (``"tensor"``, ``-1``, ``g``, ``(bn, bk)``)."""
-    if fmt == "int4":  # nibbles: element k in bits 4k..4k+3 of the row's little-endian stream
+    """An e4m3, int4 or MXFP4 ``QuantizedWeight [n, k]`` with ``group`` scales (``"tensor"``, ``-1``, ``g``,
+    ``(bn, bk)``; MXFP4: e8m0 scales per 32, ``group`` ignored, exponents uniform over 12 binades)."""
+    if fmt in ("int4", "mxfp4"):  # nibbles: element k in bits 4k..4k+3 of the row's little-endian stream
         nibbles = F.pad(torch.randint(0, 16, (n, k), device=device), (0, -k % 8))
         qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
     else:  # canonical packing of 8-bit codes: bytes little-endian along K
         qweight = F.pad(random_codes(n, k, device), (0, -k % 4)).view(torch.int32)
     bias = None if bias_dtype is None else torch.randn(n, device=device, dtype=bias_dtype)
+    if fmt == "mxfp4":
+        exps = torch.randint(127 - 14, 127 - 2, (n, -(-k // 32)), dtype=torch.uint8, device=device)
+        return QuantizedWeight((n, k), "e2m1", qweight, exps.view(torch.float8_e8m0fnu), (1, 32), bias=bias)
     probe = QuantizedWeight((n, k), fmt, qweight, None, parse_group_size(group), bias=bias)
     return probe.replace(scales=(1 + torch.rand(probe.scale_grid, device=device)) * 2e-3)
 
@@ -51,12 +56,15 @@ def _expand(scales: torch.Tensor, block: tuple[int, int], rows: int, k: int) -> 
 
 
 def reference_weight(qw: QuantizedWeight) -> torch.Tensor:
-    """float64 ``dequant(W)`` ``[N, K]``: torch's exact e4m3 decoding, or int4 as two's complement."""
+    """float64 ``dequant(W)`` ``[N, K]``: torch's exact e4m3 decoding, int4 as two's complement, MXFP4
+    through ``humming.dequantize``."""
     n, k = qw.N, qw.K
     if qw.format.name == "int4":
         packed = qw.qweight.view(torch.uint8).to(torch.int64)
         nibbles = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)[:, :k]
         values = (nibbles - 16 * (nibbles >= 8)).to(torch.float64)
+    elif qw.format.name == "e2m1":  # the IR's definition: the format's decoding times the e8m0 scales
+        return dequantize(qw, torch.float64)
     else:
         values = qw.qweight.view(torch.uint8)[:, :k].view(torch.float8_e4m3fn).to(torch.float64)
     return values * _expand(qw.scales, qw.block_shape, n, k)

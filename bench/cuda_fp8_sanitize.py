@@ -1,7 +1,8 @@
-"""Small FP8 GEMM calls for compute-sanitizer: W8A8 in both scaling modes and W4A8, odd shapes, both
-warpgroup counts and both epilogues; prints the relative error of each against float64 and exits 1 on any failure.
+"""Small FP8 GEMM calls for compute-sanitizer: W8A8 in both scaling modes and W4A8 (int4, MXFP4), odd shapes,
+both warpgroup counts and both epilogues; prints the relative error of each against float64 and exits 1 on any
+failure.
 
-Usage: python bench/cuda_fp8_sanitize.py
+Usage: python bench/cuda_fp8_sanitize.py [WEIGHT_FORMAT ...]   (only the cases of those formats, e.g. mxfp4)
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ CASES = [  # weight format, m, n, k, weight group, act, tuning (None: the heuris
     ("e4m3", 1, 64, 32, "tensor", "fp8_tensor", None),
     ("int4", 37, 333, 1000, 256, "fp8", None),
     ("int4", 130, 200, 520, -1, "fp8", fp8_gemm.Fp8Tuning(2, 128, 2, 1)),
+    ("mxfp4", 37, 333, 1000, 32, "fp8", None),
+    ("mxfp4", 130, 200, 520, 32, "fp8_tensor", fp8_gemm.Fp8Tuning(2, 128, 2, 1, tma_store=False)),
 ]
 
 
 def main() -> int:
     torch.manual_seed(0)
     failed = 0
+    formats = set(sys.argv[1:])
     for fmt, m, n, k, group, act_name, tuning in CASES:
+        if formats and fmt not in formats:
+            continue
         qw = random_weight(n, k, group, "cuda", torch.bfloat16, fmt)
         qa = random_activation(m, k, act_name, "cuda")
         out = fp8_gemm.run(fp8_gemm.prepare(qw), qa, qa.scheme, qw.bias, torch.bfloat16, tuning=tuning)

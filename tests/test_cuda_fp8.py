@@ -30,14 +30,20 @@ def _specs() -> list[jit.KernelSpec]:
     picks = [(1, 8192, False, "bf16", "bf16"), (16, 28672, False, "f16", "f32"), (128, 8192, False, "bf16", "f16")]
     picks += [(4096, 8192, False, "bf16", "bf16"), (4096, 8192, True, "bf16", "bf16"), (64, 4096, True, "f16", "f16")]
     specs = [
-        fp8_gemm.fp8_spec(8, "block128" if b else "rowcol", o, bias, fp8_gemm.choose_tuning(m, n, 8192, H200))
+        fp8_gemm.fp8_spec("e4m3", "block128" if b else "rowcol", o, bias, fp8_gemm.choose_tuning(m, n, 8192, H200))
         for m, n, b, o, bias in picks
     ]
     direct = dataclasses.replace(fp8_gemm.choose_tuning(16, 8192, 8192, H200), tma_store=False)
-    specs.append(fp8_gemm.fp8_spec(8, "rowcol", "bf16", "bf16", direct))
-    specs.append(fp8_gemm.fp8_spec(8, "block128", "f32", "f32", direct))
-    for m, mode in ((1, "group"), (4096, "group"), (128, "rowcol")):  # W4A8
-        specs.append(fp8_gemm.fp8_spec(4, mode, "bf16", "f16", fp8_gemm.choose_tuning(m, 8192, 8192, H200, 4)))
+    specs.append(fp8_gemm.fp8_spec("e4m3", "rowcol", "bf16", "bf16", direct))
+    specs.append(fp8_gemm.fp8_spec("e4m3", "block128", "f32", "f32", direct))
+    for m, mode in ((1, "group"), (4096, "group"), (128, "rowcol")):  # W4A8 int4
+        tuning = fp8_gemm.choose_tuning(m, 8192, 8192, H200, "int4")
+        specs.append(fp8_gemm.fp8_spec("int4", mode, "bf16", "f16", tuning))
+    for m, n in ((1, 4096), (4096, 28672)):  # W4A8 MXFP4
+        tuning = fp8_gemm.choose_tuning(m, n, 8192, H200, "mxfp4")
+        specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "bf16", "bf16", tuning))
+    direct_mx = dataclasses.replace(fp8_gemm.choose_tuning(77, 8192, 8192, H200, "mxfp4"), tma_store=False)
+    specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "f32", "f32", direct_mx))
     return specs
 
 
@@ -84,9 +90,10 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
         sass = subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
         block_m = int(re.search(r"_m(\d+)_", name).group(1))
         assert f"QGMMA.64x{block_m}x32.F32.E4M3.E4M3" in sass, name
-        if "_w4a8_" in name:  # A from registers, fed by bulk copies and prmt table lookups
+        if "_w4a8_" in name or "_wmxfp4a8_" in name:  # A from registers, fed by bulk copies and prmt lookups
             assert re.search(rf"QGMMA\.64x{block_m}x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", sass), name
-            assert "UBLKCP" in sass and sass.count("PRMT") >= 48, name
+            # int4: 3 prmt per 4 codes, 16 groups of 4 per stage; MXFP4: 2 per 4 codes + 8 shift broadcasts
+            assert "UBLKCP" in sass and sass.count("PRMT") >= (40 if "_wmxfp4a8_" in name else 48), name
         for op in ("UTMALDG.2D", "USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"):
             assert op in sass, (name, op)
         tma_store = not name.endswith("_stg")
@@ -117,10 +124,15 @@ def test_warmup_jobs_are_the_kernels_linear_runs():
     assert [arch for _, arch in jobs] == ["sm_90a"] * len(jobs) and len({spec for spec, _ in jobs}) == len(jobs)
     for m, (spec, _) in zip((1, 16, 4096), jobs, strict=False):
         tuning = fp8_gemm.choose_tuning(m, 256, 512, H200)
-        assert spec == fp8_gemm.call_spec(8, "rowcol", torch.bfloat16, torch.bfloat16, tuning)
+        assert spec == fp8_gemm.call_spec("e4m3", "rowcol", torch.bfloat16, torch.bfloat16, tuning)
     (w4, _), *_ = fp8_gemm.warmup_jobs(int4, fp8, (8,), torch.float32, None, H200)
     assert "_w4a8_group_of32_bf32_" in w4.name and w4.name.endswith("_stg")
     assert fp8_gemm.warmup_jobs(int4, get_act_scheme("fp8_g128"), (8,), torch.bfloat16, None, H200) == []
+    mx = humming.quantize(torch.randn(256, 512), weight="mxfp4")
+    (spec, _), *_ = fp8_gemm.warmup_jobs(mx, fp8, (300,), torch.float16, torch.float32, H200)
+    tuning = fp8_gemm.choose_tuning(300, 256, 512, H200, "mxfp4")
+    assert spec == fp8_gemm.call_spec("mxfp4", "group", torch.float32, torch.float16, tuning)
+    assert "_wmxfp4a8_group_of16_bf32_" in spec.name
 
 
 def test_params_mirror_the_kernel_struct():
@@ -177,30 +189,35 @@ def test_int4_to_e4m3_is_exact_for_every_code():
         assert [(got >> (8 * j)) & 0xFF for j in range(4)] == [want[a], want[b], want[c], want[d]]
 
 
-@pytest.mark.parametrize("group", [-1, 128, 256, "tensor"])
-def test_int4_tiles_are_the_wgmma_fragments(group, seed):
-    """Read the pre-tiled int4 weights back the way each consumer thread does (two 16-byte loads, each word
-    -> a0/a1 or a2/a3 of one k-step) and check every (row, k) lands where the A fragment puts it."""
-    n, k = 130, 300
-    qw = humming.quantize(torch.randn(n, k), weight="int4", group_size=group, scale_dtype=torch.float32)
-    prep = fp8_gemm.prepare(qw)
-    assert prep.w_bits == 4 and prep.scale_mode == ("group" if group in (128, 256) else "rowcol")
-    tiles = prep.weight.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [N/64, K/128, 1024 words]
-    n_pad, k_pad = tiles.shape[0] * 64, tiles.shape[1] * 128
+def _read_tiles(tiles: torch.Tensor) -> torch.Tensor:
+    """Read pre-tiled 4-bit codes ``uint8 [N/64, K/128, 4096]`` back the way each consumer thread does (two
+    16-byte loads, each word -> a0/a1 or a2/a3 of one k-step) into ``[N, K]`` codes at the (row, k) that the
+    wgmma A fragment puts them."""
+    words = tiles.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [N/64, K/128, 1024 words]
+    n_pad, k_pad = words.shape[0] * 64, words.shape[1] * 128
     seen = torch.full((n_pad, k_pad), -1, dtype=torch.int64)
     for warp in range(4):
         for lane in range(32):
             g, c = lane // 4, lane % 4
             for half in range(2):
                 for j in range(4):  # word j of this thread's 16 bytes
-                    words = tiles[:, :, warp * 256 + half * 128 + lane * 4 + j]  # [N/64, K/128]
+                    word = words[:, :, warp * 256 + half * 128 + lane * 4 + j]  # [N/64, K/128]
                     step, q = 2 * half + j // 2, j % 2
                     for hi in range(2):  # a0 / a2 (row g) in the low half, a1 / a3 (row g + 8) in the high
                         for e in range(4):
-                            code = (words >> (16 * hi + 4 * e)) & 0xF
                             rows = torch.arange(0, n_pad, 64).view(-1, 1) + 16 * warp + g + 8 * hi
                             cols = torch.arange(0, k_pad, 128).view(1, -1) + 32 * step + 16 * q + 4 * c + e
-                            seen[rows, cols] = code
+                            seen[rows, cols] = (word >> (16 * hi + 4 * e)) & 0xF
+    return seen
+
+
+@pytest.mark.parametrize("group", [-1, 128, 256, "tensor"])
+def test_int4_tiles_are_the_wgmma_fragments(group, seed):
+    n, k = 130, 300
+    qw = humming.quantize(torch.randn(n, k), weight="int4", group_size=group, scale_dtype=torch.float32)
+    prep = fp8_gemm.prepare(qw)
+    assert prep.w_bits == 4 and prep.scale_mode == ("group" if group in (128, 256) else "rowcol")
+    seen = _read_tiles(prep.weight)
     codes = humming.ir.unpacked_codes(qw).to(torch.int64)
     assert torch.equal(seen[:n, :k], codes)
     assert not seen[n:].any() and not seen[:, k:].any()
@@ -212,6 +229,104 @@ def test_int4_tiles_are_the_wgmma_fragments(group, seed):
         assert torch.equal(prep.w_scale[:n], scales.expand(n, 1).reshape(n))
 
 
+def _e2m1_to_e4m3(nibbles: int, shift: int) -> int:
+    """The header's e2m1_to_e4m3, run on the host with its constants read from the header (32-bit adds)."""
+    text = (jit.INCLUDE_DIR / "humming" / "fp8_gemm_sm90.cuh").read_text()
+    table = {k: int(v, 16) for k, v in re.findall(r"(kMx[01]) = (0x[0-9A-F]+)u", text)}
+    lo0, lo1 = (table["kMx0"] + (shift << 8)) & 0xFFFFFFFF, (table["kMx1"] + shift) & 0xFFFFFFFF
+    lo = _prmt(lo0, lo1, nibbles & 0x7777)
+    return _prmt(lo, lo | 0x80808080, ((nibbles >> 1) & 0x4444) | 0x3210)
+
+
+_E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+
+
+def _e4m3_table() -> torch.Tensor:
+    """uint8 [12, 16]: the kernel's e4m3 byte of e2m1 code c under shift byte 8 (d + 5), d = -5 .. 6."""
+    rows = []
+    for shift in range(0, 96, 8):
+        quads = [c | (c + 1) << 4 | (c + 2) << 8 | (c + 3) << 12 for c in (0, 4, 8, 12)]  # codes 0 .. 15
+        words = [_e2m1_to_e4m3(quad, shift * 0x01010101) for quad in quads]
+        rows.append([(w >> (8 * j)) & 0xFF for w in words for j in range(4)])
+    return torch.tensor(rows, dtype=torch.uint8)
+
+
+def test_e2m1_to_e4m3_is_e2m1_times_two_to_the_shift():
+    table = _e4m3_table()
+    for i, d in enumerate(range(-5, 7)):
+        want = (_E2M1 * 2.0**d).to(torch.float8_e4m3fn)
+        assert torch.equal(want.to(torch.float64), _E2M1 * 2.0**d), d  # exact: every value is an e4m3
+        assert torch.equal(table[i], want.view(torch.uint8)), d
+
+
+def _mx_weight(n: int, k: int, exps: torch.Tensor, codes: torch.Tensor | None = None):
+    """An MXFP4 weight with the given e8m0 exponent bytes ``[n, ceil(k / 32)]`` and random (or given) codes."""
+    from humming.ir.packing import pack_codes
+
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8) if codes is None else codes
+    scales = exps.to(torch.uint8).view(torch.float8_e8m0fnu)
+    return humming.QuantizedWeight((n, k), "e2m1", pack_codes(codes, 4), scales, (1, 32))
+
+
+@pytest.mark.parametrize("n,k,span", [(130, 300, 12), (64, 128, 1), (256, 1024, 12), (70, 40, 3)])
+def test_mxfp4_tiles_decode_to_dequantize_bit_for_bit(n, k, span, seed):
+    """Decode the packed tiles as the kernel does (fragment order, shift byte per row and k-step, the folded
+    table) and scale by the per-(row, 128-K) fp32 scale: the result is ``humming.dequantize`` bit for bit."""
+    groups = -(-k // 32)
+    exps = torch.randint(127 - 20, 127 - 20 + span, (n, groups))
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    codes[:, :32] &= 8  # a group of zeros (+-0): its scale must not count towards the span
+    exps[:, 0] = 0
+    qw = _mx_weight(n, k, exps, codes)
+    prep = fp8_gemm.prepare(qw)
+    assert prep.w_format == "mxfp4" and prep.scale_mode == "group" and prep.weight.shape[-1] == 4096 + 256
+    codes_back = _read_tiles(prep.weight[..., :4096])
+    n_pad, k_pad = codes_back.shape
+    assert torch.equal(codes_back[:n, :k], codes.to(torch.int64))
+    assert not codes_back[n:].any() and not codes_back[:, k:].any()
+    # shift byte of (row r, k-step g) of a tile at 4 r + g after its codes
+    shifts = prep.weight[..., 4096:].reshape(n_pad // 64, k_pad // 128, 64, 4).permute(0, 2, 1, 3)
+    shifts = shifts.reshape(n_pad, k_pad // 32).to(torch.int64)
+    assert (shifts % 8 == 0).all() and (shifts <= 88).all()
+    shift = shifts.repeat_interleave(32, 1)  # [N, K] per element
+    e4m3 = _e4m3_table()[shift // 8, codes_back]
+    scale = prep.w_group_scale.T.repeat_interleave(128, 1)  # [N, K] fp32 per row and 128-K block
+    values = e4m3.view(torch.float8_e4m3fn).to(torch.float64) * scale.to(torch.float64)
+    assert torch.equal(values[:n, :k].to(torch.float32), humming.dequantize(qw, torch.float32))
+    assert not values[n:].any() and not values[:, k:].any()
+
+
+def test_mxfp4_from_the_quantizer_is_taken():
+    qw = humming.quantize(torch.randn(256, 512), weight="mxfp4")
+    assert fp8_gemm.weight_unsupported(qw) is None
+    x = torch.empty(4, 512, dtype=torch.bfloat16)
+    assert "not a CUDA device" in fp8_gemm.supports(qw, get_act_scheme("fp8"), x)  # passes the weight checks
+
+
+def test_mxfp4_that_cannot_be_folded_exactly_is_refused():
+    n, k = 64, 256
+    exps = torch.full((n, k // 32), 120)
+    assert fp8_gemm.weight_unsupported(_mx_weight(n, k, exps)) is None
+    exps[5, 6] = 120 - 12  # 13 binades within K 128..255 of row 5
+    wide = _mx_weight(n, k, exps)
+    reason = fp8_gemm.weight_unsupported(wide)
+    assert "row 5, K 128..255 span 13 binades" in reason
+    assert fp8_gemm.weight_unsupported(wide) is reason  # decided once per weight
+    with pytest.raises(ValueError, match="qw: MXFP4 scales of row 5"):
+        fp8_gemm.prepare(wide)
+    exps[5, 6] = 120 - 11  # 12 binades: folded
+    assert fp8_gemm.weight_unsupported(_mx_weight(n, k, exps)) is None
+    exps[5, 6] = 255  # e8m0 NaN
+    assert "e8m0 NaN" in fp8_gemm.weight_unsupported(_mx_weight(n, k, exps))
+    x = torch.empty(4, 256, dtype=torch.bfloat16)
+    narrow = _mx_weight(n, k, torch.full((n, k // 32), 120))
+    assert "per-token or per-tensor" in fp8_gemm.supports(narrow, get_act_scheme("fp8_g128"), x)
+    nvfp4 = humming.quantize(torch.randn(64, 256), weight="nvfp4")
+    bf16_scales = humming.quantize(torch.randn(64, 256), weight="e2m1", group_size=32, scale_dtype=torch.bfloat16)
+    for qw in (nvfp4, bf16_scales):
+        assert "e8m0 scales in groups of 32 (MXFP4)" in fp8_gemm.weight_unsupported(qw)
+
+
 def test_unsupported_combinations_say_why():
     x = torch.empty(4, 256, dtype=torch.bfloat16)
     e4m3 = humming.quantize(torch.randn(64, 256), weight="e4m3", group_size=-1)
@@ -221,7 +336,7 @@ def test_unsupported_combinations_say_why():
     int4_g64 = humming.quantize(torch.randn(64, 256), weight="int4", group_size=64)
     int4 = humming.quantize(torch.randn(64, 256), weight="int4", group_size=128)
     fp8, g128 = get_act_scheme("fp8"), get_act_scheme("fp8_g128")
-    assert "e4m3 or int4 weights" in fp8_gemm.supports(uint4, fp8, x)
+    assert "e4m3, int4 or MXFP4 (e2m1) weights" in fp8_gemm.supports(uint4, fp8, x)
     assert "128-multiple group" in fp8_gemm.supports(int4_g64, fp8, x)
     assert "per-token or per-tensor" in fp8_gemm.supports(int4, g128, x)
     assert "fp8 activations" in fp8_gemm.supports(e4m3, None, x)
@@ -246,7 +361,7 @@ class Case:
     act: str
     out: torch.dtype = torch.bfloat16
     bias: torch.dtype | None = None
-    w: str = "e4m3"  # weight format: e4m3 (W8A8) or int4 (W4A8)
+    w: str = "e4m3"  # weight format: e4m3 (W8A8), int4 or mxfp4 (W4A8; mxfp4: e8m0 scales per 32)
 
 
 CASES = [
@@ -275,6 +390,18 @@ CASES = [
     Case(37, 333, 1000, 256, "fp8", bias=torch.float32, w="int4"),
     Case(130, 100, 72, "tensor", "fp8", w="int4"),
     Case(64, 1000, 1024, 128, "fp8", torch.float32, w="int4"),
+    # W4A8 MXFP4: e2m1 x e8m0 per 32 (scales over 12 binades), real shapes
+    Case(1, 4096, 4096, 32, "fp8", w="mxfp4"),
+    Case(16, 4096, 4096, 32, "fp8_tensor", torch.float16, w="mxfp4"),
+    Case(1024, 4096, 4096, 32, "fp8", bias=torch.bfloat16, w="mxfp4"),
+    Case(1, 28672, 8192, 32, "fp8", bias=torch.float32, w="mxfp4"),
+    Case(16, 28672, 8192, 32, "fp8", w="mxfp4"),
+    Case(1024, 28672, 8192, 32, "fp8", torch.float16, w="mxfp4"),
+    # MXFP4 odd shapes: N, K off the tiles (K % 32 != 0), M = 1, 3, 77, 300, fp32 out, bias
+    Case(3, 333, 1000, 32, "fp8", bias=torch.float32, w="mxfp4"),
+    Case(77, 1000, 520, 32, "fp8_tensor", torch.float16, w="mxfp4"),
+    Case(300, 1001, 300, 32, "fp8", torch.float32, torch.float32, w="mxfp4"),
+    Case(1, 129, 72, 32, "fp8", torch.float32, w="mxfp4"),
 ]
 
 
@@ -301,13 +428,17 @@ def _expand(scales: torch.Tensor, block: tuple[int, int], rows: int, k: int) -> 
 
 def _problem(case: Case):
     """(weight, activations, bias, float64 reference) for ``case`` on the GPU."""
-    if case.w == "int4":  # nibbles, element k in bits 4k..4k+3 of the row's little-endian stream
+    if case.w in ("int4", "mxfp4"):  # nibbles, element k in bits 4k..4k+3 of the row's little-endian stream
         nibbles = torch.nn.functional.pad(torch.randint(0, 16, (case.n, case.k), device="cuda"), (0, -case.k % 8))
         qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
     else:
         qweight = torch.nn.functional.pad(_codes(case.n, case.k), (0, -case.k % 4)).view(torch.int32)
-    probe = humming.QuantizedWeight((case.n, case.k), case.w, qweight, None, parse_group_size(case.weight))
-    qw = probe.replace(scales=(1 + torch.rand(probe.scale_grid, device="cuda")) * 2e-3)
+    if case.w == "mxfp4":  # e8m0 exponents 2^-14 .. 2^-3: 12 binades, the most the kernel folds
+        exps = torch.randint(127 - 14, 127 - 2, (case.n, -(-case.k // 32)), dtype=torch.uint8, device="cuda")
+        qw = humming.QuantizedWeight((case.n, case.k), "e2m1", qweight, exps.view(torch.float8_e8m0fnu), (1, 32))
+    else:
+        probe = humming.QuantizedWeight((case.n, case.k), case.w, qweight, None, parse_group_size(case.weight))
+        qw = probe.replace(scales=(1 + torch.rand(probe.scale_grid, device="cuda")) * 2e-3)
     scheme = get_act_scheme(case.act)
     m, k = case.m, case.k
     grid = {"token": (m, 1), "tensor": (1, 1)}.get(scheme.group) or (m, -(-k // scheme.group))
@@ -321,13 +452,18 @@ def _reference(qa, qw, bias) -> torch.Tensor:
     m, k = qa.codes.shape
     x_block = {"token": (1, k), "tensor": (m, k)}.get(qa.scheme.group) or (1, qa.scheme.group)
     xd = qa.codes.view(torch.float8_e4m3fn).to(torch.float64) * _expand(qa.scales, x_block, m, k)
+    if qw.format.name == "e2m1":  # MXFP4: the IR's definition
+        return _with_bias(xd @ humming.dequantize(qw, torch.float64).T, bias)
     if qw.format.name == "int4":
         packed = qw.qweight.view(torch.uint8).to(torch.int64)
         nibbles = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)[:, :k]
         w_values = (nibbles - 16 * (nibbles >= 8)).to(torch.float64)
     else:
         w_values = qw.qweight.view(torch.uint8)[:, :k].view(torch.float8_e4m3fn).to(torch.float64)
-    ref = xd @ (w_values * _expand(qw.scales, qw.block_shape, qw.N, k)).T
+    return _with_bias(xd @ (w_values * _expand(qw.scales, qw.block_shape, qw.N, k)).T, bias)
+
+
+def _with_bias(ref: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return ref if bias is None else ref + bias.to(torch.float64)
 
 
@@ -380,12 +516,29 @@ def test_linear_quantizes_with_the_triton_pass(act_name, seed):
 @pytest.mark.gpu
 def test_every_tuning_computes_the_same_function(seed):
     _require_sm90()
-    for weight, act_name, w in ((-1, "fp8", "e4m3"), ((128, 128), "fp8_g128", "e4m3"), (128, "fp8", "int4")):
+    weights = ((-1, "fp8", "e4m3"), ((128, 128), "fp8_g128", "e4m3"), (128, "fp8", "int4"), (32, "fp8", "mxfp4"))
+    for weight, act_name, w in weights:
         qw, qa, _, ref = _problem(Case(77, 1000, 1000, weight, act_name, w=w))
         prep = fp8_gemm.prepare(qw)
         for wgs, block_m, stages, min_blocks, tma in ((1, 8, 2, 2, True), (1, 32, 4, 2, False), (2, 64, 3, 1, True)):
             tuning = fp8_gemm.Fp8Tuning(wgs, block_m, stages, min_blocks, group_m=2, tma_store=tma)
             _check(fp8_gemm.run(prep, qa, qa.scheme, None, torch.bfloat16, tuning=tuning), ref, seed)
+
+
+@pytest.mark.gpu
+def test_mxfp4_runs_through_humming_linear(seed):
+    """``humming.linear(x, mxfp4, act="fp8")``: ``auto`` picks the CUDA backend on Hopper, ``cuda`` runs it."""
+    _require_sm90()
+    from humming.dispatch.backends import select_backend
+    from humming.triton_kernels.act_quant import quantize_activation
+
+    qw, _, bias, _ = _problem(Case(45, 1000, 1000, 32, "fp8", bias=torch.bfloat16, w="mxfp4"))
+    act = get_act_scheme("fp8")
+    x = torch.randn(45, 1000, device="cuda", dtype=torch.bfloat16)
+    assert select_backend("auto", qw, act, x).__name__ == "humming.cuda_kernels"
+    out = humming.linear(x, qw, bias, act="fp8", backend="cuda")
+    assert torch.equal(out, humming.linear(x, qw, bias, act="fp8"))
+    _check(out, _reference(quantize_activation(x, act), qw, bias), seed)
 
 
 @pytest.mark.gpu

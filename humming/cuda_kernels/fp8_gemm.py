@@ -1,5 +1,5 @@
 """FP8 GEMMs for Hopper (``include/humming/fp8_gemm_sm90.cuh``): e4m3 activations x e4m3 weights (W8A8)
-or x int4 weights turned into e4m3 in registers (W4A8).
+or x 4-bit weights turned into e4m3 in registers (W4A8): int4, or MXFP4 (e2m1 with e8m0 scales per 32).
 
 ``out[M, N] = x[M, K] @ dequantize(W)^T + bias`` with activations quantized to e4m3 (per token, per tensor,
 or 1x128 groups) by the Triton activation pass, bit-exact with :func:`humming.quantize_activation`.
@@ -7,12 +7,14 @@ or 1x128 groups) by the Triton activation pass, bit-exact with :func:`humming.qu
 Configs come in the three kinds of the house style:
 
 - layout (:class:`PreparedFp8`): the e4m3 weight bytes ``[N, Kp]`` (K padded to 16 for the TMA row-stride
-  rule), or int4 codes pre-tiled in wgmma fragment order (:func:`_pack_int4`), and fp32 scales; built
-  once per ``QuantizedWeight`` by :func:`prepare`;
+  rule), or 4-bit codes pre-tiled in wgmma fragment order (:func:`_pack_nibbles`), and fp32 scales; MXFP4
+  tiles carry per-(row, 32-K group) shifts of the kernel's e2m1 -> e4m3 table, the rest of each e8m0
+  scale is a per-row fp32 scale of each 128-K block (:func:`_fold_mx`, exact); built once per
+  ``QuantizedWeight`` by :func:`prepare`;
 - compute: fp32 accumulation on wgmma, promoted into an fp32 total every 128 of K; scales in fp32 either
   in the epilogue (per-tensor / per-channel weights x per-token / per-tensor activations) or at each
   promotion (``block``: 128x128 weight blocks x 1x128 activation groups, the DeepSeek-V3 recipe;
-  ``group``: int4 weight groups of a multiple of 128 along K, per row);
+  ``group``: int4 weight groups of a multiple of 128 along K, or folded MXFP4 scales, per row);
 - tuning (:class:`Fp8Tuning`): warpgroups, tokens per block, pipeline stages, blocks per SM, raster
   grouping; a pure function of the problem and the device limits (:func:`choose_tuning`). A tuning change
   never changes results beyond fp32 summation order across K blocks.
@@ -30,12 +32,14 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.weight import cdiv
+from ._driver import tensor_map_2d
 from ._support import device_unsupported
 from .jit import KernelSpec
 
 __all__ = [
     "FP8_CCS",
     "SCALE_MODES",
+    "W_FORMATS",
     "DeviceLimits",
     "Fp8Tuning",
     "PreparedFp8",
@@ -52,6 +56,12 @@ __all__ = [
 #: Compute capabilities the kernel is built for (wgmma and setmaxnreg need sm_90a).
 FP8_CCS = ((9, 0),)
 _BK = 128  # K per pipeline stage
+_TILE_BYTES = 4096  # one 64-row x 128-K tile of 4-bit codes
+_SHIFT_BYTES = 256  # MXFP4: the table shifts of a tile's 64 rows x 4 k-steps, after its codes
+#: Weight formats (the kernel's kWFormat) and their kernel-name tokens.
+W_FORMATS = {"e4m3": 0, "int4": 1, "mxfp4": 2}
+_W_NAMES = {"e4m3": "w8a8", "int4": "w4a8", "mxfp4": "wmxfp4a8"}
+_MX_SHIFTS = (-5, 6)  # e2m1 * 2^d is an e4m3 normal for these d: 0.5 * 2^-5 = 2^-6 .. 6 * 2^6 = 384
 _BLOCK_M_CHOICES = (8, 16, 32, 64, 128)
 _PRODUCER_REGS = 40
 _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
@@ -119,13 +129,14 @@ class Fp8Tuning:
         return _PRODUCER_REGS, min(240, consumer)
 
 
-def smem_bytes(wgs: int, block_m: int, stages: int, w_bits: int = 8) -> int:
+def smem_bytes(wgs: int, block_m: int, stages: int, w_format: str = "e4m3") -> int:
     """Dynamic shared memory of one block (mirrors ``SmemLayout`` in the header)."""
-    stage = 64 * wgs * _BK * w_bits // 8 + block_m * _BK
-    return 1024 + stages * stage + wgs * block_m * 128 + 16 * stages
+    stage = (64 * _BK if w_format == "e4m3" else _TILE_BYTES) * wgs + block_m * _BK
+    shifts = wgs * _SHIFT_BYTES if w_format == "mxfp4" else 0
+    return 1024 + stages * (stage + shifts) + wgs * block_m * 128 + 16 * stages
 
 
-def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_bits: int = 8) -> Fp8Tuning:
+def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:
     """Tuning for ``out[m, n] = x[m, k] @ W[n, k]^T``: a pure function of the problem and the device.
 
     Tokens per block: the smallest wgmma N that covers ``m`` (at most 128). Two consumer warpgroups (128
@@ -138,7 +149,7 @@ def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_bits: int = 8)
     min_blocks = 1 if wgs == 2 else 2
     budget = min(limits.smem_per_block, limits.smem_per_sm // min_blocks - 1024)
     stages = 2
-    while stages < 16 and smem_bytes(wgs, block_m, stages + 1, w_bits) <= budget:
+    while stages < 16 and smem_bytes(wgs, block_m, stages + 1, w_format) <= budget:
         stages += 1
     return Fp8Tuning(wgs, block_m, stages, min_blocks)
 
@@ -147,11 +158,12 @@ def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_bits: int = 8)
 SCALE_MODES = {"rowcol": 0, "block128": 1, "group": 2}
 
 
-def fp8_spec(w_bits: int, scale_mode: str, out: str, bias: str, tuning: Fp8Tuning) -> KernelSpec:
-    """The kernel spec for weight bits (8: e4m3, 4: int4), a scale mode, output / bias dtype codes and tuning."""
+def fp8_spec(w_format: str, scale_mode: str, out: str, bias: str, tuning: Fp8Tuning) -> KernelSpec:
+    """The kernel spec for a weight format (a key of :data:`W_FORMATS`), a scale mode, output / bias dtype
+    codes and tuning."""
     producer, consumer = tuning.registers()
     name = (
-        f"humming_fp8_gemm_sm90_w{w_bits}a8_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}_m{tuning.block_m}"
+        f"humming_fp8_gemm_sm90_{_W_NAMES[w_format]}_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}_m{tuning.block_m}"
         f"_s{tuning.stages}_mb{tuning.min_blocks}" + ("" if tuning.tma_store else "_stg")
     )
     args = ", ".join(
@@ -159,7 +171,7 @@ def fp8_spec(w_bits: int, scale_mode: str, out: str, bias: str, tuning: Fp8Tunin
             str(tuning.wgs),
             str(tuning.block_m),
             str(tuning.stages),
-            str(w_bits),
+            str(W_FORMATS[w_format]),
             str(SCALE_MODES[scale_mode]),
             "true" if tuning.tma_store else "false",
             _CPP_DTYPE[out],
@@ -188,13 +200,20 @@ class PreparedFp8:
     n: int
     k: int
     kp: int  # K padded to a multiple of 16 (TMA row strides are multiples of 16 bytes)
-    w_bits: int  # 8: e4m3 weights; 4: int4 weights
+    w_format: str  # a key of W_FORMATS
     scale_mode: str  # a key of SCALE_MODES
-    weight: torch.Tensor  # e4m3: uint8 [N, Kp] zero-padded along K; int4: uint8 [N/64, K/128, 4096] (padded)
+    # e4m3: uint8 [N, Kp] zero-padded along K; int4: uint8 [N/64, K/128, 4096] (padded); mxfp4: the same
+    # with each tile's 256 shift bytes after its codes, uint8 [N/64, K/128, 4352]
+    weight: torch.Tensor
     w_scale: torch.Tensor | None  # fp32 [round_up(N, 128)]: per-channel (per-tensor expanded), zero-padded
     w_block_scale: torch.Tensor | None  # fp32 [ceil(N / 128), ceil(K / 128)], one per 128 x 128 block
-    w_group_scale: torch.Tensor | None  # fp32 [ceil(K / 128), round_up(N, 128)]: int4 group scales per K block
+    # fp32 [ceil(K / 128), round_up(N, 128)]: int4 group scales / folded MXFP4 scales per K block and row
+    w_group_scale: torch.Tensor | None
     maps: dict = field(default_factory=dict)  # block_n -> encoded tensor map of ``weight``
+
+    @property
+    def w_bits(self) -> int:
+        return 8 if self.w_format == "e4m3" else 4
 
 
 def _weight_scales(qw) -> torch.Tensor:
@@ -214,8 +233,13 @@ def _scale_mode(qw) -> str:
     return "group" if qw.layout == "group" else "rowcol"
 
 
-def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """int4 codes ``[N, K]`` (uint8 nibbles, N and K multiples of 128) -> uint8 ``[N/64, K/128, 4096]``.
+def _w_format(qw) -> str:
+    """The kernel's weight format (a key of :data:`W_FORMATS`) of a weight :func:`weight_unsupported` takes."""
+    return "mxfp4" if qw.format.name == "e2m1" else qw.format.name
+
+
+def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes ``[N, K]`` (uint8 nibbles, N and K multiples of 128) -> uint8 ``[N/64, K/128, 4096]``.
 
     Each 64-row x 128-K tile is laid out as the consumer warpgroup reads it (fp8_gemm_sm90.cuh):
     ``[warp 4][half 2][lane 32][word 4]``; word j of half h holds k-step s = 2h + j // 2 (32 of K) at
@@ -246,11 +270,87 @@ def _prepare_int4(qw, kp: int, scales: torch.Tensor) -> PreparedFp8:
     else:
         w_scale = torch.zeros(n_pad, dtype=torch.float32, device=qw.device)
         w_scale[:n] = scales.expand(n, 1).reshape(n)
-    return PreparedFp8(n, k, kp, 4, _scale_mode(qw), _pack_int4(codes), w_scale, None, w_group)
+    return PreparedFp8(n, k, kp, "int4", _scale_mode(qw), _pack_nibbles(codes), w_scale, None, w_group)
+
+
+@dataclass(frozen=True)
+class _MxFold:
+    """MXFP4 scales split for the kernel: ``2^e`` of each (row, 32-K group) = ``2^d`` in the e2m1 -> e4m3
+    table (``shifts``, the byte 8 (d + 5)) times a per-(row, 128-K block) fp32 ``block_scale``."""
+
+    shifts: torch.Tensor  # uint8 [round_up(N, 128), round_up(K, 128) / 32]
+    block_scale: torch.Tensor  # fp32 [round_up(K, 128) / 128, round_up(N, 128)], zero past N and K
+
+
+_mx_folds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fold_mx(qw) -> _MxFold | str:
+    """The folded scales of an MXFP4 weight, or why they cannot be folded exactly; computed once per weight.
+
+    Per (row, 128-K block) the top exponent ``t`` of the groups holding a nonzero code goes into the block
+    scale as ``2^(t - 6)``; each such group keeps ``d = e - t + 6``, exact in the table while ``d >= -5``
+    (all-zero groups need no shift). Blocks whose groups span more than 12 binades are refused, as are
+    e8m0 NaN scales (0xFF: dequantize gives NaN for the whole group, which the kernel does not reproduce).
+    """
+    fold = _mx_folds.get(qw)
+    if fold is None:
+        fold = _mx_folds[qw] = _compute_mx_fold(qw)
+    return fold
+
+
+def _compute_mx_fold(qw) -> _MxFold | str:
+    from ..ir.quantize import unpacked_codes
+
+    n, k = qw.N, qw.K
+    n_pad, k_pad, groups = cdiv(n, 128) * 128, cdiv(k, 128) * 128, cdiv(k, 32)
+    raw = qw.scales.view(torch.uint8)
+    if bool((raw == 0xFF).any()):
+        row, group = (int(i) for i in (raw == 0xFF).nonzero()[0])
+        return f"MXFP4 scale ({row}, {group}) is the e8m0 NaN (0xFF); the W4A8 GEMM does not compute NaN weights"
+    exps = raw.to(torch.int32).repeat_interleave(qw.group_size // 32, dim=1)[:, :groups] - 127
+    magnitudes = F.pad(unpacked_codes(qw) & 7, (0, groups * 32 - k)).view(n, groups, 32)
+    dead = -(1 << 20)  # below every e8m0 exponent: groups without a nonzero code, and the padding
+    e = torch.full((n_pad, k_pad // 32), dead, dtype=torch.int32, device=qw.device)
+    e[:n, :groups] = torch.where(magnitudes.any(-1).bool(), exps, dead)
+    e = e.view(n_pad, k_pad // 128, 4)
+    top = e.amax(-1, keepdim=True)
+    d = e - top + _MX_SHIFTS[1]
+    live = e > dead
+    bad = live & (d < _MX_SHIFTS[0])
+    if bool(bad.any()):
+        row, kb, _ = (int(i) for i in bad.nonzero()[0])
+        span = int(top[row, kb, 0]) - int(e[row, kb][live[row, kb]].min())
+        return (
+            f"MXFP4 scales of row {row}, K {128 * kb}..{128 * kb + 127} span {span + 1} binades; the W4A8 GEMM"
+            f" folds at most {_MX_SHIFTS[1] - _MX_SHIFTS[0] + 1} per 128 of K exactly"
+        )
+    shifts = torch.where(live, 8 * (d - _MX_SHIFTS[0]), 0).to(torch.uint8).view(n_pad, k_pad // 32)
+    top = top.view(n_pad, k_pad // 128)
+    scale = torch.where(top > dead, torch.ldexp(torch.ones_like(top, dtype=torch.float64), top - 6), 0.0)
+    scale = scale.to(torch.float32)
+    if qw.global_scale is not None:
+        scale = scale * qw.global_scale.to(torch.float32)
+    return _MxFold(shifts, scale.T.contiguous())
+
+
+def _prepare_mxfp4(qw, kp: int) -> PreparedFp8:
+    from ..ir.quantize import unpacked_codes
+
+    fold = _fold_mx(qw)
+    n, k = qw.N, qw.K
+    n_pad, k_pad = cdiv(n, 128) * 128, cdiv(k, 128) * 128
+    codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=qw.device)
+    codes[:n, :k] = unpacked_codes(qw)
+    # shift byte of (row r of a tile, k-step g) at 4 r + g after the tile's codes
+    shifts = fold.shifts.view(n_pad // 64, 64, k_pad // 128, 4).permute(0, 2, 1, 3).reshape(n_pad // 64, -1, 256)
+    weight = torch.cat((_pack_nibbles(codes), shifts), dim=-1).contiguous()
+    return PreparedFp8(n, k, kp, "mxfp4", "group", weight, None, None, fold.block_scale)
 
 
 def prepare(qw) -> PreparedFp8:
-    """The kernel's view of an e4m3 or int4 ``QuantizedWeight`` (see :func:`weight_unsupported`); cached."""
+    """The kernel's view of an e4m3, int4 or MXFP4 ``QuantizedWeight`` (see :func:`weight_unsupported`);
+    cached."""
     prep = _prepared.get(qw)
     if prep is not None:
         return prep
@@ -258,6 +358,12 @@ def prepare(qw) -> PreparedFp8:
     kp = cdiv(k, 16) * 16
     if qw.format.name == "int4":
         prep = _prepared[qw] = _prepare_int4(qw, kp, _weight_scales(qw))
+        return prep
+    if qw.format.name == "e2m1":
+        reason = weight_unsupported(qw)
+        if reason is not None:
+            raise ValueError(f"qw: {reason}")
+        prep = _prepared[qw] = _prepare_mxfp4(qw, kp)
         return prep
     weight = torch.zeros(n, kp, dtype=torch.uint8, device=qw.device)
     weight[:, :k] = qw.qweight.contiguous().view(torch.uint8)[:, :k]  # little-endian: byte i is element i
@@ -272,19 +378,24 @@ def prepare(qw) -> PreparedFp8:
     else:
         w_scale = torch.zeros(cdiv(n, 128) * 128, dtype=torch.float32, device=qw.device)
         w_scale[:n] = scales.expand(n, 1).reshape(n)
-    prep = PreparedFp8(n, k, kp, 8, _scale_mode(qw), weight, w_scale, w_block, None)
+    prep = PreparedFp8(n, k, kp, "e4m3", _scale_mode(qw), weight, w_scale, w_block, None)
     _prepared[qw] = prep
     return prep
 
 
 def weight_unsupported(qw) -> str | None:
     """``None`` when the kernel takes this weight, else why not."""
-    if qw.format.name not in ("e4m3", "int4"):
-        return f"the FP8 GEMM takes e4m3 or int4 weights, not {qw.format.name}"
+    if qw.format.name not in ("e4m3", "int4", "e2m1"):
+        return f"the FP8 GEMM takes e4m3, int4 or MXFP4 (e2m1) weights, not {qw.format.name}"
     if qw.num_experts is not None:
         return "the FP8 GEMM takes 2-D weights, not expert-stacked ones"
     if qw.zeros is not None or qw.g_idx is not None:
         return "the FP8 GEMM takes symmetric weights without act-order"
+    if qw.format.name == "e2m1":
+        if qw.scales is None or qw.scales.dtype != torch.float8_e8m0fnu or qw.layout != "group" or qw.group_size % 32:
+            return f"the W4A8 GEMM takes e2m1 weights with e8m0 scales in groups of 32 (MXFP4), not {qw.describe()}"
+        fold = _fold_mx(qw)
+        return fold if isinstance(fold, str) else None
     if qw.format.name == "int4":
         if qw.layout == "group" and qw.group_size % 128 == 0:
             return None
@@ -304,8 +415,8 @@ def _act_unsupported(qw, act) -> str | None:
         return "the FP8 GEMM needs fp8 activations (act='fp8', 'fp8_tensor' or 'fp8_g128')"
     if act.format != "e4m3" or act.scale_dtype != torch.float32 or act.global_scale:
         return f"the FP8 GEMM takes e4m3 activations with float32 scales, not act={act.name}"
-    if qw.format.name == "int4" and act.group not in ("token", "tensor"):
-        return f"int4 weights need per-token or per-tensor activations, not act={act.name}"
+    if qw.format.name in ("int4", "e2m1") and act.group not in ("token", "tensor"):
+        return f"{qw.format.name} weights need per-token or per-tensor activations, not act={act.name}"
     if qw.layout == "block":
         if act.group != 128:
             return f"128x128-block weights need 1x128 activation groups (act='fp8_g128'), not act={act.name}"
@@ -354,37 +465,6 @@ def _activations(x, act, kp: int, block_m: int) -> _Activations:
     return _Activations(codes.contiguous(), scales.reshape(-1).contiguous(), None)
 
 
-_TMAP_DTYPES = {torch.uint8: "UINT8", torch.bfloat16: "BFLOAT16", torch.float16: "FLOAT16"}
-
-
-def _tensor_map(t: torch.Tensor, box_inner: int, box_rows: int) -> bytes:
-    """The 128-byte TMA descriptor of a row-major 2-D tensor, boxes of ``box_rows x box_inner`` elements
-    (``box_inner`` x element size = 128 bytes), 128-byte swizzle, zero fill outside the tensor."""
-    from cuda.bindings import driver
-
-    from ._driver import check
-
-    rows, cols = t.shape
-    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-    dtype = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[t.dtype]}")
-    tmap = check(
-        driver.cuTensorMapEncodeTiled(
-            dtype,
-            2,
-            t.data_ptr(),
-            [u64(cols), u64(rows)],
-            [u64(t.stride(0) * t.element_size())],
-            [u32(box_inner), u32(box_rows)],
-            [u32(1), u32(1)],
-            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    )
-    return ctypes.string_at(tmap.getPtr(), 128)
-
-
 class _Params(ctypes.Structure):
     """Mirror of ``humming::fp8_sm90::Params`` (512 bytes, 64-byte aligned in the kernel)."""
 
@@ -419,11 +499,11 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def call_spec(
-    w_bits: int, scale_mode: str, bias_dtype: torch.dtype | None, out_dtype: torch.dtype, tuning: Fp8Tuning
+    w_format: str, scale_mode: str, bias_dtype: torch.dtype | None, out_dtype: torch.dtype, tuning: Fp8Tuning
 ) -> KernelSpec:
-    """The spec of one call: weight bits, scale mode, bias dtype (``None``: no bias), output dtype, tuning."""
+    """The spec of one call: weight format, scale mode, bias dtype (``None``: no bias), output dtype, tuning."""
     bias_code = _BIAS_DTYPES[bias_dtype] if bias_dtype is not None else _OUT_DTYPES[out_dtype]
-    return fp8_spec(w_bits, scale_mode, _OUT_DTYPES[out_dtype], bias_code, tuning)
+    return fp8_spec(w_format, scale_mode, _OUT_DTYPES[out_dtype], bias_code, tuning)
 
 
 def warmup_jobs(
@@ -438,13 +518,13 @@ def warmup_jobs(
     counts ``m_values`` (for ``humming.cuda_kernels.warmup``); empty when the combination has no kernel."""
     if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in _OUT_DTYPES:
         return []
-    w_bits = 4 if qweight.format.name == "int4" else 8
+    w_format = _w_format(qweight)
     jobs = []
     for m in m_values:
-        tuning = choose_tuning(m, qweight.N, qweight.K, limits, w_bits)
+        tuning = choose_tuning(m, qweight.N, qweight.K, limits, w_format)
         if out_dtype == torch.float32:
             tuning = dataclasses.replace(tuning, tma_store=False)
-        spec = call_spec(w_bits, _scale_mode(qweight), bias_dtype, out_dtype, tuning)
+        spec = call_spec(w_format, _scale_mode(qweight), bias_dtype, out_dtype, tuning)
         if (spec, "sm_90a") not in jobs:
             jobs.append((spec, "sm_90a"))
     return jobs
@@ -484,23 +564,23 @@ def run(
     if m == 0:
         return out
     if tuning is None:
-        tuning = choose_tuning(m, prep.n, prep.k, device_limits(device), prep.w_bits)
+        tuning = choose_tuning(m, prep.n, prep.k, device_limits(device), prep.w_format)
     if out_dtype == torch.float32:  # the TMA-store epilogue writes 16-bit floats only
         tuning = dataclasses.replace(tuning, tma_store=False)
-    spec = call_spec(prep.w_bits, prep.scale_mode, None if bias is None else bias.dtype, out_dtype, tuning)
+    spec = call_spec(prep.w_format, prep.scale_mode, None if bias is None else bias.dtype, out_dtype, tuning)
     kernel = get_kernel(spec, device)
     a = _activations(x, act, prep.kp, tuning.block_m)
     if bias is not None:
         bias = bias.contiguous()
     if prep.w_bits == 8 and tuning.block_n not in prep.maps:
-        prep.maps[tuning.block_n] = _tensor_map(prep.weight, _BK, tuning.block_n)
+        prep.maps[tuning.block_n] = tensor_map_2d(prep.weight, _BK, tuning.block_n)
     tiles_m, tiles_n = cdiv(m, tuning.block_m), cdiv(prep.n, tuning.block_n)
     params = _Params()
     if prep.w_bits == 8:
         params.w_map[:] = prep.maps[tuning.block_n]
-    params.x_map[:] = _tensor_map(a.codes, _BK, tuning.block_m)
+    params.x_map[:] = tensor_map_2d(a.codes, _BK, tuning.block_m)
     if tuning.tma_store:
-        params.out_map[:] = _tensor_map(out, 64, tuning.block_m)
+        params.out_map[:] = tensor_map_2d(out, 64, tuning.block_m)
     params.w_scale = _ptr(prep.w_scale)
     params.x_scale = _ptr(a.x_scale)
     params.w_block_scale = _ptr(prep.w_block_scale)
@@ -515,7 +595,7 @@ def run(
         params.w_packed = prep.weight.data_ptr()
         params.w_group_scale = _ptr(prep.w_group_scale)
         params.w_group_stride = prep.w_group_scale.shape[1] if prep.w_group_scale is not None else 0
-    smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages, prep.w_bits)
+    smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages, prep.w_format)
     kernel.launch((tiles_m * tiles_n, 1, 1), smem, params, torch.cuda.current_stream(device).cuda_stream)
     return out
 

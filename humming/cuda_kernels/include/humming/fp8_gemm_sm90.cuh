@@ -23,11 +23,16 @@
 //   stmatrix.trans (128-byte swizzled, conflict-free) and stored by TMA, which clips rows and columns
 //   outside [M, N]. Loads past the edges of W and x are zero-filled by TMA, so any M, N and K work
 //   (the host pads K to a multiple of 16 for the TMA stride rule).
-// - W4A8 (kWBits == 4): the host pre-tiles int4 weights so that each 64-row x 128-K tile is one contiguous
-//   4 KiB block in wgmma A-fragment order (fp8_gemm.py, `_pack_int4`); the producer fetches it with one
+// - W4A8 (kWFormat == 1): the host pre-tiles int4 weights so that each 64-row x 128-K tile is one contiguous
+//   4 KiB block in wgmma A-fragment order (fp8_gemm.py, `_pack_nibbles`); the producer fetches it with one
 //   bulk copy, each consumer thread reads its 32 bytes with two 16-byte shared loads and turns every 4
 //   nibbles into 4 e4m3 bytes with three prmt (a 16-entry table in four registers); wgmma takes A from
 //   registers. Group scales (groups of 128 multiples along K) are applied per row at each promotion.
+// - W4A8 MXFP4 (kWFormat == 2): e2m1 codes in the same tiles, each followed in global memory by 256 bytes
+//   of shifts (one byte per row and 32-K group = one wgmma k-step), fetched by a second bulk copy. The e8m0 scales are folded on the host: per row and
+//   128-K block, 2^(max group exponent - 6) goes into the per-row scale of the promotion (scale mode 2),
+//   and each group's remaining 2^d (d in [-5, 6]) into the consumer's nibble -> e4m3 table (an integer
+//   add per byte: e2m1 * 2^d stays an e4m3 normal). Exact: the products are those of dequantize.
 #include "humming/common.cuh"
 #include "humming/fp8_sm90_ptx.cuh"
 
@@ -48,7 +53,7 @@ struct alignas(64) Params {
   int tiles_m, tiles_n, group_m;
   void* out;                   // [M, N] of dtype O, row stride out_stride elements (direct-store epilogue)
   int out_stride;
-  const uint8_t* w_packed;     // int4 weights, [N / 64][num_kb][4 KiB] in fragment order (kWBits == 4)
+  const uint8_t* w_packed;     // 4-bit weights, [N / 64][num_kb][tile bytes] in fragment order (kWFormat 1, 2)
   const float* w_group_scale;  // [num_kb, w_group_stride] per-row scales of each K block (kScaleMode == 2)
   int w_group_stride;
 };
@@ -56,17 +61,25 @@ static_assert(sizeof(Params) == 512, "the host mirrors this layout (fp8_gemm.py,
 
 constexpr int kBK = 128;  // K per pipeline stage (bytes of e4m3 per tile row)
 
-// Dynamic shared memory: [stages x (W tile, x tile)] [kWgs output slabs] [full, empty barriers], from a
-// 1024-byte aligned base (the swizzle atom).
-template <int kWgs, int kBlockM, int kStages, int kWBits>
+// Weight formats (kWFormat): e4m3 bytes through TMA, or 4-bit codes pre-tiled in fragment order: int4, or
+// MXFP4 e2m1 with a 256-byte block of per-(row, k-step) table shifts after each 4 KiB tile.
+enum WFormat : int { kE4m3 = 0, kInt4 = 1, kMxfp4 = 2 };
+constexpr int kTileBytes = 4096;  // one 64-row x 128-K tile of 4-bit codes
+constexpr int kShiftBytes = 256;  // MXFP4: 64 rows x 4 k-steps
+
+// Dynamic shared memory: [stages x (W tile, x tile)] [kWgs output slabs] [stages x MXFP4 shifts] [full,
+// empty barriers], from a 1024-byte aligned base (the swizzle atom).
+template <int kWgs, int kBlockM, int kStages, int kWFormat>
 struct SmemLayout {
   static constexpr int kBlockN = 64 * kWgs;
-  static constexpr int kWBytes = kBlockN * kBK * kWBits / 8;
+  static constexpr int kWBytes = kWFormat == kE4m3 ? kBlockN * kBK : kWgs * kTileBytes;
   static constexpr int kXBytes = kBlockM * kBK;
   static constexpr int kStageBytes = kWBytes + kXBytes;
+  static constexpr int kStageShifts = kWFormat == kMxfp4 ? kWgs * kShiftBytes : 0;
   static constexpr int kOutSlab = kBlockM * 128;  // one warpgroup's [kBlockM tokens][64 channels] 16-bit
   static constexpr int kOut = kStages * kStageBytes;
-  static constexpr int kBars = kOut + kWgs * kOutSlab;
+  static constexpr int kShifts = kOut + kWgs * kOutSlab;
+  static constexpr int kBars = kShifts + kStages * kStageShifts;
   static constexpr int kBytes = 1024 + kBars + 16 * kStages;  // + worst-case base alignment
 };
 
@@ -82,17 +95,29 @@ __device__ __forceinline__ uint32_t int4_to_e4m3(uint32_t nibbles) {
   return prmt(lo, hi, ((nibbles >> 1) & 0x4444u) | 0x3210u);
 }
 
-// kWBits: 8 (e4m3 weights through TMA) or 4 (pre-tiled int4 weights through bulk copies).
+// Four e2m1 codes (bits 0-15 of `nibbles`: sign bit 3, magnitude index bits 0-2) -> four e4m3 bytes of
+// e2m1 * 2^d. The magnitude table for d = -5 is {0, 2^-6, ..., 6 * 2^-5}; `shift` = 8 (d + 5) in each byte
+// (0 .. 88) raises the exponent field of every nonzero entry by d (no carry: the top entry becomes 0x7C,
+// 384). The sign is the table byte with bit 7 set, picked by a second prmt.
+__device__ __forceinline__ uint32_t e2m1_to_e4m3(uint32_t nibbles, uint32_t shift) {
+  constexpr uint32_t kMx0 = 0x14100800u, kMx1 = 0x24201C18u;  // e4m3 of {0, .5, 1, 1.5 | 2, 3, 4, 6} * 2^-5
+  const uint32_t lo = prmt(kMx0 + (shift << 8), kMx1 + shift, nibbles & 0x7777u);
+  return prmt(lo, lo | 0x80808080u, ((nibbles >> 1) & 0x4444u) | 0x3210u);
+}
+
+// kWFormat: a WFormat (e4m3 weights through TMA, or pre-tiled 4-bit codes through bulk copies).
 // kScaleMode: 0 = scales in the epilogue (per-tensor / per-channel weights, per-token / per-tensor
 // activations); 1 = 128 x 128 weight blocks x 1 x 128 activation groups at each promotion; 2 = per-row
 // weight scales of each K block at each promotion, activation scales in the epilogue.
 // kTmaStore: epilogue through shared memory (stmatrix) and a TMA store; else plain global stores.
-template <int kWgs, int kBlockM, int kStages, int kWBits, int kScaleMode, bool kTmaStore, DType O, DType B,
+template <int kWgs, int kBlockM, int kStages, int kWFormat, int kScaleMode, bool kTmaStore, DType O, DType B,
           int kProducerRegs, int kConsumerRegs>
 __device__ __forceinline__ void run(const Params& p) {
-  using L = SmemLayout<kWgs, kBlockM, kStages, kWBits>;
+  using L = SmemLayout<kWgs, kBlockM, kStages, kWFormat>;
   constexpr bool kBlockScale = kScaleMode == 1;
-  static_assert(kWBits == 8 || kWBits == 4, "e4m3 or int4 weights");
+  constexpr bool kMx = kWFormat == kMxfp4;
+  static_assert(kWFormat == kE4m3 || kWFormat == kInt4 || kMx, "e4m3, int4 or MXFP4 weights");
+  static_assert(!kMx || kScaleMode == 2, "MXFP4 folds its scales into per-row scales of each K block");
   static_assert(kScaleMode >= 0 && kScaleMode <= 2, "scale mode 0, 1 or 2");
   constexpr int kBlockN = L::kBlockN;
   constexpr int kAcc = kBlockM / 2;
@@ -105,6 +130,7 @@ __device__ __forceinline__ void run(const Params& p) {
   const uint32_t bar_base = base + L::kBars;
   auto w_tile = [&](int s) { return base + s * L::kStageBytes; };
   auto x_tile = [&](int s) { return base + s * L::kStageBytes + L::kWBytes; };
+  auto shifts = [&](int s) { return base + L::kShifts + s * L::kStageShifts; };
   auto full = [&](int s) { return bar_base + 8 * s; };
   auto empty = [&](int s) { return bar_base + 8 * (kStages + s); };
 
@@ -136,14 +162,16 @@ __device__ __forceinline__ void run(const Params& p) {
       for (int kb = 0; kb < p.num_kb; ++kb) {
         const int s = kb % kStages;
         if (kb >= kStages) mbar_wait(empty(s), ((kb / kStages) - 1) & 1);
-        mbar_expect_tx(full(s), L::kStageBytes);
-        if constexpr (kWBits == 8) {
+        mbar_expect_tx(full(s), L::kStageBytes + L::kStageShifts);
+        if constexpr (kWFormat == kE4m3) {
           tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, n_tile * kBlockN);
         } else {
+          constexpr int kTile = kTileBytes + (kMx ? kShiftBytes : 0);  // bytes per tile in global memory
 #pragma unroll
           for (int t = 0; t < kWgs; ++t) {
-            const long tile = long(n_tile * kWgs + t) * p.num_kb + kb;
-            bulk_load(w_tile(s) + t * 4096, p.w_packed + tile * 4096, 4096, full(s));
+            const uint8_t* src = p.w_packed + (long(n_tile * kWgs + t) * p.num_kb + kb) * kTile;
+            bulk_load(w_tile(s) + t * kTileBytes, src, kTileBytes, full(s));
+            if constexpr (kMx) bulk_load(shifts(s) + t * kShiftBytes, src + kTileBytes, kShiftBytes, full(s));
           }
         }
         tma_load_2d(x_tile(s), &p.x_map, full(s), kb * kBK, m_tile * kBlockM);
@@ -178,7 +206,7 @@ __device__ __forceinline__ void run(const Params& p) {
       }
       mbar_wait(full(s), (kb / kStages) & 1);
       const uint64_t b_desc = sw128_desc(x_tile(s));
-      if constexpr (kWBits == 8) {
+      if constexpr (kWFormat == kE4m3) {
         const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
         fence_registers(acc);
         wgmma_fence();
@@ -186,16 +214,30 @@ __device__ __forceinline__ void run(const Params& p) {
         for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(acc, a_desc + 2 * k, b_desc + 2 * k, k);
       } else {
         // [warp][half][lane][16 bytes]: half h holds k-steps 2h, 2h + 1, two words each (k and k + 16)
-        const uint32_t src = w_tile(s) + wg * 4096 + warp * 1024 + lane * 16;
+        const uint32_t src = w_tile(s) + wg * kTileBytes + warp * 1024 + lane * 16;
         const uint4 h0 = lds_v4(src), h1 = lds_v4(src + 512);
         const uint32_t words[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
         uint32_t a[kBK / 32][4];
+        if constexpr (kMx) {
+          // byte k of each word: the table shift of k-step k for this thread's rows row and row + 8
+          const uint32_t sh0 = lds_u32(shifts(s) + wg * kShiftBytes + 4 * row);
+          const uint32_t sh1 = lds_u32(shifts(s) + wg * kShiftBytes + 4 * (row + 8));
 #pragma unroll
-        for (int k = 0; k < kBK / 32; ++k) {
-          a[k][0] = int4_to_e4m3(words[2 * k]);             // row, k .. k + 15
-          a[k][1] = int4_to_e4m3(words[2 * k] >> 16);       // row + 8
-          a[k][2] = int4_to_e4m3(words[2 * k + 1]);         // row, k + 16 ..
-          a[k][3] = int4_to_e4m3(words[2 * k + 1] >> 16);   // row + 8, k + 16 ..
+          for (int k = 0; k < kBK / 32; ++k) {
+            const uint32_t s0 = prmt(sh0, 0u, 0x1111u * k), s1 = prmt(sh1, 0u, 0x1111u * k);  // byte k x 4
+            a[k][0] = e2m1_to_e4m3(words[2 * k], s0);
+            a[k][1] = e2m1_to_e4m3(words[2 * k] >> 16, s1);
+            a[k][2] = e2m1_to_e4m3(words[2 * k + 1], s0);
+            a[k][3] = e2m1_to_e4m3(words[2 * k + 1] >> 16, s1);
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < kBK / 32; ++k) {
+            a[k][0] = int4_to_e4m3(words[2 * k]);             // row, k .. k + 15
+            a[k][1] = int4_to_e4m3(words[2 * k] >> 16);       // row + 8
+            a[k][2] = int4_to_e4m3(words[2 * k + 1]);         // row, k + 16 ..
+            a[k][3] = int4_to_e4m3(words[2 * k + 1] >> 16);   // row + 8, k + 16 ..
+          }
         }
         fence_registers(acc);
         wgmma_fence();
