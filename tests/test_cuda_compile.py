@@ -40,8 +40,20 @@ def _gemm_specs() -> list[jit.KernelSpec]:
     ]
 
 
+def _grouped_specs() -> list[jit.KernelSpec]:
+    """The grouped (MoE) variant at the small token tiles MoE decode uses, and one dense-sized tile."""
+    L, T = WeightLayout, _gemm_sm90.GemmTuning
+    return [
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(16, 8), grouped=True),
+        _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f32", T(32, 8), grouped=True),
+        _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(64, 8), grouped=True),
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 6), grouped=True),
+    ]
+
+
 def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
-    return [(spec, arch) for spec in _decode_specs() + _gemm_specs() for arch in spec.targets()]
+    specs = _decode_specs() + _gemm_specs() + _grouped_specs()
+    return [(spec, arch) for spec in specs for arch in spec.targets()]
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +109,27 @@ def test_decode_sass_uses_tensor_cores_and_16_byte_async_loads(compiled, tmp_pat
 
 
 def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
-    for spec in _gemm_specs():
+    for spec in _gemm_specs() + _grouped_specs():
         assert spec.targets() == ("sm_90a",)
         sass = _cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
-        assert re.search(r"HGMMA\.64x(128|256)x16\.F32(\.BF16)? R\d+, R\d+, gdesc", sass), spec.name  # A in registers
+        bm = spec.name.split("_bm")[1].split("_")[0]
+        assert re.search(rf"HGMMA\.64x{bm}x16\.F32(\.BF16)? R\d+, R\d+, gdesc", sass), spec.name  # A in registers
         assert "UTMALDG.2D" in sass, f"{spec.name}: activations are not loaded by TMA"
         assert "UBLKCP" in sass, f"{spec.name}: weights are not loaded by bulk copies"
         assert "USETMAXREG" in sass, f"{spec.name}: setmaxnreg was dropped"
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
+
+
+def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path):
+    """The grouped flag is compiled in: a global load of the segment's expert id ahead of the first
+    barrier (the early exit), which the dense kernel of the same tuning does not have."""
+    grouped = _grouped_specs()[-1]
+    dense = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(128, 6))
+    assert grouped.name != dense.name and ", true, 1>" in grouped.entry and ", false, 1>" in dense.entry
+    sass = {
+        spec.name: _cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        for spec in (grouped, dense)
+    }
+    before_barrier = {name: text[: text.index("BAR.SYNC")] for name, text in sass.items()}
+    assert "LDG.E" in before_barrier[grouped.name], "no expert id load before the first barrier"
+    assert "LDG.E" not in before_barrier[dense.name]

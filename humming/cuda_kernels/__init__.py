@@ -1,14 +1,17 @@
 """humming's CUDA backend: hand-written kernels compiled at run time with NVRTC (``jit``).
 
 Backend interface (``humming.dispatch.backends``): :func:`is_available`, :func:`supports`,
-:func:`linear`. Kernels today:
+:func:`linear`, and for expert-stacked (MoE) weights :func:`supports_grouped`, :func:`grouped_linear`.
+Kernels today:
 
 - ``decode`` (``include/humming/decode.cuh``): weight-only GEMM for M <= 64, int4 / uint4 (+ zero points)
   / int8 / uint8 weights, bfloat16 or float16 activations, per-tensor / per-channel / group scales
   (group size a multiple of 64), compute capability 8.0 and newer.
 - ``gemm_sm90`` (``include/humming/gemm_sm90.cuh``): the same weights for M > 32 on Hopper (sm_90a):
   TMA + mbarrier pipeline, producer / consumer warpgroups with setmaxnreg, wgmma with the dequantized
-  weights as the register A operand; needs N % 128 == 0.
+  weights as the register A operand; needs N % 128 == 0. Its grouped variant (the same kernel with a
+  compile-time flag) runs ``humming.moe.grouped_linear``: token tiles of 16 to 256 rows (dividing
+  ``block_m``), each reading its segment's expert id, skipping -1 segments, offsetting its weight tiles.
 - ``fp8_gemm`` (``include/humming/fp8_gemm_sm90.cuh``): quantized activations on Hopper: W8A8 e4m3 x e4m3
   (per-tensor / per-token x per-channel, 1x128 x 128x128 blocks) and W4A8 int4 x e4m3, on fp8 wgmma.
 - ``fp4_gemm`` (``include/humming/fp4_gemm_sm120.cuh``): W4A4 NVFP4 / MXFP4 on sm_120a block-scaled
@@ -32,7 +35,17 @@ from ._layout import PreparedWeight, prepare_weight, weight_unsupported
 from ._warmup import WarmupReport, warmup_specs
 from .jit import KernelNotReadyError, compiler_unavailable_reason
 
-__all__ = ["KernelNotReadyError", "WarmupReport", "is_available", "linear", "prepare", "supports", "warmup"]
+__all__ = [
+    "KernelNotReadyError",
+    "WarmupReport",
+    "grouped_linear",
+    "is_available",
+    "linear",
+    "prepare",
+    "supports",
+    "supports_grouped",
+    "warmup",
+]
 
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -68,7 +81,7 @@ def supports(qweight, act, x: torch.Tensor) -> str | None:
     if x.device.type != "cuda":
         return f"x is on {x.device}, not a CUDA device"
     if qweight.num_experts is not None:
-        return "no CUDA kernel for expert-stacked weights yet"
+        return "expert-stacked weights run through grouped_linear (humming.moe), not linear"
     return _route(qweight, x)[1]
 
 
@@ -87,6 +100,47 @@ def _route(qweight, x: torch.Tensor) -> tuple[str | None, str | None]:
     if m <= _decode.DECODE_MAX_M:
         return "decode", None
     return None, f"M={m} > {_decode.DECODE_MAX_M} needs the large-M GEMM, but {gemm_reason}"
+
+
+def supports_grouped(qweight, act, x: torch.Tensor, block_m: int) -> str | None:
+    """``None`` when the grouped sm_90a GEMM runs ``grouped_linear(x, qweight, ..., block_m, act=act)``,
+    else why not. ``x`` is the grouped activation ``[M_pad, K]`` (its dtype, device and alignment matter)."""
+    if act is not None:
+        return f"the grouped CUDA GEMM is weight-only (act=None), not act={act}"
+    if x.device.type != "cuda":
+        return f"x is on {x.device}, not a CUDA device"
+    if qweight.num_experts is None:
+        return "the grouped CUDA GEMM needs expert-stacked weights [E, N, K]"
+    cc = torch.cuda.get_device_capability(x.device)
+    return weight_unsupported(qweight, x) or _gemm_sm90.grouped_unsupported(qweight, x, block_m, cc)
+
+
+def grouped_linear(
+    x: torch.Tensor,
+    qweight,
+    expert_ids: torch.Tensor,
+    block_m: int,
+    bias: torch.Tensor | None,
+    act,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``x [M_pad, K]`` grouped by expert -> ``[M_pad, N]`` of ``out_dtype``: row ``r`` is ``x[r] @
+    dequantize(qweight)[e]^T + bias[e]`` with ``e = expert_ids[r // block_m]`` (int32, ``M_pad // block_m``
+    entries); segments whose id is -1 are skipped (their rows unspecified). Ids outside [-1, E) are not
+    checked (that would need a host sync) and fault. ``bias`` is ``[E, N]`` or ``None``."""
+    reason = supports_grouped(qweight, act, x, block_m)
+    if reason is not None:
+        raise ValueError(f"humming CUDA backend: {reason}")
+    m, e, n = x.shape[0], qweight.num_experts, qweight.N
+    if m % block_m or expert_ids.shape != (m // block_m,):
+        raise ValueError(f"expert_ids: expected shape ({m // block_m},) for M_pad={m}, block_m={block_m}")
+    if expert_ids.dtype != torch.int32 or expert_ids.device != x.device:
+        raise ValueError(f"expert_ids: expected int32 on {x.device}, got {expert_ids.dtype} on {expert_ids.device}")
+    if bias is not None and (tuple(bias.shape) != (e, n) or bias.device != x.device):
+        raise ValueError(f"bias: expected shape ({e}, {n}) on {x.device}, got {tuple(bias.shape)} on {bias.device}")
+    bias = bias.contiguous() if bias is not None else None
+    prep = prepare(qweight)
+    return _gemm_sm90.run_grouped_gemm(prep, x, expert_ids.contiguous(), block_m, bias, out_dtype)
 
 
 def prepare(qweight) -> PreparedWeight:
@@ -121,12 +175,15 @@ def warmup(
     device: int | None = None,
     progress: bool = True,
     max_workers: int | None = None,
+    block_ms: tuple[int, ...] = (16, 32, 64, 128),
 ) -> WarmupReport:
     """Compile (in parallel) and load every kernel that ``layers`` need for the token counts ``m_values``.
 
     ``layers`` are ``QuantizedWeight`` objects on a CUDA device; ``act`` the activation scheme they run with
-    (``None`` = WnA16); combinations with no CUDA kernel are skipped. The report holds each kernel's
-    origin (``compiled`` = cold, ``disk``, ``memory``) and time.
+    (``None`` = WnA16); combinations with no CUDA kernel are skipped. Expert-stacked layers get the grouped
+    kernels of ``grouped_linear`` for each ``block_m`` of ``block_ms``, with ``m_values`` read as grouped
+    row counts (``M_pad`` of ``humming.moe.moe_align``). The report holds each kernel's origin
+    (``compiled`` = cold, ``disk``, ``memory``) and time.
     """
     from . import _driver
     from .jit import device_arch
@@ -147,6 +204,9 @@ def warmup(
         if act is not None:
             jobs += fp8_gemm.warmup_jobs(qw, act, m_values, out_dtype, bias_dtype, fp8_gemm.device_limits(device))
             continue
+        if qw.num_experts is not None:
+            jobs += _grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, device, cc)
+            continue
         for m in m_values:
             x = torch.empty(m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
             if supports(qw, None, x) is not None:
@@ -164,3 +224,22 @@ def warmup(
     for compiled in report.kernels:
         _driver.load(compiled, device)
     return report
+
+
+def _grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, device, cc) -> list:
+    """The ``(spec, arch)`` of the grouped GEMM for each ``block_m`` and grouped row count ``m``."""
+    from .jit import device_arch
+
+    jobs = []
+    bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
+    for block_m in block_ms:
+        x = torch.empty(block_m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
+        if supports_grouped(qw, None, x, block_m) is not None:
+            continue
+        prep = prepare(qw)
+        smem = _decode.device_limits(device)[1]
+        for m in m_values:
+            tuning = _gemm_sm90.default_grouped_tuning(block_m, m, qw.num_experts, prep.layout, smem)
+            spec = _gemm_sm90.gemm_call_spec(prep, x, bias, out_dtype, tuning, grouped=True)
+            jobs.append((spec, device_arch(spec, cc)))
+    return jobs

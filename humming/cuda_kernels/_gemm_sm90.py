@@ -3,6 +3,11 @@
 Layout: the shared fragment layout (``_layout``) with tile groups of 8 (N % 128 == 0). Compute: w =
 (q - z) * s rounded once to the activation dtype, bf16/fp16 wgmma with fp32 accumulation. Tuning:
 tokens per block tile (the block tile is 128 weight rows x ``bm`` tokens) and pipeline ``stages``.
+
+The grouped (MoE) variant (``grouped=True``, :func:`run_grouped_gemm`) is the same kernel with a
+compile-time flag: x rows come grouped by expert in ``block_m``-row segments (the contiguous grouped
+layout of ``humming.moe.moe_align``), each token tile reads its segment's expert id, skips the tile
+when it is -1, and offsets its weight, scale, zero-point and bias tiles to that expert.
 """
 
 from __future__ import annotations
@@ -16,22 +21,38 @@ from ._decode import device_limits
 from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout
 from .jit import KernelSpec
 
-__all__ = ["GEMM_CCS", "GEMM_MIN_M", "GemmTuning", "default_gemm_tuning", "gemm_spec", "gemm_unsupported", "run_gemm"]
+__all__ = [
+    "GEMM_CCS",
+    "GEMM_MIN_M",
+    "GROUPED_BMS",
+    "GemmTuning",
+    "default_gemm_tuning",
+    "default_grouped_tuning",
+    "gemm_spec",
+    "gemm_unsupported",
+    "grouped_unsupported",
+    "run_gemm",
+    "run_grouped_gemm",
+]
 
 GEMM_CCS = ((9, 0),)
 #: The GEMM takes M above this (measured on the H200: at M = 64 one 128-token tile beats the decode
 #: kernel's 8 token tiles; at M = 32 the decode kernel wins).
 GEMM_MIN_M = 32
+#: Token tiles of the grouped kernel (wgmma N): each must divide ``block_m``.
+GROUPED_BMS = (256, 128, 64, 32, 16)
 _CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
 
 
 @dataclass(frozen=True)
 class GemmTuning:
-    """Speed-only knobs: tokens per block tile (``bm``, 128 or 256) and pipeline ``stages`` (chunks of
-    64 columns in flight)."""
+    """Speed-only knobs: tokens per block tile (``bm``: 128 or 256 dense; 16, 32, 64, 128 or 256 grouped),
+    pipeline ``stages`` (chunks of 64 columns in flight) and ``blocks`` per SM (1, or 2 for tiles of at
+    most 64 tokens: fewer registers per consumer, two blocks' copies in flight)."""
 
     bm: int
     stages: int
+    blocks: int = 1
 
     def smem_bytes(self, layout: WeightLayout) -> int:
         """Dynamic shared memory (``SmemLayout::kTotal`` in gemm_sm90.cuh) plus 1 KiB alignment slack."""
@@ -50,6 +71,20 @@ def default_gemm_tuning(m: int, layout: WeightLayout, smem_per_block: int) -> Ge
     return GemmTuning(bm, stages)
 
 
+def default_grouped_tuning(block_m: int, rows: int, num_experts: int, layout: WeightLayout, smem_per_block: int):
+    """The largest token tile that divides ``block_m`` (one weight pass per segment: the kernel cannot tell
+    padding rows from used ones), 256 only when the ``rows`` (grouped rows, padding included) average
+    512 per expert, as in the dense choice. Tiles of up to 64 tokens run two blocks per SM (their
+    consumers need few registers; the second block hides the first one's copy latency) with up to 8
+    stages each in half the shared memory; larger tiles as the dense kernel."""
+    bm = next(b for b in GROUPED_BMS if block_m % b == 0 and (b < 256 or rows >= 512 * num_experts))
+    blocks, stages = (2, 8) if bm <= 64 else (1, 6)
+    budget = smem_per_block // blocks - 1024 * (blocks - 1)  # the SM reserves 1 KiB per block
+    while stages > 2 and GemmTuning(bm, stages, blocks).smem_bytes(layout) > budget:
+        stages -= 1
+    return GemmTuning(bm, stages, blocks)
+
+
 def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:
     """``None`` when the sm_90a GEMM runs this call (given the checks of ``decode_unsupported`` pass)."""
     if cc not in GEMM_CCS:
@@ -61,9 +96,26 @@ def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:
     return None
 
 
-def gemm_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: GemmTuning) -> KernelSpec:
+def grouped_unsupported(qw, x: torch.Tensor, block_m: int, cc: tuple[int, int]) -> str | None:
+    """``None`` when the grouped sm_90a GEMM runs this call (given ``weight_unsupported`` passes)."""
+    reason = gemm_unsupported(qw, x, cc)
+    if reason is not None:
+        return reason.replace("large-M", "grouped")
+    if block_m <= 0 or block_m % 16:
+        return f"the grouped CUDA GEMM needs block_m % 16 == 0 (token tiles of 16 to 256), got {block_m}"
+    return None
+
+
+def gemm_spec(
+    layout: WeightLayout, act: str, out: str, bias: str, tuning: GemmTuning, grouped: bool = False
+) -> KernelSpec:
     zp = "zp" if layout.zero < 0 else f"z{layout.zero}"
-    name = f"humming_gemm_sm90_u{layout.bits}{zp}_a{act}_s{layout.scale}_o{out}_b{bias}_bm{tuning.bm}_s{tuning.stages}"
+    kind = "grouped_" if grouped else ""
+    blocks = f"_x{tuning.blocks}" if tuning.blocks > 1 else ""
+    name = (
+        f"humming_gemm_sm90_{kind}u{layout.bits}{zp}_a{act}_s{layout.scale}_o{out}_b{bias}"
+        f"_bm{tuning.bm}_s{tuning.stages}{blocks}"
+    )
     args = ", ".join(
         (
             _CPP_DTYPE[act],
@@ -74,6 +126,8 @@ def gemm_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: GemmT
             _CPP_DTYPE[bias],
             str(tuning.bm),
             str(tuning.stages),
+            "true" if grouped else "false",
+            str(tuning.blocks),
         )
     )
     return KernelSpec(
@@ -84,20 +138,26 @@ def gemm_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: GemmT
         params="humming::gemm_sm90::Params",
         threads=384,
         ccs=GEMM_CCS,
-        min_blocks=1,
+        min_blocks=tuning.blocks,
         arch_specific=True,
     )
 
 
 def gemm_call_spec(
-    prep: PreparedWeight, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, tuning: GemmTuning
+    prep: PreparedWeight,
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    tuning: GemmTuning,
+    grouped: bool = False,
 ) -> KernelSpec:
     bias_code = DTYPE_CODE[bias.dtype] if bias is not None else DTYPE_CODE[x.dtype]
-    return gemm_spec(prep.layout, DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code, tuning)
+    return gemm_spec(prep.layout, DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped)
 
 
 class _Params(ctypes.Structure):
-    """Mirror of ``humming::gemm_sm90::Params`` (192 bytes, the tensor map first)."""
+    """Mirror of ``humming::gemm_sm90::Params`` (the tensor map first; 204 bytes of fields that alignas(64)
+    pads to 256, all of which the launch copies)."""
 
     _fields_ = (
         ("x_map", ctypes.c_uint8 * 128),
@@ -106,12 +166,15 @@ class _Params(ctypes.Structure):
         ("zeros", ctypes.c_void_p),
         ("bias", ctypes.c_void_p),
         ("out", ctypes.c_void_p),
+        ("expert_ids", ctypes.c_void_p),
         ("M", ctypes.c_int),
         ("N", ctypes.c_int),
         ("K", ctypes.c_int),
         ("out_stride", ctypes.c_int),
         ("groups", ctypes.c_int),
         ("chunks_per_group", ctypes.c_int),
+        ("block_m", ctypes.c_int),
+        ("_pad", ctypes.c_uint8 * 52),
     )
 
 
@@ -131,19 +194,64 @@ def run_gemm(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x [M, K] @ W^T + bias`` -> ``[M, N]`` of ``out_dtype`` on the current stream (sm_90a)."""
+    m = x.shape[0]
+    if tuning is None:
+        tuning = default_gemm_tuning(m, prep.layout, device_limits(_device_index(x))[1])
+    return _launch(prep, x, bias, out_dtype, tuning, out, None, 0)
+
+
+def run_grouped_gemm(
+    prep: PreparedWeight,
+    x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    block_m: int,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    tuning: GemmTuning | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Grouped ``x [M_pad, K]`` times the expert-stacked ``prep`` -> ``[M_pad, N]`` of ``out_dtype`` (sm_90a).
+
+    Row ``r`` uses expert ``expert_ids[r // block_m]`` (int32, contiguous, ``M_pad // block_m`` entries);
+    rows of segments whose id is -1 are not written. ``bias`` is ``[E, N]`` contiguous or ``None``.
+    """
+    m = x.shape[0]
+    if tuning is None:
+        smem = device_limits(_device_index(x))[1]
+        tuning = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
+    if block_m % tuning.bm:
+        raise ValueError(f"tuning: the token tile bm={tuning.bm} must divide block_m={block_m}")
+    return _launch(prep, x, bias, out_dtype, tuning, out, expert_ids, block_m)
+
+
+def _device_index(x: torch.Tensor) -> int:
+    return x.device.index if x.device.index is not None else torch.cuda.current_device()
+
+
+def _launch(
+    prep: PreparedWeight,
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    tuning: GemmTuning,
+    out: torch.Tensor | None,
+    expert_ids: torch.Tensor | None,
+    block_m: int,
+) -> torch.Tensor:
     from .jit import get_kernel
 
     m, k = x.shape
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    if tuning is None:
-        tuning = default_gemm_tuning(m, prep.layout, device_limits(device)[1])
-    kernel = get_kernel(gemm_call_spec(prep, x, bias, out_dtype, tuning), device)
+    device = _device_index(x)
+    grouped = expert_ids is not None
+    kernel = get_kernel(gemm_call_spec(prep, x, bias, out_dtype, tuning, grouped), device)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
     if out is None:
         out = torch.empty(m, prep.n, device=x.device, dtype=out_dtype)
     elif tuple(out.shape) != (m, prep.n) or out.dtype != out_dtype or out.stride(1) != 1:
         raise ValueError(f"out: expected a [{m}, {prep.n}] {out_dtype} tensor with unit column stride")
+    if m == 0:
+        return out
     params = _Params(
         (ctypes.c_uint8 * 128).from_buffer_copy(_x_tensor_map(x, tuning.bm)),
         prep.qweight.data_ptr(),
@@ -151,12 +259,14 @@ def run_gemm(
         prep.zeros.data_ptr() if prep.zeros is not None else None,
         bias.data_ptr() if bias is not None else None,
         out.data_ptr(),
+        expert_ids.data_ptr() if grouped else None,
         m,
         prep.n,
         k,
         out.stride(0),
         prep.groups,
         prep.chunks_per_group,
+        block_m,
     )
     grid = (prep.n // 128, -(-m // tuning.bm), 1)
     kernel.launch(grid, tuning.smem_bytes(prep.layout), params, torch.cuda.current_stream(device).cuda_stream)

@@ -14,7 +14,9 @@ weights as m16n8k16 A fragments, so one re-tiling of a ``QuantizedWeight`` serve
 - codes are offset binary (signed codes XOR ``2^(bits-1)``), so value = code - zero with a constant zero
   (``2^(bits-1)`` for signed formats, 0 for unsigned) or per-group zero points;
 - ``scales`` ``[N/16/TG, groups, TG, 8, 2]``: per 16-row tile, rows ``g`` and ``g + 8`` side by side (f32,
-  bf16 or f16; fp8 / e8m0 scales and a global scale are folded into exact f32); ``zeros`` the same, int16.
+  bf16 or f16; fp8 / e8m0 scales and a global scale are folded into exact f32); ``zeros`` the same, int16;
+- expert-stacked weights ``[E, N, K]`` are ``E * N`` rows, expert after expert: expert ``e``'s tile block
+  ``b`` is block ``e * N / (16 TG) + b`` of every tensor above, exactly the dense layout of that expert.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class WeightLayout:
 
 @dataclass(frozen=True)
 class PreparedWeight:
-    """A ``QuantizedWeight`` in the fragment layout (module docstring); built once per weight."""
+    """A ``QuantizedWeight`` in the fragment layout (module docstring); built once per weight. ``n`` is the
+    rows of one expert; ``num_experts`` is 1 for a dense weight."""
 
     layout: WeightLayout
     n: int
@@ -51,6 +54,7 @@ class PreparedWeight:
     qweight: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor | None
+    num_experts: int = 1
 
     @property
     def nbytes(self) -> int:
@@ -95,12 +99,14 @@ def _pack_8bit(u: torch.Tensor, tg: int) -> torch.Tensor:
 
 
 def prepare_weight(qw) -> PreparedWeight:
-    """Re-tile an int4 / uint4 / int8 / uint8 ``QuantizedWeight`` with N % 16 == 0 and K % 64 == 0."""
+    """Re-tile an int4 / uint4 / int8 / uint8 ``QuantizedWeight`` ``[N, K]`` or ``[E, N, K]`` with
+    N % 16 == 0 and K % 64 == 0 (experts are packed one at a time to bound the int64 temporaries)."""
     from humming.ir import unpacked_codes
 
     n, k, bits = qw.N, qw.K, qw.bits
+    experts = qw.num_experts or 1
     tg = tile_group(n)
-    codes = unpacked_codes(qw)
+    codes = unpacked_codes(qw).reshape(experts * n, k)
     zero = 0
     if qw.format.signed:  # two's complement -> offset binary: value = code' - 2^(bits-1)
         codes = codes ^ (1 << (bits - 1))
@@ -109,19 +115,23 @@ def prepare_weight(qw) -> PreparedWeight:
     zeros = None
     if qw.zeros is not None:
         zero = -1
-        zeros = _tile_rows(qw.zeros.to(torch.int32).expand(n, groups).to(torch.int16), tg)
+        zeros = qw.zeros.to(torch.int32).expand(*qw.lead, n, groups).reshape(experts * n, groups)
+        zeros = _tile_rows(zeros.to(torch.int16), tg)
     if qw.scales is None:
-        scales = torch.ones(n, 1, dtype=torch.float32, device=qw.device)
+        scales = torch.ones(experts * n, 1, dtype=torch.float32, device=qw.device)
     else:
-        scales = qw.scales.expand(n, groups)
+        scales = qw.scales.expand(*qw.lead, n, groups)
         if qw.global_scale is not None or scales.dtype not in DTYPE_CODE:
             scales = scales.to(torch.float32)  # fp8 / e8m0 scales are exact in fp32
             if qw.global_scale is not None:
-                scales = scales * qw.global_scale.to(torch.float32)
-    packed = _pack_4bit(codes, tg) if bits == 4 else _pack_8bit(codes, tg)
+                g = qw.global_scale.to(torch.float32)
+                scales = scales * (g.reshape(*g.shape, 1, 1) if g.dim() else g)
+        scales = scales.reshape(experts * n, groups)
+    pack = _pack_4bit if bits == 4 else _pack_8bit
+    packed = torch.cat([pack(c, tg) for c in codes.split(n)])
     chunks_per_group = (qw.group_size if qw.layout == "group" else k) // 64
     layout = WeightLayout(bits, zero, DTYPE_CODE[scales.dtype])
-    return PreparedWeight(layout, n, k, groups, chunks_per_group, tg, packed, _tile_rows(scales, tg), zeros)
+    return PreparedWeight(layout, n, k, groups, chunks_per_group, tg, packed, _tile_rows(scales, tg), zeros, experts)
 
 
 def weight_unsupported(qw, x: torch.Tensor) -> str | None:

@@ -2,9 +2,11 @@
 //
 // The kernel computes out^T tile by tile so that the quantized weights are the wgmma A operand, which
 // Hopper lets come from registers: the weights never go through shared memory in 16-bit form.
-// - Block tile: 128 weight rows x kBM (128 or 256) tokens, K in 64-column chunks; 3 warpgroups (384 threads):
-//   warpgroup 0 is the producer (one thread issues all copies, setmaxnreg.dec to 40 registers),
-//   warpgroups 1 and 2 are consumers of 64 rows each (setmaxnreg.inc to 232).
+// - Block tile: 128 weight rows x kBM (16, 32, 64, 128 or 256) tokens, K in 64-column chunks;
+//   3 warpgroups (384 threads): warpgroup 0 is the producer (one thread issues all copies,
+//   setmaxnreg.dec to 40 registers), warpgroups 1 and 2 are consumers of 64 rows each (setmaxnreg.inc
+//   to 232). With kBlocksPerSm = 2 (small token tiles, whose consumers need few registers) each thread
+//   starts with 80 registers: the producer drops to 24 and the consumers rise to 104.
 // - Each pipeline stage holds one chunk: the activation tile (kBM x 64, loaded by TMA with the
 //   128-byte swizzle wgmma expects), the weight chunk of the 128 rows (4 or 8 KB contiguous in the
 //   fragment layout, one bulk copy), the 128 scales and zero points of the chunk's group (bulk copies),
@@ -13,6 +15,10 @@
 //   (magic-number lop3 / prmt, zero point, then the group scale in 16-bit float: w = (q - z) * s is
 //   rounded once, as humming.dequantize does), and issue four m64nkBMk16 wgmma (A = registers,
 //   B = shared-memory descriptor), fp32 accumulators in registers.
+// - Grouped (MoE) variant, kGrouped: the weights are E experts stacked as extra 128-row blocks
+//   (expert e's block b is block e * N/128 + b, likewise for scales, zero points and bias [E, N]); x
+//   rows are grouped by expert in segments of block_m rows (kBM divides block_m), and expert_ids[i] is
+//   the expert of rows [i * block_m, (i + 1) * block_m), -1 for unused segments, whose tiles return at once.
 #include "humming/dequant.cuh"
 
 namespace humming {
@@ -27,12 +33,14 @@ struct alignas(64) Params {
   const uint4* qweight;  // fragment layout, tile group 8
   const void* scales;    // [N/128, groups, 8, 8, 2]
   const uint16_t* zeros; // [N/128, groups, 8, 8, 2] or null
-  const void* bias;      // [N] or null
+  const void* bias;      // [N] ([E, N] grouped) or null
   void* out;             // [M, N], row stride out_stride
+  const int* expert_ids; // grouped: [M / block_m], -1 = skip; else null
   int M, N, K;
   int out_stride;
   int groups;
   int chunks_per_group;
+  int block_m;           // grouped: rows per expert_ids entry
 };
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -84,6 +92,63 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
+// d[64 x 16] (+)= a[64 x 16] (registers) * b[16 x 16] (shared memory, K-major), fp32 accumulators.
+template <DType A>
+__device__ __forceinline__ void wgmma_m64n16k16_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t b_desc,
+                                                   int accumulate) {
+  if constexpr (A == DType::bf16) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  }
+}
+
+// d[64 x 32] (+)= a[64 x 16] (registers) * b[16 x 32] (shared memory, K-major), fp32 accumulators.
+template <DType A>
+__device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b_desc,
+                                                   int accumulate) {
+  if constexpr (A == DType::bf16) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  }
+}
+
+// d[64 x 64] (+)= a[64 x 16] (registers) * b[16 x 64] (shared memory, K-major), fp32 accumulators.
+template <DType A>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc,
+                                                   int accumulate) {
+  if constexpr (A == DType::bf16) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  }
+}
+
 // d[64 x 128] (+)= a[64 x 16] (registers) * b[16 x 128] (shared memory, K-major), fp32 accumulators.
 template <DType A>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc,
@@ -124,9 +189,16 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
 
 template <DType A, int kBM>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kBM / 2], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
-  if constexpr (kBM == 128) {
+  if constexpr (kBM == 16) {
+    wgmma_m64n16k16_rs<A>(d, a, b_desc, accumulate);
+  } else if constexpr (kBM == 32) {
+    wgmma_m64n32k16_rs<A>(d, a, b_desc, accumulate);
+  } else if constexpr (kBM == 64) {
+    wgmma_m64n64k16_rs<A>(d, a, b_desc, accumulate);
+  } else if constexpr (kBM == 128) {
     wgmma_m64n128k16_rs<A>(d, a, b_desc, accumulate);
   } else {
+    static_assert(kBM == 256, "token tile of 16, 32, 64, 128 or 256");
     wgmma_m64n256k16_rs<A>(d, a, b_desc, accumulate);
   }
 }
@@ -145,8 +217,14 @@ struct SmemLayout {
   static constexpr int kTotal = kBar + 2 * kStages * 8;
 };
 
-template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages>
+template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages, bool kGrouped,
+          int kBlocksPerSm>
 __device__ __forceinline__ void run(const Params& p) {
+  static_assert(kBlocksPerSm == 1 || kBlocksPerSm == 2, "one or two blocks per SM");
+  // 128 * producer + 256 * consumer registers must fit the 384 * (65536 / 384 / kBlocksPerSm, rounded
+  // down to 8) the block launches with (168 or 80 per thread).
+  constexpr int kProducerRegs = kBlocksPerSm == 1 ? 40 : 24;
+  constexpr int kConsumerRegs = kBlocksPerSm == 1 ? 232 : 104;
   using L = SmemLayout<kBits, kZero, S, kBM, kStages>;
   constexpr int kVecs = kBits / 4;
   constexpr uint32_t kStageTx = L::kXBytes + L::kWBytes + L::kSBytes + L::kZBytes;
@@ -159,8 +237,13 @@ __device__ __forceinline__ void run(const Params& p) {
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
 
   const int wg = threadIdx.x / 128;
-  const int blk = blockIdx.x;       // 128-row block of the weights
   const int m0 = blockIdx.y * kBM;  // first token of the tile
+  int expert = 0;
+  if constexpr (kGrouped) {
+    expert = p.expert_ids[m0 / p.block_m];
+    if (expert < 0) return;  // the whole block: before any barrier
+  }
+  const int blk = expert * (p.N / 128) + blockIdx.x;  // 128-row block of the (stacked) weights
   const int n_chunks = p.K / 64;
 
   if (threadIdx.x == 0) {
@@ -173,7 +256,7 @@ __device__ __forceinline__ void run(const Params& p) {
   __syncthreads();
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
     if (threadIdx.x == 0) {
       const char* w_src = reinterpret_cast<const char*>(p.qweight);
       const char* s_src = static_cast<const char*>(p.scales);
@@ -193,7 +276,7 @@ __device__ __forceinline__ void run(const Params& p) {
       }
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
     const int t = threadIdx.x - 128;      // 0..255 over both consumer warpgroups
     const int tile = t / 32;              // 16-row tile of the block: warp w of consumer c has 4c + w
     const int lane = t & 31;
@@ -259,7 +342,7 @@ __device__ __forceinline__ void run(const Params& p) {
       mbar_arrive(empty0 + 8 * (kc % kStages));
     }
     // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).
-    const long n_base = long(blk) * 128 + tile * 16 + g;
+    const long n_base = long(blockIdx.x) * 128 + tile * 16 + g;  // column of out (row of the expert)
 #pragma unroll
     for (int i = 0; i < kBM / 8; ++i)
 #pragma unroll
@@ -268,7 +351,7 @@ __device__ __forceinline__ void run(const Params& p) {
         const long n = n_base + 8 * (e >> 1);
         if (token < p.M) {
           float v = acc[4 * i + e];
-          if (p.bias != nullptr) v += load_float<B>(p.bias, n);
+          if (p.bias != nullptr) v += load_float<B>(p.bias, long(expert) * p.N + n);
           store_float<O>(p.out, long(token) * p.out_stride + n, v);
         }
       }

@@ -1,0 +1,173 @@
+"""The grouped (MoE) variant of the Hopper GEMM: expert-stacked fragment layout (CPU, bit-exact) and
+results against a float64 reference built per expert from ``humming.dequantize`` (GPU, sm_90)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming
+from humming import cuda_kernels
+from humming.cuda_kernels import _gemm_sm90
+from humming.cuda_kernels._layout import prepare_weight
+
+HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def needs_sm90(test):
+    test = pytest.mark.gpu(test)
+    return pytest.mark.skipif(torch.cuda.is_available() and not HAS_SM90, reason="needs an sm_90 GPU")(test)
+
+
+def _expert(qw, e: int):
+    """Expert ``e`` of a stacked weight as a dense ``QuantizedWeight``."""
+    pick = lambda t: None if t is None else t[e]
+    g = qw.global_scale
+    return qw.replace(
+        shape=qw.shape[1:],
+        qweight=qw.qweight[e],
+        scales=pick(qw.scales),
+        zeros=pick(qw.zeros),
+        global_scale=g[e] if g is not None and g.dim() else g,
+        bias=pick(qw.bias),
+    )
+
+
+LAYOUT_CASES = {
+    "int4-g128": dict(weight="int4", group_size=128),
+    "uint4-g64-zp": dict(weight="uint4", group_size=64, zero_point=True),
+    "int8-channel": dict(weight="int8", group_size=-1, scale_dtype=torch.bfloat16),
+    "int4-e4m3-global": dict(weight="int4", group_size=128, scale_dtype=torch.float8_e4m3fn, global_scale=True),
+    "uint8-tensor": dict(weight="uint8", group_size="tensor"),
+}
+
+
+@pytest.mark.parametrize("n", [256, 144])  # tile groups of 8 (128-row blocks) and of 1
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_stacked_layout_is_the_dense_layout_of_each_expert(case, n, seed):
+    qw = humming.quantize(torch.randn(3, n, 192), **LAYOUT_CASES[case])
+    prep = prepare_weight(qw)
+    assert prep.num_experts == 3 and prep.n == n
+    for e in range(3):
+        dense = prepare_weight(_expert(qw, e))
+        assert dense.layout == prep.layout and dense.groups == prep.groups and dense.tile_group == prep.tile_group
+        for name in ("qweight", "scales", "zeros"):
+            stacked, one = getattr(prep, name), getattr(dense, name)
+            if one is None:
+                assert stacked is None
+                continue
+            assert stacked.shape[0] == 3 * one.shape[0] and stacked.shape[1:] == one.shape[1:], name
+            assert torch.equal(stacked.chunk(3)[e], one), f"{name} of expert {e}"
+
+
+def test_supports_grouped_says_why_not():
+    qw = humming.quantize(torch.randn(2, 256, 128), weight="int4", group_size=128)
+    x = torch.randn(32, 128, dtype=torch.bfloat16)
+    assert "not a CUDA device" in cuda_kernels.supports_grouped(qw, None, x, 32)
+    assert "weight-only" in cuda_kernels.supports_grouped(qw, "fp8-tensor", x, 32)
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        cuda_kernels.grouped_linear(x, qw, torch.zeros(1, dtype=torch.int32), 32, None, None, torch.bfloat16)
+
+
+def _route(counts: list[int], block_m: int, device) -> tuple[torch.Tensor, int]:
+    """``expert_ids`` of the contiguous grouped layout for ``counts[e]`` rows of expert ``e`` (each
+    segment padded to ``block_m``, M_pad the static worst case), and M_pad."""
+    e = len(counts)
+    m_pad = -(-(sum(counts) + e * (block_m - 1)) // block_m) * block_m
+    ids = [i for i, c in enumerate(counts) for _ in range(-(-c // block_m))]
+    ids += [-1] * (m_pad // block_m - len(ids))
+    return torch.tensor(ids, dtype=torch.int32, device=device), m_pad
+
+
+SCHEMES = {
+    "int4-g128": dict(weight="int4", group_size=128),
+    "uint4-g128-zp": dict(weight="uint4", group_size=128, zero_point=True),
+    "int8-channel": dict(weight="int8", group_size=-1),
+}
+CASES = [
+    # (E, N, K, scheme, block_m, max rows per expert, token tiles): real MoE shapes; rows 0..max
+    (64, 2816, 2048, "int4-g128", 16, 12, (None,)),
+    (64, 1536, 2048, "uint4-g128-zp", 32, 40, (None, 16)),
+    (8, 4096, 7168, "int4-g128", 64, 300, (None, 32)),
+    (8, 2816, 2048, "int8-channel", 128, 300, (None, 64)),
+    (8, 1536, 2048, "uint4-g128-zp", 256, 300, (None, 128)),
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("e", "n", "k", "scheme", "block_m", "max_rows", "bms"), CASES)
+@pytest.mark.usefixtures("seed")
+def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act):
+    qw = humming.quantize(torch.randn(e, n, k, device="cuda") * 0.05, scale_dtype=act, **SCHEMES[scheme])
+    prep = prepare_weight(qw)
+    counts = torch.randint(1, max_rows + 1, (e,)).tolist()
+    for i in torch.randperm(e)[: max(1, e // 4)].tolist():  # a quarter of the experts get no rows
+        counts[i] = 0
+    expert_ids, m_pad = _route(counts, block_m, "cuda")
+    x = torch.randn(m_pad, k, device="cuda", dtype=act)
+    bias = torch.randn(e, n, device="cuda", dtype=act)
+    row_expert = expert_ids.repeat_interleave(block_m)
+    ref = _reference(x, qw, row_expert, act)
+    used = row_expert >= 0
+    for b in (None, bias):
+        for bm in bms:
+            tuning = None if bm is None else _gemm_sm90.GemmTuning(bm, 8)
+            out = torch.full((m_pad, n), float("nan"), device="cuda", dtype=act)
+            _gemm_sm90.run_grouped_gemm(prep, x, expert_ids, block_m, b, act, tuning, out=out)
+            want = ref if b is None else ref + b.double()[row_expert.clamp(min=0)]
+            _check(out[used], want[used], torch.finfo(act).eps)
+            assert out[~used].isnan().all(), "a row of a skipped (-1) segment was written"
+
+
+def _check(out, ref, tol):
+    """fp32 accumulation of the exact products, then one rounding to 16 bits: the norm-wise error
+    stays well under one ulp of the output type (``tol`` = its epsilon)."""
+    assert not torch.isnan(out).any(), "NaN in the output: some element of a used segment was not written"
+    diff = (out.double() - ref).abs()
+    err = (diff.norm() / ref.norm()).item()
+    worst = diff.argmax().item()
+    assert err < tol, f"relative error {err:.2e} >= {tol:.1e}; worst at {divmod(worst, ref.shape[1])}"
+
+
+def _reference(x, qw, row_expert, act):
+    """float64 ``x @ W_e^T`` per expert, ``W_e`` = ``humming.dequantize`` of expert ``e`` rounded once to
+    ``act`` (what the kernel multiplies); NaN in rows of -1 segments."""
+    ref = torch.full((x.shape[0], qw.N), float("nan"), device=x.device, dtype=torch.float64)
+    for i in row_expert.unique().tolist():
+        if i >= 0:
+            w = humming.dequantize(_expert(qw, i), act).double()
+            ref[row_expert == i] = x[row_expert == i].double() @ w.T
+    return ref
+
+
+@needs_sm90
+def test_grouped_linear_after_warmup_in_a_cuda_graph(seed):
+    qw = humming.quantize(torch.randn(8, 256, 512, device="cuda"), weight="int4", group_size=128)
+    expert_ids, m_pad = _route([5, 0, 17, 3, 0, 0, 40, 1], 16, "cuda")
+    report = cuda_kernels.warmup([qw], m_values=(m_pad,), block_ms=(16,), progress=False)
+    assert [k.spec.name.split("_")[3] for k in report.kernels] == ["grouped"]
+    x = torch.randn(m_pad, 512, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cuda_kernels.grouped_linear(x, qw, expert_ids, 16, None, None, torch.bfloat16)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    row_expert = expert_ids.repeat_interleave(16)
+    used = row_expert >= 0
+    _check(out[used], _reference(x, qw, row_expert, torch.bfloat16)[used], torch.finfo(torch.bfloat16).eps)
+
+
+@needs_sm90
+def test_through_humming_moe(seed):
+    moe = pytest.importorskip("humming.moe", reason="humming.moe (the MoE entry points) is not in this tree")
+    qw = humming.quantize(torch.randn(4, 384, 256, device="cuda"), weight="uint4", group_size=64, zero_point=True)
+    expert_ids, m_pad = _route([0, 30, 2, 9], 32, "cuda")
+    x = torch.randn(m_pad, 256, device="cuda", dtype=torch.float16)
+    bias = torch.randn(4, 384, device="cuda", dtype=torch.float16)
+    out = moe.grouped_linear(x, qw, expert_ids, 32, bias, backend="cuda")
+    row_expert = expert_ids.repeat_interleave(32)
+    used = row_expert >= 0
+    ref = _reference(x, qw, row_expert, torch.float16) + bias.double()[row_expert.clamp(min=0)]
+    _check(out[used], ref[used], torch.finfo(torch.float16).eps)
