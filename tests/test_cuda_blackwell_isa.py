@@ -27,6 +27,10 @@ asm volatile("mma.sync.aligned.m16n8k{k}.row.col.kind::{kind}.block_scale.scale_
 o[threadIdx.x] = __float_as_uint(d0 + d1 + d2 + d3);"""
 _TCGEN05 = """asm volatile("tcgen05.mma.cta_group::1.kind::{kind} [%0], %1, %2, %3, 1;"
              :: "r"(o[0]), "l"(q[0]), "l"(q[1]), "r"(o[1]));"""
+_TCGEN05_BLOCK_SCALED = """asm volatile("tcgen05.mma.cta_group::1.kind::{kind}.block_scale.scale_vec::{vec}"
+             " [%0], %1, %2, %3, [%4], [%5], 1;"
+             :: "r"(o[0]), "l"(q[0]), "l"(q[1]), "r"(o[1]), "r"(o[2]), "r"(o[3]));"""
+_TCGEN05_CP = """asm volatile("tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;" :: "r"(o[0]), "l"(q[0]));"""
 _CVT = """unsigned short h;
 asm volatile("cvt.rn.satfinite.{t}x2.f32 %0, %1, %2;"
              : "=h"(h) : "f"(__uint_as_float(o[0])), "f"(__uint_as_float(o[1])));
@@ -60,6 +64,15 @@ PROBES = [
         (f"tcgen05.mma kind::{kind}", _TCGEN05.format(kind=kind), {"sm_100a": True, "sm_120a": False, "sm_90a": False})
         for kind in ("f16", "tf32", "f8f6f4", "i8")
     ],
+    *[
+        (
+            f"tcgen05.mma kind::{kind} block_scale {vec}",
+            _TCGEN05_BLOCK_SCALED.format(kind=kind, vec=vec),
+            {"sm_100a": True, "sm_120a": False, "sm_90a": False},
+        )
+        for kind, vec in (("mxf4nvf4", "4X"), ("mxf4nvf4", "2X"), ("mxf4", "2X"), ("mxf8f6f4", "1X"))
+    ],
+    ("tcgen05.cp 32x128b.warpx4", _TCGEN05_CP, {"sm_100a": True, "sm_120a": False}),
     *[(f"cvt {t}x2", _CVT.format(t=t), {"sm_100a": True, "sm_120a": True, "sm_90a": False}) for t in ("e2m3", "e3m2")],
     *[(f"cvt {t}x2 (no such type)", _CVT.format(t=t), {"sm_100a": False, "sm_120a": False}) for t in ("e0m3", "e3m4")],
 ]

@@ -10,19 +10,19 @@ No sm_120 GPU has been available: the kernel has NEVER RUN. What is checked here
    block-scaling tables (``_mma_reference``). It must reproduce ``x_deq @ w_deq^T`` computed from
    ``humming.dequantize`` / ``dequantize_activation``. This proves the data movement and layouts compose
    correctly *given* the PTX ISA tables; it cannot prove the hardware follows them.
-3. ``gpu`` tests, skipped unless the device is sm_120 (they have never run): first one MMA on random
-   registers (``fp4_mma_probe_sm120.cuh``) against the same ISA model, which isolates the model from the
-   GEMM's data movement; then the GEMM against a float64 reference.
+3. ``gpu`` tests (they have never run): on sm_120, first one MMA on random registers
+   (``fp4_mma_probe_sm120.cuh``) against the same ISA model, which isolates the model from the GEMM's data
+   movement; then, on sm_120 or sm_100, the GEMM (whichever kernel the device gets) against a float64
+   reference. The sm_100a kernel's compile and emulation tests are in tests/test_cuda_fp4_sm100.py.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 import torch
-from test_cuda_compile import _cubin_tool, _cuda_tool  # tests/ is on sys.path (pytest rootdir-relative imports)
+from test_cuda_compile import _cubin_tool  # tests/ is on sys.path (pytest rootdir-relative imports)
 
 from humming import dequantize, quantize
 from humming.cuda_kernels import fp4_gemm, jit
@@ -97,56 +97,6 @@ def test_resource_usage_no_stack_no_local(compiled, tmp_path):
         usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", report)
         assert usage, report
         assert usage.group(2) == "0" and usage.group(3) == "0", f"{name}: {usage.group(0)}"
-
-
-_TCGEN05_BLOCK_SCALED = r"""extern "C" __global__ void probe(unsigned* o, unsigned long long* q) {
-  __shared__ unsigned tmem_base;
-  if (threadIdx.x < 32)
-    asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], 256;"
-                 :: "r"((unsigned)__cvta_generic_to_shared(&tmem_base)));
-  __syncthreads();
-  const unsigned t = tmem_base;
-  if (threadIdx.x == 0) {
-    asm volatile("tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;" :: "r"(t + 128), "l"(q[2]));
-    asm volatile("tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;" :: "r"(t + 132), "l"(q[3]));
-    asm volatile("{.reg .pred p; setp.ne.b32 p, %4, 0; tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale"
-                 ".scale_vec::4X [%0], %1, %2, %3, [%5], [%6], p;}"
-                 :: "r"(t), "l"(q[0]), "l"(q[1]), "r"(o[0]), "r"(o[1]), "r"(t + 128), "r"(t + 132));
-    asm volatile("{.reg .pred p; setp.ne.b32 p, %4, 0; tcgen05.mma.cta_group::1.kind::mxf4.block_scale"
-                 ".scale_vec::2X [%0], %1, %2, %3, [%5], [%6], p;}"
-                 :: "r"(t), "l"(q[0]), "l"(q[1]), "r"(o[0]), "r"(o[1]), "r"(t + 128), "r"(t + 132));
-    asm volatile("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" :: "r"(o[2]));
-  }
-  unsigned r0, r1, r2, r3;
-  asm volatile("tcgen05.ld.sync.aligned.32x32b.x4.b32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(t));
-  asm volatile("tcgen05.wait::ld.sync.aligned;");
-  o[threadIdx.x] = r0 + r1 + r2 + r3;
-  __syncthreads();
-  if (threadIdx.x < 32) asm volatile("tcgen05.dealloc.cta_group::1.sync.aligned.b32 %0, 256;" :: "r"(t));
-}
-"""
-
-
-@needs_nvrtc
-def test_sm100a_tcgen05_block_scaled_sequence_compiles(tmp_path):
-    """The instruction sequence an sm_100a FP4 kernel would issue (BLACKWELL.md, "what is missing") compiles
-    for sm_100a, not for sm_120a, and lowers to UTCCP (scale factors into TMEM) and UTCOMMA (.4X: NVFP4).
-    Descriptor contents are run-time values that ptxas does not check: this says nothing about layouts."""
-    from cuda.core import Program, ProgramOptions
-
-    def build(arch: str):
-        return Program(_TCGEN05_BLOCK_SCALED, "c++", ProgramOptions(arch=arch, std="c++17")).compile("cubin")
-
-    with pytest.raises(Exception, match=re.escape("not supported on .target 'sm_120a'")):
-        build("sm_120a")
-    tool = _cuda_tool("cuobjdump")
-    if tool is None:
-        pytest.skip("cuobjdump not found (neither in triton's package nor on PATH)")
-    path = tmp_path / "probe-sm_100a.cubin"
-    path.write_bytes(bytes(build("sm_100a").code))
-    sass = subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
-    assert {"UTCOMMA.4X", "UTCOMMA", "UTCCP.T.S.4x32dp128bit"} <= set(re.findall(r"\bUTC[\w.]+", sass))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -348,15 +298,22 @@ def test_emulated_kernel_matches_dequantized_matmul(scheme, m, n, k, with_bias, 
     qw, qa = _problem(scheme, m, n, k, seed=m * 1000 + n + k)
     assert fp4_gemm.weight_unsupported(qw) is None
     bias = torch.randn(n, generator=torch.Generator().manual_seed(k)) if with_bias else None
-    got = _emulate(fp4_gemm.prepare(qw), qa, bias, tuning)
+    got = _emulate(fp4_gemm.prepare(qw, "sm_120a"), qa, bias, tuning)
+    assert_matches_reference(got, qw, qa, bias)
+
+
+def assert_matches_reference(got: torch.Tensor, qw, qa, bias) -> None:
+    """An emulated kernel result (float64, NaN where never written) against the dequantized matmul.
+
+    The reference rounds scale * global_scale to fp32 once per element (docs/ir.md); the kernels apply the
+    global scales after the sum. Both are exact otherwise, so the two differ by at most ~2^-23 of the sum of
+    |terms|; a wrong lane, byte or nibble mapping is off by O(1) of it, and NaN never passes.
+    """
     ref = _reference(qw, qa, bias)
-    # The reference rounds scale * global_scale to fp32 once per element (docs/ir.md); the kernel applies the
-    # global scales after the sum. Both are exact otherwise, so the two differ by at most ~2^-23 of the sum of
-    # |terms|; a wrong lane, byte or nibble mapping is off by O(1) of it.
     magnitude = dequantize_activation(qa, torch.float64).abs() @ dequantize(qw, torch.float64).abs().T
     err = (got - ref).abs()
-    bad = err > 2.5e-7 * magnitude + 1e-12
-    worst = divmod(int((err / (magnitude + 1e-30)).argmax()), n)
+    bad = ~(err <= 2.5e-7 * magnitude + 1e-12)
+    worst = divmod(int(torch.nan_to_num(err / (magnitude + 1e-30), nan=float("inf")).argmax()), ref.shape[1])
     assert not bad.any(), f"{int(bad.sum())} elements off; worst relative to |x| @ |w|^T at (m, n) = {worst}"
 
 
@@ -364,7 +321,7 @@ def test_emulated_mma_catches_a_wrong_scale_lane():
     """The emulation is sensitive to the layouts: moving the A scales to the accumulator's row lanes (a
     plausible mistake) breaks the match."""
     qw, qa = _problem("nvfp4", 16, 8, 64, seed=1)
-    prep = fp4_gemm.prepare(qw)
+    prep = fp4_gemm.prepare(qw, "sm_120a")
     x_codes, x_scales, _ = fp4_gemm.activation_buffers(qa, prep.kp, 16)
     s_x, s_xs = _load_stage(x_codes, x_scales, 0, 16, 0, 8)
     s_w, s_ws = _load_stage(prep.codes, prep.scales, 0, 8, 0, 8)
@@ -384,7 +341,7 @@ def test_pack_codes_is_canonical_packing():
     from humming.ir.quantize import unpacked_codes
 
     packed = fp4_gemm.pack_codes(unpacked_codes(qw_act), 128)
-    assert torch.equal(packed, fp4_gemm.prepare(qw_act).codes)
+    assert torch.equal(packed, fp4_gemm.prepare(qw_act, "sm_120a").codes)
 
 
 @pytest.mark.parametrize(
@@ -412,26 +369,40 @@ def test_choose_tuning_fills_the_sms_then_takes_the_most_blocks():
 
 def test_warmup_jobs_follow_choose_tuning():
     qw = quantize(torch.randn(4096, 64), "mxfp4")
-    jobs = fp4_gemm.warmup_jobs(qw, get_act_scheme("mxfp4"), (1, 16, 64, 512), torch.bfloat16, None, 64)
+    jobs = fp4_gemm.warmup_jobs(qw, get_act_scheme("mxfp4"), (1, 16, 64, 512), torch.bfloat16, None, 64, (12, 0))
     assert all(arch == "sm_120a" for _, arch in jobs)
     expected = {fp4_gemm.choose_tuning(m, 4096, 64) for m in (1, 16, 64, 512)}
     assert [spec.name for spec, _ in jobs] == sorted(fp4_gemm.fp4_spec(32, "bf16", "bf16", t).name for t in expected)
-    assert fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1,), torch.bfloat16, None, 64) == []
+    assert fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1,), torch.bfloat16, None, 64, (12, 0)) == []
 
 
-def test_supports_only_sm_120():
+def test_supports_names_the_blackwell_architectures(monkeypatch):
+    """Off Blackwell (here: an H200, compute capability 9.0) the reason says which architectures it needs."""
     qw = quantize(torch.randn(16, 64), "nvfp4")
-    reason = fp4_gemm.supports(qw, get_act_scheme("nvfp4"), torch.empty(2, 64))
-    assert reason is not None and "not a CUDA device" in reason
+    act = get_act_scheme("nvfp4")
+    assert "not a CUDA device" in fp4_gemm.supports(qw, act, torch.empty(2, 64))
+
+    class OnCuda:
+        device = torch.device("cuda", 0)
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    reason = fp4_gemm.supports(qw, act, OnCuda())
+    assert "sm_100a" in reason and "sm_120a" in reason and "not (9, 0)" in reason, reason
+    with pytest.raises(ValueError, match="sm_100a"):
+        fp4_gemm.linear(OnCuda(), qw, None, act, torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# On an sm_120 GPU. NEVER RUN: no such device has been available; these document what to run first.
+# On a Blackwell GPU. NEVER RUN: no such device has been available; these document what to run first.
 # ---------------------------------------------------------------------------------------------------------
 
 
 def _sm120() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (12, 0)
+
+
+def _blackwell() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() in fp4_gemm.ARCHS
 
 
 GPU_CASES = [
@@ -443,7 +414,7 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm120(), reason="needs an sm_120 GPU (RTX 50xx / RTX PRO 6000); never run so far")
+@pytest.mark.skipif(not _blackwell(), reason="needs an sm_100 (B200) or sm_120 (RTX 50xx) GPU; never run so far")
 @pytest.mark.parametrize(("scheme", "m", "n", "k", "out_dtype"), GPU_CASES)
 def test_gpu_matches_float64_reference(scheme, m, n, k, out_dtype):
     torch.manual_seed(m + n + k)
@@ -456,7 +427,7 @@ def test_gpu_matches_float64_reference(scheme, m, n, k, out_dtype):
     magnitude = dequantize_activation(qa, torch.float64).abs() @ dequantize(qw, torch.float64).abs().T
     err = (got.to(torch.float64) - ref).abs()
     tol = 1e-5 * magnitude + (8e-3 if out_dtype == torch.bfloat16 else 0.0) * ref.abs()  # fp32 sums, bf16 out
-    bad = err > tol
+    bad = ~(err <= tol)  # NaN is bad
     assert not bad.any(), f"{int(bad.sum())} bad; worst {err.max().item():.3e} at {divmod(int(err.argmax()), n)}"
 
 
@@ -500,7 +471,7 @@ def _split_registers(regs: torch.Tensor):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm120(), reason="needs an sm_120 GPU (RTX 50xx / RTX PRO 6000); never run so far")
+@pytest.mark.skipif(not _blackwell(), reason="needs an sm_100 (B200) or sm_120 (RTX 50xx) GPU; never run so far")
 def test_gpu_triton_activation_pass_matches_reference_quantizer():
     qw = quantize(torch.randn(256, 512, device="cuda"), "nvfp4")
     x = torch.randn(20, 512, device="cuda", dtype=torch.bfloat16)

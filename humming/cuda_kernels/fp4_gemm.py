@@ -1,27 +1,33 @@
-"""Block-scaled FP4 GEMM for consumer Blackwell (``include/humming/fp4_gemm_sm120.cuh``, sm_120a): e2m1
-activations x e2m1 weights (W4A4), NVFP4 (ue4m3 scales per 16 + fp32 global scales) or MXFP4 (ue8m0 per 32).
+"""Block-scaled FP4 GEMMs for Blackwell: e2m1 activations x e2m1 weights (W4A4), NVFP4 (ue4m3 scales per 16 +
+fp32 global scales) or MXFP4 (ue8m0 per 32), one kernel per tensor-core family:
 
-NOT YET RUN ON HARDWARE: no sm_120 GPU has been available. CI compiles every variant for sm_120a and checks
-its SASS; ``tests/test_cuda_fp4.py`` mirrors the kernel's fragment and scale layouts in torch and checks that
-they reproduce the ``humming.dequantize``-based matmul. The ``gpu`` tests there have never run.
+- sm_100a (B200, GB200; ``include/humming/fp4_gemm_sm100.cuh``): tcgen05 UMMA with the accumulator in tensor
+  memory, TMA + mbarrier ring, scale factors copied into tensor memory, warp-specialised;
+- sm_120a (RTX 50xx, RTX PRO 6000; ``include/humming/fp4_gemm_sm120.cuh``): block-scaled ``mma.sync``.
+
+NEITHER HAS RUN ON HARDWARE: no Blackwell GPU has been available. CI compiles every variant for its
+architecture and checks its SASS; ``tests/test_cuda_fp4.py`` mirrors each kernel's layouts (and, for sm_100a,
+the descriptors built here) in torch and checks that they reproduce the ``humming.dequantize``-based matmul.
+The ``gpu`` tests there have never run.
 
 ``out[M, N] = x[M, K] @ dequantize(W)^T + bias`` with ``x`` quantized by ``act`` (``"nvfp4"`` or
 ``"mxfp4"``, the scheme that matches the weight's scales) through the Triton activation pass, or given as a
 ``QuantizedActivation``.
 
-- layout (:class:`PreparedFp4`): weight codes ``uint8 [N, Kp/2]`` (two per byte, K zero-padded to a multiple
-  of 128), scale bytes ``[N, Kp/vec]``, the fp32 global scale; built once per ``QuantizedWeight``;
+- layout (:class:`PreparedFp4`, per architecture): weight codes ``uint8 [N, Kp/2]`` (two per byte, K
+  zero-padded to the kernel's K step), scale bytes (sm_120a: ``[N, Kp/vec]``; sm_100a: :func:`sf_atoms`),
+  the fp32 global scale; built once per ``QuantizedWeight`` and architecture;
 - compute: the tensor core applies both operands' block scales and accumulates in fp32; the global scales
   multiply the result in the epilogue;
-- tuning (:class:`Fp4Tuning`): warps and tiles per block, pipeline stages; :func:`choose_tuning` is a pure
-  function of M, N and the SM count. A tuning change never changes results beyond fp32 summation order.
+- tuning (:class:`Fp4Tuning`, :class:`Sm100Tuning`): tiles per block and pipeline stages, pure functions of
+  M, N and the SM count. A tuning change never changes results beyond fp32 summation order.
 """
 
 from __future__ import annotations
 
 import ctypes
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -31,35 +37,49 @@ from ._support import device_unsupported
 from .jit import KernelSpec
 
 __all__ = [
+    "AB_DESC",
+    "ARCHS",
     "FP4_CCS",
     "LARGE_M",
     "SCALE_VECS",
+    "SF_DESC",
+    "SM100_BLOCK_T",
     "SMALL_M",
     "TUNINGS",
     "Fp4Tuning",
     "PreparedFp4",
+    "Sm100Layout",
+    "Sm100Tuning",
     "activation_buffers",
+    "choose_sm100_tuning",
     "choose_tuning",
     "fp4_spec",
+    "instr_desc",
     "linear",
     "mma_probe",
     "pack_codes",
     "prepare",
     "probe_spec",
     "run",
+    "sf_atoms",
+    "sm100_activation_buffers",
+    "sm100_spec",
+    "smem_desc",
     "supports",
     "warmup_jobs",
     "weight_unsupported",
 ]
 
-#: Compute capabilities the kernel is built for (block-scaled mma.sync with kind::mxf4 / mxf4nvf4: sm_120a).
-FP4_CCS = ((12, 0),)
+#: Compute capability -> the architecture its FP4 kernel is built for: tcgen05 block-scaled UMMA (sm_100a) or
+#: block-scaled mma.sync (sm_120a). The two instruction families exist on one architecture each (BLACKWELL.md).
+ARCHS = {(10, 0): "sm_100a", (12, 0): "sm_120a"}
+FP4_CCS = tuple(ARCHS)
 #: Scale block along K -> (scale dtype, whether a global scale may come with it, activation scheme).
 SCALE_VECS = {
     16: (torch.float8_e4m3fn, True, "nvfp4"),
     32: (torch.float8_e8m0fnu, False, "mxfp4"),
 }
-_BK = 128  # K per pipeline stage (kBK in the header)
+_BK = {"sm_120a": 128, "sm_100a": 256}  # K per pipeline stage (kBK in each header)
 _SCALE_PAD = {16: 0x00, 32: 0x7F}  # e4m3 0.0 / e8m0 1.0 past K: finite, and the padded codes are zero
 _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 _CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
@@ -121,7 +141,143 @@ def fp4_spec(vec: int, out: str, bias: str, tuning: Fp4Tuning) -> KernelSpec:
         entry=f"humming::fp4_sm120::run<{', '.join(map(str, args))}>",
         params="humming::fp4_sm120::Params",
         threads=t.threads,
-        ccs=FP4_CCS,
+        ccs=((12, 0),),
+        arch_specific=True,
+    )
+
+
+# ---- sm_100a: tcgen05 ----------------------------------------------------------------------------------------
+
+#: Token block sizes of the sm_100a kernel (the UMMA's N; the weights fill its M = 128).
+SM100_BLOCK_T = (32, 64, 128, 256)
+_SM100_SMEM = 232448  # shared memory per block on compute capability 10.0 (227 KiB)
+_SM100_MAX_STAGES = 8
+
+
+@dataclass(frozen=True)
+class Sm100Layout:
+    """Shared- and tensor-memory layout of ``fp4_sm100::Layout<kVec, kBlockT, kStages>`` (same names)."""
+
+    vec: int
+    block_t: int
+    stages: int
+
+    @property
+    def atoms_k(self) -> int:
+        return 256 // (4 * self.vec)
+
+    @property
+    def token_atoms(self) -> int:
+        return cdiv(self.block_t, 128)
+
+    @property
+    def sf_row_bytes(self) -> int:
+        return self.atoms_k * 512
+
+    def region_bytes(self) -> dict[str, int]:
+        """Bytes per stage of the A (weights), B (tokens), SFA and SFB regions, in shared-memory order."""
+        sf = self.sf_row_bytes
+        return {"a": 128 * 128, "b": self.block_t * 128, "sfa": sf, "sfb": self.token_atoms * sf}
+
+    def offsets(self) -> dict[str, int]:
+        """Offset of each region (its stage 0) and of the barriers and the tensor-memory address slot."""
+        out, off = {}, 0
+        for name, size in self.region_bytes().items():
+            out[name], off = off, off + self.stages * size
+        out["bars"] = off
+        out["tmem_slot"] = off + 8 * (2 * self.stages + 1)
+        return out
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.offsets()["tmem_slot"] + 4 + 1024
+
+    @property
+    def sfa_col(self) -> int:
+        return self.block_t
+
+    @property
+    def sfb_col(self) -> int:
+        return self.sfa_col + self.stages * self.atoms_k * 4
+
+    @property
+    def tmem_cols(self) -> int:
+        return self.sfb_col + self.stages * self.atoms_k * self.token_atoms * 4
+
+
+@dataclass(frozen=True)
+class Sm100Tuning:
+    """Speed-only knobs of the sm_100a kernel: tokens per block and pipeline stages."""
+
+    block_t: int
+    stages: int
+
+
+def _sm100_stages(vec: int, block_t: int) -> int:
+    """The most stages (up to 8) whose shared memory fits a block."""
+    for stages in range(_SM100_MAX_STAGES, 0, -1):
+        if Sm100Layout(vec, block_t, stages).smem_bytes <= _SM100_SMEM:
+            return stages
+    raise AssertionError(f"no stage fits for block_t={block_t}")
+
+
+def choose_sm100_tuning(m: int, n: int, sm_count: int, vec: int) -> Sm100Tuning:
+    """Tuning for ``out[m, n]`` (pure function): up to 128 tokens, the smallest token block that holds them;
+    above, 256-token blocks when they still give every SM one, else 128."""
+    if m <= 128:
+        block_t = next(t for t in SM100_BLOCK_T if t >= m)
+    else:
+        block_t = 256 if cdiv(n, 128) * cdiv(m, 256) >= sm_count else 128
+    return Sm100Tuning(block_t, _sm100_stages(vec, block_t))
+
+
+def smem_desc(lbo: int, sbo: int, swizzle: int) -> int:
+    """The fields of an sm_100 shared-memory matrix descriptor other than its start address (PTX ISA, "Shared
+    memory descriptor"): leading / stride byte offsets >> 4 in bits 16-29 / 32-45, version 1 in bits 46-47,
+    base offset 0 (bits 49-51: tiles are 1024-byte aligned), swizzle mode in bits 61-63 (0 none, 2 128-byte)."""
+    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1 << 46) | (swizzle << 61)
+
+
+#: A / B tiles: K-major, 128-byte swizzle, 8-row atoms of 1024 bytes (the leading offset is unused there).
+AB_DESC = smem_desc(16, 1024, 2)
+#: tcgen05.cp 32x128b source: 32 rows of 16 bytes, contiguous (8-row core matrices 128 bytes apart).
+SF_DESC = smem_desc(0, 128, 0)
+
+
+def instr_desc(vec: int, block_t: int) -> int:
+    """The instruction descriptor of the block-scaled UMMA, scale-factor ids 0 (the kernel ORs them in): A and B
+    E2M1 (format 1 of kind::mxf4 / mxf4nvf4, bits 7-9 / 10-12), both K-major (bits 15, 16 clear), N >> 3 in
+    bits 17-22, scale format in bit 23 (UE4M3 0 for NVFP4, UE8M0 1 for MXFP4), M >> 4 = 8 in bits 24-28,
+    dense K = 64 (bit 31 clear)."""
+    return (1 << 7) | (1 << 10) | ((block_t >> 3) << 17) | (int(vec == 32) << 23) | ((128 >> 4) << 24)
+
+
+def sf_atoms(raw: torch.Tensor, vec: int, block_rows: int) -> torch.Tensor:
+    """Scale bytes ``uint8 [R, kp / vec]`` -> the sm_100a kernel's atoms ``uint8 [A, kp / (4 vec), 512]``.
+
+    Rows are cut into blocks of ``block_rows`` (the kernel's block: 128 channels, or the token block), each
+    padded to a multiple of 128 rows; atom ``a`` holds 128 rows x 4 scale bytes, row ``32 j + i`` at byte
+    ``16 i + 4 j`` (the layout tcgen05.cp 32x128b.warpx4 turns into the MMA's scale-factor columns)."""
+    r, cols = raw.shape
+    blocks, padded_rows = cdiv(r, block_rows), cdiv(block_rows, 128) * 128
+    x = F.pad(raw, (0, 0, 0, blocks * block_rows - r), value=_SCALE_PAD[vec]).reshape(blocks, block_rows, cols)
+    x = F.pad(x, (0, 0, 0, padded_rows - block_rows), value=_SCALE_PAD[vec])
+    x = x.reshape(blocks * padded_rows // 128, 4, 32, cols // 4, 4)  # [atom, j, i, k atom, byte]
+    return x.permute(0, 3, 2, 1, 4).reshape(-1, cols // 4, 512).contiguous()
+
+
+def sm100_spec(vec: int, out: str, bias: str, tuning: Sm100Tuning) -> KernelSpec:
+    """The sm_100a kernel spec for a scale block (16: NVFP4, 32: MXFP4), output / bias dtype codes, a tuning."""
+    t = tuning
+    args = (vec, t.block_t, t.stages, _CPP_DTYPE[out], _CPP_DTYPE[bias])
+    return KernelSpec(
+        family="fp4_gemm_sm100",
+        name=f"humming_fp4_gemm_sm100_{SCALE_VECS[vec][2]}_o{out}_b{bias}_t{t.block_t}_s{t.stages}",
+        header="humming/fp4_gemm_sm100.cuh",
+        entry=f"humming::fp4_sm100::run<{', '.join(map(str, args))}>",
+        params="humming::fp4_sm100::Params",
+        threads=192,
+        ccs=((10, 0),),
         arch_specific=True,
     )
 
@@ -141,7 +297,7 @@ def probe_spec(vec: int) -> KernelSpec:
         entry=f"humming::fp4_sm120::mma_probe<{vec}>",
         params="humming::fp4_sm120::ProbeParams",
         threads=32,
-        ccs=FP4_CCS,
+        ccs=((12, 0),),
         arch_specific=True,
     )
 
@@ -183,15 +339,17 @@ def activation_buffers(qa, kp: int, vec: int) -> tuple[torch.Tensor, torch.Tenso
 
 @dataclass(frozen=True, eq=False)
 class PreparedFp4:
-    """Weights as the kernel reads them; built once per QuantizedWeight (:func:`prepare`)."""
+    """Weights as one architecture's kernel reads them; built once per QuantizedWeight and arch (:func:`prepare`)."""
 
+    arch: str  # "sm_100a" or "sm_120a"
     n: int
     k: int
-    kp: int  # K padded to a multiple of 128
+    kp: int  # K padded to the kernel's K step (sm_100a: 256, sm_120a: 128)
     vec: int  # 16 (NVFP4) or 32 (MXFP4)
     codes: torch.Tensor  # uint8 [N, kp / 2]
-    scales: torch.Tensor  # uint8 [N, kp / vec], e4m3 or e8m0 bytes
+    scales: torch.Tensor  # e4m3 or e8m0 bytes; sm_120a: uint8 [N, kp / vec]; sm_100a: sf_atoms(.., 128)
     global_scale: torch.Tensor | None  # fp32 [1]
+    maps: dict = field(default_factory=dict)  # sm_100a: the weights' TMA descriptor, made on first use
 
 
 def weight_unsupported(qw) -> str | None:
@@ -228,21 +386,28 @@ def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None
     return (
         weight_unsupported(qweight)
         or _act_unsupported(qweight, act)
-        or device_unsupported("FP4 GEMM", x, FP4_CCS, "sm_120a", out_dtype, _OUT_DTYPES)
+        or device_unsupported("FP4 GEMM", x, FP4_CCS, "sm_100a / sm_120a", out_dtype, _OUT_DTYPES)
     )
 
 
-def prepare(qw) -> PreparedFp4:
-    """The kernel's view of an NVFP4 / MXFP4 ``QuantizedWeight`` (see :func:`weight_unsupported`); cached."""
-    prep = _prepared.get(qw)
+def prepare(qw, arch: str) -> PreparedFp4:
+    """The ``arch`` kernel's view of an NVFP4 / MXFP4 ``QuantizedWeight`` (see :func:`weight_unsupported`);
+    cached per weight and architecture."""
+    if arch not in _BK:
+        raise ValueError(f"arch: expected one of {tuple(_BK)}, got {arch!r}")
+    per_arch = _prepared.setdefault(qw, {})
+    prep = per_arch.get(arch)
     if prep is not None:
         return prep
     n, k, vec = qw.N, qw.K, qw.group_shape[1]
-    kp = cdiv(max(k, 1), _BK) * _BK
+    kp = cdiv(max(k, 1), _BK[arch]) * _BK[arch]
     packed = qw.qweight.contiguous().view(torch.uint8)[:, : cdiv(k, 2)]  # little-endian words: byte i = 2i, 2i+1
     codes = F.pad(packed, (0, kp // 2 - packed.shape[1])).contiguous()
     gscale = None if qw.global_scale is None else qw.global_scale.to(torch.float32).reshape(1).contiguous()
-    prep = _prepared[qw] = PreparedFp4(n, k, kp, vec, codes, _scale_bytes(qw.scales, vec, kp), gscale)
+    scales = _scale_bytes(qw.scales, vec, kp)
+    if arch == "sm_100a":
+        scales = sf_atoms(scales, vec, 128)
+    prep = per_arch[arch] = PreparedFp4(arch, n, k, kp, vec, codes, scales, gscale)
     return prep
 
 
@@ -265,15 +430,84 @@ class _Params(ctypes.Structure):
     )
 
 
+class _Sm100Params(ctypes.Structure):
+    """Mirror of ``humming::fp4_sm100::Params`` (384 bytes: two 64-byte aligned TMA descriptors first)."""
+
+    _fields_ = (
+        ("w_map", ctypes.c_uint8 * 128),
+        ("x_map", ctypes.c_uint8 * 128),
+        ("w_sf", ctypes.c_void_p),
+        ("x_sf", ctypes.c_void_p),
+        ("x_global", ctypes.c_void_p),
+        ("w_global", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("ab_desc", ctypes.c_uint64),
+        ("sf_desc", ctypes.c_uint64),
+        ("idesc", ctypes.c_uint32),
+        ("M", ctypes.c_int),
+        ("N", ctypes.c_int),
+        ("Kp", ctypes.c_int),
+        ("out_stride", ctypes.c_int),
+        ("_tail", ctypes.c_uint8 * 44),  # sizeof rounds up to the 64-byte alignment
+    )
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _launch_sm120(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: str, device_index: int) -> None:
+    from .jit import get_kernel
+
+    m = out.shape[0]
+    tuning = choose_tuning(m, prep.n, sm_count)
+    kernel = get_kernel(fp4_spec(prep.vec, out_code, bias_code, tuning), device_index)
+    x_codes, x_scales, x_global = activation_buffers(qa, prep.kp, prep.vec)
+    params = _Params()
+    params.x, params.w = x_codes.data_ptr(), prep.codes.data_ptr()
+    params.x_scale, params.w_scale = x_scales.data_ptr(), prep.scales.data_ptr()
+    params.x_global, params.w_global = _ptr(x_global), _ptr(prep.global_scale)
+    params.bias, params.out = _ptr(bias), out.data_ptr()
+    params.M, params.N, params.Kp, params.out_stride = m, prep.n, prep.kp, out.stride(0)
+    grid = (cdiv(prep.n, tuning.block_n), cdiv(m, tuning.block_m), 1)
+    kernel.launch(grid, 0, params, torch.cuda.current_stream(device_index).cuda_stream)
+
+
+def _launch_sm100(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: str, device_index: int) -> None:
+    from ._driver import tensor_map_2d
+    from .jit import get_kernel
+
+    m = out.shape[0]
+    tuning = choose_sm100_tuning(m, prep.n, sm_count, prep.vec)
+    kernel = get_kernel(sm100_spec(prep.vec, out_code, bias_code, tuning), device_index)
+    x_codes, x_sf, x_global = sm100_activation_buffers(qa, prep.kp, prep.vec, tuning.block_t)
+    if "w" not in prep.maps:
+        prep.maps["w"] = tensor_map_2d(prep.codes, 128, 128)
+    params = _Sm100Params()
+    params.w_map[:] = prep.maps["w"]
+    params.x_map[:] = tensor_map_2d(x_codes, 128, tuning.block_t)
+    params.w_sf, params.x_sf = prep.scales.data_ptr(), x_sf.data_ptr()
+    params.x_global, params.w_global = _ptr(x_global), _ptr(prep.global_scale)
+    params.bias, params.out = _ptr(bias), out.data_ptr()
+    params.ab_desc, params.sf_desc, params.idesc = AB_DESC, SF_DESC, instr_desc(prep.vec, tuning.block_t)
+    params.M, params.N, params.Kp, params.out_stride = m, prep.n, prep.kp, out.stride(0)
+    grid = (cdiv(prep.n, 128), cdiv(m, tuning.block_t), 1)
+    smem = Sm100Layout(prep.vec, tuning.block_t, tuning.stages).smem_bytes
+    kernel.launch(grid, smem, params, torch.cuda.current_stream(device_index).cuda_stream)
+
+
+def sm100_activation_buffers(qa, kp: int, vec: int, block_t: int):
+    """What the sm_100a kernel reads of a ``QuantizedActivation`` with token blocks of ``block_t``: codes
+    ``uint8 [M, kp / 2]``, scale atoms (:func:`sf_atoms`) and the fp32 global scale ``[1]`` (or ``None``)."""
+    codes, raw, gscale = activation_buffers(qa, kp, vec)
+    return codes, sf_atoms(raw, vec, block_t), gscale
+
+
 def run(prep: PreparedFp4, x, act, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """``x [M, K]`` (float, quantized here with ``act``, or a ``QuantizedActivation``) ``@ W^T + bias`` ->
-    ``[M, N]`` of ``out_dtype`` (bf16, fp16, fp32) on the current stream."""
+    ``[M, N]`` of ``out_dtype`` (bf16, fp16, fp32) on the current stream, by ``prep.arch``'s kernel."""
     from ..ir.activation import QuantizedActivation
-    from .jit import get_kernel
 
     if isinstance(x, QuantizedActivation):
         qa = x
@@ -287,38 +521,44 @@ def run(prep: PreparedFp4, x, act, bias: torch.Tensor | None, out_dtype: torch.d
     out = torch.empty(m, prep.n, dtype=out_dtype, device=device)
     if m == 0 or prep.n == 0:
         return out
-    tuning = choose_tuning(m, prep.n, torch.cuda.get_device_properties(device_index).multi_processor_count)
+    sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
     bias_code = _OUT_DTYPES[bias.dtype] if bias is not None else _OUT_DTYPES[out_dtype]
-    kernel = get_kernel(fp4_spec(prep.vec, _OUT_DTYPES[out_dtype], bias_code, tuning), device_index)
-    x_codes, x_scales, x_global = activation_buffers(qa, prep.kp, prep.vec)
-    if bias is not None:
-        bias = bias.contiguous()
-    params = _Params()
-    params.x, params.w = x_codes.data_ptr(), prep.codes.data_ptr()
-    params.x_scale, params.w_scale = x_scales.data_ptr(), prep.scales.data_ptr()
-    params.x_global, params.w_global = _ptr(x_global), _ptr(prep.global_scale)
-    params.bias, params.out = _ptr(bias), out.data_ptr()
-    params.M, params.N, params.Kp, params.out_stride = m, prep.n, prep.kp, out.stride(0)
-    grid = (cdiv(prep.n, tuning.block_n), cdiv(m, tuning.block_m), 1)
-    kernel.launch(grid, 0, params, torch.cuda.current_stream(device_index).cuda_stream)
+    bias = None if bias is None else bias.contiguous()
+    launch = _launch_sm100 if prep.arch == "sm_100a" else _launch_sm120
+    launch(prep, qa, bias, out, sm_count, _OUT_DTYPES[out_dtype], bias_code, device_index)
     return out
 
 
 def warmup_jobs(
-    qweight, act, m_values, out_dtype: torch.dtype, bias_dtype: torch.dtype | None, sm_count: int
+    qweight,
+    act,
+    m_values,
+    out_dtype: torch.dtype,
+    bias_dtype: torch.dtype | None,
+    sm_count: int,
+    cc: tuple[int, int] | None = None,
 ) -> list[tuple[KernelSpec, str]]:
-    """``(spec, "sm_120a")`` of every kernel :func:`linear` runs for ``qweight`` and ``act`` at the token counts
-    ``m_values`` on a device with ``sm_count`` SMs; empty when the combination has no FP4 kernel."""
+    """``(spec, arch)`` of every kernel :func:`linear` runs for ``qweight`` and ``act`` at the token counts
+    ``m_values`` on a device of compute capability ``cc`` (default: the weight's device) with ``sm_count``
+    SMs; empty when the combination has no FP4 kernel."""
     if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in _OUT_DTYPES:
         return []
+    if cc is None:
+        cc = torch.cuda.get_device_capability(qweight.device)
+    if cc not in ARCHS:
+        return []
     bias_code = _OUT_DTYPES[bias_dtype] if bias_dtype is not None else _OUT_DTYPES[out_dtype]
-    vec, out = qweight.group_shape[1], _OUT_DTYPES[out_dtype]
-    specs = {fp4_spec(vec, out, bias_code, choose_tuning(m, qweight.N, sm_count)) for m in m_values}
-    return [(spec, "sm_120a") for spec in sorted(specs, key=lambda spec: spec.name)]
+    vec, out, n = qweight.group_shape[1], _OUT_DTYPES[out_dtype], qweight.N
+    if ARCHS[cc] == "sm_100a":
+        specs = {sm100_spec(vec, out, bias_code, choose_sm100_tuning(m, n, sm_count, vec)) for m in m_values}
+    else:
+        specs = {fp4_spec(vec, out, bias_code, choose_tuning(m, n, sm_count)) for m in m_values}
+    return [(spec, ARCHS[cc]) for spec in sorted(specs, key=lambda spec: spec.name)]
 
 
 def linear(x, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -> torch.Tensor:
-    """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`supports`).
+    """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`supports`),
+    on the sm_100a kernel on compute capability 10.0 and the sm_120a kernel on 12.0.
 
     ``x`` is a float tensor (quantized with ``act`` by the Triton activation pass) or a
     ``QuantizedActivation`` of scheme ``act``.
@@ -327,4 +567,5 @@ def linear(x, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -
     reason = supports(qweight, act, codes, out_dtype)
     if reason is not None:
         raise ValueError(f"humming FP4 GEMM: {reason}")
-    return run(prepare(qweight), x, act, bias, out_dtype)
+    arch = ARCHS[torch.cuda.get_device_capability(codes.device)]
+    return run(prepare(qweight, arch), x, act, bias, out_dtype)
