@@ -69,6 +69,17 @@ def test_supports_grouped_says_why_not():
         cuda_kernels.grouped_linear(x, qw, torch.zeros(1, dtype=torch.int32), 32, None, None, torch.bfloat16)
 
 
+def test_tuning_checks():
+    with pytest.raises(ValueError, match="tuning"):
+        _gemm_sm90.GemmTuning(128, 6, 2)  # two blocks per SM only for tiles of <= 64 tokens
+    with pytest.raises(ValueError, match="tuning"):
+        _gemm_sm90.GemmTuning(48, 4)
+    qw = humming.quantize(torch.randn(2, 128, 128), weight="int4", group_size=128)
+    x, ids = torch.randn(32, 128, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="must divide block_m"):
+        _gemm_sm90.run_grouped_gemm(prepare_weight(qw), x, ids, 16, None, x.dtype, _gemm_sm90.GemmTuning(32, 4))
+
+
 def _route(counts: list[int], block_m: int, device) -> tuple[torch.Tensor, int]:
     """``expert_ids`` of the contiguous grouped layout for ``counts[e]`` rows of expert ``e`` (each
     segment padded to ``block_m``, M_pad the static worst case), and M_pad."""

@@ -54,6 +54,11 @@ class GemmTuning:
     stages: int
     blocks: int = 1
 
+    def __post_init__(self) -> None:
+        blocks_ok = self.blocks == 1 or (self.blocks == 2 and self.bm <= 64)
+        if self.bm not in GROUPED_BMS or self.stages < 1 or not blocks_ok:
+            raise ValueError(f"tuning: bm in {GROUPED_BMS}, stages >= 1, blocks 1 (or 2 with bm <= 64), got {self}")
+
     def smem_bytes(self, layout: WeightLayout) -> int:
         """Dynamic shared memory (``SmemLayout::kTotal`` in gemm_sm90.cuh) plus 1 KiB alignment slack."""
         per_stage = self.bm * 128 + 128 * 64 * layout.bits // 8 + 128 * (4 if layout.scale == "f32" else 2)
