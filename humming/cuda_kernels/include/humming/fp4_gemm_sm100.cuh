@@ -86,7 +86,8 @@ struct Layout {
   static constexpr int kSfbCol = kSfaCol + kStages * kAtomsK * 4;
   static constexpr int kTmemCols = kSfbCol + kStages * kAtomsK * kTokenAtoms * 4;
   static constexpr int kTmemAlloc = kTmemCols <= 256 ? 256 : 512;
-  static_assert(kBlockT % 16 == 0 && kBlockT >= 16 && kBlockT <= 256, "the M = 128 MMA takes N = 16..256, N % 16 = 0");
+  // The M = 128 MMA takes N = 8..256 in steps of 8; the epilogue reads 16 columns at a time.
+  static_assert(kBlockT % 16 == 0 && kBlockT <= 256, "token blocks of 16..256, multiples of 16");
   static_assert(kBlockT < 128 || kBlockT % 128 == 0, "token blocks fill whole scale atoms or part of one");
   static_assert(kTmemCols <= 512, "tensor memory has 512 columns");
   static_assert(kSmemBytes <= 232448, "sm_100 allows 227 KiB of shared memory per block");
@@ -116,7 +117,8 @@ __device__ __forceinline__ void run(const Params& p) {
   sm100::fence_before_sync();
   __syncthreads();
   sm100::fence_after_sync();
-  const uint32_t tmem = *reinterpret_cast<volatile uint32_t*>(smem_raw + (base - fp8_sm90::smem_u32(smem_raw)) + L::kTmemSlot);
+  uint8_t* const smem = smem_raw + (base - fp8_sm90::smem_u32(smem_raw));  // generic pointer to `base`
+  const uint32_t tmem = *reinterpret_cast<volatile uint32_t*>(smem + L::kTmemSlot);
 
   if (warp == 0 && lane == 0) {
     for (int kb = 0; kb < num_kb; ++kb) {
@@ -182,7 +184,8 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         const int t = t_block * kBlockT + c + i;
-        if (t < p.M && n < p.N) store_float<O>(p.out, long(t) * p.out_stride + n, __uint_as_float(r[i]) * global + bias);
+        const float v = __uint_as_float(r[i]) * global + bias;
+        if (t < p.M && n < p.N) store_float<O>(p.out, long(t) * p.out_stride + n, v);
       }
     }
   }
