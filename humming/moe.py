@@ -13,8 +13,11 @@ one have expert id -1 and kernels skip them.
 - :func:`fused_moe`: align, gather, ``w13``, SiLU-and-multiply, ``w2``, weighted sum back to tokens.
 
 Backends: ``"auto"`` tries CUDA, Triton, then the reference (``humming/dispatch/backends.py``). The
-reference runs every weight format and ``act`` scheme that :func:`humming.linear` does; the Triton grouped
-kernel runs every WnA16 format (``act=None``) with ``block_m`` a multiple of 16.
+reference runs every weight format and ``act`` scheme that :func:`humming.linear` does. The Triton grouped
+kernels (the dense WnA16 and scaled GEMMs with an expert-id path) need ``block_m`` a multiple of 16 and run
+every WnA16 format (``act=None``) and the scaled GEMM's combinations with per-token or per-group activation
+scales (fp8, fp8_g128, int8, int4, mxfp4, mxfp8; not per-tensor scales nor NVFP4's global scale, which would
+span rows of skipped blocks). The CUDA backend's grouped sm_90a GEMM runs int4/uint4/int8/uint8 WnA16.
 """
 
 from __future__ import annotations

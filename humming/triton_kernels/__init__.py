@@ -2,8 +2,9 @@
 
 - Weight-only (``act=None``, WnA16): :mod:`.wna16`, every weight format and layout of the IR.
 - Quantized activations (W8A8, W4A8, W4A4): :mod:`.scaled_mm`, imported on first use.
-- MoE grouped GEMM (``humming.moe``): :func:`.wna16.grouped_linear`, WnA16 only (``act=None``); grouped
-  calls with quantized activations are refused here and run on the reference.
+- MoE grouped GEMM (``humming.moe``): the same two kernels with an expert-id path,
+  :func:`.wna16.grouped_linear` (WnA16) and :func:`.scaled_mm.grouped_linear` (per-token / per-group
+  activation scales only; per-tensor schemes and NVFP4's global scale run on the reference).
 
 Without a GPU the kernels run under Triton's CPU interpreter when ``TRITON_INTERPRET=1`` (see
 :mod:`.interpreter`); :mod:`.registry` lists every kernel for the all-architecture compile check.
@@ -62,15 +63,20 @@ def supports_grouped(qweight: QuantizedWeight, act, x: torch.Tensor, block_m: in
     if x.device.type != "cuda" and not INTERPRET:
         return f"x is on {x.device}; the Triton kernels run on CUDA tensors (or CPU ones under TRITON_INTERPRET=1)"
     if act is not None:
-        return f"no grouped Triton kernel for quantized activations (act={act.name}); WnA16 (act=None) only"
+        scaled_mm = _scaled_mm()
+        if scaled_mm is None:
+            return "not yet implemented: Triton kernels for quantized activations (act=...)"
+        return scaled_mm.supports_grouped(qweight, act, x, block_m)
     return wna16.supports_grouped(qweight, x, block_m)
 
 
 def grouped_linear(x, qweight: QuantizedWeight, expert_ids, block_m: int, bias, act, out_dtype) -> torch.Tensor:
-    """MoE grouped GEMM ``[M_pad, K] -> [M_pad, N]`` (``humming.moe.grouped_linear``), WnA16 only."""
+    """MoE grouped GEMM ``[M_pad, K] -> [M_pad, N]`` (``humming.moe.grouped_linear``)."""
     reason = supports_grouped(qweight, act, x, block_m)
     if reason:
         raise ValueError(f"triton: {reason}")
+    if act is not None:
+        return _scaled_mm().grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype)
     return wna16.grouped_linear(x, qweight, expert_ids, block_m, bias, out_dtype)
 
 

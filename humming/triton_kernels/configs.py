@@ -25,7 +25,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["TileConfig", "choose_split_k", "wna16_config"]
+__all__ = ["MIN_GROUPED_BLOCK_M", "TileConfig", "choose_split_k", "grouped_tile", "wna16_config"]
+
+#: The smallest tile M of the grouped (MoE) kernels (``tl.dot`` needs M >= 16); tiles divide the routing block.
+MIN_GROUPED_BLOCK_M = 16
 
 
 @dataclass(frozen=True)
@@ -100,3 +103,13 @@ def wna16_config(m: int, n: int, k: int, bits: int, sm_count: int, group_k: int 
     # GEMV programs are small (no staged tiles): several per multiprocessor keep enough loads in flight.
     waves = 4 if cfg.block_m <= 4 else 2
     return cfg.replace(split_k=choose_split_k(tiles, k_tiles, sm_count, waves))
+
+
+def grouped_tile(cfg: TileConfig, block_m: int, m_pad: int, n: int, k: int, sm_count: int) -> TileConfig:
+    """A dense tile ``cfg`` (chosen for ``block_m`` rows) made fit for a grouped MoE kernel: its ``block_m``
+    cut to the largest of 16, 32, 64, 128 that divides the routing ``block_m`` (one expert per tile), and
+    split-K counted over every tile of ``m_pad`` rows (the routing is never read on the host)."""
+    tile_m = max(bm for bm in (16, 32, 64, 128) if block_m % bm == 0 and bm <= max(cfg.block_m, 16))
+    tiles = -(-m_pad // tile_m) * -(-n // cfg.block_n)
+    split = choose_split_k(tiles, -(-k // cfg.block_k), sm_count)
+    return cfg.replace(block_m=tile_m, split_k=split, dequant_first=False)

@@ -45,10 +45,11 @@ from ._weight_tile import (
     unpack_tile,
     weight_spec,
 )
+from .configs import MIN_GROUPED_BLOCK_M, grouped_tile
 from .interpreter import INTERPRET, cast, dot
 from .scaled_mm_configs import ScaledMMConfig, scaled_mm_config
 
-__all__ = ["ComputePlan", "act_group_k", "compute_plan", "linear", "supports"]
+__all__ = ["ComputePlan", "act_group_k", "compute_plan", "grouped_linear", "linear", "supports", "supports_grouped"]
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
 _SCALE_KINDS = {torch.float32: 1, torch.float8_e4m3fn: 2, torch.float8_e8m0fnu: 3}  # _weight_tile's S_KIND
@@ -101,6 +102,7 @@ def _scaled_mm_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    expert_ptr,
     M,
     N,
     K,
@@ -111,6 +113,12 @@ def _scaled_mm_kernel(
     stride_sn,
     stride_zn,
     stride_om,
+    stride_qe,  # the stride_*e: per-expert offsets of the grouped (MoE) kernel
+    stride_se,
+    stride_ze,
+    stride_gse,
+    stride_be,
+    route_bm,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -142,6 +150,7 @@ def _scaled_mm_kernel(
     GK: tl.constexpr,
     HAS_ZP: tl.constexpr,
     HAS_GS: tl.constexpr,
+    GROUPED: tl.constexpr,  # MoE: rows use expert expert_ptr[row // route_bm] (as wna16's grouped kernel)
 ):
     # Grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2.
     pid = tl.program_id(0)
@@ -152,6 +161,17 @@ def _scaled_mm_kernel(
     size_m = tl.minimum(num_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
+    if GROUPED:
+        expert = tl.load(expert_ptr + (pid_m * BM) // route_bm)
+        if expert < 0:
+            return
+        e = expert.to(tl.int64)
+        qw_ptr += e * stride_qe
+        qb_ptr += e * stride_qe * 4
+        s_ptr += e * stride_se
+        z_ptr += e * stride_ze
+        gs_ptr += e * stride_gse
+        bias_ptr += e * stride_be
 
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -264,6 +284,9 @@ def _scaled_mm_kernel(
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=m_ok & (offs_n[None, :] < N))
     else:
+        if GROUPED and HAS_BIAS:  # the bias differs per expert: the first K slice adds it
+            first_slice = tl.program_id(1) == 0
+            acc += tl.load(bias_ptr + offs_n, mask=(offs_n < N) & first_slice, other=0.0).to(tl.float32)[None, :]
         tl.atomic_add(out, acc, mask=m_ok & (offs_n[None, :] < N), sem="relaxed")
 
 
@@ -458,6 +481,24 @@ def supports(qweight: QuantizedWeight, act: ActScheme | str | None, x: torch.Ten
     scheme = get_act_scheme(act)
     if qweight.num_experts is not None:
         return f"expert-stacked weights {qweight.shape} are not supported by the dense GEMM"
+    return _unsupported(qweight, scheme, x)
+
+
+def supports_grouped(qweight: QuantizedWeight, act: ActScheme, x: torch.Tensor, block_m: int) -> str | None:
+    """``None`` if :func:`grouped_linear` runs this MoE call, else the reason. Activation scales must be per
+    token or per group (a dynamic per-tensor scale would span the unspecified rows of skipped blocks)."""
+    if qweight.num_experts is None:
+        return f"the grouped GEMM needs an expert-stacked weight [E, N, K], got {qweight.shape}"
+    if act.group_shape[0] != 1 or act.global_scale:
+        return f"act {act.name}: the grouped scaled GEMM takes per-token or per-group activation scales only"
+    if block_m % MIN_GROUPED_BLOCK_M:
+        return f"block_m={block_m}: the grouped scaled GEMM needs a multiple of {MIN_GROUPED_BLOCK_M}"
+    if x.dtype not in _X_DTYPES:
+        return f"x dtype {x.dtype}: the scaled GEMM takes float16 or bfloat16 activations"
+    return _unsupported(qweight, act, x)
+
+
+def _unsupported(qweight: QuantizedWeight, scheme: ActScheme, x: torch.Tensor) -> str | None:
     if qweight.g_idx is not None:
         return f"act-order (g_idx) weights are not supported with quantized activations; {_SUPPORTED}"
     if x.dim() != 2 or (x.shape[1] and x.stride(1) != 1):
@@ -515,23 +556,64 @@ def linear(
         return torch.empty(0, n, dtype=out_dtype, device=codes.device)
     if not isinstance(x2d, QuantizedActivation):
         qa = act_quant.quantize_activation(x2d, scheme)
+    return _launch(qa, qweight, bias, out_dtype, config, out)
+
+
+def grouped_linear(
+    x: torch.Tensor,
+    qweight: QuantizedWeight,
+    expert_ids: torch.Tensor,
+    block_m: int,
+    bias: torch.Tensor | None,
+    act: ActScheme,
+    out_dtype: torch.dtype,
+    config: ScaledMMConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """MoE grouped scaled GEMM: ``x [M_pad, K]`` quantized per token (or 1 x g group) by ``act``, row ``r``
+    times expert ``expert_ids[r // block_m]`` of ``qweight [E, N, K]`` (+ ``bias [E, N]``) -> ``[M_pad, N]``;
+    blocks of expert -1 are skipped (their rows of ``out`` are left as they are). The tile's ``block_m``
+    is cut to the largest of 16, 32, 64, 128 that divides the routing ``block_m``."""
+    reason = supports_grouped(qweight, act, x, block_m)
+    if reason:
+        raise ValueError(f"triton scaled_mm: {reason}")
+    if x.shape[0] == 0:
+        return torch.empty(0, qweight.N, dtype=out_dtype, device=x.device)
+    qa = act_quant.quantize_activation(x, act)  # per-token / per-group: rows are independent
+    if config is None:
+        plan = compute_plan(qweight, act, act_group_k(act, qa.scales), _capability(x.device))
+        n, k, sm_count = qweight.N, qweight.K, _sm_count(x.device)
+        cfg = scaled_mm_config(block_m, n, k, plan.operand_bits, plan.k_step, qweight.bits, sm_count)
+        config = grouped_tile(cfg, block_m, x.shape[0], n, k, sm_count)
+    if block_m % config.block_m or config.block_m < MIN_GROUPED_BLOCK_M:
+        raise ValueError(f"triton scaled_mm: config block_m={config.block_m} must divide block_m={block_m}, >= 16")
+    return _launch(qa, qweight, bias, out_dtype, config, out, expert_ids, block_m)
+
+
+def _launch(qa, qweight, bias, out_dtype, config, out, expert_ids=None, route_bm: int = 1) -> torch.Tensor:
+    """One launch of the scaled GEMM on quantized activations ``qa``; ``expert_ids``: the grouped kernel."""
+    scheme = qa.scheme
+    m, k = qa.codes.shape
+    n = qweight.N
+    device = qa.codes.device
     a_gk = act_group_k(scheme, qa.scales)
-    plan = compute_plan(qweight, scheme, a_gk, _capability(codes.device))
+    plan = compute_plan(qweight, scheme, a_gk, _capability(device))
     if isinstance(plan, str):
         raise ValueError(f"triton scaled_mm: {plan}")
-    sm_count = _sm_count(codes.device)
-    cfg = config or scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qweight.bits, sm_count)
+    cfg = config or scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qweight.bits, _sm_count(device))
     if plan.k_step and plan.k_step % cfg.block_k:
         raise ValueError(f"config: block_k={cfg.block_k} must divide the promotion step {plan.k_step}")
 
     t = kernel_tensors(qweight)
+    grouped = expert_ids is not None
+    e_stride = lambda name, per_expert_dims: t[name].stride(0) if grouped and t[name].dim() == per_expert_dims else 0
     a_scales = qa.scales if qa.scales.dtype == torch.float32 else qa.scales.view(torch.uint8)
     if out is None:
-        out = torch.empty(m, n, dtype=out_dtype, device=codes.device)
+        out = torch.empty(m, n, dtype=out_dtype, device=device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
         raise ValueError(f"out: expected [{m}, {n}] {out_dtype} with contiguous rows, got {out.shape} {out.dtype}")
     split = cfg.split_k > 1
-    dest = torch.zeros(m, n, dtype=torch.float32, device=codes.device) if split else out
+    dest = torch.zeros(m, n, dtype=torch.float32, device=device) if split else out
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     _scaled_mm_kernel[grid](
         qa.codes,
@@ -545,16 +627,23 @@ def linear(
         t["lut"],
         t["qw"] if bias is None else bias,
         dest,
+        expert_ids if grouped else t["qw"],
         m,
         n,
         k,
         qa.codes.stride(0),
         a_scales.stride(0),
-        t["qw"].stride(0),
-        t["qw"].stride(0) * 4,
-        t["s"].stride(0),
-        t["z"].stride(0),
+        t["qw"].stride(-2),
+        t["qw"].stride(-2) * 4,
+        t["s"].stride(-2),
+        t["z"].stride(-2),
         dest.stride(0),
+        e_stride("qw", 3),
+        e_stride("s", 3),
+        e_stride("z", 3),
+        e_stride("gs", 1),
+        bias.stride(0) if grouped and bias is not None else 0,
+        route_bm,
         BM=cfg.block_m,
         BN=cfg.block_n,
         BK=cfg.block_k,
@@ -566,11 +655,16 @@ def linear(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **{k_: v for k_, v in weight_spec(qweight).constexprs().items() if k_ != "ACT_ORDER"},
+        GROUPED=grouped,
     )
     if split:
-        if bias is not None:
+        if bias is not None and not grouped:  # the grouped kernel adds its per-expert bias itself
             dest += bias.to(torch.float32)
-        out.copy_(dest)
+        if grouped:  # rows of skipped blocks keep what ``out`` held
+            rows = (expert_ids >= 0).repeat_interleave(route_bm)[:, None]
+            out.copy_(torch.where(rows, dest, out))
+        else:
+            out.copy_(dest)
     return out
 
 
@@ -596,6 +690,14 @@ def _compile_specs() -> list[registry.CompileSpec]:
         ("mxfp4-fp32", quantize(w, "mxfp4"), "mxfp4", (7, 5), 75, torch.float16),
         ("mxfp4-native", quantize(w, "mxfp4"), "mxfp4", (10, 0), 100, torch.bfloat16),
         ("mxfp4-native", quantize(w, "mxfp4"), "mxfp8", (10, 0), 100, torch.bfloat16),
+        (
+            "grouped-e4m3-channel",
+            quantize(torch.ones(2, 256, 512), "e4m3", -1, scale_dtype=torch.float32),
+            "fp8",
+            (9, 0),
+            89,
+            torch.bfloat16,
+        ),
     )
     specs = []
     for label, qw, act, capability, min_arch, out_dtype in cases:
@@ -623,6 +725,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                         "ags_ptr": "*fp32",
                         "bias_ptr": "*fp32",
                         "out_ptr": "*" + triton_type(out_dtype),
+                        "expert_ptr": "*i32",
                     },
                     constexprs={
                         "BM": cfg.block_m,
@@ -634,6 +737,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                         "HAS_BIAS": True,
                         **_plan_constexprs(plan, scheme, a_gk, per_row=scheme.group_shape[0] == 1),
                         **{k: v for k, v in weight_spec(qw).constexprs().items() if k != "ACT_ORDER"},
+                        "GROUPED": qw.num_experts is not None,
                     },
                     num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages,

@@ -37,13 +37,10 @@ from ._weight_tile import (
     triton_type,
     weight_spec,
 )
-from .configs import TileConfig, choose_split_k, wna16_config
+from .configs import MIN_GROUPED_BLOCK_M, TileConfig, grouped_tile, wna16_config
 from .interpreter import INTERPRET, cast, dot
 
 __all__ = ["grouped_config", "grouped_linear", "linear", "supports", "supports_grouped"]
-
-#: The grouped tile's smallest ``block_m`` (tl.dot needs M >= 16); the routing ``block_m`` is a multiple of it.
-_MIN_GROUPED_BM = 16
 
 
 @triton.jit
@@ -340,8 +337,8 @@ def supports_grouped(qweight: QuantizedWeight, x: torch.Tensor, block_m: int) ->
     """``None`` if :func:`grouped_linear` runs this expert-stacked weight, else the reason."""
     if qweight.num_experts is None:
         return f"the grouped GEMM needs an expert-stacked weight [E, N, K], got {qweight.shape}"
-    if block_m % _MIN_GROUPED_BM:
-        return f"block_m={block_m}: the Triton grouped GEMM needs a multiple of {_MIN_GROUPED_BM} (tl.dot's smallest M)"
+    if block_m % MIN_GROUPED_BLOCK_M:
+        return f"block_m={block_m}: the Triton grouped GEMM needs a multiple of {MIN_GROUPED_BLOCK_M}"
     return _unsupported(qweight, x)
 
 
@@ -416,8 +413,8 @@ def grouped_linear(
     rows of ``out`` are left as they are). Arguments are those of :func:`humming.moe.grouped_linear`,
     already checked there.
 
-    The tile's ``block_m`` divides the routing ``block_m`` (it is the largest of 16, 32, 64, 128 that does
-    and does not exceed the dense M bucket's tile for ``block_m`` rows), so each tile reads one expert id.
+    The tile's ``block_m`` divides the routing ``block_m`` (:func:`~.configs.grouped_tile`), so each tile
+    reads one expert id; ``config`` overrides the tile (its ``block_m`` must divide the routing one).
     """
     reason = supports_grouped(qweight, x, block_m)
     if reason:
@@ -430,19 +427,14 @@ def grouped_linear(
     cfg = config or grouped_config(
         m, n, qweight.K, qweight.bits, block_m, _device_sm_count(x.device), _group_k(qweight)
     )
-    if block_m % cfg.block_m or cfg.block_m < _MIN_GROUPED_BM:
+    if block_m % cfg.block_m or cfg.block_m < MIN_GROUPED_BLOCK_M:
         raise ValueError(f"triton wna16: config block_m={cfg.block_m} must divide block_m={block_m} and be >= 16")
     return _launch(x, qweight, bias, out, cfg, expert_ids, block_m)
 
 
 def grouped_config(m_pad: int, n: int, k: int, bits: int, block_m: int, sm_count: int, group_k: int = 0) -> TileConfig:
-    """The dense tile for ``block_m`` rows, its ``block_m`` cut to a divisor of the routing ``block_m``;
-    split-K counts every tile of ``m_pad`` (the routing is not read on the host: no sync)."""
-    cfg = wna16_config(block_m, n, k, bits, sm_count, group_k).replace(dequant_first=False)
-    tile_m = max(bm for bm in (16, 32, 64, 128) if block_m % bm == 0 and bm <= max(cfg.block_m, 16))
-    cfg = cfg.replace(block_m=tile_m)
-    tiles = -(-m_pad // tile_m) * -(-n // cfg.block_n)
-    return cfg.replace(split_k=choose_split_k(tiles, -(-k // cfg.block_k), sm_count))
+    """The tile of the grouped kernel: the dense tile for ``block_m`` rows, cut by :func:`grouped_tile`."""
+    return grouped_tile(wna16_config(block_m, n, k, bits, sm_count, group_k), block_m, m_pad, n, k, sm_count)
 
 
 def _launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1) -> torch.Tensor:
