@@ -405,6 +405,21 @@ def _blackwell() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() in fp4_gemm.ARCHS
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or _blackwell(), reason="needs a CUDA GPU other than sm_100 / sm_120")
+def test_gpu_elsewhere_the_reason_names_sm_100a():
+    """On any other GPU (the H200 here) the FP4 GEMM declines with the architectures it needs, and warmup skips it."""
+    from humming import cuda_kernels
+
+    qw = quantize(torch.randn(256, 256, device="cuda"), "nvfp4")
+    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    act = get_act_scheme("nvfp4")
+    reason = fp4_gemm.supports(qw, act, x)
+    assert reason is not None and "sm_100a" in reason and "sm_120a" in reason, reason
+    assert cuda_kernels.supports(qw, act, x) == reason
+    assert fp4_gemm.warmup_jobs(qw, act, (1, 16), torch.bfloat16, None, 132) == []
+
+
 GPU_CASES = [
     (scheme, m, n, k, out_dtype)
     for scheme in SCHEMES.values()
