@@ -489,6 +489,24 @@ def test_triton_grouped_gpu_realistic(name: str, e: int, topk: int, t: int, seed
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 16, 256])
+@pytest.mark.parametrize(("name", "act"), [("e4m3-channel", "fp8"), ("fp8-block", "fp8_g128"), ("int4-g128", "fp8")])
+def test_triton_grouped_scaled_gpu_realistic(name: str, act: str, t: int, seed: int) -> None:
+    """The grouped scaled GEMM at E=64, topk=8, N = 2 * 1408, K = 2048, bf16 out."""
+    e, topk, n, k = 64, 8, 2 * 1408, 2048
+    block_m = moe.default_block_m(t * topk, e)
+    qw = _quantize(name, e, n, k, "cuda")
+    x, expert_ids = _grouped_input(t, topk, e, k, block_m, torch.bfloat16, "cuda", empty=0)
+    bias = torch.randn(e, n, device="cuda")
+    out = torch.full((x.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    scaled_mm.grouped_linear(x, qw, expert_ids, block_m, bias, get_act_scheme(act), torch.bfloat16, None, out)
+    xq = humming.dequantize_activation(humming.quantize_activation(x, act))
+    ref, used = _grouped_ref(xq, qw, expert_ids, block_m, bias, torch.float32)
+    assert torch.isnan(out[~used]).all()
+    assert _rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16, 256])
 @pytest.mark.parametrize("name", ["uint4-zp-g128", "int8-channel", "mxfp4"])
 def test_fused_moe_gpu_realistic(name: str, t: int, seed: int) -> None:
     """fused_moe (auto: CUDA or Triton) against the reference backend at E=64, topk=8, K=2048, I=768."""
