@@ -131,9 +131,9 @@ class Fp8Tuning:
 
 def smem_bytes(wgs: int, block_m: int, stages: int, w_format: str = "e4m3") -> int:
     """Dynamic shared memory of one block (mirrors ``SmemLayout`` in the header)."""
-    stage = (64 * _BK if w_format == "e4m3" else _TILE_BYTES) * wgs + block_m * _BK
-    shifts = wgs * _SHIFT_BYTES if w_format == "mxfp4" else 0
-    return 1024 + stages * (stage + shifts) + wgs * block_m * 128 + 16 * stages
+    tile = 64 * _BK if w_format == "e4m3" else _TILE_BYTES + (_SHIFT_BYTES if w_format == "mxfp4" else 0)
+    stage = cdiv(wgs * tile, 1024) * 1024 + block_m * _BK  # weight tiles padded to whole swizzle atoms
+    return 1024 + stages * stage + wgs * block_m * 128 + 16 * stages
 
 
 def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:

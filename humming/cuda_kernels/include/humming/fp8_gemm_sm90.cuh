@@ -28,8 +28,8 @@
 //   bulk copy, each consumer thread reads its 32 bytes with two 16-byte shared loads and turns every 4
 //   nibbles into 4 e4m3 bytes with three prmt (a 16-entry table in four registers); wgmma takes A from
 //   registers. Group scales (groups of 128 multiples along K) are applied per row at each promotion.
-// - W4A8 MXFP4 (kWFormat == 2): e2m1 codes in the same tiles, each followed in global memory by 256 bytes
-//   of shifts (one byte per row and 32-K group = one wgmma k-step), fetched by a second bulk copy. The e8m0 scales are folded on the host: per row and
+// - W4A8 MXFP4 (kWFormat == 2): e2m1 codes in the same tiles, each followed by 256 bytes of shifts (one
+//   byte per row and 32-K group = one wgmma k-step); one bulk copy fetches both. The e8m0 scales are folded on the host: per row and
 //   128-K block, 2^(max group exponent - 6) goes into the per-row scale of the promotion (scale mode 2),
 //   and each group's remaining 2^d (d in [-5, 6]) into the consumer's nibble -> e4m3 table (an integer
 //   add per byte: e2m1 * 2^d stays an e4m3 normal). Exact: the products are those of dequantize.
@@ -64,22 +64,23 @@ constexpr int kBK = 128;  // K per pipeline stage (bytes of e4m3 per tile row)
 // Weight formats (kWFormat): e4m3 bytes through TMA, or 4-bit codes pre-tiled in fragment order: int4, or
 // MXFP4 e2m1 with a 256-byte block of per-(row, k-step) table shifts after each 4 KiB tile.
 enum WFormat : int { kE4m3 = 0, kInt4 = 1, kMxfp4 = 2 };
-constexpr int kTileBytes = 4096;  // one 64-row x 128-K tile of 4-bit codes
-constexpr int kShiftBytes = 256;  // MXFP4: 64 rows x 4 k-steps
+constexpr int kCodeBytes = 4096;  // one 64-row x 128-K tile of 4-bit codes
+constexpr int kShiftBytes = 256;  // MXFP4: 64 rows x 4 k-steps, after the codes
 
-// Dynamic shared memory: [stages x (W tile, x tile)] [kWgs output slabs] [stages x MXFP4 shifts] [full,
-// empty barriers], from a 1024-byte aligned base (the swizzle atom).
+// Dynamic shared memory: [stages x (W tiles, x tile)] [kWgs output slabs] [full, empty barriers], from a
+// 1024-byte aligned base (the swizzle atom); the W tiles are padded to whole atoms so that x tiles stay aligned.
 template <int kWgs, int kBlockM, int kStages, int kWFormat>
 struct SmemLayout {
   static constexpr int kBlockN = 64 * kWgs;
-  static constexpr int kWBytes = kWFormat == kE4m3 ? kBlockN * kBK : kWgs * kTileBytes;
+  static constexpr int kTile = kCodeBytes + (kWFormat == kMxfp4 ? kShiftBytes : 0);  // 4-bit: bytes per tile
+  static constexpr int kWBytes = kWFormat == kE4m3 ? kBlockN * kBK : kWgs * kTile;
+  static constexpr int kWRegion = (kWBytes + 1023) / 1024 * 1024;
   static constexpr int kXBytes = kBlockM * kBK;
-  static constexpr int kStageBytes = kWBytes + kXBytes;
-  static constexpr int kStageShifts = kWFormat == kMxfp4 ? kWgs * kShiftBytes : 0;
+  static constexpr int kStageBytes = kWRegion + kXBytes;
+  static constexpr int kStageTx = kWBytes + kXBytes;  // bytes the copies of one stage bring
   static constexpr int kOutSlab = kBlockM * 128;  // one warpgroup's [kBlockM tokens][64 channels] 16-bit
   static constexpr int kOut = kStages * kStageBytes;
-  static constexpr int kShifts = kOut + kWgs * kOutSlab;
-  static constexpr int kBars = kShifts + kStages * kStageShifts;
+  static constexpr int kBars = kOut + kWgs * kOutSlab;
   static constexpr int kBytes = 1024 + kBars + 16 * kStages;  // + worst-case base alignment
 };
 
@@ -129,8 +130,7 @@ __device__ __forceinline__ void run(const Params& p) {
   const uint32_t out_base = base + L::kOut;
   const uint32_t bar_base = base + L::kBars;
   auto w_tile = [&](int s) { return base + s * L::kStageBytes; };
-  auto x_tile = [&](int s) { return base + s * L::kStageBytes + L::kWBytes; };
-  auto shifts = [&](int s) { return base + L::kShifts + s * L::kStageShifts; };
+  auto x_tile = [&](int s) { return base + s * L::kStageBytes + L::kWRegion; };
   auto full = [&](int s) { return bar_base + 8 * s; };
   auto empty = [&](int s) { return bar_base + 8 * (kStages + s); };
 
@@ -162,16 +162,14 @@ __device__ __forceinline__ void run(const Params& p) {
       for (int kb = 0; kb < p.num_kb; ++kb) {
         const int s = kb % kStages;
         if (kb >= kStages) mbar_wait(empty(s), ((kb / kStages) - 1) & 1);
-        mbar_expect_tx(full(s), L::kStageBytes + L::kStageShifts);
+        mbar_expect_tx(full(s), L::kStageTx);
         if constexpr (kWFormat == kE4m3) {
           tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, n_tile * kBlockN);
         } else {
-          constexpr int kTile = kTileBytes + (kMx ? kShiftBytes : 0);  // bytes per tile in global memory
 #pragma unroll
           for (int t = 0; t < kWgs; ++t) {
-            const uint8_t* src = p.w_packed + (long(n_tile * kWgs + t) * p.num_kb + kb) * kTile;
-            bulk_load(w_tile(s) + t * kTileBytes, src, kTileBytes, full(s));
-            if constexpr (kMx) bulk_load(shifts(s) + t * kShiftBytes, src + kTileBytes, kShiftBytes, full(s));
+            const long tile = long(n_tile * kWgs + t) * p.num_kb + kb;
+            bulk_load(w_tile(s) + t * L::kTile, p.w_packed + tile * L::kTile, L::kTile, full(s));
           }
         }
         tma_load_2d(x_tile(s), &p.x_map, full(s), kb * kBK, m_tile * kBlockM);
@@ -214,14 +212,15 @@ __device__ __forceinline__ void run(const Params& p) {
         for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(acc, a_desc + 2 * k, b_desc + 2 * k, k);
       } else {
         // [warp][half][lane][16 bytes]: half h holds k-steps 2h, 2h + 1, two words each (k and k + 16)
-        const uint32_t src = w_tile(s) + wg * kTileBytes + warp * 1024 + lane * 16;
+        const uint32_t tile = w_tile(s) + wg * L::kTile;
+        const uint32_t src = tile + warp * 1024 + lane * 16;
         const uint4 h0 = lds_v4(src), h1 = lds_v4(src + 512);
         const uint32_t words[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
         uint32_t a[kBK / 32][4];
         if constexpr (kMx) {
           // byte k of each word: the table shift of k-step k for this thread's rows row and row + 8
-          const uint32_t sh0 = lds_u32(shifts(s) + wg * kShiftBytes + 4 * row);
-          const uint32_t sh1 = lds_u32(shifts(s) + wg * kShiftBytes + 4 * (row + 8));
+          const uint32_t sh0 = lds_u32(tile + kCodeBytes + 4 * row);
+          const uint32_t sh1 = lds_u32(tile + kCodeBytes + 4 * (row + 8));
 #pragma unroll
           for (int k = 0; k < kBK / 32; ++k) {
             const uint32_t s0 = prmt(sh0, 0u, 0x1111u * k), s1 = prmt(sh1, 0u, 0x1111u * k);  // byte k x 4
