@@ -207,7 +207,7 @@ def tcgen05_mma_block_scaled(tmem: Tmem, smem, vec: int, d: int, a_desc, b_desc,
     """``tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.scale_vec::4X`` (vec 16) / ``kind::mxf4 ... 2X``
     (vec 32): D[M, N] (+)= (A * SFA) (B * SFB)^T over K = 64, with every descriptor field checked."""
     f = decode_instr_desc(idesc)
-    assert f["m"] == 128 and f["n"] % 8 == 0 and 8 <= f["n"] <= 256, f
+    assert f["m"] == 128 and f["n"] % 16 == 0 and 16 <= f["n"] <= 256, f  # DeepGEMM's rule at M = 128
     assert f["a_format"] == f["b_format"] == 1, "E2M1 is format 1 of kind::mxf4 / mxf4nvf4"
     assert f["sparse"] == 0 and f["negate"] == 0 and f["a_major"] == f["b_major"] == 0 and f["k_size"] == 0, f
     assert f["scale_format"] == (vec == 32), "UE4M3 (0) with 4X, UE8M0 (1) with mxf4 2X"

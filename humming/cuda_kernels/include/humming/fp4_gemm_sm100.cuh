@@ -86,7 +86,8 @@ struct Layout {
   static constexpr int kSfbCol = kSfaCol + kStages * kAtomsK * 4;
   static constexpr int kTmemCols = kSfbCol + kStages * kAtomsK * kTokenAtoms * 4;
   static constexpr int kTmemAlloc = kTmemCols <= 256 ? 256 : 512;
-  // The M = 128 MMA takes N = 8..256 in steps of 8; the epilogue reads 16 columns at a time.
+  // The M = 128 MMA takes N = 16..256 in steps of 16 (CUTLASS allows steps of 8 for kind::mxf4*); the
+  // epilogue reads 16 columns at a time.
   static_assert(kBlockT % 16 == 0 && kBlockT <= 256, "token blocks of 16..256, multiples of 16");
   static_assert(kBlockT < 128 || kBlockT % 128 == 0, "token blocks fill whole scale atoms or part of one");
   static_assert(kTmemCols <= 512, "tensor memory has 512 columns");
