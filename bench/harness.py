@@ -18,7 +18,7 @@ import humming
 from humming.triton_kernels import scaled_mm, wna16
 from humming.triton_kernels.configs import TileConfig
 
-__all__ = ["METHODS", "Method", "measure_roofs", "time_op"]
+__all__ = ["METHODS", "MOE_METHODS", "Method", "MoeProblem", "measure_roofs", "time_op"]
 
 Op = Callable[[torch.Tensor], torch.Tensor]
 
@@ -199,3 +199,89 @@ def measure_roofs(device: torch.device) -> dict[str, float]:
         a @ b
     ms = _median_ms(lambda: a @ b, 10)
     return {"copy_bytes_per_s": bandwidth, "bf16_flops_per_s": 2 * 8192**3 / (ms * 1e-3)}
+
+
+# ------------------------------------------------------------------------------------------------------ MoE
+@dataclass(frozen=True)
+class MoeProblem:
+    """One MoE layer: ``e`` experts of ``w13 [2 * inter, k]`` and ``w2 [k, inter]``, ``topk`` per token."""
+
+    e: int
+    k: int
+    inter: int
+    topk: int
+
+    def weight_bytes(self, bits_per_weight: float) -> int:
+        return int(self.e * 3 * self.inter * self.k * bits_per_weight / 8)
+
+
+def _moe_routing(p: MoeProblem, t: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.randn(t, p.e, device=device)
+    weights, ids = logits.softmax(-1).topk(p.topk)
+    return weights, ids.to(torch.int32)
+
+
+def _moe_fused(backend: str):
+    """``humming.moe.fused_moe`` on int4 g128 experts (``backend``: "auto" or "triton")."""
+
+    def build(p: MoeProblem, t: int, device) -> Op:
+        w13 = humming.quantize(_bf16_weight(p.e * 2 * p.inter, p.k, device).view(p.e, -1, p.k), "int4", 128)
+        w2 = humming.quantize(_bf16_weight(p.e * p.k, p.inter, device).view(p.e, p.k, p.inter), "int4", 128)
+        weights, ids = _moe_routing(p, t, device)
+        return lambda x: humming.moe.fused_moe(x, w13, w2, weights, ids, backend=backend)
+
+    return build
+
+
+def _moe_grouped(backend: str):
+    """``humming.moe.grouped_linear`` of ``w13`` alone on rows grouped beforehand (routing not timed)."""
+
+    def build(p: MoeProblem, t: int, device) -> Op:
+        w13 = humming.quantize(_bf16_weight(p.e * 2 * p.inter, p.k, device).view(p.e, -1, p.k), "int4", 128)
+        _, ids = _moe_routing(p, t, device)
+        block_m = humming.moe.default_block_m(t * p.topk, p.e)
+        routing = humming.moe.moe_align(ids, p.e, block_m)
+        rows = routing.src_slots.clamp_min(0).long() // p.topk
+        return lambda x: humming.moe.grouped_linear(x[rows], w13, routing.expert_ids, block_m, backend=backend)
+
+    return build
+
+
+def _moe_torch_loop(w2_too: bool):
+    """The baseline: a loop over experts of bf16 ``torch.nn.functional.linear`` on each expert's tokens
+    (routing resolved on the host beforehand, so the loop is capturable); ``w2_too``: the whole MLP."""
+
+    def build(p: MoeProblem, t: int, device) -> Op:
+        w13 = _bf16_weight(p.e * 2 * p.inter, p.k, device).view(p.e, -1, p.k)
+        w2 = _bf16_weight(p.e * p.k, p.inter, device).view(p.e, p.k, p.inter)
+        weights, ids = _moe_routing(p, t, device)
+        per_expert = []
+        for e in range(p.e):
+            token, j = (ids == e).nonzero(as_tuple=True)
+            if token.numel():
+                per_expert.append((e, token, weights[token, j].float()[:, None]))
+
+        def op(x):
+            out = torch.zeros(x.shape[0], p.k if w2_too else 2 * p.inter, device=x.device, dtype=torch.float32)
+            for e, token, w in per_expert:
+                h = torch.nn.functional.linear(x[token], w13[e])
+                if w2_too:
+                    gate, up = h.chunk(2, dim=-1)
+                    h = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2[e]) * w
+                out.index_add_(0, token, h.float())
+            return out
+
+        return op
+
+    return build
+
+
+#: name -> build(problem, tokens, device) -> op(x [tokens, k] bf16); int4 g128 experts for humming.
+MOE_METHODS = {
+    "fused_moe_auto": _moe_fused("auto"),
+    "fused_moe_triton": _moe_fused("triton"),
+    "torch_bf16_moe_loop": _moe_torch_loop(w2_too=True),
+    "grouped_w13_auto": _moe_grouped("auto"),
+    "grouped_w13_triton": _moe_grouped("triton"),
+    "torch_bf16_w13_loop": _moe_torch_loop(w2_too=False),
+}
