@@ -13,7 +13,10 @@ No sm_100 GPU (B200 / GB200) has been available: the kernel has NEVER RUN. What 
    and ``tcgen05.ld 32x32b``. It must reproduce ``x_deq @ w_deq^T`` from ``humming.dequantize``. This proves
    that the layouts and descriptors compose *given* that reading of the ISA; it cannot prove the hardware
    follows it (the scale-factor layout in tensor memory is the least documented part).
-3. ``gpu`` tests in tests/test_cuda_fp4.py run this kernel on an sm_100 device (never run so far).
+3. ``gpu`` tests (never run so far): here, one UMMA (``fp4_mma_probe_sm100.cuh``) on random operands and scales
+   against the models above, which isolates the ISA reading (descriptors, swizzle, scale atoms in tensor
+   memory, scale-factor ids) from the GEMM's pipeline; run it first on a B200. Then the GEMM tests of
+   tests/test_cuda_fp4.py, which run this kernel on an sm_100 device.
 """
 
 from __future__ import annotations
@@ -53,14 +56,15 @@ def compiled(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HUMMING_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         jit.clear_memory_cache()
-        report = warmup_specs([(spec, "sm_100a") for spec in _specs()], progress=False)
+        specs = _specs() + [fp4_gemm.sm100_probe_spec(vec) for vec in SCHEMES]
+        report = warmup_specs([(spec, "sm_100a") for spec in specs], progress=False)
         jit.clear_memory_cache()
     return {k.spec.name: k for k in report.kernels}
 
 
 def test_every_variant_compiles_for_sm_100a_only(compiled):
-    assert len(compiled) == len(_specs())
-    for spec in _specs():
+    assert len(compiled) == len(_specs()) + len(SCHEMES)
+    for spec in _specs() + [fp4_gemm.sm100_probe_spec(vec) for vec in SCHEMES]:
         assert spec.targets() == ("sm_100a",)
         kernel = compiled[spec.name]
         assert kernel.cubin[:4] == b"\x7fELF", spec.name
@@ -85,6 +89,11 @@ def test_sass_holds_the_tcgen05_pipeline(compiled, tmp_path):
         assert ops.count("UTCBAR") == 2, spec.name  # the stage's commit and the accumulator's
         assert "UTMALDG.2D" in ops and "UBLKCP.S.G" in ops, spec.name
         assert "LDL" not in ops and "STL" not in ops, f"{spec.name} uses local memory"
+    for vec in SCHEMES:
+        sass = _cubin_tool("cuobjdump", ["-sass"], compiled[fp4_gemm.sm100_probe_spec(vec).name], tmp_path)
+        ops = re.findall(r"\b(UTC[A-Z]+[\w.]*)\b", sass)
+        assert [op for op in ops if "MMA" in op] == [expected[vec]] and ops.count("UTCBAR") == 1, ops
+        assert ops.count("UTCCP.T.S.4x32dp128bit") == 2, ops
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -422,3 +431,74 @@ def test_warmup_jobs_on_sm_100():
         }
     )
     assert fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1,), torch.bfloat16, None, 132, (9, 0)) == []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One UMMA (fp4_mma_probe_sm100.cuh): the models above against the hardware, apart from the GEMM.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _probe_inputs(vec: int, seed: int):
+    """Random codes (any nibble) for A [128, 64] and B [32, 64], and raw scale bytes [rows, 4] (one atom
+    along K) of a moderate range: e4m3 0.25 .. 3.75, e8m0 2^-4 .. 2^3."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randint(0, 256, (128, 32), generator=gen).to(torch.uint8)
+    b = torch.randint(0, 256, (32, 32), generator=gen).to(torch.uint8)
+    lo, hi = (0x28, 0x48) if vec == 16 else (123, 131)
+    raw_a = torch.randint(lo, hi, (128, 4), generator=gen).to(torch.uint8)
+    raw_b = torch.randint(lo, hi, (32, 4), generator=gen).to(torch.uint8)
+    return a, b, raw_a, raw_b
+
+
+def _probe_model(a, b, sfa, sfb, vec: int, sf_id: int) -> torch.Tensor:
+    """What fp4_mma_probe_sm100.cuh computes, through the hardware models: D [128, 32] float64."""
+    smem = torch.full((16384 + 4096 + 1024,), 0xAA, dtype=torch.uint8)
+    for base, codes in ((0, a), (16384, b)):
+        r = torch.arange(codes.shape[0])[:, None]
+        smem[_sw128(base + 128 * r + torch.arange(32)[None, :])] = codes
+    smem[20480:20992], smem[20992:21504] = sfa, sfb
+    tmem = Tmem()
+    tcgen05_cp_32x128b_warpx4(tmem, smem, 128, fp4_gemm.SF_DESC | (20480 >> 4))
+    tcgen05_cp_32x128b_warpx4(tmem, smem, 132, fp4_gemm.SF_DESC | (20992 >> 4))
+    idesc = fp4_gemm.instr_desc(vec, 32) | (sf_id << 29) | (sf_id << 4)
+    a_desc, b_desc = fp4_gemm.AB_DESC, fp4_gemm.AB_DESC | (16384 >> 4)
+    tcgen05_mma_block_scaled(tmem, smem, vec, 0, a_desc, b_desc, idesc, 128, 132, False)
+    return tmem.acc[:, :32].clone()
+
+
+PROBE_CASES = [(16, 0), (32, 0), (32, 2)]
+
+
+@pytest.mark.parametrize(("vec", "sf_id"), PROBE_CASES)
+def test_probe_model_is_the_block_scaled_product(vec, sf_id):
+    """The probe's inputs through the models give (A * scale_A) (B * scale_B)^T with the scales of bytes
+    sf_id .. of each row's word (so the GPU test below compares the hardware with the dequantized product)."""
+    a, b, raw_a, raw_b = _probe_inputs(vec, seed=vec + sf_id)
+    got = _probe_model(
+        a, b, fp4_gemm.sf_atoms(raw_a, vec, 128)[0, 0], fp4_gemm.sf_atoms(raw_b, vec, 128)[0, 0], vec, sf_id
+    )
+
+    def values(codes, raw):
+        nib = torch.stack([codes & 0xF, codes >> 4], dim=-1).reshape(codes.shape[0], 64)
+        scales = raw[:, sf_id : sf_id + 64 // vec].view(fp4_gemm.SCALE_VECS[vec][0]).to(torch.float64)
+        return _E2M1[nib.long()] * scales.repeat_interleave(vec, 1)
+
+    assert torch.equal(got, values(a, raw_a) @ values(b, raw_b).T)
+
+
+def _sm100() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm100(), reason="needs an sm_100 GPU (B200 / GB200); never run so far")
+@pytest.mark.parametrize(("vec", "sf_id"), PROBE_CASES)
+def test_gpu_umma_follows_the_models(vec, sf_id):
+    """Run this first on a B200: one UMMA against the models the GEMM's emulation is built on."""
+    for seed in range(4):
+        a, b, raw_a, raw_b = _probe_inputs(vec, seed)
+        sfa, sfb = fp4_gemm.sf_atoms(raw_a, vec, 128)[0, 0], fp4_gemm.sf_atoms(raw_b, vec, 128)[0, 0]
+        got = fp4_gemm.sm100_mma_probe(*(t.cuda() for t in (a, b, sfa, sfb)), vec, sf_id).cpu().to(torch.float64)
+        ref = _probe_model(a, b, sfa, sfb, vec, sf_id)
+        # exact products, fp32 sums of 64 terms below ~1e3: a wrong layout is off by units to hundreds; NaN fails
+        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-2), (seed, (got - ref).abs().max().item())

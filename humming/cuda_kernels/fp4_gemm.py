@@ -63,6 +63,8 @@ __all__ = [
     "run",
     "sf_atoms",
     "sm100_activation_buffers",
+    "sm100_mma_probe",
+    "sm100_probe_spec",
     "sm100_spec",
     "smem_desc",
     "supports",
@@ -313,6 +315,53 @@ def mma_probe(regs: torch.Tensor, vec: int) -> torch.Tensor:
     d = torch.full((32, 4), float("nan"), dtype=torch.float32, device=regs.device)
     params = _ProbeParams(regs.data_ptr(), d.data_ptr())
     kernel = get_kernel(probe_spec(vec), device_index)
+    kernel.launch((1, 1, 1), 0, params, torch.cuda.current_stream(device_index).cuda_stream)
+    return d
+
+
+class _Sm100ProbeParams(ctypes.Structure):
+    """Mirror of ``humming::fp4_sm100::ProbeParams``."""
+
+    _fields_ = (
+        ("a", ctypes.c_void_p),
+        ("b", ctypes.c_void_p),
+        ("sfa", ctypes.c_void_p),
+        ("sfb", ctypes.c_void_p),
+        ("d", ctypes.c_void_p),
+        ("ab_desc", ctypes.c_uint64),
+        ("sf_desc", ctypes.c_uint64),
+        ("idesc", ctypes.c_uint32),
+        ("sf_id", ctypes.c_uint32),
+    )
+
+
+def sm100_probe_spec(vec: int) -> KernelSpec:
+    """One block-scaled tcgen05 UMMA, 128 x 32 x 64 (``include/humming/fp4_mma_probe_sm100.cuh``)."""
+    return KernelSpec(
+        family="fp4_mma_probe_sm100",
+        name=f"humming_fp4_mma_probe_sm100_{SCALE_VECS[vec][2]}",
+        header="humming/fp4_mma_probe_sm100.cuh",
+        entry=f"humming::fp4_sm100::mma_probe<{vec}>",
+        params="humming::fp4_sm100::ProbeParams",
+        threads=128,
+        ccs=((10, 0),),
+        arch_specific=True,
+    )
+
+
+def sm100_mma_probe(a, b, sfa, sfb, vec: int, sf_id: int) -> torch.Tensor:
+    """Run one block-scaled UMMA on an sm_100 device: e2m1 codes ``a`` uint8 ``[128, 32]`` and ``b`` ``[32, 32]``
+    (64 elements a row), one scale atom each (uint8 ``[512]``, :func:`sf_atoms` layout), scale-factor id
+    ``sf_id`` -> fp32 D ``[128, 32]``. Checks the hardware against the descriptors and layouts the sm_100a
+    GEMM uses (tests/test_cuda_fp4_sm100.py)."""
+    from .jit import get_kernel
+
+    device_index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    a, b, sfa, sfb = (t.to(torch.uint8).contiguous() for t in (a, b, sfa, sfb))
+    d = torch.full((128, 32), float("nan"), dtype=torch.float32, device=a.device)
+    params = _Sm100ProbeParams(a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), d.data_ptr())
+    params.ab_desc, params.sf_desc, params.idesc, params.sf_id = AB_DESC, SF_DESC, instr_desc(vec, 32), sf_id
+    kernel = get_kernel(sm100_probe_spec(vec), device_index)
     kernel.launch((1, 1, 1), 0, params, torch.cuda.current_stream(device_index).cuda_stream)
     return d
 
