@@ -268,8 +268,9 @@ def _mx_weight(n: int, k: int, exps: torch.Tensor, codes: torch.Tensor | None = 
     return humming.QuantizedWeight((n, k), "e2m1", pack_codes(codes, 4), scales, (1, 32))
 
 
+@pytest.mark.parametrize("global_scale", [None, 0.37])
 @pytest.mark.parametrize("n,k,span", [(130, 300, 12), (64, 128, 1), (256, 1024, 12), (70, 40, 3)])
-def test_mxfp4_tiles_decode_to_dequantize_bit_for_bit(n, k, span, seed):
+def test_mxfp4_tiles_decode_to_dequantize_bit_for_bit(n, k, span, global_scale, seed):
     """Decode the packed tiles as the kernel does (fragment order, shift byte per row and k-step, the folded
     table) and scale by the per-(row, 128-K) fp32 scale: the result is ``humming.dequantize`` bit for bit."""
     groups = -(-k // 32)
@@ -278,6 +279,8 @@ def test_mxfp4_tiles_decode_to_dequantize_bit_for_bit(n, k, span, seed):
     codes[:, :32] &= 8  # a group of zeros (+-0): its scale must not count towards the span
     exps[:, 0] = 0
     qw = _mx_weight(n, k, exps, codes)
+    if global_scale is not None:  # folded into the per-128 scale: 2^(t - 6) * g is exact in fp32
+        qw = qw.replace(global_scale=torch.tensor(global_scale))
     prep = fp8_gemm.prepare(qw)
     assert prep.w_format == "mxfp4" and prep.scale_mode == "group" and prep.weight.shape[-1] == 4096 + 256
     codes_back = _read_tiles(prep.weight[..., :4096])
