@@ -31,7 +31,7 @@ from .dispatch.support import combination_error
 from .ir.activation import get_act_scheme
 from .ir.weight import QuantizedWeight
 
-__all__ = ["MoeRouting", "default_block_m", "expert_weight", "fused_moe", "grouped_linear", "moe_align"]
+__all__ = ["MoeRouting", "default_block_m", "expert_weight", "fused_moe", "grouped_linear", "moe_align", "padded_rows"]
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -276,6 +276,8 @@ def fused_moe(
             f"topk_weights: expected shape {tuple(topk_ids.shape)} on {x.device} (as topk_ids), "
             f"got {tuple(topk_weights.shape)} on {topk_weights.device}"
         )
+    if x.shape[0] == 0:
+        return torch.empty(0, k, dtype=x.dtype, device=x.device)
     topk = topk_ids.shape[1]
     block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
     routing = moe_align(topk_ids, e, block_m)

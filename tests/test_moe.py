@@ -128,7 +128,7 @@ def test_moe_capture_in_cuda_graph(seed: int) -> None:
     torch.cuda.synchronize()
     eager = moe.moe_align(ids, e, 16)
     assert torch.equal(routing.src_slots, eager.src_slots) and torch.equal(routing.expert_ids, eager.expert_ids)
-    assert torch.equal(out, run())
+    assert _rel_err(out, run().double()) <= 1e-3  # fp32 atomics: the summation order may differ
 
 
 # ------------------------------------------------------------------------------------- grouped references
@@ -221,19 +221,19 @@ def test_grouped_reference_per_tensor_scale_spans_all_blocks(name: str, act: str
 
 # ------------------------------------------------------------------------------------------ Triton grouped
 @pytest.mark.parametrize(
-    ("name", "shape", "x_dtype", "out_dtype", "act_order"),
+    ("name", "shape", "x_dtype", "out_dtype", "act_order", "bias"),
     [
-        ("uint4-zp-g128", (4, 48, 256), torch.bfloat16, None, False),
-        ("int8-channel", (4, 40, 200), torch.float16, None, False),
-        ("e4m3-channel", (3, 64, 128), torch.bfloat16, torch.float32, False),
-        ("mxfp4", (4, 48, 256), torch.bfloat16, None, False),
-        ("nvfp4", (2, 32, 128), torch.float16, torch.float32, False),
-        ("int4-g32", (3, 40, 200), torch.bfloat16, None, True),
-        ("int3-g64-float-zp", (2, 32, 192), torch.float16, None, False),
+        ("uint4-zp-g128", (4, 48, 256), torch.bfloat16, None, False, True),
+        ("uint4-zp-g128", (4, 48, 256), torch.bfloat16, None, False, False),
+        ("int8-channel", (4, 40, 200), torch.float16, None, False, True),
+        ("e4m3-channel", (3, 64, 128), torch.bfloat16, torch.float32, False, False),
+        ("mxfp4", (4, 48, 256), torch.bfloat16, None, False, True),
+        ("nvfp4", (2, 32, 128), torch.float16, torch.float32, False, True),
+        ("int4-g32", (3, 40, 200), torch.bfloat16, None, True, True),
+        ("int3-g64-float-zp", (2, 32, 192), torch.float16, None, False, False),
     ],
     ids=lambda v: v if isinstance(v, str) else str(v),
 )
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 def test_triton_grouped_matches_reference(name, shape, x_dtype, out_dtype, act_order, bias, seed, device) -> None:
     e, n, k = shape
     block_m = 16
@@ -361,6 +361,11 @@ def test_fused_moe_matches_token_loop(backend, name, act, x_dtype, t, topk, e, b
     assert out.shape == (t, k) and out.dtype == x_dtype
     err = _rel_err(out, _fused_ref(x, w13, w2, weights, ids, act))
     assert err <= MOE_TOL[x_dtype], f"rel err {err:.2e} > {MOE_TOL[x_dtype]:.0e}"
+
+
+def test_fused_moe_no_tokens() -> None:
+    x, w13, w2, weights, ids = _moe_args()
+    assert moe.fused_moe(x[:0], w13, w2, weights[:0], ids[:0]).shape == (0, 64)
 
 
 def test_default_block_m() -> None:
