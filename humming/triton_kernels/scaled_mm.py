@@ -493,8 +493,6 @@ def supports_grouped(qweight: QuantizedWeight, act: ActScheme, x: torch.Tensor, 
         return f"act {act.name}: the grouped scaled GEMM takes per-token or per-group activation scales only"
     if block_m % MIN_GROUPED_BLOCK_M:
         return f"block_m={block_m}: the grouped scaled GEMM needs a multiple of {MIN_GROUPED_BLOCK_M}"
-    if x.dtype not in _X_DTYPES:
-        return f"x dtype {x.dtype}: the scaled GEMM takes float16 or bfloat16 activations"
     return _unsupported(qweight, act, x)
 
 
@@ -587,7 +585,8 @@ def grouped_linear(
         config = grouped_tile(cfg, block_m, x.shape[0], n, k, sm_count)
     if block_m % config.block_m or config.block_m < MIN_GROUPED_BLOCK_M:
         raise ValueError(f"triton scaled_mm: config block_m={config.block_m} must divide block_m={block_m}, >= 16")
-    return _launch(qa, qweight, bias, out_dtype, config, out, expert_ids, block_m)
+    bias = None if bias is None else bias.contiguous()
+    return _launch(qa, qweight, bias, out_dtype, config, out, expert_ids.contiguous(), block_m)
 
 
 def _launch(qa, qweight, bias, out_dtype, config, out, expert_ids=None, route_bm: int = 1) -> torch.Tensor:

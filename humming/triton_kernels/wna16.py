@@ -429,7 +429,8 @@ def grouped_linear(
     )
     if block_m % cfg.block_m or cfg.block_m < MIN_GROUPED_BLOCK_M:
         raise ValueError(f"triton wna16: config block_m={cfg.block_m} must divide block_m={block_m} and be >= 16")
-    return _launch(x, qweight, bias, out, cfg, expert_ids, block_m)
+    bias = None if bias is None else bias.contiguous()
+    return _launch(x, qweight, bias, out, cfg, expert_ids.contiguous(), block_m)
 
 
 def grouped_config(m_pad: int, n: int, k: int, bits: int, block_m: int, sm_count: int, group_k: int = 0) -> TileConfig:
