@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call for the whole library: every gpu-marked test, the demo, and the M sweep of humming.linear
-# (auto dispatch) against torch bf16, torch._weight_int4pack_mm, torch._scaled_mm and gemlite, in one run.
+# One device call for the whole library: every gpu-marked test, the demo, the M sweep of humming.linear
+# (auto dispatch) against torch bf16, torch._weight_int4pack_mm, torch._scaled_mm and gemlite, and the MoE
+# layer (humming.moe.fused_moe / grouped_linear against a per-expert bf16 torch loop), in one run.
 # Usage (device tool, carry .whl/gemlite): bash bench/h200_all.sh   -> logs and JSON under $OUT
 set -u
 OUT=${OUT:-out}
@@ -23,9 +24,13 @@ step gpu_tests "${TESTS_S:-280}" python3 -m pytest -q -m gpu -p no:cacheprovider
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -25
 step demo 60 python3 -m humming demo
 tail -17 "$OUT/demo.log"
-METHODS=torch_bf16,auto_w4a16_g128,auto_w8a16,auto_mxfp4_a16,auto_w8a8_fp8,auto_w4a8_fp8,torch_int4pack_g128,torch_scaled_mm_fp8
+METHODS=torch_bf16,auto_w4a16_g128,auto_w8a16,auto_mxfp4_a16,auto_w8a8_fp8,auto_w4a8_fp8,auto_mxfp4_w4a8_fp8
+METHODS=$METHODS,torch_int4pack_g128,torch_scaled_mm_fp8
 step sweep "${SWEEP_S:-130}" python3 bench/sweep.py --methods "$METHODS" --m 1,16,1024,4096 --budget-s $((${SWEEP_S:-130} - 20)) \
   --out "$OUT/sweep.json"
 step gemlite 45 python3 bench/sweep.py --methods gemlite_w4a16_g128 --m 1,16 --shapes 28672x8192,8192x8192 --budget-s 35 \
   --out "$OUT/gemlite.json"
+step moe "${MOE_S:-70}" python3 bench/moe.py --out "$OUT/moe.json" \
+  --methods fused_moe_auto,fused_moe_fp8_block_auto,torch_bf16_moe_loop,grouped_w13_auto,torch_bf16_w13_loop
+tail -25 "$OUT/moe.log"
 python3 bench/summary.py "$OUT/sweep.json" "$OUT/gemlite.json"

@@ -136,6 +136,7 @@ METHODS = {
         Method(
             "auto_w4a8_fp8", _humming_auto("int4", 128, "fp8"), _bytes(4 + 16 / 128), "humming.linear, incl. act quant"
         ),
+        Method("auto_mxfp4_w4a8_fp8", _humming_auto("mxfp4", 32, "fp8"), _bytes(4 + 8 / 32), "incl. act quant"),
         Method("torch_int4pack_g128", _torch_int4pack, _bytes(4 + 32 / 128)),
         Method("torch_scaled_mm_fp8", _torch_scaled_mm_fp8, _bytes(8), "activations pre-quantized"),
         Method("gemlite_w4a16_g128", _gemlite("w4g128"), _bytes(4 + 32 / 128)),
@@ -221,14 +222,17 @@ def _moe_routing(p: MoeProblem, t: int, device) -> tuple[torch.Tensor, torch.Ten
     return weights, ids.to(torch.int32)
 
 
-def _moe_fused(backend: str):
-    """``humming.moe.fused_moe`` on int4 g128 experts (``backend``: "auto" or "triton")."""
+def _moe_fused(backend: str, weight: str = "int4", group_size: int | None = 128, act: str | None = None):
+    """``humming.moe.fused_moe`` on ``weight`` experts (int4 g128 by default; ``fp8_block`` with ``act="fp8_g128"``
+    is the DeepSeek-V3 recipe, ``group_size=None`` = the scheme's own); ``backend``: "auto" or "triton"."""
+    group = {} if group_size is None else {"group_size": group_size}
 
     def build(p: MoeProblem, t: int, device) -> Op:
-        w13 = humming.quantize(_bf16_weight(p.e * 2 * p.inter, p.k, device).view(p.e, -1, p.k), "int4", 128)
-        w2 = humming.quantize(_bf16_weight(p.e * p.k, p.inter, device).view(p.e, p.k, p.inter), "int4", 128)
+        w13 = _bf16_weight(p.e * 2 * p.inter, p.k, device).view(p.e, -1, p.k)
+        w2 = _bf16_weight(p.e * p.k, p.inter, device).view(p.e, p.k, p.inter)
+        w13, w2 = (humming.quantize(w, weight, **group) for w in (w13, w2))
         weights, ids = _moe_routing(p, t, device)
-        return lambda x: humming.moe.fused_moe(x, w13, w2, weights, ids, backend=backend)
+        return lambda x: humming.moe.fused_moe(x, w13, w2, weights, ids, act=act, backend=backend)
 
     return build
 
@@ -280,6 +284,8 @@ def _moe_torch_loop(w2_too: bool):
 MOE_METHODS = {
     "fused_moe_auto": _moe_fused("auto"),
     "fused_moe_triton": _moe_fused("triton"),
+    "fused_moe_fp8_channel_auto": _moe_fused("auto", "e4m3", -1, "fp8"),
+    "fused_moe_fp8_block_auto": _moe_fused("auto", "fp8_block", None, "fp8_g128"),
     "torch_bf16_moe_loop": _moe_torch_loop(w2_too=True),
     "grouped_w13_auto": _moe_grouped("auto"),
     "grouped_w13_triton": _moe_grouped("triton"),
