@@ -6,7 +6,14 @@ Kernel time is CUDA-graph replay time of calls rotating over 3 copies of the lay
 over the copy bandwidth measured in the same run. ``--sanitize`` instead runs one small grouped config
 for compute-sanitizer (memcheck, racecheck).
 
-Usage: python bench/cuda_grouped.py OUT.json | --sanitize
+``--fp8 OUT.json``: the grouped FP8 GEMM (W8A8, e4m3 per-channel experts x fp8 per-token activations) at
+the same shape, ``block_m`` of ``humming.moe.default_block_m``: the kernel on pre-quantized activations, the
+whole ``humming.cuda_kernels.grouped_linear`` (Triton act pass + kernel), and a per-expert loop of
+``torch._scaled_mm`` (rowwise scales, bf16 out) on pre-quantized activations, all CUDA-graph times over 3
+copies of the layer (3 x 369 MB of e4m3). ``--sanitize-fp8``: one small grouped FP8 config for
+compute-sanitizer.
+
+Usage: python bench/cuda_grouped.py OUT.json | --sanitize | --fp8 OUT.json | --sanitize-fp8
 """
 
 from __future__ import annotations
@@ -138,5 +145,104 @@ def main(path: str) -> None:
         )
 
 
+def scaled_mm_loop(xs: dict, codes: torch.Tensor, w_scales: torch.Tensor) -> None:
+    """A grouped FP8 GEMM without a grouped kernel: one rowwise-scaled ``torch._scaled_mm`` per expert in use."""
+    for e, q in xs.items():
+        a = q.codes.view(torch.float8_e4m3fn)
+        torch._scaled_mm(a, codes[e].T, q.scales, w_scales[e], out_dtype=torch.bfloat16)
+
+
+def _fp8_layer(e: int, n: int, k: int):
+    """An e4m3 expert-stacked layer with per-channel scales (random non-NaN codes, built in the IR)."""
+    codes = torch.randint(0, 254, (e * n, k), dtype=torch.int32, device="cuda")
+    codes = (codes + (codes >= 0x7F).to(torch.int32)).to(torch.uint8).view(torch.int32).view(e, n, -1)
+    scales = (1 + torch.rand(e, n, 1, device="cuda")) * 2e-3
+    return humming.QuantizedWeight((e, n, k), "e4m3", codes, scales, (1, -1))
+
+
+def sanitize_fp8() -> None:
+    from humming.cuda_kernels import fp8_gemm
+    from humming.ir.activation import get_act_scheme
+
+    torch.manual_seed(0)
+    qw = _fp8_layer(4, 256, 512)
+    ids, m_pad = route([0, 30, 5, 40] + [0] * (E - 4), 32)
+    x = torch.randn(m_pad, 512, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    for act in ("fp8", "fp8_g128"):
+        layer = (
+            qw
+            if act == "fp8"
+            else qw.replace(scales=qw.scales[:, :2, :1].expand(4, 2, 4).contiguous(), group_shape=(128, 128))
+        )
+        out = fp8_gemm.run_grouped(fp8_gemm.prepare(layer), x, get_act_scheme(act), ids, 32, bias, torch.bfloat16)
+        torch.cuda.synchronize()
+        print(
+            f"fp8_gemm grouped e4m3 {act} E=4 block_m=32 M_pad={m_pad}: finite rows in use "
+            f"{bool(out[ids.repeat_interleave(32) >= 0].isfinite().all())}"
+        )
+
+
+def main_fp8(path: str) -> None:
+    from humming.cuda_kernels import fp8_gemm, grouped_linear
+    from humming.ir.activation import get_act_scheme
+    from humming.moe import default_block_m
+    from humming.triton_kernels.act_quant import quantize_activation
+
+    torch.manual_seed(0)
+    bandwidth = copy_bandwidth()
+    act = get_act_scheme("fp8")
+    layers = [_fp8_layer(E, N, K) for _ in range(COPIES)]
+    preps = [fp8_gemm.prepare(qw) for qw in layers]
+    codes = [qw.qweight.view(torch.float8_e4m3fn) for qw in layers]  # [E, N, K] e4m3
+    w_scales = [qw.scales.view(E, 1, N) for qw in layers]
+    rows = []
+    print(f"FP8 grouped W8A8 E={E} N={N} K={K} top{TOPK}, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    for slots in SLOTS:
+        topk_ids = torch.rand(slots // TOPK, E, device="cuda").topk(TOPK, dim=1).indices
+        counts = torch.bincount(topk_ids.flatten(), minlength=E).tolist()
+        used = [e for e in range(E) if counts[e]]
+        block_m = default_block_m(slots, E)
+        ids, m_pad = route(counts, block_m)
+        x = torch.randn(m_pad, K, device="cuda", dtype=torch.bfloat16)
+        qa = quantize_activation(x, act)
+        out = torch.empty(m_pad, N, device="cuda", dtype=torch.bfloat16)
+        tuning = fp8_gemm.choose_grouped_tuning(block_m, m_pad, N, E, fp8_gemm.device_limits(0))
+        kernel = [
+            partial(fp8_gemm.run_grouped, p, qa, act, ids, block_m, None, torch.bfloat16, None, out) for p in preps
+        ]
+        full = [partial(grouped_linear, x, qw, ids, block_m, None, act, torch.bfloat16) for qw in layers]
+        row = dict(slots=slots, experts_used=len(used), block_m=block_m, m_pad=m_pad, tuning=str(tuning))
+        row["floor_us"] = len(used) * N * K / bandwidth * 1e6
+        row["kernel_us"] = graph_time(kernel * 4) * 1e6
+        row["grouped_linear_us"] = graph_time(full * 4) * 1e6
+        xs = {e: quantize_activation(torch.randn(counts[e], K, device="cuda", dtype=torch.bfloat16), act) for e in used}
+
+        try:
+            row["scaled_mm_loop_us"] = (
+                graph_time([partial(scaled_mm_loop, xs, codes[c], w_scales[c]) for c in range(COPIES)] * 2) * 1e6
+            )
+        except RuntimeError as err:  # torch builds without rowwise-scaled fp8 GEMMs
+            row["scaled_mm_loop_us"] = f"failed: {err}".splitlines()[0]
+        print(
+            f"T*topk={slots:5d} experts used {len(used):2d} block_m={block_m:3d}  floor {row['floor_us']:7.1f} us  "
+            f"kernel {row['kernel_us']:7.1f} us  grouped_linear {row['grouped_linear_us']:7.1f} us  "
+            f"_scaled_mm loop {row['scaled_mm_loop_us']} us  ({tuning})"
+        )
+        rows.append(row)
+    with open(path, "w") as f:
+        json.dump(
+            dict(device=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=bandwidth, rows=rows),
+            f,
+            indent=1,
+        )
+
+
 if __name__ == "__main__":
-    sanitize() if sys.argv[1] == "--sanitize" else main(sys.argv[1])
+    modes = {"--sanitize": sanitize, "--sanitize-fp8": sanitize_fp8}
+    if sys.argv[1] in modes:
+        modes[sys.argv[1]]()
+    elif sys.argv[1] == "--fp8":
+        main_fp8(sys.argv[2])
+    else:
+        main(sys.argv[1])

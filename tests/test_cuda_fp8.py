@@ -44,6 +44,18 @@ def _specs() -> list[jit.KernelSpec]:
         specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "bf16", "bf16", tuning))
     direct_mx = dataclasses.replace(fp8_gemm.choose_tuning(77, 8192, 8192, H200, "mxfp4"), tma_store=False)
     specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "f32", "f32", direct_mx))
+    return specs + _grouped_specs()
+
+
+def _grouped_specs() -> list[jit.KernelSpec]:
+    """The grouped (MoE) kernels at E=64, N=2816: decode (block_m 16) and prefill (64, 128) segments, both
+    W8A8 recipes, int4 W4A8, the plain-store epilogue."""
+    picks = [(16, 976, "e4m3", "rowcol", torch.bfloat16), (64, 8192, "e4m3", "block128", torch.float16)]
+    picks += [(128, 16384, "e4m3", "block128", torch.float32), (32, 4096, "int4", "group", torch.bfloat16)]
+    specs = []
+    for block_m, m_pad, w, mode, out in picks:
+        tuning = fp8_gemm.choose_grouped_tuning(block_m, m_pad, 2816, 64, H200, w)
+        specs.append(fp8_gemm.call_spec(w, mode, torch.float32, out, tuning, grouped=True))
     return specs
 
 
@@ -138,6 +150,108 @@ def test_warmup_jobs_are_the_kernels_linear_runs():
 def test_params_mirror_the_kernel_struct():
     assert fp8_gemm._Params.__dict__["_fields_"][0][0] == "w_map"
     assert __import__("ctypes").sizeof(fp8_gemm._Params) == 512  # static_assert in fp8_gemm_sm90.cuh
+    # natural alignment after w_group_stride (offset 488): the pointer at 496, block_m at 504 (as in C++)
+    assert fp8_gemm._Params.expert_ids.offset == 496 and fp8_gemm._Params.block_m.offset == 504
+
+
+# ---- grouped (MoE) variant, CPU ----
+
+
+def _stacked(weight: str, group, e: int = 3, n: int = 256, k: int = 300):
+    return humming.stack([humming.quantize(torch.randn(n, k), weight=weight, group_size=group) for _ in range(e)])
+
+
+def test_grouped_tuning_divides_block_m_and_fits_the_device():
+    for block_m in (8, 16, 24, 32, 48, 64, 128, 256, 384):
+        for m_pad in (block_m, 976, 8192, 65536):
+            for w in ("e4m3", "int4"):
+                t = fp8_gemm.choose_grouped_tuning(block_m, m_pad, 2816, 64, H200, w)
+                assert t == fp8_gemm.choose_grouped_tuning(block_m, m_pad, 2816, 64, H200, w)
+                assert block_m % t.block_m == 0 and t.block_m == max(
+                    b for b in (8, 16, 32, 64, 128) if block_m % b == 0
+                )
+                smem = fp8_gemm.smem_bytes(t.wgs, t.block_m, t.stages, w)
+                assert smem <= H200.smem_per_block and t.min_blocks * (smem + 1024) <= H200.smem_per_sm
+    # 4 slots over 8 experts: at most 4 segments x 8 tiles of 128 rows in use: one warpgroup, two blocks per SM
+    assert fp8_gemm.choose_grouped_tuning(16, 128, 1024, 8, H200) == fp8_gemm.Fp8Tuning(1, 16, 10, 2)
+    assert fp8_gemm.choose_grouped_tuning(16, 976, 2816, 64, H200).wgs == 2  # 16 slots: 22 x 16 tiles
+    assert fp8_gemm.choose_grouped_tuning(128, 16384, 2816, 64, H200).wgs == 2
+
+
+@pytest.mark.parametrize("weight,group", [("e4m3", -1), ("e4m3", "tensor"), ("e4m3", (128, 128)), ("int4", 128)])
+def test_grouped_weight_is_the_experts_stacked_along_n(weight, group, seed):
+    """The stacked layout is each expert's 2-D layout, concatenated so that expert e's rows start at e * N."""
+    from humming.moe import expert_weight
+
+    qw = _stacked(weight, group)
+    prep = fp8_gemm.prepare(qw)
+    assert prep is fp8_gemm.prepare(qw) and prep.num_experts == 3 and prep.n == 256
+    parts = [fp8_gemm._prepare_2d(expert_weight(qw, e)) for e in range(3)]
+    for name, dim in (("weight", 0), ("w_scale", 0), ("w_block_scale", 0), ("w_group_scale", 1)):
+        got, want = getattr(prep, name), [getattr(p, name) for p in parts]
+        assert (got is None) == (want[0] is None), name
+        if got is not None:  # expert e's slice at e * (its length along the stacked dim)
+            assert got.shape[dim] == 3 * want[0].shape[dim], name
+            assert all(torch.equal(g, w) for g, w in zip(got.chunk(3, dim), want, strict=True)), name
+    if weight == "e4m3":  # and each slice is that expert's dequantized matrix
+        values = prep.weight[:, :300].view(torch.float8_e4m3fn).to(torch.float64).view(3, 256, 300)
+        for e in range(3):
+            if prep.scale_mode == "block128":
+                s = prep.w_block_scale.view(3, 2, -1)[e].repeat_interleave(128, 0).repeat_interleave(128, 1)[:, :300]
+            else:
+                s = prep.w_scale.view(3, 256)[e][:, None]
+            want = humming.dequantize(expert_weight(qw, e), torch.float32)
+            assert torch.equal((values[e] * s.to(torch.float64)).to(torch.float32), want)
+    with pytest.raises(ValueError, match="prep: expected expert-stacked"):
+        fp8_gemm.run_grouped(parts[0], torch.empty(16, 300), get_act_scheme("fp8"), None, 16, None, torch.bfloat16)
+
+
+def test_grouped_unsupported_says_why():
+    from humming import cuda_kernels
+
+    x = torch.empty(32, 300, dtype=torch.bfloat16)
+    fp8, g128, tensor = get_act_scheme("fp8"), get_act_scheme("fp8_g128"), get_act_scheme("fp8_tensor")
+    e4m3, block, int4 = _stacked("e4m3", -1), _stacked("e4m3", (128, 128)), _stacked("int4", 128)
+    for reason_of in (fp8_gemm.grouped_unsupported, cuda_kernels.supports_grouped):
+        assert "not a CUDA device" in reason_of(e4m3, fp8, x, 16)  # every other check passes
+        assert "not a CUDA device" in reason_of(block, g128, x, 16)
+        assert "not a CUDA device" in reason_of(int4, fp8, x, 16)
+        assert "padding rows and skipped blocks" in reason_of(e4m3, tensor, x, 16)
+        assert "N % 128 == 0 (no weight tile straddles two experts), got N=192" in reason_of(
+            _stacked("e4m3", -1, n=192), fp8, x, 16
+        )
+        assert "block_m % 8 == 0" in reason_of(e4m3, fp8, x, 12)
+        assert "1x128 activation groups" in reason_of(block, fp8, x, 16)
+        assert "per-token or per-tensor" in reason_of(int4, g128, x, 16)
+        assert "no grouped variant" in reason_of(_stacked("mxfp4", 32), fp8, x, 16)
+        assert "e4m3 activations" in reason_of(e4m3, get_act_scheme("int8"), x, 16)
+    dense = humming.quantize(torch.randn(256, 300), weight="e4m3", group_size=-1)
+    assert "expert-stacked" in fp8_gemm.grouped_unsupported(dense, fp8, x, 16)
+    with pytest.raises(ValueError, match=r"humming CUDA backend: .*padding rows"):
+        cuda_kernels.grouped_linear(x, e4m3, torch.zeros(2, dtype=torch.int32), 16, None, tensor, torch.bfloat16)
+    with pytest.raises(ValueError, match="qw: the grouped FP8 GEMM takes e4m3 / int4 experts with N % 128"):
+        fp8_gemm.prepare(_stacked("e4m3", -1, n=192))
+
+
+def test_grouped_warmup_jobs_are_the_kernels_run_grouped_runs():
+    qw, fp8 = _stacked("e4m3", (128, 128)), get_act_scheme("fp8_g128")
+    jobs = fp8_gemm.grouped_warmup_jobs(qw, fp8, (64, 4096), (16, 64), torch.bfloat16, None, H200)
+    want = []
+    for block_m in (16, 64):
+        for m in (64, 4096):
+            tuning = fp8_gemm.choose_grouped_tuning(block_m, m, 256, 3, H200)
+            spec = fp8_gemm.call_spec("e4m3", "block128", None, torch.bfloat16, tuning, grouped=True)
+            want += [(spec, "sm_90a")] if (spec, "sm_90a") not in want else []
+    assert jobs == want and all("_grouped_w8a8_block128_" in spec.name for spec, _ in jobs)
+    (w4, _), *_ = fp8_gemm.grouped_warmup_jobs(
+        _stacked("int4", 128), get_act_scheme("fp8"), (64,), (32,), torch.float32, None, H200
+    )
+    assert "_grouped_w4a8_group_of32_" in w4.name and w4.name.endswith("_stg")
+    assert (
+        fp8_gemm.grouped_warmup_jobs(qw, get_act_scheme("fp8_tensor"), (64,), (16,), torch.bfloat16, None, H200) == []
+    )
+    dense = humming.quantize(torch.randn(256, 300), weight="e4m3", group_size=-1)
+    assert fp8_gemm.grouped_warmup_jobs(dense, fp8, (64,), (16,), torch.bfloat16, None, H200) == []
 
 
 @pytest.mark.parametrize("group", ["tensor", -1, (128, 128), (256, 384)])

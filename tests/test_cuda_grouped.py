@@ -64,7 +64,9 @@ def test_supports_grouped_says_why_not():
     qw = humming.quantize(torch.randn(2, 256, 128), weight="int4", group_size=128)
     x = torch.randn(32, 128, dtype=torch.bfloat16)
     assert "not a CUDA device" in cuda_kernels.supports_grouped(qw, None, x, 32)
-    assert "weight-only" in cuda_kernels.supports_grouped(qw, "fp8-tensor", x, 32)
+    # act schemes go to the grouped FP8 GEMM, which refuses per-tensor activation scales
+    tensor = humming.ir.activation.get_act_scheme("fp8_tensor")
+    assert "padding rows and skipped blocks" in cuda_kernels.supports_grouped(qw, tensor, x, 32)
     with pytest.raises(ValueError, match="not a CUDA device"):
         cuda_kernels.grouped_linear(x, qw, torch.zeros(1, dtype=torch.int32), 32, None, None, torch.bfloat16)
 

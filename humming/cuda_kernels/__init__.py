@@ -13,7 +13,8 @@ Kernels today:
   compile-time flag) runs ``humming.moe.grouped_linear``: token tiles of 16 to 256 rows (dividing
   ``block_m``), each reading its segment's expert id, skipping -1 segments, offsetting its weight tiles.
 - ``fp8_gemm`` (``include/humming/fp8_gemm_sm90.cuh``): quantized activations on Hopper: W8A8 e4m3 x e4m3
-  (per-tensor / per-token x per-channel, 1x128 x 128x128 blocks) and W4A8 int4 x e4m3, on fp8 wgmma.
+  (per-tensor / per-token x per-channel, 1x128 x 128x128 blocks) and W4A8 int4 x e4m3, on fp8 wgmma. Its
+  grouped variant runs ``humming.moe.grouped_linear(act="fp8" | "fp8_g128")`` for e4m3 / int4 experts.
 - ``fp4_gemm`` (``include/humming/fp4_gemm_sm120.cuh``): W4A4 NVFP4 / MXFP4 on sm_120a block-scaled
   ``mma.sync``; compiled and checked in CI, never run on hardware (BLACKWELL.md).
 
@@ -103,10 +104,11 @@ def _route(qweight, x: torch.Tensor) -> tuple[str | None, str | None]:
 
 
 def supports_grouped(qweight, act, x: torch.Tensor, block_m: int) -> str | None:
-    """``None`` when the grouped sm_90a GEMM runs ``grouped_linear(x, qweight, ..., block_m, act=act)``,
-    else why not. ``x`` is the grouped activation ``[M_pad, K]`` (its dtype, device and alignment matter)."""
+    """``None`` when a grouped sm_90a GEMM runs ``grouped_linear(x, qweight, ..., block_m, act=act)``, else
+    why not: the WnA16 GEMM for ``act=None``, the FP8 GEMM for e4m3 activations. ``x`` is the grouped
+    activation ``[M_pad, K]`` (its dtype, device and alignment matter)."""
     if act is not None:
-        return f"the grouped CUDA GEMM is weight-only (act=None), not act={act}"
+        return fp8_gemm.grouped_unsupported(qweight, act, x, block_m)
     if x.device.type != "cuda":
         return f"x is on {x.device}, not a CUDA device"
     if qweight.num_experts is None:
@@ -139,6 +141,8 @@ def grouped_linear(
     if bias is not None and (tuple(bias.shape) != (e, n) or bias.device != x.device):
         raise ValueError(f"bias: expected shape ({e}, {n}) on {x.device}, got {tuple(bias.shape)} on {bias.device}")
     bias = bias.contiguous() if bias is not None else None
+    if act is not None:
+        return fp8_gemm.run_grouped(fp8_gemm.prepare(qweight), x, act, expert_ids, block_m, bias, out_dtype)
     prep = prepare(qweight)
     return _gemm_sm90.run_grouped_gemm(prep, x, expert_ids.contiguous(), block_m, bias, out_dtype)
 
@@ -181,9 +185,9 @@ def warmup(
 
     ``layers`` are ``QuantizedWeight`` objects on a CUDA device; ``act`` the activation scheme they run with
     (``None`` = WnA16); combinations with no CUDA kernel are skipped. Expert-stacked layers get the grouped
-    kernels of ``grouped_linear`` for each ``block_m`` of ``block_ms``, with ``m_values`` read as grouped
-    row counts (``M_pad`` of ``humming.moe.moe_align``). The report holds each kernel's origin
-    (``compiled`` = cold, ``disk``, ``memory``) and time.
+    kernels of ``grouped_linear`` (WnA16, or FP8 with an e4m3 ``act``) for each ``block_m`` of ``block_ms``,
+    with ``m_values`` read as grouped row counts (``M_pad`` of ``humming.moe.moe_align``). The report holds
+    each kernel's origin (``compiled`` = cold, ``disk``, ``memory``) and time.
     """
     from . import _driver
     from .jit import device_arch
@@ -200,6 +204,10 @@ def warmup(
         if act is not None and act.format == "e2m1":
             sm_count = torch.cuda.get_device_properties(device).multi_processor_count
             jobs += fp4_gemm.warmup_jobs(qw, act, m_values, out_dtype, bias_dtype, sm_count)
+            continue
+        if act is not None and qw.num_experts is not None:
+            limits = fp8_gemm.device_limits(device)
+            jobs += fp8_gemm.grouped_warmup_jobs(qw, act, m_values, block_ms, out_dtype, bias_dtype, limits)
             continue
         if act is not None:
             jobs += fp8_gemm.warmup_jobs(qw, act, m_values, out_dtype, bias_dtype, fp8_gemm.device_limits(device))

@@ -18,6 +18,15 @@ Configs come in the three kinds of the house style:
 - tuning (:class:`Fp8Tuning`): warpgroups, tokens per block, pipeline stages, blocks per SM, raster
   grouping; a pure function of the problem and the device limits (:func:`choose_tuning`). A tuning change
   never changes results beyond fp32 summation order across K blocks.
+
+The grouped (MoE) variant (:func:`run_grouped`, ``humming.moe.grouped_linear(act="fp8" | "fp8_g128")``) is
+the same kernel with a compile-time flag: e4m3 or int4 experts ``[E, N, K]`` (N % 128 == 0) stacked along N
+(:func:`prepare`), activations ``[M_pad, K]`` in the contiguous grouped layout of :mod:`humming.moe`, each
+token tile reading its ``block_m`` segment's expert id (-1: skipped, rows not written). The whole
+``[M_pad, K]`` is quantized by the same activation pass: padding rows hold whatever the caller left there
+(their outputs are garbage, NaN / inf included) but cannot reach valid rows, since every scale is per row
+(per token, or per 1x128 group) and each output column depends on one token only. Per-tensor activation
+scales are refused: one scale over ``M_pad`` rows would mix in the padding.
 """
 
 from __future__ import annotations
@@ -38,16 +47,21 @@ from .jit import KernelSpec
 
 __all__ = [
     "FP8_CCS",
+    "GROUPED_W_FORMATS",
     "SCALE_MODES",
     "W_FORMATS",
     "DeviceLimits",
     "Fp8Tuning",
     "PreparedFp8",
+    "choose_grouped_tuning",
     "choose_tuning",
     "fp8_spec",
+    "grouped_unsupported",
+    "grouped_warmup_jobs",
     "linear",
     "prepare",
     "run",
+    "run_grouped",
     "smem_bytes",
     "supports",
     "warmup_jobs",
@@ -63,6 +77,8 @@ W_FORMATS = {"e4m3": 0, "int4": 1, "mxfp4": 2}
 _W_NAMES = {"e4m3": "w8a8", "int4": "w4a8", "mxfp4": "wmxfp4a8"}
 _MX_SHIFTS = (-5, 6)  # e2m1 * 2^d is an e4m3 normal for these d: 0.5 * 2^-5 = 2^-6 .. 6 * 2^6 = 384
 _BLOCK_M_CHOICES = (8, 16, 32, 64, 128)
+#: Weight formats of the grouped (MoE) variant.
+GROUPED_W_FORMATS = ("e4m3", "int4")
 _PRODUCER_REGS = 40
 _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 _BIAS_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -144,8 +160,29 @@ def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = 
     small-M calls spread the weight stream over the whole GPU. Stages: as many as shared memory holds.
     """
     block_m = next((b for b in _BLOCK_M_CHOICES if b >= m), _BLOCK_M_CHOICES[-1])
-    tiles_m = cdiv(m, block_m)
-    wgs = 2 if cdiv(n, 128) * tiles_m >= limits.sm_count else 1
+    return _fill_tuning(block_m, cdiv(n, 128) * cdiv(m, block_m), limits, w_format)
+
+
+def choose_grouped_tuning(
+    block_m: int, m_pad: int, n: int, num_experts: int, limits: DeviceLimits, w_format: str = "e4m3"
+) -> Fp8Tuning:
+    """Tuning of the grouped kernel for ``M_pad`` grouped rows in segments of ``block_m``: a pure function.
+
+    Tokens per block: the largest wgmma N (at most 128) that divides ``block_m``, so that a tile never spans
+    two segments. Warpgroups and stages as :func:`choose_tuning`, over the segments in use at most (the
+    routing is not read on the host): ``M_pad`` is the worst case of ``S`` slots, ``S + E (block_m - 1)``
+    rounded up, and ``S`` slots fill at most ``S // block_m + min(E, S)`` segments.
+    """
+    tile = next(b for b in reversed(_BLOCK_M_CHOICES) if block_m % b == 0)
+    slots = max(1, m_pad - num_experts * (block_m - 1))
+    segments = min(m_pad // block_m, slots // block_m + min(num_experts, slots))
+    return _fill_tuning(tile, cdiv(n, 128) * segments * (block_m // tile), limits, w_format)
+
+
+def _fill_tuning(block_m: int, tiles: int, limits: DeviceLimits, w_format: str) -> Fp8Tuning:
+    """Two consumer warpgroups when ``tiles`` 128-row tiles give every SM a block, else one (two blocks per
+    SM); as many stages as shared memory holds."""
+    wgs = 2 if tiles >= limits.sm_count else 1
     min_blocks = 1 if wgs == 2 else 2
     budget = min(limits.smem_per_block, limits.smem_per_sm // min_blocks - 1024)
     stages = 2
@@ -158,12 +195,16 @@ def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = 
 SCALE_MODES = {"rowcol": 0, "block128": 1, "group": 2}
 
 
-def fp8_spec(w_format: str, scale_mode: str, out: str, bias: str, tuning: Fp8Tuning) -> KernelSpec:
+def fp8_spec(
+    w_format: str, scale_mode: str, out: str, bias: str, tuning: Fp8Tuning, grouped: bool = False
+) -> KernelSpec:
     """The kernel spec for a weight format (a key of :data:`W_FORMATS`), a scale mode, output / bias dtype
-    codes and tuning."""
+    codes, tuning, and the grouped (MoE) flag."""
     producer, consumer = tuning.registers()
+    kind = "grouped_" if grouped else ""
     name = (
-        f"humming_fp8_gemm_sm90_{_W_NAMES[w_format]}_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}_m{tuning.block_m}"
+        f"humming_fp8_gemm_sm90_{kind}{_W_NAMES[w_format]}_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}"
+        f"_m{tuning.block_m}"
         f"_s{tuning.stages}_mb{tuning.min_blocks}" + ("" if tuning.tma_store else "_stg")
     )
     args = ", ".join(
@@ -174,6 +215,7 @@ def fp8_spec(w_format: str, scale_mode: str, out: str, bias: str, tuning: Fp8Tun
             str(W_FORMATS[w_format]),
             str(SCALE_MODES[scale_mode]),
             "true" if tuning.tma_store else "false",
+            "true" if grouped else "false",
             _CPP_DTYPE[out],
             _CPP_DTYPE[bias],
             str(producer),
@@ -210,6 +252,8 @@ class PreparedFp8:
     # fp32 [ceil(K / 128), round_up(N, 128)]: int4 group scales / folded MXFP4 scales per K block and row
     w_group_scale: torch.Tensor | None
     maps: dict = field(default_factory=dict)  # block_n -> encoded tensor map of ``weight``
+    # expert-stacked weights: E parts of the above concatenated along N (N % 128 == 0, so no padding rows)
+    num_experts: int | None = None
 
     @property
     def w_bits(self) -> int:
@@ -349,22 +393,47 @@ def _prepare_mxfp4(qw, kp: int) -> PreparedFp8:
 
 
 def prepare(qw) -> PreparedFp8:
-    """The kernel's view of an e4m3, int4 or MXFP4 ``QuantizedWeight`` (see :func:`weight_unsupported`);
-    cached."""
+    """The kernel's view of an e4m3, int4 or MXFP4 ``QuantizedWeight`` (see :func:`weight_unsupported`), or
+    of an expert-stacked e4m3 / int4 one (see :func:`grouped_unsupported`); cached."""
     prep = _prepared.get(qw)
-    if prep is not None:
-        return prep
+    if prep is None:
+        prep = _prepared[qw] = _prepare_stacked(qw) if qw.num_experts is not None else _prepare_2d(qw)
+    return prep
+
+
+def _prepare_stacked(qw) -> PreparedFp8:
+    """Each expert prepared as a 2-D weight, the parts concatenated along N (rows, or columns of the
+    ``[num_kb, N]`` group scales); N % 128 == 0 leaves no padding between experts."""
+    from ..moe import expert_weight  # humming.moe builds on the dispatcher, not the other way round
+
+    if qw.N % 128 or qw.format.name not in GROUPED_W_FORMATS:
+        raise ValueError(f"qw: the grouped FP8 GEMM takes e4m3 / int4 experts with N % 128 == 0, not {qw.describe()}")
+    parts = [_prepare_2d(expert_weight(qw, e)) for e in range(qw.num_experts)]
+
+    def cat(name: str, dim: int) -> torch.Tensor | None:
+        return None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts], dim)
+
+    return dataclasses.replace(
+        parts[0],
+        weight=cat("weight", 0),
+        w_scale=cat("w_scale", 0),
+        w_block_scale=cat("w_block_scale", 0),
+        w_group_scale=cat("w_group_scale", 1),
+        maps={},
+        num_experts=qw.num_experts,
+    )
+
+
+def _prepare_2d(qw) -> PreparedFp8:
     n, k = qw.N, qw.K
     kp = cdiv(k, 16) * 16
     if qw.format.name == "int4":
-        prep = _prepared[qw] = _prepare_int4(qw, kp, _weight_scales(qw))
-        return prep
+        return _prepare_int4(qw, kp, _weight_scales(qw))
     if qw.format.name == "e2m1":
         reason = weight_unsupported(qw)
         if reason is not None:
             raise ValueError(f"qw: {reason}")
-        prep = _prepared[qw] = _prepare_mxfp4(qw, kp)
-        return prep
+        return _prepare_mxfp4(qw, kp)
     weight = torch.zeros(n, kp, dtype=torch.uint8, device=qw.device)
     weight[:, :k] = qw.qweight.contiguous().view(torch.uint8)[:, :k]  # little-endian: byte i is element i
     scales = _weight_scales(qw)
@@ -378,9 +447,7 @@ def prepare(qw) -> PreparedFp8:
     else:
         w_scale = torch.zeros(cdiv(n, 128) * 128, dtype=torch.float32, device=qw.device)
         w_scale[:n] = scales.expand(n, 1).reshape(n)
-    prep = PreparedFp8(n, k, kp, "e4m3", _scale_mode(qw), weight, w_scale, w_block, None)
-    _prepared[qw] = prep
-    return prep
+    return PreparedFp8(n, k, kp, "e4m3", _scale_mode(qw), weight, w_scale, w_block, None)
 
 
 def weight_unsupported(qw) -> str | None:
@@ -388,7 +455,12 @@ def weight_unsupported(qw) -> str | None:
     if qw.format.name not in ("e4m3", "int4", "e2m1"):
         return f"the FP8 GEMM takes e4m3, int4 or MXFP4 (e2m1) weights, not {qw.format.name}"
     if qw.num_experts is not None:
-        return "the FP8 GEMM takes 2-D weights, not expert-stacked ones"
+        return "the FP8 GEMM takes 2-D weights, not expert-stacked ones (grouped_linear runs those)"
+    return _layout_unsupported(qw)
+
+
+def _layout_unsupported(qw) -> str | None:
+    """The checks of :func:`weight_unsupported` past format and shape (they hold per expert as well)."""
     if qw.zeros is not None or qw.g_idx is not None:
         return "the FP8 GEMM takes symmetric weights without act-order"
     if qw.format.name == "e2m1":
@@ -435,6 +507,41 @@ def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None
         or _act_unsupported(qweight, act)
         or device_unsupported("FP8 GEMM", x, FP8_CCS, "sm_90a", out_dtype, _OUT_DTYPES)
     )
+
+
+def grouped_unsupported(
+    qweight, act, x: torch.Tensor, block_m: int, out_dtype: torch.dtype | None = None
+) -> str | None:
+    """``None`` when the grouped kernel runs ``run_grouped(prepare(qweight), x, act, ..., block_m)``, else why
+    not. ``x`` is the grouped activation ``[M_pad, K]`` (float; its device matters)."""
+    reason = _grouped_combination_unsupported(qweight, act)
+    if reason is not None:
+        return reason
+    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m <= 0 or block_m % 8:
+        return f"the grouped FP8 GEMM needs block_m % 8 == 0 (token tiles of 8 to 128 dividing it), got {block_m!r}"
+    return device_unsupported("grouped FP8 GEMM", x, FP8_CCS, "sm_90a", out_dtype, _OUT_DTYPES)
+
+
+def _grouped_combination_unsupported(qweight, act) -> str | None:
+    """The weight and activation checks of :func:`grouped_unsupported`."""
+    if qweight.num_experts is None:
+        return "the grouped FP8 GEMM needs expert-stacked weights [E, N, K]"
+    if qweight.format.name not in GROUPED_W_FORMATS:
+        return (
+            f"the grouped FP8 GEMM takes e4m3 (W8A8) or int4 (W4A8) experts, not {qweight.format.name}"
+            " (MXFP4 W4A8 has no grouped variant)"
+        )
+    reason = _layout_unsupported(qweight) or _act_unsupported(qweight, act)
+    if reason is not None:
+        return reason
+    if act.group == "tensor":
+        return (
+            f"the grouped FP8 GEMM takes per-token or 1x128-group activation scales, not act={act.name}: one"
+            " per-tensor scale over the grouped rows would mix in padding rows and skipped blocks"
+        )
+    if qweight.N % 128:
+        return f"the grouped FP8 GEMM needs N % 128 == 0 (no weight tile straddles two experts), got N={qweight.N}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -490,7 +597,9 @@ class _Params(ctypes.Structure):
         ("w_packed", ctypes.c_void_p),
         ("w_group_scale", ctypes.c_void_p),
         ("w_group_stride", ctypes.c_int),
-        ("_tail", ctypes.c_uint8 * 20),
+        ("expert_ids", ctypes.c_void_p),
+        ("block_m", ctypes.c_int),
+        ("_tail", ctypes.c_uint8 * 4),
     )
 
 
@@ -499,11 +608,19 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def call_spec(
-    w_format: str, scale_mode: str, bias_dtype: torch.dtype | None, out_dtype: torch.dtype, tuning: Fp8Tuning
+    w_format: str,
+    scale_mode: str,
+    bias_dtype: torch.dtype | None,
+    out_dtype: torch.dtype,
+    tuning: Fp8Tuning,
+    grouped: bool = False,
 ) -> KernelSpec:
-    """The spec of one call: weight format, scale mode, bias dtype (``None``: no bias), output dtype, tuning."""
+    """The spec of one call: weight format, scale mode, bias dtype (``None``: no bias), output dtype, tuning
+    (fp32 output: the plain-store epilogue), grouped flag."""
     bias_code = _BIAS_DTYPES[bias_dtype] if bias_dtype is not None else _OUT_DTYPES[out_dtype]
-    return fp8_spec(w_format, scale_mode, _OUT_DTYPES[out_dtype], bias_code, tuning)
+    if out_dtype == torch.float32:  # the TMA-store epilogue writes 16-bit floats only
+        tuning = dataclasses.replace(tuning, tma_store=False)
+    return fp8_spec(w_format, scale_mode, _OUT_DTYPES[out_dtype], bias_code, tuning, grouped)
 
 
 def warmup_jobs(
@@ -522,11 +639,35 @@ def warmup_jobs(
     jobs = []
     for m in m_values:
         tuning = choose_tuning(m, qweight.N, qweight.K, limits, w_format)
-        if out_dtype == torch.float32:
-            tuning = dataclasses.replace(tuning, tma_store=False)
         spec = call_spec(w_format, _scale_mode(qweight), bias_dtype, out_dtype, tuning)
         if (spec, "sm_90a") not in jobs:
             jobs.append((spec, "sm_90a"))
+    return jobs
+
+
+def grouped_warmup_jobs(
+    qweight,
+    act,
+    m_values,
+    block_ms,
+    out_dtype: torch.dtype,
+    bias_dtype: torch.dtype | None,
+    limits: DeviceLimits,
+) -> list[tuple[KernelSpec, str]]:
+    """``(spec, "sm_90a")`` of every grouped kernel :func:`run_grouped` runs for the expert-stacked
+    ``qweight`` and ``act`` at the grouped row counts ``m_values`` (``M_pad``) and each ``block_m`` of
+    ``block_ms``; empty when the combination has no grouped kernel."""
+    if _grouped_combination_unsupported(qweight, act) is not None or out_dtype not in _OUT_DTYPES:
+        return []
+    jobs = []
+    for block_m in block_ms:
+        for m in m_values:
+            if block_m <= 0 or block_m % 8:
+                continue
+            tuning = choose_grouped_tuning(block_m, m, qweight.N, qweight.num_experts, limits, qweight.format.name)
+            spec = call_spec(qweight.format.name, _scale_mode(qweight), bias_dtype, out_dtype, tuning, grouped=True)
+            if (spec, "sm_90a") not in jobs:
+                jobs.append((spec, "sm_90a"))
     return jobs
 
 
@@ -545,11 +686,67 @@ def run(
 
     ``out``: an optional ``[M, N]`` tensor of ``out_dtype`` to write into (unit column stride, row stride
     and address multiples of 16 bytes)."""
+    if prep.num_experts is not None:
+        raise ValueError("prep: expert-stacked weights run through run_grouped")
+    codes = getattr(x, "codes", x)
+    if tuning is None and codes.shape[0]:
+        tuning = choose_tuning(codes.shape[0], prep.n, prep.k, device_limits(_device_index(codes)), prep.w_format)
+    return _launch(prep, x, act, bias, out_dtype, tuning, out, None, 0)
+
+
+def run_grouped(
+    prep: PreparedFp8,
+    x,
+    act,
+    expert_ids: torch.Tensor,
+    block_m: int,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    tuning: Fp8Tuning | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Grouped ``x [M_pad, K]`` (float, quantized here with ``act``, or a ``QuantizedActivation``) times the
+    expert-stacked ``prep`` -> ``[M_pad, N]`` of ``out_dtype`` on the current stream.
+
+    Row ``r`` uses expert ``expert_ids[r // block_m]`` (int32 ``[M_pad // block_m]`` on the device, values
+    in [-1, E), not checked: that would need a host sync); rows of segments whose id is -1 are not written.
+    ``bias`` is ``[E, N]`` or ``None``; ``out`` as :func:`run`."""
+    if prep.num_experts is None:
+        raise ValueError("prep: expected expert-stacked weights (prepare of an [E, N, K] weight)")
+    codes = getattr(x, "codes", x)
+    m = codes.shape[0]
+    if m % block_m or tuple(expert_ids.shape) != (m // block_m,) or expert_ids.dtype != torch.int32:
+        raise ValueError(f"expert_ids: expected int32 of shape ({m // block_m},) for M_pad={m}, block_m={block_m}")
+    if bias is not None and tuple(bias.shape) != (prep.num_experts, prep.n):
+        raise ValueError(f"bias: expected shape ({prep.num_experts}, {prep.n}), got {tuple(bias.shape)}")
+    if tuning is None:
+        limits = device_limits(_device_index(codes))
+        tuning = choose_grouped_tuning(block_m, m, prep.n, prep.num_experts, limits, prep.w_format)
+    if block_m % tuning.block_m:
+        raise ValueError(f"tuning: the token tile block_m={tuning.block_m} must divide the segment {block_m}")
+    return _launch(prep, x, act, bias, out_dtype, tuning, out, expert_ids.contiguous(), block_m)
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _launch(
+    prep: PreparedFp8,
+    x,
+    act,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    tuning: Fp8Tuning | None,
+    out: torch.Tensor | None,
+    expert_ids: torch.Tensor | None,
+    block_m: int,
+) -> torch.Tensor:
     from .jit import get_kernel
 
     codes = getattr(x, "codes", x)
     m = codes.shape[0]
-    device = codes.device.index if codes.device.index is not None else torch.cuda.current_device()
+    device = _device_index(codes)
     if out is None:
         n_pad = cdiv(prep.n, 16 // out_dtype.itemsize) * (16 // out_dtype.itemsize)
         out = torch.empty(m, n_pad, dtype=out_dtype, device=codes.device)[:, : prep.n]
@@ -563,11 +760,10 @@ def run(
         raise ValueError(f"out: expected a [{m}, {prep.n}] {out_dtype} tensor, unit column stride, 16-byte rows")
     if m == 0:
         return out
-    if tuning is None:
-        tuning = choose_tuning(m, prep.n, prep.k, device_limits(device), prep.w_format)
     if out_dtype == torch.float32:  # the TMA-store epilogue writes 16-bit floats only
         tuning = dataclasses.replace(tuning, tma_store=False)
-    spec = call_spec(prep.w_format, prep.scale_mode, None if bias is None else bias.dtype, out_dtype, tuning)
+    grouped = expert_ids is not None
+    spec = call_spec(prep.w_format, prep.scale_mode, None if bias is None else bias.dtype, out_dtype, tuning, grouped)
     kernel = get_kernel(spec, device)
     a = _activations(x, act, prep.kp, tuning.block_m)
     if bias is not None:
@@ -595,6 +791,8 @@ def run(
         params.w_packed = prep.weight.data_ptr()
         params.w_group_scale = _ptr(prep.w_group_scale)
         params.w_group_stride = prep.w_group_scale.shape[1] if prep.w_group_scale is not None else 0
+    if grouped:
+        params.expert_ids, params.block_m = expert_ids.data_ptr(), block_m
     smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages, prep.w_format)
     kernel.launch((tiles_m * tiles_n, 1, 1), smem, params, torch.cuda.current_stream(device).cuda_stream)
     return out

@@ -33,6 +33,12 @@
 //   128-K block, 2^(max group exponent - 6) goes into the per-row scale of the promotion (scale mode 2),
 //   and each group's remaining 2^d (d in [-5, 6]) into the consumer's nibble -> e4m3 table (an integer
 //   add per byte: e2m1 * 2^d stays an e4m3 normal). Exact: the products are those of dequantize.
+// - Grouped (MoE) variant, kGrouped: the weights are E experts stacked along N (e4m3: one [E * N, Kp] map;
+//   4-bit: expert e's tiles after those of experts 0 .. e-1), scales and bias likewise ([E * N] per-channel,
+//   [E * N / 128, num_kb] blocks, [num_kb, E * N] per-row groups, bias [E, N]); N is a multiple of 128, so
+//   no weight tile straddles two experts. x rows come grouped by expert in segments of block_m rows
+//   (kBlockM divides block_m) and expert_ids[i] is the expert of rows [i * block_m, (i + 1) * block_m),
+//   -1 for unused segments, whose blocks return before any barrier (their output rows are not written).
 #include "humming/common.cuh"
 #include "humming/fp8_sm90_ptx.cuh"
 
@@ -56,6 +62,8 @@ struct alignas(64) Params {
   const uint8_t* w_packed;     // 4-bit weights, [N / 64][num_kb][tile bytes] in fragment order (kWFormat 1, 2)
   const float* w_group_scale;  // [num_kb, w_group_stride] per-row scales of each K block (kScaleMode == 2)
   int w_group_stride;
+  const int* expert_ids;       // grouped: [M / block_m] expert of each segment, -1 = skip; else null
+  int block_m;                 // grouped: rows per expert_ids entry
 };
 static_assert(sizeof(Params) == 512, "the host mirrors this layout (fp8_gemm.py, _Params)");
 
@@ -111,8 +119,9 @@ __device__ __forceinline__ uint32_t e2m1_to_e4m3(uint32_t nibbles, uint32_t shif
 // activations); 1 = 128 x 128 weight blocks x 1 x 128 activation groups at each promotion; 2 = per-row
 // weight scales of each K block at each promotion, activation scales in the epilogue.
 // kTmaStore: epilogue through shared memory (stmatrix) and a TMA store; else plain global stores.
-template <int kWgs, int kBlockM, int kStages, int kWFormat, int kScaleMode, bool kTmaStore, DType O, DType B,
-          int kProducerRegs, int kConsumerRegs>
+// kGrouped: the MoE variant (see the header comment).
+template <int kWgs, int kBlockM, int kStages, int kWFormat, int kScaleMode, bool kTmaStore, bool kGrouped, DType O,
+          DType B, int kProducerRegs, int kConsumerRegs>
 __device__ __forceinline__ void run(const Params& p) {
   using L = SmemLayout<kWgs, kBlockM, kStages, kWFormat>;
   constexpr bool kBlockScale = kScaleMode == 1;
@@ -142,6 +151,12 @@ __device__ __forceinline__ void run(const Params& p) {
   const int in_group = blockIdx.x % per_group;
   const int m_tile = first_m + in_group % group_rows;
   const int n_tile = in_group / group_rows;
+  int expert = 0;
+  if constexpr (kGrouped) {
+    expert = __ldg(p.expert_ids + m_tile * kBlockM / p.block_m);
+    if (expert < 0) return;  // the whole block, before any barrier
+  }
+  const int w_base = expert * p.N + n_tile * kBlockN;  // first weight row of the tile (experts stacked)
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -164,11 +179,11 @@ __device__ __forceinline__ void run(const Params& p) {
         if (kb >= kStages) mbar_wait(empty(s), ((kb / kStages) - 1) & 1);
         mbar_expect_tx(full(s), L::kStageTx);
         if constexpr (kWFormat == kE4m3) {
-          tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, n_tile * kBlockN);
+          tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, w_base);
         } else {
 #pragma unroll
           for (int t = 0; t < kWgs; ++t) {
-            const long tile = long(n_tile * kWgs + t) * p.num_kb + kb;
+            const long tile = long(w_base / 64 + t) * p.num_kb + kb;
             bulk_load(w_tile(s) + t * L::kTile, p.w_packed + tile * L::kTile, L::kTile, full(s));
           }
         }
@@ -181,7 +196,8 @@ __device__ __forceinline__ void run(const Params& p) {
     const int lane = tid % 32;
     const int col = 2 * (lane % 4);  // this thread's first token column in each group of 8
     const int row = 16 * warp + lane / 4;  // this thread's channels: row and row + 8 of the warpgroup's 64
-    const int n = n_tile * kBlockN + 64 * wg + row;
+    const int n = n_tile * kBlockN + 64 * wg + row;  // output column
+    const int wn = w_base + 64 * wg + row;           // weight row (of expert `expert`)
     float acc[kAcc];
     float total[kAcc];
 #pragma unroll
@@ -192,12 +208,12 @@ __device__ __forceinline__ void run(const Params& p) {
       float w_block = 1.0f, w_row0 = 1.0f, w_row1 = 1.0f;
       float2 x_block[kBlockM / 8];
       if constexpr (kScaleMode == 2) {  // issued before the wait: the loads overlap the wgmmas
-        const float* ws = p.w_group_scale + long(kb) * p.w_group_stride + n;
+        const float* ws = p.w_group_scale + long(kb) * p.w_group_stride + wn;
         w_row0 = __ldg(ws);
         w_row1 = __ldg(ws + 8);
       }
       if constexpr (kBlockScale) {
-        w_block = __ldg(p.w_block_scale + (n_tile * kBlockN / 128) * p.num_kb + kb);
+        w_block = __ldg(p.w_block_scale + (w_base / 128) * p.num_kb + kb);
         const float* xs = p.x_block_scale + long(kb) * p.x_block_stride + m_tile * kBlockM + col;
 #pragma unroll
         for (int j = 0; j < kBlockM / 8; ++j) x_block[j] = __ldg(reinterpret_cast<const float2*>(xs + 8 * j));
@@ -271,12 +287,13 @@ __device__ __forceinline__ void run(const Params& p) {
     // Epilogue: this thread holds channels n and n + 8, tokens 8 j + col + {0, 1}.
     float ws0 = 1.0f, ws1 = 1.0f, b0 = 0.0f, b1 = 0.0f;
     if constexpr (kScaleMode == 0) {
-      ws0 = p.w_scale[n];
-      ws1 = p.w_scale[n + 8];
+      ws0 = p.w_scale[wn];
+      ws1 = p.w_scale[wn + 8];
     }
     if (p.bias != nullptr) {
-      b0 = load_float<B>(p.bias, min(n, p.N - 1));
-      b1 = load_float<B>(p.bias, min(n + 8, p.N - 1));
+      const long bias_row = long(expert) * p.N;
+      b0 = load_float<B>(p.bias, bias_row + min(n, p.N - 1));
+      b1 = load_float<B>(p.bias, bias_row + min(n + 8, p.N - 1));
     }
     const uint32_t slab = out_base + wg * L::kOutSlab;
     const int token_row = lane % 8;         // stmatrix row address of this lane (lanes 0-15)

@@ -1,0 +1,268 @@
+"""The grouped (MoE) variant of the Hopper FP8 GEMM (``fp8_gemm.run_grouped``) on an sm_90 GPU.
+
+Operands are built directly in the IR (random non-NaN e4m3 / int4 codes, random scales), as in
+``test_cuda_fp8.py``; the reference is float64 ``humming.dequantize`` of each expert times
+``humming.dequantize_activation`` of the activations the kernel consumed. Padding rows of the grouped
+layout hold NaN codes and infinite scales: they must not reach valid rows. Outputs are NaN-poisoned; rows of
+skipped (-1) segments must stay NaN. CPU checks (compile, SASS, layout, reasons) live in ``test_cuda_fp8.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import humming
+from humming.cuda_kernels import fp8_gemm, jit
+from humming.cuda_kernels._warmup import warmup_specs
+from humming.ir.activation import get_act_scheme
+from humming.ir.layout import parse_group_size
+from humming.moe import expert_weight
+
+pytestmark = pytest.mark.gpu
+
+
+@dataclass(frozen=True)
+class Case:
+    e: int
+    n: int
+    k: int
+    block_m: int
+    weight: object  # group_size: "tensor", -1 (per-channel), 128 (int4 groups) or a (bn, bk) block
+    act: str
+    out: torch.dtype = torch.bfloat16
+    bias: torch.dtype | None = None
+    w: str = "e4m3"
+
+
+CASES = [
+    Case(8, 4096, 7168, 64, -1, "fp8", bias=torch.bfloat16),
+    Case(8, 4096, 7168, 128, (128, 128), "fp8_g128"),
+    Case(64, 2816, 2048, 16, (128, 128), "fp8_g128", torch.float16, torch.float32),
+    Case(64, 2816, 2048, 32, "tensor", "fp8"),
+    Case(64, 4096, 2048, 128, (128, 128), "fp8_g128", torch.float32),
+    Case(8, 2816, 2048, 16, 128, "fp8", w="int4"),
+    Case(8, 2816, 7168, 64, -1, "fp8", torch.float16, torch.float16, w="int4"),
+]
+
+
+def _ids(c: Case) -> str:
+    group = "x".join(map(str, c.weight)) if isinstance(c.weight, tuple) else c.weight
+    return f"{c.w}-E{c.e}-n{c.n}-k{c.k}-bm{c.block_m}-w{group}-{c.act}-{str(c.out)[6:]}-b{str(c.bias)[6:]}"
+
+
+def _require_sm90() -> None:
+    reason = jit.compiler_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cc = torch.cuda.get_device_capability()
+    if cc not in fp8_gemm.FP8_CCS:
+        pytest.skip(f"the FP8 GEMM needs compute capability {fp8_gemm.FP8_CCS}, this GPU is {cc}")
+
+
+def _codes(rows: int, k: int) -> torch.Tensor:
+    """uint8 e4m3 codes, uniform over the 254 non-NaN codes."""
+    codes = torch.randint(0, 254, (rows, k), dtype=torch.int32, device="cuda")
+    return (codes + (codes >= 0x7F).to(torch.int32)).to(torch.uint8)
+
+
+def _weight(c: Case):
+    """An expert-stacked ``[E, N, K]`` weight with random codes and scales in ``[1, 2) * 2e-3``."""
+    if c.w == "int4":
+        nibbles = torch.randint(0, 16, (c.e * c.n, c.k), device="cuda")
+        qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
+    else:
+        qweight = _codes(c.e * c.n, c.k).view(torch.int32)
+    qweight = qweight.view(c.e, c.n, -1)
+    probe = humming.QuantizedWeight((c.e, c.n, c.k), c.w, qweight, None, parse_group_size(c.weight))
+    return probe.replace(scales=(1 + torch.rand(c.e, *probe.scale_grid, device="cuda")) * 2e-3)
+
+
+def _routing(counts: list[int], block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(expert_ids [M_pad / block_m], row expert [M_pad] (-1 past the used segments), valid rows [M_pad])
+    of the contiguous grouped layout; M_pad is the worst case of ``sum(counts)`` slots, as moe_align's."""
+    e = len(counts)
+    m_pad = -(-(sum(counts) + e * (block_m - 1)) // block_m) * block_m
+    ids, valid = [], []
+    for i, c in enumerate(counts):
+        segments = -(-c // block_m)
+        ids += [i] * segments
+        valid += [True] * c + [False] * (segments * block_m - c)
+    ids += [-1] * (m_pad // block_m - len(ids))
+    valid += [False] * (m_pad - len(valid))
+    expert_ids = torch.tensor(ids, dtype=torch.int32, device="cuda")
+    return expert_ids, expert_ids.repeat_interleave(block_m), torch.tensor(valid, device="cuda")
+
+
+def _counts(e: int) -> list[int]:
+    """Rows per expert in 0 .. 300, experts 1 and e - 1 empty, one expert of exactly a few segments."""
+    counts = torch.randint(0, 301, (e,)).tolist()
+    counts[1] = counts[-1] = 0
+    counts[2] = 256
+    return counts
+
+
+def _reference(qa, qw, row_expert: torch.Tensor, valid: torch.Tensor, bias) -> torch.Tensor:
+    """float64 ``[M_pad, N]``: valid rows ``dequant(x) @ dequant(W_e)^T + bias_e``, zero elsewhere."""
+    rows = valid.nonzero()[:, 0]
+    xd = humming.dequantize_activation(humming.QuantizedActivation(qa.scheme, qa.codes[rows], qa.scales[rows]))
+    ref = torch.zeros(qa.codes.shape[0], qw.N, dtype=torch.float64, device="cuda")
+    for e in row_expert[rows].unique().tolist():
+        mine = row_expert[rows] == e
+        w = humming.dequantize(expert_weight(qw, e), torch.float64)
+        ref[rows[mine]] = xd[mine].to(torch.float64) @ w.T + (0 if bias is None else bias[e].to(torch.float64))
+    return ref
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor, seed: int) -> None:
+    """Valid rows: no NaN, ||out - ref|| / ||ref|| < 1e-2, else the worst coordinates."""
+    got, want = out[valid].to(torch.float64), ref[valid]
+    assert not torch.isnan(got).any(), f"NaN in valid rows at {torch.isnan(got).nonzero()[:5].tolist()}"
+    diff = got - want
+    rel = (diff.norm() / want.norm()).item()
+    worst = divmod(int(diff.abs().argmax()), out.shape[1])
+    assert rel < 1e-2, f"seed {seed}: rel err {rel:.3e}, worst (valid row, n) = {worst}: {got[worst]} vs {want[worst]}"
+
+
+def _check_skipped_unwritten(out: torch.Tensor, row_expert: torch.Tensor) -> None:
+    skipped = out[row_expert < 0]
+    assert skipped.numel() and torch.isnan(skipped.float()).all(), "a skipped (-1) segment was written"
+
+
+#: Tunings timed against each other in test_every_grouped_tuning_computes_the_same_function.
+TUNINGS = [(1, 8, 2, 2, True), (1, 32, 4, 2, False), (2, 64, 3, 1, True)]
+_MODE = {"tensor": "rowcol", -1: "rowcol", 128: "group"}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """The kernels of every test compiled in parallel once (the tests then load them from the disk cache):
+    the default tunings of CASES and of the routing / fused-MoE cases with one and two warpgroups."""
+    _require_sm90()
+    limits = fp8_gemm.device_limits(torch.cuda.current_device())
+    extra = [Case(8, 2816, 2048, 32, (128, 128), "fp8_g128", bias=torch.bfloat16), Case(8, 2816, 2048, 16, -1, "fp8")]
+    jobs = []
+    for c in [*CASES, *extra, Case(8, 2048, 1408, 16, -1, "fp8")]:
+        mode = "block128" if isinstance(c.weight, tuple) else _MODE[c.weight]
+        for m in (c.block_m, 1 << 20):  # few segments in use: one warpgroup; many: two
+            tuning = fp8_gemm.choose_grouped_tuning(c.block_m, m, c.n, c.e, limits, c.w)
+            jobs.append((fp8_gemm.call_spec(c.w, mode, c.bias, c.out, tuning, grouped=True), "sm_90a"))
+    for t in TUNINGS:
+        tuning = fp8_gemm.Fp8Tuning(*t[:4], group_m=2, tma_store=t[4])
+        jobs.append((fp8_gemm.call_spec("e4m3", "block128", None, torch.bfloat16, tuning, grouped=True), "sm_90a"))
+    return warmup_specs(list(dict.fromkeys(jobs)), progress=False)
+
+
+def _activations(c: Case, valid: torch.Tensor):
+    """Random e4m3 activations ``[M_pad, K]`` whose padding rows hold NaN codes and infinite scales."""
+    scheme = get_act_scheme(c.act)
+    m = valid.shape[0]
+    codes = _codes(m, c.k)
+    codes[~valid] = 0x7F
+    grid = (m, 1) if scheme.group == "token" else (m, -(-c.k // scheme.group))
+    scales = (1 + torch.rand(grid, device="cuda")) * 1e-2
+    scales[~valid] = float("inf")
+    return humming.QuantizedActivation(scheme, codes, scales)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_grouped_matches_float64_reference(case, compiled, seed):
+    qw = _weight(case)
+    expert_ids, row_expert, valid = _routing(_counts(case.e), case.block_m)
+    qa = _activations(case, valid)
+    x = torch.empty(valid.shape[0], case.k, device="cuda", dtype=torch.bfloat16)
+    assert fp8_gemm.grouped_unsupported(qw, qa.scheme, x, case.block_m, case.out) is None
+    bias = None if case.bias is None else torch.randn(case.e, case.n, device="cuda", dtype=case.bias)
+    out = torch.full((valid.shape[0], case.n), float("nan"), device="cuda", dtype=case.out)
+    prep = fp8_gemm.prepare(qw)
+    fp8_gemm.run_grouped(prep, qa, qa.scheme, expert_ids, case.block_m, bias, case.out, out=out)
+    _check(out, _reference(qa, qw, row_expert, valid, bias), valid, seed)
+    _check_skipped_unwritten(out, row_expert)
+
+
+def test_every_grouped_tuning_computes_the_same_function(compiled, seed):
+    """Token tiles of 8 .. 64 within block_m = 64, one or two warpgroups, both epilogues."""
+    c = Case(8, 1024, 1000, 64, (128, 128), "fp8_g128")
+    qw = _weight(c)
+    expert_ids, row_expert, valid = _routing(_counts(c.e), c.block_m)
+    qa = _activations(c, valid)
+    ref = _reference(qa, qw, row_expert, valid, None)
+    for t in TUNINGS:
+        tuning = fp8_gemm.Fp8Tuning(*t[:4], group_m=2, tma_store=t[4])
+        out = torch.full((valid.shape[0], c.n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        fp8_gemm.run_grouped(fp8_gemm.prepare(qw), qa, qa.scheme, expert_ids, 64, None, torch.bfloat16, tuning, out)
+        _check(out, ref, valid, seed)
+        _check_skipped_unwritten(out, row_expert)
+
+
+def test_humming_moe_grouped_linear_runs_it(compiled, seed):
+    """``humming.moe.grouped_linear(act="fp8_g128", backend="cuda")``: the Triton act pass quantizes the whole
+    ``[M_pad, K]`` (padding rows NaN / inf here); valid rows match the float64 reference of the same
+    activations and the reference backend; ``auto`` picks the CUDA backend."""
+    from humming.dispatch.backends import select_backend
+    from humming.triton_kernels.act_quant import quantize_activation
+
+    c = Case(8, 2816, 2048, 32, (128, 128), "fp8_g128", bias=torch.bfloat16)
+    qw = _weight(c)
+    expert_ids, row_expert, valid = _routing(_counts(c.e), c.block_m)
+    x = torch.randn(valid.shape[0], c.k, device="cuda", dtype=torch.bfloat16)
+    x[~valid] = float("nan")
+    x[~valid & (torch.arange(x.shape[0], device="cuda") % 2 == 0)] = float("inf")
+    bias = torch.randn(c.e, c.n, device="cuda", dtype=torch.bfloat16)
+    act = get_act_scheme(c.act)
+    assert select_backend("auto", qw, act, x, block_m=c.block_m).__name__ == "humming.cuda_kernels"
+    out = humming.moe.grouped_linear(x, qw, expert_ids, c.block_m, bias, act=c.act, backend="cuda")
+    ref = _reference(quantize_activation(x, act), qw, row_expert, valid, bias)
+    _check(out, ref, valid, seed)
+    x[~valid] = 0  # the reference backend computes padding rows as well: keep them finite there
+    slow = humming.moe.grouped_linear(x, qw, expert_ids, c.block_m, bias, act=c.act, backend="reference")
+    diff = (out[valid].double() - slow[valid].double()).norm() / slow[valid].double().norm()
+    assert diff < 1e-2, f"seed {seed}: cuda vs reference backend rel err {diff:.3e}"
+
+
+def test_fused_moe_fp8_matches_the_reference_backend(compiled, seed):
+    """``fused_moe(act="fp8")`` on e4m3 per-channel experts: both grouped GEMMs on the CUDA backend."""
+    e, hidden, inter, tokens, topk = 8, 2048, 1408, 40, 2
+    w13 = _weight(Case(e, 2 * inter, hidden, 16, -1, "fp8"))
+    w2 = _weight(Case(e, hidden, inter, 16, -1, "fp8"))
+    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    logits = torch.randn(tokens, e, device="cuda")
+    topk_weights, topk_ids = logits.softmax(-1).topk(topk, dim=-1)
+    fast = humming.moe.fused_moe(x, w13, w2, topk_weights, topk_ids, act="fp8", block_m=16, backend="cuda")
+    slow = humming.moe.fused_moe(x, w13, w2, topk_weights, topk_ids, act="fp8", block_m=16, backend="reference")
+    assert not torch.isnan(fast).any()
+    rel = ((fast.double() - slow.double()).norm() / slow.double().norm()).item()
+    assert rel < 2e-2, f"seed {seed}: fused_moe cuda vs reference rel err {rel:.3e}"
+
+
+def test_warmup_then_cuda_graph_capture(seed):
+    """``warmup`` compiles the grouped FP8 kernels of an expert-stacked layer, so capture never compiles."""
+    _require_sm90()
+    from humming import cuda_kernels
+
+    c = Case(8, 1024, 512, 16, -1, "fp8", bias=torch.bfloat16)
+    qw = _weight(c)
+    expert_ids, _, valid = _routing(_counts(c.e), c.block_m)
+    m_pad = valid.shape[0]
+    report = cuda_kernels.warmup([qw], m_values=(m_pad,), act="fp8", bias_dtype=torch.bfloat16, block_ms=(16,))
+    assert len(report.kernels) == 1 and "_grouped_w8a8_rowcol_" in report.kernels[0].spec.name
+    x = torch.randn(m_pad, c.k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(c.e, c.n, device="cuda", dtype=torch.bfloat16)
+
+    def call():
+        return cuda_kernels.grouped_linear(x, qw, expert_ids, 16, bias, get_act_scheme("fp8"), torch.bfloat16)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[valid], call()[valid])
