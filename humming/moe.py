@@ -17,7 +17,9 @@ reference runs every weight format and ``act`` scheme that :func:`humming.linear
 kernels (the dense WnA16 and scaled GEMMs with an expert-id path) need ``block_m`` a multiple of 16 and run
 every WnA16 format (``act=None``) and the scaled GEMM's combinations with per-token or per-group activation
 scales (fp8, fp8_g128, int8, int4, mxfp4, mxfp8; not per-tensor scales nor NVFP4's global scale, which would
-span rows of skipped blocks). The CUDA backend's grouped sm_90a GEMM runs int4/uint4/int8/uint8 WnA16.
+span rows of skipped blocks). The CUDA backend's grouped sm_90a GEMMs run int4/uint4/int8/uint8 WnA16
+(``block_m`` a multiple of 16) and, with ``act="fp8"`` or ``"fp8_g128"``, e4m3 experts (per-channel or
+128x128 block scales: the DeepSeek-V3 recipe) and int4 experts (W4A8); N % 128 == 0.
 """
 
 from __future__ import annotations

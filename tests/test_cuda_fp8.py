@@ -274,6 +274,15 @@ def test_prepared_weight_is_the_e4m3_matrix(group, n, k, seed):
     assert torch.equal((values * s.to(torch.float64)).to(torch.float32), humming.dequantize(qw, torch.float32))
 
 
+@pytest.mark.parametrize("weight,group", [("e4m3", -1), ("int4", 128), ("mxfp4", 32)])
+def test_humming_prepare_with_act_repacks_for_the_fp8_gemm(weight, group):
+    """``humming.prepare(qw, "cuda", act=...)`` at load time is the layout linear then runs: no repack later."""
+    qw = humming.quantize(torch.randn(256, 256), weight=weight, group_size=group)
+    prep = humming.prepare(qw, "cuda", act="fp8")
+    assert isinstance(prep, fp8_gemm.PreparedFp8) and prep is fp8_gemm.prepare(qw)
+    assert humming.prepare(qw, "triton", act="fp8") is qw
+
+
 def _prmt(a: int, b: int, sel: int) -> int:
     """PTX prmt.b32 (default mode): byte i = byte (sel >> 4i) & 7 of {b, a}, sign-replicated if bit 3 is set."""
     pool = (b << 32) | a

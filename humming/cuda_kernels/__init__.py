@@ -15,8 +15,11 @@ Kernels today:
 - ``fp8_gemm`` (``include/humming/fp8_gemm_sm90.cuh``): quantized activations on Hopper: W8A8 e4m3 x e4m3
   (per-tensor / per-token x per-channel, 1x128 x 128x128 blocks) and W4A8 int4 x e4m3, on fp8 wgmma. Its
   grouped variant runs ``humming.moe.grouped_linear(act="fp8" | "fp8_g128")`` for e4m3 / int4 experts.
-- ``fp4_gemm`` (``include/humming/fp4_gemm_sm120.cuh``): W4A4 NVFP4 / MXFP4 on sm_120a block-scaled
-  ``mma.sync``; compiled and checked in CI, never run on hardware (BLACKWELL.md).
+  W4A8 MXFP4 x e4m3 folds the e8m0 scales exactly (refusing weights whose scales span > 12 binades per
+  128-K block).
+- ``fp4_gemm`` (``include/humming/fp4_gemm_sm120.cuh``, ``fp4_gemm_sm100.cuh``): W4A4 NVFP4 / MXFP4 on
+  sm_120a block-scaled ``mma.sync`` and on sm_100a ``tcgen05.mma`` (tensor memory); compiled and checked
+  in CI, never run on hardware (BLACKWELL.md).
 
 Each ``QuantizedWeight`` is re-tiled once into the fragment layout that every kernel here reads
 (``_layout``; :func:`prepare`, cached per weight object). :func:`warmup` compiles the kernels a set
@@ -32,7 +35,7 @@ import weakref
 import torch
 
 from . import _decode, _gemm_sm90, fp4_gemm, fp8_gemm
-from ._layout import PreparedWeight, prepare_weight, weight_unsupported
+from ._layout import prepare_weight, weight_unsupported
 from ._warmup import WarmupReport, warmup_specs
 from .jit import KernelNotReadyError, compiler_unavailable_reason
 
@@ -147,8 +150,20 @@ def grouped_linear(
     return _gemm_sm90.run_grouped_gemm(prep, x, expert_ids.contiguous(), block_m, bias, out_dtype)
 
 
-def prepare(qweight) -> PreparedWeight:
-    """``qweight`` in the CUDA kernels' fragment layout (``_layout``); computed once per weight object."""
+def prepare(qweight, act=None):
+    """``qweight`` in the layout of the CUDA kernel that runs it with activation scheme ``act`` (``None``:
+    the WnA16 fragment layout of ``_layout``; fp8 / int8 schemes: ``fp8_gemm``'s; FP4 schemes: ``fp4_gemm``'s
+    for the weight's device); computed once per weight object."""
+    if act is not None:
+        from humming.ir.activation import get_act_scheme
+
+        act = get_act_scheme(act)
+        if act.format == "e2m1":
+            cc = torch.cuda.get_device_capability(qweight.device)
+            if cc not in fp4_gemm.ARCHS:
+                raise ValueError(f"act: no CUDA FP4 GEMM for compute capability {cc} (needs sm_100a / sm_120a)")
+            return fp4_gemm.prepare(qweight, fp4_gemm.ARCHS[cc])
+        return fp8_gemm.prepare(qweight)
     prep = _prepared.get(qweight)
     if prep is None:
         prep = _prepared[qweight] = prepare_weight(qweight)

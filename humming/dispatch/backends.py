@@ -97,9 +97,9 @@ def _select(requested: str, qweight, act, x, block_m: int | None) -> types.Modul
     return backend_module("reference")
 
 
-def prepare(qweight, backend: str = "cuda"):
-    """Repack ``qweight`` now into ``backend``'s own layout (cached per weight object), so that the first
-    ``linear`` call does not; returns that backend's prepared form, or ``qweight`` itself for backends that
-    read the IR in place (Triton, reference)."""
+def prepare(qweight, backend: str = "cuda", act=None):
+    """Repack ``qweight`` now into the layout ``backend`` runs it in with activation scheme ``act`` (cached
+    per weight object), so that the first ``linear`` call does not; returns that backend's prepared form,
+    or ``qweight`` itself for backends that read the IR in place (Triton, reference)."""
     module = backend_module(backend)
-    return module.prepare(qweight) if hasattr(module, "prepare") else qweight
+    return module.prepare(qweight, act) if hasattr(module, "prepare") else qweight
