@@ -5,6 +5,7 @@
   Triton decorates any kernel, so it is set here, at collection, before humming's kernels import.
   The interpreter's known gaps are worked around in ``humming/triton_kernels/interpreter.py``.
 - ``seed`` fixture: every test draws fresh random inputs from a seed it prints on failure.
+- ``fp8_sm90`` fixture: skips (with the reason) unless the CUDA FP8 GEMM runs here.
 """
 
 from __future__ import annotations
@@ -39,3 +40,16 @@ def seed(request) -> int:
 @pytest.fixture
 def device() -> str:
     return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(scope="session")
+def fp8_sm90() -> None:
+    """Skip unless the CUDA FP8 GEMM runs here: NVRTC and cuda-core importable, an sm_90 GPU."""
+    from humming.cuda_kernels import fp8_gemm, jit
+
+    reason = jit.compiler_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cc = torch.cuda.get_device_capability()
+    if cc not in fp8_gemm.FP8_CCS:
+        pytest.skip(f"the FP8 GEMM needs compute capability {fp8_gemm.FP8_CCS}, this GPU is {cc}")

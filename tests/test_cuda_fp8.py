@@ -593,15 +593,6 @@ def _with_bias(ref: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return ref if bias is None else ref + bias.to(torch.float64)
 
 
-def _require_sm90() -> None:
-    reason = jit.compiler_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    cc = torch.cuda.get_device_capability()
-    if cc not in fp8_gemm.FP8_CCS:
-        pytest.skip(f"the FP8 GEMM needs compute capability {fp8_gemm.FP8_CCS}, this GPU is {cc}")
-
-
 def _check(out: torch.Tensor, ref: torch.Tensor, seed: int) -> None:
     """No NaN left from the poisoned output; ||out - ref|| / ||ref|| < 1e-2, else the worst coordinates."""
     assert not torch.isnan(out).any(), f"unwritten (NaN) outputs at {torch.isnan(out).nonzero()[:5].tolist()}"
@@ -614,8 +605,7 @@ def _check(out: torch.Tensor, ref: torch.Tensor, seed: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_matches_float64_reference(case, seed):
-    _require_sm90()
+def test_matches_float64_reference(case, seed, fp8_sm90):
     qw, qa, bias, ref = _problem(case)
     assert fp8_gemm.supports(qw, qa.scheme, qa.codes, case.out) is None
     n_pad = -(-case.n // 8) * 8
@@ -626,8 +616,7 @@ def test_matches_float64_reference(case, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("act_name", ["fp8", "fp8_tensor", "fp8_g128"])
-def test_linear_quantizes_with_the_triton_pass(act_name, seed):
-    _require_sm90()
+def test_linear_quantizes_with_the_triton_pass(act_name, seed, fp8_sm90):
     from humming.triton_kernels.act_quant import quantize_activation
 
     qw, _, bias, _ = _problem(Case(1, 1000, 1000, (128, 128) if act_name == "fp8_g128" else -1, act_name))
@@ -640,8 +629,7 @@ def test_linear_quantizes_with_the_triton_pass(act_name, seed):
 
 
 @pytest.mark.gpu
-def test_every_tuning_computes_the_same_function(seed):
-    _require_sm90()
+def test_every_tuning_computes_the_same_function(seed, fp8_sm90):
     weights = ((-1, "fp8", "e4m3"), ((128, 128), "fp8_g128", "e4m3"), (128, "fp8", "int4"), (32, "fp8", "mxfp4"))
     for weight, act_name, w in weights:
         qw, qa, _, ref = _problem(Case(77, 1000, 1000, weight, act_name, w=w))
@@ -652,9 +640,8 @@ def test_every_tuning_computes_the_same_function(seed):
 
 
 @pytest.mark.gpu
-def test_mxfp4_runs_through_humming_linear(seed):
+def test_mxfp4_runs_through_humming_linear(seed, fp8_sm90):
     """``humming.linear(x, mxfp4, act="fp8")``: ``auto`` picks the CUDA backend on Hopper, ``cuda`` runs it."""
-    _require_sm90()
     from humming.dispatch.backends import select_backend
     from humming.triton_kernels.act_quant import quantize_activation
 
@@ -668,8 +655,7 @@ def test_mxfp4_runs_through_humming_linear(seed):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replay(seed):
-    _require_sm90()
+def test_cuda_graph_replay(seed, fp8_sm90):
     qw, _, bias, _ = _problem(Case(16, 4096, 4096, -1, "fp8", bias=torch.bfloat16))
     act = get_act_scheme("fp8")
     x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)

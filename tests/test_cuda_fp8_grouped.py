@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import humming
-from humming.cuda_kernels import fp8_gemm, jit
+from humming.cuda_kernels import fp8_gemm
 from humming.cuda_kernels._warmup import warmup_specs
 from humming.ir.activation import get_act_scheme
 from humming.ir.layout import parse_group_size
@@ -51,15 +51,6 @@ CASES = [
 def _ids(c: Case) -> str:
     group = "x".join(map(str, c.weight)) if isinstance(c.weight, tuple) else c.weight
     return f"{c.w}-E{c.e}-n{c.n}-k{c.k}-bm{c.block_m}-w{group}-{c.act}-{str(c.out)[6:]}-b{str(c.bias)[6:]}"
-
-
-def _require_sm90() -> None:
-    reason = jit.compiler_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    cc = torch.cuda.get_device_capability()
-    if cc not in fp8_gemm.FP8_CCS:
-        pytest.skip(f"the FP8 GEMM needs compute capability {fp8_gemm.FP8_CCS}, this GPU is {cc}")
 
 
 def _codes(rows: int, k: int) -> torch.Tensor:
@@ -137,10 +128,9 @@ _MODE = {"tensor": "rowcol", -1: "rowcol", 128: "group"}
 
 
 @pytest.fixture(scope="module")
-def compiled():
+def compiled(fp8_sm90):
     """The kernels of every test compiled in parallel once (the tests then load them from the disk cache):
     the default tunings of CASES and of the routing / fused-MoE cases with one and two warpgroups."""
-    _require_sm90()
     limits = fp8_gemm.device_limits(torch.cuda.current_device())
     extra = [Case(8, 2816, 2048, 32, (128, 128), "fp8_g128", bias=torch.bfloat16), Case(8, 2816, 2048, 16, -1, "fp8")]
     jobs = []
@@ -237,9 +227,8 @@ def test_fused_moe_fp8_matches_the_reference_backend(compiled, seed):
     assert rel < 2e-2, f"seed {seed}: fused_moe cuda vs reference rel err {rel:.3e}"
 
 
-def test_warmup_then_cuda_graph_capture(seed):
+def test_warmup_then_cuda_graph_capture(seed, fp8_sm90):
     """``warmup`` compiles the grouped FP8 kernels of an expert-stacked layer, so capture never compiles."""
-    _require_sm90()
     from humming import cuda_kernels
 
     c = Case(8, 1024, 512, 16, -1, "fp8", bias=torch.bfloat16)

@@ -46,28 +46,31 @@ def _scaled_mm():
     return importlib.import_module(_SCALED_MM)
 
 
-def supports(qweight: QuantizedWeight, act, x: torch.Tensor) -> str | None:
-    """``None`` if :func:`linear` runs this call, else the reason."""
+def _unsupported_before_kernels(act, x: torch.Tensor) -> str | None:
+    """What rules out every Triton kernel: the device, and quantized activations without ``scaled_mm``."""
     if x.device.type != "cuda" and not INTERPRET:
         return f"x is on {x.device}; the Triton kernels run on CUDA tensors (or CPU ones under TRITON_INTERPRET=1)"
-    if act is not None:
-        scaled_mm = _scaled_mm()
-        if scaled_mm is None:
-            return "not yet implemented: Triton kernels for quantized activations (act=...)"
-        return scaled_mm.supports(qweight, act, x)
-    return wna16.supports(qweight, x)
+    if act is not None and _scaled_mm() is None:
+        return "not yet implemented: Triton kernels for quantized activations (act=...)"
+    return None
+
+
+def supports(qweight: QuantizedWeight, act, x: torch.Tensor) -> str | None:
+    """``None`` if :func:`linear` runs this call, else the reason."""
+    reason = _unsupported_before_kernels(act, x)
+    if reason is not None:
+        return reason
+    return wna16.supports(qweight, x) if act is None else _scaled_mm().supports(qweight, act, x)
 
 
 def supports_grouped(qweight: QuantizedWeight, act, x: torch.Tensor, block_m: int) -> str | None:
     """``None`` if :func:`grouped_linear` runs this MoE call, else the reason."""
-    if x.device.type != "cuda" and not INTERPRET:
-        return f"x is on {x.device}; the Triton kernels run on CUDA tensors (or CPU ones under TRITON_INTERPRET=1)"
-    if act is not None:
-        scaled_mm = _scaled_mm()
-        if scaled_mm is None:
-            return "not yet implemented: Triton kernels for quantized activations (act=...)"
-        return scaled_mm.supports_grouped(qweight, act, x, block_m)
-    return wna16.supports_grouped(qweight, x, block_m)
+    reason = _unsupported_before_kernels(act, x)
+    if reason is not None:
+        return reason
+    if act is None:
+        return wna16.supports_grouped(qweight, x, block_m)
+    return _scaled_mm().supports_grouped(qweight, act, x, block_m)
 
 
 def grouped_linear(x, qweight: QuantizedWeight, expert_ids, block_m: int, bias, act, out_dtype) -> torch.Tensor:
