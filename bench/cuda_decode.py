@@ -6,6 +6,8 @@ bytes the call must move (weights, scales, zeros, activations, output) over the 
 in the same run, and over 4.3 TB/s. The baseline is torch's bf16 matmul on the dequantized weight.
 
 Usage: python bench/cuda_decode.py OUT.json [--sweep]
+       python bench/cuda_decode.py OUT.json --stream-k   (stream-K vs the tile grid vs torch bf16, a table)
+       python bench/cuda_decode.py - --sanitize          (small stream-K calls, for compute-sanitizer)
 """
 
 from __future__ import annotations
@@ -67,11 +69,88 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / t
 
 
+def rotated_preps(prep, l2: int) -> list:
+    """``prep`` and enough copies of it to exceed 3x the L2 (cold weights when the graph rotates them)."""
+    copies = max(2, -(-3 * l2 // prep.nbytes))
+    return [prep] + [
+        dataclasses.replace(
+            prep,
+            qweight=prep.qweight.clone(),
+            scales=prep.scales.clone(),
+            zeros=None if prep.zeros is None else prep.zeros.clone(),
+        )
+        for _ in range(copies - 1)
+    ]
+
+
+def stream_k_table(result: dict, l2: int, bw: float) -> None:
+    """Stream-K vs the tile grid (both the heuristic's candidates) vs torch bf16, cold weights."""
+    limits = _decode.device_limits(0)
+    print(f"{'shape':>12} {'scheme':>13} {'M':>3} {'stream-K us':>11} {'tiles us':>8} {'torch us':>8} {'floor us':>8}")
+    for n, k in [(28672, 8192), (8192, 8192)]:
+        w = torch.randn(n, k, device="cuda") * 0.02
+        w_bf16 = w.to(torch.bfloat16)
+        torch_ws = [w_bf16.clone() for _ in range(max(1, -(-3 * l2 // (w_bf16.numel() * 2))))]
+        for scheme in ("int4-g128", "int8-channel"):
+            qw = humming.quantize(w, scale_dtype=torch.bfloat16, **SCHEMES[scheme])
+            preps = rotated_preps(prepare_weight(qw), l2)
+            w64 = humming.dequantize(qw, torch.float32).double()
+            for m in (1, 4, 16, 64):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                ref = (x.double() @ w64.T).float()
+                tiles, stream_k = _decode.candidate_tunings(m, n, k, qw.bits, *limits)
+                times, errors = {}, {}
+                for label, tuning in (("stream_k", stream_k), ("tiles", tiles)):
+                    got = _decode.run_decode(preps[0], x, None, torch.bfloat16, tuning)
+                    errors[label] = ((got.float() - ref).norm() / ref.norm()).item()
+                    calls = [partial(_decode.run_decode, p, x, None, torch.bfloat16, tuning, out) for p in preps * 4]
+                    times[label] = graph_time(calls)
+                tt = graph_time([partial(torch.matmul, x, wt.T) for wt in torch_ws * 4])
+                floor = (preps[0].nbytes + x.numel() * 2 + out.numel() * 2) / bw
+                row = dict(n=n, k=k, scheme=scheme, m=m, stream_k_seconds=times["stream_k"])
+                row.update(tiles_seconds=times["tiles"], torch_bf16_seconds=tt, floor_seconds=floor)
+                row.update(rel_error=errors, stream_k_tuning=stream_k.__dict__, tiles_tuning=tiles.__dict__)
+                result["stream_k"].append(row)
+                print(
+                    f"{n:>6}x{k:<5} {scheme:>13} {m:>3} {times['stream_k'] * 1e6:11.2f} {times['tiles'] * 1e6:8.2f} "
+                    f"{tt * 1e6:8.2f} {floor * 1e6:8.2f}  sk/tiles {times['stream_k'] / times['tiles']:.3f} "
+                    f"sk/floor {times['stream_k'] / floor:.2f} err {errors['stream_k']:.1e} {errors['tiles']:.1e}"
+                )
+            del preps
+        del torch_ws
+
+
+def sanitize() -> None:
+    """Small stream-K calls that cross tiles and share them between warps (zero points, tile groups of 1
+    and 8, more warps than units), for compute-sanitizer memcheck / racecheck."""
+    torch.manual_seed(0)
+    for weight, group, zp, m, n, k, tuning in [
+        ("uint4", 128, True, 3, 608, 1024, _decode.DecodeTuning(1, 2, 8, 3, 1, 2)),
+        ("int8", -1, False, 9, 256, 640, _decode.DecodeTuning(2, 4, 8, 3, 1, 1)),
+        ("int4", 64, False, 2, 48, 128, _decode.DecodeTuning(1, 1, 8, 3, 1, 2)),
+    ]:
+        qw = humming.quantize(torch.randn(n, k, device="cuda"), weight=weight, group_size=group, zero_point=zp)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda")
+        ref = x.float() @ humming.dequantize(qw).T + bias
+        for _ in range(2):
+            out = _decode.run_decode(prepare_weight(qw), x, bias, torch.bfloat16, tuning)
+            torch.cuda.synchronize()
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            print(f"stream-K {weight} g{group} zp={zp} M={m} N={n} K={k} {tuning}: rel err {err:.2e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--sweep", action="store_true", help="also time a grid of tunings")
+    parser.add_argument("--stream-k", action="store_true", help="only the stream-K vs tile grid vs torch table")
+    parser.add_argument("--sanitize", action="store_true", help="only small stream-K calls (compute-sanitizer)")
     args = parser.parse_args()
+    if args.sanitize:
+        sanitize()
+        return
     props = torch.cuda.get_device_properties(0)
     l2 = props.L2_cache_size
     bw = copy_bandwidth()
@@ -92,8 +171,14 @@ def main() -> None:
         },
         "rows": [],
         "sweep": [],
+        "stream_k": [],
     }
     print(f"{props.name}: copy bandwidth {bw / 1e12:.2f} TB/s, L2 {l2 / 2**20:.0f} MiB")
+    if args.stream_k:
+        stream_k_table(result, l2, bw)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        return
     print(f"{'shape':>12} {'scheme':>14} {'M':>3} {'us':>8} {'floor us':>8} {'x floor':>7} {'torch us':>8} vs torch")
     for n, k in SHAPES:
         w = torch.randn(n, k, device="cuda") * 0.02
@@ -104,16 +189,7 @@ def main() -> None:
             qw = humming.quantize(w, scale_dtype=torch.bfloat16, **kwargs)
             prep = prepare_weight(qw)
             wbytes = prep.nbytes
-            copies = max(2, -(-3 * l2 // wbytes))
-            preps = [prep] + [
-                dataclasses.replace(
-                    prep,
-                    qweight=prep.qweight.clone(),
-                    scales=prep.scales.clone(),
-                    zeros=None if prep.zeros is None else prep.zeros.clone(),
-                )
-                for _ in range(copies - 1)
-            ]
+            preps = rotated_preps(prep, l2)
             for m in M_VALUES:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 import humming
-from humming.cuda_kernels import _decode
-from humming.cuda_kernels._layout import PreparedWeight, prepare_weight
+from humming.cuda_kernels import _decode, jit
+from humming.cuda_kernels._layout import PreparedWeight, WeightLayout, prepare_weight
+from humming.cuda_kernels._warmup import warmup_specs
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -73,7 +76,7 @@ def test_prepared_layout_matches_the_fragments(scheme, n, seed):
 
 
 def test_tuning_is_a_pure_function_of_the_problem():
-    h200 = (132, 232448)
+    h200 = (132, 232448, 233472)
     t = _decode.choose_decode_tuning(1, 8192, 8192, 4, *h200)
     assert (t.mt, t.splits) == (1, 1)
     assert _decode.choose_decode_tuning(16, 8192, 8192, 4, *h200).mt == 2
@@ -82,7 +85,7 @@ def test_tuning_is_a_pure_function_of_the_problem():
     small = _decode.choose_decode_tuning(1, 256, 8192, 4, *h200)
     assert small.splits > 1
     assert _decode.choose_decode_tuning(1, 256, 8192, 4, *h200) == small
-    sm86 = _decode.choose_decode_tuning(64, 8192, 8192, 8, 84, 101376)
+    sm86 = _decode.choose_decode_tuning(64, 8192, 8192, 8, 84, 101376, 102400)
     assert sm86.smem_bytes(8) <= 101376
 
 
@@ -198,3 +201,281 @@ def test_graph_capture_never_compiles(seed, tmp_path, monkeypatch):
     graph.replay()
     torch.cuda.synchronize()
     _check(out, _reference(x, qw, None))
+
+
+# --- stream-K ---------------------------------------------------------------------------------------------
+
+H200 = (132, 232448, 233472)  # SMs, opt-in shared memory per block, shared memory per SM
+
+
+def _warp_walk(u_begin: int, count: int, chunks: int) -> tuple[list, list, list]:
+    """decode.cuh's run_stream_k loops, transcribed: the units the copy side issues, the units the compute
+    side consumes, and the (tile, units) of each finish_tile call."""
+    (copy_tile, copy_chunk), copy_left = divmod(u_begin, chunks), count
+    issued = []
+    while copy_left > 0:
+        issued.append(copy_tile * chunks + copy_chunk)
+        copy_left -= 1
+        if copy_left > 0:
+            copy_chunk += 1
+            if copy_chunk == chunks:
+                copy_chunk = 0
+                copy_tile += 1
+    tile, chunk = divmod(u_begin, chunks)
+    share_begin, consumed, finishes = chunk, [], []
+    for left in range(count, 0, -1):
+        consumed.append(tile * chunks + chunk)
+        chunk += 1
+        if chunk == chunks or left == 1:
+            finishes.append((tile, chunk - share_begin))
+            chunk = share_begin = 0
+            tile += 1
+    return issued, consumed, finishes
+
+
+@pytest.mark.parametrize(
+    ("tiles", "chunks"), [(1, 1), (3, 2), (7, 5), (1, 449), (48, 64), (113, 131), (257, 3), (896, 12)]
+)
+def test_stream_k_partition_model(tiles, chunks, seed):
+    """Every unit is computed exactly once, in order, with the copy cursors on the same units; per tile the
+    contributors' unit counts add up to the chunks (so the arrival that reaches it is the last, whatever
+    the order); a tile has one finish per warp whose range meets it, and a warp crosses few tiles."""
+    rng = torch.Generator().manual_seed(seed)
+    units = tiles * chunks
+    for warps in sorted({1, 3, 8, 7 * 32, 132 * 8, 2 * 132 * 8, units, units + 5}):
+        seen = [0] * units
+        per_tile: dict[int, list[int]] = {}
+        meets = [0] * tiles  # warps whose range meets each tile, from the ranges alone
+        for gw in range(warps):
+            u_begin, u_end = gw * units // warps, (gw + 1) * units // warps
+            if u_begin == u_end:
+                continue
+            for tile in range(u_begin // chunks, (u_end - 1) // chunks + 1):
+                meets[tile] += 1
+            issued, consumed, finishes = _warp_walk(u_begin, u_end - u_begin, chunks)
+            assert issued == consumed == list(range(u_begin, u_end))
+            assert len(finishes) == (u_end - 1) // chunks - u_begin // chunks + 1
+            assert len(finishes) <= -(-(u_end - u_begin) // chunks) + 1  # tile boundaries crossed, + 1
+            for u in issued:
+                seen[u] += 1
+            for tile, n in finishes:
+                per_tile.setdefault(tile, []).append(n)
+        assert set(seen) == {1}, f"units covered {sorted(set(seen))} times, W={warps}"
+        assert sorted(per_tile) == list(range(tiles))
+        for tile, shares in per_tile.items():
+            assert len(shares) == meets[tile] and sum(shares) == chunks and min(shares) >= 1
+            if len(shares) == 1:
+                continue  # written directly, no counter
+            counter, last = 0, []
+            for i in torch.randperm(len(shares), generator=rng).tolist():
+                counter += shares[i]
+                last.append(counter == chunks)
+            assert last == [False] * (len(shares) - 1) + [True]
+        if warps <= units:  # ranges of at least floor(U / W) units: at most this many warps share a tile
+            assert max(meets) <= -(-chunks // (units // warps)) + 1
+
+
+def _seek(tile0: int, r: int, chunk: int, tg: int, chunks: int, groups: int) -> tuple[int, int]:
+    """Pipeline::seek's offsets of row tile tile0 + r at `chunk`: (weight slice, scale pair of group 0),
+    in units of one lane's chunk slice and one (g, g + 8) pair."""
+    blk, t = divmod(tile0 + r, tg)
+    return (blk * chunks + chunk) * tg + t, blk * groups * tg + t
+
+
+def _next_tile(tile0: int, r: int, tg: int, chunks: int, groups: int) -> tuple[int, int]:
+    """Pipeline::next_tile's increments to row tiles tile0 .. tile0 + r - 1 (units of _seek), transcribed."""
+    if tile0 & (tg - 1):  # the same block of tg row tiles
+        return r - chunks * tg, r
+    blocks = r if tg == 1 else 1  # the next block(s)
+    return (blocks - 1) * chunks * tg + r - blocks * tg, blocks * (groups - 1) * tg + r
+
+
+@pytest.mark.parametrize("tg", [1, 8])
+@pytest.mark.parametrize("r", [1, 2, 4, 8])
+def test_stream_k_cursor_increments_match_seek(tg, r):
+    """The copy cursors cross tile boundaries by increments only (decode.cuh Pipeline::next_tile): after
+    the chunk increments of a tile, one increment reaches exactly where seek() of the next tile points."""
+    for chunks in (1, 2, 3, 16, 129):
+        for groups in {1, chunks, max(1, chunks // 2)}:
+            for tile in range(24 // r):
+                tile0, tile0_next = tile * r, (tile + 1) * r
+                w_delta, pair_delta = _next_tile(tile0_next, r, tg, chunks, groups)
+                for i in range(r):
+                    w, pair = _seek(tile0, i, 0, tg, chunks, groups)
+                    w += chunks * tg  # the per-chunk increments (w_step) over the whole tile
+                    assert (w + w_delta, pair + pair_delta) == _seek(tile0_next, i, 0, tg, chunks, groups)
+
+
+def _stream_k_jobs() -> list[tuple]:
+    """(spec, arch): the heuristic's stream-K kernels with the most registers per launch bound, for every
+    decode arch, and the 8-token-tile one (one block per SM) for sm_90."""
+    L, T = WeightLayout, _decode.DecodeTuning
+    every_arch = [
+        _decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(1, 2, 8, 3, 1, 2)),
+        _decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 3, 1, 2)),
+    ]
+    big = _decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 1, 8, 2, 1, 1))
+    return [(spec, arch) for spec in every_arch for arch in spec.targets()] + [(big, "sm_90")]
+
+
+@pytest.fixture(scope="module")
+def stream_k_kernels(tmp_path_factory):
+    if jit.compiler_unavailable_reason() is not None:
+        pytest.skip(jit.compiler_unavailable_reason())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HUMMING_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        jit.clear_memory_cache()
+        report = warmup_specs(_stream_k_jobs(), progress=False)
+        jit.clear_memory_cache()
+    return report.kernels
+
+
+def test_stream_k_compiles_for_every_arch_without_local_memory(stream_k_kernels, tmp_path):
+    from test_cuda_compile import _cubin_tool  # tests/ is on sys.path (pytest rootdir-relative imports)
+
+    assert {(k.spec.name, k.arch) for k in stream_k_kernels} == {(s.name, a) for s, a in _stream_k_jobs()}
+    assert {k.arch for k in stream_k_kernels} == {f"sm_{a}{b}" for a, b in _decode.DECODE_CCS}
+    for kernel in stream_k_kernels:
+        name = f"{kernel.spec.name} {kernel.arch}"
+        assert "_sk" in kernel.spec.name and "Schedule::stream_k" in kernel.spec.entry
+        assert "warning" not in kernel.log.lower(), f"{name}:\n{kernel.log}"
+        usage = re.search(
+            r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", _cubin_tool("cuobjdump", ["-res-usage"], kernel, tmp_path)
+        )
+        assert usage and usage.group(2) == usage.group(3) == "0", f"{name}: {usage and usage.group(0)}"
+        assert int(usage.group(1)) * kernel.spec.threads * kernel.spec.min_blocks <= 65536, f"{name}: {usage.group(0)}"
+        if kernel.arch == "sm_90":
+            sass = _cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path)
+            assert "HMMA.16816.F32" in sass and "LDGSTS.E.BYPASS.128" in sass, name
+            assert "LDL" not in sass and "STL" not in sass, f"{name} uses local memory"
+            assert "REDG.E.ADD.F32" in sass, f"{name}: partial sums are not added with red.global"
+            assert "ATOMG.E.EXCH" in sass, f"{name}: the last warp does not read back and zero the sums"
+
+
+def test_stream_k_tuning_is_the_tile_tuning_on_a_persistent_grid():
+    tiles, stream_k = _decode.candidate_tunings(1, 28672, 8192, 4, *H200)
+    assert (tiles.stream_k, stream_k.stream_k, stream_k.splits) == (0, 2, 1)
+    assert (tiles.mt, tiles.r, tiles.warps, tiles.stages) == (stream_k.mt, stream_k.r, stream_k.warps, stream_k.stages)
+    assert _decode.stream_k_grid(28672, 8192, stream_k, 132) == (264, 2112)
+    assert _decode.stream_k_grid(48, 128, stream_k, 132) == (1, 8)  # 3 tiles x 2 chunks: one block
+    big = _decode.candidate_tunings(64, 8192, 8192, 8, *H200)[1]
+    assert big.stream_k == 1  # 8 token tiles: one block per SM fits in shared memory
+    assert _decode.candidate_tunings(256 // 16, 256, 4096, 4, *H200)[0].splits > 1
+    assert _decode.candidate_tunings(256 // 16, 256, 4096, 4, *H200)[1].splits == 1
+    assert "_sk2" in _decode.decode_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", stream_k).name
+    with pytest.raises(ValueError, match="stream_k"):
+        _decode.DecodeTuning(1, 1, 8, 3, 4, stream_k=2)
+    with pytest.raises(ValueError, match="stream_k"):
+        _decode.DecodeTuning(1, 3, 8, 3, 1, stream_k=2)
+
+
+def _stream_k_tuning(m: int, n: int, k: int, bits: int) -> _decode.DecodeTuning:
+    return _decode.candidate_tunings(m, n, k, bits, *_decode.device_limits(torch.cuda.current_device()))[1]
+
+
+STREAM_K_CASES = [  # short shapes first
+    # (N, K, scheme, M values)
+    (48, 128, "int4-g64", (1, 3)),  # 3 tiles x 2 chunks on 8 warps: more warps than units
+    (16 * 37, 64 * 23, "int4-channel", (1, 3, 16)),  # odd: N = 16 * odd (tile groups of 1), K = 64 * odd
+    (16 * 37, 64 * 23, "int8-channel", (3, 64)),
+    (4096, 4096, "int4-g128", (1, 3, 16, 64)),
+    (4096, 4096, "uint4-g128-zp", (1, 3, 16, 64)),
+    (4096, 4096, "int8-channel", (1, 3, 16, 64)),
+    (4096, 4096, "uint8-g128-zp", (1, 16)),
+    (28672, 8192, "int4-g128", (1, 16)),
+    (8192, 28672, "int4-g128", (1, 64)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("n", "k", "scheme", "ms"), STREAM_K_CASES)
+def test_stream_k_matches_reference(n, k, scheme, ms, act, seed):
+    """Stream-K against humming.dequantize + a float64 matmul, poisoned outputs, with and without bias;
+    the workspace is all zero after every call (the invariant that makes the next call correct)."""
+    qw = _quantize(n, k, scheme, dtype=act, device="cuda")
+    prep = prepare_weight(qw)
+    w64 = humming.dequantize(qw, torch.float32).double()
+    bias = torch.randn(n, device="cuda", dtype=act)
+    for m in ms:
+        tuning = _stream_k_tuning(m, n, k, qw.bits)
+        x = torch.randn(m, k, device="cuda", dtype=act)
+        for b in (None, bias):
+            ref = x.double() @ w64.T + (0 if b is None else b.double())
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=act)
+            _decode.run_decode(prep, x, b, act, tuning, out)
+            _check(out, ref.float())
+    workspace = _decode._WORKSPACES.by_stream[(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)]
+    assert int(workspace.count_nonzero()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("n", "tuning"),
+    [
+        (608, (1, 2, 8, 3, 1, 2)),  # tile groups of 1, two row tiles per warp
+        (768, (1, 4, 8, 3, 1, 1)),  # tile groups of 8, four row tiles
+        (1024, (2, 8, 4, 2, 1, 2)),  # a whole tile group per warp, 4 warps per block
+        (608, (4, 1, 8, 4, 1, 1)),
+    ],
+)
+def test_stream_k_tunings_agree(n, tuning, seed):
+    k = 64 * 45
+    qw = _quantize(n, k, "int4-g64", device="cuda")
+    prep = prepare_weight(qw)
+    x = torch.randn(5, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((5, n), float("nan"), device="cuda", dtype=torch.float32)
+    _decode.run_decode(prep, x, None, torch.float32, _decode.DecodeTuning(*tuning), out)
+    _check(out, (x.double() @ humming.dequantize(qw, torch.float32).double().T).float(), tol=5e-3)
+
+
+@pytest.mark.gpu
+def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
+    """The zero invariant across calls (float32 output: two calls agree to fp32 summation order), and
+    warmup + CUDA graph capture on the default capture stream, replayed 3 times on fresh inputs."""
+    from humming import cuda_kernels
+
+    monkeypatch.setenv("HUMMING_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_decode, "_WORKSPACES", _decode._Workspaces())
+    n, k, m = 1024, 2048, 3
+    qw = _quantize(n, k, "uint4-g128-zp", device="cuda")
+    w64 = humming.dequantize(qw, torch.float32).double()
+    prep = cuda_kernels.prepare(qw)
+    tuning = _stream_k_tuning(m, n, k, 4)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    first = _decode.run_decode(prep, x, None, torch.float32, tuning)
+    second = torch.full((m, n), float("nan"), device="cuda")
+    _decode.run_decode(prep, x, None, torch.float32, tuning, second)
+    ref = (x.double() @ w64.T).float()
+    _check(first, ref, tol=5e-3)
+    assert (first - second).abs().max() <= 1e-5 * ref.abs().max(), "a second call sees the first's sums"
+
+    monkeypatch.setattr(_decode, "default_tuning", lambda *args: tuning)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    cuda_kernels.warmup([qw], m_values=(m,), bias_dtype=torch.bfloat16, progress=False)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cuda_kernels.linear(x, qw, bias, None, torch.bfloat16)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, (x.double() @ w64.T + bias.double()).float())
+    for workspace in _decode._WORKSPACES.captured:
+        assert int(workspace.count_nonzero()) == 0
+
+
+@pytest.mark.gpu
+def test_stream_k_capture_without_workspace_says_why(seed, monkeypatch):
+    monkeypatch.setattr(_decode, "_WORKSPACES", _decode._Workspaces())
+    qw = _quantize(256, 512, "int4-g128", device="cuda")
+    prep = prepare_weight(qw)
+    x = torch.randn(2, 512, device="cuda", dtype=torch.bfloat16)
+    tuning = _stream_k_tuning(2, 256, 512, 4)
+    _decode.run_decode(prep, x, None, torch.bfloat16, tuning)  # compiled, loaded, default stream's workspace
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(jit.KernelNotReadyError, match="workspace"), torch.cuda.graph(graph, stream=stream):
+            _decode.run_decode(prep, x, None, torch.bfloat16, tuning)

@@ -239,6 +239,7 @@ def warmup(
             if _route(qw, x)[0] == "decode":
                 tuning = _decode.default_tuning(m, qw.N, qw.K, qw.bits, device)
                 spec = _decode.decode_call_spec(prep, x, bias, out_dtype, tuning)
+                _decode.reserve_workspace(m, qw.N, tuning, device)  # stream-K: capture cannot allocate
             else:
                 gemm_tuning = _gemm_sm90.default_gemm_tuning(m, prep.layout, _decode.device_limits(device)[1])
                 spec = _gemm_sm90.gemm_call_spec(prep, x, bias, out_dtype, gemm_tuning)

@@ -6,31 +6,46 @@ Configs come in the three kinds of the house style:
   bits, zero points, scale dtype); fixed by ``prepare_weight``.
 - compute: fp32 accumulation of exact integer-times-activation products, scaled per row and 64-column
   chunk in fp32; the same for every tuning.
-- tuning (:class:`DecodeTuning`): token tiles, row tiles per warp, warps, loads in flight, split-K. A
-  tuning change never changes results beyond fp32 summation order.
+- tuning (:class:`DecodeTuning`): token tiles, row tiles per warp, warps, loads in flight, split-K or
+  stream-K. A tuning change never changes results beyond fp32 summation order.
+
+Stream-K (``DecodeTuning.stream_k``) runs a persistent grid whose warps each take one contiguous range
+of the (row tile group, 64-column chunk) units; tiles shared by several warps are summed in an fp32
+workspace with atomics, in an order that varies from call to call (results are nondeterministic in the
+last bits of fp32). The workspace and its arrival counters are zero between calls (the last warp of a
+tile restores them), so they are allocated once per (device, stream), zero-filled, and grown when a
+larger ``M * N`` comes; concurrent calls on different streams get different workspaces. A CUDA graph
+captures the workspace of its capture stream: :func:`reserve_workspace` (called by
+``humming.cuda_kernels.warmup``) sets one aside for a stream that first runs the kernel while capturing;
+without it, capture raises :class:`~humming.cuda_kernels.jit.KernelNotReadyError`. Replay a graph where
+no call on its capture stream runs concurrently.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout, weight_unsupported
-from .jit import KernelSpec
+from .jit import KernelNotReadyError, KernelSpec
 
 __all__ = [
     "DECODE_CCS",
     "DECODE_MAX_M",
     "DecodeTuning",
+    "candidate_tunings",
     "choose_decode_tuning",
     "decode_spec",
     "decode_unsupported",
     "default_tuning",
     "device_limits",
+    "reserve_workspace",
     "run_decode",
+    "stream_k_grid",
 ]
 
 #: Compute capabilities the decode kernel is built for (bf16 mma.sync m16n8k16 needs sm_80).
@@ -44,16 +59,23 @@ _CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16
 @dataclass(frozen=True)
 class DecodeTuning:
     """Speed-only knobs: token tiles of 8 (``mt``), 16-row tiles per warp (``r``), ``warps`` per block,
-    cp.async pipeline ``stages`` (chunks in flight per thread) and blocks along K (``splits``)."""
+    cp.async pipeline ``stages`` (chunks in flight per thread), blocks along K (``splits``), and
+    ``stream_k``: 0 for one block per ``r`` row tiles, else the blocks per SM of the persistent stream-K
+    grid (also the kernel's ``__launch_bounds__`` minimum, so registers allow that many)."""
 
     mt: int
     r: int
     warps: int
     stages: int
     splits: int
+    stream_k: int = 0
+
+    def __post_init__(self) -> None:
+        if self.stream_k < 0 or (self.stream_k and (self.splits != 1 or 8 % self.r)):
+            raise ValueError(f"stream_k: expected 0, or > 0 with splits=1 and r dividing 8; got {self}")
 
     def smem_bytes(self, bits: int) -> int:
-        """Dynamic shared memory of the pipeline (``stage_bytes_per_thread`` in decode.cuh)."""
+        """Dynamic shared memory of the pipeline (``Pipeline`` in decode.cuh)."""
         per_thread = self.r * (bits // 4) * 16 + self.mt * 32 + self.r * 8 + self.r * 4
         return self.stages * self.warps * 32 * per_thread
 
@@ -66,9 +88,20 @@ def decode_unsupported(qw, x: torch.Tensor) -> str | None:
     return reason
 
 
-def choose_decode_tuning(m: int, n: int, k: int, bits: int, sm_count: int, smem_per_block: int) -> DecodeTuning:
+def choose_decode_tuning(
+    m: int, n: int, k: int, bits: int, sm_count: int, smem_per_block: int, smem_per_sm: int
+) -> DecodeTuning:
     """Tuning for ``out[m, n] = x[m, k] @ W^T`` with ``bits``-bit weights: a pure function of the problem
-    and the device's SM count and shared memory per block (``sharedMemPerBlockOptin``)."""
+    and the device's SM count, shared memory per block (``sharedMemPerBlockOptin``) and per SM."""
+    tiles, stream_k = candidate_tunings(m, n, k, bits, sm_count, smem_per_block, smem_per_sm)
+    return stream_k if _prefer_stream_k(m, n, k, tiles, sm_count) else tiles
+
+
+def candidate_tunings(
+    m: int, n: int, k: int, bits: int, sm_count: int, smem_per_block: int, smem_per_sm: int
+) -> tuple[DecodeTuning, DecodeTuning]:
+    """The tile-grid tuning (split-K when there are too few row tiles) and its stream-K twin (the same
+    token tiles, row tiles, warps and stages on a persistent grid)."""
     mt = 1
     while mt * 8 < m:
         mt *= 2
@@ -88,16 +121,34 @@ def choose_decode_tuning(m: int, n: int, k: int, bits: int, sm_count: int, smem_
     splits = 1
     if blocks < sm_count:  # too few row tiles to fill the GPU: split K across blocks
         splits = max(1, min(-(-2 * sm_count // blocks), chunks // (warps * 2)))
-    return DecodeTuning(mt, r, warps, stages, splits)
+    tiles = DecodeTuning(mt, r, warps, stages, splits)
+    stream_k = DecodeTuning(mt, r, warps, stages, 1, stream_k_blocks_per_sm(tiles, bits, smem_per_sm))
+    return tiles, stream_k
+
+
+def stream_k_blocks_per_sm(tuning: DecodeTuning, bits: int, smem_per_sm: int) -> int:
+    """Blocks per SM of the persistent grid: as many as shared memory (1 KiB reserved per block) and the
+    SM's 64 warps allow, at most 2 (the kernel is built with ``__launch_bounds__(threads, that)``, so
+    registers allow them; 2 x 8 warps with 3 stages was the best tile-grid occupancy on the H200)."""
+    return max(1, min(2, smem_per_sm // (tuning.smem_bytes(bits) + 1024), 64 // tuning.warps))
+
+
+def _prefer_stream_k(m: int, n: int, k: int, tiles: DecodeTuning, sm_count: int) -> bool:
+    """Whether stream-K beats the tile grid (measured on the H200: bench/results/h200/cuda_notes.md)."""
+    return False
 
 
 def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: DecodeTuning) -> KernelSpec:
     """The kernel spec for a layout, activation / output / bias dtype codes and tuning."""
     out_kernel = "f32" if tuning.splits > 1 else out
     zp = "zp" if layout.zero < 0 else f"z{layout.zero}"
+    if tuning.stream_k:
+        schedule, suffix = "stream_k", f"_sk{tuning.stream_k}"
+    else:
+        schedule, suffix = ("split_k", "_splitk") if tuning.splits > 1 else ("tiles", "")
     name = (
         f"humming_decode_u{layout.bits}{zp}_a{act}_s{layout.scale}_o{out_kernel}_b{bias}"
-        f"_mt{tuning.mt}_r{tuning.r}_w{tuning.warps}_s{tuning.stages}" + ("_splitk" if tuning.splits > 1 else "")
+        f"_mt{tuning.mt}_r{tuning.r}_w{tuning.warps}_s{tuning.stages}{suffix}"
     )
     args = ", ".join(
         (
@@ -111,7 +162,7 @@ def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: Dec
             str(tuning.r),
             str(tuning.warps),
             str(tuning.stages),
-            "true" if tuning.splits > 1 else "false",
+            f"humming::decode::Schedule::{schedule}",
         )
     )
     return KernelSpec(
@@ -122,14 +173,15 @@ def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: Dec
         params="humming::decode::Params",
         threads=32 * tuning.warps,
         ccs=DECODE_CCS,
+        min_blocks=max(1, tuning.stream_k),
     )
 
 
 @functools.cache
-def device_limits(device: int) -> tuple[int, int]:
-    """(SM count, opt-in shared memory per block) of CUDA device ``device``."""
+def device_limits(device: int) -> tuple[int, int, int]:
+    """(SM count, opt-in shared memory per block, shared memory per SM) of CUDA device ``device``."""
     props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, props.shared_memory_per_block_optin
+    return props.multi_processor_count, props.shared_memory_per_block_optin, props.shared_memory_per_multiprocessor
 
 
 def default_tuning(m: int, n: int, k: int, bits: int, device: int) -> DecodeTuning:
@@ -156,7 +208,80 @@ class _Params(ctypes.Structure):
         ("group_shift", ctypes.c_int),
         ("chunks_per_split", ctypes.c_int),
         ("tile_group", ctypes.c_int),
+        ("sums", ctypes.c_void_p),
+        ("arrivals", ctypes.c_void_p),
+        ("total_warps", ctypes.c_int),
     )
+
+
+def stream_k_grid(n: int, k: int, tuning: DecodeTuning, sm_count: int) -> tuple[int, int]:
+    """(blocks, warps) of the persistent grid: ``stream_k`` blocks per SM, fewer when there are fewer
+    work units (``n / 16 / r`` row tile groups x ``k / 64`` chunks) than warps."""
+    units = (n // (16 * tuning.r)) * (k // 64)
+    blocks = min(tuning.stream_k * sm_count, -(-units // tuning.warps))
+    return blocks, blocks * tuning.warps
+
+
+class _Workspaces:
+    """The stream-K workspaces: one zero-filled int32 buffer per (device, stream) holding ``M * N`` fp32
+    sums then the arrival counters, plus per device one spare that a stream first seen during CUDA
+    graph capture takes (capture cannot allocate and zero). A buffer a graph captured is never freed."""
+
+    def __init__(self) -> None:
+        self.by_stream: dict[tuple[int, int], torch.Tensor] = {}
+        self.spare: dict[int, torch.Tensor] = {}
+        self.captured: list[torch.Tensor] = []
+        self.lock = threading.Lock()
+
+    def get(self, numel: int, device: int, stream: torch.cuda.Stream) -> torch.Tensor:
+        key = (device, stream.cuda_stream)
+        with self.lock:
+            buf = self.by_stream.get(key)
+            capturing = torch.cuda.is_current_stream_capturing()
+            if buf is None or buf.numel() < numel:
+                if capturing:
+                    spare = self.spare.get(device)
+                    if spare is None or spare.numel() < numel:
+                        raise KernelNotReadyError(
+                            f"the stream-K decode kernel needs a workspace of {numel} words on this stream, "
+                            "which cannot be allocated while a CUDA graph is captured; call "
+                            "humming.cuda_kernels.warmup(...) for this layer and M, or run the call once on "
+                            "the capture stream, before capturing"
+                        )
+                    del self.spare[device]
+                    new = spare
+                else:
+                    size = max(numel, 2 * buf.numel()) if buf is not None else numel
+                    new = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device}")
+                # A replaced buffer stays alive in self.captured if a graph uses it; otherwise it is freed
+                # to the caching allocator on the stream it was allocated and used on, so reuse is ordered.
+                buf = self.by_stream[key] = new
+            if capturing and not any(buf is t for t in self.captured):
+                self.captured.append(buf)
+            return buf
+
+    def reserve(self, numel: int, device: int) -> None:
+        stream = torch.cuda.current_stream(device)
+        self.get(numel, device, stream)
+        with self.lock:
+            spare = self.spare.get(device)
+            if spare is None or spare.numel() < numel:
+                self.spare[device] = torch.zeros(numel, dtype=torch.int32, device=f"cuda:{device}")
+                stream.synchronize()  # zeroed before a capture on another stream uses it
+
+
+_WORKSPACES = _Workspaces()
+
+
+def _workspace_words(m: int, n: int, tuning: DecodeTuning) -> int:
+    return m * n + n // (16 * tuning.r)
+
+
+def reserve_workspace(m: int, n: int, tuning: DecodeTuning, device: int) -> None:
+    """Allocate, outside graph capture, the stream-K workspace a call ``[m, n]`` with ``tuning`` needs, for
+    the current stream and for one CUDA graph capture stream (no-op for the tile grid)."""
+    if tuning.stream_k:
+        _WORKSPACES.reserve(_workspace_words(m, n, tuning), device)
 
 
 def decode_call_spec(
@@ -184,6 +309,8 @@ def run_decode(
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     if tuning is None:
         tuning = default_tuning(m, prep.n, k, prep.layout.bits, device)
+    elif prep.n % (16 * tuning.r):
+        raise ValueError(f"tuning: r={tuning.r} row tiles per warp must divide N / 16 = {prep.n // 16}")
     kernel = get_kernel(decode_call_spec(prep, x, bias, out_dtype, tuning), device)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
@@ -196,6 +323,16 @@ def run_decode(
     elif out is None:
         out = result = torch.empty(m, prep.n, device=x.device, dtype=out_dtype)
     chunks = k // 64
+    stream = torch.cuda.current_stream(device)
+    grid = (prep.n // (16 * tuning.r), tuning.splits, 1)
+    sums = arrivals = None
+    total_warps = 0
+    if tuning.stream_k:
+        blocks, total_warps = stream_k_grid(prep.n, k, tuning, device_limits(device)[0])
+        grid = (blocks, 1, 1)
+        workspace = _WORKSPACES.get(_workspace_words(m, prep.n, tuning), device, stream)
+        sums = workspace.data_ptr()
+        arrivals = sums + 4 * m * prep.n
     params = _Params(
         prep.qweight.data_ptr(),
         x.data_ptr(),
@@ -212,9 +349,11 @@ def run_decode(
         31 if prep.groups == 1 else prep.chunks_per_group.bit_length() - 1,
         -(-chunks // tuning.splits),
         prep.tile_group,
+        sums,
+        arrivals,
+        total_warps,
     )
-    grid = (prep.n // (16 * tuning.r), tuning.splits, 1)
-    kernel.launch(grid, tuning.smem_bytes(prep.layout.bits), params, torch.cuda.current_stream(device).cuda_stream)
+    kernel.launch(grid, tuning.smem_bytes(prep.layout.bits), params, stream.cuda_stream)
     if not split:
         return result
     if result is None:

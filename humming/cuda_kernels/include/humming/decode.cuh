@@ -12,9 +12,18 @@
 //   fp32, so any group size that is a multiple of 64 works and the scale is applied in full precision;
 // - each thread streams its weight fragments, scale and zero pairs through a private multi-stage
 //   cp.async pipeline in shared memory, and each warp its activation chunk (read back with ldmatrix),
-//   so many chunks are in flight per SM without holding registers;
-// - warps of a block split K and reduce through shared memory; split-K across blocks (kSplit) adds into
-//   an fp32 output with atomics for shapes with too few row tiles to fill the GPU.
+//   so many chunks are in flight per SM without holding registers.
+//
+// Three schedules of the same per-chunk work (Schedule):
+// - tiles: one block per kR row tiles; its warps split K round-robin and reduce in shared memory;
+// - split_k: the same, with blockIdx.y splitting K too; blocks add into an fp32 output with atomics (for
+//   shapes with too few row tiles to fill the GPU);
+// - stream_k: a persistent grid (blocks per SM x SMs). The work units (row tile group, 64-column chunk)
+//   are flattened tile-major and each warp takes one contiguous range of them, so every warp moves the
+//   same bytes whatever the shape: no partial last wave, and one pipeline ramp per warp rather than per
+//   block. A warp's pipeline runs across tile boundaries; its partial sums of a tile go to an fp32
+//   workspace with red.add, and the warp that arrives last at the tile's counter writes the tile and
+//   leaves the workspace and counter at zero again (no memset per call).
 #include "humming/dequant.cuh"
 
 namespace humming {
@@ -31,127 +40,162 @@ struct Params {
   int x_stride, out_stride;
   int groups;            // scale groups along K
   int group_shift;       // log2(group size / 64), or 31 when there is one group
-  int chunks_per_split;  // K/64 chunks handled by one blockIdx.y
+  int chunks_per_split;  // K/64 chunks handled by one blockIdx.y (split_k)
   int tile_group;        // 16-row tiles per contiguous block of the layout
+  float* sums;           // stream_k: [M, N] fp32 partial sums, all zero between calls
+  int* arrivals;         // stream_k: [N / 16 / kR] arrival counters, all zero between calls
+  int total_warps;       // stream_k: warps of the persistent grid (W)
 };
 
-// kZero >= 0: every zero point is kZero; kZero < 0: zero points come from p.zeros.
-// kMT token tiles of 8 (M <= 8 * kMT); kR 16-row tiles per warp; kStages chunks in flight per thread.
-//
-// Each thread runs a cp.async pipeline: it copies its own weight fragments, scale and zero pairs, and
-// its share of its warp's activation chunk, for chunk i + kStages - 1 into shared memory, then waits for
-// chunk i and computes on it. Weight, scale and zero slots are private to the thread; the activation
-// slot is private to the warp (a __syncwarp orders it), so the pipeline needs no block barrier, and the
-// bytes in flight do not occupy registers.
-template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kStages,
-          bool kSplit>
-__device__ __forceinline__ void run(const Params& p) {
-  constexpr int kVecs = kBits / 4;  // 16-byte weight vectors per lane per chunk and row tile
-  constexpr int kThreads = kWarps * 32;
-  constexpr int kScaleBytes = S == DType::f32 ? 8 : 4;  // the pair (row g, row g + 8)
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int g = lane >> 2;
-  const int tile0 = blockIdx.x * kR;
-  const int n_chunks = p.K / 64;
-  const int chunk_begin = blockIdx.y * p.chunks_per_split;
-  const int chunk_end = min(n_chunks, chunk_begin + p.chunks_per_split);
-  // Magic constant plus zero point, subtracted from the magic-number floats.
-  constexpr float kMagicF = kBits == 8 && A == DType::bf16 ? 8388608.0f : (A == DType::bf16 ? 128.0f : 1024.0f);
+enum class Schedule { tiles, split_k, stream_k };
 
+// x, opaque to the compiler: what is computed from it inside a rarely taken branch stays there instead
+// of being hoisted out of the loop into registers that the loop's hot path needs.
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
+// Token and output row of accumulator element acc[r][t][i] of lane `lane` (mma.sync's D fragment; the
+// kernel computes out^T, so fragment rows are output rows and fragment columns tokens).
+__device__ __forceinline__ int acc_token(int t, int lane, int i) { return t * 8 + (lane & 3) * 2 + (i & 1); }
+__device__ __forceinline__ int acc_row(int tile0, int r, int lane, int i) {
+  return (tile0 + r) * 16 + (lane >> 2) + (i >> 1) * 8;
+}
+
+// One thread's share of the cp.async pipeline and of the per-chunk math.
+//
+// Each thread copies its own weight fragments, scale and zero pairs, and its share of its warp's
+// activation chunk, for chunk i + kStages - 1 into shared memory, then waits for chunk i and computes on
+// it. Weight, scale and zero slots are private to the thread; the activation slot is private to the warp
+// (a __syncwarp orders it), so the pipeline needs no block barrier, and the bytes in flight do not occupy
+// registers. The copy cursors are pointers advanced by increments per chunk; only seek() (once per row
+// tile group) does index arithmetic.
+template <DType A, int kBits, int kZero, DType S, int kMT, int kR, int kWarps, int kStages>
+struct Pipeline {
+  static constexpr int kVecs = kBits / 4;  // 16-byte weight vectors per lane per chunk and row tile
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kScaleBytes = S == DType::f32 ? 8 : 4;  // the pair (row g, row g + 8)
+  // Magic constant plus zero point, subtracted from the magic-number floats.
+  static constexpr float kMagicF =
+      kBits == 8 && A == DType::bf16 ? 8388608.0f : (A == DType::bf16 ? 128.0f : 1024.0f);
+
+  const int lane, warp;
   // Per-stage slots, [stage][item][thread] so that a warp's accesses are contiguous. Dynamic shared
   // memory: kStages * kThreads * (kR * kVecs * 16 + kMT * 32 + kR * 8 + kR * 4) bytes
-  // (DecodeTuning.smem_bytes in decode.py).
-  extern __shared__ uint4 smem[];
-  uint4* w_slots = smem;                                        // [kStages][kR * kVecs][kThreads]
-  uint4* x_slots = w_slots + kStages * kR * kVecs * kThreads;   // [kStages][kWarps][kMT * 8 tokens][8]
-  uint2* s_slots = reinterpret_cast<uint2*>(x_slots + kStages * kMT * 2 * kThreads);  // [kStages][kR][kThreads]
-  uint32_t* z_slots = reinterpret_cast<uint32_t*>(s_slots + kStages * kR * kThreads);  // [kStages][kR][kThreads]
+  // (DecodeTuning.smem_bytes in _decode.py).
+  const uint4* w_slots;   // [kStages][kR * kVecs][kThreads]
+  const uint4* x_slots;   // [kStages][kWarps][kMT * 8 tokens][8]
+  const uint2* s_slots;   // [kStages][kR][kThreads]
+  const uint32_t* z_slots;  // [kStages][kR][kThreads]
+  uint32_t w_base, x_base, s_base, z_base;
 
-  // Copy cursors of this thread, at the first chunk it issues, advanced by one chunk per issue
-  // (chunks first, first + kWarps, ...): only pointer increments per chunk, no index arithmetic.
-  const int first = chunk_begin + warp;
-  constexpr int kStrideChunks = kWarps;
   const uint4* w_src[kR];
   const char* s_src[kR];
   const char* z_src[kR];
-  long group_stride_s, group_stride_z;
-  {
-    const long tile_group = p.tile_group;
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      const long blk = (tile0 + r) / tile_group, t = (tile0 + r) % tile_group;
-      w_src[r] = p.qweight + ((blk * n_chunks + first) * tile_group + t) * kVecs * 32 + lane;
-      const long pair = (blk * p.groups * tile_group + t) * 8 + g;  // the (g, g + 8) pair of group 0
-      s_src[r] = static_cast<const char*>(p.scales) + pair * kScaleBytes;
-      z_src[r] = reinterpret_cast<const char*>(p.zeros) + pair * 4;
-    }
-    group_stride_s = tile_group * 8 * kScaleBytes;
-    group_stride_z = tile_group * 8 * 4;
-  }
-  const long w_step = long(kStrideChunks) * p.tile_group * kVecs * 32;
+  int group_stride_s, group_stride_z;
+  int w_step, x_step;  // cursor increments per issued chunk
   // The warp's activation chunk: kMT * 8 token rows x 64 columns in 16-byte granules; lane copies
   // granules q = lane + 32 i; granule gran of row `row` is stored at gran ^ (row & 7), so that
   // ldmatrix reads are conflict-free. Rows past M are zero-filled (nothing read).
   const char* x_src[kMT * 2];
   uint32_t x_dst[kMT * 2];
   bool x_ok[kMT * 2];
-#pragma unroll
-  for (int i = 0; i < kMT * 2; ++i) {
-    const int q = lane + 32 * i;
-    const int row = q >> 3, gran = q & 7;
-    x_ok[i] = row < p.M;
-    x_src[i] = static_cast<const char*>(p.x) + (long(x_ok[i] ? row : 0) * p.x_stride + first * 64 + gran * 8) * 2;
-    x_dst[i] = (row * 8 + (gran ^ (row & 7))) * 16;
-  }
-  const uint32_t smem_base = smem_addr(smem);
-  const uint32_t w_base = smem_base + threadIdx.x * 16;
-  const uint32_t x_base = smem_base + kStages * kR * kVecs * kThreads * 16 + warp * kMT * 1024;
-  const uint32_t s_base = smem_base + kStages * (kR * kVecs + kMT * 2) * kThreads * 16 + threadIdx.x * 8;
-  const uint32_t z_base = s_base - threadIdx.x * 8 + kStages * kR * kThreads * 8 + threadIdx.x * 4;
-  int next = first;  // the chunk the next issue copies
 
-  auto issue = [&](int stage) {
-    if (next < chunk_end) {
-      const long group = next >> p.group_shift;
+  // `stride_chunks`: chunks between two consecutive issues of this thread.
+  __device__ __forceinline__ Pipeline(const Params& p, uint4* smem, int stride_chunks)
+      : lane(threadIdx.x & 31), warp(threadIdx.x >> 5) {
+    w_slots = smem;
+    x_slots = w_slots + kStages * kR * kVecs * kThreads;
+    s_slots = reinterpret_cast<const uint2*>(x_slots + kStages * kMT * 2 * kThreads);
+    z_slots = reinterpret_cast<const uint32_t*>(s_slots + kStages * kR * kThreads);
+    const uint32_t smem_base = smem_addr(smem);
+    w_base = smem_base + threadIdx.x * 16;
+    x_base = smem_base + kStages * kR * kVecs * kThreads * 16 + warp * kMT * 1024;
+    const uint32_t s_start = smem_base + kStages * (kR * kVecs + kMT * 2) * kThreads * 16;
+    s_base = s_start + threadIdx.x * 8;
+    z_base = s_start + kStages * kR * kThreads * 8 + threadIdx.x * 4;
+    group_stride_s = p.tile_group * 8 * kScaleBytes;
+    group_stride_z = p.tile_group * 8 * 4;
+    w_step = stride_chunks * p.tile_group * kVecs * 32;
+    x_step = stride_chunks * 128;
 #pragma unroll
-      for (int r = 0; r < kR; ++r) {
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-          cp_async_cg16(w_base + ((stage * kR + r) * kVecs + v) * kThreads * 16, w_src[r] + v * 32);
-        }
-        cp_async_ca<kScaleBytes>(s_base + (stage * kR + r) * kThreads * 8, s_src[r] + group * group_stride_s);
-        if constexpr (kZero < 0) {
-          cp_async_ca<4>(z_base + (stage * kR + r) * kThreads * 4, z_src[r] + group * group_stride_z);
-        }
-        w_src[r] += w_step;
-      }
-#pragma unroll
-      for (int i = 0; i < kMT * 2; ++i) {
-        cp_async_ca16_zfill(x_base + stage * kWarps * kMT * 1024 + x_dst[i], x_src[i], x_ok[i]);
-        x_src[i] += kStrideChunks * 128;
-      }
+    for (int i = 0; i < kMT * 2; ++i) {
+      const int q = lane + 32 * i;
+      const int row = q >> 3, gran = q & 7;
+      x_ok[i] = row < p.M;
+      x_dst[i] = (row * 8 + (gran ^ (row & 7))) * 16;
     }
-    next += kStrideChunks;
-    cp_async_commit();  // empty groups past the end keep the group count uniform
-  };
+  }
 
-  float acc[kR][kMT][4];
+  // Point the copy cursors at chunk `chunk` of row tiles tile0 .. tile0 + kR - 1.
+  __device__ __forceinline__ void seek(const Params& p, int tile0, int chunk) {
+    const long tile_group = p.tile_group, n_chunks = p.K / 64;
+    const int g = lane >> 2;
 #pragma unroll
-  for (int r = 0; r < kR; ++r)
+    for (int r = 0; r < kR; ++r) {
+      const long blk = (tile0 + r) / tile_group, t = (tile0 + r) % tile_group;
+      w_src[r] = p.qweight + ((blk * n_chunks + chunk) * tile_group + t) * kVecs * 32 + lane;
+      const long pair = (blk * p.groups * tile_group + t) * 8 + g;  // the (g, g + 8) pair of group 0
+      s_src[r] = static_cast<const char*>(p.scales) + pair * kScaleBytes;
+      z_src[r] = reinterpret_cast<const char*>(p.zeros) + pair * 4;
+    }
 #pragma unroll
-    for (int t = 0; t < kMT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.0f;
+    for (int i = 0; i < kMT * 2; ++i) {
+      const int q = lane + 32 * i;
+      const int row = q >> 3, gran = q & 7;
+      x_src[i] = static_cast<const char*>(p.x) + (long(x_ok[i] ? row : 0) * p.x_stride + chunk * 64 + gran * 8) * 2;
+    }
+  }
 
+  // After the last chunk of a tile, move the cursors to chunk 0 of row tiles tile0 .. tile0 + kR - 1, the
+  // next tile, with increments (kR divides the tile group, or the tile group is 1): within a block of
+  // tile_group row tiles, or to the next block (kR blocks on when tile_group == 1).
+  __device__ __forceinline__ void next_tile(const Params& p, int tile0) {
+    const int tg = p.tile_group, n_chunks = p.K / 64;
+    int w_delta, pair_delta;  // in chunk-sized weight slices and (g, g + 8) pairs
+    if ((tile0 & (tg - 1)) != 0) {
+      w_delta = kR - n_chunks * tg;
+      pair_delta = kR;
+    } else {
+      const int blocks = tg == 1 ? kR : 1;
+      w_delta = (blocks - 1) * n_chunks * tg + kR - blocks * tg;
+      pair_delta = blocks * (p.groups - 1) * tg + kR;
+    }
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
-  int stage = 0;
-  for (int chunk = first; chunk < chunk_end; chunk += kWarps) {
-    __syncwarp();  // every lane is done reading the slot the next issue overwrites
-    issue(stage == 0 ? kStages - 1 : stage - 1);
-    cp_async_wait<kStages - 1>();
-    __syncwarp();  // the warp's activation chunk, copied by all its lanes, is complete
+    for (int r = 0; r < kR; ++r) {
+      w_src[r] += w_delta * kVecs * 32;
+      s_src[r] += pair_delta * 8 * kScaleBytes;
+      z_src[r] += pair_delta * 8 * 4;
+    }
+#pragma unroll
+    for (int i = 0; i < kMT * 2; ++i) x_src[i] -= n_chunks * 128;
+  }
+
+  // Copy the chunk under the cursors (scale group `group`) into `stage`, then advance the cursors.
+  __device__ __forceinline__ void copy(int stage, int group) {
+    const int s_off = group * group_stride_s, z_off = group * group_stride_z;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        cp_async_cg16(w_base + ((stage * kR + r) * kVecs + v) * kThreads * 16, w_src[r] + v * 32);
+      }
+      cp_async_ca<kScaleBytes>(s_base + (stage * kR + r) * kThreads * 8, s_src[r] + s_off);
+      if constexpr (kZero < 0) {
+        cp_async_ca<4>(z_base + (stage * kR + r) * kThreads * 4, z_src[r] + z_off);
+      }
+      w_src[r] += w_step;
+    }
+#pragma unroll
+    for (int i = 0; i < kMT * 2; ++i) {
+      cp_async_ca16_zfill(x_base + stage * kWarps * kMT * 1024 + x_dst[i], x_src[i], x_ok[i]);
+      x_src[i] += x_step;
+    }
+  }
+
+  // acc += the chunk in `stage` (its copies complete and visible to the warp).
+  __device__ __forceinline__ void compute(int stage, float (&acc)[kR][kMT][4]) const {
     // B fragments: xb[t][j] = {b0, b1} of k16 step j for token tile t, two steps per ldmatrix.x4.
     uint32_t xb[kMT][4][2];
     const uint4* xs = x_slots + (stage * kWarps + warp) * kMT * 64;
@@ -213,6 +257,52 @@ __device__ __forceinline__ void run(const Params& p) {
         acc[r][t][3] += s_g8 * part[t][3];
       }
     }
+  }
+};
+
+template <int kR, int kMT>
+__device__ __forceinline__ void zero(float (&acc)[kR][kMT][4]) {
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+#pragma unroll
+    for (int t = 0; t < kMT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.0f;
+}
+
+// Schedules tiles and split_k: block (blockIdx.x, blockIdx.y) = row tiles blockIdx.x * kR .. + kR - 1,
+// chunks [blockIdx.y * chunks_per_split, +chunks_per_split); warp w takes chunks w, w + kWarps, ...
+template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kStages,
+          bool kSplit>
+__device__ __forceinline__ void run_tiles(const Params& p) {
+  constexpr int kThreads = kWarps * 32;
+  extern __shared__ uint4 smem[];
+  Pipeline<A, kBits, kZero, S, kMT, kR, kWarps, kStages> pipe(p, smem, kWarps);
+  const int lane = pipe.lane;
+  const int tile0 = blockIdx.x * kR;
+  const int n_chunks = p.K / 64;
+  const int chunk_begin = blockIdx.y * p.chunks_per_split;
+  const int chunk_end = min(n_chunks, chunk_begin + p.chunks_per_split);
+  const int first = chunk_begin + pipe.warp;
+  pipe.seek(p, tile0, first);
+  int next = first;  // the chunk the next issue copies
+  auto issue = [&](int stage) {
+    if (next < chunk_end) pipe.copy(stage, next >> p.group_shift);
+    next += kWarps;
+    cp_async_commit();  // empty groups past the end keep the group count uniform
+  };
+
+  float acc[kR][kMT][4];
+  zero(acc);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  int stage = 0;
+  for (int chunk = first; chunk < chunk_end; chunk += kWarps) {
+    __syncwarp();  // every lane is done reading the slot the next issue overwrites
+    issue(stage == 0 ? kStages - 1 : stage - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // the warp's activation chunk, copied by all its lanes, is complete
+    pipe.compute(stage, acc);
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
   cp_async_wait<0>();
@@ -234,8 +324,8 @@ __device__ __forceinline__ void run(const Params& p) {
     const int l = (idx >> 2) & 31;
     const int t = (idx >> 7) % kMT;
     const int r = (idx >> 7) / kMT;
-    const int token = t * 8 + (l & 3) * 2 + (i & 1);
-    const int n = (tile0 + r) * 16 + (l >> 2) + (i >> 1) * 8;
+    const int token = acc_token(t, l, i);
+    const int n = acc_row(tile0, r, l, i);
     if (token >= p.M) continue;
     float v = red[idx];
     if (p.bias != nullptr && blockIdx.y == 0) v += load_float<B>(p.bias, n);
@@ -245,6 +335,122 @@ __device__ __forceinline__ void run(const Params& p) {
     } else {
       store_float<O>(p.out, o, v);
     }
+  }
+}
+
+__device__ __forceinline__ void red_add(float* ptr, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(v) : "memory");
+}
+
+// This warp's sums over `units` of the `n_chunks` chunks of row tiles tile * kR .. + kR - 1 are
+// complete: write them when it covered the whole tile; else add them to p.sums and the unit count to the
+// tile's counter. Every unit is covered by exactly one warp, so the warp whose count brings the counter
+// to n_chunks arrives last (no division needed to count contributors): it writes the tile's totals and
+// leaves its sums and counter at zero.
+template <DType O, DType B, int kMT, int kR>
+__device__ __forceinline__ void finish_tile(const Params& p, int tile, int units, int n_chunks, int lane,
+                                            const float (&acc)[kR][kMT][4]) {
+  lane = opaque(lane);
+  const int tile0 = tile * kR;
+  const bool alone = units == n_chunks;
+  if (!alone) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r)
+#pragma unroll
+      for (int t = 0; t < kMT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int token = acc_token(t, lane, i);
+          if (token < p.M) red_add(p.sums + long(token) * p.N + acc_row(tile0, r, lane, i), acc[r][t][i]);
+        }
+    __threadfence();  // this lane's adds are visible before the arrival below
+    __syncwarp();
+    int arrived = 0;
+    if (lane == 0) arrived = atomicAdd(p.arrivals + tile, units) + units;
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != n_chunks) return;
+    __threadfence();  // every contributor's adds happened before its arrival, which this warp saw
+  }
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+#pragma unroll
+    for (int t = 0; t < kMT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int token = acc_token(t, lane, i);
+        const int n = acc_row(tile0, r, lane, i);
+        if (token >= p.M) continue;
+        // atomicExch reads the total at L2, where the adds went, and restores the zero.
+        float v = alone ? acc[r][t][i] : atomicExch(p.sums + long(token) * p.N + n, 0.0f);
+        if (p.bias != nullptr) v += load_float<B>(p.bias, n);
+        store_float<O>(p.out, long(token) * p.out_stride + n, v);
+      }
+  if (!alone && lane == 0) p.arrivals[tile] = 0;
+}
+
+// Schedule stream_k: global warp gw of W = p.total_warps takes units [gw * U / W, (gw + 1) * U / W) of
+// the U = tiles x chunks units, unit = tile * chunks + chunk (tile = kR row tiles).
+template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kStages>
+__device__ __forceinline__ void run_stream_k(const Params& p) {
+  static_assert(8 % kR == 0, "next_tile needs kR to divide the tile group (1 or 8) or the group to be 1");
+  extern __shared__ uint4 smem[];
+  Pipeline<A, kBits, kZero, S, kMT, kR, kWarps, kStages> pipe(p, smem, 1);
+  const int n_chunks = p.K / 64;
+  const long units = long(p.N / (16 * kR)) * n_chunks;  // U
+  const long warps = p.total_warps;  // W
+  const long gw = long(blockIdx.x) * kWarps + pipe.warp;
+  const long u_begin = gw * units / warps;
+  const int count = int((gw + 1) * units / warps - u_begin);
+  if (count == 0) return;  // more warps than units; nothing here touches another warp's state
+  int tile = int(u_begin / n_chunks);
+  int chunk = int(u_begin - long(tile) * n_chunks);
+
+  // Copy side: the cursors walk the same units, kStages - 1 ahead, wrapping to the next tile.
+  int copy_tile = tile, copy_chunk = chunk, copy_left = count;
+  pipe.seek(p, copy_tile * kR, copy_chunk);
+  auto issue = [&](int stage) {
+    if (copy_left > 0) {
+      pipe.copy(stage, copy_chunk >> p.group_shift);
+      if (--copy_left > 0 && ++copy_chunk == n_chunks) {
+        copy_chunk = 0;
+        pipe.next_tile(p, ++copy_tile * kR);
+      }
+    }
+    cp_async_commit();  // empty groups past the end keep the group count uniform
+  };
+
+  float acc[kR][kMT][4];
+  zero(acc);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  int stage = 0;
+  int share_begin = chunk;  // the first chunk of this warp's share of `tile`
+  for (int left = count; left > 0; --left) {
+    __syncwarp();  // every lane is done reading the slot the next issue overwrites
+    issue(stage == 0 ? kStages - 1 : stage - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // the warp's activation chunk, copied by all its lanes, is complete
+    pipe.compute(stage, acc);
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+    if (++chunk == n_chunks || left == 1) {  // this warp's share of the tile is done
+      finish_tile<O, B, kMT, kR>(p, tile, chunk - share_begin, n_chunks, pipe.lane, acc);
+      zero(acc);
+      chunk = share_begin = 0;
+      ++tile;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// kZero >= 0: every zero point is kZero; kZero < 0: zero points come from p.zeros.
+// kMT token tiles of 8 (M <= 8 * kMT); kR 16-row tiles per warp; kStages chunks in flight per thread.
+template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kStages,
+          Schedule kSchedule>
+__device__ __forceinline__ void run(const Params& p) {
+  if constexpr (kSchedule == Schedule::stream_k) {
+    run_stream_k<A, kBits, kZero, S, O, B, kMT, kR, kWarps, kStages>(p);
+  } else {
+    run_tiles<A, kBits, kZero, S, O, B, kMT, kR, kWarps, kStages, kSchedule == Schedule::split_k>(p);
   }
 }
 
