@@ -102,6 +102,8 @@ def stream_k_table(result: dict, l2: int, bw: float) -> None:
                 tiles, stream_k = _decode.candidate_tunings(m, n, k, qw.bits, *limits)
                 times, errors = {}, {}
                 for label, tuning in (("stream_k", stream_k), ("tiles", tiles)):
+                    # graph_time captures on torch's capture stream, which has no workspace of its own yet
+                    _decode.reserve_workspace(m, n, tuning, 0)
                     got = _decode.run_decode(preps[0], x, None, torch.bfloat16, tuning)
                     errors[label] = ((got.float() - ref).norm() / ref.norm()).item()
                     calls = [partial(_decode.run_decode, p, x, None, torch.bfloat16, tuning, out) for p in preps * 4]
