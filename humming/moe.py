@@ -97,7 +97,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRout
     key = torch.where((ids >= 0) & (ids < num_experts), ids, num_experts)
     counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device).scatter_add_(0, key, torch.ones_like(key))
     padded = (counts + block_m - 1) // block_m * block_m
-    padded[num_experts] = 0
+    padded[num_experts:].zero_()  # an in-place fill: capturable (item assignment copies from the host)
     seg_start = torch.cumsum(padded, 0) - padded  # first grouped row of each expert
     first_sorted = torch.cumsum(counts, 0) - counts  # first position of each expert in sorted order
     order = torch.argsort(key, stable=True)

@@ -89,6 +89,21 @@ def test_tuning_is_a_pure_function_of_the_problem():
     assert sm86.smem_bytes(8) <= 101376
 
 
+@pytest.mark.parametrize(
+    "m,n,bits,stream_k",
+    [
+        (1, 28672, 4, False),  # one token tile: the tile grid (H200: stream-K 1.05x slower)
+        (16, 28672, 4, True),  # 3.4 waves of tiles: stream-K (0.90x)
+        (16, 28672, 8, True),  # (0.78x)
+        (16, 8192, 4, False),  # one wave: the tile grid (stream-K 1.29x slower)
+        (64, 8192, 4, True),  # eight token tiles: stream-K (0.77x)
+        (16, 256, 4, False),  # split-K tile grid
+    ],
+)
+def test_heuristic_picks_stream_k_where_it_measured_faster(m, n, bits, stream_k):
+    assert bool(_decode.choose_decode_tuning(m, n, 8192, bits, *H200).stream_k) == stream_k
+
+
 def test_unsupported_combinations_say_why():
     x = torch.empty(4, 128, dtype=torch.bfloat16)
     qw = humming.quantize(torch.randn(32, 128), weight="int4", group_size=32)
@@ -354,7 +369,7 @@ def test_stream_k_compiles_for_every_arch_without_local_memory(stream_k_kernels,
 
 def test_stream_k_tuning_is_the_tile_tuning_on_a_persistent_grid():
     tiles, stream_k = _decode.candidate_tunings(1, 28672, 8192, 4, *H200)
-    assert _decode.choose_decode_tuning(1, 28672, 8192, 4, *H200) == tiles  # stream-K not yet timed: opt-in
+    assert _decode.choose_decode_tuning(1, 28672, 8192, 4, *H200) == tiles  # one token tile: the tile grid
     assert (tiles.stream_k, stream_k.stream_k, stream_k.splits) == (0, 2, 1)
     assert (tiles.mt, tiles.r, tiles.warps, tiles.stages) == (stream_k.mt, stream_k.r, stream_k.warps, stream_k.stages)
     assert _decode.stream_k_grid(28672, 8192, stream_k, 132) == (264, 2112)
@@ -468,15 +483,25 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_stream_k_capture_without_workspace_says_why(seed, monkeypatch):
+def test_stream_k_capture_without_reserved_workspace_replays_correctly(seed, monkeypatch):
+    """torch's recipe (an eager call on a side stream, then capture on another) with no warmup: the capture
+    takes a temporary workspace whose zero fill is captured, so every replay starts from zeros."""
     monkeypatch.setattr(_decode, "_WORKSPACES", _decode._Workspaces())
     qw = _quantize(256, 512, "int4-g128", device="cuda")
     prep = prepare_weight(qw)
     x = torch.randn(2, 512, device="cuda", dtype=torch.bfloat16)
     tuning = _stream_k_tuning(2, 256, 512, 4)
-    _decode.run_decode(prep, x, None, torch.bfloat16, tuning)  # compiled, loaded, default stream's workspace
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        graph = torch.cuda.CUDAGraph()
-        with pytest.raises(jit.KernelNotReadyError, match="workspace"), torch.cuda.graph(graph, stream=stream):
-            _decode.run_decode(prep, x, None, torch.bfloat16, tuning)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _decode.run_decode(prep, x, None, torch.bfloat16, tuning)  # compiled, loaded, the side stream's workspace
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _decode.run_decode(prep, x, None, torch.bfloat16, tuning)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, _reference(x, qw, None))

@@ -17,9 +17,9 @@ tile restores them), so they are allocated once per (device, stream), zero-fille
 larger ``M * N`` comes; concurrent calls on different streams get different workspaces. A CUDA graph
 captures the workspace of its capture stream: :func:`reserve_workspace` (called by
 ``humming.cuda_kernels.warmup``) sets one aside for a stream that first runs the kernel while capturing;
-without it, capture raises :class:`~humming.cuda_kernels.jit.KernelNotReadyError`. Replay a graph where
-no call on its capture stream runs concurrently. :func:`choose_decode_tuning` does not pick stream-K
-yet (correct on the H200, not yet timed there).
+without it, the capture allocates one from the graph's pool, and its zero fill becomes a memset node
+that every replay runs (correct, a microsecond slower). Replay a graph where no call on its capture
+stream runs concurrently. :func:`choose_decode_tuning` picks stream-K where it measured faster.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout, weight_unsupported
-from .jit import KernelNotReadyError, KernelSpec
+from .jit import KernelSpec
 
 __all__ = [
     "DECODE_CCS",
@@ -95,9 +95,16 @@ def choose_decode_tuning(
     """Tuning for ``out[m, n] = x[m, k] @ W^T`` with ``bits``-bit weights: a pure function of the problem
     and the device's SM count, shared memory per block (``sharedMemPerBlockOptin``) and per SM.
 
-    The tile grid: its stream-K twin (:func:`candidate_tunings`) passed its H200 tests but has not been
-    timed there yet (bench/results/h200/cuda_notes.md), so it is only run when asked for."""
-    return candidate_tunings(m, n, k, bits, sm_count, smem_per_block, smem_per_sm)[0]
+    Tile grid or its stream-K twin (:func:`candidate_tunings`), as measured on the H200
+    (bench/results/h200/cuda_decode_stream_k.json): stream-K wins from two token tiles (M > 8) on when the
+    tile grid takes more than one wave (28672x8192, M = 16: 0.90x int4, 0.78x int8), and with eight token
+    tiles always (M = 64: 0.63x-0.77x); with one token tile, or a grid of one wave, the tile grid wins
+    (1.05x-1.29x). Split-K tile grids (too few row tiles) keep split-K (stream-K not measured there)."""
+    tiles, stream_k = candidate_tunings(m, n, k, bits, sm_count, smem_per_block, smem_per_sm)
+    if tiles.mt == 1 or tiles.splits > 1:
+        return tiles
+    waves = (n // (16 * tiles.r)) / (stream_k.stream_k * sm_count)
+    return stream_k if tiles.mt == 8 or waves > 1 else tiles
 
 
 def candidate_tunings(
@@ -223,7 +230,8 @@ def stream_k_grid(n: int, k: int, tuning: DecodeTuning, sm_count: int) -> tuple[
 class _Workspaces:
     """The stream-K workspaces: one zero-filled int32 buffer per (device, stream) holding ``M * N`` fp32
     sums then the arrival counters, plus per device one spare that a stream first seen during CUDA
-    graph capture takes (capture cannot allocate and zero). A buffer a graph captured is never freed."""
+    graph capture takes (without one, a capture takes a temporary zeroed by a captured memset on every
+    replay). A buffer a graph captured is never freed."""
 
     def __init__(self) -> None:
         self.by_stream: dict[tuple[int, int], torch.Tensor] = {}
@@ -240,12 +248,9 @@ class _Workspaces:
                 if capturing:
                     spare = self.spare.get(device)
                     if spare is None or spare.numel() < numel:
-                        raise KernelNotReadyError(
-                            f"the stream-K decode kernel needs a workspace of {numel} words on this stream, "
-                            "which cannot be allocated while a CUDA graph is captured; call "
-                            "humming.cuda_kernels.warmup(...) for this layer and M, or run the call once on "
-                            "the capture stream, before capturing"
-                        )
+                        # A temporary from the graph's pool, zeroed by a memset node on every replay; not
+                        # kept for eager calls, which would find it unzeroed before the first replay.
+                        return torch.zeros(numel, dtype=torch.int32, device=f"cuda:{device}")
                     del self.spare[device]
                     new = spare
                 else:
