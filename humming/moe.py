@@ -47,12 +47,15 @@ class MoeRouting:
     ``src_slots``: int32 ``[M_pad]``, the slot ``t * topk + j`` of each grouped row, -1 for padding rows.
     ``expert_ids``: int32 ``[M_pad // block_m]``, each block's expert, -1 past the last used block.
     ``num_rows``: int32 0-d, the grouped rows in use (padding included).
+    ``slot_rows``: int32 ``[T * topk]``, the grouped row of each slot (the inverse of ``src_slots``), -1 for
+    dropped slots: combining gathers each token's rows through it, with no atomics and no padding rows.
     """
 
     src_slots: torch.Tensor
     expert_ids: torch.Tensor
     block_m: int
     num_rows: torch.Tensor
+    slot_rows: torch.Tensor
 
     @property
     def m_pad(self) -> int:
@@ -111,7 +114,9 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRout
     expert_ids = torch.searchsorted(block_ends, blocks, right=True).to(torch.int32)
     expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1)
     num_rows = padded.sum().to(torch.int32)
-    return MoeRouting(src_slots[:m_pad], expert_ids, block_m, num_rows)
+    slot_rows = torch.empty(ids.numel(), dtype=torch.int32, device=device)
+    slot_rows.scatter_(0, order, torch.where(dest < m_pad, dest, -1).to(torch.int32))
+    return MoeRouting(src_slots[:m_pad], expert_ids, block_m, num_rows, slot_rows)
 
 
 def expert_weight(qweight: QuantizedWeight, expert: int) -> QuantizedWeight:
@@ -290,8 +295,10 @@ def fused_moe(
     h = grouped_linear(xg, w13, routing.expert_ids, block_m, act=act, backend=backend)
     hidden = (torch.nn.functional.silu(h[:, :inter].float()) * h[:, inter:].float()).to(x.dtype)
     y = grouped_linear(hidden, w2, routing.expert_ids, block_m, act=act, backend=backend)
-    # Rows of skipped blocks are unspecified (may be NaN): where, not a multiplication by zero, drops them.
-    weights = topk_weights.reshape(-1).float()[slots.clamp_min(0)]
-    rows = torch.where(used[:, None], y.float() * weights[:, None], 0.0)
-    out = torch.zeros(x.shape[0], k, dtype=torch.float32, device=x.device).index_add_(0, token, rows)
-    return out.to(x.dtype)
+    # Combine by gathering each token's topk rows and summing them in a fixed order: deterministic, and no
+    # atomics (a scatter-add would pile every padding row onto one token). Dropped slots (ids out of range)
+    # gather row 0 and are masked with where, not multiplied by zero (rows may be NaN).
+    slot_rows = routing.slot_rows.long()
+    kept = (slot_rows >= 0).view(-1, topk, 1)
+    picked = y[slot_rows.clamp_min(0)].view(-1, topk, k).float() * topk_weights.float().unsqueeze(-1)
+    return torch.where(kept, picked, 0.0).sum(1).to(x.dtype)

@@ -68,6 +68,8 @@ def test_moe_align(t: int, topk: int, e: int, block_m: int, empty: int, seed: in
     assert r.src_slots.tolist() == rows + [-1] * (m_pad - len(rows))
     assert r.expert_ids.tolist() == blocks + [-1] * (m_pad // block_m - len(blocks))
     assert int(r.num_rows) == len(rows)
+    assert r.slot_rows.dtype == torch.int32 and r.slot_rows.shape == (t * topk,) and (r.slot_rows >= 0).all()
+    assert r.src_slots[r.slot_rows.long()].tolist() == list(range(t * topk))  # the inverse of src_slots
     slots = r.src_slots[r.src_slots >= 0]
     assert sorted(slots.tolist()) == list(range(t * topk))  # every slot once
     row_expert = r.expert_ids.long().repeat_interleave(block_m)
@@ -99,6 +101,24 @@ def test_moe_align_out_of_range_gpu_drops_slots() -> None:
     ids = torch.tensor([[0, 7], [-3, 1]], device="cuda")
     r = moe.moe_align(ids, 4, 16)
     assert sorted(r.src_slots[r.src_slots >= 0].tolist()) == [0, 3]
+    assert (r.slot_rows[[1, 2]] == -1).all() and (r.slot_rows[[0, 3]] >= 0).all()
+
+
+@pytest.mark.gpu
+def test_fused_moe_drops_out_of_range_slots_gpu(seed: int) -> None:
+    """A slot whose id is out of range adds nothing: the same as a valid id with weight zero."""
+    e, k, inter = 4, 256, 128
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k, device="cuda"), "int4", group_size=128)
+    w2 = humming.quantize(torch.randn(e, k, inter, device="cuda"), "int4", group_size=128)
+    x = torch.randn(2, k, device="cuda").bfloat16()
+    weights = torch.rand(2, 2, device="cuda") + 0.5
+    got = moe.fused_moe(x, w13, w2, weights, torch.tensor([[0, 7], [-3, 1]], device="cuda"), block_m=16)
+    keep = torch.tensor([[1.0, 0.0], [0.0, 1.0]], device="cuda")
+    valid = torch.tensor([[0, 0], [0, 1]], device="cuda")
+    want = moe.fused_moe(x, w13, w2, weights * keep, valid, block_m=16, backend="reference")
+    assert not torch.isnan(got).any()
+    rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert rel < 2e-2, f"seed {seed}: rel err {rel:.3e}"
 
 
 @pytest.mark.gpu
