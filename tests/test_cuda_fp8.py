@@ -44,7 +44,19 @@ def _specs() -> list[jit.KernelSpec]:
         specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "bf16", "bf16", tuning))
     direct_mx = dataclasses.replace(fp8_gemm.choose_tuning(77, 8192, 8192, H200, "mxfp4"), tma_store=False)
     specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "f32", "f32", direct_mx))
-    return specs + _grouped_specs()
+    return specs + _split_specs() + _grouped_specs()
+
+
+def _split_specs() -> list[jit.KernelSpec]:
+    """Split-K kernels at decode M on 8192 x 8192 / 4096 x 4096: every weight format and scale mode, bias."""
+    picks = [(1, 8192, "e4m3", "rowcol", torch.bfloat16), (16, 4096, "e4m3", "block128", None)]
+    picks += [(3, 8192, "int4", "group", torch.float32), (64, 4096, "mxfp4", "group", torch.float16)]
+    specs = []
+    for m, n, w, mode, bias in picks:
+        tuning = fp8_gemm.choose_split_tuning(m, n, n, H200, w)
+        assert tuning.splits > 1, (m, n, w)
+        specs.append(fp8_gemm.call_spec(w, mode, bias, torch.bfloat16, tuning))
+    return specs
 
 
 def _grouped_specs() -> list[jit.KernelSpec]:
@@ -110,6 +122,8 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
             assert op in sass, (name, op)
         tma_store = not name.endswith("_stg")
         assert ("UTMASTG.2D" in sass) == tma_store and ("STSM.16.MT88" in sass) == tma_store, name
+        # split-K: fp32 reductions in L2 (red.global.add.f32) instead of stores; nowhere else
+        assert bool(re.search(r"REDG\.E\.ADD\.F32", sass)) == ("_sk_" in name), name
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{name} uses local memory"
 
 
@@ -126,6 +140,51 @@ def test_tuning_is_pure_and_fits_the_device():
             assert producer * 128 + consumer * 128 * t.wgs <= cap * t.threads and consumer >= t.block_m + 32
     assert fp8_gemm.choose_tuning(1, 8192, 8192, H200).wgs == 1  # decode: spread over every SM
     assert fp8_gemm.choose_tuning(4096, 8192, 8192, H200).wgs == 2
+
+
+def test_split_k_heuristic_fills_the_empty_block_slots():
+    """``splits`` = copies of the tile grid that fit in sm_count x min_blocks slots, >= 8 K blocks per split."""
+    table = {  # (m, n, k) -> (tiles, splits) on the H200 (132 SMs)
+        (1, 8192, 8192): (128, 2),  # 64-row tiles, two blocks per SM: 264 slots
+        (16, 8192, 8192): (128, 2),
+        (1, 4096, 4096): (64, 4),
+        (64, 4096, 4096): (64, 4),
+        (1, 4096, 1024): (64, 1),  # 8 K blocks: one split's worth
+        (1, 4096, 2048): (64, 2),
+        (3, 1000, 8192): (16, 8),  # 8 K blocks per split caps 16 copies at 8
+        (1, 28672, 8192): (224, 1),  # 128-row tiles fill the 132 one-block slots
+        (128, 8192, 8192): (128, 2),
+        (4096, 8192, 8192): (2048, 1),
+    }
+    for (m, n, k), (tiles, splits) in table.items():
+        for w in ("e4m3", "int4", "mxfp4"):
+            t = fp8_gemm.choose_split_tuning(m, n, k, H200, w)
+            assert t == fp8_gemm.choose_split_tuning(m, n, k, H200, w)  # pure
+            assert dataclasses.replace(t, splits=1) == fp8_gemm.choose_tuning(m, n, k, H200, w), (m, n, k, w)
+            assert (-(-n // t.block_n) * -(-m // t.block_m), t.splits) == (tiles, splits), (m, n, k, w)
+    for m in (1, 16, 128, 4096):  # linear keeps one split until the H200 shows split-K faster
+        assert fp8_gemm.choose_tuning(m, 8192, 8192, H200).splits == 1
+
+
+def test_split_k_specs_say_what_they_need():
+    tuning = fp8_gemm.choose_split_tuning(1, 8192, 8192, H200)
+    spec = fp8_gemm.call_spec("e4m3", "rowcol", None, torch.float16, tuning)
+    assert spec == fp8_gemm.call_spec("e4m3", "rowcol", None, torch.float16, dataclasses.replace(tuning, splits=5))
+    assert "_of32_bf16_" in spec.name and spec.name.endswith("_sk_stg")
+    assert ", false, false, true, humming::DType::f32, " in spec.entry  # no TMA store, not grouped, split-K
+    plain = fp8_gemm.call_spec("e4m3", "rowcol", None, torch.float16, dataclasses.replace(tuning, splits=1))
+    assert "_sk" not in plain.name and plain.name.endswith("_m8_s12_mb2")
+    with pytest.raises(ValueError, match=r"tuning: split-K .*got out='bf16'"):
+        fp8_gemm.fp8_spec("e4m3", "rowcol", "bf16", "bf16", tuning)
+    with pytest.raises(ValueError, match=r"tuning: split-K .*grouped=True"):
+        fp8_gemm.call_spec("e4m3", "rowcol", None, torch.float32, tuning, grouped=True)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="splits: expected an int >= 1"):
+            dataclasses.replace(tuning, splits=bad)
+    prep = fp8_gemm.prepare(_stacked("e4m3", -1))
+    ids = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="tuning: the grouped FP8 GEMM has no split-K"):
+        fp8_gemm.run_grouped(prep, torch.empty(16, 300), get_act_scheme("fp8"), ids, 16, None, torch.bfloat16, tuning)
 
 
 def test_warmup_jobs_are_the_kernels_linear_runs():

@@ -16,8 +16,10 @@ Configs come in the three kinds of the house style:
   promotion (``block``: 128x128 weight blocks x 1x128 activation groups, the DeepSeek-V3 recipe;
   ``group``: int4 weight groups of a multiple of 128 along K, or folded MXFP4 scales, per row);
 - tuning (:class:`Fp8Tuning`): warpgroups, tokens per block, pipeline stages, blocks per SM, raster
-  grouping; a pure function of the problem and the device limits (:func:`choose_tuning`). A tuning change
-  never changes results beyond fp32 summation order across K blocks.
+  grouping, K splits; a pure function of the problem and the device limits (:func:`choose_tuning`). A
+  tuning change never changes results beyond fp32 summation order across K blocks (split-K: ``splits``
+  contiguous ranges of K blocks, grid.z, whose scaled fp32 partial sums are added with ``red.add`` into a
+  zero-filled fp32 workspace, then rounded to the output dtype; :func:`choose_split_tuning`).
 
 The grouped (MoE) variant (:func:`run_grouped`, ``humming.moe.grouped_linear(act="fp8" | "fp8_g128")``) is
 the same kernel with a compile-time flag: e4m3 or int4 experts ``[E, N, K]`` (N % 128 == 0) stacked along N
@@ -54,6 +56,7 @@ __all__ = [
     "Fp8Tuning",
     "PreparedFp8",
     "choose_grouped_tuning",
+    "choose_split_tuning",
     "choose_tuning",
     "fp8_spec",
     "grouped_unsupported",
@@ -77,6 +80,7 @@ W_FORMATS = {"e4m3": 0, "int4": 1, "mxfp4": 2}
 _W_NAMES = {"e4m3": "w8a8", "int4": "w4a8", "mxfp4": "wmxfp4a8"}
 _MX_SHIFTS = (-5, 6)  # e2m1 * 2^d is an e4m3 normal for these d: 0.5 * 2^-5 = 2^-6 .. 6 * 2^6 = 384
 _BLOCK_M_CHOICES = (8, 16, 32, 64, 128)
+_MIN_SPLIT_KB = 8  # K blocks of 128 per split at least: a split still fills a few pipeline stages
 #: Weight formats of the grouped (MoE) variant.
 GROUPED_W_FORMATS = ("e4m3", "int4")
 _PRODUCER_REGS = 40
@@ -119,8 +123,9 @@ def device_limits(device_index: int) -> DeviceLimits:
 class Fp8Tuning:
     """Speed-only knobs: consumer warpgroups (``wgs``, 64 weight rows each), tokens per block
     (``block_m``, the wgmma N), pipeline ``stages``, blocks per SM the registers are sized for
-    (``min_blocks``), token tiles per raster group (``group_m``) and the epilogue's store (``tma_store``:
-    stmatrix + TMA store, else plain global stores)."""
+    (``min_blocks``), token tiles per raster group (``group_m``), the epilogue's store (``tma_store``:
+    stmatrix + TMA store, else plain global stores) and the number of contiguous K ranges (``splits``,
+    grid.z; above 1 the kernel adds fp32 partial sums into a workspace, with plain stores)."""
 
     wgs: int
     block_m: int
@@ -128,6 +133,11 @@ class Fp8Tuning:
     min_blocks: int
     group_m: int = 8
     tma_store: bool = True
+    splits: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.splits, bool) or not isinstance(self.splits, int) or self.splits < 1:
+            raise ValueError(f"splits: expected an int >= 1, got {self.splits!r}")
 
     @property
     def block_n(self) -> int:
@@ -161,6 +171,20 @@ def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = 
     """
     block_m = next((b for b in _BLOCK_M_CHOICES if b >= m), _BLOCK_M_CHOICES[-1])
     return _fill_tuning(block_m, cdiv(n, 128) * cdiv(m, block_m), limits, w_format)
+
+
+def choose_split_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:
+    """:func:`choose_tuning` plus split-K where its tile grid leaves block slots empty: a pure function.
+
+    ``splits`` = how many copies of the tile grid fit in the block slots (``sm_count * min_blocks // tiles``,
+    one wave), at most one split per ``_MIN_SPLIT_KB`` K blocks; 1 when the tiles fill the slots. Not yet what
+    :func:`choose_tuning` (hence :func:`linear`) picks: that waits for an H200 table showing it faster
+    (bench/cuda_fp8_splitk.py); until then this is the tuning the tests and that bench pass explicitly.
+    """
+    tuning = choose_tuning(m, n, k, limits, w_format)
+    tiles = cdiv(n, tuning.block_n) * cdiv(m, tuning.block_m)
+    splits = min(limits.sm_count * tuning.min_blocks // tiles, cdiv(k, _BK) // _MIN_SPLIT_KB)
+    return dataclasses.replace(tuning, splits=max(1, splits))
 
 
 def choose_grouped_tuning(
@@ -199,13 +223,20 @@ def fp8_spec(
     w_format: str, scale_mode: str, out: str, bias: str, tuning: Fp8Tuning, grouped: bool = False
 ) -> KernelSpec:
     """The kernel spec for a weight format (a key of :data:`W_FORMATS`), a scale mode, output / bias dtype
-    codes, tuning, and the grouped (MoE) flag."""
+    codes, tuning, and the grouped (MoE) flag. Split-K kernels (``tuning.splits > 1``, one kernel for any
+    count: the count is grid.z) write fp32 with plain stores and are not grouped."""
+    split = tuning.splits > 1
+    if split and (out != "f32" or tuning.tma_store or grouped):
+        raise ValueError(
+            f"tuning: split-K (splits={tuning.splits}) adds fp32 partial sums with plain stores, not grouped;"
+            f" got out={out!r}, tma_store={tuning.tma_store}, grouped={grouped} (call_spec sets these)"
+        )
     producer, consumer = tuning.registers()
     kind = "grouped_" if grouped else ""
     name = (
         f"humming_fp8_gemm_sm90_{kind}{_W_NAMES[w_format]}_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}"
         f"_m{tuning.block_m}"
-        f"_s{tuning.stages}_mb{tuning.min_blocks}" + ("" if tuning.tma_store else "_stg")
+        f"_s{tuning.stages}_mb{tuning.min_blocks}" + ("_sk" if split else "") + ("" if tuning.tma_store else "_stg")
     )
     args = ", ".join(
         (
@@ -216,6 +247,7 @@ def fp8_spec(
             str(SCALE_MODES[scale_mode]),
             "true" if tuning.tma_store else "false",
             "true" if grouped else "false",
+            "true" if split else "false",
             _CPP_DTYPE[out],
             _CPP_DTYPE[bias],
             str(producer),
@@ -616,8 +648,10 @@ def call_spec(
     grouped: bool = False,
 ) -> KernelSpec:
     """The spec of one call: weight format, scale mode, bias dtype (``None``: no bias), output dtype, tuning
-    (fp32 output: the plain-store epilogue), grouped flag."""
+    (fp32 output: the plain-store epilogue; split-K: that epilogue into the fp32 workspace), grouped flag."""
     bias_code = _BIAS_DTYPES[bias_dtype] if bias_dtype is not None else _OUT_DTYPES[out_dtype]
+    if tuning.splits > 1:
+        out_dtype = torch.float32
     if out_dtype == torch.float32:  # the TMA-store epilogue writes 16-bit floats only
         tuning = dataclasses.replace(tuning, tma_store=False)
     return fp8_spec(w_format, scale_mode, _OUT_DTYPES[out_dtype], bias_code, tuning, grouped)
@@ -722,6 +756,8 @@ def run_grouped(
     if tuning is None:
         limits = device_limits(_device_index(codes))
         tuning = choose_grouped_tuning(block_m, m, prep.n, prep.num_experts, limits, prep.w_format)
+    if tuning.splits != 1:
+        raise ValueError(f"tuning: the grouped FP8 GEMM has no split-K (splits must be 1, got {tuning.splits})")
     if block_m % tuning.block_m:
         raise ValueError(f"tuning: the token tile block_m={tuning.block_m} must divide the segment {block_m}")
     return _launch(prep, x, act, bias, out_dtype, tuning, out, expert_ids.contiguous(), block_m)
@@ -760,7 +796,7 @@ def _launch(
         raise ValueError(f"out: expected a [{m}, {prep.n}] {out_dtype} tensor, unit column stride, 16-byte rows")
     if m == 0:
         return out
-    if out_dtype == torch.float32:  # the TMA-store epilogue writes 16-bit floats only
+    if out_dtype == torch.float32 or tuning.splits > 1:  # the TMA-store epilogue writes 16-bit floats only
         tuning = dataclasses.replace(tuning, tma_store=False)
     grouped = expert_ids is not None
     spec = call_spec(prep.w_format, prep.scale_mode, None if bias is None else bias.dtype, out_dtype, tuning, grouped)
@@ -786,7 +822,14 @@ def _launch(
     params.x_scale_stride = 1 if a.x_scale is not None and a.x_scale.numel() > 1 else 0
     params.x_block_stride = a.x_block_scale.shape[1] if a.x_block_scale is not None else 0
     params.tiles_m, params.tiles_n, params.group_m = tiles_m, tiles_n, tuning.group_m
-    params.out, params.out_stride = out.data_ptr(), out.stride(0)
+    # split-K: the splits add into a zero-filled fp32 workspace (fp32 out: ``out`` itself), rounded afterwards;
+    # the memset and the copy are stream work, so CUDA-graph capture records them
+    acc = out
+    if tuning.splits > 1 and out_dtype == torch.float32:
+        acc = out.zero_()
+    elif tuning.splits > 1:
+        acc = torch.zeros(m, prep.n, dtype=torch.float32, device=out.device)
+    params.out, params.out_stride = acc.data_ptr(), acc.stride(0)
     if prep.w_bits == 4:
         params.w_packed = prep.weight.data_ptr()
         params.w_group_scale = _ptr(prep.w_group_scale)
@@ -794,7 +837,9 @@ def _launch(
     if grouped:
         params.expert_ids, params.block_m = expert_ids.data_ptr(), block_m
     smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages, prep.w_format)
-    kernel.launch((tiles_m * tiles_n, 1, 1), smem, params, torch.cuda.current_stream(device).cuda_stream)
+    kernel.launch((tiles_m * tiles_n, 1, tuning.splits), smem, params, torch.cuda.current_stream(device).cuda_stream)
+    if acc is not out:
+        out.copy_(acc)
     return out
 
 

@@ -39,6 +39,13 @@
 //   no weight tile straddles two experts. x rows come grouped by expert in segments of block_m rows
 //   (kBlockM divides block_m) and expert_ids[i] is the expert of rows [i * block_m, (i + 1) * block_m),
 //   -1 for unused segments, whose blocks return before any barrier (their output rows are not written).
+// - Split-K (kSplitK): blockIdx.z of gridDim.z takes the K blocks [z * num_kb / Z, (z + 1) * num_kb / Z)
+//   (possibly none), so that small-M calls whose tile grid leaves block slots empty still stream the
+//   weights from every slot. Its partial sum is already in fp32 and already scaled (per-channel x per-token
+//   scales are linear; block and group scales are applied at each promotion); it is added with
+//   red.global.add.f32 into `out`, an fp32 [M, N] workspace the host zero-fills, and split 0 adds the bias.
+//   The host rounds the workspace to the output dtype. Results differ from one split only by fp32
+//   summation order. Not with kGrouped.
 #include "humming/common.cuh"
 #include "humming/fp8_sm90_ptx.cuh"
 
@@ -57,7 +64,8 @@ struct alignas(64) Params {
   int M, N, num_kb;
   int x_scale_stride, x_block_stride;
   int tiles_m, tiles_n, group_m;
-  void* out;                   // [M, N] of dtype O, row stride out_stride elements (direct-store epilogue)
+  void* out;                   // [M, N] of dtype O, row stride out_stride elements (direct-store epilogue;
+                               // kSplitK: the zero-filled fp32 workspace the splits add into)
   int out_stride;
   const uint8_t* w_packed;     // 4-bit weights, [N / 64][num_kb][tile bytes] in fragment order (kWFormat 1, 2)
   const float* w_group_scale;  // [num_kb, w_group_stride] per-row scales of each K block (kScaleMode == 2)
@@ -119,9 +127,9 @@ __device__ __forceinline__ uint32_t e2m1_to_e4m3(uint32_t nibbles, uint32_t shif
 // activations); 1 = 128 x 128 weight blocks x 1 x 128 activation groups at each promotion; 2 = per-row
 // weight scales of each K block at each promotion, activation scales in the epilogue.
 // kTmaStore: epilogue through shared memory (stmatrix) and a TMA store; else plain global stores.
-// kGrouped: the MoE variant (see the header comment).
-template <int kWgs, int kBlockM, int kStages, int kWFormat, int kScaleMode, bool kTmaStore, bool kGrouped, DType O,
-          DType B, int kProducerRegs, int kConsumerRegs>
+// kGrouped: the MoE variant; kSplitK: blockIdx.z adds its K range's partial sums into p.out (header comment).
+template <int kWgs, int kBlockM, int kStages, int kWFormat, int kScaleMode, bool kTmaStore, bool kGrouped,
+          bool kSplitK, DType O, DType B, int kProducerRegs, int kConsumerRegs>
 __device__ __forceinline__ void run(const Params& p) {
   using L = SmemLayout<kWgs, kBlockM, kStages, kWFormat>;
   constexpr bool kBlockScale = kScaleMode == 1;
@@ -133,6 +141,7 @@ __device__ __forceinline__ void run(const Params& p) {
   constexpr int kAcc = kBlockM / 2;
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
   static_assert(!kTmaStore || O == DType::bf16 || O == DType::f16, "the TMA-store epilogue writes 16-bit floats");
+  static_assert(!kSplitK || (!kTmaStore && !kGrouped && O == DType::f32), "split-K adds fp32 with plain stores");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -157,6 +166,9 @@ __device__ __forceinline__ void run(const Params& p) {
     if (expert < 0) return;  // the whole block, before any barrier
   }
   const int w_base = expert * p.N + n_tile * kBlockN;  // first weight row of the tile (experts stacked)
+  // This block's K blocks (all of them unless split-K); K block kb_begin + i lives in stage i % kStages.
+  const int kb_begin = kSplitK ? int(blockIdx.z) * p.num_kb / int(gridDim.z) : 0;
+  const int kb_count = kSplitK ? (int(blockIdx.z) + 1) * p.num_kb / int(gridDim.z) - kb_begin : p.num_kb;
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -174,9 +186,10 @@ __device__ __forceinline__ void run(const Params& p) {
     if (tid == 0) {
       prefetch_tensor_map(&p.w_map);
       prefetch_tensor_map(&p.x_map);
-      for (int kb = 0; kb < p.num_kb; ++kb) {
-        const int s = kb % kStages;
-        if (kb >= kStages) mbar_wait(empty(s), ((kb / kStages) - 1) & 1);
+      for (int i = 0; i < kb_count; ++i) {
+        const int kb = kb_begin + i;
+        const int s = i % kStages;
+        if (i >= kStages) mbar_wait(empty(s), ((i / kStages) - 1) & 1);
         mbar_expect_tx(full(s), L::kStageTx);
         if constexpr (kWFormat == kE4m3) {
           tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, w_base);
@@ -203,8 +216,9 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
 
-    for (int kb = 0; kb < p.num_kb; ++kb) {
-      const int s = kb % kStages;
+    for (int i = 0; i < kb_count; ++i) {
+      const int kb = kb_begin + i;
+      const int s = i % kStages;
       float w_block = 1.0f, w_row0 = 1.0f, w_row1 = 1.0f;
       float2 x_block[kBlockM / 8];
       if constexpr (kScaleMode == 2) {  // issued before the wait: the loads overlap the wgmmas
@@ -218,7 +232,7 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
         for (int j = 0; j < kBlockM / 8; ++j) x_block[j] = __ldg(reinterpret_cast<const float2*>(xs + 8 * j));
       }
-      mbar_wait(full(s), (kb / kStages) & 1);
+      mbar_wait(full(s), (i / kStages) & 1);
       const uint64_t b_desc = sw128_desc(x_tile(s));
       if constexpr (kWFormat == kE4m3) {
         const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
@@ -262,6 +276,7 @@ __device__ __forceinline__ void run(const Params& p) {
       wgmma_commit();
       wgmma_wait_all();
       fence_registers(acc);
+      __syncwarp();  // every lane's ld.shared of the stage happens before the warp's one release (racecheck)
       if (lane == 0) mbar_arrive(empty(s));
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
@@ -290,7 +305,7 @@ __device__ __forceinline__ void run(const Params& p) {
       ws0 = p.w_scale[wn];
       ws1 = p.w_scale[wn + 8];
     }
-    if (p.bias != nullptr) {
+    if (p.bias != nullptr && (!kSplitK || blockIdx.z == 0)) {  // split-K: split 0 adds the bias
       const long bias_row = long(expert) * p.N;
       b0 = load_float<B>(p.bias, bias_row + min(n, p.N - 1));
       b1 = load_float<B>(p.bias, bias_row + min(n + 8, p.N - 1));
@@ -316,10 +331,17 @@ __device__ __forceinline__ void run(const Params& p) {
       } else {
         const int t = m_tile * kBlockM + 8 * j + col;
         const long row0 = long(t) * p.out_stride, row1 = row0 + p.out_stride;
-        if (t < p.M && n < p.N) store_float<O>(p.out, row0 + n, v00);
-        if (t + 1 < p.M && n < p.N) store_float<O>(p.out, row1 + n, v01);
-        if (t < p.M && n + 8 < p.N) store_float<O>(p.out, row0 + n + 8, v10);
-        if (t + 1 < p.M && n + 8 < p.N) store_float<O>(p.out, row1 + n + 8, v11);
+        auto put = [&](long at, float v) {
+          if constexpr (kSplitK) {
+            red_add_f32(static_cast<float*>(p.out) + at, v);
+          } else {
+            store_float<O>(p.out, at, v);
+          }
+        };
+        if (t < p.M && n < p.N) put(row0 + n, v00);
+        if (t + 1 < p.M && n < p.N) put(row1 + n, v01);
+        if (t < p.M && n + 8 < p.N) put(row0 + n + 8, v10);
+        if (t + 1 < p.M && n + 8 < p.N) put(row1 + n + 8, v11);
       }
     }
     if constexpr (kTmaStore) {

@@ -1,6 +1,6 @@
 // PTX wrappers for the Hopper (sm_90a) FP8 kernels: shared-memory addresses, mbarriers, TMA (bulk tensor
-// copies), wgmma on e4m3 operands, stmatrix, register reallocation. Everything is namespaced under
-// humming::fp8_sm90 so that other Hopper kernels can carry their own wrappers without clashes.
+// copies), wgmma on e4m3 operands, stmatrix, register reallocation, fp32 global reductions. Everything is
+// namespaced under humming::fp8_sm90 so that other Hopper kernels can carry their own wrappers without clashes.
 #include "humming/types.cuh"
 
 namespace humming {
@@ -99,6 +99,11 @@ __device__ __forceinline__ void tma_store_commit_and_wait() {
 // Orders this thread's ordinary shared-memory writes before later async-proxy (TMA, wgmma) reads.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Adds `v` to the fp32 at `ptr` in L2 (no return value: SASS REDG.E.ADD.F32), for split-K partial sums.
+__device__ __forceinline__ void red_add_f32(float* ptr, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(v) : "memory");
 }
 
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
