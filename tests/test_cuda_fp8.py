@@ -734,6 +734,72 @@ def test_cuda_graph_replay(seed, fp8_sm90):
     assert not torch.equal(captured, eager)
 
 
+SPLIT_CASES = [
+    # decode M on the shapes split-K is for: every weight format and scale mode, 16- / 32-bit out, bias
+    Case(1, 8192, 8192, -1, "fp8"),
+    Case(16, 8192, 8192, -1, "fp8", bias=torch.bfloat16),
+    Case(3, 4096, 4096, "tensor", "fp8_tensor", torch.float16),
+    Case(64, 4096, 4096, (128, 128), "fp8_g128", torch.float32, torch.float32),
+    Case(1, 8192, 8192, (128, 128), "fp8_g128", bias=torch.float16),
+    Case(1, 8192, 8192, 128, "fp8", w="int4"),
+    Case(16, 4096, 4096, 128, "fp8", torch.float32, torch.bfloat16, w="int4"),
+    Case(3, 8192, 8192, 32, "fp8", bias=torch.float32, w="mxfp4"),
+    Case(64, 4096, 4096, 32, "fp8_tensor", torch.float16, w="mxfp4"),
+    # odd N, K: partial tiles, K % 128 != 0, fewer K blocks than splits (empty splits add zeros)
+    Case(3, 333, 1000, -1, "fp8", torch.float32, torch.float16),
+    Case(16, 1001, 2056, (128, 128), "fp8_g128"),
+    Case(64, 1000, 1000, 256, "fp8", bias=torch.float32, w="int4"),
+    Case(1, 129, 72, 32, "fp8", w="mxfp4"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=_ids)
+def test_split_k_matches_float64_reference(case, seed, fp8_sm90):
+    """Each split count (the heuristic's, 3, 7) against the float64 reference into a NaN-poisoned output;
+    with fp32 out also against one split, which differs only by fp32 summation order."""
+    qw, qa, bias, ref = _problem(case)
+    prep = fp8_gemm.prepare(qw)
+    limits = fp8_gemm.device_limits(torch.cuda.current_device())
+    chosen = fp8_gemm.choose_split_tuning(case.m, case.n, case.k, limits, prep.w_format)
+    n_pad = -(-case.n // 8) * 8
+    for splits in sorted({max(2, chosen.splits), 3, 7}):
+        out = torch.full((case.m, n_pad), float("nan"), device="cuda", dtype=case.out)[:, : case.n]
+        tuning = dataclasses.replace(chosen, splits=splits)
+        fp8_gemm.run(prep, qa, qa.scheme, bias, case.out, tuning=tuning, out=out)
+        _check(out, ref, seed)
+        if case.out == torch.float32:
+            single = fp8_gemm.run(prep, qa, qa.scheme, bias, case.out, tuning=dataclasses.replace(chosen, splits=1))
+            rel = ((out - single).norm() / single.norm()).item()
+            assert rel < 1e-5, f"splits={splits}: {rel:.2e} from one split"
+
+
+@pytest.mark.gpu
+def test_split_k_cuda_graph_replay(seed, fp8_sm90):
+    """Split-K's workspace memset, kernel and rounding copy are captured; two splits add in either order to
+    the same fp32 sum, so replay equals an eager call bit for bit."""
+    qw, _, bias, _ = _problem(Case(16, 8192, 8192, -1, "fp8", bias=torch.bfloat16))
+    prep, act = fp8_gemm.prepare(qw), get_act_scheme("fp8")
+    tuning = fp8_gemm.choose_split_tuning(16, 8192, 8192, fp8_gemm.device_limits(torch.cuda.current_device()))
+    assert tuning.splits == 2
+    x = torch.randn(16, 8192, device="cuda", dtype=torch.bfloat16)
+    eager = fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning)  # compiles and loads before capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning)
+    for _ in range(2):  # a second replay would double the sums if the memset were not captured
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning))
+    assert not torch.equal(captured, eager)
+
+
 def test_block_activation_scales_are_row_major_even_without_padding():
     """Regression (H200): at M a multiple of the token tile the transposed scales kept transposed strides."""
     from humming.ir.activation import QuantizedActivation
