@@ -57,6 +57,7 @@ __all__ = [
     "PreparedFp8",
     "choose_grouped_tuning",
     "choose_split_tuning",
+    "choose_tile_tuning",
     "choose_tuning",
     "fp8_spec",
     "grouped_unsupported",
@@ -165,23 +166,32 @@ def smem_bytes(wgs: int, block_m: int, stages: int, w_format: str = "e4m3") -> i
 def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:
     """Tuning for ``out[m, n] = x[m, k] @ W[n, k]^T``: a pure function of the problem and the device.
 
-    Tokens per block: the smallest wgmma N that covers ``m`` (at most 128). Two consumer warpgroups (128
-    weight rows) when that still gives every SM a block, else one (64 rows, two blocks per SM) so that
-    small-M calls spread the weight stream over the whole GPU. Stages: as many as shared memory holds.
+    The tile tuning (:func:`choose_tile_tuning`), split along K (:func:`choose_split_tuning`) for the 4-bit
+    weight formats, as measured on the H200 (bench/results/h200/cuda_fp8_splitk.json, M = 1 and 16):
+    split-K takes int4 to 0.81-0.89x and MXFP4 to 0.61-0.66x of one split's time at 8192 x 8192 and
+    4096 x 4096, while e4m3 weights lose (1.1x-1.27x slower), so they keep one split.
     """
+    if w_format in ("int4", "mxfp4"):
+        return choose_split_tuning(m, n, k, limits, w_format)
+    return choose_tile_tuning(m, n, k, limits, w_format)
+
+
+def choose_tile_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:
+    """One split: tokens per block, the smallest wgmma N that covers ``m`` (at most 128). Two consumer
+    warpgroups (128 weight rows) when that still gives every SM a block, else one (64 rows, two blocks per
+    SM) so that small-M calls spread the weight stream over the whole GPU. Stages: as many as shared memory
+    holds."""
     block_m = next((b for b in _BLOCK_M_CHOICES if b >= m), _BLOCK_M_CHOICES[-1])
     return _fill_tuning(block_m, cdiv(n, 128) * cdiv(m, block_m), limits, w_format)
 
 
 def choose_split_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:
-    """:func:`choose_tuning` plus split-K where its tile grid leaves block slots empty: a pure function.
+    """:func:`choose_tile_tuning` plus split-K where its tile grid leaves block slots empty: a pure function.
 
     ``splits`` = how many copies of the tile grid fit in the block slots (``sm_count * min_blocks // tiles``,
-    one wave), at most one split per ``_MIN_SPLIT_KB`` K blocks; 1 when the tiles fill the slots. Not yet what
-    :func:`choose_tuning` (hence :func:`linear`) picks: that waits for an H200 table showing it faster
-    (bench/cuda_fp8_splitk.py); until then this is the tuning the tests and that bench pass explicitly.
+    one wave), at most one split per ``_MIN_SPLIT_KB`` K blocks; 1 when the tiles fill the slots.
     """
-    tuning = choose_tuning(m, n, k, limits, w_format)
+    tuning = choose_tile_tuning(m, n, k, limits, w_format)
     tiles = cdiv(n, tuning.block_n) * cdiv(m, tuning.block_m)
     splits = min(limits.sm_count * tuning.min_blocks // tiles, cdiv(k, _BK) // _MIN_SPLIT_KB)
     return dataclasses.replace(tuning, splits=max(1, splits))

@@ -276,7 +276,7 @@ __device__ __forceinline__ void run(const Params& p) {
       wgmma_commit();
       wgmma_wait_all();
       fence_registers(acc);
-      __syncwarp();  // every lane's ld.shared of the stage happens before the warp's one release (racecheck)
+      __syncwarp();  // every lane's ld.shared of the stage happens before the warp's one release
       if (lane == 0) mbar_arrive(empty(s));
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
