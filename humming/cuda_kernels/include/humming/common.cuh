@@ -24,6 +24,11 @@ __device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(src), "n"(kBytes));
 }
 
+// Adds `v` to the fp32 at `ptr` in L2 (no return value: SASS REDG.E.ADD.F32): split-K / stream-K partial sums.
+__device__ __forceinline__ void red_add_f32(float* ptr, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(v) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 template <int kPending>

@@ -338,10 +338,6 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
   }
 }
 
-__device__ __forceinline__ void red_add(float* ptr, float v) {
-  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(v) : "memory");
-}
-
 // This warp's sums over `units` of the `n_chunks` chunks of row tiles tile * kR .. + kR - 1 are
 // complete: write them when it covered the whole tile; else add them to p.sums and the unit count to the
 // tile's counter. Every unit is covered by exactly one warp, so the warp whose count brings the counter
@@ -361,7 +357,7 @@ __device__ __forceinline__ void finish_tile(const Params& p, int tile, int units
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int token = acc_token(t, lane, i);
-          if (token < p.M) red_add(p.sums + long(token) * p.N + acc_row(tile0, r, lane, i), acc[r][t][i]);
+          if (token < p.M) red_add_f32(p.sums + long(token) * p.N + acc_row(tile0, r, lane, i), acc[r][t][i]);
         }
     __threadfence();  // this lane's adds are visible before the arrival below
     __syncwarp();

@@ -101,11 +101,6 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// Adds `v` to the fp32 at `ptr` in L2 (no return value: SASS REDG.E.ADD.F32), for split-K partial sums.
-__device__ __forceinline__ void red_add_f32(float* ptr, float v) {
-  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(v) : "memory");
-}
-
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
