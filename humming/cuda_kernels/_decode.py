@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout, weight_unsupported
-from .jit import KernelSpec
+from .jit import KernelSpec, per_call_cache
 
 __all__ = [
     "DECODE_CCS",
@@ -89,6 +89,7 @@ def decode_unsupported(qw, x: torch.Tensor) -> str | None:
     return reason
 
 
+@per_call_cache
 def choose_decode_tuning(
     m: int, n: int, k: int, bits: int, sm_count: int, smem_per_block: int, smem_per_sm: int
 ) -> DecodeTuning:
@@ -143,6 +144,7 @@ def stream_k_blocks_per_sm(tuning: DecodeTuning, bits: int, smem_per_sm: int) ->
     return max(1, min(2, smem_per_sm // (tuning.smem_bytes(bits) + 1024), 64 // tuning.warps))
 
 
+@per_call_cache
 def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: DecodeTuning) -> KernelSpec:
     """The kernel spec for a layout, activation / output / bias dtype codes and tuning."""
     out_kernel = "f32" if tuning.splits > 1 else out

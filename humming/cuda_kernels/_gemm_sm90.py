@@ -19,7 +19,7 @@ import torch
 
 from ._decode import device_limits
 from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout
-from .jit import KernelSpec
+from .jit import KernelSpec, per_call_cache
 
 __all__ = [
     "GEMM_CCS",
@@ -66,6 +66,7 @@ class GemmTuning:
         return self.stages * (per_stage + 16) + 1024
 
 
+@per_call_cache
 def default_gemm_tuning(m: int, layout: WeightLayout, smem_per_block: int) -> GemmTuning:
     """256-token tiles from M >= 512 (half the dequantization per FLOP), and as many stages (up to 6)
     as the device's shared memory per block allows."""
@@ -111,6 +112,7 @@ def grouped_unsupported(qw, x: torch.Tensor, block_m: int, cc: tuple[int, int]) 
     return None
 
 
+@per_call_cache
 def gemm_spec(
     layout: WeightLayout, act: str, out: str, bias: str, tuning: GemmTuning, grouped: bool = False
 ) -> KernelSpec:

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from ..ir.weight import cdiv
 from ._driver import tensor_map_2d
 from ._support import device_unsupported
-from .jit import KernelSpec
+from .jit import KernelSpec, per_call_cache
 
 __all__ = [
     "FP8_CCS",
@@ -163,6 +163,7 @@ def smem_bytes(wgs: int, block_m: int, stages: int, w_format: str = "e4m3") -> i
     return 1024 + stages * stage + wgs * block_m * 128 + 16 * stages
 
 
+@per_call_cache
 def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:
     """Tuning for ``out[m, n] = x[m, k] @ W[n, k]^T``: a pure function of the problem and the device.
 
@@ -229,6 +230,7 @@ def _fill_tuning(block_m: int, tiles: int, limits: DeviceLimits, w_format: str) 
 SCALE_MODES = {"rowcol": 0, "block128": 1, "group": 2}
 
 
+@per_call_cache
 def fp8_spec(
     w_format: str, scale_mode: str, out: str, bias: str, tuning: Fp8Tuning, grouped: bool = False
 ) -> KernelSpec:
@@ -649,6 +651,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+@per_call_cache
 def call_spec(
     w_format: str,
     scale_mode: str,

@@ -40,12 +40,18 @@ __all__ = [
     "device_arch",
     "get_kernel",
     "nvrtc_version",
+    "per_call_cache",
 ]
 
 INCLUDE_DIR = Path(__file__).parent / "include"
 _COMPILE_OPTIONS = (("std", "c++17"), ("ptxas_options", ("-v",)))
 _INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*$', re.MULTILINE)
 _CACHE_FORMAT = "humming-cuda-jit-1"
+
+#: For the pure functions every kernel call runs (tuning heuristics, spec builders): their arguments and
+#: results are small frozen values, and recomputing them costs tens of microseconds of Python per call,
+#: as much as a decode kernel takes. Bounded, since serving sees many distinct M.
+per_call_cache = functools.lru_cache(maxsize=4096)
 
 
 class KernelNotReadyError(RuntimeError):
