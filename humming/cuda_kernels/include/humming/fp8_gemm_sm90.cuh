@@ -11,7 +11,9 @@
 // - warp specialisation: warpgroup kWgs (the last) is the producer, one thread of it issues TMA loads of
 //   the weight and activation tiles into a kStages-deep ring of shared-memory stages, each completing on
 //   its `full` mbarrier; warpgroups 0 .. kWgs-1 are consumers, each runs four m64nKBlockMk32 wgmmas per
-//   stage on its 64 weight rows and releases the stage through its `empty` mbarrier (one arrive per warp).
+//   stage on its 64 weight rows and releases the stage through its `empty` mbarrier (one arrive per warp
+//   when wgmma reads the stage itself; one per thread when the threads read it with ld.shared, so that
+//   each thread's own loads are ordered before the refill by its own arrive).
 //   setmaxnreg moves registers from the producer to the consumers;
 // - promotion: each 128-wide K block is accumulated by wgmma in its own registers and then added, in
 //   plain fp32, into the running total (tensor-core fp8 accumulation keeps fewer mantissa bits than fp32;
@@ -139,6 +141,7 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(kScaleMode >= 0 && kScaleMode <= 2, "scale mode 0, 1 or 2");
   constexpr int kBlockN = L::kBlockN;
   constexpr int kAcc = kBlockM / 2;
+  constexpr int kReleasesPerWg = kWFormat == kE4m3 ? 4 : 128;  // see "warp specialisation" above
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
   static_assert(!kTmaStore || O == DType::bf16 || O == DType::f16, "the TMA-store epilogue writes 16-bit floats");
   static_assert(!kSplitK || (!kTmaStore && !kGrouped && O == DType::f32), "split-K adds fp32 with plain stores");
@@ -175,7 +178,7 @@ __device__ __forceinline__ void run(const Params& p) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), 4 * kWgs);
+      mbar_init(empty(s), kReleasesPerWg * kWgs);
     }
     fence_mbar_init();
   }
@@ -276,8 +279,7 @@ __device__ __forceinline__ void run(const Params& p) {
       wgmma_commit();
       wgmma_wait_all();
       fence_registers(acc);
-      __syncwarp();  // every lane's ld.shared of the stage happens before the warp's one release
-      if (lane == 0) mbar_arrive(empty(s));
+      if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(s));
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
         if constexpr (kBlockScale) {
