@@ -28,10 +28,28 @@ from humming.cuda_kernels._layout import prepare_weight
 NOMINAL_BW = 4.3e12
 SHAPES = [(8192, 8192), (28672, 8192)]
 SCHEMES = {
-    "int4-g128": dict(weight="int4", group_size=128, zero_point=False),
-    "uint4-g128-zp": dict(weight="uint4", group_size=128, zero_point=True),
-    "int8-channel": dict(weight="int8", group_size=-1, zero_point=False),
+    "int4-g128": dict(weight="int4", group_size=128, zero_point=False, scale_dtype=torch.bfloat16),
+    "uint4-g128-zp": dict(weight="uint4", group_size=128, zero_point=True, scale_dtype=torch.bfloat16),
+    "int8-channel": dict(weight="int8", group_size=-1, zero_point=False, scale_dtype=torch.bfloat16),
+    "mxfp4": dict(weight="mxfp4"),
 }
+SWEEP = [  # ((token tiles, row tiles per warp), warps, stages, stream-K blocks per SM or 0)
+    ((1, 1), 8, 4, 0),
+    ((1, 2), 8, 3, 0),
+    ((1, 2), 8, 4, 0),
+    ((1, 4), 8, 3, 0),
+    ((1, 4), 8, 4, 0),
+    ((1, 4), 4, 4, 0),
+    ((1, 2), 8, 3, 2),
+    ((1, 4), 8, 3, 2),
+    ((1, 4), 4, 4, 3),
+    ((1, 8), 4, 3, 2),
+    ((2, 2), 8, 3, 0),
+    ((2, 4), 8, 3, 0),
+    ((2, 2), 8, 3, 2),
+    ((2, 4), 4, 3, 2),
+    ((2, 4), 4, 4, 2),
+]
 M_VALUES = (1, 4, 16, 32, 64)
 
 
@@ -92,7 +110,7 @@ def stream_k_table(result: dict, l2: int, bw: float) -> None:
         w_bf16 = w.to(torch.bfloat16)
         torch_ws = [w_bf16.clone() for _ in range(max(1, -(-3 * l2 // (w_bf16.numel() * 2))))]
         for scheme in ("int4-g128", "int8-channel"):
-            qw = humming.quantize(w, scale_dtype=torch.bfloat16, **SCHEMES[scheme])
+            qw = humming.quantize(w, **SCHEMES[scheme])
             preps = rotated_preps(prepare_weight(qw), l2)
             w64 = humming.dequantize(qw, torch.float32).double()
             for m in (1, 4, 16, 64):
@@ -188,7 +206,7 @@ def main() -> None:
         torch_copies = max(1, -(-3 * l2 // (w_bf16.numel() * 2)))
         torch_ws = [w_bf16.clone() for _ in range(torch_copies)]
         for scheme, kwargs in SCHEMES.items():
-            qw = humming.quantize(w, scale_dtype=torch.bfloat16, **kwargs)
+            qw = humming.quantize(w, **kwargs)
             prep = prepare_weight(qw)
             wbytes = prep.nbytes
             preps = rotated_preps(prep, l2)
@@ -223,24 +241,13 @@ def main() -> None:
                     f"{n:>6}x{k:<5} {scheme:>14} {m:>3} {t * 1e6:8.2f} {floor * 1e6:8.2f} {t / floor:7.3f} "
                     f"{tt * 1e6:8.2f} {tt / t:7.2f}x  err {err:.1e}"
                 )
-                if args.sweep and scheme == "int4-g128" and m in (1, 16):
-                    for mt_r, warps, stages in [
-                        ((1, 1), 8, 4),
-                        ((1, 2), 8, 3),
-                        ((1, 2), 8, 4),
-                        ((1, 2), 8, 6),
-                        ((1, 4), 8, 3),
-                        ((1, 4), 8, 4),
-                        ((1, 4), 16, 3),
-                        ((1, 4), 4, 4),
-                        ((2, 2), 8, 3),
-                        ((2, 4), 8, 3),
-                        ((2, 4), 16, 2),
-                    ]:
+                if args.sweep and scheme in ("int4-g128", "mxfp4") and m in (1, 16):
+                    for mt_r, warps, stages, stream_k in SWEEP:
                         mt, r = mt_r
                         if mt * 8 < m:
                             continue
-                        tuning = _decode.DecodeTuning(mt, r, warps, stages, 1)
+                        tuning = _decode.DecodeTuning(mt, r, warps, stages, 1, stream_k)
+                        _decode.reserve_workspace(m, n, tuning, 0)
                         ts = graph_time(
                             [partial(_decode.run_decode, p, x, None, torch.bfloat16, tuning, out) for p in preps * 4]
                         )

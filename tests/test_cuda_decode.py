@@ -16,6 +16,8 @@ HAS_CUDA = torch.cuda.is_available()
 
 
 def _quantize(n: int, k: int, scheme: str, dtype=torch.bfloat16, device="cpu"):
+    if scheme == "mxfp4":  # e2m1 codes, e8m0 scales per 32 (the scale dtype is the format's)
+        return humming.quantize(torch.randn(n, k, device=device) * 0.05, weight="mxfp4")
     weight, group, zero_point = {
         "int4-g128": ("int4", 128, False),
         "int4-g64": ("int4", 64, False),
@@ -53,16 +55,21 @@ def _fragment_codes(prep: PreparedWeight) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("scheme", ["int4-g128", "uint4-g128-zp", "int8-channel", "uint8-g128-zp"])
+@pytest.mark.parametrize("scheme", ["int4-g128", "uint4-g128-zp", "int8-channel", "uint8-g128-zp", "mxfp4"])
 @pytest.mark.parametrize("n", [256, 48])  # tile groups of 8 and of 1
 def test_prepared_layout_matches_the_fragments(scheme, n, seed):
     qw = _quantize(n, 192, scheme)
     prep = prepare_weight(qw)
     assert prep.tile_group == (8 if n % 128 == 0 else 1)
     codes = humming.ir.unpacked_codes(qw).to(torch.int64)
-    if qw.format.signed:
+    if qw.format.signed and qw.format.kind == "int":
         codes = codes ^ (1 << (qw.bits - 1))
     assert torch.equal(_fragment_codes(prep), codes)
+    if scheme == "mxfp4":  # [N/16/TG, K/64, TG, 8, half, row pair] bf16 -> [N, K/32]
+        assert (prep.layout, prep.groups, prep.chunks_per_group) == (WeightLayout(4, 0, "e8m0", "e2m1"), 3, 1)
+        untiled = prep.scales.permute(0, 2, 5, 3, 1, 4).reshape(qw.N, -1)
+        assert torch.equal(untiled, qw.scales.view(torch.uint8))
+        return
 
     def untile(t):  # [N/16/TG, G, TG, 8, 2] -> [N, G]
         return t.permute(0, 2, 4, 3, 1).reshape(qw.N, -1)
@@ -73,6 +80,23 @@ def test_prepared_layout_matches_the_fragments(scheme, n, seed):
         assert prep.layout.zero == -1
     else:
         assert prep.layout.zero == (1 << (qw.bits - 1) if qw.format.signed else 0)
+
+
+def _e2m1_to_16_bit(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """dequant_e2m1 (dequant.cuh) on the host: the code's magnitude bits into the bottom of the exponent
+    and the top of the mantissa, its sign into the sign bit, then one multiply by 2^126 (bf16) / 2^14."""
+    shift = 6 if dtype == torch.bfloat16 else 9
+    bits = ((codes & 7) << shift) | ((codes & 8) << 12)
+    placed = bits.to(torch.int16).view(dtype)
+    return placed * torch.tensor(2.0 ** (126 if dtype == torch.bfloat16 else 14), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_e2m1_bit_placement_is_exact(dtype):
+    codes = torch.arange(16, dtype=torch.int32)
+    want = humming.ir.get_format("e2m1").decode(codes.to(torch.uint8)).to(dtype)
+    got = _e2m1_to_16_bit(codes, dtype)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))  # -0.0 included
 
 
 def test_tuning_is_a_pure_function_of_the_problem():
@@ -113,6 +137,9 @@ def test_unsupported_combinations_say_why():
     )
     assert "float32" in _decode.decode_unsupported(_quantize(32, 128, "int4-g64"), x.float())
     assert "K % 64" in _decode.decode_unsupported(humming.quantize(torch.randn(32, 96), weight="int4"), x)
+    nvfp4 = humming.quantize(torch.randn(32, 128), weight="nvfp4")
+    assert "MXFP4 (e8m0 scales per 32)" in _decode.decode_unsupported(nvfp4, x)
+    assert _decode.decode_unsupported(humming.quantize(torch.randn(32, 128), weight="mxfp4"), x) is None
 
 
 def _reference(x, qw, bias):
@@ -135,6 +162,9 @@ CASES = [
     (2048, 4096, "uint8-g128-zp", (1, 16)),
     (1040, 320, "int4-g64", (1, 5, 24)),  # odd: N not a multiple of 32, K of 128
     (48, 2048, "int4-channel", (1, 9)),  # few row tiles: split-K with atomics
+    (4096, 4096, "mxfp4", (1, 7, 16, 64)),
+    (1040, 320, "mxfp4", (1, 24)),
+    (48, 2048, "mxfp4", (1, 9)),
 ]
 
 
@@ -151,6 +181,26 @@ def test_decode_matches_reference(n, k, scheme, ms, act, seed):
             out = torch.full((m, n), float("nan"), device="cuda", dtype=act)
             _decode.run_decode(prep, x, b, act, out=out)
             _check(out, _reference(x, qw, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
+def test_mxfp4_scales_far_apart_and_nan(act, seed):
+    """Each 32-column half of a chunk gets its own scale: e8m0 codes drawn from 2^-20 .. 2^12 per group
+    (a scale applied to the wrong half is off by up to 2^32); a NaN scale code (255) makes exactly the
+    output column of its row NaN, as in the reference."""
+    n, k = 256, 512
+    qw = _quantize(n, k, "mxfp4", device="cuda")
+    codes = torch.randint(107, 140, (n, k // 32), device="cuda", dtype=torch.uint8)
+    codes[37, 5] = 255
+    qw = qw.replace(scales=codes.view(torch.float8_e8m0fnu))
+    x = torch.randn(5, k, device="cuda", dtype=act) * (2.0**-8 if act == torch.float16 else 1.0)
+    out = torch.full((5, n), float("inf"), device="cuda", dtype=torch.float32)
+    _decode.run_decode(prepare_weight(qw), x, None, torch.float32, out=out)
+    ref = x.double() @ humming.dequantize(qw, torch.float32).double().T
+    assert torch.equal(out.isnan(), ref.isnan()) and bool(out[:, 37].isnan().all())
+    keep = torch.arange(n, device="cuda") != 37
+    _check(out[:, keep], ref[:, keep].float(), tol=5e-3)
 
 
 @pytest.mark.gpu
@@ -189,6 +239,9 @@ def test_linear_backend_cuda(seed):
         assert "large-M GEMM" in cuda_kernels.supports(qw, None, wide)
     narrow = humming.quantize(torch.randn(48, 512, device="cuda"), weight="int4", group_size=128)
     assert "N % 128" in cuda_kernels.supports(narrow, None, wide)
+    mx = _quantize(1024, 512, "mxfp4", device="cuda")
+    _check(humming.linear(x, mx, backend="cuda").reshape(6, -1), _reference(x.reshape(6, -1), mx, None))
+    assert "integer codes" in cuda_kernels.supports(mx, None, wide)
 
 
 @pytest.mark.gpu
@@ -400,6 +453,8 @@ STREAM_K_CASES = [  # short shapes first
     (4096, 4096, "uint8-g128-zp", (1, 16)),
     (28672, 8192, "int4-g128", (1, 16)),
     (8192, 28672, "int4-g128", (1, 64)),
+    (28672, 8192, "mxfp4", (1, 16)),
+    (16 * 37, 64 * 23, "mxfp4", (3, 16, 64)),
 ]
 
 

@@ -5,8 +5,8 @@ Backend interface (``humming.dispatch.backends``): :func:`is_available`, :func:`
 Kernels today:
 
 - ``decode`` (``include/humming/decode.cuh``): weight-only GEMM for M <= 64, int4 / uint4 (+ zero points)
-  / int8 / uint8 weights, bfloat16 or float16 activations, per-tensor / per-channel / group scales
-  (group size a multiple of 64), compute capability 8.0 and newer.
+  / int8 / uint8 weights with per-tensor / per-channel / group scales (group size a multiple of 64), and
+  MXFP4 (e2m1, e8m0 scales per 32); bfloat16 or float16 activations, compute capability 8.0 and newer.
 - ``gemm_sm90`` (``include/humming/gemm_sm90.cuh``): the same weights for M > 32 on Hopper (sm_90a):
   TMA + mbarrier pipeline, producer / consumer warpgroups with setmaxnreg, wgmma with the dequantized
   weights as the register A operand; needs N % 128 == 0. Its grouped variant (the same kernel with a

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout, weight_unsupported
+from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, weight_unsupported
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
@@ -53,8 +53,6 @@ __all__ = [
 DECODE_CCS = ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))
 #: Largest M the decode kernel takes (8 token tiles of 8).
 DECODE_MAX_M = 64
-
-_CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
 
 
 @dataclass(frozen=True)
@@ -148,23 +146,24 @@ def stream_k_blocks_per_sm(tuning: DecodeTuning, bits: int, smem_per_sm: int) ->
 def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: DecodeTuning) -> KernelSpec:
     """The kernel spec for a layout, activation / output / bias dtype codes and tuning."""
     out_kernel = "f32" if tuning.splits > 1 else out
-    zp = "zp" if layout.zero < 0 else f"z{layout.zero}"
+    codes = "e2m1" if layout.codes == "e2m1" else f"u{layout.bits}" + ("zp" if layout.zero < 0 else f"z{layout.zero}")
     if tuning.stream_k:
         schedule, suffix = "stream_k", f"_sk{tuning.stream_k}"
     else:
         schedule, suffix = ("split_k", "_splitk") if tuning.splits > 1 else ("tiles", "")
     name = (
-        f"humming_decode_u{layout.bits}{zp}_a{act}_s{layout.scale}_o{out_kernel}_b{bias}"
+        f"humming_decode_{codes}_a{act}_s{layout.scale}_o{out_kernel}_b{bias}"
         f"_mt{tuning.mt}_r{tuning.r}_w{tuning.warps}_s{tuning.stages}{suffix}"
     )
     args = ", ".join(
         (
-            _CPP_DTYPE[act],
+            CPP_DTYPE[act],
             str(layout.bits),
+            "true" if layout.codes == "e2m1" else "false",
             str(layout.zero),
-            _CPP_DTYPE[layout.scale],
-            _CPP_DTYPE[out_kernel],
-            _CPP_DTYPE[bias],
+            CPP_DTYPE[layout.scale],
+            CPP_DTYPE[out_kernel],
+            CPP_DTYPE[bias],
             str(tuning.mt),
             str(tuning.r),
             str(tuning.warps),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ._decode import device_limits
-from ._layout import DTYPE_CODE, PreparedWeight, WeightLayout
+from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
@@ -41,7 +41,6 @@ GEMM_CCS = ((9, 0),)
 GEMM_MIN_M = 32
 #: Token tiles of the grouped kernel (wgmma N): each must divide ``block_m``.
 GROUPED_BMS = (256, 128, 64, 32, 16)
-_CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,8 @@ def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:
     """``None`` when the sm_90a GEMM runs this call (given the checks of ``decode_unsupported`` pass)."""
     if cc not in GEMM_CCS:
         return f"the large-M CUDA GEMM needs compute capability 9.0 (wgmma, TMA), got {cc}"
+    if qw.format.name == "e2m1":
+        return "the large-M CUDA GEMM takes integer codes; MXFP4 x 16-bit runs in the decode kernel only"
     if qw.N % 128:
         return f"the large-M CUDA GEMM needs N % 128 == 0, got N={qw.N}"
     if x.stride(0) % 8 or x.data_ptr() % 16:
@@ -125,12 +126,12 @@ def gemm_spec(
     )
     args = ", ".join(
         (
-            _CPP_DTYPE[act],
+            CPP_DTYPE[act],
             str(layout.bits),
             str(layout.zero),
-            _CPP_DTYPE[layout.scale],
-            _CPP_DTYPE[out],
-            _CPP_DTYPE[bias],
+            CPP_DTYPE[layout.scale],
+            CPP_DTYPE[out],
+            CPP_DTYPE[bias],
             str(tuning.bm),
             str(tuning.stages),
             "true" if grouped else "false",

@@ -15,6 +15,10 @@ weights as m16n8k16 A fragments, so one re-tiling of a ``QuantizedWeight`` serve
   (``2^(bits-1)`` for signed formats, 0 for unsigned) or per-group zero points;
 - ``scales`` ``[N/16/TG, groups, TG, 8, 2]``: per 16-row tile, rows ``g`` and ``g + 8`` side by side (f32,
   bf16 or f16; fp8 / e8m0 scales and a global scale are folded into exact f32); ``zeros`` the same, int16;
+- MXFP4 (``codes="e2m1"``, scale ``"e8m0"``): the e2m1 codes as they are (sign, exponent, mantissa bits)
+  in the 4-bit fragments; the e8m0 scale bytes of the groups of 32, ``[N/16/TG, K/64, TG, 8, 2, 2]``
+  uint8: per chunk, the (row ``g``, row ``g + 8``) pair of its first 32 columns, then that of its last 32
+  (``groups`` = K/64, one chunk per group);
 - expert-stacked weights ``[E, N, K]`` are ``E * N`` rows, expert after expert: expert ``e``'s tile block
   ``b`` is block ``e * N / (16 TG) + b`` of every tensor above, exactly the dense layout of that expert.
 """
@@ -25,19 +29,31 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DTYPE_CODE", "PreparedWeight", "WeightLayout", "prepare_weight", "tile_group", "weight_unsupported"]
+__all__ = [
+    "CPP_DTYPE",
+    "DTYPE_CODE",
+    "PreparedWeight",
+    "WeightLayout",
+    "prepare_weight",
+    "tile_group",
+    "weight_unsupported",
+]
 
 DTYPE_CODE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+#: Dtype codes -> the ``humming::DType`` values (types.cuh) kernel specs are instantiated with.
+CPP_DTYPE = {code: f"humming::DType::{code}" for code in ("f32", "bf16", "f16", "e8m0")}
 
 
 @dataclass(frozen=True)
 class WeightLayout:
     """What the prepared weights are: ``bits`` (4 or 8), ``zero`` (the constant zero point in code units,
-    or ``-1`` for per-group zero points), ``scale`` dtype code."""
+    or ``-1`` for per-group zero points), ``scale`` dtype code, ``codes``: ``"int"`` (offset-binary
+    integers) or ``"e2m1"`` (MXFP4, scales per 32 columns)."""
 
     bits: int
     zero: int
     scale: str
+    codes: str = "int"
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,12 @@ def _tile_rows(t: torch.Tensor, tg: int) -> torch.Tensor:
     return t.reshape(n // (16 * tg), tg, 2, 8, g).permute(0, 4, 1, 3, 2).contiguous()
 
 
+def _tile_rows_halves(t: torch.Tensor, tg: int) -> torch.Tensor:
+    """``[N, K/32]`` (two groups per 64-column chunk) -> ``[N/16/TG, K/64, TG, 8, 2 halves, 2 rows]``."""
+    n, g = t.shape
+    return t.reshape(n // (16 * tg), tg, 2, 8, g // 2, 2).permute(0, 4, 1, 3, 5, 2).contiguous()
+
+
 def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return (words - ((words >= 2**31).to(torch.int64) << 32)).to(torch.int32)
 
@@ -99,7 +121,7 @@ def _pack_8bit(u: torch.Tensor, tg: int) -> torch.Tensor:
 
 
 def prepare_weight(qw) -> PreparedWeight:
-    """Re-tile an int4 / uint4 / int8 / uint8 ``QuantizedWeight`` ``[N, K]`` or ``[E, N, K]`` with
+    """Re-tile an int4 / uint4 / int8 / uint8 / MXFP4 ``QuantizedWeight`` ``[N, K]`` or ``[E, N, K]`` with
     N % 16 == 0 and K % 64 == 0 (experts are packed one at a time to bound the int64 temporaries)."""
     from humming.ir import unpacked_codes
 
@@ -107,6 +129,11 @@ def prepare_weight(qw) -> PreparedWeight:
     experts = qw.num_experts or 1
     tg = tile_group(n)
     codes = unpacked_codes(qw).reshape(experts * n, k)
+    if qw.format.name == "e2m1":
+        scales = qw.scales.expand(*qw.lead, n, k // 32).reshape(experts * n, k // 32).view(torch.uint8)
+        packed = torch.cat([_pack_4bit(c, tg) for c in codes.split(n)])
+        layout = WeightLayout(4, 0, "e8m0", "e2m1")
+        return PreparedWeight(layout, n, k, k // 64, 1, tg, packed, _tile_rows_halves(scales, tg), None, experts)
     zero = 0
     if qw.format.signed:  # two's complement -> offset binary: value = code' - 2^(bits-1)
         codes = codes ^ (1 << (bits - 1))
@@ -136,14 +163,19 @@ def prepare_weight(qw) -> PreparedWeight:
 
 def weight_unsupported(qw, x: torch.Tensor) -> str | None:
     """``None`` when the fragment layout holds ``qw`` and the kernels take ``x``'s dtype, else why not."""
-    if qw.format.name not in ("int4", "uint4", "int8", "uint8"):
-        return f"the CUDA kernels take int4/uint4/int8/uint8 weights, not {qw.format.name}"
+    if qw.format.name not in ("int4", "uint4", "int8", "uint8", "e2m1"):
+        return f"the CUDA kernels take int4/uint4/int8/uint8/MXFP4 weights, not {qw.format.name}"
     if x.dtype not in (torch.bfloat16, torch.float16):
         return f"the CUDA kernels take bfloat16 or float16 activations, not {x.dtype}"
     if qw.N % 16 or qw.K % 64:
         return f"the CUDA kernels need N % 16 == 0 and K % 64 == 0, got N={qw.N}, K={qw.K}"
     if qw.g_idx is not None:
         return "the CUDA kernels have no act-order (g_idx) support"
+    if qw.format.name == "e2m1":
+        mx = qw.layout == "group" and qw.group_size == 32 and qw.scales.dtype == torch.float8_e8m0fnu
+        if not mx or qw.global_scale is not None or qw.zeros is not None:
+            return f"the CUDA kernels take e2m1 weights as MXFP4 (e8m0 scales per 32), not {qw.describe()}"
+        return None
     if qw.layout == "block":
         return f"the CUDA kernels take per-tensor, per-channel or per-group scales, not {qw.describe()}"
     if qw.layout == "group" and (qw.group_size % 64 or (qw.group_size // 64) & (qw.group_size // 64 - 1)):

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.weight import cdiv
+from ._layout import CPP_DTYPE, DTYPE_CODE
 from ._support import device_unsupported
 from .jit import KernelSpec
 
@@ -83,8 +84,6 @@ SCALE_VECS = {
 }
 _BK = {"sm_120a": 128, "sm_100a": 256}  # K per pipeline stage (kBK in each header)
 _SCALE_PAD = {16: 0x00, 32: 0x7F}  # e4m3 0.0 / e8m0 1.0 past K: finite, and the padded codes are zero
-_OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-_CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -135,7 +134,7 @@ def fp4_spec(vec: int, out: str, bias: str, tuning: Fp4Tuning) -> KernelSpec:
         f"humming_fp4_gemm_sm120_{SCALE_VECS[vec][2]}_o{out}_b{bias}"
         f"_wm{t.warps_m}_wn{t.warps_n}_mt{t.m_tiles}_nt{t.n_tiles}_s{t.stages}"
     )
-    args = (vec, t.warps_m, t.warps_n, t.m_tiles, t.n_tiles, t.stages, _CPP_DTYPE[out], _CPP_DTYPE[bias])
+    args = (vec, t.warps_m, t.warps_n, t.m_tiles, t.n_tiles, t.stages, CPP_DTYPE[out], CPP_DTYPE[bias])
     return KernelSpec(
         family="fp4_gemm_sm120",
         name=name,
@@ -271,7 +270,7 @@ def sf_atoms(raw: torch.Tensor, vec: int, block_rows: int) -> torch.Tensor:
 def sm100_spec(vec: int, out: str, bias: str, tuning: Sm100Tuning) -> KernelSpec:
     """The sm_100a kernel spec for a scale block (16: NVFP4, 32: MXFP4), output / bias dtype codes, a tuning."""
     t = tuning
-    args = (vec, t.block_t, t.stages, _CPP_DTYPE[out], _CPP_DTYPE[bias])
+    args = (vec, t.block_t, t.stages, CPP_DTYPE[out], CPP_DTYPE[bias])
     return KernelSpec(
         family="fp4_gemm_sm100",
         name=f"humming_fp4_gemm_sm100_{SCALE_VECS[vec][2]}_o{out}_b{bias}_t{t.block_t}_s{t.stages}",
@@ -435,7 +434,7 @@ def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None
     return (
         weight_unsupported(qweight)
         or _act_unsupported(qweight, act)
-        or device_unsupported("FP4 GEMM", x, FP4_CCS, "sm_100a / sm_120a", out_dtype, _OUT_DTYPES)
+        or device_unsupported("FP4 GEMM", x, FP4_CCS, "sm_100a / sm_120a", out_dtype, DTYPE_CODE)
     )
 
 
@@ -571,10 +570,10 @@ def run(prep: PreparedFp4, x, act, bias: torch.Tensor | None, out_dtype: torch.d
     if m == 0 or prep.n == 0:
         return out
     sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
-    bias_code = _OUT_DTYPES[bias.dtype] if bias is not None else _OUT_DTYPES[out_dtype]
+    bias_code = DTYPE_CODE[bias.dtype] if bias is not None else DTYPE_CODE[out_dtype]
     bias = None if bias is None else bias.contiguous()
     launch = _launch_sm100 if prep.arch == "sm_100a" else _launch_sm120
-    launch(prep, qa, bias, out, sm_count, _OUT_DTYPES[out_dtype], bias_code, device_index)
+    launch(prep, qa, bias, out, sm_count, DTYPE_CODE[out_dtype], bias_code, device_index)
     return out
 
 
@@ -590,14 +589,14 @@ def warmup_jobs(
     """``(spec, arch)`` of every kernel :func:`linear` runs for ``qweight`` and ``act`` at the token counts
     ``m_values`` on a device of compute capability ``cc`` (default: the weight's device) with ``sm_count``
     SMs; empty when the combination has no FP4 kernel."""
-    if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in _OUT_DTYPES:
+    if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in DTYPE_CODE:
         return []
     if cc is None:
         cc = torch.cuda.get_device_capability(qweight.device)
     if cc not in ARCHS:
         return []
-    bias_code = _OUT_DTYPES[bias_dtype] if bias_dtype is not None else _OUT_DTYPES[out_dtype]
-    vec, out, n = qweight.group_shape[1], _OUT_DTYPES[out_dtype], qweight.N
+    bias_code = DTYPE_CODE[bias_dtype] if bias_dtype is not None else DTYPE_CODE[out_dtype]
+    vec, out, n = qweight.group_shape[1], DTYPE_CODE[out_dtype], qweight.N
     if ARCHS[cc] == "sm_100a":
         specs = {sm100_spec(vec, out, bias_code, choose_sm100_tuning(m, n, sm_count, vec)) for m in m_values}
     else:

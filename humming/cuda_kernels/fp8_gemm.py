@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from ..ir.weight import cdiv
 from ._driver import tensor_map_2d
+from ._layout import CPP_DTYPE, DTYPE_CODE
 from ._support import device_unsupported
 from .jit import KernelSpec, per_call_cache
 
@@ -85,9 +86,6 @@ _MIN_SPLIT_KB = 8  # K blocks of 128 per split at least: a split still fills a f
 #: Weight formats of the grouped (MoE) variant.
 GROUPED_W_FORMATS = ("e4m3", "int4")
 _PRODUCER_REGS = 40
-_OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-_BIAS_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-_CPP_DTYPE = {"f32": "humming::DType::f32", "bf16": "humming::DType::bf16", "f16": "humming::DType::f16"}
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -260,8 +258,8 @@ def fp8_spec(
             "true" if tuning.tma_store else "false",
             "true" if grouped else "false",
             "true" if split else "false",
-            _CPP_DTYPE[out],
-            _CPP_DTYPE[bias],
+            CPP_DTYPE[out],
+            CPP_DTYPE[bias],
             str(producer),
             str(consumer),
         )
@@ -549,7 +547,7 @@ def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None
     return (
         weight_unsupported(qweight)
         or _act_unsupported(qweight, act)
-        or device_unsupported("FP8 GEMM", x, FP8_CCS, "sm_90a", out_dtype, _OUT_DTYPES)
+        or device_unsupported("FP8 GEMM", x, FP8_CCS, "sm_90a", out_dtype, DTYPE_CODE)
     )
 
 
@@ -563,7 +561,7 @@ def grouped_unsupported(
         return reason
     if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m <= 0 or block_m % 8:
         return f"the grouped FP8 GEMM needs block_m % 8 == 0 (token tiles of 8 to 128 dividing it), got {block_m!r}"
-    return device_unsupported("grouped FP8 GEMM", x, FP8_CCS, "sm_90a", out_dtype, _OUT_DTYPES)
+    return device_unsupported("grouped FP8 GEMM", x, FP8_CCS, "sm_90a", out_dtype, DTYPE_CODE)
 
 
 def _grouped_combination_unsupported(qweight, act) -> str | None:
@@ -662,12 +660,12 @@ def call_spec(
 ) -> KernelSpec:
     """The spec of one call: weight format, scale mode, bias dtype (``None``: no bias), output dtype, tuning
     (fp32 output: the plain-store epilogue; split-K: that epilogue into the fp32 workspace), grouped flag."""
-    bias_code = _BIAS_DTYPES[bias_dtype] if bias_dtype is not None else _OUT_DTYPES[out_dtype]
+    bias_code = DTYPE_CODE[bias_dtype] if bias_dtype is not None else DTYPE_CODE[out_dtype]
     if tuning.splits > 1:
         out_dtype = torch.float32
     if out_dtype == torch.float32:  # the TMA-store epilogue writes 16-bit floats only
         tuning = dataclasses.replace(tuning, tma_store=False)
-    return fp8_spec(w_format, scale_mode, _OUT_DTYPES[out_dtype], bias_code, tuning, grouped)
+    return fp8_spec(w_format, scale_mode, DTYPE_CODE[out_dtype], bias_code, tuning, grouped)
 
 
 def warmup_jobs(
@@ -680,7 +678,7 @@ def warmup_jobs(
 ) -> list[tuple[KernelSpec, str]]:
     """``(spec, "sm_90a")`` of every kernel :func:`linear` runs for ``qweight`` and ``act`` at the token
     counts ``m_values`` (for ``humming.cuda_kernels.warmup``); empty when the combination has no kernel."""
-    if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in _OUT_DTYPES:
+    if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in DTYPE_CODE:
         return []
     w_format = _w_format(qweight)
     jobs = []
@@ -704,7 +702,7 @@ def grouped_warmup_jobs(
     """``(spec, "sm_90a")`` of every grouped kernel :func:`run_grouped` runs for the expert-stacked
     ``qweight`` and ``act`` at the grouped row counts ``m_values`` (``M_pad``) and each ``block_m`` of
     ``block_ms``; empty when the combination has no grouped kernel."""
-    if _grouped_combination_unsupported(qweight, act) is not None or out_dtype not in _OUT_DTYPES:
+    if _grouped_combination_unsupported(qweight, act) is not None or out_dtype not in DTYPE_CODE:
         return []
     jobs = []
     for block_m in block_ms:

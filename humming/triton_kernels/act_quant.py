@@ -174,8 +174,10 @@ def _act_quant_kernel(
             mask = row_mask[:, None] & (cols[None, :] < k_hi)
             x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
             amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-    else:
-        amax = tl.load(amax_ptr).to(tl.float32, bitcast=True) + tl.zeros([BLOCK_M], dtype=tl.float32)
+    else:  # "tensor": the absmax pass's result ("static": unused, and amax_ptr is not an absmax)
+        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if SOURCE == "tensor":
+            amax += tl.load(amax_ptr).to(tl.float32, bitcast=True)
 
     e8m0_exp = tl.zeros([BLOCK_M], dtype=tl.int32)
     s = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -287,17 +289,18 @@ def quantize_activation(
     if m == 0 or k == 0:
         raise ValueError(f"x: expected a non-empty [M, K], got {tuple(x.shape)}")
 
-    amax = torch.zeros(1, dtype=torch.int32, device=dev)
+    amax = codes  # read only by the tensor-wide schemes, which zero it first (no memset per call otherwise)
     if source == "tensor" or kind == "e4m3g":
+        amax = torch.zeros(1, dtype=torch.int32, device=dev)
         grid = (triton.cdiv(m, 32), triton.cdiv(k, 128))
         _absmax_kernel[grid](x, amax, m, k, x.stride(0), BLOCK_M=32, BLOCK_K=128)
 
+    num_warps = 4
     if group_k:
         block_k = group_k
         block_m = max(1, min(triton.next_power_of_2(m), 4096 // block_k, 64))
-    elif source == "local":  # per-token: a program per row (few rows) or four rows, each pass 1024 wide
-        block_k = min(triton.next_power_of_2(k), 1024)
-        block_m = 1 if m < 1024 else 4
+    elif source == "local":  # per-token: four rows per program, or for fewer rows one row in one pass
+        block_k, block_m, num_warps = per_token_tile(m, k)
     else:
         block_k = min(triton.next_power_of_2(k), 256)
         block_m = max(1, min(triton.next_power_of_2(m), 16))
@@ -324,10 +327,22 @@ def quantize_activation(
         GROUP_K=group_k,
         BLOCK_M=block_m,
         BLOCK_K=block_k,
+        num_warps=num_warps,
     )
     if kind != "fp32":
         scales = scales.view(scheme.scale_dtype)
     return QuantizedActivation(scheme, codes, scales, gscale)
+
+
+def per_token_tile(m: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_K, BLOCK_M, num_warps) of per-token scales. Few rows (decode): a program per row that holds
+    up to 8192 columns at once, so the absmax pass and the quantize pass each read the row in one go
+    (the row is then in L1 for the second); the old 1024-column loop took 13-14 us at M = 1, K = 8192 on
+    the H200, eight dependent loads per pass. Many rows: four rows per program, 1024 columns per step."""
+    if m >= 1024:
+        return min(triton.next_power_of_2(k), 1024), 4, 4
+    block_k = min(triton.next_power_of_2(k), 8192)
+    return block_k, 1, max(4, min(16, block_k // 512))
 
 
 def _compile_specs() -> list[registry.CompileSpec]:
@@ -346,17 +361,19 @@ def _compile_specs() -> list[registry.CompileSpec]:
         kind = _scale_kind(scheme)
         bn, bk = scheme.group_shape
         source = "tensor" if bn == -1 else "local"
-        # The launch's tiles (quantize_activation): groups, per-token rows (M >= 1024), per-tensor.
-        block_m, block_k = {"local": (4, 1024), "tensor": (16, 256)}[source] if bk == -1 else (4096 // bk, bk)
-        specs.append(
+        # The launch's tiles (quantize_activation): groups, per-token rows (M >= 1024 and decode), per-tensor.
+        tiles = [(4096 // bk, bk, 4, "")]
+        if bk == -1:
+            tiles = [(16, 256, 4, "")] if source == "tensor" else [(4, 1024, 4, ""), (1, 8192, 16, "-decode")]
+        specs += [
             registry.CompileSpec(
-                name=f"act_quant-{scheme.name}-bf16",
+                name=f"act_quant-{scheme.name}-bf16{suffix}",
                 kernel=_act_quant_kernel,
                 pointers={
                     "x_ptr": "*bf16",
                     "codes_ptr": "*u8",
                     "scales_ptr": "*fp32" if kind == "fp32" else "*u8",
-                    "amax_ptr": "*i32",
+                    "amax_ptr": "*i32" if source == "tensor" or kind == "e4m3g" else "*u8",  # else codes_ptr
                     "gscale_ptr": "*fp32",
                 },
                 constexprs={
@@ -372,9 +389,11 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "BLOCK_M": block_m,
                     "BLOCK_K": block_k,
                 },
+                num_warps=num_warps,
                 aligned=("K", "stride_xm", "stride_cm"),
             )
-        )
+            for block_m, block_k, num_warps, suffix in tiles
+        ]
     return specs
 
 

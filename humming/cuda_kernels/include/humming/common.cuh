@@ -91,6 +91,11 @@ __device__ __forceinline__ float to_float(uint16_t bits) {
   }
 }
 
+// An e8m0 scale code (OCP MX: 2^(code - 127), 255 = NaN) as fp32; code 0 is the subnormal 2^-127.
+__device__ __forceinline__ float e8m0_to_float(uint32_t code) {
+  return __uint_as_float(code == 0 ? 0x00400000u : code == 255 ? 0x7fc00000u : code << 23);
+}
+
 template <DType T>
 __device__ __forceinline__ uint16_t from_float(float f) {
   uint16_t d;

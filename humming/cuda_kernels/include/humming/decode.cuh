@@ -7,9 +7,12 @@
 //   out^T);
 // - codes become 16-bit floats in registers with magic-number tricks: a 4-bit code ORed into the
 //   mantissa of 128.0 (bf16) or 1024.0 (fp16) with one lop3, then one fma subtracts magic + zero point;
-//   8-bit codes go through prmt into fp32 (8388608.0 + code) or fp16 (1024.0 + code);
+//   8-bit codes go through prmt into fp32 (8388608.0 + code) or fp16 (1024.0 + code); e2m1 codes (MXFP4)
+//   are placed into the bits of a 16-bit float and multiplied by a power of two (dequant_e2m1);
 // - each chunk's mma products (exact integers times activations, fp32 accumulate) are scaled per row in
 //   fp32, so any group size that is a multiple of 64 works and the scale is applied in full precision;
+//   MXFP4's groups of 32 are the two halves of a chunk, each with its own e8m0 scale (one byte, made
+//   fp32 exactly), applied to the partial sum of its two k16 steps;
 // - each thread streams its weight fragments, scale and zero pairs through a private multi-stage
 //   cp.async pipeline in shared memory, and each warp its activation chunk (read back with ldmatrix),
 //   so many chunks are in flight per SM without holding registers.
@@ -32,7 +35,8 @@ namespace decode {
 struct Params {
   const uint4* qweight;  // [N/16/TG, K/64, TG, 32 lanes, 4 words] (4-bit), [.., TG, 2, 32, 4] (8-bit)
   const void* x;         // [M, K] activations, row stride x_stride elements
-  const void* scales;    // [N/16/TG, groups, TG, 8, 2]: rows (g, g+8) of each 16-row tile side by side
+  const void* scales;    // [N/16/TG, groups, TG, 8, 2]: rows (g, g+8) of each 16-row tile side by side;
+                         // e2m1: [N/16/TG, K/64, TG, 8, 2 halves, 2] e8m0 bytes
   const uint16_t* zeros; // [N/16/TG, groups, TG, 8, 2] zero points in code units, or null
   const void* bias;      // [N] (dtype B) or null
   void* out;             // [M, N], row stride out_stride elements
@@ -71,11 +75,13 @@ __device__ __forceinline__ int acc_row(int tile0, int r, int lane, int i) {
 // (a __syncwarp orders it), so the pipeline needs no block barrier, and the bytes in flight do not occupy
 // registers. The copy cursors are pointers advanced by increments per chunk; only seek() (once per row
 // tile group) does index arithmetic.
-template <DType A, int kBits, int kZero, DType S, int kMT, int kR, int kWarps, int kStages>
+template <DType A, int kBits, bool kE2m1, int kZero, DType S, int kMT, int kR, int kWarps, int kStages>
 struct Pipeline {
   static constexpr int kVecs = kBits / 4;  // 16-byte weight vectors per lane per chunk and row tile
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kScaleBytes = S == DType::f32 ? 8 : 4;  // the pair (row g, row g + 8)
+  // The pair (row g, row g + 8); e8m0 (e2m1 codes): two pairs of bytes, one per 32-column half of the chunk.
+  static constexpr int kScaleBytes = S == DType::f32 ? 8 : 4;
+  static_assert(kE2m1 == (S == DType::e8m0) && (!kE2m1 || (kBits == 4 && kZero == 0)), "MXFP4: e2m1 + e8m0");
   // Magic constant plus zero point, subtracted from the magic-number floats.
   static constexpr float kMagicF =
       kBits == 8 && A == DType::bf16 ? 8388608.0f : (A == DType::bf16 ? 128.0f : 1024.0f);
@@ -214,10 +220,16 @@ struct Pipeline {
 #pragma unroll
       for (int v = 0; v < kVecs; ++v) wv[v] = w_slots[(stage * kR * kVecs + r * kVecs + v) * kThreads + threadIdx.x];
       const uint2 sp = s_slots[(stage * kR + r) * kThreads + threadIdx.x];
-      float s_g, s_g8;
+      // Rows g and g + 8: the chunk's scale (e2m1: its first 32 columns' scale; the second's is s_hi_*).
+      float s_g, s_g8, s_hi_g = 0.0f, s_hi_g8 = 0.0f;
       if constexpr (S == DType::f32) {
         s_g = __uint_as_float(sp.x);
         s_g8 = __uint_as_float(sp.y);
+      } else if constexpr (S == DType::e8m0) {
+        s_g = e8m0_to_float(sp.x & 0xff);
+        s_g8 = e8m0_to_float((sp.x >> 8) & 0xff);
+        s_hi_g = e8m0_to_float((sp.x >> 16) & 0xff);
+        s_hi_g8 = e8m0_to_float(sp.x >> 24);
       } else {
         s_g = to_float<S>(uint16_t(sp.x & 0xffff));
         s_g8 = to_float<S>(uint16_t(sp.x >> 16));
@@ -239,7 +251,9 @@ struct Pipeline {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint32_t a[4];
-        if constexpr (kBits == 4) {
+        if constexpr (kE2m1) {
+          dequant_e2m1<A>(words[j], a);
+        } else if constexpr (kBits == 4) {
           dequant4<A>(words[j], bias_g, bias_g8, a);
         } else {
           // words[0..3] are mmas 0-1 and words[4..7] mmas 2-3, two words per mma.
@@ -248,14 +262,27 @@ struct Pipeline {
         }
 #pragma unroll
         for (int t = 0; t < kMT; ++t) mma_16816<A>(part[t], a, xb[t][j][0], xb[t][j][1]);
+        if (kE2m1 && j == 1) {  // k16 steps 0 and 1 are the first 32 columns: their own scale
+          scale_into(acc[r], part, s_g, s_g8);
+          s_g = s_hi_g;
+          s_g8 = s_hi_g8;
+        }
       }
+      scale_into(acc[r], part, s_g, s_g8);
+    }
+  }
+
+  // acc += part scaled per row (s_g: fragment rows g, s_g8: rows g + 8); part = 0.
+  __device__ __forceinline__ static void scale_into(float (&acc)[kMT][4], float (&part)[kMT][4], float s_g,
+                                                    float s_g8) {
 #pragma unroll
-      for (int t = 0; t < kMT; ++t) {
-        acc[r][t][0] += s_g * part[t][0];
-        acc[r][t][1] += s_g * part[t][1];
-        acc[r][t][2] += s_g8 * part[t][2];
-        acc[r][t][3] += s_g8 * part[t][3];
-      }
+    for (int t = 0; t < kMT; ++t) {
+      acc[t][0] += s_g * part[t][0];
+      acc[t][1] += s_g * part[t][1];
+      acc[t][2] += s_g8 * part[t][2];
+      acc[t][3] += s_g8 * part[t][3];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[t][i] = 0.0f;
     }
   }
 };
@@ -272,12 +299,12 @@ __device__ __forceinline__ void zero(float (&acc)[kR][kMT][4]) {
 
 // Schedules tiles and split_k: block (blockIdx.x, blockIdx.y) = row tiles blockIdx.x * kR .. + kR - 1,
 // chunks [blockIdx.y * chunks_per_split, +chunks_per_split); warp w takes chunks w, w + kWarps, ...
-template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kStages,
-          bool kSplit>
+template <DType A, int kBits, bool kE2m1, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps,
+          int kStages, bool kSplit>
 __device__ __forceinline__ void run_tiles(const Params& p) {
   constexpr int kThreads = kWarps * 32;
   extern __shared__ uint4 smem[];
-  Pipeline<A, kBits, kZero, S, kMT, kR, kWarps, kStages> pipe(p, smem, kWarps);
+  Pipeline<A, kBits, kE2m1, kZero, S, kMT, kR, kWarps, kStages> pipe(p, smem, kWarps);
   const int lane = pipe.lane;
   const int tile0 = blockIdx.x * kR;
   const int n_chunks = p.K / 64;
@@ -386,11 +413,12 @@ __device__ __forceinline__ void finish_tile(const Params& p, int tile, int units
 
 // Schedule stream_k: global warp gw of W = p.total_warps takes units [gw * U / W, (gw + 1) * U / W) of
 // the U = tiles x chunks units, unit = tile * chunks + chunk (tile = kR row tiles).
-template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kStages>
+template <DType A, int kBits, bool kE2m1, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps,
+          int kStages>
 __device__ __forceinline__ void run_stream_k(const Params& p) {
   static_assert(8 % kR == 0, "next_tile needs kR to divide the tile group (1 or 8) or the group to be 1");
   extern __shared__ uint4 smem[];
-  Pipeline<A, kBits, kZero, S, kMT, kR, kWarps, kStages> pipe(p, smem, 1);
+  Pipeline<A, kBits, kE2m1, kZero, S, kMT, kR, kWarps, kStages> pipe(p, smem, 1);
   const int n_chunks = p.K / 64;
   const long units = long(p.N / (16 * kR)) * n_chunks;  // U
   const long warps = p.total_warps;  // W
@@ -440,13 +468,13 @@ __device__ __forceinline__ void run_stream_k(const Params& p) {
 
 // kZero >= 0: every zero point is kZero; kZero < 0: zero points come from p.zeros.
 // kMT token tiles of 8 (M <= 8 * kMT); kR 16-row tiles per warp; kStages chunks in flight per thread.
-template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps, int kStages,
-          Schedule kSchedule>
+template <DType A, int kBits, bool kE2m1, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps,
+          int kStages, Schedule kSchedule>
 __device__ __forceinline__ void run(const Params& p) {
   if constexpr (kSchedule == Schedule::stream_k) {
-    run_stream_k<A, kBits, kZero, S, O, B, kMT, kR, kWarps, kStages>(p);
+    run_stream_k<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages>(p);
   } else {
-    run_tiles<A, kBits, kZero, S, O, B, kMT, kR, kWarps, kStages, kSchedule == Schedule::split_k>(p);
+    run_tiles<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, kSchedule == Schedule::split_k>(p);
   }
 }
 

@@ -45,4 +45,23 @@ __device__ __forceinline__ void dequant8(uint32_t w0, uint32_t w1, float zf_g, f
   }
 }
 
+// The same from eight e2m1 codes (sign, 2 exponent bits, 1 mantissa bit; no zero point): each code's
+// three magnitude bits go to the bottom of the 16-bit float's exponent and the top of its mantissa and its
+// sign to the sign bit, which reads as code value * 2^-126 (bf16) or * 2^-14 (fp16), subnormal for the
+// code 0.5; one multiply by 2^126 / 2^14 makes it exact. Every e2m1 value is exact in either type.
+template <DType A>
+__device__ __forceinline__ void dequant_e2m1(uint32_t w, uint32_t (&a)[4]) {
+  constexpr int kMagShift = A == DType::bf16 ? 6 : 9;  // bits 2..0 of a code -> the 16-bit float's bits
+  constexpr uint32_t kMag = 0x7u << kMagShift | 0x7u << (kMagShift + 16);
+  constexpr uint32_t kUnit = A == DType::bf16 ? 0x7e807e80u : 0x74007400u;  // 2^126 / 2^14
+  constexpr uint32_t kMinusZero = 0x80008000u;  // the additive identity of the fma, and the sign bits
+  constexpr int kAndOr = (0xf0 & 0xcc) | 0xaa;  // (a & b) | c
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // nibbles i (low half) and i + 4 (high half): magnitude bits 2..0 at 4i.., sign at 4i + 3
+    const uint32_t mag = (kMagShift >= 4 * i ? w << (kMagShift - 4 * i) : w >> (4 * i - kMagShift)) & kMag;
+    a[i] = fma2<A>(lop3<kAndOr>(w << (12 - 4 * i), kMinusZero, mag), kUnit, kMinusZero);
+  }
+}
+
 }  // namespace humming

@@ -1,4 +1,4 @@
-// Fixed-width integer types and the dtype enum shared with Python (humming/cuda_kernels/_config.py).
+// Fixed-width integer types and the dtype enum (the kernel specs name its values: humming::DType::bf16...).
 namespace humming {
 
 typedef unsigned char uint8_t;
@@ -7,6 +7,6 @@ typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
 typedef int int32_t;
 
-enum class DType : int { f32 = 0, bf16 = 1, f16 = 2 };
+enum class DType : int { f32 = 0, bf16 = 1, f16 = 2, e8m0 = 3 };  // e8m0: scales only
 
 }  // namespace humming
