@@ -143,12 +143,15 @@ def stream_k_table(result: dict, l2: int, bw: float) -> None:
 
 def sanitize() -> None:
     """Small stream-K calls that cross tiles and share them between warps (zero points, tile groups of 1
-    and 8, more warps than units), for compute-sanitizer memcheck / racecheck."""
+    and 8, more warps than units, MXFP4), and one MXFP4 tile grid, for compute-sanitizer memcheck /
+    racecheck."""
     torch.manual_seed(0)
     for weight, group, zp, m, n, k, tuning in [
         ("uint4", 128, True, 3, 608, 1024, _decode.DecodeTuning(1, 2, 8, 3, 1, 2)),
         ("int8", -1, False, 9, 256, 640, _decode.DecodeTuning(2, 4, 8, 3, 1, 1)),
         ("int4", 64, False, 2, 48, 128, _decode.DecodeTuning(1, 1, 8, 3, 1, 2)),
+        ("mxfp4", 32, False, 5, 608, 1024, _decode.DecodeTuning(1, 2, 8, 3, 1, 2)),
+        ("mxfp4", 32, False, 3, 256, 512, _decode.DecodeTuning(1, 2, 8, 3, 1)),
     ]:
         qw = humming.quantize(torch.randn(n, k, device="cuda"), weight=weight, group_size=group, zero_point=zp)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

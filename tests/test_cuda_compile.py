@@ -28,7 +28,7 @@ def _decode_specs() -> list[jit.KernelSpec]:
         _decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 1, 8, 2, 1)),
         _decode.decode_spec(L(8, -1, "bf16"), "f16", "f16", "f32", T(1, 1, 8, 4, 4)),
         _decode.decode_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(1, 2, 8, 3, 1)),
-        _decode.decode_spec(L(4, 0, "e8m0", "e2m1"), "f16", "f32", "f16", T(2, 2, 8, 3, 1, 2)),
+        _decode.decode_spec(L(4, 0, "e8m0_any", "e2m1"), "f16", "f32", "f16", T(2, 2, 8, 3, 1, 2)),
     ]
 
 

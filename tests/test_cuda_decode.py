@@ -9,7 +9,7 @@ import torch
 
 import humming
 from humming.cuda_kernels import _decode, jit
-from humming.cuda_kernels._layout import PreparedWeight, WeightLayout, prepare_weight
+from humming.cuda_kernels._layout import E2M1_BITS, PreparedWeight, WeightLayout, prepare_weight
 from humming.cuda_kernels._warmup import warmup_specs
 
 HAS_CUDA = torch.cuda.is_available()
@@ -42,7 +42,10 @@ def _fragment_codes(prep: PreparedWeight) -> torch.Tensor:
             for a in range(8):  # PTX's m16n8k16 A fragment element a of lane (g, c)
                 row = g + 8 * ((a // 2) % 2)
                 col = 16 * j + 8 * (a // 4) + 2 * c + a % 2
-                if bits == 4:  # register a//2 holds nibbles a//2 (low half) and a//2 + 4 (high half)
+                if prep.layout.codes == "e2m1":  # register a//2, half a%2, bits at E2M1_BITS
+                    word = words[:, :, :, lane, j]
+                    code = sum(((word >> (pos + 16 * (a % 2))) & 1) << b for b, pos in enumerate(E2M1_BITS[a // 2]))
+                elif bits == 4:  # register a//2 holds nibbles a//2 (low half) and a//2 + 4 (high half)
                     word = words[:, :, :, lane, j]
                     code = (word >> (4 * (a // 2 + 4 * (a % 2)))) & 0xF
                 else:  # words 2j (a0..a3) and 2j + 1 (a4..a7), one byte each
@@ -82,21 +85,42 @@ def test_prepared_layout_matches_the_fragments(scheme, n, seed):
         assert prep.layout.zero == (1 << (qw.bits - 1) if qw.format.signed else 0)
 
 
-def _e2m1_to_16_bit(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """dequant_e2m1 (dequant.cuh) on the host: the code's magnitude bits into the bottom of the exponent
-    and the top of the mantissa, its sign into the sign bit, then one multiply by 2^126 (bf16) / 2^14."""
-    shift = 6 if dtype == torch.bfloat16 else 9
-    bits = ((codes & 7) << shift) | ((codes & 8) << 12)
-    placed = bits.to(torch.int16).view(dtype)
-    return placed * torch.tensor(2.0 ** (126 if dtype == torch.bfloat16 else 14), dtype=dtype)
+def _dequant_e2m1_model(w: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
+    """dequant_e2m1 (dequant.cuh) on the host, the same shifts and masks on int64 words: the four
+    registers' 16-bit pairs [..., 2] (low half first) as ``dtype``."""
+    mag, sign = 0x01C001C0, 0x80008000
+    regs = [
+        w & (mag | sign),
+        (w << 3) & (mag | sign),
+        (w << 6) & (mag | sign),
+        ((w << 1) & sign) | ((w >> 5) & 0x01000100) | ((w >> 4) & 0x00C000C0),
+    ]
+    unit = torch.tensor(2.0 ** (126 if dtype == torch.bfloat16 else 14), dtype=dtype)
+    out = []
+    for v in regs:
+        if dtype == torch.float16:
+            v = ((v << 3) & (mag << 3)) | (v & sign)
+        halves = torch.stack([v & 0xFFFF, (v >> 16) & 0xFFFF], dim=-1)
+        out.append((halves - ((halves >= 2**15).to(torch.int64) << 16)).to(torch.int16).view(dtype) * unit)
+    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_e2m1_bit_placement_is_exact(dtype):
-    codes = torch.arange(16, dtype=torch.int32)
-    want = humming.ir.get_format("e2m1").decode(codes.to(torch.uint8)).to(dtype)
-    got = _e2m1_to_16_bit(codes, dtype)
-    assert torch.equal(got.view(torch.int16), want.view(torch.int16))  # -0.0 included
+def test_e2m1_word_layout_dequantizes_exactly(dtype, seed):
+    """Words built from E2M1_BITS (as _pack_4bit does) through the kernel's shifts and masks give every
+    pair of e2m1 codes in every register bit for bit (-0.0 and the subnormal-looking 0.5 included)."""
+    lo, hi = torch.meshgrid(torch.arange(16), torch.arange(16), indexing="ij")
+    lo, hi = lo.flatten(), hi.flatten()
+    codes = torch.stack([lo, hi, lo.roll(7), hi.roll(3), hi, lo, lo.roll(11), hi.roll(5)], dim=-1)  # [256, 4 x 2]
+    word = torch.zeros(256, dtype=torch.int64)
+    for i, bits in enumerate(E2M1_BITS):
+        for half in range(2):
+            code = codes[:, 2 * i + half]
+            word |= sum(((code >> b) & 1) << (pos + 16 * half) for b, pos in enumerate(bits))
+    decode = humming.ir.get_format("e2m1").decode
+    for i, reg in enumerate(_dequant_e2m1_model(word, dtype)):
+        want = decode(codes[:, 2 * i : 2 * i + 2].to(torch.uint8)).to(dtype)
+        assert torch.equal(reg.view(torch.int16), want.view(torch.int16)), f"register {i}"
 
 
 def test_tuning_is_a_pure_function_of_the_problem():
@@ -185,22 +209,33 @@ def test_decode_matches_reference(n, k, scheme, ms, act, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
-def test_mxfp4_scales_far_apart_and_nan(act, seed):
+@pytest.mark.parametrize("special", [None, 0, 255])
+def test_mxfp4_scales_far_apart_and_special_codes(act, special, seed):
     """Each 32-column half of a chunk gets its own scale: e8m0 codes drawn from 2^-20 .. 2^12 per group
-    (a scale applied to the wrong half is off by up to 2^32); a NaN scale code (255) makes exactly the
-    output column of its row NaN, as in the reference."""
+    (a scale applied to the wrong half is off by up to 2^32). Code 0 (2^-127, all of row 37) and code
+    255 (NaN, one group of row 37: exactly that output column is NaN, as in the reference) switch the
+    weight to the exact decode (scale "e8m0_any")."""
     n, k = 256, 512
     qw = _quantize(n, k, "mxfp4", device="cuda")
     codes = torch.randint(107, 140, (n, k // 32), device="cuda", dtype=torch.uint8)
-    codes[37, 5] = 255
+    if special == 0:
+        codes[37] = 0
+    elif special == 255:
+        codes[37, 5] = 255
     qw = qw.replace(scales=codes.view(torch.float8_e8m0fnu))
+    prep = prepare_weight(qw)
+    assert prep.layout.scale == ("e8m0" if special is None else "e8m0_any")
     x = torch.randn(5, k, device="cuda", dtype=act) * (2.0**-8 if act == torch.float16 else 1.0)
     out = torch.full((5, n), float("inf"), device="cuda", dtype=torch.float32)
-    _decode.run_decode(prepare_weight(qw), x, None, torch.float32, out=out)
-    ref = x.double() @ humming.dequantize(qw, torch.float32).double().T
-    assert torch.equal(out.isnan(), ref.isnan()) and bool(out[:, 37].isnan().all())
+    _decode.run_decode(prep, x, None, torch.float32, out=out)
+    ref = x.double() @ humming.dequantize(qw, torch.float64).T
+    assert torch.equal(out.isnan(), ref.isnan())
     keep = torch.arange(n, device="cuda") != 37
     _check(out[:, keep], ref[:, keep].float(), tol=5e-3)
+    if special == 255:
+        assert bool(out[:, 37].isnan().all())
+    else:  # 2^-127 scales (an fp32 subnormal): outputs around 1e-37, checked scaled up (norms underflow)
+        _check(out[:, 37:38] * 2.0**120, (ref[:, 37:38] * 2.0**120).float(), tol=5e-3)
 
 
 @pytest.mark.gpu

@@ -15,10 +15,13 @@ weights as m16n8k16 A fragments, so one re-tiling of a ``QuantizedWeight`` serve
   (``2^(bits-1)`` for signed formats, 0 for unsigned) or per-group zero points;
 - ``scales`` ``[N/16/TG, groups, TG, 8, 2]``: per 16-row tile, rows ``g`` and ``g + 8`` side by side (f32,
   bf16 or f16; fp8 / e8m0 scales and a global scale are folded into exact f32); ``zeros`` the same, int16;
-- MXFP4 (``codes="e2m1"``, scale ``"e8m0"``): the e2m1 codes as they are (sign, exponent, mantissa bits)
-  in the 4-bit fragments; the e8m0 scale bytes of the groups of 32, ``[N/16/TG, K/64, TG, 8, 2, 2]``
-  uint8: per chunk, the (row ``g``, row ``g + 8``) pair of its first 32 columns, then that of its last 32
-  (``groups`` = K/64, one chunk per group);
+- MXFP4 (``codes="e2m1"``, scale ``"e8m0"``): the e2m1 codes in the 4-bit fragments' words, each
+  register's two codes at the bit positions of :data:`E2M1_BITS` (+ 16 for the high half) instead of in
+  nibbles, so that the kernel turns most of them into bf16 bits with one shift and one mask; the e8m0
+  scale bytes of the groups of 32 (scale ``"e8m0_any"`` when some code is 0 or 255, which the kernel
+  then decodes exactly at some cost), ``[N/16/TG, K/64, TG, 8, 2, 2]`` uint8: per chunk, the (row ``g``,
+  row ``g + 8``) pair of its first 32 columns, then that of its last 32 (``groups`` = K/64, one chunk per
+  group);
 - expert-stacked weights ``[E, N, K]`` are ``E * N`` rows, expert after expert: expert ``e``'s tile block
   ``b`` is block ``e * N / (16 TG) + b`` of every tensor above, exactly the dense layout of that expert.
 """
@@ -32,6 +35,7 @@ import torch
 __all__ = [
     "CPP_DTYPE",
     "DTYPE_CODE",
+    "E2M1_BITS",
     "PreparedWeight",
     "WeightLayout",
     "prepare_weight",
@@ -41,7 +45,7 @@ __all__ = [
 
 DTYPE_CODE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 #: Dtype codes -> the ``humming::DType`` values (types.cuh) kernel specs are instantiated with.
-CPP_DTYPE = {code: f"humming::DType::{code}" for code in ("f32", "bf16", "f16", "e8m0")}
+CPP_DTYPE = {code: f"humming::DType::{code}" for code in ("f32", "bf16", "f16", "e8m0", "e8m0_any")}
 
 
 @dataclass(frozen=True)
@@ -95,18 +99,34 @@ def _tile_rows_halves(t: torch.Tensor, tg: int) -> torch.Tensor:
     return t.reshape(n // (16 * tg), tg, 2, 8, g // 2, 2).permute(0, 4, 1, 3, 5, 2).contiguous()
 
 
+#: Word bit of bit b (mantissa, exponent low, exponent high, sign) of the low-half code of register i;
+#: registers 0-2 are the bf16 positions (6, 7, 8, 15) shifted down by 0, 3 and 6, register 3 takes the rest.
+E2M1_BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (10, 11, 13, 14))
+
+
+def _e2m1_placed() -> torch.Tensor:
+    """int64 [4 registers, 16 codes]: the low-half word bits of each code in each register."""
+    codes = torch.arange(16)
+    return torch.stack([sum(((codes >> b) & 1) << pos for b, pos in enumerate(bits)) for bits in E2M1_BITS])
+
+
 def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return (words - ((words >= 2**31).to(torch.int64) << 32)).to(torch.int32)
 
 
-def _pack_4bit(u: torch.Tensor, tg: int) -> torch.Tensor:
+def _pack_4bit(u: torch.Tensor, tg: int, e2m1: bool = False) -> torch.Tensor:
     n, k = u.shape
     # n = blk*16TG + t*16 + h*8 + g;  k = chunk*64 + j*16 + hk*8 + c*2 + e
     v = u.to(torch.int64).reshape(n // (16 * tg), tg, 2, 8, k // 64, 4, 2, 4, 2)
-    v = v.permute(0, 4, 1, 3, 7, 5, 6, 2, 8)  # [blk, chunk, t, g, c, j, hk, h, e]
+    v = v.permute(0, 4, 1, 3, 7, 5, 6, 2, 8)  # [blk, chunk, t, g, c, j, hk, h, e]; register i = 2 hk + h
     ar = torch.arange(2, device=u.device)
-    nibble = ar.view(2, 1, 1) * 2 + ar.view(1, 2, 1) + 4 * ar.view(1, 1, 2)  # [hk, h, e]
-    words = (v << (4 * nibble)).sum(dim=(-3, -2, -1))  # [blk, chunk, t, g, c, j]
+    if e2m1:
+        half = 16 * ar.view(1, 1, 2)  # [hk, h, e]
+        reg = 2 * ar.view(2, 1, 1) + ar.view(1, 2, 1)  # [hk, h, 1]
+        words = (_e2m1_placed().to(u.device).flatten()[16 * reg + v] << half).sum(dim=(-3, -2, -1))
+    else:
+        nibble = ar.view(2, 1, 1) * 2 + ar.view(1, 2, 1) + 4 * ar.view(1, 1, 2)  # [hk, h, e]
+        words = (v << (4 * nibble)).sum(dim=(-3, -2, -1))  # [blk, chunk, t, g, c, j]
     return _to_int32(words.reshape(n // (16 * tg), k // 64, tg, 32, 4))
 
 
@@ -131,8 +151,10 @@ def prepare_weight(qw) -> PreparedWeight:
     codes = unpacked_codes(qw).reshape(experts * n, k)
     if qw.format.name == "e2m1":
         scales = qw.scales.expand(*qw.lead, n, k // 32).reshape(experts * n, k // 32).view(torch.uint8)
-        packed = torch.cat([_pack_4bit(c, tg) for c in codes.split(n)])
-        layout = WeightLayout(4, 0, "e8m0", "e2m1")
+        packed = torch.cat([_pack_4bit(c, tg, e2m1=True) for c in codes.split(n)])
+        # Codes 0 (2^-127) and 255 (NaN) need the kernel's exact decode; any other is an fp32 exponent.
+        special = bool(((scales == 0) | (scales == 255)).any())
+        layout = WeightLayout(4, 0, "e8m0_any" if special else "e8m0", "e2m1")
         return PreparedWeight(layout, n, k, k // 64, 1, tg, packed, _tile_rows_halves(scales, tg), None, experts)
     zero = 0
     if qw.format.signed:  # two's complement -> offset binary: value = code' - 2^(bits-1)

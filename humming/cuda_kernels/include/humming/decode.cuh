@@ -79,9 +79,11 @@ template <DType A, int kBits, bool kE2m1, int kZero, DType S, int kMT, int kR, i
 struct Pipeline {
   static constexpr int kVecs = kBits / 4;  // 16-byte weight vectors per lane per chunk and row tile
   static constexpr int kThreads = kWarps * 32;
-  // The pair (row g, row g + 8); e8m0 (e2m1 codes): two pairs of bytes, one per 32-column half of the chunk.
+  // The pair (row g, row g + 8); e8m0 (e2m1 codes): two pairs of bytes, one per 32-column half of the chunk
+  // (e8m0: every code of the weight is 1..254, a shift makes it fp32; e8m0_any: 0 and 255 are checked).
   static constexpr int kScaleBytes = S == DType::f32 ? 8 : 4;
-  static_assert(kE2m1 == (S == DType::e8m0) && (!kE2m1 || (kBits == 4 && kZero == 0)), "MXFP4: e2m1 + e8m0");
+  static constexpr bool kE8m0 = S == DType::e8m0 || S == DType::e8m0_any;
+  static_assert(kE2m1 == kE8m0 && (!kE2m1 || (kBits == 4 && kZero == 0)), "MXFP4: e2m1 codes with e8m0 scales");
   // Magic constant plus zero point, subtracted from the magic-number floats.
   static constexpr float kMagicF =
       kBits == 8 && A == DType::bf16 ? 8388608.0f : (A == DType::bf16 ? 128.0f : 1024.0f);
@@ -225,7 +227,12 @@ struct Pipeline {
       if constexpr (S == DType::f32) {
         s_g = __uint_as_float(sp.x);
         s_g8 = __uint_as_float(sp.y);
-      } else if constexpr (S == DType::e8m0) {
+      } else if constexpr (S == DType::e8m0) {  // codes 1..254: the code is the fp32 exponent field
+        s_g = __uint_as_float((sp.x << 23) & 0x7f800000u);
+        s_g8 = __uint_as_float((sp.x << 15) & 0x7f800000u);
+        s_hi_g = __uint_as_float((sp.x << 7) & 0x7f800000u);
+        s_hi_g8 = __uint_as_float((sp.x >> 1) & 0x7f800000u);
+      } else if constexpr (S == DType::e8m0_any) {
         s_g = e8m0_to_float(sp.x & 0xff);
         s_g8 = e8m0_to_float((sp.x >> 8) & 0xff);
         s_hi_g = e8m0_to_float((sp.x >> 16) & 0xff);

@@ -45,22 +45,26 @@ __device__ __forceinline__ void dequant8(uint32_t w0, uint32_t w1, float zf_g, f
   }
 }
 
-// The same from eight e2m1 codes (sign, 2 exponent bits, 1 mantissa bit; no zero point): each code's
-// three magnitude bits go to the bottom of the 16-bit float's exponent and the top of its mantissa and its
-// sign to the sign bit, which reads as code value * 2^-126 (bf16) or * 2^-14 (fp16), subnormal for the
-// code 0.5; one multiply by 2^126 / 2^14 makes it exact. Every e2m1 value is exact in either type.
+// The same from eight e2m1 codes (sign, 2 exponent bits, 1 mantissa bit; no zero point) in the e2m1
+// word layout of _layout.py (E2M1_BITS): the code of register 0 already sits where a bf16 wants it (its
+// three magnitude bits at the bottom of the exponent and the top of the mantissa, its sign at the sign
+// bit), registers 1 and 2 one shift away, register 3 three. Those bits read as the code's value * 2^-126,
+// subnormal for 0.5; one multiply by 2^126 makes it exact (fp16: the magnitude moves up 3 bits, and the
+// multiplier is 2^14). Every e2m1 value is exact in either type.
 template <DType A>
 __device__ __forceinline__ void dequant_e2m1(uint32_t w, uint32_t (&a)[4]) {
-  constexpr int kMagShift = A == DType::bf16 ? 6 : 9;  // bits 2..0 of a code -> the 16-bit float's bits
-  constexpr uint32_t kMag = 0x7u << kMagShift | 0x7u << (kMagShift + 16);
-  constexpr uint32_t kUnit = A == DType::bf16 ? 0x7e807e80u : 0x74007400u;  // 2^126 / 2^14
-  constexpr uint32_t kMinusZero = 0x80008000u;  // the additive identity of the fma, and the sign bits
+  constexpr uint32_t kMag = 0x01c001c0u, kSign = 0x80008000u;
   constexpr int kAndOr = (0xf0 & 0xcc) | 0xaa;  // (a & b) | c
+  uint32_t v[4];
+  v[0] = w & (kMag | kSign);
+  v[1] = (w << 3) & (kMag | kSign);
+  v[2] = (w << 6) & (kMag | kSign);
+  v[3] = lop3<kAndOr>(w << 1, kSign, lop3<kAndOr>(w >> 5, 0x01000100u, (w >> 4) & 0x00c000c0u));
+  constexpr uint32_t kUnit = A == DType::bf16 ? 0x7e807e80u : 0x74007400u;  // 2^126 / 2^14
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    // nibbles i (low half) and i + 4 (high half): magnitude bits 2..0 at 4i.., sign at 4i + 3
-    const uint32_t mag = (kMagShift >= 4 * i ? w << (kMagShift - 4 * i) : w >> (4 * i - kMagShift)) & kMag;
-    a[i] = fma2<A>(lop3<kAndOr>(w << (12 - 4 * i), kMinusZero, mag), kUnit, kMinusZero);
+    const uint32_t bits = A == DType::bf16 ? v[i] : lop3<kAndOr>(v[i] << 3, kMag << 3, v[i] & kSign);
+    a[i] = fma2<A>(bits, kUnit, kSign);  // + (-0.0): the additive identity
   }
 }
 
