@@ -73,6 +73,8 @@ def linear(
         raise ValueError(f"bias: expected a float tensor of shape ({n},), got {getattr(bias, 'shape', bias)!r}")
     elif bias.device != qweight.device:
         raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
+    if bias is not None:
+        bias = bias.contiguous()  # every kernel reads bias[n] at n; a strided view gave wrong sums
     if out_dtype is None:
         out_dtype = torch.bfloat16 if prequantized else x.dtype
     if out_dtype not in _OUT_DTYPES:
