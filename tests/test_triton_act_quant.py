@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import humming
-from humming.triton_kernels.act_quant import quantize_activation, supports
+from humming.triton_kernels.act_quant import quantize_activation, quantize_activation_values, supports
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,24 @@ def _assert_same(got: humming.QuantizedActivation, ref: humming.QuantizedActivat
 def test_act_quant_bit_exact(case, seed, device):
     x = _inputs(case, device)
     _assert_same(quantize_activation(x, case.act), humming.quantize_activation(x, case.act), f"{case} seed={seed}")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.act in ("fp8", "fp8_tensor")], ids=str)
+def test_act_quant_values_are_the_codes_values(case, seed, device):
+    """quantize_activation_values: each e4m3 code's value in x's 16-bit dtype (bf16 for fp32 x), bit for bit,
+    and the same scales as the codes."""
+    x = _inputs(case, device)
+    values, scales = quantize_activation_values(x, case.act)
+    ref = humming.quantize_activation(x, case.act)
+    want_dtype = case.dtype if case.dtype != torch.float32 else torch.bfloat16
+    want = ref.codes.view(torch.float8_e4m3fn).to(want_dtype)
+    assert values.dtype == want_dtype and torch.equal(values.view(torch.int16), want.view(torch.int16)), str(case)
+    assert torch.equal(scales, ref.scales), str(case)
+
+
+def test_act_quant_values_refuse_other_schemes():
+    with pytest.raises(ValueError, match="e4m3 schemes with float32 scales"):
+        quantize_activation_values(torch.randn(2, 64), "int8")
 
 
 @pytest.mark.parametrize("act", ["int8", "int4", "fp8", "fp8_e5m2"])

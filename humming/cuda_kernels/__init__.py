@@ -81,7 +81,7 @@ def supports(qweight, act, x: torch.Tensor) -> str | None:
     if act is not None and act.format == "e2m1":
         return fp4_gemm.supports(qweight, act, x)
     if act is not None:
-        return fp8_gemm.supports(qweight, act, x)
+        return None if _wna8_unsupported(qweight, act, x) is None else fp8_gemm.supports(qweight, act, x)
     if x.device.type != "cuda":
         return f"x is on {x.device}, not a CUDA device"
     if qweight.num_experts is not None:
@@ -104,6 +104,44 @@ def _route(qweight, x: torch.Tensor) -> tuple[str | None, str | None]:
     if m <= _decode.DECODE_MAX_M:
         return "decode", None
     return None, f"M={m} > {_decode.DECODE_MAX_M} needs the large-M GEMM, but {gemm_reason}"
+
+
+def _wna8_weight_unsupported(qweight, act) -> str | None:
+    """The weight and scheme checks of :func:`_wna8_unsupported`."""
+    if act.format != "e4m3" or act.group not in ("token", "tensor") or act.global_scale:
+        return f"the WnA16 kernels take fp8 activations as per-token or per-tensor e4m3 values, not act={act.name}"
+    if act.scale_dtype != torch.float32:
+        return f"the WnA16 kernels take float32 activation scales, not act={act.name}"
+    if qweight.format.name not in ("int4", "uint4", "int8", "uint8"):  # MXFP4: the FP8 GEMM serves every M
+        return f"the WnA16 route for fp8 activations takes integer weights, not {qweight.format.name}"
+    if qweight.num_experts is not None:
+        return "expert-stacked weights run through grouped_linear (humming.moe), not linear"
+    return None
+
+
+def _wna8_unsupported(qweight, act, x) -> str | None:
+    """``None`` when ``linear(x, qweight, act=act)`` with e4m3 activations runs through the WnA16 kernels
+    (decode, sm_90a GEMM) on the activations' e4m3 values, held exactly in x's 16-bit dtype, with the
+    activation scales applied in the epilogue. On the H200 that beats the FP8 GEMM's int4 -> e4m3 path
+    (bench/results/h200: W4A16 decode 41.8 us vs W4A8 81 us at 28672 x 8192, M = 1; 619 vs 728 us at
+    M = 1024) and computes the same products exactly in fp32. ``x``: a 16-bit float tensor."""
+    reason = _wna8_weight_unsupported(qweight, act)
+    if reason is not None:
+        return reason
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.bfloat16, torch.float16) or x.device.type != "cuda":
+        return "the WnA16 route for fp8 activations takes a bfloat16 / float16 CUDA x (not pre-quantized)"
+    return _route(qweight, x)[1]
+
+
+def _linear_wna8(x: torch.Tensor, qweight, bias, act, out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`_wna8_unsupported`'s route: quantize ``x`` to e4m3 values (Triton), then decode / GEMM with
+    the per-token or per-tensor scales in the epilogue."""
+    from ..triton_kernels.act_quant import quantize_activation_values
+
+    values, scales = quantize_activation_values(x, act)
+    if _route(qweight, values)[0] == "decode":
+        return _decode.run_decode(prepare(qweight), values, bias, out_dtype, x_scale=scales)
+    return _gemm_sm90.run_gemm(prepare(qweight), values, bias, out_dtype, x_scale=scales)
 
 
 def supports_grouped(qweight, act, x: torch.Tensor, block_m: int) -> str | None:
@@ -158,6 +196,8 @@ def prepare(qweight, act=None):
         from humming.ir.activation import get_act_scheme
 
         act = get_act_scheme(act)
+        if _wna8_weight_unsupported(qweight, act) is None:
+            return prepare(qweight)
         if act.format == "e2m1":
             cc = torch.cuda.get_device_capability(qweight.device)
             if cc not in fp4_gemm.ARCHS:
@@ -175,6 +215,8 @@ def linear(x: torch.Tensor, qweight, bias: torch.Tensor | None, act, out_dtype: 
     if act is not None and act.format == "e2m1":  # before supports(), as below
         return fp4_gemm.linear(x, qweight, bias, act, out_dtype)
     if act is not None:  # before supports(): a pre-quantized x is a QuantizedActivation, not a tensor
+        if _wna8_unsupported(qweight, act, x) is None:
+            return _linear_wna8(x, qweight, bias, act, out_dtype)
         return fp8_gemm.linear(x, qweight, bias, act, out_dtype)
     reason = supports(qweight, act, x)
     if reason is not None:
@@ -224,15 +266,19 @@ def warmup(
             limits = fp8_gemm.device_limits(device)
             jobs += fp8_gemm.grouped_warmup_jobs(qw, act, m_values, block_ms, out_dtype, bias_dtype, limits)
             continue
-        if act is not None:
+        if act is not None and _wna8_weight_unsupported(qw, act) is not None:
             jobs += fp8_gemm.warmup_jobs(qw, act, m_values, out_dtype, bias_dtype, fp8_gemm.device_limits(device))
             continue
         if qw.num_experts is not None:
             jobs += _grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, device, cc)
             continue
-        for m in m_values:
+        for m in m_values:  # WnA16, and fp8 activations through the WnA16 kernels (the same kernels)
             x = torch.empty(m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
-            if supports(qw, None, x) is not None:
+            if act is not None and _wna8_unsupported(qw, act, x) is not None:
+                limits = fp8_gemm.device_limits(device)
+                jobs += fp8_gemm.warmup_jobs(qw, act, (m,), out_dtype, bias_dtype, limits)
+                continue
+            if act is None and supports(qw, None, x) is not None:
                 continue
             prep = prepare(qw)
             bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, weight_unsupported
+from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, weight_unsupported, x_scale_args
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
@@ -217,6 +217,8 @@ class _Params(ctypes.Structure):
         ("sums", ctypes.c_void_p),
         ("arrivals", ctypes.c_void_p),
         ("total_warps", ctypes.c_int),
+        ("x_scale", ctypes.c_void_p),
+        ("x_scale_stride", ctypes.c_int),
     )
 
 
@@ -302,11 +304,14 @@ def run_decode(
     out_dtype: torch.dtype,
     tuning: DecodeTuning | None = None,
     out: torch.Tensor | None = None,
+    x_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x [M, K] @ W^T + bias`` -> ``[M, N]`` of ``out_dtype`` on the current stream.
+    """``x [M, K] @ W^T * x_scale + bias`` -> ``[M, N]`` of ``out_dtype`` on the current stream.
 
-    ``out``: an optional ``[M, N]`` tensor of ``out_dtype`` (unit column stride) to write into. Split-K and
-    stream-K tunings sum partial results with fp32 atomics, in an order that varies between calls.
+    ``out``: an optional ``[M, N]`` tensor of ``out_dtype`` (unit column stride) to write into. ``x_scale``:
+    fp32 per-token ``[M]`` or per-tensor ``[1]`` scales when ``x`` holds quantized activations' values, or
+    ``None``. Split-K and stream-K tunings sum partial results with fp32 atomics, in an order that varies
+    between calls.
     """
     from .jit import get_kernel
 
@@ -357,6 +362,7 @@ def run_decode(
         sums,
         arrivals,
         total_warps,
+        *x_scale_args(x_scale, m),
     )
     kernel.launch(grid, tuning.smem_bytes(prep.layout.bits), params, stream.cuda_stream)
     if not split:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ._decode import device_limits
-from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout
+from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, x_scale_args
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
@@ -164,7 +164,7 @@ def gemm_call_spec(
 
 
 class _Params(ctypes.Structure):
-    """Mirror of ``humming::gemm_sm90::Params`` (the tensor map first; 204 bytes of fields that alignas(64)
+    """Mirror of ``humming::gemm_sm90::Params`` (the tensor map first; 220 bytes of fields that alignas(64)
     pads to 256, all of which the launch copies)."""
 
     _fields_ = (
@@ -182,7 +182,9 @@ class _Params(ctypes.Structure):
         ("groups", ctypes.c_int),
         ("chunks_per_group", ctypes.c_int),
         ("block_m", ctypes.c_int),
-        ("_pad", ctypes.c_uint8 * 52),
+        ("x_scale", ctypes.c_void_p),
+        ("x_scale_stride", ctypes.c_int),
+        ("_pad", ctypes.c_uint8 * 36),
     )
 
 
@@ -200,12 +202,14 @@ def run_gemm(
     out_dtype: torch.dtype,
     tuning: GemmTuning | None = None,
     out: torch.Tensor | None = None,
+    x_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x [M, K] @ W^T + bias`` -> ``[M, N]`` of ``out_dtype`` on the current stream (sm_90a)."""
+    """``x [M, K] @ W^T * x_scale + bias`` -> ``[M, N]`` of ``out_dtype`` on the current stream (sm_90a);
+    ``x_scale``: fp32 per-token ``[M]`` or per-tensor ``[1]`` scales of quantized activations, or ``None``."""
     m = x.shape[0]
     if tuning is None:
         tuning = default_gemm_tuning(m, prep.layout, device_limits(_device_index(x))[1])
-    return _launch(prep, x, bias, out_dtype, tuning, out, None, 0)
+    return _launch(prep, x, bias, out_dtype, tuning, out, None, 0, x_scale)
 
 
 def run_grouped_gemm(
@@ -245,6 +249,7 @@ def _launch(
     out: torch.Tensor | None,
     expert_ids: torch.Tensor | None,
     block_m: int,
+    x_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     from .jit import get_kernel
 
@@ -275,6 +280,7 @@ def _launch(
         prep.groups,
         prep.chunks_per_group,
         block_m,
+        *x_scale_args(x_scale, m),
     )
     grid = (prep.n // 128, -(-m // tuning.bm), 1)
     kernel.launch(grid, tuning.smem_bytes(prep.layout), params, torch.cuda.current_stream(device).cuda_stream)

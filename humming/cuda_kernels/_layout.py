@@ -41,6 +41,7 @@ __all__ = [
     "prepare_weight",
     "tile_group",
     "weight_unsupported",
+    "x_scale_args",
 ]
 
 DTYPE_CODE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -80,6 +81,19 @@ class PreparedWeight:
     def nbytes(self) -> int:
         tensors = [self.qweight, self.scales] + ([self.zeros] if self.zeros is not None else [])
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def x_scale_args(x_scale: torch.Tensor | None, m: int) -> tuple[int | None, int]:
+    """(pointer, stride) of the kernels' ``x_scale`` parameter: fp32 activation scales, one per token
+    (``[M]`` or ``[M, 1]``) or one per tensor (any single element), or ``None``."""
+    if x_scale is None:
+        return None, 0
+    if x_scale.dtype != torch.float32 or x_scale.numel() not in (1, m) or not x_scale.is_contiguous():
+        raise ValueError(
+            f"x_scale: expected a contiguous float32 tensor of {m} or 1 elements, got {x_scale.dtype} "
+            f"{tuple(x_scale.shape)}"
+        )
+    return x_scale.data_ptr(), 1 if x_scale.numel() == m and m > 1 else 0
 
 
 def tile_group(n: int) -> int:

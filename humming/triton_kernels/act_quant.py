@@ -20,7 +20,7 @@ import triton.language as tl
 from ..ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
 from . import registry
 
-__all__ = ["quantize_activation", "supports"]
+__all__ = ["quantize_activation", "quantize_activation_values", "supports"]
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -80,7 +80,8 @@ def _decode_e4m3(code):
     mant = code & 0x7
     normal = ((exp_field - 7 + 127) << 23) | (mant << 20)
     mag = tl.where(exp_field == 0, mant.to(tl.float32) * 0.001953125, normal.to(tl.float32, bitcast=True))
-    return tl.where(((code >> 7) & 1) == 1, -mag, mag)
+    sign = ((code >> 7) & 1) << 31  # OR-ed in: negation (0 - mag) would turn code 0x80 into +0.0
+    return (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -151,6 +152,7 @@ def _act_quant_kernel(
     GROUP_K: tl.constexpr,  # span of one scale along K; 0 = the whole row
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    VALUES: tl.constexpr = False,  # store e4m3 values (16-bit floats) instead of codes
 ):
     """Quantize x [M, K] -> codes uint8 [M, K] and scales. Grid: (cdiv(M, BLOCK_M), spans along K)."""
     pid_m = tl.program_id(0)
@@ -220,7 +222,11 @@ def _act_quant_kernel(
         mask = row_mask[:, None] & (cols[None, :] < k_hi)
         x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         code = _quantize_chunk(x, s[:, None], e8m0_exp[:, None], INT, BITS, MBITS, BIAS, MAXV, SCALE)
-        tl.store(codes_ptr + rows[:, None] * stride_cm + cols[None, :], code.to(tl.uint8), mask=mask)
+        if VALUES:  # the e4m3 value of each code, in codes_ptr's 16-bit float type (exact)
+            value = _decode_e4m3(code).to(codes_ptr.dtype.element_ty)
+            tl.store(codes_ptr + rows[:, None] * stride_cm + cols[None, :], value, mask=mask)
+        else:
+            tl.store(codes_ptr + rows[:, None] * stride_cm + cols[None, :], code.to(tl.uint8), mask=mask)
 
 
 def supports(x: torch.Tensor, act: str | ActScheme) -> str | None:
@@ -262,6 +268,26 @@ def quantize_activation(
     :func:`humming.quantize_activation` (same codes, scales and global scale). A static per-tensor
     ``scale`` replaces the dynamic one."""
     scheme = get_act_scheme(act)
+    codes, scales, gscale = _quantize(x, scheme, scale, None)
+    if _scale_kind(scheme) != "fp32":
+        scales = scales.view(scheme.scale_dtype)
+    return QuantizedActivation(scheme, codes, scales, gscale)
+
+
+def quantize_activation_values(x: torch.Tensor, act: str | ActScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values, scales)``: the codes of :func:`quantize_activation` for an e4m3 scheme with float32 scales,
+    stored as the e4m3 values they stand for in ``x``'s 16-bit dtype (bfloat16 for float32 ``x``), where
+    every e4m3 value is exact. For kernels that multiply them on 16-bit tensor cores (the CUDA backend's
+    fp8-activation route through its WnA16 kernels); ``values * scales`` is the dequantized activation."""
+    scheme = get_act_scheme(act)
+    if scheme.element_format.name != "e4m3" or _scale_kind(scheme) != "fp32":
+        raise ValueError(f"act: values are produced for e4m3 schemes with float32 scales, not {scheme.name}")
+    values_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    values, scales, _ = _quantize(x, scheme, None, values_dtype)
+    return values, scales
+
+
+def _quantize(x, scheme: ActScheme, scale, values_dtype):
     reason = supports(x, scheme)
     if reason:
         raise ValueError(reason)
@@ -270,7 +296,7 @@ def quantize_activation(
     bn, bk = scheme.group_shape
     kind = _scale_kind(scheme)
     dev = x.device
-    codes = torch.empty(m, k, dtype=torch.uint8, device=dev)
+    codes = torch.empty(m, k, dtype=values_dtype or torch.uint8, device=dev)
     if scale is not None:
         if kind != "fp32":
             raise ValueError(f"scale: a static scale needs a float32-scale scheme, got {scheme.name}")
@@ -327,11 +353,10 @@ def quantize_activation(
         GROUP_K=group_k,
         BLOCK_M=block_m,
         BLOCK_K=block_k,
+        VALUES=values_dtype is not None,
         num_warps=num_warps,
     )
-    if kind != "fp32":
-        scales = scales.view(scheme.scale_dtype)
-    return QuantizedActivation(scheme, codes, scales, gscale)
+    return codes, scales, gscale
 
 
 def per_token_tile(m: int, k: int) -> tuple[int, int, int]:
@@ -371,9 +396,9 @@ def _compile_specs() -> list[registry.CompileSpec]:
                 kernel=_act_quant_kernel,
                 pointers={
                     "x_ptr": "*bf16",
-                    "codes_ptr": "*u8",
+                    "codes_ptr": "*bf16" if values else "*u8",
                     "scales_ptr": "*fp32" if kind == "fp32" else "*u8",
-                    "amax_ptr": "*i32" if source == "tensor" or kind == "e4m3g" else "*u8",  # else codes_ptr
+                    "amax_ptr": "*i32" if source == "tensor" or kind == "e4m3g" else ("*bf16" if values else "*u8"),
                     "gscale_ptr": "*fp32",
                 },
                 constexprs={
@@ -388,11 +413,12 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "GROUP_K": 0 if bk == -1 else bk,
                     "BLOCK_M": block_m,
                     "BLOCK_K": block_k,
+                    "VALUES": values,
                 },
                 num_warps=num_warps,
                 aligned=("K", "stride_xm", "stride_cm"),
             )
-            for block_m, block_k, num_warps, suffix in tiles
+            for block_m, block_k, num_warps, suffix, values in tiles
         ]
     return specs
 

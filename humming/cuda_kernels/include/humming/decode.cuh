@@ -49,7 +49,17 @@ struct Params {
   float* sums;           // stream_k: [M, N] fp32 partial sums, all zero between calls
   int* arrivals;         // stream_k: [N / 16 / kR] arrival counters, all zero between calls
   int total_warps;       // stream_k: warps of the persistent grid (W)
+  const float* x_scale;  // per-token (x_scale_stride 1) or per-tensor (0) activation scale, or null: x holds
+  int x_scale_stride;    // quantized activations' values (fp8 schemes run through the 16-bit kernels)
 };
+
+// The output value of `sum` (x row `token` times W row `n`): times the activation scale, plus the bias.
+template <DType B>
+__device__ __forceinline__ float epilogue(const Params& p, int token, int n, float sum, bool add_bias) {
+  if (p.x_scale != nullptr) sum *= p.x_scale[token * p.x_scale_stride];
+  if (add_bias && p.bias != nullptr) sum += load_float<B>(p.bias, n);
+  return sum;
+}
 
 enum class Schedule { tiles, split_k, stream_k };
 
@@ -361,8 +371,7 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
     const int token = acc_token(t, l, i);
     const int n = acc_row(tile0, r, l, i);
     if (token >= p.M) continue;
-    float v = red[idx];
-    if (p.bias != nullptr && blockIdx.y == 0) v += load_float<B>(p.bias, n);
+    const float v = epilogue<B>(p, token, n, red[idx], blockIdx.y == 0);
     const long o = long(token) * p.out_stride + n;
     if constexpr (kSplit) {
       atomicAdd(static_cast<float*>(p.out) + o, v);
@@ -411,9 +420,8 @@ __device__ __forceinline__ void finish_tile(const Params& p, int tile, int units
         const int n = acc_row(tile0, r, lane, i);
         if (token >= p.M) continue;
         // atomicExch reads the total at L2, where the adds went, and restores the zero.
-        float v = alone ? acc[r][t][i] : atomicExch(p.sums + long(token) * p.N + n, 0.0f);
-        if (p.bias != nullptr) v += load_float<B>(p.bias, n);
-        store_float<O>(p.out, long(token) * p.out_stride + n, v);
+        const float sum = alone ? acc[r][t][i] : atomicExch(p.sums + long(token) * p.N + n, 0.0f);
+        store_float<O>(p.out, long(token) * p.out_stride + n, epilogue<B>(p, token, n, sum, true));
       }
   if (!alone && lane == 0) p.arrivals[tile] = 0;
 }

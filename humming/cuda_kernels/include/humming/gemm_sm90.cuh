@@ -41,6 +41,8 @@ struct alignas(64) Params {
   int groups;
   int chunks_per_group;
   int block_m;           // grouped: rows per expert_ids entry
+  const float* x_scale;  // per-token (x_scale_stride 1) or per-tensor (0) activation scale, or null: x holds
+  int x_scale_stride;    // quantized activations' values (fp8 schemes run through the 16-bit kernels)
 };
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -351,6 +353,7 @@ __device__ __forceinline__ void run(const Params& p) {
         const long n = n_base + 8 * (e >> 1);
         if (token < p.M) {
           float v = acc[4 * i + e];
+          if (p.x_scale != nullptr) v *= p.x_scale[token * p.x_scale_stride];
           if (p.bias != nullptr) v += load_float<B>(p.bias, long(expert) * p.N + n);
           store_float<O>(p.out, long(token) * p.out_stride + n, v);
         }
