@@ -3,6 +3,9 @@ or x 4-bit weights turned into e4m3 in registers (W4A8): int4, or MXFP4 (e2m1 wi
 
 ``out[M, N] = x[M, K] @ dequantize(W)^T + bias`` with activations quantized to e4m3 (per token, per tensor,
 or 1x128 groups) by the Triton activation pass, bit-exact with :func:`humming.quantize_activation`.
+Dense int4 x per-token / per-tensor fp8 calls from ``humming.linear`` run here only where the WnA16
+kernels cannot take them (``humming.cuda_kernels._wna8_unsupported``: the e4m3 values on bf16 / fp16
+tensor cores measured faster on the H200); grouped W4A8 and MXFP4 x fp8 always run here.
 
 Configs come in the three kinds of the house style:
 
