@@ -386,10 +386,15 @@ def _compile_specs() -> list[registry.CompileSpec]:
         kind = _scale_kind(scheme)
         bn, bk = scheme.group_shape
         source = "tensor" if bn == -1 else "local"
-        # The launch's tiles (quantize_activation): groups, per-token rows (M >= 1024 and decode), per-tensor.
-        tiles = [(4096 // bk, bk, 4, "")]
-        if bk == -1:
-            tiles = [(16, 256, 4, "")] if source == "tensor" else [(4, 1024, 4, ""), (1, 8192, 16, "-decode")]
+        # The launch's tiles (quantize_activation): groups, per-token rows (M >= 1024 and decode), per-tensor;
+        # (block_m, block_k, warps, name suffix, values): fp8 per-token decode rows also as bf16 values.
+        tiles = [(4096 // bk, bk, 4, "", False)]
+        if bk == -1 and source == "tensor":
+            tiles = [(16, 256, 4, "", False)]
+        elif bk == -1:
+            tiles = [(4, 1024, 4, "", False), (1, 8192, 16, "-decode", False)]
+            if scheme.name == "fp8":
+                tiles.append((1, 8192, 16, "-decode-values", True))
         specs += [
             registry.CompileSpec(
                 name=f"act_quant-{scheme.name}-bf16{suffix}",
