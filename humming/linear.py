@@ -84,6 +84,9 @@ def linear(
         raise ValueError(reason)
 
     x2d = x if prequantized else x.reshape(-1, k)
+    if x_data.numel() == 0:  # no tokens (an idle batch): nothing to launch; every backend would agree
+        select_backend(backend, qweight, act, x2d if not prequantized else x.codes)  # still reports bad requests
+        return torch.empty(*lead, n, dtype=out_dtype, device=qweight.device)
     module = select_backend(backend, qweight, act, x2d if not prequantized else x.codes)
     out = module.linear(x2d, qweight, bias, act, out_dtype)
     return out.reshape(*lead, n)

@@ -113,6 +113,22 @@ def test_strided_bias_on_gpu(weight, act, m, seed):
     assert rel_err(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference", "triton"])
+@pytest.mark.parametrize("act", [None, "fp8"])
+def test_empty_batch_returns_an_empty_output(backend, act):
+    qw = humming.quantize(torch.randn(48, 256), "int4", group_size=64)
+    out = humming.linear(torch.empty(2, 0, 256, dtype=torch.bfloat16), qw, backend=backend, act=act)
+    assert out.shape == (2, 0, 48) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [None, "fp8"])
+def test_empty_batch_on_gpu(act):
+    qw = humming.quantize(torch.randn(256, 512, device="cuda"), "int4", group_size=128)
+    out = humming.linear(torch.empty(0, 512, dtype=torch.bfloat16, device="cuda"), qw, act=act, backend="cuda")
+    assert out.shape == (0, 256) and out.device.type == "cuda"
+
+
 def test_prequantized_activations_and_out_dtype(seed):
     qw = humming.quantize(torch.randn(32, 64), "e4m3", group_size=-1)
     x = torch.randn(4, 64, dtype=torch.bfloat16)
