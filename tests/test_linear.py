@@ -121,6 +121,14 @@ def test_empty_batch_returns_an_empty_output(backend, act):
     assert out.shape == (2, 0, 48) and out.dtype == torch.bfloat16
 
 
+def test_quantize_activation_names_a_bad_x():
+    for x in (torch.empty(0, 256), torch.randn(2, 3, 256)):
+        with pytest.raises(ValueError, match=r"x: expected a non-empty \[M, K\]"):
+            quantize_activation(x, "fp8")
+    rows = humming.ir.pack_codes(torch.zeros(0, 64, dtype=torch.uint8), 4)  # no rows: no words, no error
+    assert rows.shape == (0, 8)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", [None, "fp8"])
 def test_empty_batch_on_gpu(act):

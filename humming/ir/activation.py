@@ -95,8 +95,8 @@ def quantize_activation(
     """Quantize ``x`` ``[M, K]`` with scheme ``act``; a given ``scale`` (per-tensor, static) or
     ``global_scale`` (NVFP4 static second-level scale) replaces the dynamic one."""
     scheme = get_act_scheme(act)
-    if x.dim() != 2:
-        raise ValueError(f"x: expected [M, K], got shape {tuple(x.shape)}")
+    if x.dim() != 2 or x.numel() == 0:
+        raise ValueError(f"x: expected a non-empty [M, K], got shape {tuple(x.shape)}")
     fmt = scheme.element_format
     if scale is not None:
         scale = scale.to(device=x.device, dtype=torch.float32).reshape(1, 1)

@@ -34,7 +34,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
         raise ValueError(f"pack_codes: codes must be an integer tensor, got {codes.dtype}")
     k = codes.shape[-1]
     values = torch.nn.functional.pad(codes.to(torch.int64) & ((1 << bits) - 1), (0, -k % 8))
-    runs = values.reshape(*values.shape[:-1], -1, 8)  # [..., K/8, 8]: 8 codes = `bits` bytes
+    runs = values.reshape(*values.shape[:-1], values.shape[-1] // 8, 8)  # [..., K/8, 8]: 8 codes = `bits` bytes
     run = (runs << (bits * torch.arange(8, device=codes.device))).sum(-1)  # disjoint fields: sum == or
     data = (run.unsqueeze(-1) >> (8 * torch.arange(bits, device=codes.device))) & 0xFF
     data = data.to(torch.uint8).flatten(-2)
