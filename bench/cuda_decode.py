@@ -5,7 +5,7 @@ to exceed the L2 several times (cold weights), and divided by the number of laun
 bytes the call must move (weights, scales, zeros, activations, output) over the copy bandwidth measured
 in the same run, and over 4.3 TB/s. The baseline is torch's bf16 matmul on the dequantized weight.
 
-Usage: python bench/cuda_decode.py OUT.json [--sweep]
+Usage: python bench/cuda_decode.py OUT.json [--sweep] [--shapes NxK,...] [--schemes int4-g128,...] [--m 1,16]
        python bench/cuda_decode.py OUT.json --stream-k   (stream-K vs the tile grid vs torch bf16, a table)
        python bench/cuda_decode.py - --sanitize          (small stream-K calls, for compute-sanitizer)
 """
@@ -170,7 +170,13 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time a grid of tunings")
     parser.add_argument("--stream-k", action="store_true", help="only the stream-K vs tile grid vs torch table")
     parser.add_argument("--sanitize", action="store_true", help="only small stream-K calls (compute-sanitizer)")
+    parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="NxK,NxK,...")
+    parser.add_argument("--schemes", default=",".join(SCHEMES), help=f"comma-separated, of {list(SCHEMES)}")
+    parser.add_argument("--m", default=",".join(map(str, M_VALUES)), help="comma-separated token counts")
     args = parser.parse_args()
+    shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
+    schemes = {name: SCHEMES[name] for name in args.schemes.split(",")}
+    m_values = [int(m) for m in args.m.split(",")]
     if args.sanitize:
         sanitize()
         return
@@ -203,17 +209,17 @@ def main() -> None:
             json.dump(result, f, indent=1)
         return
     print(f"{'shape':>12} {'scheme':>14} {'M':>3} {'us':>8} {'floor us':>8} {'x floor':>7} {'torch us':>8} vs torch")
-    for n, k in SHAPES:
+    for n, k in shapes:
         w = torch.randn(n, k, device="cuda") * 0.02
         w_bf16 = w.to(torch.bfloat16)
         torch_copies = max(1, -(-3 * l2 // (w_bf16.numel() * 2)))
         torch_ws = [w_bf16.clone() for _ in range(torch_copies)]
-        for scheme, kwargs in SCHEMES.items():
+        for scheme, kwargs in schemes.items():
             qw = humming.quantize(w, **kwargs)
             prep = prepare_weight(qw)
             wbytes = prep.nbytes
             preps = rotated_preps(prep, l2)
-            for m in M_VALUES:
+            for m in m_values:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 ref = x.float() @ humming.dequantize(qw, torch.float32).T
