@@ -135,3 +135,34 @@ def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path
     before_barrier = {name: text[: text.index("BAR.SYNC")] for name, text in sass.items()}
     assert "LDG.E" in before_barrier[grouped.name], "no expert id load before the first barrier"
     assert "LDG.E" not in before_barrier[dense.name]
+
+
+def _mirrors():
+    from humming.cuda_kernels import fp4_gemm, fp8_gemm
+
+    return [  # (ctypes mirror, header, C++ type, arch)
+        (_decode._Params, "decode.cuh", "humming::decode::Params", "sm_80"),
+        (_gemm_sm90._Params, "gemm_sm90.cuh", "humming::gemm_sm90::Params", "sm_90a"),
+        (fp8_gemm._Params, "fp8_gemm_sm90.cuh", "humming::fp8_sm90::Params", "sm_90a"),
+        (fp4_gemm._Params, "fp4_gemm_sm120.cuh", "humming::fp4_sm120::Params", "sm_120a"),
+        (fp4_gemm._ProbeParams, "fp4_mma_probe_sm120.cuh", "humming::fp4_sm120::ProbeParams", "sm_120a"),
+        (fp4_gemm._Sm100Params, "fp4_gemm_sm100.cuh", "humming::fp4_sm100::Params", "sm_100a"),
+        (fp4_gemm._Sm100ProbeParams, "fp4_mma_probe_sm100.cuh", "humming::fp4_sm100::ProbeParams", "sm_100a"),
+    ]
+
+
+@pytest.mark.parametrize("mirror", range(7))
+def test_host_param_structs_mirror_the_kernels(mirror):
+    """Every ctypes ``Params`` mirror has the C++ struct's size and each field's offset (NVRTC checks
+    static_asserts on __builtin_offsetof): a drifted mirror would pass garbage to a kernel."""
+    import ctypes
+    import types
+
+    struct, header, cpp, arch = _mirrors()[mirror]
+    asserts = [f'static_assert(sizeof({cpp}) == {ctypes.sizeof(struct)}, "sizeof");']
+    for name, _ in struct._fields_:
+        if not name.startswith("_"):  # padding
+            offset = getattr(struct, name).offset
+            asserts.append(f'static_assert(__builtin_offsetof({cpp}, {name}) == {offset}, "{name} at {offset}");')
+    source = jit._flatten(f'#include "humming/{header}"\n' + "\n".join(asserts), "<mirror>", jit.INCLUDE_DIR, set())
+    jit._nvrtc_compile(types.SimpleNamespace(name=f"mirror_{mirror}"), arch, source)  # raises on a mismatch
