@@ -596,3 +596,25 @@ def test_stream_k_capture_without_reserved_workspace_replays_correctly(seed, mon
         graph.replay()
         torch.cuda.synchronize()
         _check(out, _reference(x, qw, None))
+
+
+def test_route_is_computed_once_per_weight_and_call_shape(monkeypatch):
+    """supports() and linear() both ask for the route on every call: it is computed once per (weight, x dtype,
+    device, M, row alignment) and looked up after (device capability faked: this runs on CPU)."""
+    from humming import cuda_kernels
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    computed = []
+    compute = cuda_kernels._compute_route
+    monkeypatch.setattr(cuda_kernels, "_compute_route", lambda qw, x: computed.append(x.shape[0]) or compute(qw, x))
+    qw = _quantize(256, 512, "int4-g128")
+    rows = torch.empty(101, 520, dtype=torch.bfloat16)
+    for _ in range(3):
+        assert cuda_kernels._route(qw, rows[:1, :512]) == ("decode", None)
+        assert cuda_kernels._route(qw, rows[:100, :512]) == ("gemm_sm90", None)
+    assert computed == [1, 100]
+    unaligned = rows[1:, 4:516]  # rows 1040 bytes apart, the first 8 bytes past a 16-byte boundary
+    kernel, reason = cuda_kernels._route(qw, unaligned)
+    assert kernel is None and "16-byte aligned" in reason and computed == [1, 100, 100]
+    assert cuda_kernels._route(_quantize(256, 512, "int4-g128"), rows[:1, :512]) == ("decode", None)
+    assert computed == [1, 100, 100, 1]  # another weight: its own entry

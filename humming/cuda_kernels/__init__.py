@@ -93,8 +93,26 @@ def supports(qweight, act, x: torch.Tensor) -> str | None:
     return _route(qweight, x)[1]
 
 
+_routes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {call key: route}
+
+
 def _route(qweight, x: torch.Tensor) -> tuple[str | None, str | None]:
-    """``("decode" | "gemm_sm90", None)``, or ``(None, reason)`` when no CUDA kernel runs the call."""
+    """``("decode" | "gemm_sm90", None)``, or ``(None, reason)`` when no CUDA kernel runs the call.
+
+    Computed once per weight and call shape (everything it reads of ``x``: dtype, device, M, row
+    alignment) and then looked up: supports() and linear() both ask, on every call of a microsecond kernel.
+    """
+    key = (x.dtype, x.device, x.shape[0], x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
+    routes = _routes.get(qweight)
+    if routes is None:
+        routes = _routes[qweight] = {}
+    route = routes.get(key)
+    if route is None:
+        route = routes[key] = _compute_route(qweight, x)
+    return route
+
+
+def _compute_route(qweight, x: torch.Tensor) -> tuple[str | None, str | None]:
     cc = torch.cuda.get_device_capability(x.device)
     if cc not in _decode.DECODE_CCS:
         return None, f"the CUDA kernels are built for compute capabilities {_decode.DECODE_CCS}, not {cc}"
@@ -124,26 +142,32 @@ def _wna8_weight_unsupported(qweight, act) -> str | None:
 
 
 def _wna8_unsupported(qweight, act, x) -> str | None:
-    """``None`` when ``linear(x, qweight, act=act)`` with e4m3 activations runs through the WnA16 kernels
+    """:func:`_wna8_route`'s reason."""
+    return _wna8_route(qweight, act, x)[1]
+
+
+def _wna8_route(qweight, act, x) -> tuple[str | None, str | None]:
+    """``(kernel, None)`` when ``linear(x, qweight, act=act)`` with e4m3 activations runs through the WnA16 kernels
     (decode, sm_90a GEMM) on the activations' e4m3 values, held exactly in x's 16-bit dtype, with the
     activation scales applied in the epilogue. On the H200 that beats the FP8 GEMM's int4 -> e4m3 path
     (bench/results/h200: W4A16 decode 41.8 us vs W4A8 81 us at 28672 x 8192, M = 1; 619 vs 728 us at
-    M = 1024) and computes the same products exactly in fp32. ``x``: a 16-bit float tensor."""
+    M = 1024) and computes the same products exactly in fp32; else ``(None, reason)``. ``x``: a 16-bit
+    float tensor (its values tensor has the same dtype, M and a contiguous layout)."""
     reason = _wna8_weight_unsupported(qweight, act)
     if reason is not None:
-        return reason
+        return None, reason
     if not isinstance(x, torch.Tensor) or x.dtype not in (torch.bfloat16, torch.float16) or x.device.type != "cuda":
-        return "the WnA16 route for fp8 activations takes a bfloat16 / float16 CUDA x (not pre-quantized)"
-    return _route(qweight, x)[1]
+        return None, "the WnA16 route for fp8 activations takes a bfloat16 / float16 CUDA x (not pre-quantized)"
+    return _route(qweight, x)
 
 
-def _linear_wna8(x: torch.Tensor, qweight, bias, act, out_dtype: torch.dtype) -> torch.Tensor:
-    """:func:`_wna8_unsupported`'s route: quantize ``x`` to e4m3 values (Triton), then decode / GEMM with
-    the per-token or per-tensor scales in the epilogue."""
+def _linear_wna8(kernel: str, x: torch.Tensor, qweight, bias, act, out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`_wna8_route`'s ``kernel``: quantize ``x`` to e4m3 values (Triton), then decode / GEMM with the
+    per-token or per-tensor scales in the epilogue."""
     from ..triton_kernels.act_quant import quantize_activation_values
 
     values, scales = quantize_activation_values(x, act)
-    if _route(qweight, values)[0] == "decode":
+    if kernel == "decode":
         return _decode.run_decode(prepare(qweight), values, bias, out_dtype, x_scale=scales)
     return _gemm_sm90.run_gemm(prepare(qweight), values, bias, out_dtype, x_scale=scales)
 
@@ -219,8 +243,9 @@ def linear(x: torch.Tensor, qweight, bias: torch.Tensor | None, act, out_dtype: 
     if act is not None and act.format == "e2m1":  # before supports(), as below
         return fp4_gemm.linear(x, qweight, bias, act, out_dtype)
     if act is not None:  # before supports(): a pre-quantized x is a QuantizedActivation, not a tensor
-        if _wna8_unsupported(qweight, act, x) is None:
-            return _linear_wna8(x, qweight, bias, act, out_dtype)
+        kernel = _wna8_route(qweight, act, x)[0]
+        if kernel is not None:
+            return _linear_wna8(kernel, x, qweight, bias, act, out_dtype)
         return fp8_gemm.linear(x, qweight, bias, act, out_dtype)
     reason = supports(qweight, act, x)
     if reason is not None:
