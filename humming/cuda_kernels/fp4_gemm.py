@@ -434,7 +434,7 @@ def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None
     return (
         weight_unsupported(qweight)
         or _act_unsupported(qweight, act)
-        or device_unsupported("FP4 GEMM", x, FP4_CCS, "sm_100a / sm_120a", out_dtype, DTYPE_CODE)
+        or device_unsupported("FP4 GEMM", x, FP4_CCS, "sm_100a / sm_120a", out_dtype)
     )
 
 

@@ -550,7 +550,7 @@ def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None
     return (
         weight_unsupported(qweight)
         or _act_unsupported(qweight, act)
-        or device_unsupported("FP8 GEMM", x, FP8_CCS, "sm_90a", out_dtype, DTYPE_CODE)
+        or device_unsupported("FP8 GEMM", x, FP8_CCS, "sm_90a", out_dtype)
     )
 
 
@@ -564,7 +564,7 @@ def grouped_unsupported(
         return reason
     if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m <= 0 or block_m % 8:
         return f"the grouped FP8 GEMM needs block_m % 8 == 0 (token tiles of 8 to 128 dividing it), got {block_m!r}"
-    return device_unsupported("grouped FP8 GEMM", x, FP8_CCS, "sm_90a", out_dtype, DTYPE_CODE)
+    return device_unsupported("grouped FP8 GEMM", x, FP8_CCS, "sm_90a", out_dtype)
 
 
 def _grouped_combination_unsupported(qweight, act) -> str | None:
