@@ -30,13 +30,13 @@
 // - Bounds: TMA zero-fills rows past M / N; the host pads K to a multiple of kBK with zero codes and the scale
 //   atoms with finite scales; the epilogue stores only rows < M and channels < N.
 #include "humming/common.cuh"
-#include "humming/fp8_sm90_ptx.cuh"
+#include "humming/sm90_ptx.cuh"
 #include "humming/sm100_ptx.cuh"
 
 namespace humming {
 namespace fp4_sm100 {
 
-using fp8_sm90::TensorMap;
+using sm90::TensorMap;
 
 struct Params {
   TensorMap w_map;         // e2m1 weights uint8 [N, Kp / 2], box {128, 128}, 128-byte swizzle
@@ -98,7 +98,7 @@ template <int kVec, int kBlockT, int kStages, DType O, DType B>
 __device__ __forceinline__ void run(const Params& p) {
   using L = Layout<kVec, kBlockT, kStages>;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t base = (fp8_sm90::smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t base = (sm90::smem_u32(smem_raw) + 1023) & ~1023u;
   const uint32_t full = base + L::kBars, empty = full + 8 * kStages, acc_full = empty + 8 * kStages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = blockIdx.x * kBlockN, t_block = blockIdx.y;
@@ -106,43 +106,43 @@ __device__ __forceinline__ void run(const Params& p) {
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      fp8_sm90::mbar_init(full + 8 * s, 1);
-      fp8_sm90::mbar_init(empty + 8 * s, 1);
+      sm90::mbar_init(full + 8 * s, 1);
+      sm90::mbar_init(empty + 8 * s, 1);
     }
-    fp8_sm90::mbar_init(acc_full, 1);
-    fp8_sm90::fence_mbar_init();
-    fp8_sm90::prefetch_tensor_map(&p.w_map);
-    fp8_sm90::prefetch_tensor_map(&p.x_map);
+    sm90::mbar_init(acc_full, 1);
+    sm90::fence_mbar_init();
+    sm90::prefetch_tensor_map(&p.w_map);
+    sm90::prefetch_tensor_map(&p.x_map);
   }
   if (warp == 1) sm100::tmem_alloc<L::kTmemAlloc>(base + L::kTmemSlot);
   sm100::fence_before_sync();
   __syncthreads();
   sm100::fence_after_sync();
-  uint8_t* const smem = smem_raw + (base - fp8_sm90::smem_u32(smem_raw));  // generic pointer to `base`
+  uint8_t* const smem = smem_raw + (base - sm90::smem_u32(smem_raw));  // generic pointer to `base`
   const uint32_t tmem = *reinterpret_cast<volatile uint32_t*>(smem + L::kTmemSlot);
 
   if (warp == 0 && lane == 0) {
     for (int kb = 0; kb < num_kb; ++kb) {
       const int s = kb % kStages;
-      fp8_sm90::mbar_wait(empty + 8 * s, ((kb / kStages) & 1) ^ 1);
+      sm90::mbar_wait(empty + 8 * s, ((kb / kStages) & 1) ^ 1);
       const uint32_t bar = full + 8 * s;
-      fp8_sm90::mbar_expect_tx(bar, L::kStageBytes);
-      fp8_sm90::tma_load_2d(base + L::kA + s * L::kABytes, &p.w_map, bar, kb * kRowBytes, n0);
-      fp8_sm90::tma_load_2d(base + L::kB + s * L::kBBytes, &p.x_map, bar, kb * kRowBytes, t_block * kBlockT);
+      sm90::mbar_expect_tx(bar, L::kStageBytes);
+      sm90::tma_load_2d(base + L::kA + s * L::kABytes, &p.w_map, bar, kb * kRowBytes, n0);
+      sm90::tma_load_2d(base + L::kB + s * L::kBBytes, &p.x_map, bar, kb * kRowBytes, t_block * kBlockT);
       const long k_atom = long(kb) * L::kAtomsK;
-      fp8_sm90::bulk_load(base + L::kSfa + s * L::kSfaBytes,
+      sm90::bulk_load(base + L::kSfa + s * L::kSfaBytes,
                           p.w_sf + (long(blockIdx.x) * atoms_k + k_atom) * kAtomBytes, L::kSfaBytes, bar);
 #pragma unroll
       for (int a = 0; a < L::kTokenAtoms; ++a) {
         const long row_atom = long(t_block) * L::kTokenAtoms + a;
-        fp8_sm90::bulk_load(base + L::kSfb + s * L::kSfbBytes + a * L::kSfRowBytes,
+        sm90::bulk_load(base + L::kSfb + s * L::kSfbBytes + a * L::kSfRowBytes,
                             p.x_sf + (row_atom * atoms_k + k_atom) * kAtomBytes, L::kSfRowBytes, bar);
       }
     }
   } else if (warp == 1 && lane == 0) {
     for (int kb = 0; kb < num_kb; ++kb) {
       const int s = kb % kStages;
-      fp8_sm90::mbar_wait(full + 8 * s, (kb / kStages) & 1);
+      sm90::mbar_wait(full + 8 * s, (kb / kStages) & 1);
       sm100::fence_after_sync();
 #pragma unroll
       for (int ja = 0; ja < L::kAtomsK; ++ja) {
@@ -173,7 +173,7 @@ __device__ __forceinline__ void run(const Params& p) {
   } else if (warp >= 2) {
     const int quarter = warp % 4;
     const int n = n0 + 32 * quarter + lane;
-    fp8_sm90::mbar_wait(acc_full, 0);
+    sm90::mbar_wait(acc_full, 0);
     __syncwarp();  // the lanes leave the wait loop apart; tcgen05.ld is .aligned
     sm100::fence_after_sync();
     const float global = (p.x_global ? *p.x_global : 1.0f) * (p.w_global ? *p.w_global : 1.0f);

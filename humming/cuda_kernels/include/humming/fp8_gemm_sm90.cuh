@@ -49,10 +49,11 @@
 //   The host rounds the workspace to the output dtype. Results differ from one split only by fp32
 //   summation order. Not with kGrouped.
 #include "humming/common.cuh"
-#include "humming/fp8_sm90_ptx.cuh"
+#include "humming/sm90_ptx.cuh"
 
 namespace humming {
 namespace fp8_sm90 {
+using namespace sm90;
 
 struct alignas(64) Params {
   TensorMap w_map;             // e4m3 weights [N, Kp], box {128, kBlockN}, 128-byte swizzle
@@ -277,7 +278,7 @@ __device__ __forceinline__ void run(const Params& p) {
         for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(acc, a[k], b_desc + 2 * k, k);
       }
       wgmma_commit();
-      wgmma_wait_all();
+      wgmma_wait<0>();
       fence_registers(acc);
       if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(s));
 #pragma unroll

@@ -1,10 +1,10 @@
-// PTX wrappers for the Hopper (sm_90a) FP8 kernels: shared-memory addresses, mbarriers, TMA (bulk tensor
-// copies), wgmma on e4m3 operands, stmatrix, register reallocation, fp32 global reductions. Everything is
-// namespaced under humming::fp8_sm90 so that other Hopper kernels can carry their own wrappers without clashes.
+// PTX wrappers for the Hopper (sm_90a) kernels, shared by the WnA16 GEMM, the FP8 GEMM and the sm_100a FP4
+// GEMM's TMA side: shared-memory addresses, mbarriers, TMA (bulk tensor copies), wgmma fences and descriptors,
+// wgmma on e4m3 operands, stmatrix, register reallocation. Namespaced humming::sm90.
 #include "humming/types.cuh"
 
 namespace humming {
-namespace fp8_sm90 {
+namespace sm90 {
 
 // The 128-byte opaque CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value
 // inside a __grid_constant__ parameter struct (the copy engine reads it from parameter space).
@@ -132,7 +132,11 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Waits until at most kPending committed wgmma groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
 
 // Keeps the compiler from moving accesses of accumulator registers across wgmma issue / wait.
 template <int N>
@@ -272,5 +276,5 @@ __device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t m0, ui
                : "memory");
 }
 
-}  // namespace fp8_sm90
+}  // namespace sm90
 }  // namespace humming
