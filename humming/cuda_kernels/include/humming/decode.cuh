@@ -212,6 +212,27 @@ struct Pipeline {
     }
   }
 
+  // Issues the first kStages - 1 chunks into stages 0 .. kStages - 2 (`issue(stage)` copies the next chunk
+  // of the schedule and commits a group, empty past its end); returns the stage computed first.
+  template <class Issue>
+  __device__ __forceinline__ int prime(Issue& issue) const {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) issue(s);
+    return 0;
+  }
+
+  // One step of the pipeline: refill the stage computed last step, wait for `stage`, acc += its chunk;
+  // returns the stage of the next step.
+  template <class Issue>
+  __device__ __forceinline__ int step(int stage, Issue& issue, float (&acc)[kR][kMT][4]) const {
+    __syncwarp();  // every lane is done reading the slot the next issue overwrites
+    issue(stage == 0 ? kStages - 1 : stage - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // the warp's activation chunk, copied by all its lanes, is complete
+    compute(stage, acc);
+    return stage + 1 == kStages ? 0 : stage + 1;
+  }
+
   // acc += the chunk in `stage` (its copies complete and visible to the warp).
   __device__ __forceinline__ void compute(int stage, float (&acc)[kR][kMT][4]) const {
     // B fragments: xb[t][j] = {b0, b1} of k16 step j for token tile t, two steps per ldmatrix.x4.
@@ -338,17 +359,8 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
 
   float acc[kR][kMT][4];
   zero(acc);
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
-  int stage = 0;
-  for (int chunk = first; chunk < chunk_end; chunk += kWarps) {
-    __syncwarp();  // every lane is done reading the slot the next issue overwrites
-    issue(stage == 0 ? kStages - 1 : stage - 1);
-    cp_async_wait<kStages - 1>();
-    __syncwarp();  // the warp's activation chunk, copied by all its lanes, is complete
-    pipe.compute(stage, acc);
-    stage = stage + 1 == kStages ? 0 : stage + 1;
-  }
+  int stage = pipe.prime(issue);
+  for (int chunk = first; chunk < chunk_end; chunk += kWarps) stage = pipe.step(stage, issue, acc);
   cp_async_wait<0>();
 
   // Reduce the warps' partial sums in shared memory, then write (or atomically add) the tile.
@@ -460,17 +472,10 @@ __device__ __forceinline__ void run_stream_k(const Params& p) {
 
   float acc[kR][kMT][4];
   zero(acc);
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
-  int stage = 0;
+  int stage = pipe.prime(issue);
   int share_begin = chunk;  // the first chunk of this warp's share of `tile`
   for (int left = count; left > 0; --left) {
-    __syncwarp();  // every lane is done reading the slot the next issue overwrites
-    issue(stage == 0 ? kStages - 1 : stage - 1);
-    cp_async_wait<kStages - 1>();
-    __syncwarp();  // the warp's activation chunk, copied by all its lanes, is complete
-    pipe.compute(stage, acc);
-    stage = stage + 1 == kStages ? 0 : stage + 1;
+    stage = pipe.step(stage, issue, acc);
     if (++chunk == n_chunks || left == 1) {  // this warp's share of the tile is done
       finish_tile<O, B, kMT, kR>(p, tile, chunk - share_begin, n_chunks, pipe.lane, acc);
       zero(acc);
