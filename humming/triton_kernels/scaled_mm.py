@@ -45,7 +45,7 @@ from ._weight_tile import (
     unpack_tile,
     weight_spec,
 )
-from .configs import MIN_GROUPED_BLOCK_M, grouped_tile
+from .configs import MIN_GROUPED_BLOCK_M, finish_split_k, grouped_tile
 from .interpreter import INTERPRET, cast, dot
 from .scaled_mm_configs import ScaledMMConfig, scaled_mm_config
 
@@ -657,13 +657,7 @@ def _launch(qa, qweight, bias, out_dtype, config, out, expert_ids=None, route_bm
         GROUPED=grouped,
     )
     if split:
-        if bias is not None and not grouped:  # the grouped kernel adds its per-expert bias itself
-            dest += bias.to(torch.float32)
-        if grouped:  # rows of skipped blocks keep what ``out`` held
-            rows = (expert_ids >= 0).repeat_interleave(route_bm)[:, None]
-            out.copy_(torch.where(rows, dest, out))
-        else:
-            out.copy_(dest)
+        finish_split_k(dest, out, bias, expert_ids, route_bm)
     return out
 
 

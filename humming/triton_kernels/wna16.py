@@ -37,7 +37,7 @@ from ._weight_tile import (
     triton_type,
     weight_spec,
 )
-from .configs import MIN_GROUPED_BLOCK_M, TileConfig, grouped_tile, wna16_config
+from .configs import MIN_GROUPED_BLOCK_M, TileConfig, finish_split_k, grouped_tile, wna16_config
 from .interpreter import INTERPRET, cast, dot
 
 __all__ = ["grouped_config", "grouped_linear", "linear", "supports", "supports_grouped"]
@@ -495,13 +495,7 @@ def _launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: i
         **weight_spec(qweight).constexprs(),
     )
     if split:
-        if bias is not None and not grouped:  # the grouped kernel adds its per-expert bias itself
-            acc += bias.to(torch.float32)
-        if grouped:  # rows of skipped blocks keep what ``out`` held
-            rows = (expert_ids >= 0).repeat_interleave(route_bm)[:, None]
-            out.copy_(torch.where(rows, acc, out))
-        else:
-            out.copy_(acc)
+        finish_split_k(acc, out, bias, expert_ids, route_bm)
     return out
 
 
