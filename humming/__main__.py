@@ -7,6 +7,7 @@ import sys
 import time
 
 import torch
+from tqdm import tqdm
 
 import humming
 
@@ -55,7 +56,9 @@ def demo(args: argparse.Namespace) -> int:
     rows = [
         ("bf16 (unquantized)", w.numel() * 2, 0.0, "torch", _time_ms(lambda: x @ w.T) if device == "cuda" else None)
     ]
-    for label, qargs, act in DEMO_CASES:
+    progress = tqdm(DEMO_CASES, desc="quantize + run", unit="format", file=sys.stderr, leave=False)
+    for label, qargs, act in progress:
+        progress.set_postfix_str(label)
         qw = humming.quantize(w, **qargs)
         out = humming.linear(x, qw, act=act)
         err = float((out.double().cpu() - ref).norm() / ref.norm())
@@ -85,8 +88,23 @@ def inspect(args: argparse.Namespace) -> int:
     return inspect_main([args.path, *(["--modules", *args.modules] if args.modules else [])])
 
 
+def _version_text() -> str:
+    """humming's version and the versions of what it runs on (what a bug report needs)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = [f"humming {humming.__version__}", f"torch {torch.__version__}"]
+    for dist in ("triton", "numpy", "cuda-core", "nvidia-cuda-nvrtc"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{dist} (not installed)")
+    cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only torch build"
+    return ", ".join([*parts, cuda])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="humming", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version_text())
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="quantize an example layer in many formats and compare (CPU or GPU)")
     p.add_argument("--n", type=int, default=1024, help="output features (default 1024)")

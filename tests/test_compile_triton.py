@@ -1,5 +1,7 @@
 """Every registered Triton kernel compiles ahead of time for every architecture, with the expected
-matrix instructions (humming/triton_kernels/registry.py). No GPU needed.
+matrix instructions (humming/triton_kernels/registry.py). No GPU needed. Every specialisation compiles
+for sm_90; the other architectures compile one per kernel family and minimum architecture
+(``registry.specs_for_arch``), which keeps the check within CI's time on 2 cores.
 
 Under the interpreter ``triton.jit`` returns functions that cannot be compiled, so each architecture is
 compiled in a subprocess with ``TRITON_INTERPRET`` unset; the subprocesses run in parallel, one per core.
@@ -36,6 +38,15 @@ def _compile(arch: int) -> list[dict]:
 def compiled() -> dict:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return {arch: pool.submit(_compile, arch) for arch in registry.ARCHS}
+
+
+@pytest.mark.parametrize("arch", registry.ARCHS, ids=lambda a: f"sm_{a}")
+def test_every_family_is_compiled_for_every_arch(arch: int) -> None:
+    specs = registry.compile_specs()
+    chosen = registry.specs_for_arch(specs, arch)
+    assert {(s.family, s.min_arch) for s in chosen} == {(s.family, s.min_arch) for s in specs}
+    if arch in registry.FULL_ARCHS:
+        assert len(chosen) == len(specs)
 
 
 @pytest.mark.parametrize("arch", registry.ARCHS, ids=lambda a: f"sm_{a}")

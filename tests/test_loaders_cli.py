@@ -24,12 +24,14 @@ def test_inspect_reports_what_would_not_load(tmp_path, capsys):
     del tensors["model.layers.0.self_attn.v_proj.scales"]
     save_file(tensors, str(tmp_path / "ckpt" / "model.safetensors"))
     assert inspect_main([str(tmp_path / "ckpt"), "--modules", "*.self_attn.*"]) == 1
-    out = capsys.readouterr().out
-    assert "3 quantized modules" in out
-    assert "NOT LOADED model.layers.0.self_attn.v_proj: " in out and "v_proj.scales' is missing" in out
+    captured = capsys.readouterr()
+    assert "3 quantized modules" in captured.out and "NOT LOADED" not in captured.out
+    assert "NOT LOADED model.layers.0.self_attn.v_proj: " in captured.err
+    assert "v_proj.scales' is missing" in captured.err and "1 quantized modules would not load" in captured.err
 
 
 def test_inspect_unloadable_checkpoint(tmp_path, capsys):
     assert inspect_main([str(tmp_path)]) == 1
-    out = capsys.readouterr().out
-    assert out.startswith("cannot load: ") and "no *.safetensors files" in out
+    captured = capsys.readouterr()
+    assert not captured.out
+    assert captured.err.startswith("cannot load: ") and "no *.safetensors files" in captured.err

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+
+from tqdm import tqdm
 
 from .jit import CompiledKernel, KernelSpec, compile_kernel, compiler_unavailable_reason
 
@@ -43,24 +44,6 @@ class WarmupReport:
         return "\n".join(lines)
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.start = time.perf_counter()
-        self.lock = threading.Lock()
-
-    def step(self) -> None:
-        with self.lock:
-            self.done += 1
-            if self.enabled:
-                filled = 30 * self.done // max(self.total, 1)
-                bar = "#" * filled + "." * (30 - filled)
-                elapsed = time.perf_counter() - self.start
-                end = "\n" if self.done == self.total else ""
-                sys.stderr.write(f"\rhumming warmup [{bar}] {self.done}/{self.total} {elapsed:.1f}s{end}")
-                sys.stderr.flush()
-
-
 def warmup_specs(
     jobs: list[tuple[KernelSpec, str]], max_workers: int | None = None, progress: bool = True
 ) -> WarmupReport:
@@ -69,7 +52,7 @@ def warmup_specs(
     if reason is not None:
         raise RuntimeError(reason)
     unique = list(dict.fromkeys(jobs))
-    bar = _Progress(len(unique), progress and len(unique) > 0)
+    bar = tqdm(total=len(unique), desc="humming warmup", unit="kernel", file=sys.stderr, disable=not progress)
     start = time.perf_counter()
     results: list[CompiledKernel] = []
     workers = max_workers or min(len(unique), os.cpu_count() or 1) or 1
@@ -77,5 +60,6 @@ def warmup_specs(
         futures = [pool.submit(compile_kernel, spec, arch) for spec, arch in unique]
         for future in as_completed(futures):
             results.append(future.result())
-            bar.step()
+            bar.update()
+    bar.close()
     return WarmupReport(tuple(results), time.perf_counter() - start)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .checkpoint import iter_modules, load_module, open_checkpoint
 from .errors import CheckpointError
@@ -20,8 +21,8 @@ def _size(nbytes: int) -> str:
 
 def inspect_main(argv: list[str] | None = None) -> int:
     """List the quantized modules of a checkpoint folder: name, shape, format and group layout, bytes in the
-    IR; then the modules that would not load, with the reason, and the unquantized tensors. Returns the
-    exit status: 0 when every quantized module loads, 1 otherwise."""
+    IR, and the count of unquantized tensors on stdout; the modules that would not load, with the reason, on
+    stderr. Returns the exit status: 0 when every quantized module loads, 1 otherwise."""
     parser = argparse.ArgumentParser(prog="humming inspect", description=inspect_main.__doc__.split("\n")[0])
     parser.add_argument("path", help="checkpoint folder (config.json + *.safetensors)")
     parser.add_argument("--modules", nargs="*", help="only these module names / shell wildcards")
@@ -29,7 +30,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
     try:
         files, reader = open_checkpoint(args.path)
     except CheckpointError as err:
-        print(f"cannot load: {err}")
+        print(f"cannot load: {err}", file=sys.stderr)
         return 1
     print(f"{files.path}: {reader.describe()}")
     loaded, failed = [], []
@@ -43,11 +44,13 @@ def inspect_main(argv: list[str] | None = None) -> int:
     for name, qw in loaded:
         print(f"{name:<{width}}  {'x'.join(map(str, qw.shape)):<16}  {qw.describe():<40}  {_size(qw.nbytes)}")
     print(f"{len(loaded)} quantized modules, {_size(sum(qw.nbytes for _, qw in loaded))}")
-    for name, reason in failed:
-        print(f"NOT LOADED {name}: {reason}")
     quantized = set(reader.modules())
     others = [
         k for k in files.names() if k.rpartition(".")[0] not in quantized and k.rpartition("_")[0] not in quantized
     ]
     print(f"{len(others)} unquantized tensors (left out)")
+    for name, reason in failed:
+        print(f"NOT LOADED {name}: {reason}", file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} quantized modules would not load", file=sys.stderr)
     return 1 if failed else 0

@@ -18,7 +18,17 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["ARCHS", "BEST_MMA", "TENSOR_CORE_OPS", "CompileSpec", "compile_spec", "compile_specs", "register"]
+__all__ = [
+    "ARCHS",
+    "BEST_MMA",
+    "FULL_ARCHS",
+    "TENSOR_CORE_OPS",
+    "CompileSpec",
+    "compile_spec",
+    "compile_specs",
+    "register",
+    "specs_for_arch",
+]
 
 #: Architectures (compute capability x10) every kernel must compile for.
 ARCHS = (75, 80, 86, 89, 90, 100, 120)
@@ -34,6 +44,9 @@ TENSOR_CORE_OPS = {
 }
 #: The architecture's own large-tile instruction, required of specs with ``mma="best"``.
 BEST_MMA = {90: "wgmma.mma_async", 100: "tcgen05.mma"}
+#: Architectures that compile every specialisation (the H200's); the others compile one per kernel family
+#: and minimum architecture (:func:`specs_for_arch`), which covers each code path that differs by arch.
+FULL_ARCHS = (90,)
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,12 @@ class CompileSpec:
     mma: str = "none"
     min_arch: int = 75
     aligned: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def family(self) -> str:
+        """The kernel this specialises (``wna16``, ``scaled_mm-grouped``...): the name up to the first '-',
+        plus ``-grouped`` for the MoE variant, which compiles a different path."""
+        return self.name.split("-")[0] + ("-grouped" if "-grouped-" in self.name else "")
 
     def signature(self) -> dict[str, str]:
         sig = {}
@@ -86,6 +105,20 @@ def compile_specs() -> list[CompileSpec]:
         if not info.name.startswith("_") and info.name != "registry":
             importlib.import_module(f"{package.__name__}.{info.name}")
     return [spec for factory in _FACTORIES.values() for spec in factory()]
+
+
+def specs_for_arch(specs: list[CompileSpec], arch: int) -> list[CompileSpec]:
+    """What to compile for ``sm_<arch>``: every spec on :data:`FULL_ARCHS`, else one per (family, minimum
+    architecture), preferring specs that must use the best matrix instruction, then any tensor-core one."""
+    if arch in FULL_ARCHS:
+        return list(specs)
+    rank = {"best": 0, "any": 1, "none": 2}
+    chosen: dict[tuple[str, int], CompileSpec] = {}
+    for spec in specs:
+        key = (spec.family, spec.min_arch)
+        if key not in chosen or rank[spec.mma] < rank[chosen[key].mma]:
+            chosen[key] = spec
+    return list(chosen.values())
 
 
 def compile_spec(spec: CompileSpec, arch: int) -> dict:
@@ -124,11 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, action="append", help="compute capability x10 (repeatable)")
     parser.add_argument("--only", default=None, help="compile only specs whose name contains this")
+    parser.add_argument("--all-specs", action="store_true", help="every spec on every arch (see specs_for_arch)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         parser.error("unset TRITON_INTERPRET: interpreted kernels cannot be compiled ahead of time")
     specs = [s for s in compile_specs() if args.only is None or args.only in s.name]
-    results = [compile_spec(s, arch) for arch in (args.arch or ARCHS) for s in specs]
+    results = [
+        compile_spec(s, arch)
+        for arch in (args.arch or ARCHS)
+        for s in (specs if args.all_specs else specs_for_arch(specs, arch))
+    ]
     json.dump(results, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0 if all(r["ok"] for r in results) else 1

@@ -167,9 +167,10 @@ def _wna16_kernel(
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=mask)
     else:
-        if GROUPED and HAS_BIAS:  # the bias differs per expert: the first K slice adds it
-            first_slice = tl.program_id(1) == 0
-            acc += tl.load(bias_ptr + offs_n, mask=(offs_n < N) & first_slice, other=0.0).to(tl.float32)[None, :]
+        # the bias differs per expert: the first K slice adds it (a compile-time test, then a run-time one)
+        if GROUPED and HAS_BIAS:  # noqa: SIM102
+            if tl.program_id(1) == 0:
+                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         tl.atomic_add(out, acc, mask=mask, sem="relaxed")
 
 
