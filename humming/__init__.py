@@ -1,7 +1,9 @@
 """humming: one weight IR and one kernel library for quantized LLM inference."""
 
 from . import moe
-from .dispatch.backends import prepare
+from .deterministic import is_deterministic, set_deterministic
+from .dispatch.plan import Plan, explain, prepare
+from .dispatch.warmup import warmup
 from .ir import (
     ACT_SCHEMES,
     FORMATS,
@@ -22,15 +24,6 @@ from .ir import (
 from .linear import linear
 from .loaders import concat, load_checkpoint, shard, stack
 
-
-def warmup(layers, m_values=(1, 16, 64), **kwargs):
-    """Compile every CUDA kernel ``layers`` need for token counts ``m_values`` ahead of time, in parallel,
-    so that serving (and CUDA graph capture) never compiles; see ``humming.cuda_kernels.warmup``."""
-    from .cuda_kernels import warmup as cuda_warmup  # imports cuda-core only when asked
-
-    return cuda_warmup(layers, m_values, **kwargs)
-
-
 __version__ = "0.1.0"
 
 __all__ = [
@@ -39,13 +32,16 @@ __all__ = [
     "WEIGHT_SCHEMES",
     "ActScheme",
     "NumberFormat",
+    "Plan",
     "QuantizedActivation",
     "QuantizedWeight",
     "__version__",
     "concat",
     "dequantize",
     "dequantize_activation",
+    "explain",
     "get_format",
+    "is_deterministic",
     "linear",
     "list_formats",
     "load",
@@ -55,6 +51,7 @@ __all__ = [
     "quantize",
     "quantize_activation",
     "save",
+    "set_deterministic",
     "shard",
     "stack",
     "warmup",

@@ -1,4 +1,5 @@
-"""Command line: ``python -m humming demo`` (the main job) and ``python -m humming inspect PATH``."""
+"""Command line: ``python -m humming demo`` (the main job), ``inspect PATH`` (a checkpoint) and ``tune`` (a GPU's
+dispatch table)."""
 
 from __future__ import annotations
 
@@ -75,11 +76,7 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def _backend_name(qw, act, x) -> str:
-    from .dispatch.backends import select_backend
-    from .ir.activation import get_act_scheme
-
-    module = select_backend("auto", qw, None if act is None else get_act_scheme(act), x)
-    return module.__name__.rsplit(".", 1)[-1].replace("_kernels", "")
+    return humming.explain(qw, x.shape[0], act, dtype=x.dtype).kernel
 
 
 def inspect(args: argparse.Namespace) -> int:
@@ -113,10 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even when a GPU is present")
     p.set_defaults(func=demo)
+    sub.add_parser("tune", help="measure the kernels on this GPU and write its dispatch table (tune --help)")
     p = sub.add_parser("inspect", help="list the quantized modules of a checkpoint folder")
     p.add_argument("path")
     p.add_argument("--modules", nargs="*", help="only these module names / shell wildcards")
     p.set_defaults(func=inspect)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tune"]:  # its own parser: python -m humming tune --help
+        from .dispatch.tune import main as tune_main
+
+        return tune_main(argv[1:])
     args = parser.parse_args(argv)
     start = time.perf_counter()
     status = args.func(args)

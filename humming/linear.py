@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch.backends import select_backend
+from .dispatch.kernels import DENSE_KERNELS
+from .dispatch.plan import plan_linear
 from .dispatch.support import combination_error
 from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from .ir.weight import QuantizedWeight
@@ -84,9 +85,8 @@ def linear(
         raise ValueError(reason)
 
     x2d = x if prequantized else x.reshape(-1, k)
-    if x_data.numel() == 0:  # no tokens (an idle batch): nothing to launch; every backend would agree
-        select_backend(backend, qweight, act, x2d if not prequantized else x.codes)  # still reports bad requests
+    plan = plan_linear(qweight, act, x.codes if prequantized else x2d, backend)  # also reports bad requests
+    if x_data.numel() == 0:  # no tokens (an idle batch): nothing to launch
         return torch.empty(*lead, n, dtype=out_dtype, device=qweight.device)
-    module = select_backend(backend, qweight, act, x2d if not prequantized else x.codes)
-    out = module.linear(x2d, qweight, bias, act, out_dtype)
+    out = DENSE_KERNELS[plan.kernel].run(x2d, qweight, bias, act, out_dtype, plan.tuning)
     return out.reshape(*lead, n)

@@ -12,7 +12,7 @@ one have expert id -1 and kernels skip them.
 - :func:`grouped_linear`: ``[M_pad, K]`` rows times their block's expert -> ``[M_pad, N]``.
 - :func:`fused_moe`: align, gather, ``w13``, SiLU-and-multiply, ``w2``, weighted sum back to tokens.
 
-Backends: ``"auto"`` tries CUDA, Triton, then the reference (``humming/dispatch/backends.py``). The
+Backends: ``"auto"`` tries CUDA, Triton, then the reference (``humming/dispatch/plan.py``). The
 reference runs every weight format and ``act`` scheme that :func:`humming.linear` does. The Triton grouped
 kernels (the dense WnA16 and scaled GEMMs with an expert-id path) need ``block_m`` a multiple of 16 and run
 every WnA16 format (``act=None``) and the scaled GEMM's combinations with per-token or per-group activation
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .dispatch.backends import select_backend
+from .dispatch.kernels import GROUPED_KERNELS
+from .dispatch.plan import plan_grouped
 from .dispatch.support import combination_error
 from .ir.activation import get_act_scheme
 from .ir.weight import QuantizedWeight
@@ -222,8 +223,8 @@ def grouped_linear(
     reason = combination_error(qweight.format, act)
     if reason:
         raise ValueError(reason)
-    module = select_backend(backend, qweight, act, x, block_m=block_m)
-    return module.grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype)
+    plan = plan_grouped(qweight, act, x, block_m, backend)
+    return GROUPED_KERNELS[plan.kernel].run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning)
 
 
 def default_block_m(num_slots: int, num_experts: int) -> int:

@@ -42,6 +42,23 @@ def device() -> str:
     return "cuda" if HAS_CUDA else "cpu"
 
 
+@pytest.fixture
+def fake_cuda_device(monkeypatch):
+    """Make ``humming.device`` describe any device (CPU tensors included) as a fake CUDA device, for
+    dispatch and heuristic tests on CPU; returns a function that sets its compute capability."""
+    from humming import device
+
+    def fake(capability=(9, 0), sm_count=132, smem_per_block=232448, smem_per_sm=233472):
+        info = device.DeviceInfo(
+            0, "fake", capability, device.DeviceLimits(sm_count, smem_per_block, smem_per_sm), 50 << 20
+        )
+        monkeypatch.setattr(device, "device_index", lambda d=None: 0)
+        monkeypatch.setattr(device, "_info", lambda index: info)
+        return info
+
+    return fake
+
+
 @pytest.fixture(scope="session")
 def fp8_sm90() -> None:
     """Skip unless the CUDA FP8 GEMM runs here: NVRTC and cuda-core importable, an sm_90 GPU."""

@@ -295,7 +295,7 @@ def test_graph_capture_never_compiles(seed, tmp_path, monkeypatch):
         graph = torch.cuda.CUDAGraph()
         with pytest.raises(jit.KernelNotReadyError, match="warmup"), torch.cuda.graph(graph, stream=stream):
             _decode.run_decode(prep, x, None, torch.float16, tuning=tuning)
-    report = cuda_kernels.warmup([qw], m_values=(3,), act_dtype=torch.float16, progress=False)
+    report = humming.warmup([qw], m_values=(3,), act_dtype=torch.float16, progress=False)
     assert len(report.kernels) == 1
     out = torch.full((3, 512), float("nan"), device="cuda", dtype=torch.float16)
     graph = torch.cuda.CUDAGraph()
@@ -559,7 +559,7 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
 
     monkeypatch.setattr(_decode, "default_tuning", lambda *args: tuning)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    cuda_kernels.warmup([qw], m_values=(m,), bias_dtype=torch.bfloat16, progress=False)
+    humming.warmup([qw], m_values=(m,), bias_dtype=torch.bfloat16, progress=False)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = cuda_kernels.linear(x, qw, bias, None, torch.bfloat16)
@@ -598,23 +598,26 @@ def test_stream_k_capture_without_reserved_workspace_replays_correctly(seed, mon
         _check(out, _reference(x, qw, None))
 
 
-def test_route_is_computed_once_per_weight_and_call_shape(monkeypatch):
-    """supports() and linear() both ask for the route on every call: it is computed once per (weight, x dtype,
-    device, M, row alignment) and looked up after (device capability faked: this runs on CPU)."""
+def test_kernel_checks_are_computed_once_per_weight_and_call_shape(monkeypatch, fake_cuda_device):
+    """The decode / gemm_sm90 checks run on every call of a microsecond kernel: each is computed once per
+    (weight, x dtype, device, M, row alignment) and looked up after (device faked: this runs on CPU)."""
     from humming import cuda_kernels
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    fake_cuda_device((9, 0))
     computed = []
-    compute = cuda_kernels._compute_route
-    monkeypatch.setattr(cuda_kernels, "_compute_route", lambda qw, x: computed.append(x.shape[0]) or compute(qw, x))
+    compute = cuda_kernels._wnax_unsupported
+    monkeypatch.setattr(
+        cuda_kernels, "_wnax_unsupported", lambda k, qw, x: computed.append((k, x.shape[0])) or compute(k, qw, x)
+    )
     qw = _quantize(256, 512, "int4-g128")
     rows = torch.empty(101, 520, dtype=torch.bfloat16)
     for _ in range(3):
-        assert cuda_kernels._route(qw, rows[:1, :512]) == ("decode", None)
-        assert cuda_kernels._route(qw, rows[:100, :512]) == ("gemm_sm90", None)
-    assert computed == [1, 100]
+        assert cuda_kernels._wnax_verdict("decode", qw, rows[:1, :512]) is None
+        assert cuda_kernels._wnax_verdict("gemm_sm90", qw, rows[:100, :512]) is None
+    assert computed == [("decode", 1), ("gemm_sm90", 100)]
     unaligned = rows[1:, 4:516]  # rows 1040 bytes apart, the first 8 bytes past a 16-byte boundary
-    kernel, reason = cuda_kernels._route(qw, unaligned)
-    assert kernel is None and "16-byte aligned" in reason and computed == [1, 100, 100]
-    assert cuda_kernels._route(_quantize(256, 512, "int4-g128"), rows[:1, :512]) == ("decode", None)
-    assert computed == [1, 100, 100, 1]  # another weight: its own entry
+    assert "16-byte aligned" in cuda_kernels._wnax_verdict("gemm_sm90", qw, unaligned)
+    assert computed[-1] == ("gemm_sm90", 100)
+    other = _quantize(256, 512, "int4-g128")  # another weight: its own entry
+    assert cuda_kernels._wnax_verdict("decode", other, rows[:1, :512]) is None
+    assert len(computed) == 4

@@ -376,7 +376,7 @@ def test_warmup_jobs_follow_choose_tuning():
     assert fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1,), torch.bfloat16, None, 64, (12, 0)) == []
 
 
-def test_supports_names_the_blackwell_architectures(monkeypatch):
+def test_supports_names_the_blackwell_architectures(fake_cuda_device):
     """Off Blackwell (here: an H200, compute capability 9.0) the reason says which architectures it needs."""
     qw = quantize(torch.randn(16, 64), "nvfp4")
     act = get_act_scheme("nvfp4")
@@ -385,7 +385,7 @@ def test_supports_names_the_blackwell_architectures(monkeypatch):
     class OnCuda:
         device = torch.device("cuda", 0)
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    fake_cuda_device((9, 0))
     reason = fp4_gemm.supports(qw, act, OnCuda())
     assert "sm_100a" in reason and "sm_120a" in reason and "not (9, 0)" in reason, reason
     with pytest.raises(ValueError, match="sm_100a"):

@@ -191,7 +191,6 @@ def test_humming_moe_grouped_linear_runs_it(compiled, seed):
     """``humming.moe.grouped_linear(act="fp8_g128", backend="cuda")``: the Triton act pass quantizes the whole
     ``[M_pad, K]`` (padding rows NaN / inf here); valid rows match the float64 reference of the same
     activations and the reference backend; ``auto`` picks the CUDA backend."""
-    from humming.dispatch.backends import select_backend
     from humming.triton_kernels.act_quant import quantize_activation
 
     c = Case(8, 2816, 2048, 32, (128, 128), "fp8_g128", bias=torch.bfloat16)
@@ -202,7 +201,7 @@ def test_humming_moe_grouped_linear_runs_it(compiled, seed):
     x[~valid & (torch.arange(x.shape[0], device="cuda") % 2 == 0)] = float("inf")
     bias = torch.randn(c.e, c.n, device="cuda", dtype=torch.bfloat16)
     act = get_act_scheme(c.act)
-    assert select_backend("auto", qw, act, x, block_m=c.block_m).__name__ == "humming.cuda_kernels"
+    assert humming.dispatch.plan.plan_grouped(qw, act, x, c.block_m).backend == "cuda"
     out = humming.moe.grouped_linear(x, qw, expert_ids, c.block_m, bias, act=c.act, backend="cuda")
     ref = _reference(quantize_activation(x, act), qw, row_expert, valid, bias)
     _check(out, ref, valid, seed)
@@ -235,7 +234,7 @@ def test_warmup_then_cuda_graph_capture(seed, fp8_sm90):
     qw = _weight(c)
     expert_ids, _, valid = _routing(_counts(c.e), c.block_m)
     m_pad = valid.shape[0]
-    report = cuda_kernels.warmup([qw], m_values=(m_pad,), act="fp8", bias_dtype=torch.bfloat16, block_ms=(16,))
+    report = humming.warmup([qw], m_values=(m_pad,), act="fp8", bias_dtype=torch.bfloat16, block_ms=(16,))
     assert len(report.kernels) == 1 and "_grouped_w8a8_rowcol_" in report.kernels[0].spec.name
     x = torch.randn(m_pad, c.k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(c.e, c.n, device="cuda", dtype=torch.bfloat16)

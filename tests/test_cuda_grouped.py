@@ -158,7 +158,7 @@ def _reference(x, qw, row_expert, act):
 def test_grouped_linear_after_warmup_in_a_cuda_graph(seed):
     qw = humming.quantize(torch.randn(8, 256, 512, device="cuda"), weight="int4", group_size=128)
     expert_ids, m_pad = _route([5, 0, 17, 3, 0, 0, 40, 1], 16, "cuda")
-    report = cuda_kernels.warmup([qw], m_values=(m_pad,), block_ms=(16,), progress=False)
+    report = humming.warmup([qw], m_values=(m_pad,), block_ms=(16,), progress=False)
     assert [k.spec.name.split("_")[3] for k in report.kernels] == ["grouped"]
     x = torch.randn(m_pad, 512, device="cuda", dtype=torch.bfloat16)
     graph = torch.cuda.CUDAGraph()

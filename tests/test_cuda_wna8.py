@@ -1,6 +1,6 @@
 """fp8 activations through the CUDA WnA16 kernels: ``linear(x, int_weight, act="fp8" | "fp8_tensor")``
 quantizes x to e4m3 values held exactly in x's 16-bit dtype and runs the decode kernel / sm_90a GEMM with
-the activation scales in the epilogue (humming.cuda_kernels._wna8_unsupported says when)."""
+the activation scales in the epilogue (humming.cuda_kernels.kernel_unsupported says when)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,14 @@ WEIGHTS = {
 def test_scheme_and_weight_checks_say_why():
     int4 = humming.quantize(torch.randn(256, 256), weight="int4", group_size=128)
     mx = humming.quantize(torch.randn(256, 256), weight="mxfp4")
-    check = cuda_kernels._wna8_weight_unsupported
+    check = cuda_kernels.wna8_weight_unsupported
     assert check(int4, get_act_scheme("fp8")) is None and check(int4, get_act_scheme("fp8_tensor")) is None
     assert "per-token or per-tensor e4m3" in check(int4, get_act_scheme("fp8_g128"))
     assert "per-token or per-tensor e4m3" in check(int4, get_act_scheme("int8"))
     assert "integer weights, not e2m1" in check(mx, get_act_scheme("fp8"))
     x32 = torch.empty(4, 256)
-    assert "bfloat16 / float16 CUDA x" in cuda_kernels._wna8_unsupported(int4, get_act_scheme("fp8"), x32)
+    reason = cuda_kernels.kernel_unsupported("decode", int4, get_act_scheme("fp8"), x32)
+    assert "as bfloat16 / float16 x" in reason
 
 
 def test_x_scale_args_take_per_token_or_per_tensor_scales():
@@ -115,5 +116,6 @@ def test_shapes_outside_the_wna16_kernels_keep_the_fp8_gemm(seed):
     qw = humming.quantize(torch.randn(320, 512, device="cuda"), weight="int4", group_size=128)
     x = torch.randn(100, 512, device="cuda", dtype=torch.bfloat16)
     act = get_act_scheme("fp8")
-    assert "N % 128" in cuda_kernels._wna8_unsupported(qw, act, x)
+    assert "N % 128" in cuda_kernels.kernel_unsupported("gemm_sm90", qw, act, x)
+    assert humming.explain(qw, 100, act="fp8").kernel == "cuda.fp8_gemm"
     _check(humming.linear(x, qw, act="fp8", backend="cuda"), _reference(x, qw, "fp8", None))

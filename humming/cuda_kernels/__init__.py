@@ -1,6 +1,6 @@
 """humming's CUDA backend: hand-written kernels compiled at run time with NVRTC (``jit``).
 
-Backend interface (``humming.dispatch.backends``): :func:`is_available`, :func:`supports`,
+Backend interface (``humming.dispatch.kernels``): :func:`is_available`, :func:`supports`,
 :func:`linear`, and for expert-stacked (MoE) weights :func:`supports_grouped`, :func:`grouped_linear`.
 Kernels today:
 
@@ -26,7 +26,7 @@ Kernels today:
   in CI, never run on hardware (BLACKWELL.md).
 
 Each ``QuantizedWeight`` is re-tiled once into the fragment layout that every kernel here reads
-(``_layout``; :func:`prepare`, cached per weight object). :func:`warmup` compiles the kernels a set
+(``_layout``; :func:`prepare`, cached per weight object). ``humming.warmup`` compiles the kernels a set
 of layers needs ahead of time, so that CUDA graph capture never compiles (an unprepared kernel raises
 ``KernelNotReadyError`` during capture).
 """
@@ -38,6 +38,7 @@ import weakref
 
 import torch
 
+from ..device import device_index, device_info
 from . import _decode, _gemm_sm90, fp4_gemm, fp8_gemm
 from ._layout import prepare_weight, weight_unsupported
 from ._warmup import WarmupReport, warmup_specs
@@ -52,7 +53,7 @@ __all__ = [
     "prepare",
     "supports",
     "supports_grouped",
-    "warmup",
+    "warmup_jobs",
 ]
 
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -77,59 +78,33 @@ def is_available() -> str | None:
     return _runtime_unavailable_reason()
 
 
+#: This backend's dense kernels in the order :func:`supports` / :func:`linear` try them when called directly;
+#: ``humming.linear`` chooses among them (and the other backends' kernels) in ``humming.dispatch.plan``.
+KERNELS = ("gemm_sm90", "decode", "fp8_gemm", "fp4_gemm")
+
+
 def supports(qweight, act, x: torch.Tensor) -> str | None:
-    """``None`` when a CUDA kernel runs ``linear(x, qweight, act=act)``, else the reason it does not.
+    """``None`` when a CUDA kernel runs ``linear(x, qweight, act=act)``, else the reasons each does not.
 
     ``x`` is the 2-D activation ``[M, K]`` (its dtype, device and M matter).
     """
-    if act is not None and act.format == "e2m1":
-        return fp4_gemm.supports(qweight, act, x)
-    if act is not None:
-        return None if _wna8_unsupported(qweight, act, x) is None else fp8_gemm.supports(qweight, act, x)
-    if x.device.type != "cuda":
-        return f"x is on {x.device}, not a CUDA device"
-    if qweight.num_experts is not None:
-        return "expert-stacked weights run through grouped_linear (humming.moe), not linear"
-    return _route(qweight, x)[1]
+    return _first_kernel(qweight, act, x)[1]
 
 
-_routes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {call key: route}
+def _first_kernel(qweight, act, x) -> tuple[str | None, str | None]:
+    reasons = []
+    for name in KERNELS:
+        reason = kernel_unsupported(name, qweight, act, x)
+        if reason is None:
+            return name, None
+        reasons.append(f"{name}: {reason}")
+    return None, "; ".join(reasons)
 
 
-def _route(qweight, x: torch.Tensor) -> tuple[str | None, str | None]:
-    """``("decode" | "gemm_sm90", None)``, or ``(None, reason)`` when no CUDA kernel runs the call.
-
-    Computed once per weight and call shape (everything it reads of ``x``: dtype, device, M, row
-    alignment) and then looked up: supports() and linear() both ask, on every call of a microsecond kernel.
-    """
-    key = (x.dtype, x.device, x.shape[0], x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
-    routes = _routes.get(qweight)
-    if routes is None:
-        routes = _routes[qweight] = {}
-    route = routes.get(key)
-    if route is None:
-        route = routes[key] = _compute_route(qweight, x)
-    return route
-
-
-def _compute_route(qweight, x: torch.Tensor) -> tuple[str | None, str | None]:
-    cc = torch.cuda.get_device_capability(x.device)
-    if cc not in _decode.DECODE_CCS:
-        return None, f"the CUDA kernels are built for compute capabilities {_decode.DECODE_CCS}, not {cc}"
-    reason = weight_unsupported(qweight, x)
-    if reason is not None:
-        return None, reason
-    m = x.shape[0]
-    gemm_reason = _gemm_sm90.gemm_unsupported(qweight, x, cc) if m > _gemm_sm90.GEMM_MIN_M else "M too small"
-    if gemm_reason is None:
-        return "gemm_sm90", None
-    if m <= _decode.DECODE_MAX_M:
-        return "decode", None
-    return None, f"M={m} > {_decode.DECODE_MAX_M} needs the large-M GEMM, but {gemm_reason}"
-
-
-def _wna8_weight_unsupported(qweight, act) -> str | None:
-    """The weight and scheme checks of :func:`_wna8_unsupported`."""
+def wna8_weight_unsupported(qweight, act) -> str | None:
+    """``None`` when the decode kernel and the sm_90a GEMM take ``act``'s e4m3 activations with this weight:
+    per-token or per-tensor fp32 scales, integer weights (their e4m3 values are exact in x's 16-bit dtype,
+    the scales go in the epilogue), else why not."""
     if act.format != "e4m3" or act.group not in ("token", "tensor") or act.global_scale:
         return f"the WnA16 kernels take fp8 activations as per-token or per-tensor e4m3 values, not act={act.name}"
     if act.scale_dtype != torch.float32:
@@ -141,35 +116,83 @@ def _wna8_weight_unsupported(qweight, act) -> str | None:
     return None
 
 
-def _wna8_unsupported(qweight, act, x) -> str | None:
-    """:func:`_wna8_route`'s reason."""
-    return _wna8_route(qweight, act, x)[1]
+_verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {call key: reason}
 
 
-def _wna8_route(qweight, act, x) -> tuple[str | None, str | None]:
-    """``(kernel, None)`` when ``linear(x, qweight, act=act)`` with e4m3 activations runs through the WnA16 kernels
-    (decode, sm_90a GEMM) on the activations' e4m3 values, held exactly in x's 16-bit dtype, with the
-    activation scales applied in the epilogue. On the H200 that beats the FP8 GEMM's int4 -> e4m3 path
-    (bench/results/h200: W4A16 decode 41.8 us vs W4A8 81 us at 28672 x 8192, M = 1; 619 vs 728 us at
-    M = 1024) and computes the same products exactly in fp32; else ``(None, reason)``. ``x``: a 16-bit
-    float tensor (its values tensor has the same dtype, M and a contiguous layout)."""
-    reason = _wna8_weight_unsupported(qweight, act)
-    if reason is not None:
-        return None, reason
-    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.bfloat16, torch.float16) or x.device.type != "cuda":
-        return None, "the WnA16 route for fp8 activations takes a bfloat16 / float16 CUDA x (not pre-quantized)"
-    return _route(qweight, x)
+def kernel_unsupported(kernel: str, qweight, act, x) -> str | None:
+    """``None`` when ``kernel`` (one of :data:`KERNELS`) runs ``linear(x, qweight, act=act)``, else why not.
+    ``x``: the 2-D activation, or a ``QuantizedActivation``'s codes."""
+    if kernel == "fp8_gemm":
+        if act is None or act.format == "e2m1":
+            return "the FP8 GEMM takes 8-bit (fp8 / int8) activations"
+        return fp8_gemm.supports(qweight, act, x)
+    if kernel == "fp4_gemm":
+        if act is None or act.format != "e2m1":
+            return "the FP4 GEMM takes FP4 (nvfp4 / mxfp4) activations"
+        return fp4_gemm.supports(qweight, act, x)
+    if act is not None:
+        reason = wna8_weight_unsupported(qweight, act)
+        if reason:
+            return reason
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            return "fp8 activations reach the WnA16 kernels as bfloat16 / float16 x (not pre-quantized)"
+    if x.device.type != "cuda":
+        return f"x is on {x.device}, not a CUDA device"
+    if qweight.num_experts is not None:
+        return "expert-stacked weights run through grouped_linear (humming.moe), not linear"
+    return _wnax_verdict(kernel, qweight, x)
 
 
-def _linear_wna8(kernel: str, x: torch.Tensor, qweight, bias, act, out_dtype: torch.dtype) -> torch.Tensor:
-    """:func:`_wna8_route`'s ``kernel``: quantize ``x`` to e4m3 values (Triton), then decode / GEMM with the
-    per-token or per-tensor scales in the epilogue."""
-    from ..triton_kernels.act_quant import quantize_activation_values
+def _wnax_verdict(kernel: str, qweight, x: torch.Tensor) -> str | None:
+    """:func:`_wnax_unsupported`, cached: decode / gemm_sm90 are asked on every call of a microsecond kernel,
+    so the answer is kept per weight and everything it reads of ``x`` (dtype, device, M, row alignment)."""
+    key = (kernel, x.dtype, x.device, x.shape[0], x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
+    verdicts = _verdicts.get(qweight)
+    if verdicts is None:
+        verdicts = _verdicts[qweight] = {}
+    if key not in verdicts:
+        verdicts[key] = _wnax_unsupported(kernel, qweight, x)
+    return verdicts[key]
 
-    values, scales = quantize_activation_values(x, act)
+
+def _wnax_unsupported(kernel: str, qweight, x: torch.Tensor) -> str | None:
+    cc = device_info(x.device).capability
+    if cc not in _decode.DECODE_CCS:
+        return f"the CUDA kernels are built for compute capabilities {_decode.DECODE_CCS}, not {cc}"
     if kernel == "decode":
-        return _decode.run_decode(prepare(qweight), values, bias, out_dtype, x_scale=scales)
-    return _gemm_sm90.run_gemm(prepare(qweight), values, bias, out_dtype, x_scale=scales)
+        return _decode.decode_unsupported(qweight, x)
+    reason = weight_unsupported(qweight, x)
+    if reason is None and x.shape[0] <= _gemm_sm90.GEMM_MIN_M:
+        reason = f"the sm_90a GEMM takes M > {_gemm_sm90.GEMM_MIN_M} (smaller M: the decode kernel)"
+    return reason or _gemm_sm90.gemm_unsupported(qweight, x, cc)
+
+
+def default_tuning(kernel: str, qweight, x: torch.Tensor):
+    """The tuning ``kernel`` runs ``x [M, K]`` with (its pure heuristic of the problem and the device's
+    limits), or ``None`` where the kernel picks it at launch (the FP8 / FP4 GEMMs)."""
+    if kernel not in ("decode", "gemm_sm90"):
+        return None
+    prep, m, index = prepare(qweight), x.shape[0], device_index(x.device)
+    if kernel == "decode":
+        return _decode.default_tuning(m, prep.n, prep.k, prep.layout.bits, index)
+    return _gemm_sm90.default_gemm_tuning(m, prep.layout, device_info(index).limits.smem_per_block)
+
+
+def run(kernel: str, x, qweight, bias, act, out_dtype: torch.dtype, tuning=None) -> torch.Tensor:
+    """``kernel`` (one of :data:`KERNELS`, checked by :func:`kernel_unsupported`) with ``tuning`` (``None``:
+    its default). For fp8 ``act`` on decode / gemm_sm90, Triton first writes x's e4m3 values in x's 16-bit
+    dtype (exact) and the kernel applies the per-token / per-tensor scales in its epilogue."""
+    if kernel == "fp8_gemm":
+        return fp8_gemm.linear(x, qweight, bias, act, out_dtype)
+    if kernel == "fp4_gemm":
+        return fp4_gemm.linear(x, qweight, bias, act, out_dtype)
+    x_scale = None
+    if act is not None:
+        from ..triton_kernels.act_quant import quantize_activation_values
+
+        x, x_scale = quantize_activation_values(x, act)
+    launch = _decode.run_decode if kernel == "decode" else _gemm_sm90.run_gemm
+    return launch(prepare(qweight), x, bias, out_dtype, tuning, x_scale=x_scale)
 
 
 def supports_grouped(qweight, act, x: torch.Tensor, block_m: int) -> str | None:
@@ -182,7 +205,7 @@ def supports_grouped(qweight, act, x: torch.Tensor, block_m: int) -> str | None:
         return f"x is on {x.device}, not a CUDA device"
     if qweight.num_experts is None:
         return "the grouped CUDA GEMM needs expert-stacked weights [E, N, K]"
-    cc = torch.cuda.get_device_capability(x.device)
+    cc = device_info(x.device).capability
     return weight_unsupported(qweight, x) or _gemm_sm90.grouped_unsupported(qweight, x, block_m, cc)
 
 
@@ -224,10 +247,10 @@ def prepare(qweight, act=None):
         from humming.ir.activation import get_act_scheme
 
         act = get_act_scheme(act)
-        if _wna8_weight_unsupported(qweight, act) is None:
+        if wna8_weight_unsupported(qweight, act) is None:
             return prepare(qweight)
         if act.format == "e2m1":
-            cc = torch.cuda.get_device_capability(qweight.device)
+            cc = device_info(qweight.device).capability
             if cc not in fp4_gemm.ARCHS:
                 raise ValueError(f"act: no CUDA FP4 GEMM for compute capability {cc} (needs sm_100a / sm_120a)")
             return fp4_gemm.prepare(qweight, fp4_gemm.ARCHS[cc])
@@ -239,86 +262,56 @@ def prepare(qweight, act=None):
 
 
 def linear(x: torch.Tensor, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -> torch.Tensor:
-    """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`supports`)."""
-    if act is not None and act.format == "e2m1":  # before supports(), as below
-        return fp4_gemm.linear(x, qweight, bias, act, out_dtype)
-    if act is not None:  # before supports(): a pre-quantized x is a QuantizedActivation, not a tensor
-        kernel = _wna8_route(qweight, act, x)[0]
-        if kernel is not None:
-            return _linear_wna8(kernel, x, qweight, bias, act, out_dtype)
-        return fp8_gemm.linear(x, qweight, bias, act, out_dtype)
-    reason = supports(qweight, act, x)
-    if reason is not None:
+    """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` on the first kernel of
+    :data:`KERNELS` that runs it (see :func:`supports`)."""
+    kernel, reason = _first_kernel(qweight, act, getattr(x, "codes", x))
+    if kernel is None:
         raise ValueError(f"humming CUDA backend: {reason}")
-    if _route(qweight, x)[0] == "decode":
-        return _decode.run_decode(prepare(qweight), x, bias, out_dtype)
-    return _gemm_sm90.run_gemm(prepare(qweight), x, bias, out_dtype)
+    return run(kernel, x, qweight, bias, act, out_dtype)
 
 
-def warmup(
-    layers,
-    m_values=(1, 16, 64),
-    act=None,
-    act_dtype: torch.dtype = torch.bfloat16,
-    out_dtype: torch.dtype | None = None,
-    bias_dtype: torch.dtype | None = None,
-    device: int | None = None,
-    progress: bool = True,
-    max_workers: int | None = None,
-    block_ms: tuple[int, ...] = (16, 32, 64, 128),
-) -> WarmupReport:
-    """Compile (in parallel) and load every kernel that ``layers`` need for the token counts ``m_values``.
-
-    ``layers`` are ``QuantizedWeight`` objects on a CUDA device; ``act`` the activation scheme they run with
-    (``None`` = WnA16); combinations with no CUDA kernel are skipped. Expert-stacked layers get the grouped
-    kernels of ``grouped_linear`` (WnA16, or FP8 with an e4m3 ``act``) for each ``block_m`` of ``block_ms``,
-    with ``m_values`` read as grouped row counts (``M_pad`` of ``humming.moe.moe_align``). The report holds
-    each kernel's origin (``compiled`` = cold, ``disk``, ``memory``) and time.
-    """
-    from . import _driver
+def warmup_jobs(
+    kernel: str,
+    qw,
+    act,
+    m: int,
+    *,
+    act_dtype: torch.dtype,
+    out_dtype: torch.dtype,
+    bias_dtype: torch.dtype | None,
+    device: int,
+    block_m: int | None = None,
+) -> list:
+    """The ``(spec, arch)`` compile jobs of ``kernel`` for one call shape: ``m`` tokens of ``act_dtype`` (dense
+    kernels), or ``m`` grouped rows in routing blocks of ``block_m`` (``kernel == "grouped"``). The dispatcher
+    (``humming.warmup``) decides which kernel each call runs; this says what that kernel compiles. Also sets
+    aside the stream-K workspace a decode kernel uses, since a CUDA graph capture cannot allocate it."""
     from .jit import device_arch
 
-    out_dtype = out_dtype or act_dtype
-    device = torch.cuda.current_device() if device is None else device
-    cc = torch.cuda.get_device_capability(device)
-    jobs = []
-    if act is not None:
-        from humming.ir.activation import get_act_scheme
+    info = device_info(device)
+    if kernel == "fp4_gemm":
+        return fp4_gemm.warmup_jobs(qw, act, (m,), out_dtype, bias_dtype, info.sm_count, info.capability)
+    if kernel == "fp8_gemm":
+        return fp8_gemm.warmup_jobs(qw, act, (m,), out_dtype, bias_dtype, info.limits)
+    if kernel == "grouped" and act is not None:
+        return fp8_gemm.grouped_warmup_jobs(qw, act, (m,), (block_m,), out_dtype, bias_dtype, info.limits)
+    if kernel == "grouped":
+        return _grouped_jobs(qw, (m,), (block_m,), act_dtype, out_dtype, bias_dtype, device, info.capability)
+    x = torch.empty(m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
+    tuning = default_tuning(kernel, qw, x)
+    bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
+    if kernel == "decode":
+        spec = _decode.decode_call_spec(prepare(qw), x, bias, out_dtype, tuning)
+        _decode.reserve_workspace(m, qw.N, tuning, device)
+    else:
+        spec = _gemm_sm90.gemm_call_spec(prepare(qw), x, bias, out_dtype, tuning)
+    return [(spec, device_arch(spec, info.capability))]
 
-        act = get_act_scheme(act)
-    for qw in layers:
-        if act is not None and act.format == "e2m1":
-            sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-            jobs += fp4_gemm.warmup_jobs(qw, act, m_values, out_dtype, bias_dtype, sm_count)
-            continue
-        if act is not None and qw.num_experts is not None:
-            limits = fp8_gemm.device_limits(device)
-            jobs += fp8_gemm.grouped_warmup_jobs(qw, act, m_values, block_ms, out_dtype, bias_dtype, limits)
-            continue
-        if act is not None and _wna8_weight_unsupported(qw, act) is not None:
-            jobs += fp8_gemm.warmup_jobs(qw, act, m_values, out_dtype, bias_dtype, fp8_gemm.device_limits(device))
-            continue
-        if qw.num_experts is not None:
-            jobs += _grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, device, cc)
-            continue
-        for m in m_values:  # WnA16, and fp8 activations through the WnA16 kernels (the same kernels)
-            x = torch.empty(m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
-            if act is not None and _wna8_unsupported(qw, act, x) is not None:
-                limits = fp8_gemm.device_limits(device)
-                jobs += fp8_gemm.warmup_jobs(qw, act, (m,), out_dtype, bias_dtype, limits)
-                continue
-            if act is None and supports(qw, None, x) is not None:
-                continue
-            prep = prepare(qw)
-            bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
-            if _route(qw, x)[0] == "decode":
-                tuning = _decode.default_tuning(m, qw.N, qw.K, qw.bits, device)
-                spec = _decode.decode_call_spec(prep, x, bias, out_dtype, tuning)
-                _decode.reserve_workspace(m, qw.N, tuning, device)  # stream-K: capture cannot allocate
-            else:
-                gemm_tuning = _gemm_sm90.default_gemm_tuning(m, prep.layout, _decode.device_limits(device)[1])
-                spec = _gemm_sm90.gemm_call_spec(prep, x, bias, out_dtype, gemm_tuning)
-            jobs.append((spec, device_arch(spec, cc)))
+
+def compile_and_load(jobs: list, device: int, progress: bool = True, max_workers: int | None = None) -> WarmupReport:
+    """Compile ``jobs`` (``(spec, arch)``) in parallel and load them on CUDA device ``device``."""
+    from . import _driver
+
     report = warmup_specs(jobs, max_workers=max_workers, progress=progress)
     for compiled in report.kernels:
         _driver.load(compiled, device)

@@ -16,7 +16,7 @@ last bits of fp32). The workspace and its arrival counters are zero between call
 tile restores them), so they are allocated once per (device, stream), zero-filled, and grown when a
 larger ``M * N`` comes; concurrent calls on different streams get different workspaces. A CUDA graph
 captures the workspace of its capture stream: :func:`reserve_workspace` (called by
-``humming.cuda_kernels.warmup``) sets one aside for a stream that first runs the kernel while capturing;
+``humming.warmup``) sets one aside for a stream that first runs the kernel while capturing;
 without it, the capture allocates one from the graph's pool, and its zero fill becomes a memset node
 that every replay runs (correct, a microsecond slower). Replay a graph where no call on its capture
 stream runs concurrently. :func:`choose_decode_tuning` picks stream-K where it measured faster.
@@ -25,12 +25,12 @@ stream runs concurrently. :func:`choose_decode_tuning` picks stream-K where it m
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 from dataclasses import dataclass
 
 import torch
 
+from ..device import DeviceLimits, device_info
 from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, weight_unsupported, x_scale_args
 from .jit import KernelSpec, per_call_cache
 
@@ -183,11 +183,9 @@ def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: Dec
     )
 
 
-@functools.cache
-def device_limits(device: int) -> tuple[int, int, int]:
+def device_limits(device: int) -> DeviceLimits:
     """(SM count, opt-in shared memory per block, shared memory per SM) of CUDA device ``device``."""
-    props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, props.shared_memory_per_block_optin, props.shared_memory_per_multiprocessor
+    return device_info(device).limits
 
 
 def default_tuning(m: int, n: int, k: int, bits: int, device: int) -> DecodeTuning:

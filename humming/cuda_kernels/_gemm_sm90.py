@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..device import device_index
 from ._decode import device_limits
 from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, x_scale_args
 from .jit import KernelSpec, per_call_cache
@@ -237,7 +238,7 @@ def run_grouped_gemm(
 
 
 def _device_index(x: torch.Tensor) -> int:
-    return x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return device_index(x.device)
 
 
 def _launch(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..device import device_info
 from ._layout import DTYPE_CODE
 
 __all__ = ["device_unsupported"]
@@ -16,7 +17,7 @@ def device_unsupported(
     is one the kernel writes, else the reason (naming ``kernel`` and its ``arch``)."""
     if x.device.type != "cuda":
         return f"x is on {x.device}, not a CUDA device"
-    cc = torch.cuda.get_device_capability(x.device)
+    cc = device_info(x.device).capability
     if cc not in ccs:
         return f"the {kernel} is built for compute capabilities {ccs} ({arch}), not {cc}"
     if out_dtype is not None and out_dtype not in DTYPE_CODE:

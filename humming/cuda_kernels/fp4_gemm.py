@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..device import device_index, device_info
 from ..ir.weight import cdiv
 from ._layout import CPP_DTYPE, DTYPE_CODE
 from ._support import device_unsupported
@@ -565,15 +566,15 @@ def run(prep: PreparedFp4, x, act, bias: torch.Tensor | None, out_dtype: torch.d
         qa = quantize_activation(x, act)
     m = qa.codes.shape[0]
     device = qa.codes.device
-    device_index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_index(device)
     out = torch.empty(m, prep.n, dtype=out_dtype, device=device)
     if m == 0 or prep.n == 0:
         return out
-    sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
+    sm_count = device_info(index).sm_count
     bias_code = DTYPE_CODE[bias.dtype] if bias is not None else DTYPE_CODE[out_dtype]
     bias = None if bias is None else bias.contiguous()
     launch = _launch_sm100 if prep.arch == "sm_100a" else _launch_sm120
-    launch(prep, qa, bias, out, sm_count, DTYPE_CODE[out_dtype], bias_code, device_index)
+    launch(prep, qa, bias, out, sm_count, DTYPE_CODE[out_dtype], bias_code, index)
     return out
 
 
@@ -592,7 +593,7 @@ def warmup_jobs(
     if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in DTYPE_CODE:
         return []
     if cc is None:
-        cc = torch.cuda.get_device_capability(qweight.device)
+        cc = device_info(qweight.device).capability
     if cc not in ARCHS:
         return []
     bias_code = DTYPE_CODE[bias_dtype] if bias_dtype is not None else DTYPE_CODE[out_dtype]
@@ -615,5 +616,5 @@ def linear(x, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -
     reason = supports(qweight, act, codes, out_dtype)
     if reason is not None:
         raise ValueError(f"humming FP4 GEMM: {reason}")
-    arch = ARCHS[torch.cuda.get_device_capability(codes.device)]
+    arch = ARCHS[device_info(codes.device).capability]
     return run(prepare(qweight, arch), x, act, bias, out_dtype)

@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from ..device import DeviceLimits, device_index, device_info
 from ..ir.weight import cdiv
 from ._driver import tensor_map_2d
 from ._layout import CPP_DTYPE, DTYPE_CODE
@@ -92,33 +92,9 @@ _PRODUCER_REGS = 40
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-@dataclass(frozen=True)
-class DeviceLimits:
-    """What the heuristics read off the device: SM count and shared memory (bytes) per block / per SM."""
-
-    sm_count: int
-    smem_per_block: int
-    smem_per_sm: int
-
-
-@functools.cache
 def device_limits(device_index: int) -> DeviceLimits:
-    from cuda.bindings import driver
-
-    from ._driver import check
-
-    check(driver.cuInit(0))
-    dev = check(driver.cuDeviceGet(device_index))
-    attr = driver.CUdevice_attribute
-
-    def get(name: str) -> int:
-        return int(check(driver.cuDeviceGetAttribute(getattr(attr, name), dev)))
-
-    return DeviceLimits(
-        get("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
-        get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
-        get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
-    )
+    """SM count and shared memory per block / per SM of CUDA device ``device_index``."""
+    return device_info(device_index).limits
 
 
 @dataclass(frozen=True)
@@ -680,7 +656,7 @@ def warmup_jobs(
     limits: DeviceLimits,
 ) -> list[tuple[KernelSpec, str]]:
     """``(spec, "sm_90a")`` of every kernel :func:`linear` runs for ``qweight`` and ``act`` at the token
-    counts ``m_values`` (for ``humming.cuda_kernels.warmup``); empty when the combination has no kernel."""
+    counts ``m_values`` (for ``humming.warmup``); empty when the combination has no kernel."""
     if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in DTYPE_CODE:
         return []
     w_format = _w_format(qweight)
@@ -778,7 +754,7 @@ def run_grouped(
 
 
 def _device_index(t: torch.Tensor) -> int:
-    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return device_index(t.device)
 
 
 def _launch(

@@ -255,13 +255,15 @@ def get_kernel(spec: KernelSpec, device_index: int):
         return loaded
     import torch
 
+    from ..device import device_info
+
     if torch.cuda.is_current_stream_capturing():
         raise KernelNotReadyError(
             f"CUDA kernel {spec.name} is not compiled and loaded on cuda:{device_index}, and the current "
             "stream is capturing a CUDA graph, during which humming never compiles; call "
-            "humming.cuda_kernels.warmup(...) for this layer and M before capturing"
+            "humming.warmup(...) for this layer and M before capturing"
         )
-    cc = torch.cuda.get_device_capability(device_index)
+    cc = device_info(device_index).capability
     arch = device_arch(spec, cc)
     if arch is None:
         raise ValueError(f"{spec.name} has no build for compute capability {cc}; it targets {spec.ccs}")

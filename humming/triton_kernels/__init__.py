@@ -1,4 +1,4 @@
-"""The Triton backend of ``humming.linear`` (protocol: humming/dispatch/backends.py).
+"""The Triton backend of ``humming.linear`` (protocol: humming/dispatch/kernels.py).
 
 - Weight-only (``act=None``, WnA16): :mod:`.wna16`, every weight format and layout of the IR.
 - Quantized activations (W8A8, W4A8, W4A4): :mod:`.scaled_mm`, imported on first use.
@@ -17,6 +17,7 @@ import importlib.util
 
 import torch
 
+from ..device import device_info
 from ..ir.weight import QuantizedWeight
 from . import wna16
 from .interpreter import INTERPRET
@@ -33,7 +34,7 @@ def is_available() -> str | None:
         return None
     if not torch.cuda.is_available():
         return "no CUDA GPU (set TRITON_INTERPRET=1 to run the Triton kernels on the CPU interpreter)"
-    cap = torch.cuda.get_device_capability()
+    cap = device_info().capability
     if cap < _MIN_CAPABILITY:
         return f"GPU compute capability {cap} is below the {_MIN_CAPABILITY} the Triton kernels need"
     return None

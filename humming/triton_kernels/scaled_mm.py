@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..device import device_info
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.formats import NumberFormat, get_format
 from ..ir.weight import QuantizedWeight
@@ -49,7 +50,16 @@ from .configs import MIN_GROUPED_BLOCK_M, finish_split_k, grouped_tile
 from .interpreter import INTERPRET, cast, dot
 from .scaled_mm_configs import ScaledMMConfig, scaled_mm_config
 
-__all__ = ["ComputePlan", "act_group_k", "compute_plan", "grouped_linear", "linear", "supports", "supports_grouped"]
+__all__ = [
+    "ComputePlan",
+    "act_group_k",
+    "compute_plan",
+    "deterministic_config",
+    "grouped_linear",
+    "linear",
+    "supports",
+    "supports_grouped",
+]
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
 _SCALE_KINDS = {torch.float32: 1, torch.float8_e4m3fn: 2, torch.float8_e8m0fnu: 3}  # _weight_tile's S_KIND
@@ -455,23 +465,13 @@ _SUPPORTED = (
 def _capability(device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":  # the interpreter runs the fp8 tensor-core path too
         return (9, 0)
-    return _device_capability(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _device_capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+    return device_info(device).capability
 
 
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":  # the interpreter: any count
         return 1
-    return _device_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _device_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return device_info(device).sm_count
 
 
 def supports(qweight: QuantizedWeight, act: ActScheme | str | None, x: torch.Tensor) -> str | None:
@@ -556,6 +556,16 @@ def linear(
     if not isinstance(x2d, QuantizedActivation):
         qa = act_quant.quantize_activation(x2d, scheme)
     return _launch(qa, qweight, bias, out_dtype, config, out)
+
+
+def deterministic_config(qweight: QuantizedWeight, act: ActScheme, x: torch.Tensor) -> ScaledMMConfig:
+    """One tile configuration for every M (the one for M = 64, never split along K): each output row then
+    comes from the same instructions in the same order whatever the batch (``humming.set_deterministic``)."""
+    scheme = get_act_scheme(act)
+    plan = compute_plan(qweight, scheme, act_group_k(scheme), _capability(x.device))
+    if isinstance(plan, str):
+        raise ValueError(f"triton scaled_mm: {plan}")
+    return scaled_mm_config(64, qweight.N, qweight.K, plan.operand_bits, plan.k_step, qweight.bits, sm_count=0)
 
 
 def grouped_linear(

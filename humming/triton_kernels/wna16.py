@@ -19,12 +19,11 @@ in fp32 and the output rounded once to ``out_dtype``.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from ..device import device_info
 from ..ir.weight import QuantizedWeight
 from . import dequant, registry
 from ._weight_tile import (
@@ -40,7 +39,15 @@ from ._weight_tile import (
 from .configs import MIN_GROUPED_BLOCK_M, TileConfig, finish_split_k, grouped_tile, wna16_config
 from .interpreter import INTERPRET, cast, dot
 
-__all__ = ["grouped_config", "grouped_linear", "linear", "supports", "supports_grouped"]
+__all__ = [
+    "default_config",
+    "deterministic_config",
+    "grouped_config",
+    "grouped_linear",
+    "linear",
+    "supports",
+    "supports_grouped",
+]
 
 
 @triton.jit
@@ -343,15 +350,10 @@ def supports_grouped(qweight: QuantizedWeight, x: torch.Tensor, block_m: int) ->
     return _unsupported(qweight, x)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _device_sm_count(device: torch.device) -> int:
     if device.type != "cuda":  # the interpreter: any count; 1 keeps split-K exercised on small shapes
         return 1
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return device_info(device).sm_count
 
 
 def _group_k(qweight: QuantizedWeight) -> int:
@@ -391,12 +393,25 @@ def linear(
     out = _out_buffer(out, m, n, out_dtype, x.device)
     if m == 0:
         return out
-    cfg = config or wna16_config(m, n, k, qweight.bits, _device_sm_count(x.device), _group_k(qweight))
+    cfg = config or default_config(qweight, x)
     if cfg.dequant_first and bias is None and out_dtype == x.dtype:
         return torch.matmul(x, dequant.dequantize(qweight, x.dtype).T, out=out)
     if cfg.block_m <= 4 and m > cfg.block_m:
         raise ValueError(f"triton wna16: GEMV config block_m={cfg.block_m} cannot take M={m}")
     return _launch(x, qweight, bias, out, cfg)
+
+
+def default_config(qweight: QuantizedWeight, x: torch.Tensor) -> TileConfig:
+    """The tile configuration :func:`linear` runs ``x [M, K]`` with (:func:`.configs.wna16_config`)."""
+    m, k = x.shape
+    return wna16_config(m, qweight.N, k, qweight.bits, _device_sm_count(x.device), _group_k(qweight))
+
+
+def deterministic_config(qweight: QuantizedWeight, x: torch.Tensor) -> TileConfig:
+    """One tile configuration for every M (the one for M = 64, never split along K, no dequantize-first):
+    each output row then comes from the same instructions in the same order whatever the batch
+    (``humming.set_deterministic``)."""
+    return wna16_config(64, qweight.N, qweight.K, qweight.bits, 0, _group_k(qweight))
 
 
 def grouped_linear(

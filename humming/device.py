@@ -1,0 +1,73 @@
+"""The one place that reads device properties: the dispatcher, every kernel's tuning and the tests ask here.
+
+Read once per device index (``functools.cache``): a property query costs microseconds, a decode kernel a
+few more, and the properties never change while the process runs.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["DeviceInfo", "DeviceLimits", "device_index", "device_info"]
+
+
+class DeviceLimits(NamedTuple):
+    """What tile heuristics read: multiprocessors and shared memory (bytes) per block (the opt-in maximum
+    a kernel can ask for) and per multiprocessor. A tuple, so heuristics take it as positional arguments."""
+
+    sm_count: int
+    smem_per_block: int
+    smem_per_sm: int
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A CUDA device as the dispatcher sees it."""
+
+    index: int
+    name: str
+    capability: tuple[int, int]
+    limits: DeviceLimits
+    l2_bytes: int
+
+    @property
+    def sm_count(self) -> int:
+        return self.limits.sm_count
+
+    @property
+    def arch(self) -> int:
+        """Compute capability x10 (90 for sm_90)."""
+        return self.capability[0] * 10 + self.capability[1]
+
+
+def device_index(device: torch.device | str | int | None = None) -> int:
+    """The CUDA device index of ``device`` (``None`` or an index-less ``"cuda"``: the current device)."""
+    if isinstance(device, int):
+        return device
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device: expected a CUDA device, got {device}")
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+@functools.cache
+def _info(index: int) -> DeviceInfo:
+    props = torch.cuda.get_device_properties(index)
+    return DeviceInfo(
+        index=index,
+        name=props.name,
+        capability=(props.major, props.minor),
+        limits=DeviceLimits(
+            props.multi_processor_count, props.shared_memory_per_block_optin, props.shared_memory_per_multiprocessor
+        ),
+        l2_bytes=props.L2_cache_size,
+    )
+
+
+def device_info(device: torch.device | str | int | None = None) -> DeviceInfo:
+    """Properties of a CUDA device (an index, a ``torch.device``, or ``None`` for the current one)."""
+    return _info(device_index(device))

@@ -1,0 +1,296 @@
+"""The one decision: which kernel (and tuning) runs a call. ``linear``, ``grouped_linear``, ``fused_moe``,
+``prepare``, ``warmup`` and ``explain`` all ask :func:`plan_linear` / :func:`plan_grouped`.
+
+Order of precedence:
+
+1. ``backend=`` (or ``HUMMING_BACKEND`` in place of ``"auto"``) narrows the candidates to one backend.
+2. On a CUDA device whose capability and multiprocessor count match a committed table
+   (``humming/dispatch/tables/*.json``, written by ``python -m humming tune``), the table's kernel order
+   for the weight format, activation scheme and M bucket comes first. A table covers the M range it
+   measured: an M above its largest bucket falls back to the heuristic, never to a small-M entry.
+3. Otherwise the heuristic order (:func:`heuristic_order`), from what was measured on Hopper.
+4. The first candidate whose ``unsupported`` returns ``None`` wins; every other candidate's reason is
+   kept in ``Plan.rejected`` (``humming.explain`` prints them). CPU tensors run the reference under
+   ``"auto"``.
+
+A decision is cached per weight object and call shape (everything the kernels' checks read: activation
+scheme, dtype, device, M, row alignment, block_m), so an eager decode call pays one dictionary lookup.
+``HUMMING_LOG_DISPATCH=1`` logs each new decision once (logger ``humming.dispatch``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import logging
+import os
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .kernels import BACKENDS, DENSE_KERNELS, GROUPED_KERNELS, Kernel, backend_module
+
+__all__ = [
+    "Plan",
+    "Table",
+    "candidate_order",
+    "explain",
+    "heuristic_order",
+    "load_tables",
+    "plan_grouped",
+    "plan_linear",
+]
+
+log = logging.getLogger("humming.dispatch")
+
+TABLES_DIR = Path(__file__).parent / "tables"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call runs: the kernel, its tuning (``None``: chosen by the kernel at launch), the prepared
+    weight layout it reads, where the decision came from, and why each other candidate was not taken."""
+
+    kernel: str
+    backend: str
+    layout: str
+    tuning: object
+    source: str
+    rejected: tuple[tuple[str, str], ...] = field(default=())
+
+    def describe(self) -> str:
+        lines = [f"{self.kernel} (backend {self.backend}, layout {self.layout}) chosen by {self.source}"]
+        if self.tuning is not None:
+            lines.append(f"  tuning: {self.tuning}")
+        lines += [f"  not {name}: {reason}" for name, reason in self.rejected]
+        return "\n".join(lines)
+
+    __str__ = describe
+
+
+# ---------------------------------------------------------------------------------------------- tables
+@dataclass(frozen=True)
+class Table:
+    """Kernel orders measured on one device kind: ``entries[(weight, act)]`` is a tuple of
+    ``(largest M, kernel order)`` sorted by M."""
+
+    path: str
+    capability: tuple[int, int]
+    sm_count: int
+    entries: dict
+
+    def order(self, weight: str, act: str, m: int) -> tuple[str, ...] | None:
+        for bound, order in self.entries.get((weight, act), ()):
+            if m <= bound:
+                return order
+        return None
+
+
+@functools.cache
+def load_tables(directory: str = str(TABLES_DIR)) -> tuple[Table, ...]:
+    """Every table of ``directory``; a malformed table or an unknown kernel name is an error."""
+    tables = []
+    for path in sorted(Path(directory).glob("*.json")):
+        data = json.loads(path.read_text())
+        entries: dict = {}
+        for row in data["entries"]:
+            unknown = [k for k in row["order"] if k not in DENSE_KERNELS]
+            if unknown:
+                raise ValueError(f"{path}: unknown kernel(s) {unknown}; known: {sorted(DENSE_KERNELS)}")
+            entries.setdefault((row["weight"], row["act"]), []).append((int(row["m_max"]), tuple(row["order"])))
+        entries = {key: tuple(sorted(rows)) for key, rows in entries.items()}
+        tables.append(Table(str(path), tuple(data["capability"]), int(data["sm_count"]), entries))
+    return tuple(tables)
+
+
+def _table_for(device: torch.device) -> Table | None:
+    from ..device import device_info
+
+    info = device_info(device)
+    return next((t for t in load_tables() if (t.capability, t.sm_count) == (info.capability, info.sm_count)), None)
+
+
+def weight_key(qweight) -> str:
+    """How tables name a weight: its element format, ``+zp`` with zero points, ``+actorder`` with g_idx."""
+    return (
+        qweight.format.name
+        + ("+zp" if qweight.zeros is not None else "")
+        + ("+actorder" if qweight.g_idx is not None else "")
+    )
+
+
+def act_key(act) -> str:
+    return "none" if act is None else act.name
+
+
+# ------------------------------------------------------------------------------------------- heuristic
+def heuristic_order(qweight, act, m: int) -> tuple[str, ...]:
+    """The kernel order where no table decides. On the H200 (bench/results/h200/linear.json): the WnA16
+    decode kernel serves 16-bit activations up to M = 64 and the sm_90a GEMM above M = 32; integer weights
+    with per-token / per-tensor e4m3 activations run on the decode kernel's fp8-values route up to M = 16,
+    where it beats the FP8 GEMM (one 4-bit weight read, no int4 -> e4m3 conversion), and on the FP8 GEMM
+    above; Triton is the portable fallback, the reference the last resort."""
+    if act is None:
+        return ("cuda.gemm_sm90", "cuda.decode", "triton.wna16", "reference")
+    if act.format == "e2m1":
+        return ("cuda.fp4_gemm", "triton.scaled_mm", "reference")
+    if m <= 16:
+        return ("cuda.decode", "cuda.fp8_gemm", "cuda.gemm_sm90", "triton.scaled_mm", "reference")
+    return ("cuda.fp8_gemm", "cuda.gemm_sm90", "cuda.decode", "triton.scaled_mm", "reference")
+
+
+# ------------------------------------------------------------------------------------------- decisions
+_plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {call key: Plan}
+_warned: set = set()
+
+
+def _requested(backend: str) -> str:
+    if backend == "auto":
+        backend = os.environ.get("HUMMING_BACKEND", "auto") or "auto"
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {['auto', *BACKENDS]}, got {backend!r}")
+    return backend
+
+
+def _deterministic() -> bool:
+    from ..deterministic import is_deterministic
+
+    return is_deterministic()
+
+
+def plan_linear(qweight, act, x, backend: str = "auto") -> Plan:
+    """The plan of ``humming.linear(x, qweight, act=act, backend=backend)``; ``x`` is the 2-D activation
+    ``[M, K]`` (a QuantizedActivation's codes for pre-quantized input). Raises ``ValueError`` when the
+    requested backend cannot run the call (naming why each of its kernels cannot)."""
+    requested = _requested(backend)
+    aligned = x.dim() == 2 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+    key = ("dense", requested, act, x.dtype, x.device, x.shape[0], aligned, _deterministic())
+    return _cached(qweight, key, lambda: _decide(qweight, act, x, requested, None))
+
+
+def plan_grouped(qweight, act, x, block_m: int, backend: str = "auto") -> Plan:
+    """The plan of ``humming.moe.grouped_linear(x, qweight, ..., block_m, act=act, backend=backend)``."""
+    requested = _requested(backend)
+    aligned = x.dim() == 2 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+    key = ("grouped", requested, act, x.dtype, x.device, x.shape[0], aligned, block_m, _deterministic())
+    return _cached(qweight, key, lambda: _decide(qweight, act, x, requested, block_m))
+
+
+def _cached(qweight, key, decide) -> Plan:
+    plans = _plans.get(qweight)
+    if plans is None:
+        plans = _plans[qweight] = {}
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = decide()
+        if os.environ.get("HUMMING_LOG_DISPATCH", "0") not in ("", "0"):
+            log.warning("humming dispatch: %s %s act=%s M=%d -> %s", qweight.describe(), key[0], key[2], key[5], plan)
+    return plan
+
+
+def candidate_order(
+    qweight, act, m: int, *, requested: str, on_cuda: bool, grouped: bool, deterministic: bool, table: Table | None
+) -> tuple[tuple[str, ...], str]:
+    """The kernels to try, in order, and where the order comes from (a pure function of the call)."""
+    kernels = GROUPED_KERNELS if grouped else DENSE_KERNELS
+    if requested != "auto":
+        if deterministic and not grouped:
+            return tuple(k for k in _DETERMINISTIC_ORDER if kernels[k].backend == requested), "deterministic mode"
+        return tuple(k for k in kernels if kernels[k].backend == requested), f"backend={requested!r}"
+    if not on_cuda:
+        return ("reference",), "CPU tensors (reference; backend='triton' runs the interpreter)"
+    if grouped:
+        return ("cuda.grouped", "triton.grouped", "reference"), "heuristic"
+    if deterministic:
+        return _DETERMINISTIC_ORDER, "deterministic mode (one kernel and tuning for every M)"
+    heuristic = heuristic_order(qweight, act, m)
+    order = table.order(weight_key(qweight), act_key(act), m) if table else None
+    if order is None:
+        return heuristic, "heuristic"
+    return order + tuple(k for k in heuristic if k not in order), f"table {Path(table.path).name}"
+
+
+def _decide(qweight, act, x, requested: str, block_m: int | None) -> Plan:
+    grouped = block_m is not None
+    kernels = GROUPED_KERNELS if grouped else DENSE_KERNELS
+    on_cuda = x.device.type == "cuda"
+    order, source = candidate_order(
+        qweight,
+        act,
+        x.shape[0],
+        requested=requested,
+        on_cuda=on_cuda,
+        grouped=grouped,
+        deterministic=_deterministic(),
+        table=_table_for(x.device) if on_cuda and not grouped else None,
+    )
+    if not order:
+        raise ValueError(f"backend {requested!r} has no batch-invariant kernel: use backend='triton' or 'auto'")
+    rejected = []
+    for name in order:
+        kernel = kernels[name]
+        reason = kernel.unsupported(qweight, act, x, block_m) if grouped else kernel.unsupported(qweight, act, x)
+        if reason is None:
+            tuning = _tuning(kernel, qweight, act, x, grouped)
+            if name == "reference" and requested == "auto" and x.device.type == "cuda":
+                _warn_fallback(qweight, act, x, block_m, rejected)
+            return Plan(name, kernel.backend, kernel.layout, tuning, source, tuple(rejected))
+        rejected.append((name, reason))
+    why = "; ".join(f"{n}: {r}" for n, r in rejected)
+    raise ValueError(f"backend {requested!r} cannot run this call: {why}")
+
+
+def _tuning(kernel: Kernel, qweight, act, x, grouped: bool):
+    if grouped:
+        return None
+    if _deterministic() and kernel.name == "triton.wna16":
+        return importlib.import_module("humming.triton_kernels.wna16").deterministic_config(qweight, x)
+    if _deterministic() and kernel.name == "triton.scaled_mm":
+        return importlib.import_module("humming.triton_kernels.scaled_mm").deterministic_config(qweight, act, x)
+    return kernel.tuning(qweight, act, x)
+
+
+#: Deterministic mode: kernels whose result for a row does not depend on M (one tuning, no split-K, no
+#: atomics), in order; the reference is batch-invariant too (float32, one matmul per call).
+_DETERMINISTIC_ORDER = ("triton.wna16", "triton.scaled_mm", "reference")
+
+
+def _warn_fallback(qweight, act, x, block_m, rejected) -> None:
+    key = (qweight.describe(), getattr(act, "name", None), x.dtype, block_m)
+    if key in _warned:
+        return
+    _warned.add(key)
+    entry = "humming.linear" if block_m is None else "humming.moe.grouped_linear"
+    why = "; ".join(f"{n}: {r}" for n, r in rejected)
+    warnings.warn(f"{entry}: no fast kernel for {key}, running the reference ({why})", stacklevel=5)
+
+
+# --------------------------------------------------------------------------------------------- explain
+def explain(qweight, m: int, act=None, *, dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Plan:
+    """The plan ``humming.linear`` (``humming.moe.grouped_linear`` for an expert-stacked weight, with routing
+    blocks of ``min(m, 64)`` rows rounded to 16) would follow for ``m`` tokens of ``dtype`` on the weight's
+    device. ``print(humming.explain(qw, 16, act="fp8"))`` shows the kernel, its tuning, where the choice
+    came from and why every other kernel was not taken."""
+    from ..ir.activation import get_act_scheme
+
+    act = None if act is None else get_act_scheme(act)
+    if not isinstance(m, int) or m < 1:
+        raise ValueError(f"m: expected a positive number of tokens, got {m!r}")
+    x = torch.empty(m, qweight.K, dtype=dtype, device=qweight.device)
+    if qweight.num_experts is not None:
+        block_m = 16 * max(1, min(m, 64) // 16)
+        x = torch.empty(-(-m // block_m) * block_m, qweight.K, dtype=dtype, device=qweight.device)
+        return plan_grouped(qweight, act, x, block_m, backend)
+    return plan_linear(qweight, act, x, backend)
+
+
+def prepare(qweight, backend: str = "cuda", act=None):
+    """Repack ``qweight`` now into the layout ``backend`` runs it in with activation scheme ``act`` (cached
+    per weight object), so that the first call does not; returns that backend's prepared form, or
+    ``qweight`` itself for backends that read the IR in place (Triton, reference)."""
+    module = backend_module(backend)
+    return module.prepare(qweight, act) if hasattr(module, "prepare") else qweight

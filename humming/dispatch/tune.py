@@ -1,0 +1,172 @@
+"""``python -m humming tune``: measure every kernel that can run each (weight format, activation scheme, M)
+on this GPU and write the dispatcher's table for it (``humming/dispatch/tables/sm<arch>_<SMs>sm.json``).
+
+For each case, shape and M, every dense kernel that supports the call is timed (CUDA-graph time, weight
+copies past the L2, :mod:`humming.timing`) with the tuning it would run; the table's order for the M
+bucket sorts kernels by their geometric-mean time over the shapes, relative to the fastest. The raw
+timings are kept in the file, so that a table can be read back as data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+__all__ = ["CASES", "main", "tune"]
+
+#: name -> (humming.quantize arguments, activation scheme): the formats serving runs.
+CASES = {
+    "w4a16-int4-g128": (dict(weight="int4", group_size=128), None),
+    "w4a16-uint4-g128-zp": (dict(weight="int4", group_size=128, zero_point=True), None),
+    "w8a16-int8-channel": (dict(weight="int8", group_size=-1), None),
+    "w8a16-e4m3-channel": (dict(weight="e4m3", group_size=-1), None),
+    "mxfp4-a16": (dict(weight="mxfp4"), None),
+    "nvfp4-a16": (dict(weight="nvfp4"), None),
+    "w8a8-fp8-channel": (dict(weight="e4m3", group_size=-1), "fp8"),
+    "w8a8-fp8-block": (dict(weight="fp8_block"), "fp8_g128"),
+    "w8a8-int8-channel": (dict(weight="int8", group_size=-1), "int8"),
+    "w4a8-int4-g128-fp8": (dict(weight="int4", group_size=128), "fp8"),
+    "w4a8-mxfp4-fp8": (dict(weight="mxfp4"), "fp8"),
+}
+
+
+def _parse_shapes(text: str) -> list[tuple[int, int]]:
+    try:
+        return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--shapes: expected NxK[,NxK...], got {text!r}") from err
+
+
+def _parse_ints(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from err
+
+
+def tune(cases: list[str], shapes: list[tuple[int, int]], m_values: list[int], progress: bool = True) -> dict:
+    """Time every supported dense kernel for each case, shape and M on the current GPU; returns the table
+    (``entries``: per weight, act and M, the kernel order) with the raw ``timings``."""
+    import humming
+
+    from ..device import device_info
+    from ..ir.activation import get_act_scheme
+    from ..timing import copies_past_l2
+    from .kernels import DENSE_KERNELS
+    from .plan import act_key, weight_key
+
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise ValueError(f"cases: unknown {unknown}; known: {sorted(CASES)}")
+    info = device_info()
+    timings = []
+    jobs = [(c, s) for c in cases for s in shapes]
+    for case, (n, k) in tqdm(jobs, desc="humming tune", unit="case x shape", disable=not progress, file=sys.stderr):
+        qargs, act_name = CASES[case]
+        act = None if act_name is None else get_act_scheme(act_name)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k)
+        first = humming.quantize(w, **qargs)
+        copies = [first] + [humming.quantize(w, **qargs) for _ in range(copies_past_l2(first.nbytes) - 1)]
+        for m in m_values:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            for name, kernel in DENSE_KERNELS.items():
+                if name == "reference" or kernel.unsupported(first, act, x) is not None:
+                    continue
+                tuning = kernel.tuning(first, act, x)
+                row = _time_kernel(kernel, x, copies, act, tuning)
+                timings.append(
+                    dict(
+                        case=case,
+                        weight=weight_key(first),
+                        act=act_key(act),
+                        n=n,
+                        k=k,
+                        m=m,
+                        kernel=name,
+                        tuning=str(tuning),
+                        **row,
+                    )
+                )
+            del x
+        del copies, first, w
+        torch.cuda.empty_cache()
+    return dict(
+        device=info.name,
+        capability=list(info.capability),
+        sm_count=info.sm_count,
+        generated_by="python -m humming tune " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["tune"] else []),
+        versions=dict(humming=humming.__version__, torch=torch.__version__, triton=_version("triton")),
+        entries=_entries(timings),
+        timings=timings,
+    )
+
+
+def _time_kernel(kernel, x, copies, act, tuning) -> dict:
+    from ..timing import time_calls
+
+    return time_calls([lambda qw=qw: kernel.run(x, qw, None, act, torch.bfloat16, tuning) for qw in copies])
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _entries(timings: list[dict]) -> list[dict]:
+    """Per (weight, act, M): kernels ordered by the geometric mean over shapes of time / fastest time."""
+    groups: dict = {}
+    for row in timings:
+        groups.setdefault((row["weight"], row["act"], row["m"]), []).append(row)
+    entries = []
+    for (weight, act, m), rows in sorted(groups.items()):
+        best = {}
+        for r in rows:
+            key = (r["n"], r["k"])
+            best[key] = min(best.get(key, math.inf), r["graph_us"])
+        ratios: dict = {}
+        for r in rows:
+            ratios.setdefault(r["kernel"], []).append(math.log(r["graph_us"] / best[(r["n"], r["k"])]))
+        shapes = len(best)
+        # a kernel that could not run every shape ranks after those that could
+        score = {kern: (shapes - len(v), sum(v) / len(v)) for kern, v in ratios.items()}
+        order = sorted(score, key=lambda kern: score[kern])
+        entries.append(
+            dict(
+                weight=weight,
+                act=act,
+                m_max=m,
+                order=order,
+                slowdown={kern: round(math.exp(score[kern][1]), 3) for kern in order},
+            )
+        )
+    return entries
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="humming tune", description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--shapes", type=_parse_shapes, default=_parse_shapes("28672x8192,8192x8192,7168x2048"))
+    parser.add_argument("--m", type=_parse_ints, default=_parse_ints("1,16,32,64,128,256,512,1024,4096"))
+    parser.add_argument("--out", type=Path, default=None, help="default: humming/dispatch/tables/<device>.json")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("tune measures kernels on a CUDA GPU; none is visible")
+    table = tune(args.cases.split(","), args.shapes, args.m)
+    from .plan import TABLES_DIR
+
+    arch = table["capability"][0] * 10 + table["capability"][1]
+    out = args.out or TABLES_DIR / f"sm{arch}_{table['sm_count']}sm.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {out}: {len(table['entries'])} entries from {len(table['timings'])} timings")
+    return 0

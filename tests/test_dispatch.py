@@ -1,0 +1,204 @@
+"""The one decision (humming/dispatch/plan.py): table lookup by M, the heuristic, unknown devices, overrides,
+caching, explain, logging, deterministic mode, and that every plan and table entry names a real kernel."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+import humming
+from humming.dispatch import plan as dispatch
+from humming.dispatch.kernels import DENSE_KERNELS, GROUPED_KERNELS
+from humming.dispatch.support import combination_error
+from humming.ir.activation import get_act_scheme
+
+
+def _weight(weight="int4", group_size=32, n=48, k=64, **kwargs):
+    return humming.quantize(torch.randn(n, k), weight, group_size=group_size, **kwargs)
+
+
+def _table(tmp_path, entries, capability=(9, 0), sm_count=132) -> dispatch.Table:
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(dict(capability=list(capability), sm_count=sm_count, entries=entries)))
+    (table,) = dispatch.load_tables(str(tmp_path))
+    return table
+
+
+def _order(qw, act, m, **overrides):
+    kwargs = dict(requested="auto", on_cuda=True, grouped=False, deterministic=False, table=None)
+    kwargs.update(overrides)
+    return dispatch.candidate_order(qw, None if act is None else get_act_scheme(act), m, **kwargs)
+
+
+def test_heuristic_order_by_activation_and_m():
+    qw = _weight()
+    assert _order(qw, None, 1) == (("cuda.gemm_sm90", "cuda.decode", "triton.wna16", "reference"), "heuristic")
+    assert _order(qw, "fp8", 16)[0][:2] == ("cuda.decode", "cuda.fp8_gemm")
+    assert _order(qw, "fp8", 17)[0][:2] == ("cuda.fp8_gemm", "cuda.gemm_sm90")  # the W4A8 route above M = 16
+    assert _order(humming.quantize(torch.randn(32, 64), "nvfp4"), "nvfp4", 64)[0][0] == "cuda.fp4_gemm"
+
+
+def test_table_applies_to_its_m_range_only(tmp_path):
+    qw = _weight()
+    table = _table(
+        tmp_path,
+        [
+            dict(weight="int4", act="fp8", m_max=16, order=["cuda.fp8_gemm"]),
+            dict(weight="int4", act="fp8", m_max=256, order=["triton.scaled_mm", "cuda.fp8_gemm"]),
+        ],
+    )
+    order, source = _order(qw, "fp8", 1, table=table)
+    assert order[0] == "cuda.fp8_gemm" and source == "table table.json"
+    assert set(order) == set(_order(qw, "fp8", 1)[0])  # the heuristic's other kernels follow the table's
+    assert _order(qw, "fp8", 17, table=table)[0][:2] == ("triton.scaled_mm", "cuda.fp8_gemm")
+    assert _order(qw, "fp8", 256, table=table)[0][0] == "triton.scaled_mm"
+    # past the largest measured M: the heuristic, never a small-M entry
+    assert _order(qw, "fp8", 257, table=table) == _order(qw, "fp8", 257)
+    assert _order(qw, None, 16, table=table) == _order(qw, None, 16)  # no entry for this act
+    assert _order(_weight(zero_point=True), "fp8", 1, table=table)[1] == "heuristic"  # uint4+zp: another key
+
+
+def test_table_with_an_unknown_kernel_is_refused(tmp_path):
+    (tmp_path / "bad.json").write_text(
+        json.dumps(
+            dict(
+                capability=[9, 0], sm_count=132, entries=[dict(weight="int4", act="none", m_max=1, order=["cuda.nope"])]
+            )
+        )
+    )
+    with pytest.raises(ValueError, match="unknown kernel"):
+        dispatch.load_tables(str(tmp_path))
+
+
+def test_unknown_device_gets_no_table(fake_cuda_device):
+    fake_cuda_device((8, 9), sm_count=128)
+    assert dispatch._table_for(torch.device("cuda", 0)) is None
+
+
+@pytest.mark.parametrize("table", dispatch.load_tables(), ids=lambda t: t.path.rsplit("/", 1)[-1])
+def test_committed_tables_name_real_kernels_for_valid_combinations(table):
+    assert table.entries, "a committed table has entries"
+    for (weight, act), rows in table.entries.items():
+        fmt = humming.get_format(weight.split("+")[0])
+        scheme = None if act == "none" else get_act_scheme(act)
+        assert combination_error(fmt, scheme) is None, (weight, act)
+        for _, order in rows:
+            assert order and all(k in DENSE_KERNELS and k != "reference" for k in order), order
+
+
+def test_overrides_and_cpu(monkeypatch):
+    qw = _weight()
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    assert _order(qw, None, 3, on_cuda=False) == (("reference",), _order(qw, None, 3, on_cuda=False)[1])
+    plan = dispatch.plan_linear(qw, None, x)
+    assert plan.kernel == "reference" and "CPU" in plan.source
+    plan = dispatch.plan_linear(qw, None, x, backend="triton")
+    assert plan.kernel == "triton.wna16" and plan.source == "backend='triton'"
+    assert plan.tuning is not None and plan.tuning.block_m >= 1
+    monkeypatch.setenv("HUMMING_BACKEND", "triton")
+    assert dispatch.plan_linear(_weight(), None, x).kernel == "triton.wna16"
+    monkeypatch.setenv("HUMMING_BACKEND", "tpu")
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        dispatch.plan_linear(qw, None, x)
+    monkeypatch.delenv("HUMMING_BACKEND")
+    with pytest.raises(ValueError, match=r"backend 'cuda' cannot run this call: cuda\.gemm_sm90: .*cuda\.decode: "):
+        humming.linear(x, qw, backend="cuda")
+
+
+def test_plans_are_cached_per_weight_and_call_shape(monkeypatch):
+    qw = _weight()
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    decided = []
+    decide = dispatch._decide
+    monkeypatch.setattr(dispatch, "_decide", lambda *a: decided.append(a[2].shape[0]) or decide(*a))
+    first = dispatch.plan_linear(qw, None, x, "triton")
+    assert dispatch.plan_linear(qw, None, x.clone(), "triton") is first
+    dispatch.plan_linear(qw, None, x[:2], "triton")
+    dispatch.plan_linear(qw, get_act_scheme("fp8"), x, "triton")
+    assert decided == [5, 2, 5]
+
+
+def test_explain_names_the_kernel_and_why_not_the_others():
+    qw = _weight()
+    plan = humming.explain(qw, 4, act="fp8", backend="triton")
+    assert plan.kernel == "triton.scaled_mm"
+    text = str(plan)
+    assert text.startswith("triton.scaled_mm (backend triton, layout ir) chosen by backend='triton'")
+    assert "not triton.wna16: the WnA16 GEMM takes 16-bit activations" in text
+    assert humming.explain(qw, 1).kernel == "reference"
+    experts = humming.stack([_weight(), _weight()])
+    assert humming.explain(experts, 20, backend="triton").kernel == "triton.grouped"
+    with pytest.raises(ValueError, match="m: expected a positive"):
+        humming.explain(qw, 0)
+
+
+def test_log_dispatch_logs_each_decision_once(monkeypatch, caplog):
+    monkeypatch.setenv("HUMMING_LOG_DISPATCH", "1")
+    qw = _weight()
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    with caplog.at_level(logging.WARNING, logger="humming.dispatch"):
+        for _ in range(3):
+            humming.linear(x, qw)
+    lines = [r.getMessage() for r in caplog.records if r.name == "humming.dispatch"]
+    assert len(lines) == 1 and "-> reference" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "qargs, act",
+    [
+        (dict(weight="int4", group_size=32), None),
+        (dict(weight="int8", group_size=-1), "int8"),
+        (dict(weight="e4m3", group_size=-1), "fp8"),
+        (dict(weight="int4", group_size=32), "fp8"),
+        (dict(weight="nvfp4"), "nvfp4"),
+        (dict(weight="mxfp4"), None),
+    ],
+    ids=lambda v: str(v),
+)
+@pytest.mark.parametrize("backend", ["auto", "triton", "reference"])
+def test_every_plan_names_a_kernel_that_runs_the_call(qargs, act, backend):
+    qw = humming.quantize(torch.randn(32, 64), **qargs)
+    scheme = None if act is None else get_act_scheme(act)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    plan = dispatch.plan_linear(qw, scheme, x, backend)
+    kernel = DENSE_KERNELS[plan.kernel]
+    assert kernel.backend == plan.backend and kernel.unsupported(qw, scheme, x) is None
+    ref = humming.linear(x, qw, act=act, backend="reference").float()
+    out = humming.linear(x, qw, act=act, backend=backend).float()
+    assert torch.isfinite(out).all() and (out - ref).norm() <= 2e-2 * ref.norm()
+
+
+def test_grouped_kernels_are_registered_for_every_backend():
+    assert {k.backend for k in GROUPED_KERNELS.values()} == {"cuda", "triton", "reference"}
+
+
+def test_deterministic_mode_uses_one_tuning_for_every_m(monkeypatch):
+    qw = _weight(n=64, k=128)
+    humming.set_deterministic(True)
+    try:
+        assert humming.is_deterministic()
+        plans = [dispatch.plan_linear(qw, None, torch.randn(m, 128, dtype=torch.bfloat16), "triton") for m in (1, 300)]
+        assert plans[0].tuning == plans[1].tuning and plans[0].tuning.split_k == 1
+        assert not plans[0].tuning.dequant_first and plans[0].source == "deterministic mode"
+        with pytest.raises(ValueError, match="no batch-invariant kernel"):
+            dispatch.plan_linear(qw, None, torch.randn(2, 128, dtype=torch.bfloat16), "cuda")
+        x = torch.randn(37, 128, dtype=torch.bfloat16)
+        full = humming.linear(x, qw, backend="triton")
+        for rows in (slice(0, 1), slice(5, 21), slice(36, 37)):
+            assert torch.equal(humming.linear(x[rows], qw, backend="triton"), full[rows])
+    finally:
+        humming.set_deterministic(None)
+    monkeypatch.setenv("HUMMING_DETERMINISTIC", "1")
+    assert humming.is_deterministic()
+    with pytest.raises(TypeError, match="enabled"):
+        humming.set_deterministic("yes")
+
+
+def test_warmup_refuses_cpu_layers():
+    with pytest.raises(ValueError, match="layers: expected weights on one CUDA device"):
+        humming.warmup([_weight()])
+    with pytest.raises(TypeError, match=r"layers: expected humming\.QuantizedWeight"):
+        humming.warmup([torch.zeros(2)])
