@@ -294,3 +294,31 @@ def test_immutable_and_replace():
 def test_quantize_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         humming.quantize(torch.randn(8, 64), **kwargs)
+
+
+def _qa_fields(act: str, m: int = 3, k: int = 64) -> dict:
+    qa = humming.quantize_activation(torch.randn(m, k), act)
+    return {"scheme": qa.scheme, "codes": qa.codes, "scales": qa.scales, "global_scale": qa.global_scale}
+
+
+@pytest.mark.parametrize(
+    ("act", "changes", "field"),
+    [
+        ("fp8", {"scales": torch.ones(1, 3)}, "scales"),  # per-token scales transposed
+        ("fp8", {"scales": torch.ones(3, 1, dtype=torch.float16)}, "scales"),
+        ("fp8_g128", {"scales": torch.ones(3, 2)}, "scales"),  # K = 64 is one group of 128
+        ("mxfp4", {"scales": torch.ones(3, 2)}, "scales"),  # float32 for e8m0
+        ("nvfp4", {"global_scale": None}, "global_scale"),
+        ("nvfp4", {"global_scale": torch.ones(2)}, "global_scale"),
+        ("int8", {"global_scale": torch.ones(())}, "global_scale"),
+        ("int8", {"codes": torch.zeros(3, 64, dtype=torch.int8)}, "codes"),
+        ("int8", {"codes": torch.zeros(3, 2, 64, dtype=torch.uint8)}, "codes"),
+    ],
+)
+def test_quantized_activation_validated(act, changes, field):
+    """Construction checks codes, scales and global scale against the scheme, naming the field."""
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        humming.QuantizedActivation(**{**_qa_fields(act), **changes})
+    humming.QuantizedActivation(**_qa_fields(act))  # what quantize_activation returns is valid
+    static = humming.quantize_activation(torch.randn(3, 64), "fp8", scale=torch.tensor(0.5))
+    assert static.scales.shape == (1, 1)
