@@ -32,6 +32,7 @@ from .dispatch.backends import select_backend
 from .dispatch.support import combination_error
 from .ir.activation import get_act_scheme
 from .ir.weight import QuantizedWeight
+from .linear import poison_non_finite_rows
 
 __all__ = ["MoeRouting", "default_block_m", "expert_weight", "fused_moe", "grouped_linear", "moe_align", "padded_rows"]
 
@@ -223,7 +224,11 @@ def grouped_linear(
     if reason:
         raise ValueError(reason)
     module = select_backend(backend, qweight, act, x, block_m=block_m)
-    return module.grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype)
+    out = module.grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype)
+    if act is not None and m_pad:  # NaN / Inf activations: NaN output rows (humming.linear), skipped rows kept
+        routed = (expert_ids >= 0).repeat_interleave(block_m)[:, None]
+        out = torch.where(routed, poison_non_finite_rows(x, out), out)
+    return out
 
 
 def default_block_m(num_slots: int, num_experts: int) -> int:

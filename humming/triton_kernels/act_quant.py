@@ -6,7 +6,8 @@ e4m3 (+ fp32 global) scales. The reference divides in float64; the kernel divide
 the only case where that can differ (the float32 quotient lands exactly on a rounding midpoint of the
 element grid) from the sign of the exact residual ``x - q * s``, computed in float64 (two operations per
 element; the division itself stays float32). NVFP4 scales are ``e4m3 * global``, a 28-bit product, so
-that scheme divides in float64 outright. Inputs are assumed finite (NaN / inf activations are not handled).
+that scheme divides in float64 outright. The tensor-wide absmax ignores NaN / Inf; the codes of a row that
+holds one are meaningless, and ``humming.linear`` sets that output row to NaN.
 """
 
 from __future__ import annotations
@@ -125,7 +126,10 @@ def _absmax_kernel(x_ptr, amax_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOC
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    # NaN / Inf are left out of the absmax (|x| < inf is false for both): a row holding one gets a NaN
+    # output row from humming.linear, and the other rows keep the scale they have without it.
+    mag = tl.abs(x)
+    amax = tl.max(tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1), axis=0)
     tl.atomic_max(amax_ptr, amax.to(tl.int32, bitcast=True))  # non-negative floats order like their bits
 
 
