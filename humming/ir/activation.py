@@ -141,7 +141,11 @@ def quantize_activation(
         raise ValueError(f"x: expected a non-empty [M, K], got shape {tuple(x.shape)}")
     fmt = scheme.element_format
     if scale is not None:
+        if not isinstance(scale, torch.Tensor) or scale.numel() != 1:
+            raise ValueError(f"scale: expected a one-element static per-tensor scale, got {_describe(scale)}")
         scale = scale.to(device=x.device, dtype=torch.float32).reshape(1, 1)
+        if not bool(torch.isfinite(scale).all() & (scale > 0).all()):
+            raise ValueError(f"scale: a static scale must be positive and finite, got {float(scale)}")
         codes = fmt.encode(x.to(torch.float64) / scale.to(torch.float64))
         return QuantizedActivation(scheme, codes, scale)
     if global_scale is not None:
@@ -158,6 +162,8 @@ def quantize_activation(
 
 def dequantize_activation(qa: QuantizedActivation, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``decode(codes) * float32(scale) * global_scale``, rounded once to ``dtype``."""
+    if not isinstance(qa, QuantizedActivation):
+        raise TypeError(f"qa: expected a humming.QuantizedActivation, got {type(qa).__name__}")
     m, k = qa.shape
     s = qa.scales.to(torch.float32)
     if qa.global_scale is not None:

@@ -241,7 +241,7 @@ def _as_format(fmt) -> NumberFormat:
 def _as_shape(shape) -> tuple[int, ...]:
     try:
         shape = tuple(int(d) for d in shape)
-    except TypeError:
+    except (TypeError, ValueError):
         raise ValueError(f"shape: expected (N, K) or (E, N, K), got {shape!r}") from None
     if len(shape) not in (2, 3) or any(d <= 0 for d in shape):
         raise ValueError(f"shape: expected (N, K) or (E, N, K) with positive sizes, got {shape}")
