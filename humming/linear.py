@@ -89,4 +89,18 @@ def linear(
     if x_data.numel() == 0:  # no tokens (an idle batch): nothing to launch
         return torch.empty(*lead, n, dtype=out_dtype, device=qweight.device)
     out = DENSE_KERNELS[plan.kernel].run(x2d, qweight, bias, act, out_dtype, plan.tuning)
+    if act is not None and not prequantized:
+        out = poison_non_finite_rows(x2d, out)
     return out.reshape(*lead, n)
+
+
+def poison_non_finite_rows(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` [M, N] with NaN in every row whose activations ``x`` [M, K] hold a NaN or an Inf.
+
+    Quantized activations have no code for them (int8, e2m1) or lose them in a scale, so the quantizing
+    backends would give such a row finite outputs; a 16-bit matmul gives it non-finite ones, and so does
+    humming (README, "Non-finite activations"). The quantizers ignore non-finite values when they take an
+    absmax, so the other rows keep the outputs they have without them. One pass over ``x``, no host sync.
+    """
+    bad = ~torch.isfinite(x).all(dim=-1, keepdim=True)
+    return out.masked_fill(bad, float("nan"))

@@ -33,6 +33,7 @@ from .dispatch.plan import plan_grouped
 from .dispatch.support import combination_error
 from .ir.activation import get_act_scheme
 from .ir.weight import QuantizedWeight
+from .linear import poison_non_finite_rows
 
 __all__ = ["MoeRouting", "default_block_m", "expert_weight", "fused_moe", "grouped_linear", "moe_align", "padded_rows"]
 
@@ -224,7 +225,11 @@ def grouped_linear(
     if reason:
         raise ValueError(reason)
     plan = plan_grouped(qweight, act, x, block_m, backend)
-    return GROUPED_KERNELS[plan.kernel].run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning)
+    out = GROUPED_KERNELS[plan.kernel].run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning)
+    if act is not None and m_pad:  # NaN / Inf activations: NaN output rows (humming.linear), skipped rows kept
+        routed = (expert_ids >= 0).repeat_interleave(block_m)[:, None]
+        out = torch.where(routed, poison_non_finite_rows(x, out), out)
+    return out
 
 
 def default_block_m(num_slots: int, num_experts: int) -> int:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
+import os
+import shutil
 import sys
+import threading
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -117,11 +123,11 @@ def test_corrupted_entry_is_rebuilt(include_root, cache_dir, damage):
     else:
         data = bytearray()
     path.write_bytes(bytes(data))
-    assert _cache.read_entry(path) is None
+    assert _cache.read_entry(path, good.key) is None
     jit.clear_memory_cache()
     rebuilt = jit.compile_kernel(spec, "sm_80")
     assert rebuilt.origin == "compiled" and rebuilt.cubin == good.cubin
-    assert _cache.read_entry(path) is not None
+    assert _cache.read_entry(path, good.key) is not None
 
 
 def _compile_in_process(root, barrier, queue):
@@ -163,3 +169,70 @@ def test_unavailable_reason_names_the_missing_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.core", None)
     reason = jit._probe_compiler.__wrapped__()
     assert reason is not None and "cuda-core cannot be imported" in reason and "ModuleNotFoundError" in reason
+
+
+def test_entry_for_another_key_is_never_used(include_root, cache_dir):
+    """An entry copied over another kernel's file name (as a hash-prefix collision would place it) is not
+    run: the entry records the full key it was built for, and a mismatch rebuilds."""
+    three, five = _tiny_spec(include_root, 3), _tiny_spec(include_root, 5)
+    built_three = jit.compile_kernel(three, "sm_80")
+    key_five = jit.cache_key(five, "sm_80")
+    path_five = cache_dir / f"{five.name}-sm_80-{key_five[:40]}.cubin"
+    shutil.copy(cache_dir / f"{three.name}-sm_80-{built_three.key[:40]}.cubin", path_five)
+    built_five = jit.compile_kernel(five, "sm_80")
+    assert built_five.origin == "compiled" and built_five.cubin != built_three.cubin
+    assert _cache.read_entry(path_five, key_five).cubin == built_five.cubin
+
+
+def _unwritable_folder(tmp_path) -> Path:
+    """A folder this process cannot create files in: a read-only one, or (for root, whom permissions do not
+    stop) one under /sys, where mkdir fails with EPERM."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK):
+        folder = Path("/sys/humming-cache-test")
+        if not Path("/sys").is_dir():
+            pytest.skip("running as root without /sys: no folder here refuses writes")
+    return folder
+
+
+def test_read_only_cache_falls_back_to_a_private_folder(include_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("HUMMING_CACHE_DIR", str(_unwritable_folder(tmp_path)))
+    monkeypatch.setattr(_cache, "_fallback", None, raising=False)  # a fresh process: no fallback folder yet
+    with pytest.warns(RuntimeWarning, match="cannot be written") as caught:
+        first = jit.compile_kernel(_tiny_spec(include_root, 3), "sm_80")
+        jit.compile_kernel(_tiny_spec(include_root, 5), "sm_80")
+    assert len(caught) == 1, [str(w.message) for w in caught]  # one warning per process
+    assert first.origin == "compiled"
+    jit.clear_memory_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert jit.compile_kernel(_tiny_spec(include_root, 3), "sm_80").origin == "disk"  # the private folder
+
+
+def test_lock_held_by_a_hung_process_times_out(include_root, cache_dir, monkeypatch):
+    """A holder that never releases the entry's lock delays a compile by the timeout, not forever."""
+    monkeypatch.setenv("HUMMING_CACHE_LOCK_TIMEOUT", "0.5")
+    spec = _tiny_spec(include_root)
+    path = cache_dir / f"{spec.name}-sm_80-{jit.cache_key(spec, 'sm_80')[:40]}.cubin"
+    cache_dir.mkdir(parents=True)
+    result = {}
+
+    def compile_() -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result["origin"] = jit.compile_kernel(spec, "sm_80").origin
+        result["warnings"] = [str(w.message) for w in caught]
+
+    with open(path.with_name(path.name + ".lock"), "a+b") as holder:  # another open file: a separate lock
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        worker = threading.Thread(target=compile_, daemon=True)
+        worker.start()
+        worker.join(timeout=60)
+        hung = worker.is_alive()
+        fcntl.flock(holder, fcntl.LOCK_UN)
+    worker.join(timeout=60)
+    assert not hung, "compile_kernel waited for the lock past the timeout"
+    assert result["origin"] == "compiled"
+    assert any("HUMMING_CACHE_LOCK_TIMEOUT" in m for m in result["warnings"]), result["warnings"]

@@ -294,3 +294,128 @@ def test_immutable_and_replace():
 def test_quantize_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         humming.quantize(torch.randn(8, 64), **kwargs)
+
+
+def _qa_fields(act: str, m: int = 3, k: int = 64) -> dict:
+    qa = humming.quantize_activation(torch.randn(m, k), act)
+    return {"scheme": qa.scheme, "codes": qa.codes, "scales": qa.scales, "global_scale": qa.global_scale}
+
+
+@pytest.mark.parametrize(
+    ("act", "changes", "field"),
+    [
+        ("fp8", {"scales": torch.ones(1, 3)}, "scales"),  # per-token scales transposed
+        ("fp8", {"scales": torch.ones(3, 1, dtype=torch.float16)}, "scales"),
+        ("fp8_g128", {"scales": torch.ones(3, 2)}, "scales"),  # K = 64 is one group of 128
+        ("mxfp4", {"scales": torch.ones(3, 2)}, "scales"),  # float32 for e8m0
+        ("nvfp4", {"global_scale": None}, "global_scale"),
+        ("nvfp4", {"global_scale": torch.ones(2)}, "global_scale"),
+        ("int8", {"global_scale": torch.ones(())}, "global_scale"),
+        ("int8", {"codes": torch.zeros(3, 64, dtype=torch.int8)}, "codes"),
+        ("int8", {"codes": torch.zeros(3, 2, 64, dtype=torch.uint8)}, "codes"),
+    ],
+)
+def test_quantized_activation_validated(act, changes, field):
+    """Construction checks codes, scales and global scale against the scheme, naming the field."""
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        humming.QuantizedActivation(**{**_qa_fields(act), **changes})
+    humming.QuantizedActivation(**_qa_fields(act))  # what quantize_activation returns is valid
+    static = humming.quantize_activation(torch.randn(3, 64), "fp8", scale=torch.tensor(0.5))
+    assert static.scales.shape == (1, 1)
+
+
+def _rich_weight() -> QuantizedWeight:
+    """A weight that has every optional tensor: zeros, g_idx, global_scale and bias (two experts)."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(2, 8, 64, generator=gen)
+    g_idx = torch.randperm(64, generator=gen).to(torch.int32) % 4
+    qw = humming.quantize(w, "int4", group_size=16, zero_point=True, g_idx=g_idx, bias=torch.randn(2, 8))
+    return qw.replace(global_scale=torch.tensor([0.5, 2.0]))
+
+
+def _same_weight(a: QuantizedWeight, b: QuantizedWeight) -> bool:
+    same_fields = (a.shape, a.format.name, a.group_shape) == (b.shape, b.format.name, b.group_shape)
+    ta, tb = a.tensors(), b.tensors()
+    same_tensors = all(ta[n].dtype == tb[n].dtype and torch.equal(ta[n], tb[n]) for n in ta)
+    return same_fields and set(ta) == set(tb) and same_tensors
+
+
+@pytest.mark.parametrize("field", ["zeros", "g_idx", "global_scale", "bias", "scales"])
+def test_load_notices_a_missing_tensor(field, tmp_path):
+    """A file whose manifest lists a tensor the file lacks is refused, not loaded as a different weight."""
+    import safetensors.torch
+
+    path = tmp_path / "w.safetensors"
+    humming.save(_rich_weight(), path)
+    with safetensors.safe_open(path, "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k != f"__single__.{field}"}  # noqa: SIM118 (not iterable)
+    safetensors.torch.save_file(tensors, path, metadata=meta)
+    with pytest.raises(ValueError, match=f"{field}"):
+        humming.load(path)
+
+
+def test_load_header_bit_flips_never_load_a_different_weight(tmp_path):
+    """Flip each of a seeded sample of bits in the safetensors header (and its length prefix): the file
+    either loads the same weight bit for bit or is refused with a ValueError."""
+    path = tmp_path / "w.safetensors"
+    qw = _rich_weight()
+    humming.save(qw, path)
+    data = path.read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    gen = torch.Generator().manual_seed(0)
+    bits = torch.randperm(header_end * 8, generator=gen)[:600].tolist()
+    silent = []
+    for bit in bits:
+        flipped = bytearray(data)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        path.write_bytes(bytes(flipped))
+        try:
+            back = humming.load(path)
+        except ValueError:
+            continue
+        if not isinstance(back, QuantizedWeight) or not _same_weight(back, qw):
+            silent.append(bit)
+    assert not silent, f"{len(silent)} of {len(bits)} header bit flips loaded a different weight: bits {silent[:10]}"
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda meta: meta.pop("humming_format_version"), "not a humming file"),
+        (lambda meta: meta.update(humming_format_version="9"), "version 9"),
+    ],
+)
+def test_load_refuses_bad_metadata(edit, match, tmp_path):
+    import safetensors.torch
+
+    path = tmp_path / "w.safetensors"
+    humming.save(_rich_weight(), path)
+    with safetensors.safe_open(path, "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    edit(meta)
+    safetensors.torch.save_file(tensors, path, metadata=meta)
+    with pytest.raises(ValueError, match=match):
+        humming.load(path)
+
+
+def test_load_reads_format_version_1(tmp_path):
+    """Files of format version 1 (no manifest) still load, with a warning that they cannot be verified;
+    a version-1 record without its fields is a ValueError naming the field."""
+    import json
+
+    import safetensors.torch
+
+    qw = _rich_weight()
+    path = tmp_path / "w.safetensors"
+    record = {"shape": list(qw.shape), "format": qw.format.name, "group_shape": list(qw.group_shape)}
+    tensors = {f"__single__.{n}": t.contiguous() for n, t in qw.tensors().items()}
+    meta = {"humming_format_version": "1", "__single__.__meta__": json.dumps(record)}
+    safetensors.torch.save_file(tensors, path, metadata=meta)
+    with pytest.warns(UserWarning, match="no manifest"):
+        assert _same_weight(humming.load(path), qw)
+    del record["format"]
+    safetensors.torch.save_file(tensors, path, metadata={**meta, "__single__.__meta__": json.dumps(record)})
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="format"):
+        humming.load(path)

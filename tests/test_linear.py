@@ -203,3 +203,26 @@ def test_weight_errors():
     moe = humming.quantize(torch.randn(2, 16, 64), "int4", group_size=32)
     with pytest.raises(ValueError, match="2-D weight"):
         humming.linear(x, moe)
+
+
+# ------------------------------------------------------------------------------ non-finite activations
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("act", sorted(ACT_SCHEMES))
+def test_non_finite_rows_propagate(act, backend, seed):
+    """A NaN or Inf in a row of ``x`` makes that output row non-finite (as a bf16 matmul does) and leaves
+    every other row bit for bit as it is when the non-finite elements are zeros (README, "Non-finite")."""
+    from humming.dispatch.kernels import backend_module
+
+    qw = humming.quantize(torch.randn(24, 64), "int4", group_size=32)
+    x = torch.randn(6, 64, dtype=torch.bfloat16)
+    x[1, 5] = float("nan")
+    x[3, 40] = float("inf")
+    x[4, 0] = float("-inf")
+    reason = backend_module(backend).supports(qw, humming.ACT_SCHEMES[act], x)
+    if reason:
+        pytest.skip(f"{backend}: {reason}")
+    out = humming.linear(x, qw, act=act, backend=backend)
+    clean = humming.linear(torch.where(torch.isfinite(x), x, 0), qw, act=act, backend=backend)
+    bad = torch.tensor([False, True, False, True, True, False])
+    assert not torch.isfinite(out[bad]).any(), "a row with NaN/Inf activations gave finite outputs"
+    assert torch.equal(out[~bad], clean[~bad]), "rows without NaN/Inf changed"

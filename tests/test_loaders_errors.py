@@ -209,3 +209,53 @@ def test_bnb_blocks_straddling_rows(tmp_path):
     write(tmp_path, qconfig, {f"m.{k}": v for k, v in tensors.items()})
     with pytest.raises(UnsupportedFormatError, match="K=96 is not a multiple of the bitsandbytes blocksize 64"):
         load_checkpoint(tmp_path)
+
+
+def test_ct_transposed_scale_refused(tmp_path):
+    """A ``weight_scale`` with the right element count but transposed ([K/g, N] for [N, K/g]) is refused,
+    not reshaped into a different weight; a per-channel ``[N]`` or ``[N, 1]`` scale still loads."""
+    tensors = ct_tensors(n=16, k=64)
+    tensors["m.weight_scale"] = torch.ones(2, 16)
+    write(tmp_path, CT_W4, tensors)
+    with pytest.raises(ShapeMismatchError, match=r"'weight_scale' has shape \(2, 16\), expected \(16, 2\)"):
+        load_checkpoint(tmp_path)
+    channel = {**CT_W4, "config_groups": {"g": {"targets": ["Linear"], "weights": {**_W4_CHANNEL}}}}
+    for shape in ((16,), (16, 1)):
+        q = torch.zeros(16, 64, dtype=torch.int64)
+        packed = pack_int_quantized(q, torch.ones(16, 1), None, bits=4)
+        write(tmp_path, channel, {f"m.{k}": v for k, v in {**packed, "weight_scale": torch.ones(shape)}.items()})
+        assert load_checkpoint(tmp_path)["m"].scales.shape == (16, 1)
+
+
+_W4_CHANNEL = {"num_bits": 4, "type": "int", "strategy": "channel"}
+
+
+@pytest.mark.parametrize(
+    ("drop", "field", "match"),
+    [
+        ("g_idx", "g_idx", r"'g_idx' has shape \(60,\), expected \(64,\)"),
+        ("qweight", "qweight", r"qweight.*7 rows.*K=56.*group_size 32"),
+    ],
+)
+def test_gptq_truncated_tensor_refused(tmp_path, drop, field, match):
+    """K comes from one tensor; a truncated ``g_idx`` or ``qweight`` must not load as a smaller weight."""
+    tensors = gptq_tensors(n=16, k=64, group=32)
+    if field == "g_idx":
+        tensors["m.g_idx"] = tensors["m.g_idx"][:60].clone()
+    else:
+        tensors["m.qweight"] = tensors["m.qweight"][:7].clone()
+        del tensors["m.g_idx"]
+    write(tmp_path, GPTQ, tensors)
+    with pytest.raises(ShapeMismatchError, match=match):
+        load_checkpoint(tmp_path)
+
+
+def test_awq_truncated_qweight_refused(tmp_path):
+    from humming.loaders.awq import pack_awq
+
+    zeros = torch.zeros(16, 2, dtype=torch.uint8)
+    t = pack_awq(torch.zeros(16, 64, dtype=torch.uint8), torch.ones(16, 2).half(), zeros)
+    t["qweight"] = t["qweight"][:63].clone()
+    write(tmp_path, {"quant_method": "awq", "bits": 4, "group_size": 32}, {f"m.{k}": v for k, v in t.items()})
+    with pytest.raises(ShapeMismatchError, match=r"qweight.*K=63.*group_size 32"):
+        load_checkpoint(tmp_path)

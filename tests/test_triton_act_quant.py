@@ -116,3 +116,22 @@ def test_supports_reasons():
 def test_act_quant_bit_exact_gpu(act, m, k, seed):
     x = (torch.randn(m, k, device="cuda") * 10.0 ** torch.randint(-3, 4, (m, 1), device="cuda")).bfloat16()
     _assert_same(quantize_activation(x, act), humming.quantize_activation(x, act), f"{act} {m}x{k} seed={seed}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["fp8", "int8_tensor", "mxfp4"])
+def test_act_quant_past_2_31_elements(act: str) -> None:
+    """M * K > 2^31: row offsets must not wrap in int32 (a wrapped offset reads or writes out of bounds).
+    A few rows, first and last included, are compared with the reference quantizer."""
+    m, k = 2**31 // 4096 + 64, 4096
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    got = quantize_activation(x, act)
+    rows = torch.tensor([0, 1, m // 2, m - 2, m - 1], device="cuda")
+    if humming.ACT_SCHEMES[act].group == "tensor":  # the scale depends on the tensor's absmax alone
+        amax = x.abs().amax().reshape(1, 1)
+        assert torch.equal(got.scales, humming.quantize_activation(amax, act).scales)
+        ref = humming.quantize_activation(x[rows], act, scale=got.scales)
+        assert torch.equal(got.codes[rows], ref.codes)
+    else:
+        ref = humming.quantize_activation(x[rows], act)
+        assert torch.equal(got.codes[rows], ref.codes) and torch.equal(got.scales[rows], ref.scales)

@@ -221,3 +221,17 @@ def test_wna16_gpu_dequant_first(m: int, seed: int) -> None:
     assert not torch.isnan(out).any()
     ref = x.float() @ humming.dequantize(qw, torch.bfloat16).float().T
     assert _rel_err(out, ref.double()) <= TOL[torch.bfloat16]
+
+
+def test_wna16_strided_g_idx(seed: int, device: str) -> None:
+    """An act-order ``g_idx`` that is a strided view (every other element of a bigger tensor) gives the
+    same result as its contiguous copy: the kernel reads ``g_idx[k]`` at ``k``."""
+    case = Case("int4", group_size=32, act_order=True)
+    n, k = 40, 200
+    w = torch.randn(n, k, device=device)
+    g_idx = torch.randint(0, -(-k // 32), (k, 2), dtype=torch.int32, device=device)[:, 0]
+    assert not g_idx.is_contiguous()
+    qw = humming.quantize(w, "int4", group_size=32, g_idx=g_idx)
+    x = torch.randn(7, k, device=device).to(torch.bfloat16)
+    _check(case, qw, x, None, torch.bfloat16, config=TileConfig(16, 32, 64))  # the tiled kernel
+    _check(case, qw, x[:2], None, torch.bfloat16, config=TileConfig(2, 32, 64))  # the GEMV kernel

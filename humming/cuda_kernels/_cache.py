@@ -1,28 +1,39 @@
 """On-disk cache of compiled cubins, shared by threads and processes.
 
-An entry is one file ``<dir>/<name>-<arch>-<key>.cubin`` holding a small header, a SHA-256 of the
-payload, the cubin and the compiler's log. Writers take an ``fcntl`` lock on ``<entry>.lock``, write a
-temporary file in the same folder and ``os.replace`` it over the entry, so a reader sees either no
-entry or a whole one; a reader that finds a truncated or corrupted entry (bad magic, wrong lengths,
-checksum mismatch) treats it as missing and the entry is rebuilt.
+An entry is one file ``<dir>/<name>-<arch>-<key>.cubin`` holding a small header (with the full cache key
+the entry was built for and a SHA-256 of the payload), the cubin and the compiler's log. Writers take an
+``fcntl`` lock on ``<entry>.lock``, write a temporary file in the same folder and ``os.replace`` it over
+the entry, so a reader sees either no entry or a whole one; a reader that finds a truncated or corrupted
+entry (bad magic, wrong lengths, checksum mismatch) or one built for another key (a file name collision,
+a copied file) treats it as missing and the entry is rebuilt.
+
+The lock is waited for at most ``HUMMING_CACHE_LOCK_TIMEOUT`` seconds (default 600): past that, a holder
+that hangs is presumed dead and the entry is built without the lock (the atomic rename keeps that safe;
+at worst two processes compile the same kernel). A cache folder that cannot be written (read-only file
+system, no permission) is replaced, with one warning, by a private temporary folder for this process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import struct
 import tempfile
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["CacheEntry", "cache_dir", "get_or_build", "read_entry"]
 
-_MAGIC = b"HMCUBIN1"
-_HEADER = struct.Struct("<8sQQ32s")  # magic, cubin length, log length, sha256(cubin + log)
+_MAGIC = b"HMCUBIN2"
+_HEADER = struct.Struct("<8s32sQQ32s")  # magic, key (sha256), cubin length, log length, sha256(cubin + log)
+_DEFAULT_LOCK_TIMEOUT_S = 600.0
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 @dataclass(frozen=True)
@@ -40,35 +51,66 @@ def cache_dir() -> Path:
     return Path(root) / "cuda"
 
 
-def _encode(cubin: bytes, log: str) -> bytes:
+def _encode(key: str, cubin: bytes, log: str) -> bytes:
     log_bytes = log.encode()
     digest = hashlib.sha256(cubin + log_bytes).digest()
-    return _HEADER.pack(_MAGIC, len(cubin), len(log_bytes), digest) + cubin + log_bytes
+    return _HEADER.pack(_MAGIC, bytes.fromhex(key), len(cubin), len(log_bytes), digest) + cubin + log_bytes
 
 
-def read_entry(path: Path) -> CacheEntry | None:
-    """The entry at ``path``, or ``None`` when it is missing, truncated or corrupted."""
+def read_entry(path: Path, key: str) -> CacheEntry | None:
+    """The entry at ``path`` built for ``key`` (hex SHA-256), or ``None`` when it is missing, truncated,
+    corrupted or was built for another key."""
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, PermissionError):
         return None
     if len(data) < _HEADER.size:
         return None
-    magic, n_cubin, n_log, digest = _HEADER.unpack_from(data)
+    magic, entry_key, n_cubin, n_log, digest = _HEADER.unpack_from(data)
     body = data[_HEADER.size :]
-    if magic != _MAGIC or len(body) != n_cubin + n_log or hashlib.sha256(body).digest() != digest:
+    if magic != _MAGIC or entry_key != bytes.fromhex(key) or len(body) != n_cubin + n_log:
+        return None
+    if hashlib.sha256(body).digest() != digest:
         return None
     return CacheEntry(body[:n_cubin], body[n_cubin:].decode(), "disk")
 
 
+def lock_timeout_s() -> float:
+    """Seconds to wait for another process's lock on an entry (``HUMMING_CACHE_LOCK_TIMEOUT``)."""
+    value = os.environ.get("HUMMING_CACHE_LOCK_TIMEOUT")
+    try:
+        return float(value) if value else _DEFAULT_LOCK_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"HUMMING_CACHE_LOCK_TIMEOUT: expected a number of seconds, got {value!r}") from None
+
+
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def _file_lock(path: Path, timeout_s: float) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``; after ``timeout_s`` without it, warn and go on unlocked."""
     with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        deadline = time.monotonic() + timeout_s
+        locked = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        if not locked:
+            warnings.warn(
+                f"{path}: held by another process for more than {timeout_s:g} s (HUMMING_CACHE_LOCK_TIMEOUT); "
+                "building without the lock",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -85,16 +127,44 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def get_or_build(path: Path, build: Callable[[], tuple[bytes, str]]) -> CacheEntry:
-    """The entry at ``path``; ``build()`` -> ``(cubin, log)`` makes it, once across processes."""
-    entry = read_entry(path)
+_fallback: Path | None = None
+
+
+def _fallback_dir(unwritable: Path, err: OSError) -> Path:
+    """This process's private cache folder, made (with one warning) the first time a folder is unwritable."""
+    global _fallback
+    if _fallback is None:
+        _fallback = Path(tempfile.mkdtemp(prefix="humming-cuda-"))
+        warnings.warn(
+            f"humming CUDA cache: {unwritable} cannot be written ({err.strerror}); this process caches kernels "
+            f"in {_fallback} instead (set HUMMING_CACHE_DIR to a writable folder to share them)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return _fallback
+
+
+def get_or_build(path: Path, key: str, build: Callable[[], tuple[bytes, str]]) -> CacheEntry:
+    """The entry at ``path`` for cache key ``key``; ``build()`` -> ``(cubin, log)`` makes it, once across
+    processes. An unwritable folder falls back to a private temporary one."""
+    entry = read_entry(path, key)
     if entry is not None:
         return entry
+    try:
+        return _build_locked(path, key, build)
+    except OSError as err:
+        if err.errno not in _UNWRITABLE:
+            raise
+        fallback = _fallback_dir(path.parent, err) / path.name
+        return read_entry(fallback, key) or _build_locked(fallback, key, build)
+
+
+def _build_locked(path: Path, key: str, build: Callable[[], tuple[bytes, str]]) -> CacheEntry:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(path.with_name(path.name + ".lock")):
-        entry = read_entry(path)  # another process may have built it while this one waited
+    with _file_lock(path.with_name(path.name + ".lock"), lock_timeout_s()):
+        entry = read_entry(path, key)  # another process may have built it while this one waited
         if entry is not None:
             return entry
         cubin, log = build()
-        _write_atomic(path, _encode(cubin, log))
+        _write_atomic(path, _encode(key, cubin, log))
         return CacheEntry(cubin, log, "compiled")

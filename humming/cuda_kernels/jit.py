@@ -226,7 +226,7 @@ def compile_kernel(spec: KernelSpec, arch: str) -> CompiledKernel:
         source = spec.full_source()
         key = cache_key(spec, arch)
         path = _cache.cache_dir() / f"{spec.name}-{arch}-{key[:40]}.cubin"
-        entry = _cache.get_or_build(path, lambda: _nvrtc_compile(spec, arch, source))
+        entry = _cache.get_or_build(path, key, lambda: _nvrtc_compile(spec, arch, source))
         compiled = CompiledKernel(spec, arch, key, entry.cubin, entry.log, entry.origin, time.perf_counter() - start)
         _memory[(spec, arch)] = compiled
         return compiled

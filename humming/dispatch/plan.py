@@ -292,5 +292,9 @@ def prepare(qweight, backend: str = "cuda", act=None):
     """Repack ``qweight`` now into the layout ``backend`` runs it in with activation scheme ``act`` (cached
     per weight object), so that the first call does not; returns that backend's prepared form, or
     ``qweight`` itself for backends that read the IR in place (Triton, reference)."""
+    from ..ir.weight import QuantizedWeight
+
+    if not isinstance(qweight, QuantizedWeight):
+        raise ValueError(f"qweight: expected a humming.QuantizedWeight, got {type(qweight).__name__}")
     module = backend_module(backend)
     return module.prepare(qweight, act) if hasattr(module, "prepare") else qweight

@@ -23,12 +23,19 @@ def supports_grouped(qweight, act, x, block_m) -> str | None:
     return None
 
 
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with NaN / Inf replaced by 0 before quantizing: formats without NaN codes (int8, e2m1) cannot
+    encode them, and an absmax ignores them, as the Triton quantizer does. The caller (``humming.linear``,
+    ``humming.moe.grouped_linear``) then sets those rows of the output to NaN."""
+    return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 def linear(x, qweight, bias, act, out_dtype):
     """``x`` [M, K] (float, or a QuantizedActivation) -> ``[M, N]`` in ``out_dtype``."""
     if isinstance(x, QuantizedActivation):
         xf = dequantize_activation(x)
     elif act is not None:
-        xf = dequantize_activation(quantize_activation(x, act))
+        xf = dequantize_activation(quantize_activation(_finite(x), act))
     else:
         xf = x.to(torch.float32)
     out = xf @ dequantize(qweight, torch.float32).T
@@ -46,7 +53,8 @@ def grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype):
     used = row_expert >= 0
     xf = x.to(torch.float32)
     if act is not None:  # one quantization of every row in use: per-tensor scales span all experts
-        xf = torch.zeros_like(xf).index_put_((used,), dequantize_activation(quantize_activation(x[used], act)))
+        xq = dequantize_activation(quantize_activation(_finite(x[used]), act))
+        xf = torch.zeros_like(xf).index_put_((used,), xq)
     out = torch.zeros(x.shape[0], qweight.N, dtype=out_dtype, device=x.device)
     for e in row_expert[used].unique().tolist():
         rows = (row_expert == e).nonzero()[:, 0]

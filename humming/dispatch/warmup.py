@@ -42,14 +42,25 @@ def warmup(
         The CUDA kernels' :class:`~humming.cuda_kernels.WarmupReport` (origin and seconds of each), or
         ``None`` when no CUDA kernel is involved.
     """
+    if isinstance(layers, QuantizedWeight) or not hasattr(layers, "__iter__"):
+        raise TypeError(f"layers: expected an iterable of QuantizedWeight, got {type(layers).__name__}")
     layers = list(layers)
-    if not all(isinstance(qw, QuantizedWeight) for qw in layers):
-        raise TypeError("layers: expected humming.QuantizedWeight objects")
+    for i, qw in enumerate(layers):
+        if not isinstance(qw, QuantizedWeight):
+            raise TypeError(f"layers[{i}]: expected a QuantizedWeight, got {type(qw).__name__}")
+        if qw.device.type != "cuda":
+            raise ValueError(f"layers[{i}]: is on {qw.device}; warmup compiles kernels for weights on a GPU")
     devices = {qw.device for qw in layers}
-    if any(d.type != "cuda" for d in devices) or len(devices) > 1:
+    if len(devices) > 1:
         raise ValueError(f"layers: expected weights on one CUDA device, got {sorted(map(str, devices))}")
-    if not m_values or not all(isinstance(m, int) and m > 0 for m in m_values):
-        raise ValueError(f"m_values: expected positive token counts, got {m_values!r}")
+    try:
+        if isinstance(m_values, str):
+            raise TypeError
+        m_values = tuple(int(m) for m in m_values)
+    except (TypeError, ValueError):
+        raise TypeError(f"m_values: expected an iterable of token counts, got {m_values!r}") from None
+    if not m_values or any(m < 1 for m in m_values):
+        raise ValueError(f"m_values: expected positive token counts, got {m_values}")
     if act_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"act_dtype: expected float16 or bfloat16, got {act_dtype}")
     act = None if act is None else get_act_scheme(act)

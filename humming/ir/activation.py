@@ -73,6 +73,42 @@ class QuantizedActivation:
     scales: torch.Tensor
     global_scale: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        """Check every field against the scheme, so that wrong shapes or dtypes never reach a kernel."""
+        if isinstance(self.scheme, str):
+            object.__setattr__(self, "scheme", get_act_scheme(self.scheme))
+        if not isinstance(self.scheme, ActScheme):
+            raise TypeError(f"scheme: expected an ActScheme or a name in ACT_SCHEMES, got {type(self.scheme).__name__}")
+        name = self.scheme.name
+        codes = self.codes
+        if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8 or codes.dim() != 2:
+            raise ValueError(f"codes: expected a uint8 tensor [M, K] (one code per byte), got {_describe(codes)}")
+        m, k = codes.shape
+        if not isinstance(self.scales, torch.Tensor):
+            raise ValueError(f"scales: expected a torch.Tensor, got {type(self.scales).__name__}")
+        scale_dtype = self.scheme.scale_dtype
+        if self.scales.dtype != scale_dtype:
+            raise ValueError(f"scales: scheme {name} stores {scale_dtype} scales, got {self.scales.dtype}")
+        grid = {"token": (m, 1), "tensor": (1, 1)}.get(self.scheme.group) or (m, -(-k // self.scheme.group_shape[1]))
+        # A static per-tensor scale (quantize_activation(scale=...)) is [1, 1] for any float32 scheme.
+        allowed = {grid, (1, 1)} if scale_dtype == torch.float32 and not self.scheme.global_scale else {grid}
+        if tuple(self.scales.shape) not in allowed:
+            raise ValueError(
+                f"scales: scheme {name} with codes [{m}, {k}] needs scales of shape "
+                f"{' or '.join(map(str, sorted(allowed)))}, got {tuple(self.scales.shape)}"
+            )
+        gs = self.global_scale
+        if self.scheme.global_scale and gs is None:
+            raise ValueError(f"global_scale: scheme {name} needs a float32 global scale, got None")
+        if gs is not None:
+            if not self.scheme.global_scale:
+                raise ValueError(f"global_scale: scheme {name} has no global scale, got one")
+            if not isinstance(gs, torch.Tensor) or gs.dtype != torch.float32 or gs.numel() != 1:
+                raise ValueError(f"global_scale: expected a one-element float32 tensor, got {_describe(gs)}")
+        for field, t in (("scales", self.scales), ("global_scale", gs)):
+            if t is not None and t.device != codes.device:
+                raise ValueError(f"{field}: on {t.device}, but codes are on {codes.device}; use one device")
+
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)
@@ -83,6 +119,12 @@ class QuantizedActivation:
         if dtype is None:
             raise ValueError(f"format {self.scheme.format} has no torch dtype; use .codes")
         return self.codes.view(dtype)
+
+
+def _describe(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"{str(t.dtype).replace('torch.', '')} {tuple(t.shape)}"
+    return type(t).__name__
 
 
 def quantize_activation(
@@ -99,7 +141,11 @@ def quantize_activation(
         raise ValueError(f"x: expected a non-empty [M, K], got shape {tuple(x.shape)}")
     fmt = scheme.element_format
     if scale is not None:
+        if not isinstance(scale, torch.Tensor) or scale.numel() != 1:
+            raise ValueError(f"scale: expected a one-element static per-tensor scale, got {_describe(scale)}")
         scale = scale.to(device=x.device, dtype=torch.float32).reshape(1, 1)
+        if not bool(torch.isfinite(scale).all() & (scale > 0).all()):
+            raise ValueError(f"scale: a static scale must be positive and finite, got {float(scale)}")
         codes = fmt.encode(x.to(torch.float64) / scale.to(torch.float64))
         return QuantizedActivation(scheme, codes, scale)
     if global_scale is not None:
@@ -116,6 +162,8 @@ def quantize_activation(
 
 def dequantize_activation(qa: QuantizedActivation, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``decode(codes) * float32(scale) * global_scale``, rounded once to ``dtype``."""
+    if not isinstance(qa, QuantizedActivation):
+        raise TypeError(f"qa: expected a humming.QuantizedActivation, got {type(qa).__name__}")
     m, k = qa.shape
     s = qa.scales.to(torch.float32)
     if qa.global_scale is not None:

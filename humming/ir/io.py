@@ -1,66 +1,169 @@
 """``humming.save`` / ``humming.load``: the standard representation in safetensors, bit-exact.
 
-Tensors are stored as ``<name>.<field>``; the metadata holds the format version and, per weight, a JSON
-record of the non-tensor fields (shape, format, group shape).
+Tensors are stored as ``<name>.<field>``. The metadata holds the format version and a manifest: per weight,
+its non-tensor fields (shape, format, group shape) and, per tensor field, its shape, dtype and SHA-256; the
+manifest carries the SHA-256 of its own JSON text. :func:`load` checks all of it, so a file that lost a
+tensor (``zeros``, ``g_idx``, ``global_scale``...) or whose header was damaged is refused rather than read
+as a different, valid weight.
+
+Format version 1 (no manifest) is still read, with a warning that it cannot be verified.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import warnings
 
 import safetensors
 import safetensors.torch
+import torch
 
 from .weight import QuantizedWeight
 
 __all__ = ["FORMAT_VERSION", "load", "save"]
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
+_VERSION_KEY = "humming_format_version"
+_MANIFEST_KEY = "humming_manifest"
+_MANIFEST_DIGEST_KEY = "humming_manifest_sha256"
 _SINGLE = "__single__"
+_FIELDS = ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
+
+
+def _digest(t: torch.Tensor) -> str:
+    """SHA-256 of a CPU tensor's bytes (row-major)."""
+    return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def save(weights: QuantizedWeight | dict[str, QuantizedWeight], path: str | os.PathLike) -> None:
-    """Write one weight or a ``{name: weight}`` dict to a safetensors file."""
+    """Write one weight or a ``{name: weight}`` dict to a safetensors file, with a manifest that
+    :func:`load` verifies (fields present, shapes, dtypes, a SHA-256 per tensor)."""
     single = isinstance(weights, QuantizedWeight)
+    if not single and not isinstance(weights, dict):
+        raise TypeError(f"weights: expected a QuantizedWeight or a dict of them, got {type(weights).__name__}")
+    path = _as_path(path)
     items = {_SINGLE: weights} if single else dict(weights)
-    tensors, meta = {}, {"humming_format_version": FORMAT_VERSION}
+    tensors, manifest = {}, {}
     for name, qw in items.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"weights: names must be non-empty strings, got {name!r}")
         if not isinstance(qw, QuantizedWeight):
             raise ValueError(f"weights[{name!r}]: expected a QuantizedWeight, got {type(qw).__name__}")
+        fields = {}
         for field, t in qw.tensors().items():
-            tensors[f"{name}.{field}"] = t.detach().contiguous().cpu()
-        meta[f"{name}.__meta__"] = json.dumps(
-            {"shape": list(qw.shape), "format": qw.format.name, "group_shape": list(qw.group_shape)}
-        )
-    safetensors.torch.save_file(tensors, os.fspath(path), metadata=meta)
+            t = t.detach().contiguous().cpu()
+            tensors[f"{name}.{field}"] = t
+            fields[field] = {"shape": list(t.shape), "dtype": _dtype_name(t.dtype), "sha256": _digest(t)}
+        manifest[name] = {
+            "shape": list(qw.shape),
+            "format": qw.format.name,
+            "group_shape": list(qw.group_shape),
+            "tensors": fields,
+        }
+    text = json.dumps(manifest, sort_keys=True)
+    meta = {
+        _VERSION_KEY: FORMAT_VERSION,
+        _MANIFEST_KEY: text,
+        _MANIFEST_DIGEST_KEY: hashlib.sha256(text.encode()).hexdigest(),
+    }
+    safetensors.torch.save_file(tensors, path, metadata=meta)
 
 
 def load(path: str | os.PathLike, device="cpu") -> QuantizedWeight | dict[str, QuantizedWeight]:
-    """Read what :func:`save` wrote: a single weight, or the ``{name: weight}`` dict."""
-    with safetensors.safe_open(os.fspath(path), framework="pt", device=str(device)) as f:
-        meta = f.metadata() or {}
-        version = meta.get("humming_format_version")
-        if version is None:
-            raise ValueError(f"{path}: not a humming file (no humming_format_version in its metadata)")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"{path}: humming format version {version}, this humming reads {FORMAT_VERSION}")
-        keys = set(f.keys())
-        out = {}
-        for key, value in meta.items():
-            if not key.endswith(".__meta__"):
-                continue
-            name = key[: -len(".__meta__")]
-            record = json.loads(value)
-            fields = {
-                field: f.get_tensor(f"{name}.{field}")
-                for field in ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
-                if f"{name}.{field}" in keys
-            }
-            out[name] = QuantizedWeight(
-                shape=tuple(record["shape"]),
-                format=record["format"],
-                group_shape=tuple(record["group_shape"]),
-                **fields,
-            )
+    """Read what :func:`save` wrote: a single weight, or the ``{name: weight}`` dict, on ``device``.
+
+    Raises ``ValueError`` when the file is not a humming file or does not match its manifest (a missing or
+    extra tensor, a shape, dtype or checksum that differs).
+    """
+    path = _as_path(path)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r} ({err})") from None
+    try:
+        with safetensors.safe_open(path, framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            keys = set(f.keys())
+            version = meta.get(_VERSION_KEY)
+            if version is None:
+                raise ValueError(f"path: {path} is not a humming file (no {_VERSION_KEY} in its metadata)")
+            if version == "1":
+                out = _load_v1(path, f, meta, keys)
+            elif version == FORMAT_VERSION:
+                out = _load_v2(path, f, meta, keys)
+            else:
+                raise ValueError(f"path: {path} has humming format version {version}, this humming reads 1 and 2")
+    except safetensors.SafetensorError as err:
+        raise ValueError(f"path: {path} is not a readable safetensors file ({err})") from None
+    out = {name: qw.to(device) for name, qw in out.items()} if device.type != "cpu" else out
     return out[_SINGLE] if set(out) == {_SINGLE} else out
+
+
+def _as_path(path) -> str:
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+
+
+def _load_v2(path, f, meta, keys) -> dict[str, QuantizedWeight]:
+    text = meta.get(_MANIFEST_KEY)
+    if text is None or hashlib.sha256(text.encode()).hexdigest() != meta.get(_MANIFEST_DIGEST_KEY):
+        raise ValueError(f"path: {path}: the manifest is missing or does not match its checksum (damaged file)")
+    manifest = json.loads(text)
+    expected_keys = {f"{name}.{field}" for name, record in manifest.items() for field in record["tensors"]}
+    if keys != expected_keys:
+        missing, extra = sorted(expected_keys - keys), sorted(keys - expected_keys)
+        raise ValueError(f"path: {path}: tensors missing {missing} / not in the manifest {extra} (damaged file)")
+    out = {}
+    for name, record in manifest.items():
+        fields = {}
+        for field, entry in record["tensors"].items():
+            t = f.get_tensor(f"{name}.{field}")
+            got = {"shape": list(t.shape), "dtype": _dtype_name(t.dtype)}
+            if got != {"shape": entry["shape"], "dtype": entry["dtype"]} or _digest(t) != entry["sha256"]:
+                raise ValueError(
+                    f"path: {path}: tensor {name}.{field} ({got['dtype']} {got['shape']}) does not match the "
+                    f"manifest ({entry['dtype']} {entry['shape']}, sha256 {entry['sha256'][:12]}...) (damaged file)"
+                )
+            fields[field] = t
+        out[name] = _weight(path, name, record, fields)
+    return out
+
+
+def _load_v1(path, f, meta, keys) -> dict[str, QuantizedWeight]:
+    warnings.warn(
+        f"{path}: humming format version 1 has no manifest; its tensors cannot be verified (a missing "
+        "optional tensor would go unnoticed). Save it again to write format version 2.",
+        UserWarning,
+        stacklevel=3,
+    )
+    out = {}
+    for key, value in meta.items():
+        if not key.endswith(".__meta__"):
+            continue
+        name = key[: -len(".__meta__")]
+        fields = {field: f.get_tensor(f"{name}.{field}") for field in _FIELDS if f"{name}.{field}" in keys}
+        out[name] = _weight(path, name, json.loads(value), fields)
+    return out
+
+
+def _weight(path, name, record, fields) -> QuantizedWeight:
+    for field in ("shape", "format", "group_shape"):
+        if field not in record:
+            raise ValueError(f"path: {path}: the record of weight {name!r} lacks its {field!r} field")
+    try:
+        return QuantizedWeight(
+            shape=tuple(record["shape"]),
+            format=record["format"],
+            group_shape=tuple(record["group_shape"]),
+            **fields,
+        )
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"path: {path}: weight {name!r} is not valid ({err})") from None

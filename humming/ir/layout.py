@@ -24,7 +24,9 @@ def parse_group_size(group_size) -> tuple[int, int]:
         if group_size == -1 or group_size > 0:
             return (1, group_size)
     elif isinstance(group_size, (tuple, list)) and len(group_size) == 2:
-        return (int(group_size[0]), int(group_size[1]))
+        pair = tuple(group_size)
+        if all(isinstance(v, int) and not isinstance(v, bool) and (v == -1 or v > 0) for v in pair):
+            return pair
     raise ValueError(
         f"group_size: expected a positive int (group along K), -1 (per-channel), 'tensor', or a pair "
         f"(bn, bk) for 2-D blocks, got {group_size!r}"

@@ -69,8 +69,13 @@ def quantize(
         g_idx: act-order: int32 ``[K]`` group of each input column (groups need not be contiguous).
         bias: optional float ``[*E, N]`` carried with the weight.
     """
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() not in (2, 3):
+        raise ValueError("w: expected a floating-point tensor [N, K] or [E, N, K]")
     scheme = WEIGHT_SCHEMES.get(weight) if isinstance(weight, str) else None
-    fmt = get_format(scheme.format if scheme else weight)
+    try:
+        fmt = get_format(scheme.format if scheme else weight)
+    except ValueError as err:
+        raise ValueError(f"weight: {err}") from None
     if group_size is _UNSET:
         group_size = scheme.group_size if scheme else 128
     if scale_dtype is None:

@@ -63,6 +63,12 @@ class QuantizedWeight:
         set_("shape", _as_shape(self.shape))
         set_("group_shape", _as_group_shape(self.group_shape, self.shape))
         self._validate()
+        # Kernels index g_idx and a per-expert global scale by position (g_idx[k] at offset k), so both are
+        # stored contiguous; a strided view would otherwise be read as a different weight.
+        for name in ("g_idx", "global_scale"):
+            t = getattr(self, name)
+            if t is not None and not t.is_contiguous():
+                set_(name, t.contiguous())
 
     # --------------------------------------------------------------------------------------- geometry
     @property
@@ -235,7 +241,7 @@ def _as_format(fmt) -> NumberFormat:
 def _as_shape(shape) -> tuple[int, ...]:
     try:
         shape = tuple(int(d) for d in shape)
-    except TypeError:
+    except (TypeError, ValueError):
         raise ValueError(f"shape: expected (N, K) or (E, N, K), got {shape!r}") from None
     if len(shape) not in (2, 3) or any(d <= 0 for d in shape):
         raise ValueError(f"shape: expected (N, K) or (E, N, K) with positive sizes, got {shape}")

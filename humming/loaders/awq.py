@@ -87,6 +87,11 @@ def decode_awq(module, *, qweight, qzeros, scales, bias, group_size) -> Quantize
     if n % 8:
         raise ShapeMismatchError(f"{module}: AWQ needs N divisible by 8, got scales with N = {n}")
     group = k if group_size == -1 else group_size
+    # K comes from qweight's rows; AWQ's kernels need whole groups, which also catches a truncated qweight.
+    if k % group:
+        raise ShapeMismatchError(
+            f"{module}: AWQ qweight has K={k} rows, which is not a multiple of group_size {group_size}"
+        )
     check_shape(module, "qweight", qweight, (k, n // 8))
     check_shape(module, "scales", scales, (cdiv(k, group), n))
     check_shape(module, "qzeros", qzeros, (cdiv(k, group), n // 8))

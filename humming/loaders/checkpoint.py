@@ -93,7 +93,11 @@ def _group_key(module: str) -> tuple[str, int | None]:
 def iter_modules(reader, modules: Iterable[str] | None = None) -> Iterator[tuple[str, list[str | None]]]:
     """``(output name, [checkpoint modules])``: one module, or the experts ``0..E-1`` of a stacked one
     (``None`` for an expert missing from the checkpoint; :func:`load_module` raises on it)."""
+    if isinstance(modules, (str, bytes)):  # a lone name would be iterated character by character
+        raise TypeError(f"modules: expected a list of module names or patterns, got the string {modules!r}")
     wanted = list(modules) if modules is not None else None
+    if wanted is not None and not all(isinstance(p, str) for p in wanted):
+        raise TypeError(f"modules: expected module names or patterns (str), got {wanted!r}")
     grouped: dict[str, dict[int | None, str]] = {}
     for module in reader.modules():
         name, index = _group_key(module)

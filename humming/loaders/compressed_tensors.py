@@ -178,12 +178,19 @@ def _scales(module: str, scale: torch.Tensor, n: int, k: int, group_shape, g_idx
         cols = int(scale.shape[-1])
     else:
         cols = 1 if bk == -1 else cdiv(k, bk)
-    if scale.numel() != rows * cols:
+    if not _same_grid(scale, rows, cols):
         raise ShapeMismatchError(
             f"{module}: tensor 'weight_scale' has shape {tuple(scale.shape)}, expected {(rows, cols)} "
             f"for a {n}x{k} weight with group shape {group_shape}"
         )
     return scale.reshape(rows, cols)
+
+
+def _same_grid(t: torch.Tensor, rows: int, cols: int) -> bool:
+    """Whether ``t`` holds a ``[rows, cols]`` grid in row-major order: its shape is ``(rows, cols)`` up to
+    size-1 dimensions (a per-channel ``[N]`` or ``[N, 1]``, a per-tensor ``[]`` or ``[1]``). An equal element
+    count is not enough: a transposed ``[cols, rows]`` tensor would reshape into a different grid."""
+    return [d for d in t.shape if d != 1] == [d for d in (rows, cols) if d != 1]
 
 
 def _unpack_padded(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
@@ -281,7 +288,7 @@ def _packed_zeros(module, zero_point, bits, grid, version) -> torch.Tensor:
 def _unpacked_zeros(module, zero_point, bits, grid) -> torch.Tensor:
     """Signed zero points ``[rows, cols]`` -> uint8 ``zp + 2^(b-1)``."""
     rows, cols = grid
-    if zero_point.numel() != rows * cols or zero_point.is_floating_point():
+    if not _same_grid(zero_point, rows, cols) or zero_point.is_floating_point():
         raise ShapeMismatchError(
             f"{module}: tensor 'weight_zero_point' has shape {tuple(zero_point.shape)} / {zero_point.dtype}, "
             f"expected integer zero points for a {rows}x{cols} grid"

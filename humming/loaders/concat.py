@@ -53,8 +53,24 @@ def stack(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
     when they differ (exact), per-expert global scales become ``[E]``, a missing bias is zero, and a
     missing ``g_idx`` becomes ``arange(K) // group`` when other experts use act-order.
     """
+    _check_parts("stack", parts)
+    try:
+        return _stack(list(parts))
+    except ValueError as err:
+        raise ValueError(f"parts: {err}") from None
+
+
+def _check_parts(fn: str, parts) -> None:
+    if isinstance(parts, QuantizedWeight) or not isinstance(parts, (list, tuple)):
+        raise TypeError(f"parts: {fn} takes a list of QuantizedWeight, got {type(parts).__name__}")
     if not parts:
-        raise ValueError("stack: no weights given")
+        raise ValueError(f"parts: {fn} needs at least one weight, got an empty list")
+    for i, p in enumerate(parts):
+        if not isinstance(p, QuantizedWeight):
+            raise TypeError(f"parts[{i}]: expected a QuantizedWeight, got {type(p).__name__}")
+
+
+def _stack(parts: list[QuantizedWeight]) -> QuantizedWeight:
     parts = _unify_format(parts)
     first = parts[0]
     for i, p in enumerate(parts):
@@ -152,8 +168,14 @@ def concat(parts: Sequence[QuantizedWeight], dim: int = 0) -> QuantizedWeight:
     into fp32 scales. Nothing is requantized. Raises ``ValueError`` when the parts cannot be joined exactly:
     different K, act-order ``g_idx`` that differ, or a 2-D block that would straddle two parts.
     """
-    if not parts:
-        raise ValueError("concat: no weights given")
+    _check_parts("concat", parts)
+    try:
+        return _concat(list(parts), dim)
+    except ValueError as err:
+        raise ValueError(f"parts: {err}") from None
+
+
+def _concat(parts: list[QuantizedWeight], dim: int) -> QuantizedWeight:
     rank = len(parts[0].shape)
     if dim not in (rank - 2, -2):
         raise ValueError(

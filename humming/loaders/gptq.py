@@ -109,9 +109,16 @@ def decode_gptq(module, *, qweight, qzeros, scales, g_idx, bias, bits, group_siz
         raise ShapeMismatchError(f"{module}: GPTQ qweight/qzeros must be int32, got {qweight.dtype}/{qzeros.dtype}")
     if qweight.dim() != 2:
         raise ShapeMismatchError(f"{module}: GPTQ qweight must be 2-D [K*bits/32, N], got {tuple(qweight.shape)}")
-    n = qweight.shape[1]
-    k = g_idx.shape[0] if g_idx is not None else qweight.shape[0] * 32 // bits
-    check_shape(module, "qweight", qweight, (packed_words(k, bits), n))
+    rows, n = qweight.shape
+    # GPTQ packs K * bits / 32 whole words per column (AutoGPTQ's qweight is [K // 32 * bits, N]), and
+    # its kernels need whole groups (vLLM refuses K % group_size != 0): K follows from qweight alone, and
+    # every other tensor (g_idx, scales, qzeros) is checked against it, so a truncated one cannot load.
+    k = rows * 32 // bits
+    if rows * 32 % bits or (group_size != -1 and k % group_size):
+        raise ShapeMismatchError(
+            f"{module}: GPTQ qweight has {rows} rows, i.e. K={rows * 32 / bits:g} ({bits}-bit), which is not a "
+            f"whole number of {bits}-bit fields in whole groups of group_size {group_size}"
+        )
     group = k if group_size == -1 else group_size
     groups = cdiv(k, group)
     check_shape(module, "scales", scales, (groups, n))

@@ -33,7 +33,7 @@ def shard(qw: QuantizedWeight, dim: int, rank: int, world_size: int) -> Quantize
     dim %= ndim
     size = qw.shape[dim]
     if size % world_size:
-        raise ValueError(f"shard: dimension {dim} of size {size} does not split into {world_size} equal parts")
+        raise ValueError(f"world_size: dimension {dim} of size {size} does not split into {world_size} equal parts")
     part = size // world_size
     start = rank * part
     if dim == ndim - 2:

@@ -6,7 +6,8 @@ e4m3 (+ fp32 global) scales. The reference divides in float64; the kernel divide
 the only case where that can differ (the float32 quotient lands exactly on a rounding midpoint of the
 element grid) from the sign of the exact residual ``x - q * s``, computed in float64 (two operations per
 element; the division itself stays float32). NVFP4 scales are ``e4m3 * global``, a 28-bit product, so
-that scheme divides in float64 outright. Inputs are assumed finite (NaN / inf activations are not handled).
+that scheme divides in float64 outright. The tensor-wide absmax ignores NaN / Inf; the codes of a row that
+holds one are meaningless, and ``humming.linear`` sets that output row to NaN.
 """
 
 from __future__ import annotations
@@ -123,9 +124,13 @@ def _absmax_kernel(x_ptr, amax_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOC
     """amax_ptr[0] (int32 bits of a non-negative float32, zero-initialised) = max |x| over [M, K]."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    rows64 = rows.to(tl.int64)  # row offsets in int64: M * K may exceed 2^31 elements
     mask = (rows[:, None] < M) & (cols[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    # NaN / Inf are left out of the absmax (|x| < inf is false for both): a row holding one gets a NaN
+    # output row from humming.linear, and the other rows keep the scale they have without it.
+    mag = tl.abs(x)
+    amax = tl.max(tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1), axis=0)
     tl.atomic_max(amax_ptr, amax.to(tl.int32, bitcast=True))  # non-negative floats order like their bits
 
 
@@ -158,6 +163,7 @@ def _act_quant_kernel(
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows64 = rows.to(tl.int64)  # row offsets in int64: M * K may exceed 2^31 elements
     row_mask = rows < M
     if GROUP_K == 0 and SOURCE == "local":
         k_lo = 0
@@ -174,7 +180,7 @@ def _act_quant_kernel(
         for k0 in range(k_lo, k_hi, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             mask = row_mask[:, None] & (cols[None, :] < k_hi)
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+            x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
             amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
     else:  # "tensor": the absmax pass's result ("static": unused, and amax_ptr is not an absmax)
         amax = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -209,24 +215,24 @@ def _act_quant_kernel(
     if SOURCE == "local":
         s_col = pid_k
         if SCALE == "e8m0":
-            tl.store(scales_ptr + rows * stride_sm + s_col, (e8m0_exp + 127).to(tl.uint8), mask=row_mask)
+            tl.store(scales_ptr + rows64 * stride_sm + s_col, (e8m0_exp + 127).to(tl.uint8), mask=row_mask)
         elif SCALE == "e4m3g":
-            tl.store(scales_ptr + rows * stride_sm + s_col, s_code.to(tl.uint8), mask=row_mask)
+            tl.store(scales_ptr + rows64 * stride_sm + s_col, s_code.to(tl.uint8), mask=row_mask)
         else:
-            tl.store(scales_ptr + rows * stride_sm + s_col, s, mask=row_mask)
+            tl.store(scales_ptr + rows64 * stride_sm + s_col, s, mask=row_mask)
     elif SOURCE == "tensor":
         tl.store(scales_ptr, tl.max(s, axis=0), mask=(pid_m == 0) & (pid_k == 0))
 
     for k0 in range(k_lo, k_hi, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = row_mask[:, None] & (cols[None, :] < k_hi)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         code = _quantize_chunk(x, s[:, None], e8m0_exp[:, None], INT, BITS, MBITS, BIAS, MAXV, SCALE)
         if VALUES:  # the e4m3 value of each code, in codes_ptr's 16-bit float type (exact)
             value = _decode_e4m3(code).to(codes_ptr.dtype.element_ty)
-            tl.store(codes_ptr + rows[:, None] * stride_cm + cols[None, :], value, mask=mask)
+            tl.store(codes_ptr + rows64[:, None] * stride_cm + cols[None, :], value, mask=mask)
         else:
-            tl.store(codes_ptr + rows[:, None] * stride_cm + cols[None, :], code.to(tl.uint8), mask=mask)
+            tl.store(codes_ptr + rows64[:, None] * stride_cm + cols[None, :], code.to(tl.uint8), mask=mask)
 
 
 def supports(x: torch.Tensor, act: str | ActScheme) -> str | None:
