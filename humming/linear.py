@@ -89,7 +89,7 @@ def linear(
     if x_data.numel() == 0:  # no tokens (an idle batch): nothing to launch
         return torch.empty(*lead, n, dtype=out_dtype, device=qweight.device)
     out = DENSE_KERNELS[plan.kernel].run(x2d, qweight, bias, act, out_dtype, plan.tuning)
-    if act is not None and not prequantized:
+    if act is not None and not prequantized and (plan.backend == "reference" or act.group_shape[0] != 1):
         out = poison_non_finite_rows(x2d, out)
     return out.reshape(*lead, n)
 
@@ -97,10 +97,11 @@ def linear(
 def poison_non_finite_rows(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``out`` [M, N] with NaN in every row whose activations ``x`` [M, K] hold a NaN or an Inf.
 
-    Quantized activations have no code for them (int8, e2m1) or lose them in a scale, so the quantizing
-    backends would give such a row finite outputs; a 16-bit matmul gives it non-finite ones, and so does
-    humming (README, "Non-finite activations"). The quantizers ignore non-finite values when they take an
-    absmax, so the other rows keep the outputs they have without them. One pass over ``x``, no host sync.
+    Quantized activations have no code for them (int8, e2m1); a 16-bit matmul gives such a row non-finite
+    outputs, and so does humming (README, "Non-finite activations"). The Triton quantizer gives a row span
+    holding one a NaN scale, which every kernel's epilogue carries into the row: this pass is needed only
+    where one scale spans the tensor (per-tensor schemes, whose absmax ignores non-finite values so that
+    other rows keep their outputs) and on the reference. One pass over ``x``, no host sync.
     """
     bad = ~torch.isfinite(x).all(dim=-1, keepdim=True)
     return out.masked_fill(bad, float("nan"))

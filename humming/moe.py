@@ -226,7 +226,8 @@ def grouped_linear(
         raise ValueError(reason)
     plan = plan_grouped(qweight, act, x, block_m, backend)
     out = GROUPED_KERNELS[plan.kernel].run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning)
-    if act is not None and m_pad:  # NaN / Inf activations: NaN output rows (humming.linear), skipped rows kept
+    # NaN / Inf activations: NaN output rows (see humming.linear.poison_non_finite_rows), skipped rows kept
+    if act is not None and m_pad and (plan.backend == "reference" or act.group_shape[0] != 1):
         routed = (expert_ids >= 0).repeat_interleave(block_m)[:, None]
         out = torch.where(routed, poison_non_finite_rows(x, out), out)
     return out

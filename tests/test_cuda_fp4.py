@@ -416,7 +416,7 @@ def test_gpu_elsewhere_the_reason_names_sm_100a():
     act = get_act_scheme("nvfp4")
     reason = fp4_gemm.supports(qw, act, x)
     assert reason is not None and "sm_100a" in reason and "sm_120a" in reason, reason
-    assert cuda_kernels.supports(qw, act, x) == reason
+    assert reason in cuda_kernels.supports(qw, act, x)
     assert fp4_gemm.warmup_jobs(qw, act, (1, 16), torch.bfloat16, None, 132) == []
 
 

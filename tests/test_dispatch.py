@@ -73,6 +73,19 @@ def test_table_with_an_unknown_kernel_is_refused(tmp_path):
         dispatch.load_tables(str(tmp_path))
 
 
+def test_weight_keys_tell_apart_what_changes_the_kernels():
+    keys = {
+        dispatch.weight_key(humming.quantize(torch.randn(32, 64), *args, **kwargs))
+        for args, kwargs in [
+            (("mxfp4",), {}),
+            (("nvfp4",), {}),
+            (("int4",), dict(group_size=32)),
+            (("int4",), dict(group_size=32, zero_point=True)),
+        ]
+    }
+    assert keys == {"e2m1+e8m0", "e2m1+e4m3scales", "int4", "uint4+zp"}
+
+
 def test_unknown_device_gets_no_table(fake_cuda_device):
     fake_cuda_device((8, 9), sm_count=128)
     assert dispatch._table_for(torch.device("cuda", 0)) is None
@@ -83,6 +96,7 @@ def test_committed_tables_name_real_kernels_for_valid_combinations(table):
     assert table.entries, "a committed table has entries"
     for (weight, act), rows in table.entries.items():
         fmt = humming.get_format(weight.split("+")[0])
+        assert set(weight.split("+")[1:]) <= {"e8m0", "e4m3scales", "zp", "actorder"}, weight
         scheme = None if act == "none" else get_act_scheme(act)
         assert combination_error(fmt, scheme) is None, (weight, act)
         for _, order in rows:

@@ -226,3 +226,24 @@ def test_non_finite_rows_propagate(act, backend, seed):
     bad = torch.tensor([False, True, False, True, True, False])
     assert not torch.isfinite(out[bad]).any(), "a row with NaN/Inf activations gave finite outputs"
     assert torch.equal(out[~bad], clean[~bad]), "rows without NaN/Inf changed"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "weight, act",
+    [("int4", "fp8"), ("int4", "fp8_tensor"), ("e4m3", "fp8"), ("fp8_block", "fp8_g128"), ("int8", "int8")],
+)
+@pytest.mark.parametrize("m", [6, 100])
+def test_non_finite_rows_propagate_on_the_gpu(weight, act, m, seed):
+    """The same rule on whatever kernel ``auto`` picks on this GPU (the CUDA decode / FP8 GEMMs on Hopper):
+    their epilogues carry the NaN scale of a non-finite row into it, other rows are unchanged."""
+    group = {} if weight == "fp8_block" else dict(group_size=128 if weight == "int4" else -1)
+    qw = humming.quantize(torch.randn(256, 512, device="cuda"), weight, **group)
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    x[1, 5], x[3, 400], x[m - 1, 0] = float("nan"), float("inf"), float("-inf")
+    out = humming.linear(x, qw, act=act)
+    clean = humming.linear(torch.where(torch.isfinite(x), x, 0), qw, act=act)
+    bad = torch.zeros(m, dtype=torch.bool, device="cuda")
+    bad[[1, 3, m - 1]] = True
+    assert not torch.isfinite(out[bad]).any(), f"{humming.explain(qw, m, act).kernel}: finite output rows"
+    assert torch.equal(out[~bad], clean[~bad]), f"{humming.explain(qw, m, act).kernel}: other rows changed"

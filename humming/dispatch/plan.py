@@ -4,8 +4,8 @@
 Order of precedence:
 
 1. ``backend=`` (or ``HUMMING_BACKEND`` in place of ``"auto"``) narrows the candidates to one backend.
-2. On a CUDA device whose capability and multiprocessor count match a committed table
-   (``humming/dispatch/tables/*.json``, written by ``python -m humming tune``), the table's kernel order
+2. On a CUDA device whose capability and multiprocessor count match a table (``humming/dispatch/tables/``,
+   or ``HUMMING_TABLES_DIR``; written by ``python -m humming tune``), the table's kernel order
    for the weight format, activation scheme and M bucket comes first. A table covers the M range it
    measured: an M above its largest bucket falls back to the heuristic, never to a small-M entry.
 3. Otherwise the heuristic order (:func:`heuristic_order`), from what was measured on Hopper.
@@ -108,16 +108,25 @@ def load_tables(directory: str = str(TABLES_DIR)) -> tuple[Table, ...]:
 
 
 def _table_for(device: torch.device) -> Table | None:
+    """The table for this device kind, from ``HUMMING_TABLES_DIR`` if set (a user's own ``humming tune``
+    output), else the committed ones."""
     from ..device import device_info
 
     info = device_info(device)
-    return next((t for t in load_tables() if (t.capability, t.sm_count) == (info.capability, info.sm_count)), None)
+    tables = load_tables(os.environ.get("HUMMING_TABLES_DIR") or str(TABLES_DIR))
+    return next((t for t in tables if (t.capability, t.sm_count) == (info.capability, info.sm_count)), None)
+
+
+_SCALE_TAGS = {torch.float8_e8m0fnu: "+e8m0", torch.float8_e4m3fn: "+e4m3scales"}
 
 
 def weight_key(qweight) -> str:
-    """How tables name a weight: its element format, ``+zp`` with zero points, ``+actorder`` with g_idx."""
+    """How tables name a weight: its element format, then what changes which kernels run it: 8-bit float
+    scales (``+e8m0``: MXFP4; ``+e4m3scales``: NVFP4), zero points (``+zp``), act-order (``+actorder``)."""
+    scales = qweight.scales.dtype if qweight.scales is not None else None
     return (
         qweight.format.name
+        + _SCALE_TAGS.get(scales, "")
         + ("+zp" if qweight.zeros is not None else "")
         + ("+actorder" if qweight.g_idx is not None else "")
     )

@@ -152,12 +152,63 @@ def _entries(timings: list[dict]) -> list[dict]:
     return entries
 
 
+def verify(table: dict, table_dir: Path, progress: bool = True) -> list[dict]:
+    """Time ``humming.linear`` ("auto", deciding with the tables of ``table_dir``) on every case, shape and M
+    of ``table``'s timings; each row gives the kernel auto ran and its time over the fastest kernel's."""
+    import os
+
+    import humming
+
+    from ..timing import copies_past_l2, time_calls
+    from . import plan
+
+    os.environ["HUMMING_TABLES_DIR"] = str(table_dir)
+    plan.load_tables.cache_clear()
+    best: dict = {}
+    for r in table["timings"]:
+        key = (r["case"], r["n"], r["k"], r["m"])
+        if key not in best or r["graph_us"] < best[key]["graph_us"]:
+            best[key] = r
+    shapes = sorted({(c, n, k) for c, n, k, _ in best})
+    rows = []
+    for case, n, k in tqdm(shapes, desc="humming tune --verify", disable=not progress, file=sys.stderr):
+        qargs, act_name = CASES[case]
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k)
+        first = humming.quantize(w, **qargs)
+        copies = [first] + [humming.quantize(w, **qargs) for _ in range(copies_past_l2(first.nbytes) - 1)]
+        for (c, bn, bk, m), fastest in sorted(best.items()):
+            if (c, bn, bk) != (case, n, k):
+                continue
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ran = humming.explain(first, m, act_name).kernel
+            row = time_calls([lambda qw=qw, x=x, a=act_name: humming.linear(x, qw, act=a) for qw in copies])
+            rows.append(
+                dict(
+                    case=case,
+                    n=n,
+                    k=k,
+                    m=m,
+                    kernel=ran,
+                    **row,
+                    best_kernel=fastest["kernel"],
+                    best_graph_us=fastest["graph_us"],
+                    ratio=row["graph_us"] / fastest["graph_us"],
+                )
+            )
+        del copies, first, w
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="humming tune", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--shapes", type=_parse_shapes, default=_parse_shapes("28672x8192,8192x8192,7168x2048"))
     parser.add_argument("--m", type=_parse_ints, default=_parse_ints("1,16,32,64,128,256,512,1024,4096"))
     parser.add_argument("--out", type=Path, default=None, help="default: humming/dispatch/tables/<device>.json")
+    parser.add_argument(
+        "--verify", type=Path, default=None, help="then time humming.linear with the new table; rows to this JSON"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("tune measures kernels on a CUDA GPU; none is visible")
@@ -169,4 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {out}: {len(table['entries'])} entries from {len(table['timings'])} timings")
+    if args.verify is not None:
+        rows = verify(table, out.parent)
+        args.verify.write_text(json.dumps(dict(device=table["device"], rows=rows), indent=1) + "\n")
+        worst = max(rows, key=lambda r: r["ratio"])
+        print(
+            f"auto over the fastest kernel: worst {worst['ratio']:.3f} ({worst['case']} {worst['n']}x{worst['k']} "
+            f"M={worst['m']}: {worst['kernel']} vs {worst['best_kernel']}); wrote {args.verify}"
+        )
     return 0

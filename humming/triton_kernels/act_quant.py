@@ -175,13 +175,18 @@ def _act_quant_kernel(
         k_lo = pid_k * GROUP_K
         k_hi = tl.minimum(k_lo + GROUP_K, K)
 
+    # A span holding NaN / Inf gets a NaN scale, so that every GEMM's epilogue makes its output row NaN
+    # (humming.linear's rule for non-finite activations); its codes are then irrelevant.
+    non_finite = tl.zeros([BLOCK_M], dtype=tl.int1)
     if SOURCE == "local":
         amax = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             mask = row_mask[:, None] & (cols[None, :] < k_hi)
             x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+            mag = tl.abs(x.to(tl.float32))
+            non_finite = non_finite | (tl.max((mag < float("inf")) == 0, axis=1) != 0)
+            amax = tl.maximum(amax, tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1))
     else:  # "tensor": the absmax pass's result ("static": unused, and amax_ptr is not an absmax)
         amax = tl.zeros([BLOCK_M], dtype=tl.float32)
         if SOURCE == "tensor":
@@ -214,12 +219,14 @@ def _act_quant_kernel(
 
     if SOURCE == "local":
         s_col = pid_k
-        if SCALE == "e8m0":
-            tl.store(scales_ptr + rows64 * stride_sm + s_col, (e8m0_exp + 127).to(tl.uint8), mask=row_mask)
-        elif SCALE == "e4m3g":
-            tl.store(scales_ptr + rows64 * stride_sm + s_col, s_code.to(tl.uint8), mask=row_mask)
+        if SCALE == "e8m0":  # 255: the e8m0 NaN
+            e8m0_code = tl.where(non_finite, 255, e8m0_exp + 127)
+            tl.store(scales_ptr + rows64 * stride_sm + s_col, e8m0_code.to(tl.uint8), mask=row_mask)
+        elif SCALE == "e4m3g":  # 0x7F: an e4m3 NaN
+            e4m3_code = tl.where(non_finite, 0x7F, s_code)
+            tl.store(scales_ptr + rows64 * stride_sm + s_col, e4m3_code.to(tl.uint8), mask=row_mask)
         else:
-            tl.store(scales_ptr + rows64 * stride_sm + s_col, s, mask=row_mask)
+            tl.store(scales_ptr + rows64 * stride_sm + s_col, tl.where(non_finite, float("nan"), s), mask=row_mask)
     elif SOURCE == "tensor":
         tl.store(scales_ptr, tl.max(s, axis=0), mask=(pid_m == 0) & (pid_k == 0))
 
