@@ -46,8 +46,8 @@ def test_table_applies_to_its_m_range_only(tmp_path):
     table = _table(
         tmp_path,
         [
-            dict(weight="int4", act="fp8", m_max=16, order=["cuda.fp8_gemm"]),
-            dict(weight="int4", act="fp8", m_max=256, order=["triton.scaled_mm", "cuda.fp8_gemm"]),
+            dict(weight="int4", act="fp8", n=48, k=64, m_max=16, order=["cuda.fp8_gemm"]),
+            dict(weight="int4", act="fp8", n=48, k=64, m_max=256, order=["triton.scaled_mm", "cuda.fp8_gemm"]),
         ],
     )
     order, source = _order(qw, "fp8", 1, table=table)
@@ -59,6 +59,18 @@ def test_table_applies_to_its_m_range_only(tmp_path):
     assert _order(qw, "fp8", 257, table=table) == _order(qw, "fp8", 257)
     assert _order(qw, None, 16, table=table) == _order(qw, None, 16)  # no entry for this act
     assert _order(_weight(zero_point=True), "fp8", 1, table=table)[1] == "heuristic"  # uint4+zp: another key
+
+
+def test_table_takes_the_nearest_measured_shape(tmp_path):
+    entry = lambda n, k, kernel: dict(weight="int4", act="none", n=n, k=k, m_max=64, order=[kernel])
+    table = _table(
+        tmp_path,
+        [entry(28672, 8192, "cuda.gemm_sm90"), entry(2048, 7168, "triton.wna16"), entry(7168, 2048, "cuda.decode")],
+    )
+    assert table.order("int4", "none", 64, 24576, 8192) == ("cuda.gemm_sm90",)
+    assert table.order("int4", "none", 64, 1536, 6144) == ("triton.wna16",)
+    assert table.order("int4", "none", 64, 8192, 2048) == ("cuda.decode",)
+    assert table.order("int4", "none", 65, 8192, 2048) is None
 
 
 def test_table_with_an_unknown_kernel_is_refused(tmp_path):
@@ -94,13 +106,14 @@ def test_unknown_device_gets_no_table(fake_cuda_device):
 @pytest.mark.parametrize("table", dispatch.load_tables(), ids=lambda t: t.path.rsplit("/", 1)[-1])
 def test_committed_tables_name_real_kernels_for_valid_combinations(table):
     assert table.entries, "a committed table has entries"
-    for (weight, act), rows in table.entries.items():
+    for (weight, act), shapes in table.entries.items():
         fmt = humming.get_format(weight.split("+")[0])
         assert set(weight.split("+")[1:]) <= {"e8m0", "e4m3scales", "zp", "actorder"}, weight
         scheme = None if act == "none" else get_act_scheme(act)
         assert combination_error(fmt, scheme) is None, (weight, act)
-        for _, order in rows:
-            assert order and all(k in DENSE_KERNELS and k != "reference" for k in order), order
+        for rows in shapes.values():
+            for _, order in rows:
+                assert order and all(k in DENSE_KERNELS and k != "reference" for k in order), order
 
 
 def test_overrides_and_cpu(monkeypatch):

@@ -6,8 +6,9 @@ Order of precedence:
 1. ``backend=`` (or ``HUMMING_BACKEND`` in place of ``"auto"``) narrows the candidates to one backend.
 2. On a CUDA device whose capability and multiprocessor count match a table (``humming/dispatch/tables/``,
    or ``HUMMING_TABLES_DIR``; written by ``python -m humming tune``), the table's kernel order
-   for the weight format, activation scheme and M bucket comes first. A table covers the M range it
-   measured: an M above its largest bucket falls back to the heuristic, never to a small-M entry.
+   for the weight format, activation scheme, nearest measured shape and M bucket comes first. A table
+   covers the M range it measured: an M above its largest bucket falls back to the heuristic, never to a
+   small-M entry.
 3. Otherwise the heuristic order (:func:`heuristic_order`), from what was measured on Hopper.
 4. The first candidate whose ``unsupported`` returns ``None`` wins; every other candidate's reason is
    kept in ``Plan.rejected`` (``humming.explain`` prints them). CPU tensors run the reference under
@@ -24,6 +25,7 @@ import functools
 import importlib
 import json
 import logging
+import math
 import os
 import warnings
 import weakref
@@ -75,16 +77,22 @@ class Plan:
 # ---------------------------------------------------------------------------------------------- tables
 @dataclass(frozen=True)
 class Table:
-    """Kernel orders measured on one device kind: ``entries[(weight, act)]`` is a tuple of
-    ``(largest M, kernel order)`` sorted by M."""
+    """Kernel orders measured on one device kind: ``entries[(weight, act)][(N, K)]`` is a tuple of
+    ``(largest M, kernel order)`` sorted by M, for each measured shape."""
 
     path: str
     capability: tuple[int, int]
     sm_count: int
     entries: dict
 
-    def order(self, weight: str, act: str, m: int) -> tuple[str, ...] | None:
-        for bound, order in self.entries.get((weight, act), ()):
+    def order(self, weight: str, act: str, m: int, n: int, k: int) -> tuple[str, ...] | None:
+        """The order measured for the nearest shape (in log N + log K: the grid a kernel sees scales with
+        N, its work per tile with K) up to the largest M measured there; ``None`` past it or unmeasured."""
+        shapes = self.entries.get((weight, act))
+        if not shapes:
+            return None
+        near = min(shapes, key=lambda s: (abs(math.log(s[0] / n)) + abs(math.log(s[1] / k)), s))
+        for bound, order in shapes[near]:
             if m <= bound:
                 return order
         return None
@@ -101,8 +109,13 @@ def load_tables(directory: str = str(TABLES_DIR)) -> tuple[Table, ...]:
             unknown = [k for k in row["order"] if k not in DENSE_KERNELS]
             if unknown:
                 raise ValueError(f"{path}: unknown kernel(s) {unknown}; known: {sorted(DENSE_KERNELS)}")
-            entries.setdefault((row["weight"], row["act"]), []).append((int(row["m_max"]), tuple(row["order"])))
-        entries = {key: tuple(sorted(rows)) for key, rows in entries.items()}
+            try:
+                shape, m_max = (int(row["n"]), int(row["k"])), int(row["m_max"])
+                shapes = entries.setdefault((row["weight"], row["act"]), {})
+            except KeyError as err:
+                raise ValueError(f"{path}: a table entry lacks the field {err}: {row}") from None
+            shapes.setdefault(shape, []).append((m_max, tuple(row["order"])))
+        entries = {key: {s: tuple(sorted(r)) for s, r in shapes.items()} for key, shapes in entries.items()}
         tables.append(Table(str(path), tuple(data["capability"]), int(data["sm_count"]), entries))
     return tuple(tables)
 
@@ -217,7 +230,7 @@ def candidate_order(
     if deterministic:
         return _DETERMINISTIC_ORDER, "deterministic mode (one kernel and tuning for every M)"
     heuristic = heuristic_order(qweight, act, m)
-    order = table.order(weight_key(qweight), act_key(act), m) if table else None
+    order = table.order(weight_key(qweight), act_key(act), m, qweight.N, qweight.K) if table else None
     if order is None:
         return heuristic, "heuristic"
     return order + tuple(k for k in heuristic if k not in order), f"table {Path(table.path).name}"

@@ -2,9 +2,9 @@
 on this GPU and write the dispatcher's table for it (``humming/dispatch/tables/sm<arch>_<SMs>sm.json``).
 
 For each case, shape and M, every dense kernel that supports the call is timed (CUDA-graph time, weight
-copies past the L2, :mod:`humming.timing`) with the tuning it would run; the table's order for the M
-bucket sorts kernels by their geometric-mean time over the shapes, relative to the fastest. The raw
-timings are kept in the file, so that a table can be read back as data.
+copies past the L2, :mod:`humming.timing`) with the tuning it would run; the table's order for each shape
+and M sorts kernels by time (the dispatcher takes the nearest measured shape). The raw timings are kept
+in the file, so that a table can be rebuilt (``--from-timings``) when the selection logic changes.
 """
 
 from __future__ import annotations
@@ -123,44 +123,35 @@ def _version(dist: str) -> str | None:
 
 
 def _entries(timings: list[dict]) -> list[dict]:
-    """Per (weight, act, M): kernels ordered by the geometric mean over shapes of time / fastest time."""
+    """Per (weight, act, shape, M): the kernels ordered by measured time, with each one's time over the
+    fastest (``slowdown``)."""
     groups: dict = {}
     for row in timings:
-        groups.setdefault((row["weight"], row["act"], row["m"]), []).append(row)
+        groups.setdefault((row["weight"], row["act"], row["n"], row["k"], row["m"]), []).append(row)
     entries = []
-    for (weight, act, m), rows in sorted(groups.items()):
-        best = {}
-        for r in rows:
-            key = (r["n"], r["k"])
-            best[key] = min(best.get(key, math.inf), r["graph_us"])
-        ratios: dict = {}
-        for r in rows:
-            ratios.setdefault(r["kernel"], []).append(math.log(r["graph_us"] / best[(r["n"], r["k"])]))
-        shapes = len(best)
-        # a kernel that could not run every shape ranks after those that could
-        score = {kern: (shapes - len(v), sum(v) / len(v)) for kern, v in ratios.items()}
-        order = sorted(score, key=lambda kern: score[kern])
-        entries.append(
-            dict(
-                weight=weight,
-                act=act,
-                m_max=m,
-                order=order,
-                slowdown={kern: round(math.exp(score[kern][1]), 3) for kern in order},
-            )
-        )
+    for (weight, act, n, k, m), rows in sorted(groups.items()):
+        fastest = {}
+        for r in rows:  # several cases may share a key (same format, other group size): keep each kernel's best
+            fastest[r["kernel"]] = min(fastest.get(r["kernel"], math.inf), r["graph_us"])
+        order = sorted(fastest, key=fastest.get)
+        best = fastest[order[0]]
+        slowdown = {kern: round(fastest[kern] / best, 3) for kern in order}
+        entries.append(dict(weight=weight, act=act, n=n, k=k, m_max=m, order=order, slowdown=slowdown))
     return entries
 
 
 def verify(table: dict, table_dir: Path, progress: bool = True) -> list[dict]:
-    """Time ``humming.linear`` ("auto", deciding with the tables of ``table_dir``) on every case, shape and M
-    of ``table``'s timings; each row gives the kernel auto ran and its time over the fastest kernel's."""
+    """``humming.linear`` ("auto", deciding with the tables of ``table_dir``) against the fastest kernel
+    of ``table``'s timings, both timed now, one after the other, on every case, shape and M; each row gives
+    the kernel auto ran and its time over the fastest kernel's."""
     import os
 
     import humming
 
+    from ..ir.activation import get_act_scheme
     from ..timing import copies_past_l2, time_calls
     from . import plan
+    from .kernels import DENSE_KERNELS
 
     os.environ["HUMMING_TABLES_DIR"] = str(table_dir)
     plan.load_tables.cache_clear()
@@ -173,6 +164,7 @@ def verify(table: dict, table_dir: Path, progress: bool = True) -> list[dict]:
     rows = []
     for case, n, k in tqdm(shapes, desc="humming tune --verify", disable=not progress, file=sys.stderr):
         qargs, act_name = CASES[case]
+        act = None if act_name is None else get_act_scheme(act_name)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k)
         first = humming.quantize(w, **qargs)
         copies = [first] + [humming.quantize(w, **qargs) for _ in range(copies_past_l2(first.nbytes) - 1)]
@@ -180,19 +172,21 @@ def verify(table: dict, table_dir: Path, progress: bool = True) -> list[dict]:
             if (c, bn, bk) != (case, n, k):
                 continue
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ran = humming.explain(first, m, act_name).kernel
-            row = time_calls([lambda qw=qw, x=x, a=act_name: humming.linear(x, qw, act=a) for qw in copies])
+            auto = time_calls([lambda qw=qw, x=x, a=act: humming.linear(x, qw, act=a) for qw in copies])
+            kernel = DENSE_KERNELS[fastest["kernel"]]
+            direct = _time_kernel(kernel, x, copies, act, kernel.tuning(first, act, x))
             rows.append(
                 dict(
                     case=case,
                     n=n,
                     k=k,
                     m=m,
-                    kernel=ran,
-                    **row,
+                    kernel=humming.explain(first, m, act).kernel,
+                    graph_us=auto["graph_us"],
+                    eager_us=auto["eager_us"],
                     best_kernel=fastest["kernel"],
-                    best_graph_us=fastest["graph_us"],
-                    ratio=row["graph_us"] / fastest["graph_us"],
+                    best_graph_us=direct["graph_us"],
+                    ratio=auto["graph_us"] / direct["graph_us"],
                 )
             )
         del copies, first, w
@@ -209,10 +203,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--verify", type=Path, default=None, help="then time humming.linear with the new table; rows to this JSON"
     )
+    parser.add_argument(
+        "--from-timings", type=Path, default=None, help="rebuild the table from a tune JSON's raw timings (no GPU)"
+    )
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.from_timings is not None:
+        table = json.loads(args.from_timings.read_text())
+        table["entries"] = _entries(table["timings"])
+    elif not torch.cuda.is_available():
         parser.error("tune measures kernels on a CUDA GPU; none is visible")
-    table = tune(args.cases.split(","), args.shapes, args.m)
+    else:
+        table = tune(args.cases.split(","), args.shapes, args.m)
     from .plan import TABLES_DIR
 
     arch = table["capability"][0] * 10 + table["capability"][1]
