@@ -12,6 +12,7 @@ from .ir import (
     NumberFormat,
     QuantizedActivation,
     QuantizedWeight,
+    concat,
     dequantize,
     dequantize_activation,
     get_format,
@@ -20,9 +21,11 @@ from .ir import (
     quantize,
     quantize_activation,
     save,
+    shard,
+    stack,
 )
 from .linear import linear
-from .loaders import concat, load_checkpoint, shard, stack
+from .loaders import load_checkpoint
 
 __version__ = "0.1.0"
 

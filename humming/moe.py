@@ -32,7 +32,7 @@ from .dispatch.kernels import GROUPED_KERNELS
 from .dispatch.plan import plan_grouped
 from .dispatch.support import combination_error
 from .ir.activation import get_act_scheme
-from .ir.weight import QuantizedWeight
+from .ir.weight import QuantizedWeight, expert_weight
 from .linear import poison_non_finite_rows
 
 __all__ = ["MoeRouting", "default_block_m", "expert_weight", "fused_moe", "grouped_linear", "moe_align", "padded_rows"]
@@ -119,26 +119,6 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRout
     slot_rows = torch.empty(ids.numel(), dtype=torch.int32, device=device)
     slot_rows.scatter_(0, order, torch.where(dest < m_pad, dest, -1).to(torch.int32))
     return MoeRouting(src_slots[:m_pad], expert_ids, block_m, num_rows, slot_rows)
-
-
-def expert_weight(qweight: QuantizedWeight, expert: int) -> QuantizedWeight:
-    """Expert ``expert`` of an expert-stacked weight, as a 2-D ``[N, K]`` weight (views, no copy)."""
-    if qweight.num_experts is None:
-        raise ValueError(f"qweight: expected an expert-stacked weight [E, N, K], got {qweight.shape}")
-    if not 0 <= expert < qweight.num_experts:
-        raise ValueError(f"expert: expected 0 <= expert < {qweight.num_experts}, got {expert}")
-    pick = lambda t, stacked_dims: t[expert] if t is not None and t.dim() == stacked_dims else t
-    return QuantizedWeight(
-        shape=qweight.shape[1:],
-        format=qweight.format,
-        qweight=qweight.qweight[expert],
-        scales=pick(qweight.scales, 3),
-        group_shape=qweight.group_shape,
-        zeros=pick(qweight.zeros, 3),
-        global_scale=pick(qweight.global_scale, 1),
-        g_idx=pick(qweight.g_idx, 2),
-        bias=pick(qweight.bias, 2),
-    )
 
 
 def _check_experts(name: str, qweight) -> QuantizedWeight:

@@ -10,8 +10,8 @@ import torch.multiprocessing as mp
 
 import humming
 from humming.ir.packing import pack_codes
+from humming.ir.shard import deinterleave_rows, shard
 from humming.ir.weight import QuantizedWeight
-from humming.loaders.shard import deinterleave_rows, shard
 
 
 @dataclass(frozen=True)

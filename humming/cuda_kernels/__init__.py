@@ -14,8 +14,8 @@ Kernels today:
   ``block_m``), each reading its segment's expert id, skipping -1 segments, offsetting its weight tiles.
 - fp8 activations with integer weights (per-token or per-tensor e4m3; int4 / uint4 / int8 / uint8): the
   Triton pass writes the e4m3 values in x's 16-bit dtype (exact) and ``decode`` / ``gemm_sm90`` run them
-  with the activation scales in the epilogue (faster on the H200 than the FP8 GEMM's int4 -> e4m3 path:
-  bench/results/h200/README.md, session 4); shapes they do not take go to ``fp8_gemm``.
+  with the activation scales in the epilogue (one 4-bit weight read and no int4 -> e4m3 conversion: the
+  dispatcher's tables say at which M this beats ``fp8_gemm``).
 - ``fp8_gemm`` (``include/humming/fp8_gemm_sm90.cuh``): quantized activations on Hopper: W8A8 e4m3 x e4m3
   (per-tensor / per-token x per-channel, 1x128 x 128x128 blocks) and W4A8 int4 x e4m3, on fp8 wgmma. Its
   grouped variant runs ``humming.moe.grouped_linear(act="fp8" | "fp8_g128")`` for e4m3 / int4 experts.

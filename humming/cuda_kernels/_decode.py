@@ -19,7 +19,7 @@ captures the workspace of its capture stream: :func:`reserve_workspace` (called 
 ``humming.warmup``) sets one aside for a stream that first runs the kernel while capturing;
 without it, the capture allocates one from the graph's pool, and its zero fill becomes a memset node
 that every replay runs (correct, a microsecond slower). Replay a graph where no call on its capture
-stream runs concurrently. :func:`choose_decode_tuning` picks stream-K where it measured faster.
+stream runs concurrently. :func:`choose_decode_tuning` picks stream-K where it balances the last wave.
 """
 
 from __future__ import annotations
@@ -94,11 +94,10 @@ def choose_decode_tuning(
     """Tuning for ``out[m, n] = x[m, k] @ W^T`` with ``bits``-bit weights: a pure function of the problem
     and the device's SM count, shared memory per block (``sharedMemPerBlockOptin``) and per SM.
 
-    Tile grid or its stream-K twin (:func:`candidate_tunings`), as measured on the H200
-    (bench/results/h200/cuda_decode_stream_k.json): stream-K wins from two token tiles (M > 8) on when the
-    tile grid takes more than one wave (28672x8192, M = 16: 0.90x int4, 0.78x int8), and with eight token
-    tiles always (M = 64: 0.63x-0.77x); with one token tile, or a grid of one wave, the tile grid wins
-    (1.05x-1.29x). Split-K tile grids (too few row tiles) keep split-K (stream-K not measured there)."""
+    Tile grid or its stream-K twin (:func:`candidate_tunings`): stream-K from two token tiles (M > 8) on
+    when the tile grid takes more than one wave, and with eight token tiles always (its persistent warps
+    balance the last wave); the tile grid with one token tile or a one-wave grid, where stream-K's fp32
+    workspace costs more than it balances. Split-K tile grids (too few row tiles) keep split-K."""
     tiles, stream_k = candidate_tunings(m, n, k, bits, sm_count, smem_per_block, smem_per_sm)
     if tiles.mt == 1 or tiles.splits > 1:
         return tiles
@@ -118,8 +117,7 @@ def candidate_tunings(
     # per weight byte; one when that would leave SMs without a block, or with 8 token tiles (registers).
     r = 2 if n % 32 == 0 and n // 32 >= sm_count and mt < 8 else 1
     warps = 8
-    # Measured on the H200 (bench/results/h200/cuda_decode_v4.json): 3 stages keep two blocks per SM,
-    # which beats deeper pipelines with one block per SM.
+    # 3 stages keep two blocks per SM, whose interleaved loads beat deeper pipelines with one block per SM.
     stages = {1: 3, 2: 3, 4: 3, 8: 2}[mt]
     while stages > 2 and DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
         stages -= 1
@@ -138,7 +136,7 @@ def candidate_tunings(
 def stream_k_blocks_per_sm(tuning: DecodeTuning, bits: int, smem_per_sm: int) -> int:
     """Blocks per SM of the persistent grid: as many as shared memory (1 KiB reserved per block) and the
     SM's 64 warps allow, at most 2 (the kernel is built with ``__launch_bounds__(threads, that)``, so
-    registers allow them; 2 x 8 warps with 3 stages was the best tile-grid occupancy on the H200)."""
+    registers allow them; 2 x 8 warps with 3 stages is the tile grid's best occupancy on Hopper)."""
     return max(1, min(2, smem_per_sm // (tuning.smem_bytes(bits) + 1024), 64 // tuning.warps))
 
 
@@ -311,7 +309,7 @@ def run_decode(
     ``None``. Split-K and stream-K tunings sum partial results with fp32 atomics, in an order that varies
     between calls.
     """
-    from .jit import get_kernel
+    from ._driver import get_kernel
 
     m, k = x.shape
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()

@@ -13,9 +13,10 @@ import threading
 
 import torch
 
-from .jit import CompiledKernel, KernelSpec
+from ..device import device_info
+from .jit import CompiledKernel, KernelNotReadyError, KernelSpec, compile_kernel, device_arch
 
-__all__ = ["LoadedKernel", "check", "load", "loaded", "tensor_map_2d"]
+__all__ = ["LoadedKernel", "check", "get_kernel", "load", "loaded", "tensor_map_2d"]
 
 _loaded: dict[tuple[KernelSpec, int], LoadedKernel] = {}
 _guard = threading.Lock()
@@ -119,3 +120,24 @@ def load(compiled: CompiledKernel, device_index: int) -> LoadedKernel:
         if kernel is None:
             kernel = _loaded[key] = LoadedKernel(compiled, device_index)
         return kernel
+
+
+def get_kernel(spec: KernelSpec, device_index: int):
+    """``spec`` loaded on CUDA device ``device_index``, compiling and loading it on first use.
+
+    Raises :class:`KernelNotReadyError` when that first use happens during CUDA graph capture.
+    """
+    ready = loaded(spec, device_index)
+    if ready is not None:
+        return ready
+    if torch.cuda.is_current_stream_capturing():
+        raise KernelNotReadyError(
+            f"CUDA kernel {spec.name} is not compiled and loaded on cuda:{device_index}, and the current "
+            "stream is capturing a CUDA graph, during which humming never compiles; call "
+            "humming.warmup(...) for this layer and M before capturing"
+        )
+    cc = device_info(device_index).capability
+    arch = device_arch(spec, cc)
+    if arch is None:
+        raise ValueError(f"{spec.name} has no build for compute capability {cc}; it targets {spec.ccs}")
+    return load(compile_kernel(spec, arch), device_index)

@@ -37,8 +37,8 @@ __all__ = [
 ]
 
 GEMM_CCS = ((9, 0),)
-#: The GEMM takes M above this (measured on the H200: at M = 64 one 128-token tile beats the decode
-#: kernel's 8 token tiles; at M = 32 the decode kernel wins).
+#: The GEMM takes M above this: below, the decode kernel's 8-token tiles waste less of a tile (the
+#: dispatcher's tables choose between the two where both run).
 GEMM_MIN_M = 32
 #: Token tiles of the grouped kernel (wgmma N): each must divide ``block_m``.
 GROUPED_BMS = (256, 128, 64, 32, 16)
@@ -252,7 +252,7 @@ def _launch(
     block_m: int,
     x_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    from .jit import get_kernel
+    from ._driver import get_kernel
 
     m, k = x.shape
     device = _device_index(x)

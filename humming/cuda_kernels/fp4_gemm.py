@@ -308,7 +308,7 @@ def mma_probe(regs: torch.Tensor, vec: int) -> torch.Tensor:
     """Run one m16n8k64 block-scaled MMA: ``regs`` int32 ``[32, 8]`` on an sm_120 device (lane l: a0..a3,
     b0, b1, scale-A word, scale-B word) -> fp32 ``[32, 4]`` (lane l: c0..c3). Checks the hardware against the
     PTX ISA fragment and scale tables (tests/test_cuda_fp4.py)."""
-    from .jit import get_kernel
+    from ._driver import get_kernel
 
     device_index = regs.device.index if regs.device.index is not None else torch.cuda.current_device()
     regs = regs.to(torch.int32).contiguous()
@@ -354,7 +354,7 @@ def sm100_mma_probe(a, b, sfa, sfb, vec: int, sf_id: int) -> torch.Tensor:
     (64 elements a row), one scale atom each (uint8 ``[512]``, :func:`sf_atoms` layout), scale-factor id
     ``sf_id`` -> fp32 D ``[128, 32]``. Checks the hardware against the descriptors and layouts the sm_100a
     GEMM uses (tests/test_cuda_fp4_sm100.py)."""
-    from .jit import get_kernel
+    from ._driver import get_kernel
 
     device_index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     a, b, sfa, sfb = (t.to(torch.uint8).contiguous() for t in (a, b, sfa, sfb))
@@ -507,7 +507,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def _launch_sm120(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: str, device_index: int) -> None:
-    from .jit import get_kernel
+    from ._driver import get_kernel
 
     m = out.shape[0]
     tuning = choose_tuning(m, prep.n, sm_count)
@@ -524,8 +524,7 @@ def _launch_sm120(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: 
 
 
 def _launch_sm100(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: str, device_index: int) -> None:
-    from ._driver import tensor_map_2d
-    from .jit import get_kernel
+    from ._driver import get_kernel, tensor_map_2d
 
     m = out.shape[0]
     tuning = choose_sm100_tuning(m, prep.n, sm_count, prep.vec)

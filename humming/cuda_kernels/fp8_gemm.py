@@ -3,9 +3,8 @@ or x 4-bit weights turned into e4m3 in registers (W4A8): int4, or MXFP4 (e2m1 wi
 
 ``out[M, N] = x[M, K] @ dequantize(W)^T + bias`` with activations quantized to e4m3 (per token, per tensor,
 or 1x128 groups) by the Triton activation pass, bit-exact with :func:`humming.quantize_activation`.
-Dense int4 x per-token / per-tensor fp8 calls from ``humming.linear`` run here only where the WnA16
-kernels cannot take them (``humming.cuda_kernels._wna8_unsupported``: the e4m3 values on bf16 / fp16
-tensor cores measured faster on the H200); grouped W4A8 and MXFP4 x fp8 always run here.
+Dense integer-weight x per-token / per-tensor fp8 calls run here or on the WnA16 kernels' fp8-values route,
+as the dispatcher decides (``humming/dispatch/plan.py``); grouped W4A8 and MXFP4 x fp8 always run here.
 
 Configs come in the three kinds of the house style:
 
@@ -45,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from ..device import DeviceLimits, device_index, device_info
-from ..ir.weight import cdiv
+from ..ir.weight import cdiv, expert_weight
 from ._driver import tensor_map_2d
 from ._layout import CPP_DTYPE, DTYPE_CODE
 from ._support import device_unsupported
@@ -145,9 +144,8 @@ def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = 
     """Tuning for ``out[m, n] = x[m, k] @ W[n, k]^T``: a pure function of the problem and the device.
 
     The tile tuning (:func:`choose_tile_tuning`), split along K (:func:`choose_split_tuning`) for the 4-bit
-    weight formats, as measured on the H200 (bench/results/h200/cuda_fp8_splitk.json, M = 1 and 16):
-    split-K takes int4 to 0.81-0.89x and MXFP4 to 0.61-0.66x of one split's time at 8192 x 8192 and
-    4096 x 4096, while e4m3 weights lose (1.1x-1.27x slower), so they keep one split.
+    weight formats, whose tiles are cheap to read, so that splits fill the block slots a small grid leaves
+    empty; e4m3 weights keep one split, where the fp32 reduction of splits costs more than the fill gains.
     """
     if w_format in ("int4", "mxfp4"):
         return choose_split_tuning(m, n, k, limits, w_format)
@@ -425,7 +423,6 @@ def prepare(qw) -> PreparedFp8:
 def _prepare_stacked(qw) -> PreparedFp8:
     """Each expert prepared as a 2-D weight, the parts concatenated along N (rows, or columns of the
     ``[num_kb, N]`` group scales); N % 128 == 0 leaves no padding between experts."""
-    from ..moe import expert_weight  # humming.moe builds on the dispatcher, not the other way round
 
     if qw.N % 128 or qw.format.name not in GROUPED_W_FORMATS:
         raise ValueError(f"qw: the grouped FP8 GEMM takes e4m3 / int4 experts with N % 128 == 0, not {qw.describe()}")
@@ -587,7 +584,7 @@ def _activations(x, act, kp: int, block_m: int) -> _Activations:
     scales = qa.scales.to(torch.float32)
     if qa.scheme.group == 128:
         # [num_kb, M padded to the token tile], row-major: F.pad with nothing to pad returns a clone that keeps
-        # the transposed strides (seen on the H200 as wrong results at M = 4096), hence .contiguous()
+        # the transposed strides, which the kernel would read as row-major, hence .contiguous()
         blocks = F.pad(scales.T, (0, cdiv(m, block_m) * block_m - m)).contiguous()
         return _Activations(codes.contiguous(), None, blocks)
     return _Activations(codes.contiguous(), scales.reshape(-1).contiguous(), None)
@@ -768,7 +765,7 @@ def _launch(
     expert_ids: torch.Tensor | None,
     block_m: int,
 ) -> torch.Tensor:
-    from .jit import get_kernel
+    from ._driver import get_kernel
 
     codes = getattr(x, "codes", x)
     m = codes.shape[0]

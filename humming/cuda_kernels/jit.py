@@ -11,7 +11,7 @@ targets. :func:`compile_kernel` turns a spec into a cubin for one architecture:
 3. lookups go to an in-process dictionary, then to the on-disk cache (``_cache``: atomic writes, a file
    lock shared by processes, checksummed entries), and only then to NVRTC.
 
-:func:`get_kernel` loads the cubin on a device (driver API) and returns a launchable
+``_driver.get_kernel`` loads the cubin on a device (driver API) and returns a launchable
 :class:`~humming.cuda_kernels._driver.LoadedKernel`; while the current stream captures a CUDA graph it
 never compiles or loads: an unprepared kernel raises :class:`KernelNotReadyError` instead.
 """
@@ -38,7 +38,6 @@ __all__ = [
     "compile_kernel",
     "compiler_unavailable_reason",
     "device_arch",
-    "get_kernel",
     "nvrtc_version",
     "per_call_cache",
 ]
@@ -241,30 +240,3 @@ def clear_memory_cache() -> None:
 def device_arch(spec: KernelSpec, cc: tuple[int, int]) -> str | None:
     """The architecture to build ``spec`` for on a device of compute capability ``cc``, or ``None``."""
     return _arch_name(cc, spec.arch_specific) if cc in spec.ccs else None
-
-
-def get_kernel(spec: KernelSpec, device_index: int):
-    """``spec`` loaded on CUDA device ``device_index``, compiling and loading it on first use.
-
-    Raises :class:`KernelNotReadyError` when that first use happens during CUDA graph capture.
-    """
-    from . import _driver
-
-    loaded = _driver.loaded(spec, device_index)
-    if loaded is not None:
-        return loaded
-    import torch
-
-    from ..device import device_info
-
-    if torch.cuda.is_current_stream_capturing():
-        raise KernelNotReadyError(
-            f"CUDA kernel {spec.name} is not compiled and loaded on cuda:{device_index}, and the current "
-            "stream is capturing a CUDA graph, during which humming never compiles; call "
-            "humming.warmup(...) for this layer and M before capturing"
-        )
-    cc = device_info(device_index).capability
-    arch = device_arch(spec, cc)
-    if arch is None:
-        raise ValueError(f"{spec.name} has no build for compute capability {cc}; it targets {spec.ccs}")
-    return _driver.load(compile_kernel(spec, arch), device_index)

@@ -7,6 +7,7 @@ import torch
 
 from ..ir.activation import QuantizedActivation, dequantize_activation, quantize_activation
 from ..ir.quantize import dequantize
+from ..ir.weight import expert_weight
 
 __all__ = ["grouped_linear", "is_available", "linear", "supports", "supports_grouped"]
 
@@ -47,7 +48,6 @@ def linear(x, qweight, bias, act, out_dtype):
 def grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype):
     """``x [M_pad, K]``: each block's rows times its expert (``humming.moe.grouped_linear``), one expert at
     a time; rows of blocks with expert -1 are zero. Reads the routing on the host (not capturable)."""
-    from ..moe import expert_weight  # humming.moe builds on the dispatcher, not the other way round
 
     row_expert = expert_ids.long().repeat_interleave(block_m)
     used = row_expert >= 0

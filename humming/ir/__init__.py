@@ -1,4 +1,5 @@
-"""The weight IR: number formats, canonical packing, ``QuantizedWeight``, quantizers and the reference."""
+"""The weight IR: number formats, canonical packing, ``QuantizedWeight``, quantizers, the reference, and the
+exact transforms of weights (``concat``, ``stack``, ``shard``, ``expert_weight``)."""
 
 from .activation import (
     ACT_SCHEMES,
@@ -7,12 +8,14 @@ from .activation import (
     dequantize_activation,
     quantize_activation,
 )
+from .concat import concat, stack
 from .formats import FORMATS, NumberFormat, get_format, list_formats
 from .io import load, save
 from .layout import expand_groups, group_reduce, parse_group_size
 from .packing import pack_codes, packed_words, unpack_codes
 from .quantize import WEIGHT_SCHEMES, dequantize, quantize, unpacked_codes
-from .weight import QuantizedWeight
+from .shard import shard
+from .weight import QuantizedWeight, expert_weight
 
 __all__ = [
     "ACT_SCHEMES",
@@ -22,9 +25,11 @@ __all__ = [
     "NumberFormat",
     "QuantizedActivation",
     "QuantizedWeight",
+    "concat",
     "dequantize",
     "dequantize_activation",
     "expand_groups",
+    "expert_weight",
     "get_format",
     "group_reduce",
     "list_formats",
@@ -35,6 +40,8 @@ __all__ = [
     "quantize",
     "quantize_activation",
     "save",
+    "shard",
+    "stack",
     "unpack_codes",
     "unpacked_codes",
 ]

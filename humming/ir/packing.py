@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["pack_codes", "packed_words", "unpack_codes"]
+__all__ = ["msb_mask", "pack_codes", "packed_words", "unpack_codes"]
 
 
 def packed_words(k: int, bits: int) -> int:
@@ -60,3 +60,12 @@ def unpack_codes(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
     run = (data << (8 * torch.arange(bits, device=packed.device))).sum(-1)
     codes = (run.unsqueeze(-1) >> (bits * torch.arange(8, device=packed.device))) & ((1 << bits) - 1)
     return codes.to(torch.uint8).flatten(-2)[..., :k].contiguous()
+
+
+def msb_mask(k: int, bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """int32 ``[ceil(k*bits/32)]``: the top bit of each of ``k`` packed fields set.
+
+    XOR with it turns offset-binary fields (``q + 2^(bits-1)``) into two's complement (``q``) and back,
+    in place of unpacking and repacking.
+    """
+    return pack_codes(torch.full((k,), 1 << (bits - 1), dtype=torch.uint8, device=device), bits)

@@ -14,7 +14,7 @@ import torch
 from .formats import NumberFormat, get_format
 from .packing import packed_words
 
-__all__ = ["SCALE_DTYPES", "QuantizedWeight", "cdiv", "layout_name"]
+__all__ = ["SCALE_DTYPES", "QuantizedWeight", "cdiv", "expert_weight", "layout_name"]
 
 #: dtypes a scale tensor may have.
 SCALE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e8m0fnu)
@@ -148,7 +148,7 @@ class QuantizedWeight:
     def shard(self, dim: int, rank: int, world_size: int) -> QuantizedWeight:
         """Rank ``rank``'s equal part along ``dim`` (0 = N, column-parallel; 1 = K, row-parallel; with a
         leading expert dim, 0 = experts); raises ``ValueError`` when a split cannot be exact."""
-        from humming.loaders.shard import shard  # the loaders build on the IR, not the other way round
+        from .shard import shard  # shard.py builds on this module
 
         return shard(self, dim, rank, world_size)
 
@@ -270,3 +270,23 @@ def _check_tensor(name, t, dtypes, shape, device) -> None:
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: on {t.device}, but qweight is on {device}; every tensor must share one device")
+
+
+def expert_weight(qweight: QuantizedWeight, expert: int) -> QuantizedWeight:
+    """Expert ``expert`` of an expert-stacked weight, as a 2-D ``[N, K]`` weight (views, no copy)."""
+    if qweight.num_experts is None:
+        raise ValueError(f"qweight: expected an expert-stacked weight [E, N, K], got {qweight.shape}")
+    if not 0 <= expert < qweight.num_experts:
+        raise ValueError(f"expert: expected 0 <= expert < {qweight.num_experts}, got {expert}")
+    pick = lambda t, stacked_dims: t[expert] if t is not None and t.dim() == stacked_dims else t
+    return QuantizedWeight(
+        shape=qweight.shape[1:],
+        format=qweight.format,
+        qweight=qweight.qweight[expert],
+        scales=pick(qweight.scales, 3),
+        group_shape=qweight.group_shape,
+        zeros=pick(qweight.zeros, 3),
+        global_scale=pick(qweight.global_scale, 1),
+        g_idx=pick(qweight.g_idx, 2),
+        bias=pick(qweight.bias, 2),
+    )

@@ -4,10 +4,10 @@
 one for tensor / expert parallelism. Errors are ``CheckpointError`` subclasses (``humming.loaders.errors``).
 """
 
+from ..ir.concat import concat, stack
+from ..ir.shard import deinterleave_rows, shard
 from .checkpoint import load_checkpoint
-from .concat import concat, stack
 from .errors import CheckpointError, MissingTensorError, ShapeMismatchError, UnsupportedFormatError
-from .shard import deinterleave_rows, shard
 
 __all__ = [
     "CheckpointError",

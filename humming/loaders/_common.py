@@ -6,8 +6,7 @@ import re
 
 import torch
 
-from humming.ir.packing import pack_codes
-from humming.ir.weight import QuantizedWeight
+from humming.ir.packing import msb_mask, pack_codes
 
 from .errors import ShapeMismatchError
 
@@ -16,9 +15,7 @@ __all__ = [
     "check_shape",
     "drop_trivial_g_idx",
     "match_any",
-    "msb_mask",
     "signed_if_symmetric",
-    "to_unsigned",
 ]
 
 
@@ -28,15 +25,6 @@ def check_shape(module: str, name: str, tensor: torch.Tensor, expected: tuple[in
         raise ShapeMismatchError(
             f"{module}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(expected)}"
         )
-
-
-def msb_mask(k: int, bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """int32 ``[ceil(k*bits/32)]``: the top bit of each of ``k`` packed fields set.
-
-    XOR with it turns offset-binary fields (``q + 2^(bits-1)``) into two's complement (``q``) and back,
-    in place of unpacking and repacking.
-    """
-    return pack_codes(torch.full((k,), 1 << (bits - 1), dtype=torch.uint8, device=device), bits)
 
 
 def bytes_to_words(data: torch.Tensor) -> torch.Tensor:
@@ -64,15 +52,6 @@ def signed_if_symmetric(
     if bool((zeros == 1 << (bits - 1)).all()):
         return f"int{bits}", qweight ^ msb_mask(k, bits, qweight.device), None
     return f"uint{bits}", qweight, zeros
-
-
-def to_unsigned(qw: QuantizedWeight) -> QuantizedWeight:
-    """An ``intN`` weight as the equal ``uintN`` weight with zeros ``2^(N-1)`` (for joining with asym parts)."""
-    fmt = qw.format
-    if not (fmt.is_int and fmt.signed) or qw.scales is None:
-        return qw
-    zeros = torch.full(qw.scales.shape, 1 << (fmt.bits - 1), dtype=torch.int16, device=qw.device)
-    return qw.replace(format=f"uint{fmt.bits}", qweight=qw.qweight ^ msb_mask(qw.K, fmt.bits, qw.device), zeros=zeros)
 
 
 def match_any(name: str, patterns) -> bool:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from humming.ir.weight import QuantizedWeight
 
+from ..ir.concat import stack
 from ._files import CheckpointFiles
 from .awq import AWQReader
 from .bnb import BitsAndBytesReader
 from .compressed_tensors import CompressedTensorsReader
-from .concat import stack
 from .errors import CheckpointError, MissingTensorError, UnsupportedFormatError
 from .fp8 import FP8Reader
 from .gpt_oss import GptOssReader

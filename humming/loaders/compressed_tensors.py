@@ -27,7 +27,7 @@ import re
 
 import torch
 
-from humming.ir.packing import pack_codes, packed_words, unpack_codes
+from humming.ir.packing import msb_mask, pack_codes, packed_words, unpack_codes
 from humming.ir.weight import QuantizedWeight, cdiv
 
 from ._common import (
@@ -35,7 +35,6 @@ from ._common import (
     check_shape,
     drop_trivial_g_idx,
     match_any,
-    msb_mask,
     signed_if_symmetric,
 )
 from ._files import CheckpointFiles

@@ -375,8 +375,8 @@ def _quantize(x, scheme: ActScheme, scale, values_dtype):
 def per_token_tile(m: int, k: int) -> tuple[int, int, int]:
     """(BLOCK_K, BLOCK_M, num_warps) of per-token scales. Few rows (decode): a program per row that holds
     up to 8192 columns at once, so the absmax pass and the quantize pass each read the row in one go
-    (the row is then in L1 for the second); the old 1024-column loop took 13-14 us at M = 1, K = 8192 on
-    the H200, eight dependent loads per pass. Many rows: four rows per program, 1024 columns per step."""
+    (the row is then in L1 for the second) instead of eight dependent 1024-column loads per pass. Many
+    rows: four rows per program, 1024 columns per step."""
     if m >= 1024:
         return min(triton.next_power_of_2(k), 1024), 4, 4
     block_k = min(triton.next_power_of_2(k), 8192)

@@ -1,23 +1,20 @@
 """Tuning of the Triton WnA16 GEMM: tile configurations per M bucket (speed only, never numerics).
 
 :func:`wna16_config` is a pure function of the problem ``(M, N, K, bits)`` and the device's multiprocessor
-count; no autotuning runs in the hot path. The buckets were chosen for the H200 (bench/sweep.py measures
-them; bench/results/h200/ holds the numbers). Every config computes the same function: split-K only changes
+count; no autotuning runs in the hot path. Every config computes the same function: split-K only changes
 the fp32 summation order, within the tolerances the tests state.
 
-Measured on the H200 (bench/results/h200/triton_tune.json, W4A16 g128, 28672 x 8192), with the first GEMV
-kernel: M=1 1x8x512 110 us (1x16x256: 131 us; the 16x32x256 tensor-core tile: 240 us). The GEMV kernel was
-then rewritten to unpack words in place (no layout conversions; SASS: 13.5 -> 7.8 instructions per weight
-for int4 g128 at 1x64x128, see :func:`_gemv_tile`): its tiles are NOT measured yet. M=16: 16x64x256 218 us
-(16x32x256: 236). M=128: 64x128x64 325 us. M=1024 and 8192: 128x256x64 (3 or 4 stages, equal within noise)
-1.77 and 13.5 ms, 0.40x torch bf16 (cuBLAS: 0.70 and 5.34 ms); M=256: 688 us (cuBLAS 182). Hence
-``dequant_first`` for M > 128: cuBLAS's measured time plus one dequantization pass (0.6 GB of traffic for
-28672 x 8192, ~0.14 ms at the copy rate; the dequant kernel's SASS has ~8 instructions per weight, so it is
-memory-bound) should land near 0.5x torch bf16 at M=256 and 0.8-0.97x at M >= 1024 (it loses below
-M ~ 64); that path is NOT measured yet. The M=2..4 GEMV tiles
-and the buckets between the measured points are interpolations. M=2..4 use the tensor-core tile: the first
-GEMV kernel took 260 us at M=4 against 236 us for 16x32x256 at M=16 (a [BM, BN, BK] accumulator with
-BM > 1 needs layout conversions; ``block_m`` 2 or 4 still selects that GEMV path when asked for).
+- M = 1: the GEMV kernel (no tensor cores: at decode the weight decode, not the multiply-adds, is the
+  work), with tiles that hold whole scale groups (:func:`_gemv_tile`). M = 2..4 take the 16-row tensor-core
+  tile: a GEMV accumulator of more than one row needs layout conversions that cost more than the idle
+  tensor-core rows (``block_m`` 2 or 4 still selects the GEMV kernel when a config asks for it).
+- M up to 128: tensor-core tiles that grow with M, split along K until the grid covers the GPU twice.
+- M > 128 without bias and with ``out_dtype == x.dtype``: ``dequant_first``, the weight dequantized once per
+  call to the activations' dtype and one cuBLAS GEMM: one more pass over the weight, which cuBLAS's
+  large-tile efficiency pays back at large M.
+
+Which of these, or a CUDA kernel, runs a call is the dispatcher's decision (``humming/dispatch/``, per-GPU
+tables from ``python -m humming tune``); ``bench/results/<gpu>/`` holds the timings.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from humming.ir.packing import pack_codes, packed_words, unpack_codes
-from humming.ir.weight import QuantizedWeight, cdiv
+from .packing import pack_codes, packed_words, unpack_codes
+from .weight import QuantizedWeight, cdiv
 
 __all__ = ["deinterleave_rows", "shard"]
 

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from humming.ir.weight import QuantizedWeight, cdiv
-
-from ._common import to_unsigned
+from .packing import msb_mask
+from .weight import QuantizedWeight, cdiv
 
 __all__ = ["concat", "stack"]
 
@@ -220,3 +219,12 @@ def _concat(parts: list[QuantizedWeight], dim: int) -> QuantizedWeight:
         g_idx=first.g_idx,
         bias=torch.cat(bias, dim=-1) if bias is not None else None,
     )
+
+
+def to_unsigned(qw: QuantizedWeight) -> QuantizedWeight:
+    """An ``intN`` weight as the equal ``uintN`` weight with zeros ``2^(N-1)`` (for joining with asym parts)."""
+    fmt = qw.format
+    if not (fmt.is_int and fmt.signed) or qw.scales is None:
+        return qw
+    zeros = torch.full(qw.scales.shape, 1 << (fmt.bits - 1), dtype=torch.int16, device=qw.device)
+    return qw.replace(format=f"uint{fmt.bits}", qweight=qw.qweight ^ msb_mask(qw.K, fmt.bits, qw.device), zeros=zeros)
