@@ -114,7 +114,7 @@ def sweep(
         raise ValueError(f"shapes: op {op!r} expects {'N x K' if op == 'linear' else 'E x N x K / topk'} shapes")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not check_only and device != "cuda":
-        raise ValueError("check_only: timing needs a CUDA GPU (none is visible); pass check_only=True on the CPU")
+        raise ValueError("check_only: timing needs a CUDA GPU (none is visible); --check-only runs anywhere")
 
     header = _header(op, device, check_only, budget_s, copy_bytes_per_s, command)
     doc = {"header": header, "rows": []}

@@ -2,7 +2,7 @@
 both warpgroup counts and both epilogues; prints the relative error of each against float64 and exits 1 on any
 failure.
 
-Usage: python bench/cuda_fp8_sanitize.py [WEIGHT_FORMAT ...]   (only the cases of those formats, e.g. mxfp4)
+Usage: compute-sanitizer python bench/tools/cuda_fp8_sanitize.py [WEIGHT_FORMAT ...]   (only those formats, e.g. mxfp4)
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 
 import torch
+from fp8_inputs import random_activation, random_weight, reference  # bench/tools/, this script's folder
 
-from bench.cuda_fp8_inputs import random_activation, random_weight, reference
 from humming.cuda_kernels import fp8_gemm
 
 CASES = [  # weight format, m, n, k, weight group, act, tuning (None: the heuristic's)

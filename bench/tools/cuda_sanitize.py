@@ -1,4 +1,7 @@
-"""One small run of each CUDA kernel family and variant, for compute-sanitizer (memcheck, racecheck)."""
+"""One small run of each CUDA kernel family and variant, for compute-sanitizer (memcheck, racecheck).
+
+Usage: compute-sanitizer --tool memcheck python bench/tools/cuda_sanitize.py
+"""
 
 from __future__ import annotations
 

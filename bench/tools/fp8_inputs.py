@@ -1,9 +1,9 @@
-"""Random FP8 GEMM operands built directly in humming's IR, and the float64 product they define.
+"""Random FP8 GEMM operands built directly in humming's IR, and the float64 product they define (for
+cuda_fp8_sanitize.py).
 
 Codes are drawn uniformly from every e4m3 code except NaN (0x7F, 0xFF), scales uniformly from [s, 2s):
-no quantizer runs, so a GPU check depends on nothing but the kernel and torch's exact fp8 -> float
-conversion. (On the H200, 2026-11-29, humming.quantize / quantize_activation on CUDA tensors gave NaN
-codes: see bench/results/h200/cuda_fp8_diag.log.)
+no quantizer runs, so a check depends on nothing but the kernel and torch's exact fp8 -> float
+conversion. tests/test_cuda_fp8.py builds its operands the same way.
 """
 
 from __future__ import annotations
