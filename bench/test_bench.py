@@ -27,7 +27,7 @@ GPU = torch.cuda.is_available()
 if not GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton decorates humming's kernels
 
-from humming.bench import CHECK_TOLERANCE, COPY_BYTES_PER_S, Group, Shape, registry  # noqa: E402
+from humming.bench import CHECK_TOLERANCE, COPY_BYTES_PER_S, Group, Shape, registry, rel_err  # noqa: E402
 from humming.timing import capture_graph, time_calls  # noqa: E402
 
 CALLS_PER_ROUND = 20
@@ -71,8 +71,6 @@ def _group(op: str, case: str, shape: Shape) -> Group:
 
 @pytest.mark.parametrize(("op", "case", "shape", "m", "system_name"), _params())
 def test_bench(benchmark, op, case, shape, m, system_name):
-    from humming._bench_inputs import rel_err
-
     system = registry(op)[system_name]
     if system.prepare is None:
         pytest.skip("humming-kernels runs in a worker process: python -m humming bench compares it")

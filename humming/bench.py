@@ -37,7 +37,18 @@ from ._bench_inputs import rel_err
 from ._bench_systems import OPS, PEER, Group, Inputs, Shape, System, registry
 from .dispatch.tune import CASES
 
-__all__ = ["COPY_BYTES_PER_S", "DEFAULTS", "OPS", "Group", "Shape", "main", "parse_shapes", "registry", "sweep"]
+__all__ = [
+    "COPY_BYTES_PER_S",
+    "DEFAULTS",
+    "OPS",
+    "Group",
+    "Shape",
+    "main",
+    "parse_shapes",
+    "registry",
+    "rel_err",
+    "sweep",
+]
 
 #: The H200's measured device-to-device copy bandwidth (bytes read + written per second): the roof of the floor.
 COPY_BYTES_PER_S = 4.3e12
