@@ -1,5 +1,5 @@
-"""Command line: ``python -m humming demo`` (the main job), ``inspect PATH`` (a checkpoint) and ``tune`` (a GPU's
-dispatch table)."""
+"""Command line: ``python -m humming demo`` (the main job), ``inspect PATH`` (a checkpoint), ``tune`` (a GPU's
+dispatch table) and ``bench`` (sweeps against torch and the other kernel libraries)."""
 
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even when a GPU is present")
     p.set_defaults(func=demo)
     sub.add_parser("tune", help="measure the kernels on this GPU and write its dispatch table (tune --help)")
+    sub.add_parser("bench", help="time humming against torch, gemlite and humming-kernels (bench --help)")
     p = sub.add_parser("inspect", help="list the quantized modules of a checkpoint folder")
     p.add_argument("path")
     p.add_argument("--modules", nargs="*", help="only these module names / shell wildcards")
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         from .dispatch.tune import main as tune_main
 
         return tune_main(argv[1:])
+    if argv[:1] == ["bench"]:  # its own parser: python -m humming bench --help
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser.parse_args(argv)
     start = time.perf_counter()
     status = args.func(args)

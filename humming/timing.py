@@ -1,5 +1,5 @@
 """The one timing module: ``python -m humming tune``, ``python -m humming bench`` and the pytest-benchmark
-suite in bench/ all time through :func:`time_calls`.
+suite in bench/ all time through :func:`time_calls` (the suite replays :func:`capture_graph` graphs).
 
 Each call is timed two ways: ``graph_us``, the median replay of a CUDA graph of the calls (kernel time
 without launch gaps: what a serving engine's graphs see) and ``eager_us``, the same calls launched from
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["copies_past_l2", "median_ms", "time_calls"]
+__all__ = ["capture_graph", "copies_past_l2", "median_ms", "time_calls"]
 
 
 def median_ms(fn: Callable[[], object], reps: int) -> float:
@@ -52,16 +52,23 @@ def time_calls(calls: list[Callable[[], object]], target_ms: float = 2.0) -> dic
                 call()
 
     eager = median_ms(run_all, 5) / (rounds * len(calls))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run_all()  # warm-up on the capture stream (workspaces, lazy loads)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run_all()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = capture_graph(run_all)
     replay = median_ms(graph.replay, 7) / (rounds * len(calls))
     del graph
     return {"graph_us": replay * 1e3, "eager_us": eager * 1e3}
+
+
+def capture_graph(run: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``run()``, replayed once. ``run`` first runs on the capture stream, so that workspaces
+    and lazy loads happen outside the capture."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph

@@ -600,8 +600,8 @@ def _ids(case: Case) -> str:
 
 
 # Operands are built directly in the IR (random non-NaN e4m3 codes, random scales): the check depends on
-# nothing but the kernel and torch's exact e4m3 decoding. (humming.quantize on CUDA tensors gave NaN codes
-# on the H200: bench/results/h200/cuda_fp8_diag.log.) bench/cuda_fp8_inputs.py holds the same builders.
+# nothing but the kernel and torch's exact e4m3 decoding. bench/tools/fp8_inputs.py holds the same builders
+# for the compute-sanitizer driver.
 
 
 def _codes(rows: int, k: int) -> torch.Tensor:

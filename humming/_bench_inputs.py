@@ -1,0 +1,59 @@
+"""The inputs every benchmarked system starts from, seeded, and the float32 products they are checked against.
+
+Imports torch only: the humming-kernels worker process (:mod:`humming._bench_peer`) loads this file beside
+the other package's ``humming``, so that both processes build the same weight, activations and routing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["activations", "moe_reference", "rel_err", "routing", "sorted_routing", "weight"]
+
+
+def _generator(device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def weight(n: int, k: int, experts: int | None, dtype: torch.dtype, device) -> torch.Tensor:
+    """The layer's unquantized weight: ``[N, K]`` (``[E, N, K]`` with ``experts``) of ``dtype``, N(0, 1/K)."""
+    shape = (n, k) if experts is None else (experts, n, k)
+    w = torch.randn(shape, device=device, generator=_generator(device, 0)) / math.sqrt(k)
+    return w.to(dtype)
+
+
+def activations(m: int, k: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``[M, K]`` N(0, 1) activations of ``dtype``, seeded by M."""
+    return torch.randn(m, k, device=device, generator=_generator(device, m)).to(dtype)
+
+
+def routing(m: int, experts: int, topk: int, device) -> torch.Tensor:
+    """int64 ``[M, topk]`` expert ids: the top-k of Gaussian scores, seeded by M (what
+    ``torch.cuda.manual_seed(M); torch.randn(M, E, device="cuda").topk(topk).indices`` draws)."""
+    return torch.randn(m, experts, device=device, generator=_generator(device, m)).topk(topk).indices
+
+
+def sorted_routing(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routed slots ``t * topk + j`` sorted by expert (stable) and each expert's row count (int64 ``[E]``):
+    the unpadded grouped layout of torch's and humming-kernels' grouped GEMMs."""
+    flat = ids.reshape(-1)
+    return torch.argsort(flat, stable=True), torch.bincount(flat, minlength=experts)
+
+
+def moe_reference(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """float32 ``[M * topk, N]``: slot ``t * topk + j`` is ``x[t] @ w[ids[t, j]]^T``."""
+    topk = ids.shape[1]
+    flat = ids.reshape(-1)
+    out = torch.empty(flat.numel(), w.shape[1], device=x.device, dtype=torch.float32)
+    for e in flat.unique().tolist():
+        slots = (flat == e).nonzero().squeeze(1)
+        out[slots] = x[slots // topk].float() @ w[e].float().T
+    return out
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (NaN when ``out`` has NaN)."""
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))

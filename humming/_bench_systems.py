@@ -1,0 +1,344 @@
+"""The systems ``python -m humming bench`` and bench/test_bench.py compare, on the same inputs.
+
+A :class:`Group` is one (op, case, shape, dtype): the seeded 16-bit weight every system starts from
+(:mod:`humming._bench_inputs`) and what systems build from it (cached for the group's M values). A
+:class:`System` turns a group and one M's :class:`Inputs` into a :class:`Prepared`: one call per weight
+copy (the copies together exceed the L2, so timed calls read cold weights), the kernel that runs, and
+how to put the output in the order the float32 reference has. A system that cannot run a call returns
+the reason instead. Packages other than torch and humming are imported on first use.
+
+Systems, op ``linear`` (``x [M, K] @ W^T``):
+
+- ``humming``: ``humming.linear(x, qw, act=act)`` (``kernel``: what the dispatcher picked);
+- ``humming:<kernel>``: every kernel of ``humming.dispatch.kernels.DENSE_KERNELS`` but the reference,
+  run with its own tuning where it supports the call (the best single route at each M);
+- ``torch-bf16``: ``torch.nn.functional.linear`` on the unquantized weight, in the run's 16-bit dtype;
+- ``torch-scaled-mm``: ``torch._scaled_mm`` on e4m3 weights (per-channel scales) and e4m3 activations
+  quantized beforehand (per-token scales); ``torch-scaled-mm+quant`` quantizes the activations in the call;
+- ``gemlite``: gemlite's layers (W4A16 int4 g128 from humming's codes, W8A16 int8, MXFP4 x 16-bit);
+- ``humming-kernels``: upstream Humming (:mod:`humming._bench_peer`), its own quantizer and configs.
+
+Op ``moe`` (one MoE up-projection: ``E`` experts ``[N, K]``, top-k routing; rows grouped beforehand):
+
+- ``humming``: ``humming.moe.grouped_linear`` on ``moe_align``'s padded rows; ``humming:<kernel>`` per
+  grouped kernel; ``torch-grouped-mm``: ``torch._grouped_mm`` (16-bit) on the rows sorted by expert;
+  ``humming-kernels``: its grouped-contiguous GEMM on the same sorted rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+
+from . import _bench_inputs as inputs
+from ._bench_peer import CONFIGS as PEER_CONFIGS
+from .dispatch.kernels import DENSE_KERNELS, GROUPED_KERNELS
+from .dispatch.tune import CASES
+from .ir.activation import get_act_scheme
+
+__all__ = ["OPS", "PEER", "Group", "Inputs", "Prepared", "Shape", "System", "registry"]
+
+OPS = ("linear", "moe")
+PEER = "humming-kernels"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """``N x K``, and for op ``moe`` the experts and the experts per token."""
+
+    n: int
+    k: int
+    experts: int | None = None
+    topk: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.n}x{self.k}" if self.experts is None else f"{self.experts}x{self.n}x{self.k}/{self.topk}"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One M's inputs: activations ``x [M, K]`` and, for op ``moe``, expert ids ``[M, topk]``."""
+
+    m: int
+    x: torch.Tensor
+    ids: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a system runs for one M: one call per weight copy, the kernel, and ``canonical(out)``: the
+    first call's output in the reference's row order (op ``moe``: slot ``t * topk + j``)."""
+
+    calls: list[Callable[[], torch.Tensor]]
+    kernel: str | None
+    canonical: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda out: out)
+
+
+class Group:
+    """One (op, case, shape, dtype) on one device; see the module doc."""
+
+    def __init__(self, op: str, case: str, shape: Shape, dtype: torch.dtype, device: str):
+        qargs, act = CASES[case]
+        self.op, self.case, self.shape, self.dtype, self.device = op, case, shape, dtype, device
+        self.qargs = qargs
+        self.act = None if act is None else get_act_scheme(act)
+        self.w = inputs.weight(shape.n, shape.k, shape.experts, dtype, device)
+        self._cache: dict = {}
+
+    def cached(self, key, build: Callable[[], object]):
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def copies(self, build: Callable[[], object], nbytes: Callable[[object], int]) -> list:
+        """``build()`` as many times as it takes to exceed the L2 twice (once on the CPU)."""
+        first = build()
+        if self.device != "cuda":
+            return [first]
+        from .timing import copies_past_l2
+
+        return [first] + [build() for _ in range(copies_past_l2(nbytes(first)) - 1)]
+
+    def qweights(self) -> list:
+        """humming's quantized weights (copies), shared by the ``humming`` systems."""
+        import humming
+
+        return self.cached("qweights", lambda: self.copies(lambda: humming.quantize(self.w, **self.qargs), _nbytes))
+
+    def inputs(self, m: int) -> Inputs:
+        def build() -> Inputs:
+            x = inputs.activations(m, self.shape.k, self.dtype, self.device)
+            ids = None if self.op == "linear" else inputs.routing(m, self.shape.experts, self.shape.topk, self.device)
+            return Inputs(m, x, ids)
+
+        return self.cached(("inputs", m), build)
+
+    def reference(self, inp: Inputs) -> torch.Tensor:
+        """float32 ``x @ W^T`` of the unquantized weight (op ``moe``: per slot)."""
+        if self.op == "linear":
+            return inp.x.float() @ self.w.float().T
+        return inputs.moe_reference(inp.x, self.w, inp.ids)
+
+    def floor_bytes(self, inp: Inputs) -> int:
+        """Bytes a call must move: humming's quantized weight (op ``moe``: the experts hit), the activations
+        read and the output written."""
+        weight = _nbytes(self.qweights()[0])
+        rows = inp.m
+        if self.op == "moe":
+            weight = weight // self.shape.experts * inp.ids.unique().numel()
+            rows *= self.shape.topk
+        return weight + rows * (self.shape.k + self.shape.n) * self.w.element_size()
+
+    def grouped(self, inp: Inputs):
+        """humming's grouped layout for ``inp``: ``(rows [M_pad, K], routing, block_m)``."""
+
+        def build():
+            from .moe import default_block_m, moe_align
+
+            block_m = default_block_m(inp.ids.numel(), self.shape.experts)
+            routing = moe_align(inp.ids, self.shape.experts, block_m)
+            rows = inp.x[routing.src_slots.clamp_min(0).long() // self.shape.topk]
+            return rows, routing, block_m
+
+        return self.cached(("grouped", inp.m), build)
+
+    def sorted_rows(self, inp: Inputs):
+        """The unpadded grouped layout: ``(rows [M * topk, K] sorted by expert, slot order, rows per expert)``."""
+
+        def build():
+            order, counts = inputs.sorted_routing(inp.ids, self.shape.experts)
+            return inp.x[order // self.shape.topk], order, counts
+
+        return self.cached(("sorted", inp.m), build)
+
+
+def _nbytes(t) -> int:
+    """Bytes of a tensor or a QuantizedWeight (both have ``nbytes``)."""
+    return t.nbytes
+
+
+def _unsorted(order: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda out: torch.empty_like(out).index_copy_(0, order, out)
+
+
+@dataclass(frozen=True)
+class System:
+    """A way to compute one op. ``prepare`` is ``None`` for the humming-kernels system (its worker measures
+    it); ``cases``: the cases it runs (``None``: all); ``shared``: its rows do not depend on the case (a
+    torch baseline, measured once per shape, M and dtype); ``unavailable()``: ``None``, or why it cannot run
+    in this process (a package that is not installed)."""
+
+    name: str
+    package: str
+    prepare: Callable[[Group, Inputs], Prepared | str] | None
+    cases: tuple[str, ...] | None = None
+    shared: bool = False
+    unavailable: Callable[[], str | None] = lambda: None
+
+
+# ---------------------------------------------------------------------------------------------- humming
+def _humming_linear(group: Group, inp: Inputs) -> Prepared:
+    import humming
+
+    qws = group.qweights()
+    kernel = humming.explain(qws[0], inp.m, group.act, dtype=group.dtype).kernel
+    return Prepared([partial(humming.linear, inp.x, qw, act=group.act) for qw in qws], kernel)
+
+
+def _humming_moe(group: Group, inp: Inputs) -> Prepared:
+    from .dispatch.plan import plan_grouped
+    from .moe import grouped_linear
+
+    qws = group.qweights()
+    rows, routing, block_m = group.grouped(inp)
+    kernel = plan_grouped(qws[0], group.act, rows, block_m).kernel
+    calls = [partial(grouped_linear, rows, qw, routing.expert_ids, block_m, act=group.act) for qw in qws]
+    return Prepared(calls, kernel, lambda out: out[routing.slot_rows.long()])
+
+
+def _dense_kernel(name: str) -> Callable[[Group, Inputs], Prepared | str]:
+    def prepare(group: Group, inp: Inputs) -> Prepared | str:
+        kernel, qws = DENSE_KERNELS[name], group.qweights()
+        reason = kernel.unsupported(qws[0], group.act, inp.x)
+        if reason is not None:
+            return reason
+        tuning = kernel.tuning(qws[0], group.act, inp.x)
+        return Prepared([partial(kernel.run, inp.x, qw, None, group.act, group.dtype, tuning) for qw in qws], name)
+
+    return prepare
+
+
+def _grouped_kernel(name: str) -> Callable[[Group, Inputs], Prepared | str]:
+    def prepare(group: Group, inp: Inputs) -> Prepared | str:
+        kernel, qws = GROUPED_KERNELS[name], group.qweights()
+        rows, routing, block_m = group.grouped(inp)
+        reason = kernel.unsupported(qws[0], group.act, rows, block_m)
+        if reason is not None:
+            return reason
+        run = partial(kernel.run, rows)
+        calls = [partial(run, qw, routing.expert_ids, block_m, None, group.act, group.dtype, None) for qw in qws]
+        return Prepared(calls, name, lambda out: out[routing.slot_rows.long()])
+
+    return prepare
+
+
+# ------------------------------------------------------------------------------------------------ torch
+def _weight_copies(group: Group) -> list[torch.Tensor]:
+    return group.cached("w", lambda: group.copies(group.w.clone, _nbytes))
+
+
+def _torch_linear(group: Group, inp: Inputs) -> Prepared:
+    calls = [partial(torch.nn.functional.linear, inp.x, w) for w in _weight_copies(group)]
+    return Prepared(calls, "torch.nn.functional.linear")
+
+
+def _e4m3_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise e4m3 codes of ``t [R, C]`` and their float32 scales ``[R, 1]`` (absmax / 448)."""
+    scale = t.abs().amax(-1, keepdim=True).float().clamp_min(1e-12) / 448
+    return (t / scale).to(torch.float8_e4m3fn), scale
+
+
+def _quantized_mm(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    xq, x_scale = _e4m3_rows(x)
+    return torch._scaled_mm(xq, wq.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=out_dtype)
+
+
+def _fp8_weights(group: Group) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """e4m3 weight copies with per-channel scales ``[1, N]`` (the row-wise layout ``_scaled_mm`` takes)."""
+
+    def build():
+        codes, scale = _e4m3_rows(group.w)
+        return codes, scale.T.contiguous()
+
+    return group.cached("fp8", lambda: group.copies(build, lambda c: c[0].nbytes))
+
+
+def _torch_scaled_mm(group: Group, inp: Inputs) -> Prepared:
+    xq, x_scale = group.cached(("xq", inp.m), lambda: _e4m3_rows(inp.x))
+    mm = partial(torch._scaled_mm, xq, scale_a=x_scale, out_dtype=group.dtype)
+    return Prepared([partial(mm, wq.t(), scale_b=s) for wq, s in _fp8_weights(group)], "torch._scaled_mm")
+
+
+def _torch_scaled_mm_quant(group: Group, inp: Inputs) -> Prepared:
+    calls = [partial(_quantized_mm, inp.x, wq, s, group.dtype) for wq, s in _fp8_weights(group)]
+    return Prepared(calls, "torch._scaled_mm")
+
+
+def _torch_grouped(group: Group, inp: Inputs) -> Prepared:
+    rows, order, counts = group.sorted_rows(inp)
+    offsets = counts.cumsum(0).to(torch.int32)
+    calls = [partial(torch._grouped_mm, rows, w.transpose(-2, -1), offs=offsets) for w in _weight_copies(group)]
+    return Prepared(calls, "torch._grouped_mm", _unsorted(order))
+
+
+def _missing_torch(name: str) -> Callable[[], str | None]:
+    return lambda: None if hasattr(torch, name) else f"torch {torch.__version__} has no torch.{name}"
+
+
+# ---------------------------------------------------------------------------------------------- gemlite
+GEMLITE_CASES = ("w4a16-int4-g128", "w8a16-int8-channel", "mxfp4-a16")
+
+
+def _gemlite_layer(group: Group):
+    from gemlite import helper
+
+    kwargs = dict(device=group.device, dtype=group.dtype)
+    if group.case == "w4a16-int4-g128":  # humming's own codes and scales: (u - 8) * s = the int4 value * s
+        from .ir.quantize import unpacked_codes
+
+        qw = group.qweights()[0]
+        codes = (qw.format.decode(unpacked_codes(qw)) + 8).to(torch.uint8)
+        zeros = torch.full_like(qw.scales, 8)
+        return helper.A16W4_HQQ_INT(**kwargs).from_weights(W_q=codes, scales=qw.scales, zeros=zeros)
+    if group.case == "w8a16-int8-channel":
+        return helper.A16W8_INT8(**kwargs).from_weights(group.w)
+    linear = torch.nn.Linear(group.shape.k, group.shape.n, bias=False, device=group.device, dtype=group.dtype)
+    linear.weight.data.copy_(group.w)
+    return helper.A16W4_MXFP(**kwargs).from_linear(linear)
+
+
+def _gemlite(group: Group, inp: Inputs) -> Prepared:
+    layers = group.cached("gemlite", lambda: group.copies(lambda: _gemlite_layer(group), _module_bytes))
+    return Prepared([partial(layer, inp.x) for layer in layers], None)
+
+
+def _module_bytes(module: torch.nn.Module) -> int:
+    return sum(t.nbytes for t in module.state_dict().values())
+
+
+def _not_installed(module: str, package: str) -> Callable[[], str | None]:
+    return lambda: None if importlib.util.find_spec(module) else f"{package} is not installed"
+
+
+# ----------------------------------------------------------------------------------------------- registry
+def registry(op: str) -> dict[str, System]:
+    """The systems of ``op`` by name, in the order rows are written."""
+    if op == "linear":
+        found = [System("humming", "humming", _humming_linear)]
+        found += [System(f"humming:{k}", "humming", _dense_kernel(k)) for k in DENSE_KERNELS if k != "reference"]
+        found += [
+            System("torch-bf16", "torch", _torch_linear, shared=True),
+            System("torch-scaled-mm", "torch", _torch_scaled_mm, shared=True, unavailable=_missing_torch("_scaled_mm")),
+            System(
+                "torch-scaled-mm+quant",
+                "torch",
+                _torch_scaled_mm_quant,
+                shared=True,
+                unavailable=_missing_torch("_scaled_mm"),
+            ),
+            System("gemlite", "gemlite", _gemlite, GEMLITE_CASES, unavailable=_not_installed("gemlite", "gemlite")),
+        ]
+    elif op == "moe":
+        found = [System("humming", "humming", _humming_moe)]
+        found += [System(f"humming:{k}", "humming", _grouped_kernel(k)) for k in GROUPED_KERNELS if k != "reference"]
+        found.append(
+            System("torch-grouped-mm", "torch", _torch_grouped, shared=True, unavailable=_missing_torch("_grouped_mm"))
+        )
+    else:
+        raise ValueError(f"op: expected one of {OPS}, got {op!r}")
+    found.append(System(PEER, PEER, None, tuple(PEER_CONFIGS)))
+    return {s.name: s for s in found}

@@ -1,0 +1,411 @@
+"""``python -m humming bench``: time humming's kernels against torch, gemlite and humming-kernels on the same inputs.
+
+    python -m humming bench linear --out bench/results/h200/linear.json   # the standard dense sweep
+    python -m humming bench moe --m 1,16,256 --budget-s 120 --out moe.json
+    python -m humming bench linear --shapes 64x64 --m 1,5 --check-only  # CPU: every system's result
+
+For every case (``humming.dispatch.tune.CASES``), shape, 16-bit dtype and M, each system of
+:func:`registry` (:mod:`humming._bench_systems`) that runs the call gets one row: its CUDA-graph and eager time per
+call (:mod:`humming.timing`, weights rotated past the L2) and the floor, the bytes the call must move
+over the device's copy bandwidth. ``humming`` rows name the kernel the dispatcher picked; one
+``humming:<kernel>`` row per kernel that supports the call shows the best single route beside it.
+``check_only`` (any device, no GPU needed) computes each system's output once and records its relative
+error against the float32 product of the unquantized weight instead of timing it. The JSON holds a
+header (device, roofs, package versions, date, systems skipped and why) and the rows;
+``bench/report.py`` turns it into tables and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import _bench_peer
+from ._bench_inputs import rel_err
+from ._bench_systems import OPS, PEER, Group, Inputs, Shape, System, registry
+from .dispatch.tune import CASES
+
+__all__ = [
+    "COPY_BYTES_PER_S",
+    "DEFAULTS",
+    "OPS",
+    "Group",
+    "Shape",
+    "main",
+    "parse_shapes",
+    "registry",
+    "rel_err",
+    "sweep",
+]
+
+#: The H200's measured device-to-device copy bandwidth (bytes read + written per second): the roof of the floor.
+COPY_BYTES_PER_S = 4.3e12
+#: Relative error (against the unquantized float32 product) above which check_only reports a failure:
+#: round-to-nearest 4-bit weights stay near 0.1-0.2 on these Gaussian inputs; a wrong layout gives ~1.4.
+CHECK_TOLERANCE = 0.35
+
+#: op -> the standard sweep (CLI defaults): cases, shapes, M values.
+DEFAULTS = {
+    "linear": dict(
+        cases="w4a16-int4-g128,mxfp4-a16,w8a8-fp8-channel,w4a8-int4-g128-fp8,w8a8-fp8-block",
+        shapes="28672x8192,8192x8192,7168x2048,2048x7168",
+        m=",".join(str(1 << i) for i in range(14)),
+    ),
+    "moe": dict(
+        cases="w4a16-int4-g128,w8a8-fp8-channel,w8a8-fp8-block,w4a8-int4-g128-fp8",
+        shapes="64x2816x2048/6,8x28672x4096/2",  # DeepSeek-V2-Lite-like and Mixtral-like w13
+        m="1,16,64,256,1024,4096",
+    ),
+}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def parse_shapes(op: str, text: str) -> list[Shape]:
+    """``NxK[,...]`` (op ``linear``) or ``ExNxK/TOPK[,...]`` (op ``moe``)."""
+    expected = "NxK[,NxK...]" if op == "linear" else "ExNxK/TOPK[,...]"
+    try:
+        shapes = []
+        for item in text.split(","):
+            dims, _, topk = item.partition("/")
+            values = [int(v) for v in dims.lower().split("x")]
+            if op == "linear" and len(values) == 2 and not topk:
+                shapes.append(Shape(*values))
+            elif op == "moe" and len(values) == 3 and topk:
+                shapes.append(Shape(values[1], values[2], values[0], int(topk)))
+            else:
+                raise ValueError(item)
+    except ValueError as err:
+        raise ValueError(f"shapes: expected {expected} for op {op!r}, got {text!r}") from err
+    return shapes
+
+
+def sweep(
+    op: str,
+    cases: Sequence[str],
+    shapes: Sequence[Shape],
+    m_values: Sequence[int],
+    dtypes: Sequence[torch.dtype] = (torch.bfloat16,),
+    systems: Sequence[str] | None = None,
+    budget_s: float = math.inf,
+    *,
+    out: str | os.PathLike | None = None,
+    check_only: bool = False,
+    peer_site: str | None = None,
+    copy_bytes_per_s: float = COPY_BYTES_PER_S,
+    command: str = "",
+    progress: bool = True,
+) -> dict:
+    """Measure (or with ``check_only``, check) every system named in ``systems`` (default: all of
+    ``registry(op)``) on every case, shape, dtype and M; returns ``{"header", "rows"}`` and writes it to
+    ``out`` after each (case, shape, dtype) and at the end. Points past ``budget_s`` seconds are counted in
+    ``header["not_measured"]``, not timed. Timing needs a CUDA GPU; ``check_only`` runs anywhere."""
+    known = registry(op)
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise ValueError(f"cases: unknown {unknown}; known: {sorted(CASES)}")
+    names = list(known) if systems is None else list(systems)
+    unknown = [s for s in names if s not in known]
+    if unknown:
+        raise ValueError(f"systems: unknown {unknown} for op {op!r}; known: {list(known)}")
+    if not m_values or not all(isinstance(m, int) and m > 0 for m in m_values):
+        raise ValueError(f"m_values: expected positive token counts, got {list(m_values)!r}")
+    if any((s.experts is None) != (op == "linear") for s in shapes):
+        raise ValueError(f"shapes: op {op!r} expects {'N x K' if op == 'linear' else 'E x N x K / topk'} shapes")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not check_only and device != "cuda":
+        raise ValueError("check_only: timing needs a CUDA GPU (none is visible); --check-only runs anywhere")
+
+    header = _header(op, device, check_only, budget_s, copy_bytes_per_s, command)
+    doc = {"header": header, "rows": []}
+    chosen: list[System] = []
+    worker = None
+    for name in names:
+        system = known[name]
+        reason = system.unavailable()
+        if system.prepare is None and reason is None:  # humming-kernels, in its own process
+            found = _bench_peer.find_site(peer_site)
+            reason = found if isinstance(found, str) else None if device == "cuda" else "needs a CUDA GPU"
+            if reason is None:
+                worker = _bench_peer.Worker(found[0])
+                header["versions"][PEER] = found[1]
+        if reason is None:
+            chosen.append(system)
+        else:
+            header["skipped"][name] = reason
+
+    run = _Run(doc, device, check_only, time.time() + budget_s, copy_bytes_per_s, worker)
+    jobs = [(case, shape, dtype) for case in cases for shape in shapes for dtype in dtypes]
+    bar = tqdm(
+        total=len(jobs) * len(chosen) * len(m_values),
+        desc=f"humming bench {op}",
+        unit="point",
+        file=sys.stderr,
+        disable=not progress,
+    )
+    try:
+        for case, shape, dtype in jobs:
+            group = Group(op, case, shape, dtype, device)
+            bar.set_postfix_str(f"{case} {shape} {_dtype_name(dtype)}")
+            if device == "cuda" and not check_only and time.time() < run.deadline:
+                _warm(group, m_values)
+            for system in chosen:
+                if system.cases is not None and case not in system.cases:
+                    bar.update(len(m_values))
+                    continue
+                measure = run.peer_rows if system.prepare is None else run.local_rows
+                doc["rows"] += measure(group, system, m_values, bar)
+            del group
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            if out is not None:
+                _write(out, doc)
+    finally:
+        bar.close()
+        if worker is not None:
+            worker.close()
+    if out is not None:
+        _write(out, doc)
+    return doc
+
+
+class _Run:
+    """What one sweep shares across groups: the rows' device and roof, the deadline, the torch baselines
+    measured so far (they do not depend on the case) and the humming-kernels worker."""
+
+    def __init__(self, doc, device, check_only, deadline, roof, worker):
+        self.header, self.device, self.check_only = doc["header"], device, check_only
+        self.deadline, self.roof, self.worker = deadline, roof, worker
+        self.shared: dict = {}
+
+    def row(self, group: Group, system: System, inp: Inputs, kernel, result: dict) -> dict:
+        from .dispatch.plan import act_key, weight_key
+
+        row = dict(
+            op=group.op,
+            case=group.case,
+            weight=weight_key(group.qweights()[0]),
+            act=act_key(group.act),
+            n=group.shape.n,
+            k=group.shape.k,
+        )
+        if group.op == "moe":
+            row.update(experts=group.shape.experts, topk=group.shape.topk)
+        row.update(m=inp.m, dtype=_dtype_name(group.dtype), system=system.name, kernel=kernel)
+        row.update({key: round(v, 4) if isinstance(v, float) else v for key, v in result.items()})
+        row["floor_us"] = round(group.floor_bytes(inp) / self.roof * 1e6, 4)
+        row["device"] = self.header["device"]["name"]
+        row["versions"] = {system.package: self.header["versions"].get(system.package)}
+        return row
+
+    def local_rows(self, group: Group, system: System, m_values, bar) -> list[dict]:
+        rows = []
+        for m in m_values:
+            bar.update(1)
+            if time.time() > self.deadline:
+                self.header["not_measured"] += 1
+                continue
+            inp = group.inputs(m)
+            key = (system.name, str(group.shape), m, group.dtype)
+            if key in self.shared:
+                kernel, result = self.shared[key]
+            else:
+                try:
+                    prepared = system.prepare(group, inp)
+                    if isinstance(prepared, str):  # this system does not run this call
+                        continue
+                    kernel, result = prepared.kernel, self._measure(group, inp, prepared)
+                except Exception as err:  # recorded in the row; the sweep goes on
+                    kernel, result = None, {"error": f"{type(err).__name__}: {err}"[:500]}
+                if system.shared:
+                    self.shared[key] = (kernel, result)
+            rows.append(self.row(group, system, inp, kernel, result))
+        return rows
+
+    def _measure(self, group: Group, inp: Inputs, prepared) -> dict:
+        if self.check_only:
+            out = prepared.canonical(prepared.calls[0]())
+            return {"rel_err": rel_err(out, group.reference(inp))}
+        from .timing import time_calls
+
+        return time_calls(prepared.calls)
+
+    def peer_rows(self, group: Group, system: System, m_values, bar) -> list[dict]:
+        request = dict(
+            case=group.case,
+            n=group.shape.n,
+            k=group.shape.k,
+            experts=group.shape.experts,
+            topk=group.shape.topk,
+            dtype=_dtype_name(group.dtype, torch_name=True),
+            m_values=list(m_values),
+            deadline=self.deadline,
+            check_only=self.check_only,
+        )
+        rows, answered = [], set()
+        for answer in self.worker.measure(request):
+            if "m" not in answer:  # the layer did not build: every M gets the error
+                pending = [m for m in m_values if m not in answered]
+                rows += [self.row(group, system, group.inputs(m), None, answer) for m in pending]
+                answered.update(pending)
+                continue
+            m = answer.pop("m")
+            answered.add(m)
+            if "skipped" in answer:
+                self.header["not_measured"] += 1
+            else:
+                rows.append(self.row(group, system, group.inputs(m), None, answer))
+        bar.update(len(m_values))
+        return rows
+
+
+def _warm(group: Group, m_values) -> None:
+    """Compile, in parallel, the CUDA kernels the ``humming`` system will run (the first call of each
+    other route compiles its own, outside the timed region)."""
+    import humming
+
+    qw = group.qweights()[:1]
+    try:
+        if group.op == "linear":
+            humming.warmup(qw, list(m_values), group.act, act_dtype=group.dtype, progress=False)
+            return
+        by_block: dict[int, list[int]] = {}
+        for m in m_values:
+            rows, _, block_m = group.grouped(group.inputs(m))
+            by_block.setdefault(block_m, []).append(rows.shape[0])
+        for block_m, rows in by_block.items():
+            humming.warmup(qw, rows, group.act, act_dtype=group.dtype, block_ms=(block_m,), progress=False)
+    except Exception as err:  # the timed calls compile what is missing (or record why they cannot)
+        tqdm.write(f"humming bench: warmup of {group.case} {group.shape}: {type(err).__name__}: {err}", sys.stderr)
+
+
+def _dtype_name(dtype: torch.dtype, torch_name: bool = False) -> str:
+    name = str(dtype).removeprefix("torch.")
+    return name if torch_name else {"bfloat16": "bf16", "float16": "fp16"}.get(name, name)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _header(op, device, check_only, budget_s, roof, command) -> dict:
+    import humming
+
+    if device == "cuda":
+        from .device import device_info
+
+        info = device_info()
+        described = dict(
+            name=info.name, capability=list(info.capability), sm_count=info.sm_count, l2_bytes=info.l2_bytes
+        )
+    else:
+        described = dict(name=platform.processor() or platform.machine() or "cpu")
+    versions = dict(humming=humming.__version__, torch=torch.__version__, cuda=torch.version.cuda)
+    versions.update({dist: _version(dist) for dist in ("triton", "gemlite")})
+    versions["python"] = platform.python_version()
+    timing = (
+        "check only: rel_err = ||out - ref|| / ||ref||, ref = the float32 product of the unquantized weight"
+        if check_only
+        else "humming.timing.time_calls: median us per call over weight copies that exceed twice the L2 (cold "
+        "weights); graph_us = CUDA-graph replay, eager_us = the same calls launched from Python"
+    )
+    return dict(
+        op=op,
+        device=described,
+        roofs=dict(copy_bytes_per_s=roof, source="the H200's measured device-to-device copy bandwidth"),
+        floor="floor_us = bytes / copy_bytes_per_s; bytes = humming's quantized weight (moe: the experts hit) "
+        "+ activations read + output written",
+        timing=timing,
+        shared="torch baselines do not depend on the case: measured once per shape, M and dtype",
+        versions=versions,
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        command=command,
+        budget_s=None if math.isinf(budget_s) else budget_s,
+        not_measured=0,
+        skipped={},
+    )
+
+
+def _write(path, doc: dict) -> None:
+    """Write atomically (a killed sweep leaves the last complete file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from err
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="humming bench", description=__doc__.splitlines()[0])
+    parser.add_argument("op", choices=OPS)
+    parser.add_argument("--cases", help="comma-separated, of humming.dispatch.tune.CASES (default: the standard set)")
+    parser.add_argument("--shapes", help="linear: NxK,...; moe: ExNxK/TOPK,... (default: the standard set)")
+    parser.add_argument("--m", type=_ints, help="comma-separated M values (moe: tokens)")
+    parser.add_argument("--dtypes", default="bf16", help="comma-separated, of bf16, fp16 (default bf16)")
+    parser.add_argument("--systems", help="comma-separated system names (default: all of the op)")
+    parser.add_argument("--budget-s", type=float, default=math.inf, help="stop timing new points after this")
+    parser.add_argument("--out", type=Path, help="JSON file to write (required unless --check-only)")
+    parser.add_argument("--check-only", action="store_true", help="compute each result once, check it, no timing")
+    parser.add_argument("--peer-site", help="directory holding humming-kernels (default: $HUMMING_KERNELS_SITE)")
+    parser.add_argument("--copy-bw", type=float, default=COPY_BYTES_PER_S, help="roof of the floor, bytes/s")
+    args = parser.parse_args(argv)
+    defaults = DEFAULTS[args.op]
+    if args.out is None and not args.check_only:
+        parser.error("--out: expected a JSON path to write (or --check-only)")
+    unknown = [d for d in args.dtypes.split(",") if d not in _DTYPES]
+    if unknown:
+        parser.error(f"--dtypes: expected some of {list(_DTYPES)}, got {unknown}")
+    try:
+        doc = sweep(
+            args.op,
+            (args.cases or defaults["cases"]).split(","),
+            parse_shapes(args.op, args.shapes or defaults["shapes"]),
+            args.m or _ints(defaults["m"]),
+            [_DTYPES[d] for d in args.dtypes.split(",")],
+            args.systems.split(",") if args.systems else None,
+            args.budget_s,
+            out=args.out,
+            check_only=args.check_only,
+            peer_site=args.peer_site,
+            copy_bytes_per_s=args.copy_bw,
+            command="python -m humming bench " + " ".join(sys.argv[2:] if argv is None else argv),
+        )
+    except ValueError as err:
+        parser.error(str(err))
+    return _summarize(doc, args.out, args.check_only)
+
+
+def _summarize(doc: dict, out, check_only: bool) -> int:
+    """Print what was measured and skipped; with check_only, every failed check (exit status 1 if any)."""
+    header, rows = doc["header"], doc["rows"]
+    for name, reason in header["skipped"].items():
+        print(f"skipped {name}: {reason}")
+    errors = [r for r in rows if "error" in r]
+    failed = [r for r in rows if check_only and not r.get("rel_err", math.inf) < CHECK_TOLERANCE and "error" not in r]
+    for r in errors + failed:
+        what = r.get("error") or f"rel_err {r['rel_err']:.3g} >= {CHECK_TOLERANCE}"
+        print(f"{r['system']} {r['case']} {r['n']}x{r['k']} M={r['m']} {r['dtype']}: {what}")
+    where = f", wrote {out}" if out else ""
+    print(f"{len(rows)} rows ({len(errors)} errors), {header['not_measured']} points not measured{where}")
+    return 1 if check_only and (errors or failed) else 0
