@@ -220,10 +220,10 @@ def _scaled_mm_kernel(
             b_op = tl.load(b_cols + offs_kb[:, None], mask=n_ok & (offs_kb[:, None] < (K + 1) // 2), other=0)
             offs_ks = k0 // 32 + tl.arange(0, BK // 32)
             ks_ok = offs_ks[None, :] < tl.cdiv(K, 32)
-            a_sc = tl.load(as_ptr + offs_m[:, None] * stride_asm + offs_ks[None, :], mask=m_ok & ks_ok, other=127)
-            w_sc = tl.load(
-                s_ptr + offs_n[:, None] * stride_sn + offs_ks[None, :], mask=(offs_n[:, None] < N) & ks_ok, other=127
-            )
+            a_sc_rows = as_ptr + offs_m.to(tl.int64)[:, None] * stride_asm
+            a_sc = tl.load(a_sc_rows + offs_ks[None, :], mask=m_ok & ks_ok, other=127)
+            w_sc_rows = s_ptr + offs_n.to(tl.int64)[:, None] * stride_sn
+            w_sc = tl.load(w_sc_rows + offs_ks[None, :], mask=(offs_n[:, None] < N) & ks_ok, other=127)
             acc = tl.dot_scaled(a_op, a_sc, "e2m1" if A_BITS == 4 else "e4m3", b_op, w_sc, "e2m1", acc)
         else:
             # Activation operand. Codes beyond K are 0 and decode to 0, so the weight's padding adds nothing.
