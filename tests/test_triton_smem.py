@@ -38,7 +38,7 @@ N, K, SMS = 28672, 8192, 132
 
 
 def _wna16_cases():
-    """(label, weight, x dtype, config) of the compiled WnA16 worst cases for ``limit``."""
+    """(label, weight, x dtype, the chooser's ``group_k``) of the compiled WnA16 worst cases."""
     from humming.ir.quantize import quantize
 
     w = torch.ones(256, 512)
