@@ -46,9 +46,16 @@ class DeviceInfo:
 
 def device_index(device: torch.device | str | int | None = None) -> int:
     """The CUDA device index of ``device`` (``None`` or an index-less ``"cuda"``: the current device)."""
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device, type(None))):
+        raise TypeError(f"device: expected a CUDA device (index, str or torch.device), got {device!r}")
     if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device: expected a CUDA device index >= 0, got {device}")
         return device
-    device = torch.device("cuda") if device is None else torch.device(device)
+    try:
+        device = torch.device("cuda") if device is None else torch.device(device)
+    except RuntimeError as err:  # torch's parser: "Invalid device string"
+        raise ValueError(f"device: expected a CUDA device, got {device!r} ({err})") from None
     if device.type != "cuda":
         raise ValueError(f"device: expected a CUDA device, got {device}")
     return torch.cuda.current_device() if device.index is None else device.index

@@ -5,14 +5,17 @@ tiny shapes."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from unittest import mock
 
 import pytest
 import torch
 
 import humming
 from humming import moe
+from humming.device import device_info
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,11 @@ class Case:
 
 def _w(n: int = 16, k: int = 64, **kwargs) -> humming.QuantizedWeight:
     return humming.quantize(torch.randn(n, k), **{"weight": "int4", "group_size": 32, **kwargs})
+
+
+def _with_env(**variables):
+    """Run a call with environment variables set (then restored): ``_with_env(A="1")(fn)``."""
+    return lambda fn: mock.patch.dict(os.environ, variables)(fn)()
 
 
 def _experts(e: int = 2, n: int = 16, k: int = 64) -> humming.QuantizedWeight:
@@ -397,6 +405,127 @@ for label, m in {"zero": (0,), "str": "16", "neg": (1, -4)}.items():
 for label, name in {"unknown": "int99", "empty": "", "bad-e": "e9m9", "none": None, "int": 4}.items():
     CASES.append(Case("get_format", lambda _, n=name: humming.get_format(n), (V, T), "", label))
 
+for label, (call, name, err) in {
+    "block-ms-none": (lambda: humming.warmup([], block_ms=None), "block_ms", T),
+    "m-float": (lambda: humming.warmup([], m_values=(1.5,)), "m_values", T),
+    "m-bool": (lambda: humming.warmup([], m_values=(True,)), "m_values", T),
+    "m-empty": (lambda: humming.warmup([], m_values=()), "m_values", V),
+    "block-ms-str": (lambda: humming.warmup([], block_ms="16"), "block_ms", T),
+    "block-ms-zero": (lambda: humming.warmup([], block_ms=(0,)), "block_ms", V),
+    "block-ms-odd": (lambda: humming.warmup([], block_ms=(12,)), "block_ms", V),
+    "backend": (lambda: humming.warmup([], backend="tpu"), "backend", V),
+    "act": (lambda: humming.warmup([], act="fp9"), "act", V),
+    "act-dtype": (lambda: humming.warmup([], act_dtype=torch.int32), "act_dtype", V),
+    "out-dtype": (lambda: humming.warmup([], out_dtype=torch.int8), "out_dtype", V),
+    "bias-dtype": (lambda: humming.warmup([], bias_dtype=torch.int8), "bias_dtype", V),
+    "workers-zero": (lambda: humming.warmup([], max_workers=0), "max_workers", V),
+    "workers-float": (lambda: humming.warmup([], max_workers=2.0), "max_workers", V),
+    "layers-none": (lambda: humming.warmup(None), "layers", T),
+}.items():
+    CASES.append(Case("warmup", lambda _, f=call: f(), err, name, label))
+
+# ----------------------------------------------------------------------- explain, set_deterministic, device
+for label, (call, name, err) in {
+    "m-zero": (lambda: humming.explain(_w(), 0), "m", V),
+    "m-negative": (lambda: humming.explain(_w(), -1), "m", V),
+    "m-float": (lambda: humming.explain(_w(), 2.0), "m", V),
+    "m-bool": (lambda: humming.explain(_w(), True), "m", V),
+    "m-str": (lambda: humming.explain(_w(), "4"), "m", V),
+    "m-experts-zero": (lambda: humming.explain(_experts(), 0), "m", V),
+    "act-unknown": (lambda: humming.explain(_w(), 4, act="fp9"), "act", V),
+    "act-int": (lambda: humming.explain(_w(), 4, act=8), "act", V),
+    "backend-unknown": (lambda: humming.explain(_w(), 4, backend="tensorrt"), "backend", V),
+    "backend-int": (lambda: humming.explain(_w(), 4, backend=3), "backend", V),
+    "qw-tensor": (lambda: humming.explain(torch.zeros(2), 4), "qweight", T),
+    "qw-none": (lambda: humming.explain(None, 4), "qweight", T),
+    "dtype-int": (lambda: humming.explain(_w(), 4, dtype=torch.int32), "dtype", V),
+    "dtype-str": (lambda: humming.explain(_w(), 4, dtype="bf16"), "dtype", V),
+}.items():
+    CASES.append(Case("explain", lambda _, f=call: f(), err, name, label))
+for label, value in {"int": 1, "str": "yes", "float": 0.0, "list": [True]}.items():
+    CASES.append(Case("set_deterministic", lambda _, v=value: humming.set_deterministic(v), T, "enabled", label))
+for label, (value, err) in {
+    "cpu": ("cpu", V),
+    "cpu-device": (torch.device("cpu"), V),
+    "meta": ("meta", V),
+    "bad-string": ("gpu9", V),
+    "bad-index-string": ("cuda:x", V),
+    "negative": (-1, V),
+    "float": (1.5, T),
+    "bool": (True, T),
+}.items():
+    CASES.append(Case("device_info", lambda _, v=value: device_info(v), err, "device", label))
+
+# -------------------------------------------------------------------------- backend= and HUMMING_BACKEND
+for label, make in {
+    "linear": lambda: lin(_x(), _w(), backend="tpu"),
+    "linear-int": lambda: lin(_x(), _w(), backend=3),
+    "linear-none": lambda: lin(_x(), _w(), backend=None),
+    "linear-env": lambda: _with_env(HUMMING_BACKEND="tpu")(lambda: lin(_x(), _w())),
+    "grouped": lambda: _grouped(backend="tpu"),
+    "grouped-env": lambda: _with_env(HUMMING_BACKEND="tpu")(lambda: _grouped()),
+    "fused": lambda: _fused(backend="tpu"),
+}.items():
+    CASES.append(Case("backend", lambda _, f=make: f(), V, "backend", label))
+
+# ------------------------------------------------------------------------------------ more grouped / fused
+for label, (change, name) in {
+    "block-m-negative": ({"block_m": -16}, "block_m"),
+    "block-m-bool": ({"block_m": True}, "block_m"),
+    "block-m-str": ({"block_m": "16"}, "block_m"),
+    "ids-int64": ({"expert_ids": torch.zeros(2, dtype=torch.int64)}, "expert_ids"),
+    "ids-below-minus-one": ({"expert_ids": torch.full((2,), -2, dtype=torch.int32)}, "expert_ids"),
+    "ids-list": ({"expert_ids": [0, 0]}, "expert_ids"),
+    "ids-2d": ({"expert_ids": torch.zeros(2, 1, dtype=torch.int32)}, "expert_ids"),
+    "x-list": ({"x": [[0.0] * 64] * 32}, "x"),
+    "x-3d": ({"x": torch.randn(2, 16, 64)}, "x"),
+    "x-fp64": ({"x": torch.randn(32, 64, dtype=torch.float64)}, "x"),
+    "x-strided": ({"x": torch.randn(32, 128)[:, ::2]}, "x"),
+    "bias-1d": ({"bias": torch.zeros(16)}, "bias"),
+    "out-dtype-str": ({"out_dtype": "bf16"}, "out_dtype"),
+    "act-int": ({"act": 8}, "act"),
+}.items():
+    CASES.append(Case("grouped_linear", lambda _, c=change: _grouped(**c), V, name, label))
+for label, (change, name) in {
+    "block-m-odd": ({"block_m": 12}, "block_m"),
+    "block-m-zero": ({"block_m": 0}, "block_m"),
+    "act": ({"act": "fp9"}, "act"),
+    "ids-range": ({"topk_ids": torch.full((4, 2), 5)}, "topk_ids"),
+    "ids-negative": ({"topk_ids": torch.full((4, 2), -1)}, "topk_ids"),
+    "weights-list": ({"topk_weights": [[1.0, 1.0]] * 4}, "topk_weights"),
+    "weights-rows": ({"topk_weights": torch.ones(5, 2)}, "topk_weights"),
+    "x-list": ({"x": [[0.0] * 64] * 4}, "x"),
+    "w13-tensor": ({"w13": torch.zeros(2)}, "w13"),
+    "w2-experts": ({"w2": _experts(e=3, n=64, k=16)}, "w2"),
+    "activation-int": ({"activation": 3}, "activation"),
+}.items():
+    CASES.append(Case("fused_moe", lambda _, c=change: _fused(**c), V, name, label))
+
+# -------------------------------------------------------------------------------- python -m humming tune
+#: (label, argv, the option the error names): argparse exits with status 2 and names it on stderr.
+TUNE_CASES = [
+    ("shapes-3d", ["--shapes", "1x2x3"], "--shapes"),
+    ("shapes-text", ["--shapes", "big"], "--shapes"),
+    ("shapes-zero", ["--shapes", "0x128"], "--shapes"),
+    ("shapes-empty", ["--shapes", ""], "--shapes"),
+    ("m-text", ["--m", "a,b"], "--m"),
+    ("m-zero", ["--m", "0,16"], "--m"),
+    ("m-negative", ["--m", "-4"], "--m"),
+    ("cases-unknown", ["--cases", "w4a16-nope"], "--cases"),
+    ("cases-partly-unknown", ["--cases", "nvfp4-a16,nope"], "--cases"),
+    ("option-unknown", ["--bogus", "1"], "--bogus"),
+]
+
+
+@pytest.mark.parametrize("argv,option", [c[1:] for c in TUNE_CASES], ids=[c[0] for c in TUNE_CASES])
+def test_tune_bad_arguments(argv: list[str], option: str, capsys) -> None:
+    tune = pytest.importorskip("humming.dispatch.tune")
+    with pytest.raises(SystemExit) as info:
+        tune.main(argv)
+    assert info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # the usage line above it lists every option
+    assert error.startswith("humming tune: error:") and option in error, error
+
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_bad_input(case: Case, tmp_path) -> None:
@@ -407,4 +536,4 @@ def test_bad_input(case: Case, tmp_path) -> None:
 
 
 def test_case_count() -> None:
-    assert len(CASES) >= 200, len(CASES)
+    assert len(CASES) + len(TUNE_CASES) >= 250, len(CASES) + len(TUNE_CASES)

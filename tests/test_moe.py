@@ -316,7 +316,7 @@ def test_triton_grouped_scaled_matches_reference(name: str, act: str, config, se
 
 def test_triton_grouped_config_divides_block_m() -> None:
     for block_m in (16, 32, 48, 64, 96, 128, 256):
-        cfg = wna16.grouped_config(4096, 2816, 2048, 4, block_m, 132, 128)
+        cfg = wna16.grouped_config(4096, 2816, 2048, 4, block_m, 132, group_k=128)
         assert block_m % cfg.block_m == 0 and cfg.block_m >= 16 and not cfg.dequant_first
 
 

@@ -298,10 +298,15 @@ def explain(qweight, m: int, act=None, *, dtype: torch.dtype = torch.bfloat16, b
     device. ``print(humming.explain(qw, 16, act="fp8"))`` shows the kernel, its tuning, where the choice
     came from and why every other kernel was not taken."""
     from ..ir.activation import get_act_scheme
+    from ..ir.weight import QuantizedWeight
 
+    if not isinstance(qweight, QuantizedWeight):
+        raise TypeError(f"qweight: expected a humming.QuantizedWeight, got {type(qweight).__name__}")
     act = None if act is None else get_act_scheme(act)
-    if not isinstance(m, int) or m < 1:
+    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
         raise ValueError(f"m: expected a positive number of tokens, got {m!r}")
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"dtype: expected torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
     x = torch.empty(m, qweight.K, dtype=dtype, device=qweight.device)
     if qweight.num_experts is not None:
         block_m = 16 * max(1, min(m, 64) // 16)

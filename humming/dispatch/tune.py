@@ -37,17 +37,25 @@ CASES = {
 
 
 def _parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``"NxK,NxK"`` -> ``[(N, K), ...]`` of positive sizes (argparse reports the error with the option)."""
     try:
-        return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"--shapes: expected NxK[,NxK...], got {text!r}") from err
+        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"expected positive NxK[,NxK...], got {text!r}")
+    return shapes
 
 
 def _parse_ints(text: str) -> list[int]:
+    """``"1,16,64"`` -> ``[1, 16, 64]``: positive token counts."""
     try:
-        return [int(v) for v in text.split(",")]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from err
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
 
 
 def tune(cases: list[str], shapes: list[tuple[int, int]], m_values: list[int], progress: bool = True) -> dict:
@@ -207,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         "--from-timings", type=Path, default=None, help="rebuild the table from a tune JSON's raw timings (no GPU)"
     )
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.cases.split(",")) - set(CASES))
+    if unknown:
+        parser.error(f"--cases: unknown case(s) {unknown}; known: {', '.join(CASES)}")
     if args.from_timings is not None:
         table = json.loads(args.from_timings.read_text())
         table["entries"] = _entries(table["timings"])

@@ -7,11 +7,13 @@ the call once on random inputs. Serving, and CUDA graph capture, then never comp
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ..ir.activation import get_act_scheme
 from ..ir.weight import QuantizedWeight
-from .kernels import DENSE_KERNELS, GROUPED_KERNELS
+from .kernels import DENSE_KERNELS, GROUPED_KERNELS, backend_module
 from .plan import plan_grouped, plan_linear
 
 __all__ = ["warmup"]
@@ -53,16 +55,22 @@ def warmup(
     devices = {qw.device for qw in layers}
     if len(devices) > 1:
         raise ValueError(f"layers: expected weights on one CUDA device, got {sorted(map(str, devices))}")
-    try:
-        if isinstance(m_values, str):
-            raise TypeError
-        m_values = tuple(int(m) for m in m_values)
-    except (TypeError, ValueError):
-        raise TypeError(f"m_values: expected an iterable of token counts, got {m_values!r}") from None
-    if not m_values or any(m < 1 for m in m_values):
-        raise ValueError(f"m_values: expected positive token counts, got {m_values}")
+    m_values = _counts("m_values", m_values)
+    block_ms = _counts("block_ms", block_ms)
+    if any(bm % 8 for bm in block_ms):
+        raise ValueError(f"block_ms: expected multiples of 8 (routing blocks, as moe.grouped_linear), got {block_ms}")
     if act_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"act_dtype: expected float16 or bfloat16, got {act_dtype}")
+    if out_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"out_dtype: expected None, float16, bfloat16 or float32, got {out_dtype}")
+    if bias_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"bias_dtype: expected None, float16, bfloat16 or float32, got {bias_dtype}")
+    if backend != "auto":
+        backend_module(backend)  # an unknown name is an error before any layer is looked at
+    if max_workers is not None and (
+        not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 1
+    ):
+        raise ValueError(f"max_workers: expected None or a positive int, got {max_workers!r}")
     act = None if act is None else get_act_scheme(act)
     out_dtype = out_dtype or act_dtype
     if not layers:
@@ -79,6 +87,23 @@ def warmup(
     from ..device import device_index
 
     return cuda_kernels.compile_and_load(cuda_jobs, device_index(device), progress, max_workers)
+
+
+def _counts(name: str, values) -> tuple[int, ...]:
+    """``values`` (an iterable of positive integers) as a tuple of ints; a string, a float (1.5 is not a
+    token count) or a bool is an error."""
+    if isinstance(values, str) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name}: expected an iterable of positive ints, got {values!r}")
+    values = tuple(values)
+    try:
+        if any(isinstance(v, bool) for v in values):
+            raise TypeError
+        counts = tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise TypeError(f"{name}: expected an iterable of positive ints, got {values!r}") from None
+    if not counts or any(v < 1 for v in counts):
+        raise ValueError(f"{name}: expected positive ints, got {counts}")
+    return counts
 
 
 def _ready(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device) -> list:

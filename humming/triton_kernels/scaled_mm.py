@@ -46,7 +46,7 @@ from ._weight_tile import (
     unpack_tile,
     weight_spec,
 )
-from .configs import MIN_GROUPED_BLOCK_M, finish_split_k, grouped_tile
+from .configs import MIN_GROUPED_BLOCK_M, device_limits, finish_split_k, grouped_tile
 from .interpreter import INTERPRET, cast, dot
 from .scaled_mm_configs import ScaledMMConfig, scaled_mm_config
 
@@ -220,10 +220,10 @@ def _scaled_mm_kernel(
             b_op = tl.load(b_cols + offs_kb[:, None], mask=n_ok & (offs_kb[:, None] < (K + 1) // 2), other=0)
             offs_ks = k0 // 32 + tl.arange(0, BK // 32)
             ks_ok = offs_ks[None, :] < tl.cdiv(K, 32)
-            a_sc = tl.load(as_ptr + offs_m[:, None] * stride_asm + offs_ks[None, :], mask=m_ok & ks_ok, other=127)
-            w_sc = tl.load(
-                s_ptr + offs_n[:, None] * stride_sn + offs_ks[None, :], mask=(offs_n[:, None] < N) & ks_ok, other=127
-            )
+            a_sc_rows = as_ptr + offs_m.to(tl.int64)[:, None] * stride_asm
+            a_sc = tl.load(a_sc_rows + offs_ks[None, :], mask=m_ok & ks_ok, other=127)
+            w_sc_rows = s_ptr + offs_n.to(tl.int64)[:, None] * stride_sn
+            w_sc = tl.load(w_sc_rows + offs_ks[None, :], mask=(offs_n[:, None] < N) & ks_ok, other=127)
             acc = tl.dot_scaled(a_op, a_sc, "e2m1" if A_BITS == 4 else "e4m3", b_op, w_sc, "e2m1", acc)
         else:
             # Activation operand. Codes beyond K are 0 and decode to 0, so the weight's padding adds nothing.
@@ -318,6 +318,11 @@ class ComputePlan:
     @property
     def operand_bits(self) -> int:
         return 8 if self.mma in ("int8", "e4m3", "scaled") else 16
+
+    @property
+    def folds(self) -> bool:
+        """Scales multiplied into an operand: the kernel loads scale tiles along K (more shared memory)."""
+        return "fold" in (self.a_scale, self.w_scale)
 
 
 def _weight_values(fmt: NumberFormat, zeros: str | None) -> torch.Tensor | None:
@@ -468,12 +473,6 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return device_info(device).capability
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":  # the interpreter: any count
-        return 1
-    return device_info(device).sm_count
-
-
 def supports(qweight: QuantizedWeight, act: ActScheme | str | None, x: torch.Tensor) -> str | None:
     """``None`` if :func:`linear` runs ``qweight`` with activations ``act`` like ``x`` (fp16/bf16 [M, K], or
     the uint8 codes of a QuantizedActivation), else the reason, with what is supported."""
@@ -565,7 +564,8 @@ def deterministic_config(qweight: QuantizedWeight, act: ActScheme, x: torch.Tens
     plan = compute_plan(qweight, scheme, act_group_k(scheme), _capability(x.device))
     if isinstance(plan, str):
         raise ValueError(f"triton scaled_mm: {plan}")
-    return scaled_mm_config(64, qweight.N, qweight.K, plan.operand_bits, plan.k_step, qweight.bits, sm_count=0)
+    smem = device_limits(x.device)[1]
+    return scaled_mm_config(64, qweight.N, qweight.K, plan.operand_bits, plan.k_step, qweight.bits, 0, smem, plan.folds)
 
 
 def grouped_linear(
@@ -591,8 +591,8 @@ def grouped_linear(
     qa = act_quant.quantize_activation(x, act)  # per-token / per-group: rows are independent
     if config is None:
         plan = compute_plan(qweight, act, act_group_k(act, qa.scales), _capability(x.device))
-        n, k, sm_count = qweight.N, qweight.K, _sm_count(x.device)
-        cfg = scaled_mm_config(block_m, n, k, plan.operand_bits, plan.k_step, qweight.bits, sm_count)
+        (n, k), (sm_count, smem) = (qweight.N, qweight.K), device_limits(x.device)
+        cfg = scaled_mm_config(block_m, n, k, plan.operand_bits, plan.k_step, qweight.bits, sm_count, smem, plan.folds)
         config = grouped_tile(cfg, block_m, x.shape[0], n, k, sm_count)
     if block_m % config.block_m or config.block_m < MIN_GROUPED_BLOCK_M:
         raise ValueError(f"triton scaled_mm: config block_m={config.block_m} must divide block_m={block_m}, >= 16")
@@ -610,7 +610,8 @@ def _launch(qa, qweight, bias, out_dtype, config, out, expert_ids=None, route_bm
     plan = compute_plan(qweight, scheme, a_gk, _capability(device))
     if isinstance(plan, str):
         raise ValueError(f"triton scaled_mm: {plan}")
-    cfg = config or scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qweight.bits, _sm_count(device))
+    limits = device_limits(device)
+    cfg = config or scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qweight.bits, *limits, plan.folds)
     if plan.k_step and plan.k_step % cfg.block_k:
         raise ValueError(f"config: block_k={cfg.block_k} must divide the promotion step {plan.k_step}")
 
@@ -706,51 +707,62 @@ def _compile_specs() -> list[registry.CompileSpec]:
     specs = []
     for label, qw, act, capability, min_arch, out_dtype in cases:
         scheme = get_act_scheme(act)
-        a_gk = act_group_k(scheme)
-        plan = compute_plan(qw, scheme, a_gk, capability)
+        plan = compute_plan(qw, scheme, act_group_k(scheme), capability)
         buckets = _BUCKETS_8BIT if plan.operand_bits == 8 else _BUCKETS_16BIT
         for cfg in (buckets[0][1].replace(split_k=4), buckets[-1][1]):  # small M: the split-K epilogue
             if plan.k_step:
                 cfg = cfg.replace(block_k=min(cfg.block_k, plan.k_step))
-            a_scale_type = "*fp32" if scheme.scale_dtype == torch.float32 else "*u8"
-            # int8: Triton has no tcgen05 int8 path (mma.sync on sm_100); fp32: FMA, no tensor cores.
-            mma_check = "best" if cfg.block_m >= 64 and plan.mma != "int8" else "any"
-            if plan.mma == "fp32":
-                mma_check = "none"
-            specs.append(
-                registry.CompileSpec(
-                    name=f"scaled_mm-{label}-{act}-{plan.mma}-{triton_type(out_dtype)}-{cfg.name()}",
-                    kernel=_scaled_mm_kernel,
-                    pointers={
-                        **pointer_types(qw),
-                        "qb_ptr": "*u8",
-                        "a_ptr": "*u8",
-                        "as_ptr": a_scale_type,
-                        "ags_ptr": "*fp32",
-                        "bias_ptr": "*fp32",
-                        "out_ptr": "*" + triton_type(out_dtype),
-                        "expert_ptr": "*i32",
-                    },
-                    constexprs={
-                        "BM": cfg.block_m,
-                        "BN": cfg.block_n,
-                        "BK": cfg.block_k,
-                        "SPLIT_K": cfg.split_k,
-                        "GROUP_M": cfg.group_m,
-                        "EVEN_K": True,
-                        "HAS_BIAS": True,
-                        **_plan_constexprs(plan, scheme, a_gk, per_row=scheme.group_shape[0] == 1),
-                        **{k: v for k, v in weight_spec(qw).constexprs().items() if k != "ACT_ORDER"},
-                        "GROUPED": qw.num_experts is not None,
-                    },
-                    num_warps=cfg.num_warps,
-                    num_stages=cfg.num_stages,
-                    mma=mma_check,
-                    min_arch=min_arch,
-                    aligned=("N", "K", "stride_am", "stride_qn", "stride_qb", "stride_om"),
-                )
-            )
+            specs.append(kernel_spec(f"{label}-{act}", qw, scheme, plan, out_dtype, cfg, min_arch))
     return specs
+
+
+def kernel_spec(
+    label: str,
+    qw: QuantizedWeight,
+    scheme: ActScheme,
+    plan: ComputePlan,
+    out_dtype: torch.dtype,
+    cfg: ScaledMMConfig,
+    min_arch: int = 75,
+) -> registry.CompileSpec:
+    """The :class:`~.registry.CompileSpec` of the kernel :func:`linear` (or :func:`grouped_linear`, for an
+    expert-stacked ``qw``) launches for ``qw`` with activations ``scheme`` under ``plan`` and tile ``cfg``."""
+    a_scale_type = "*fp32" if scheme.scale_dtype == torch.float32 else "*u8"
+    # int8: Triton has no tcgen05 int8 path (mma.sync on sm_100); fp32: FMA, no tensor cores.
+    mma_check = "best" if cfg.block_m >= 64 and plan.mma != "int8" else "any"
+    if plan.mma == "fp32":
+        mma_check = "none"
+    return registry.CompileSpec(
+        name=f"scaled_mm-{label}-{plan.mma}-{triton_type(out_dtype)}-{cfg.name()}",
+        kernel=_scaled_mm_kernel,
+        pointers={
+            **pointer_types(qw),
+            "qb_ptr": "*u8",
+            "a_ptr": "*u8",
+            "as_ptr": a_scale_type,
+            "ags_ptr": "*fp32",
+            "bias_ptr": "*fp32",
+            "out_ptr": "*" + triton_type(out_dtype),
+            "expert_ptr": "*i32",
+        },
+        constexprs={
+            "BM": cfg.block_m,
+            "BN": cfg.block_n,
+            "BK": cfg.block_k,
+            "SPLIT_K": cfg.split_k,
+            "GROUP_M": cfg.group_m,
+            "EVEN_K": True,
+            "HAS_BIAS": True,
+            **_plan_constexprs(plan, scheme, act_group_k(scheme), per_row=scheme.group_shape[0] == 1),
+            **{k: v for k, v in weight_spec(qw).constexprs().items() if k != "ACT_ORDER"},
+            "GROUPED": qw.num_experts is not None,
+        },
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        mma=mma_check,
+        min_arch=min_arch,
+        aligned=("N", "K", "stride_am", "stride_qn", "stride_qb", "stride_om"),
+    )
 
 
 registry.register("scaled_mm", _compile_specs)

@@ -1,16 +1,17 @@
 """Tuning of the Triton scaled GEMM (W8A8 / W4A8 / W4A4): tile configurations per M bucket (speed only).
 
-:func:`scaled_mm_config` is a pure function of the problem ``(M, N, K)``, the tensor-core operand width
-and the promotion step; no autotuning runs in the hot path. Where a scale changes along K the compute plan
+:func:`scaled_mm_config` is a pure function of the problem ``(M, N, K)``, the tensor-core operand width,
+the promotion step and the device's multiprocessor count and shared memory per block (tiles shrink to fit,
+as the WnA16 ones); no autotuning runs in the hot path. Where a scale changes along K the compute plan
 fixes the promotion step (numerics), and the tile's ``block_k`` is capped to divide it, so tuning never
 moves a promotion boundary.
 """
 
 from __future__ import annotations
 
-from .configs import TileConfig
+from .configs import TileConfig, fit_smem
 
-__all__ = ["ScaledMMConfig", "scaled_mm_config"]
+__all__ = ["ScaledMMConfig", "scaled_mm_config", "smem_estimate"]
 
 
 #: The scaled GEMM launches with the WnA16 kernel's tile parameters (``dequant_first`` does not apply to it).
@@ -41,12 +42,35 @@ def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
     return split
 
 
+def smem_estimate(cfg: ScaledMMConfig, operand_bits: int, weight_bits: int, fold: bool = False) -> int:
+    """Bytes of shared memory the scaled GEMM asks for with tile ``cfg``: an upper bound, as
+    :func:`.configs.smem_estimate` for the WnA16 kernel. ``num_stages - 1`` copies of the K loop's loads
+    (activation codes ``[BM, BK]`` bytes; weight codes as bytes or words, two ``[BN, BK]`` int32 tiles where
+    fields straddle words; with ``fold``, fp8 scale tiles ``[BM, BK]`` and ``[BN, BK]``: only fp8 scales fold) plus
+    both dot operands staged once in the operand type. Calibrated against ``compiled.metadata.shared``
+    (tests/test_triton_smem.py checks every chooser result)."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    words = bn * bk * 8 if 32 % weight_bits else -(-bn * bk * weight_bits // 8)
+    per_stage = bm * bk + words + bn * 8 + (bm + bn) * bk * fold
+    return (cfg.num_stages - 1) * per_stage + (bm + bn) * bk * operand_bits // 8
+
+
 def scaled_mm_config(
-    m: int, n: int, k: int, operand_bits: int, k_step: int, weight_bits: int = 8, sm_count: int = 1
+    m: int,
+    n: int,
+    k: int,
+    operand_bits: int,
+    k_step: int,
+    weight_bits: int = 8,
+    sm_count: int = 1,
+    smem_limit: int = 0,
+    fold: bool = False,
 ) -> ScaledMMConfig:
     """The tile configuration for ``[m, k] x [n, k]^T`` with ``operand_bits``-wide tensor-core operands and
-    ``weight_bits``-wide codes on ``sm_count`` multiprocessors; ``k_step`` (0 = free) is the promotion step
-    that ``block_k`` must divide. Split-K (fp32 atomics) only changes the fp32 summation order."""
+    ``weight_bits``-wide codes on ``sm_count`` multiprocessors with ``smem_limit`` bytes of shared memory
+    per block (0: no limit; ``fold``: the plan folds scales into the operands, see :func:`smem_estimate`);
+    ``k_step`` (0 = free) is the promotion step that ``block_k`` must divide. Split-K (fp32 atomics) only
+    changes the fp32 summation order."""
     buckets = _BUCKETS_8BIT if operand_bits == 8 else _BUCKETS_16BIT
     cfg = next(c for bound, c in buckets if bound is None or m <= bound)
     if 32 % weight_bits:  # 3/5/6/7-bit codes straddle words: two int32 tiles per stage; fit the shared memory
@@ -55,6 +79,8 @@ def scaled_mm_config(
     if k_step:
         block_k = min(block_k, k_step & -k_step)  # the largest power of two dividing the step
     # Small K: one tile spans it (never below the tensor cores' minimum: 32 bytes of K).
-    block_k = max(256 // operand_bits, min(block_k, 1 << max(k - 1, 1).bit_length()))
+    min_k = 256 // operand_bits
+    cfg = cfg.replace(block_k=max(min_k, min(block_k, 1 << max(k - 1, 1).bit_length())))
+    cfg = fit_smem(cfg, lambda c: smem_estimate(c, operand_bits, weight_bits, fold), smem_limit, min_k)
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    return cfg.replace(block_k=block_k, split_k=_split_k(tiles, -(-k // block_k), sm_count))
+    return cfg.replace(split_k=_split_k(tiles, -(-k // cfg.block_k), sm_count))

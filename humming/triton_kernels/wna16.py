@@ -23,7 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..device import device_info
 from ..ir.weight import QuantizedWeight
 from . import dequant, registry
 from ._weight_tile import (
@@ -36,7 +35,7 @@ from ._weight_tile import (
     triton_type,
     weight_spec,
 )
-from .configs import MIN_GROUPED_BLOCK_M, TileConfig, finish_split_k, grouped_tile, wna16_config
+from .configs import MIN_GROUPED_BLOCK_M, TileConfig, device_limits, finish_split_k, grouped_tile, wna16_config
 from .interpreter import INTERPRET, cast, dot
 
 __all__ = [
@@ -350,12 +349,6 @@ def supports_grouped(qweight: QuantizedWeight, x: torch.Tensor, block_m: int) ->
     return _unsupported(qweight, x)
 
 
-def _device_sm_count(device: torch.device) -> int:
-    if device.type != "cuda":  # the interpreter: any count; 1 keeps split-K exercised on small shapes
-        return 1
-    return device_info(device).sm_count
-
-
 def _group_k(qweight: QuantizedWeight) -> int:
     return 0 if qweight.g_idx is not None else max(qweight.group_shape[1], 0)
 
@@ -404,14 +397,16 @@ def linear(
 def default_config(qweight: QuantizedWeight, x: torch.Tensor) -> TileConfig:
     """The tile configuration :func:`linear` runs ``x [M, K]`` with (:func:`.configs.wna16_config`)."""
     m, k = x.shape
-    return wna16_config(m, qweight.N, k, qweight.bits, _device_sm_count(x.device), _group_k(qweight))
+    sm_count, smem = device_limits(x.device)
+    return wna16_config(m, qweight.N, k, qweight.bits, sm_count, _group_k(qweight), smem, qweight.g_idx is not None)
 
 
 def deterministic_config(qweight: QuantizedWeight, x: torch.Tensor) -> TileConfig:
     """One tile configuration for every M (the one for M = 64, never split along K, no dequantize-first):
     each output row then comes from the same instructions in the same order whatever the batch
     (``humming.set_deterministic``)."""
-    return wna16_config(64, qweight.N, qweight.K, qweight.bits, 0, _group_k(qweight))
+    smem = device_limits(x.device)[1]
+    return wna16_config(64, qweight.N, qweight.K, qweight.bits, 0, _group_k(qweight), smem, qweight.g_idx is not None)
 
 
 def grouped_linear(
@@ -441,7 +436,7 @@ def grouped_linear(
     if m == 0:
         return out
     cfg = config or grouped_config(
-        m, n, qweight.K, qweight.bits, block_m, _device_sm_count(x.device), _group_k(qweight)
+        m, n, qweight.K, qweight.bits, block_m, *device_limits(x.device), _group_k(qweight), qweight.g_idx is not None
     )
     if block_m % cfg.block_m or cfg.block_m < MIN_GROUPED_BLOCK_M:
         raise ValueError(f"triton wna16: config block_m={cfg.block_m} must divide block_m={block_m} and be >= 16")
@@ -449,9 +444,21 @@ def grouped_linear(
     return _launch(x, qweight, bias, out, cfg, expert_ids.contiguous(), block_m)
 
 
-def grouped_config(m_pad: int, n: int, k: int, bits: int, block_m: int, sm_count: int, group_k: int = 0) -> TileConfig:
-    """The tile of the grouped kernel: the dense tile for ``block_m`` rows, cut by :func:`grouped_tile`."""
-    return grouped_tile(wna16_config(block_m, n, k, bits, sm_count, group_k), block_m, m_pad, n, k, sm_count)
+def grouped_config(
+    m_pad: int,
+    n: int,
+    k: int,
+    bits: int,
+    block_m: int,
+    sm_count: int,
+    smem_limit: int = 0,
+    group_k: int = 0,
+    act_order: bool = False,
+) -> TileConfig:
+    """The tile of the grouped kernel: the dense tile for ``block_m`` rows (within ``smem_limit`` bytes of
+    shared memory; 0: no limit), cut by :func:`grouped_tile` (a smaller ``block_m`` needs less)."""
+    dense = wna16_config(block_m, n, k, bits, sm_count, group_k, smem_limit, act_order)
+    return grouped_tile(dense, block_m, m_pad, n, k, sm_count)
 
 
 def _launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1) -> torch.Tensor:
@@ -540,42 +547,51 @@ def _compile_specs() -> list[registry.CompileSpec]:
     )
     experts = quantize(torch.ones(2, 256, 512), "int4", 128, True)  # uint4 + zero points, E = 2
     cases += (
-        ("grouped-uint4-zp-g128", experts, torch.bfloat16, grouped_config(4096, 2816, 2048, 4, 16, 132, 128), 80),
+        (
+            "grouped-uint4-zp-g128",
+            experts,
+            torch.bfloat16,
+            grouped_config(4096, 2816, 2048, 4, 16, 132, 232448, 128),
+            80,
+        ),
     )
-    specs = []
-    for label, qw, dtype, cfg, min_arch in cases:
-        spec = weight_spec(qw)
-        is_gemv = cfg.block_m <= 4
-        tiled = {"GROUP_M": cfg.group_m, "GROUPED": qw.num_experts is not None}
-        specs.append(
-            registry.CompileSpec(
-                name=f"wna16{'_gemv' if is_gemv else ''}-{label}-{triton_type(dtype)}-{cfg.name()}",
-                kernel=_wna16_gemv_kernel if is_gemv else _wna16_kernel,
-                pointers={
-                    **pointer_types(qw),
-                    "x_ptr": "*" + triton_type(dtype),
-                    "bias_ptr": "*fp32",
-                    "out_ptr": "*" + triton_type(dtype),
-                    **({} if is_gemv else {"expert_ptr": "*i32"}),
-                },
-                constexprs={
-                    "BM": cfg.block_m,
-                    "BN": cfg.block_n,
-                    "BK": cfg.block_k,
-                    "SPLIT_K": cfg.split_k,
-                    **({} if is_gemv else tiled),
-                    "HAS_BIAS": True,
-                    "EVEN_K": True,
-                    **spec.constexprs(),
-                },
-                num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages,
-                mma="none" if is_gemv else "best" if cfg.block_m >= 64 else "any",
-                min_arch=min_arch,
-                aligned=("N", "K", "stride_xm", "stride_qn", "stride_sn", "stride_zn", "stride_om"),
-            )
-        )
-    return specs
+    return [kernel_spec(label, qw, dtype, cfg, min_arch) for label, qw, dtype, cfg, min_arch in cases]
+
+
+def kernel_spec(
+    label: str, qw: QuantizedWeight, x_dtype: torch.dtype, cfg: TileConfig, min_arch: int = 75
+) -> registry.CompileSpec:
+    """The :class:`~.registry.CompileSpec` of the kernel that :func:`linear` (or :func:`grouped_linear`, for
+    an expert-stacked ``qw``) launches for ``qw`` with ``x_dtype`` activations and tile ``cfg``."""
+    spec = weight_spec(qw)
+    is_gemv = cfg.block_m <= 4
+    tiled = {"GROUP_M": cfg.group_m, "GROUPED": qw.num_experts is not None}
+    return registry.CompileSpec(
+        name=f"wna16{'_gemv' if is_gemv else ''}-{label}-{triton_type(x_dtype)}-{cfg.name()}",
+        kernel=_wna16_gemv_kernel if is_gemv else _wna16_kernel,
+        pointers={
+            **pointer_types(qw),
+            "x_ptr": "*" + triton_type(x_dtype),
+            "bias_ptr": "*fp32",
+            "out_ptr": "*" + triton_type(x_dtype),
+            **({} if is_gemv else {"expert_ptr": "*i32"}),
+        },
+        constexprs={
+            "BM": cfg.block_m,
+            "BN": cfg.block_n,
+            "BK": cfg.block_k,
+            "SPLIT_K": cfg.split_k,
+            **({} if is_gemv else tiled),
+            "HAS_BIAS": True,
+            "EVEN_K": True,
+            **spec.constexprs(),
+        },
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        mma="none" if is_gemv else "best" if cfg.block_m >= 64 else "any",
+        min_arch=min_arch,
+        aligned=("N", "K", "stride_xm", "stride_qn", "stride_sn", "stride_zn", "stride_om"),
+    )
 
 
 registry.register("wna16", _compile_specs)
