@@ -38,11 +38,25 @@ from hypothesis import strategies as st
 
 import humming
 from humming import moe
-from humming.dispatch.backends import _unusable  # the backends' declared support, as dispatch reads it
+from humming.dispatch.plan import plan_grouped, plan_linear
 from humming.dispatch.support import combination_error
 from humming.ir.weight import SCALE_DTYPES, cdiv
 
 _SLOW_EXAMPLES = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+
+def _unusable(backend, qw, act, x, block_m):
+    """Why ``backend`` declares it cannot run this call (``None`` when it can), as the dispatcher reads it."""
+    try:
+        if block_m is None:
+            plan_linear(qw, act, x, backend)
+        else:
+            plan_grouped(qw, act, x, block_m, backend)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 settings.register_profile(
     "ci",
     max_examples=30,
