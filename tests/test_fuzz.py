@@ -70,6 +70,8 @@ settings.register_profile(
     "long", max_examples=2000, deadline=None, print_blob=True, database=None, suppress_health_check=_SLOW_EXAMPLES
 )
 FUZZ = settings.get_profile(os.environ.get("HUMMING_FUZZ_PROFILE", "ci"))
+if os.environ.get("HUMMING_FUZZ_EXAMPLES"):  # a time-boxed run (the H200 checks) sets its own count
+    FUZZ = settings(FUZZ, max_examples=int(os.environ["HUMMING_FUZZ_EXAMPLES"]))
 
 #: ``||out - ref|| / ||ref||`` for one rounding to the dtype (tests/test_triton_wna16.py's TOL).
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}

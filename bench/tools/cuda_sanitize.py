@@ -19,6 +19,7 @@ def main() -> None:
         ("uint4", 128, True, 16, 512, 1024, None),  # zero points, two token tiles, two row tiles
         ("int8", -1, False, 3, 48, 2048, _decode.DecodeTuning(1, 1, 8, 3, 4)),  # split-K atomics
         ("int4", 64, False, 9, 256, 1024, _decode.DecodeTuning(2, 4, 8, 3, 1)),  # four row tiles per warp
+        ("int4", 128, False, 16, 512, 1024, _decode.DecodeTuning(2, 1, 8, 3, 1, stream_k=2)),  # stream-K
     ]
     for weight, group, zp, m, n, k, tuning in cases:
         qw = humming.quantize(torch.randn(n, k, device="cuda"), weight=weight, group_size=group, zero_point=zp)
@@ -39,6 +40,24 @@ def main() -> None:
             torch.cuda.synchronize()
             err = ((out.float() - ref).norm() / ref.norm()).item()
             print(f"gemm_sm90 uint4 g128 zp M=130 {tuning}: rel err {err:.2e}")
+        _grouped()
+
+
+def _grouped() -> None:
+    """The grouped sm_90a GEMM (16-bit activations) and the grouped FP8 GEMM, with an unused expert."""
+    experts, n, k, block_m = 4, 256, 512, 16
+    counts = [5, 0, 17, 3]
+    blocks = [e for e, c in enumerate(counts) for _ in range(-(-c // block_m))]
+    ids = torch.tensor(blocks, dtype=torch.int32, device="cuda")
+    x = torch.randn(ids.numel() * block_m, k, device="cuda", dtype=torch.bfloat16)
+    rows = ids.long().repeat_interleave(block_m)
+    for weight, group, act in (("uint4", 128, None), ("int4", 128, "fp8"), ("e4m3", -1, "fp8")):
+        qw = humming.quantize(torch.randn(experts, n, k, device="cuda"), weight=weight, group_size=group)
+        out = humming.moe.grouped_linear(x, qw, ids, block_m, act=act, backend="cuda")
+        ref = humming.moe.grouped_linear(x, qw, ids, block_m, act=act, backend="reference").float()
+        torch.cuda.synchronize()
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        print(f"grouped {weight} act={act} experts={experts} rows={rows.numel()}: rel err {err:.2e}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""Batch invariance (``humming.set_deterministic``): each output row is bit-identical whatever M and whatever
+batch the row came in, for every weight format and every activation scheme whose scales are per row or per
+group (per-tensor dynamic scales, and NVFP4's global scale, span the batch by definition)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming
+
+CASES = [
+    (dict(weight="int4", group_size=128), None),
+    (dict(weight="int4", group_size=128, zero_point=True), None),
+    (dict(weight="int8", group_size=-1), None),
+    (dict(weight="e4m3", group_size=-1), None),
+    (dict(weight="mxfp4"), None),
+    (dict(weight="nvfp4"), None),
+    (dict(weight="int3", group_size=64), None),
+    (dict(weight="int4", group_size=128), "fp8"),
+    (dict(weight="e4m3", group_size=-1), "fp8"),
+    (dict(weight="fp8_block"), "fp8_g128"),
+    (dict(weight="int8", group_size=-1), "int8"),
+    (dict(weight="mxfp4"), "mxfp4"),
+]
+IDS = [f"{q['weight']}{'-zp' if q.get('zero_point') else ''}-{act or 'a16'}" for q, act in CASES]
+
+
+@pytest.fixture
+def deterministic():
+    humming.set_deterministic(True)
+    yield
+    humming.set_deterministic(None)
+
+
+def _rows_are_batch_invariant(qw, act, x, batches) -> None:
+    full = humming.linear(x, qw, act=act)
+    assert torch.isfinite(full).all()
+    for start, m in batches:
+        part = humming.linear(x[start : start + m], qw, act=act)
+        diff = (part != full[start : start + m]).any(dim=1).nonzero()
+        assert diff.numel() == 0, f"M={m} from row {start}: rows {diff[:5, 0].tolist()} differ from the full batch"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qargs, act", CASES, ids=IDS)
+def test_rows_are_bit_identical_for_every_m_on_the_gpu(qargs, act, deterministic, seed):
+    qw = humming.quantize(torch.randn(1536, 2048, device="cuda") / 45, **qargs)
+    x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
+    plan = humming.explain(qw, 1, act)
+    assert plan.kernel.startswith("triton.") and plan.source.startswith("deterministic"), plan
+    batches = [(0, m) for m in (1, 2, 7, 16, 33, 64, 100, 256, 1024)] + [(777, 1), (1000, 63), (2048, 2048)]
+    _rows_are_batch_invariant(qw, act, x, batches)
+
+
+INTERPRETER_CASES = [
+    (dict(weight="int4", group_size=64), None),
+    (dict(weight="int4", group_size=64, zero_point=True), None),
+    (dict(weight="int4", group_size=64), "fp8"),
+    (dict(weight="e4m3", group_size=-1), "fp8"),
+]
+
+
+@pytest.mark.parametrize("qargs, act", INTERPRETER_CASES, ids=lambda v: str(v))
+def test_rows_are_bit_identical_for_every_m_in_the_interpreter(qargs, act, deterministic, seed):
+    qw = humming.quantize(torch.randn(48, 128) / 11, **qargs)
+    x = torch.randn(40, 128, dtype=torch.bfloat16)
+    full = humming.linear(x, qw, act=act, backend="triton")
+    assert torch.isfinite(full).all()
+    for start, m in [(0, 1), (0, 17), (5, 3), (39, 1)]:
+        assert torch.equal(humming.linear(x[start : start + m], qw, act=act, backend="triton"), full[start : start + m])
