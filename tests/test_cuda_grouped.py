@@ -60,6 +60,25 @@ def test_stacked_layout_is_the_dense_layout_of_each_expert(case, n, seed):
             assert torch.equal(stacked.chunk(3)[e], one), f"{name} of expert {e}"
 
 
+@pytest.mark.parametrize("qargs", [LAYOUT_CASES["uint4-g64-zp"], LAYOUT_CASES["int8-channel"], dict(weight="mxfp4")])
+def test_prepare_unpacks_a_bounded_number_of_rows_at_a_time(qargs, monkeypatch, seed):
+    """A DeepSeek-size MoE layer must prepare in little more memory than its result: the re-tiling unpacks
+    at most _ROWS_PER_STEP rows (plus one tile block) at a time, never the whole [E, N, K] weight."""
+    import humming.ir
+    from humming.cuda_kernels import _layout
+
+    monkeypatch.setattr(_layout, "_ROWS_PER_STEP", 256)
+    seen = []
+    unpack = humming.ir.unpack_codes
+    monkeypatch.setattr(humming.ir, "unpack_codes", lambda w, b, k: seen.append(w.shape[0]) or unpack(w, b, k))
+    qw = humming.quantize(torch.randn(5, 384, 128), **qargs)
+    prep = prepare_weight(qw)
+    assert seen and max(seen) <= 256 and sum(seen) == 5 * 384, seen
+    monkeypatch.setattr(_layout, "_ROWS_PER_STEP", 1 << 20)  # one step: the same result
+    whole = prepare_weight(qw)
+    assert torch.equal(prep.qweight, whole.qweight) and torch.equal(prep.scales, whole.scales)
+
+
 def test_supports_grouped_says_why_not():
     qw = humming.quantize(torch.randn(2, 256, 128), weight="int4", group_size=128)
     x = torch.randn(32, 128, dtype=torch.bfloat16)
@@ -184,3 +203,29 @@ def test_through_humming_moe(seed):
     used = row_expert >= 0
     ref = _reference(x, qw, row_expert, torch.float16) + bias.double()[row_expert.clamp(min=0)]
     _check(out[used], ref[used], torch.finfo(torch.float16).eps)
+
+
+@pytest.mark.gpu
+def test_deepseek_v3_layer_prepares_in_bounded_memory_and_time():
+    """A DeepSeek-V3 up-projection (256 experts of 4096 x 7168, int4 g128: 3.8 GB) re-tiles with at most 10% of
+    the weight's bytes of extra memory beyond the result, in under 2 s."""
+    import time
+
+    e, n, k = 256, 4096, 7168
+    words = torch.randint(-(2**31), 2**31 - 1, (e, n, k // 8), dtype=torch.int32, device="cuda")
+    scales = torch.rand(e, n, k // 128, device="cuda", dtype=torch.bfloat16) + 0.5
+    qw = humming.QuantizedWeight(
+        shape=(e, n, k), format=humming.get_format("int4"), qweight=words, scales=scales, group_shape=(1, 128)
+    )
+    prepare_weight(humming.stack([_expert(qw, 0)]))  # first-use costs (kernels of the packers) outside the timing
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    prep = prepare_weight(qw)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    result = sum(t.numel() * t.element_size() for t in (prep.qweight, prep.scales) if t is not None)
+    extra = torch.cuda.max_memory_allocated() - base - result
+    assert extra <= 0.10 * qw.nbytes, f"{extra / 2**20:.0f} MiB extra for a {qw.nbytes / 2**20:.0f} MiB weight"
+    assert seconds < 2.0, f"{seconds:.2f} s"

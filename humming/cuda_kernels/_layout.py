@@ -154,26 +154,46 @@ def _pack_8bit(u: torch.Tensor, tg: int) -> torch.Tensor:
     return _to_int32(words.reshape(n // (16 * tg), k // 64, tg, 2, 32, 4))
 
 
+#: Rows re-tiled per step: the unpacked codes and the packers' int64 temporaries (about 30 bytes per code in
+#: all) stay near a hundred megabytes whatever the weight, so that preparing a whole MoE layer needs little
+#: more memory than its result.
+_ROWS_PER_STEP = 512
+
+
+def _retile_codes(qw, tg: int, pack, flip: int = 0) -> torch.Tensor:
+    """``pack`` (``_pack_4bit`` / ``_pack_8bit`` / MXFP4) of every row of ``qw`` (experts stacked along rows),
+    ``flip`` XOR-ed into each code, one step of rows at a time into one preallocated result."""
+    from humming.ir import unpack_codes
+
+    rows_total, k = (qw.num_experts or 1) * qw.N, qw.K
+    words = qw.qweight.reshape(rows_total, -1)
+    step = max(1, _ROWS_PER_STEP // (16 * tg)) * 16 * tg  # whole tile blocks: the row blocks are independent
+    out = None
+    for r0 in range(0, rows_total, step):
+        codes = unpack_codes(words[r0 : r0 + step], qw.bits, k)
+        part = pack(codes ^ flip if flip else codes, tg)
+        if out is None:
+            out = torch.empty(rows_total // (16 * tg), *part.shape[1:], dtype=part.dtype, device=part.device)
+        out[r0 // (16 * tg) : r0 // (16 * tg) + part.shape[0]] = part
+    return out
+
+
 def prepare_weight(qw) -> PreparedWeight:
     """Re-tile an int4 / uint4 / int8 / uint8 / MXFP4 ``QuantizedWeight`` ``[N, K]`` or ``[E, N, K]`` with
-    N % 16 == 0 and K % 64 == 0 (experts are packed one at a time to bound the int64 temporaries)."""
-    from humming.ir import unpacked_codes
-
+    N % 16 == 0 and K % 64 == 0, a few hundred rows at a time (:data:`_ROWS_PER_STEP`)."""
     n, k, bits = qw.N, qw.K, qw.bits
     experts = qw.num_experts or 1
     tg = tile_group(n)
-    codes = unpacked_codes(qw).reshape(experts * n, k)
     if qw.format.name == "e2m1":
         scales = qw.scales.expand(*qw.lead, n, k // 32).reshape(experts * n, k // 32).view(torch.uint8)
-        packed = torch.cat([_pack_4bit(c, tg, e2m1=True) for c in codes.split(n)])
+        packed = _retile_codes(qw, tg, lambda codes, tg: _pack_4bit(codes, tg, e2m1=True))
         # Codes 0 (2^-127) and 255 (NaN) need the kernel's exact decode; any other is an fp32 exponent.
         special = bool(((scales == 0) | (scales == 255)).any())
         layout = WeightLayout(4, 0, "e8m0_any" if special else "e8m0", "e2m1")
         return PreparedWeight(layout, n, k, k // 64, 1, tg, packed, _tile_rows_halves(scales, tg), None, experts)
-    zero = 0
+    zero = flip = 0
     if qw.format.signed:  # two's complement -> offset binary: value = code' - 2^(bits-1)
-        codes = codes ^ (1 << (bits - 1))
-        zero = 1 << (bits - 1)
+        flip = zero = 1 << (bits - 1)
     groups = 1 if qw.scales is None else qw.scales.shape[-1]
     zeros = None
     if qw.zeros is not None:
@@ -190,8 +210,7 @@ def prepare_weight(qw) -> PreparedWeight:
                 g = qw.global_scale.to(torch.float32)
                 scales = scales * (g.reshape(*g.shape, 1, 1) if g.dim() else g)
         scales = scales.reshape(experts * n, groups)
-    pack = _pack_4bit if bits == 4 else _pack_8bit
-    packed = torch.cat([pack(c, tg) for c in codes.split(n)])
+    packed = _retile_codes(qw, tg, _pack_4bit if bits == 4 else _pack_8bit, flip)
     chunks_per_group = (qw.group_size if qw.layout == "group" else k) // 64
     layout = WeightLayout(bits, zero, DTYPE_CODE[scales.dtype])
     return PreparedWeight(layout, n, k, groups, chunks_per_group, tg, packed, _tile_rows(scales, tg), zeros, experts)
