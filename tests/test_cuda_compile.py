@@ -138,16 +138,16 @@ def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path
 
 
 def _mirrors():
-    from humming.cuda_kernels import fp4_gemm, fp8_gemm
+    from humming.cuda_kernels import _fp4_launch, _fp8_launch
 
     return [  # (ctypes mirror, header, C++ type, arch)
         (_decode._Params, "decode.cuh", "humming::decode::Params", "sm_80"),
         (_gemm_sm90._Params, "gemm_sm90.cuh", "humming::gemm_sm90::Params", "sm_90a"),
-        (fp8_gemm._Params, "fp8_gemm_sm90.cuh", "humming::fp8_sm90::Params", "sm_90a"),
-        (fp4_gemm._Params, "fp4_gemm_sm120.cuh", "humming::fp4_sm120::Params", "sm_120a"),
-        (fp4_gemm._ProbeParams, "fp4_mma_probe_sm120.cuh", "humming::fp4_sm120::ProbeParams", "sm_120a"),
-        (fp4_gemm._Sm100Params, "fp4_gemm_sm100.cuh", "humming::fp4_sm100::Params", "sm_100a"),
-        (fp4_gemm._Sm100ProbeParams, "fp4_mma_probe_sm100.cuh", "humming::fp4_sm100::ProbeParams", "sm_100a"),
+        (_fp8_launch._Params, "fp8_gemm_sm90.cuh", "humming::fp8_sm90::Params", "sm_90a"),
+        (_fp4_launch._Params, "fp4_gemm_sm120.cuh", "humming::fp4_sm120::Params", "sm_120a"),
+        (_fp4_launch._ProbeParams, "fp4_mma_probe_sm120.cuh", "humming::fp4_sm120::ProbeParams", "sm_120a"),
+        (_fp4_launch._Sm100Params, "fp4_gemm_sm100.cuh", "humming::fp4_sm100::Params", "sm_100a"),
+        (_fp4_launch._Sm100ProbeParams, "fp4_mma_probe_sm100.cuh", "humming::fp4_sm100::ProbeParams", "sm_100a"),
     ]
 
 

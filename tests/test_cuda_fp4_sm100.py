@@ -29,7 +29,7 @@ import torch
 from test_cuda_compile import _cubin_tool  # tests/ is on sys.path (pytest rootdir-relative imports)
 from test_cuda_fp4 import _problem, assert_matches_reference
 
-from humming.cuda_kernels import fp4_gemm, jit
+from humming.cuda_kernels import _fp4_layout, _fp4_tuning, fp4_gemm, jit
 from humming.cuda_kernels._warmup import warmup_specs
 from humming.ir.formats import get_format
 from humming.ir.weight import cdiv
@@ -38,7 +38,7 @@ SCHEMES = {16: "nvfp4", 32: "mxfp4"}
 
 
 def _tuning(vec: int, block_t: int) -> fp4_gemm.Sm100Tuning:
-    return fp4_gemm.Sm100Tuning(block_t, fp4_gemm._sm100_stages(vec, block_t))
+    return fp4_gemm.Sm100Tuning(block_t, _fp4_tuning._sm100_stages(vec, block_t))
 
 
 def _specs() -> list[jit.KernelSpec]:
@@ -357,7 +357,7 @@ def test_emulation_catches_a_row_major_scale_atom(monkeypatch):
         return atoms.reshape(*atoms.shape[:2], 32, 4, 4).transpose(2, 3).reshape(atoms.shape).contiguous()
 
     qw, qa = _problem("nvfp4", 40, 128, 128, seed=5)
-    monkeypatch.setattr(fp4_gemm, "sf_atoms", row_major)
+    monkeypatch.setattr(_fp4_layout, "sf_atoms", row_major)
     got = _emulate(fp4_gemm.prepare(qw, "sm_100a"), qa, None, _tuning(16, 64))
     with pytest.raises(AssertionError, match="elements off"):
         assert_matches_reference(got, qw, qa, None)

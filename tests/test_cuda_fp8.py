@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import humming
-from humming.cuda_kernels import fp8_gemm, jit
+from humming.cuda_kernels import _fp8_launch, _fp8_layout, fp8_gemm, jit
 from humming.cuda_kernels._warmup import warmup_specs
 from humming.ir.activation import get_act_scheme
 from humming.ir.layout import parse_group_size
@@ -240,7 +240,7 @@ def test_grouped_weight_is_the_experts_stacked_along_n(weight, group, seed):
     qw = _stacked(weight, group)
     prep = fp8_gemm.prepare(qw)
     assert prep is fp8_gemm.prepare(qw) and prep.num_experts == 3 and prep.n == 256
-    parts = [fp8_gemm._prepare_2d(expert_weight(qw, e)) for e in range(3)]
+    parts = [_fp8_layout._prepare_2d(expert_weight(qw, e)) for e in range(3)]
     for name, dim in (("weight", 0), ("w_scale", 0), ("w_block_scale", 0), ("w_group_scale", 1)):
         got, want = getattr(prep, name), [getattr(p, name) for p in parts]
         assert (got is None) == (want[0] is None), name
@@ -809,5 +809,5 @@ def test_block_activation_scales_are_row_major_even_without_padding():
     scheme = get_act_scheme("fp8_g128")
     scales = torch.rand(256, 4)
     qa = QuantizedActivation(scheme, torch.zeros(256, 512, dtype=torch.uint8), scales)
-    blocks = fp8_gemm._activations(qa, scheme, 512, 128).x_block_scale
+    blocks = _fp8_launch._activations(qa, scheme, 512, 128).x_block_scale
     assert blocks.is_contiguous() and torch.equal(blocks, scales.T)
