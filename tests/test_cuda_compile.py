@@ -3,21 +3,15 @@ register spills or stack (cuobjdump -res-usage); the sm_90 SASS holds the instru
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
+from helpers import compile_fresh, cubin_tool, needs_nvrtc
 
 from humming.cuda_kernels import _decode, _gemm_sm90, jit
 from humming.cuda_kernels._layout import WeightLayout
-from humming.cuda_kernels._warmup import warmup_specs
 
-pytestmark = pytest.mark.skipif(
-    jit.compiler_unavailable_reason() is not None, reason=f"{jit.compiler_unavailable_reason()}"
-)
+pytestmark = needs_nvrtc
 
 
 def _decode_specs() -> list[jit.KernelSpec]:
@@ -60,12 +54,8 @@ def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HUMMING_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        jit.clear_memory_cache()
-        report = warmup_specs(_all_jobs(), progress=False)
-        jit.clear_memory_cache()
-    return {(k.spec.name, k.arch): k for k in report.kernels}
+    kernels = compile_fresh(_all_jobs(), tmp_path_factory.mktemp("cache"))
+    return {(k.spec.name, k.arch): k for k in kernels}
 
 
 def test_every_target_compiles(compiled):
@@ -75,28 +65,10 @@ def test_every_target_compiles(compiled):
         assert "warning" not in kernel.log.lower(), f"{name} {arch}:\n{kernel.log}"
 
 
-def _cuda_tool(name: str) -> str | None:
-    spec = importlib.util.find_spec("triton")
-    if spec is not None and spec.origin is not None:
-        candidate = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / name
-        if candidate.is_file():
-            return str(candidate)
-    return shutil.which(name)
-
-
-def _cubin_tool(tool_name: str, args: list[str], kernel: jit.CompiledKernel, tmp_path) -> str:
-    tool = _cuda_tool(tool_name)
-    if tool is None:
-        pytest.skip(f"{tool_name} not found (neither in triton's package nor on PATH)")
-    path = tmp_path / f"{kernel.spec.name}-{kernel.arch}.cubin"
-    path.write_bytes(kernel.cubin)
-    return subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True).stdout
-
-
 def test_no_spills_no_stack(compiled, tmp_path):
     """cuobjdump's resource report: no stack frame and no local memory (where spills go) anywhere."""
     for (name, arch), kernel in compiled.items():
-        report = _cubin_tool("cuobjdump", ["-res-usage"], kernel, tmp_path)
+        report = cubin_tool("cuobjdump", ["-res-usage"], kernel, tmp_path)
         usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", report)
         assert usage, report
         assert usage.group(2) == "0" and usage.group(3) == "0", f"{name} {arch}: {usage.group(0)}"
@@ -104,7 +76,7 @@ def test_no_spills_no_stack(compiled, tmp_path):
 
 def test_decode_sass_uses_tensor_cores_and_16_byte_async_loads(compiled, tmp_path):
     for spec in _decode_specs():
-        sass = _cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90")], tmp_path)
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90")], tmp_path)
         assert "HMMA.16816.F32" in sass, spec.name
         assert "LDGSTS.E.BYPASS.128" in sass, f"{spec.name}: weights are not streamed with 16-byte cp.async"
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
@@ -113,7 +85,7 @@ def test_decode_sass_uses_tensor_cores_and_16_byte_async_loads(compiled, tmp_pat
 def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
     for spec in _gemm_specs() + _grouped_specs():
         assert spec.targets() == ("sm_90a",)
-        sass = _cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         bm = spec.name.split("_bm")[1].split("_")[0]
         assert re.search(rf"HGMMA\.64x{bm}x16\.F32(\.BF16)? R\d+, R\d+, gdesc", sass), spec.name  # A in registers
         assert "UTMALDG.2D" in sass, f"{spec.name}: activations are not loaded by TMA"
@@ -129,7 +101,7 @@ def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path
     dense = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(128, 6))
     assert grouped.name != dense.name and ", true, 1>" in grouped.entry and ", false, 1>" in dense.entry
     sass = {
-        spec.name: _cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        spec.name: cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         for spec in (grouped, dense)
     }
     before_barrier = {name: text[: text.index("BAR.SYNC")] for name, text in sass.items()}
@@ -138,16 +110,16 @@ def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path
 
 
 def _mirrors():
-    from humming.cuda_kernels import fp4_gemm, fp8_gemm
+    from humming.cuda_kernels import _fp4_launch, _fp8_launch
 
     return [  # (ctypes mirror, header, C++ type, arch)
         (_decode._Params, "decode.cuh", "humming::decode::Params", "sm_80"),
         (_gemm_sm90._Params, "gemm_sm90.cuh", "humming::gemm_sm90::Params", "sm_90a"),
-        (fp8_gemm._Params, "fp8_gemm_sm90.cuh", "humming::fp8_sm90::Params", "sm_90a"),
-        (fp4_gemm._Params, "fp4_gemm_sm120.cuh", "humming::fp4_sm120::Params", "sm_120a"),
-        (fp4_gemm._ProbeParams, "fp4_mma_probe_sm120.cuh", "humming::fp4_sm120::ProbeParams", "sm_120a"),
-        (fp4_gemm._Sm100Params, "fp4_gemm_sm100.cuh", "humming::fp4_sm100::Params", "sm_100a"),
-        (fp4_gemm._Sm100ProbeParams, "fp4_mma_probe_sm100.cuh", "humming::fp4_sm100::ProbeParams", "sm_100a"),
+        (_fp8_launch._Params, "fp8_gemm_sm90.cuh", "humming::fp8_sm90::Params", "sm_90a"),
+        (_fp4_launch._Params, "fp4_gemm_sm120.cuh", "humming::fp4_sm120::Params", "sm_120a"),
+        (_fp4_launch._ProbeParams, "fp4_mma_probe_sm120.cuh", "humming::fp4_sm120::ProbeParams", "sm_120a"),
+        (_fp4_launch._Sm100Params, "fp4_gemm_sm100.cuh", "humming::fp4_sm100::Params", "sm_100a"),
+        (_fp4_launch._Sm100ProbeParams, "fp4_mma_probe_sm100.cuh", "humming::fp4_sm100::ProbeParams", "sm_100a"),
     ]
 
 

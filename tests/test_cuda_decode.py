@@ -6,11 +6,11 @@ import re
 
 import pytest
 import torch
+from helpers import assert_rel_close, compile_fresh, cubin_tool
 
 import humming
 from humming.cuda_kernels import _decode, jit
 from humming.cuda_kernels._layout import E2M1_BITS, PreparedWeight, WeightLayout, prepare_weight
-from humming.cuda_kernels._warmup import warmup_specs
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -171,13 +171,6 @@ def _reference(x, qw, bias):
     return ref if bias is None else ref + bias.float()
 
 
-def _check(out, ref, tol=1e-2):
-    assert not torch.isnan(out).any(), "NaN in the output: some element was not written"
-    err = (out.float() - ref).norm() / ref.norm()
-    worst = (out.float() - ref).abs().argmax().item()
-    assert err < tol, f"relative error {err:.2e}; worst at {divmod(worst, ref.shape[1])}"
-
-
 CASES = [
     # (N, K, scheme, M values)
     (4096, 4096, "int4-g128", (1, 7, 16, 33, 64)),
@@ -204,7 +197,7 @@ def test_decode_matches_reference(n, k, scheme, ms, act, seed):
         for b in (None, bias):
             out = torch.full((m, n), float("nan"), device="cuda", dtype=act)
             _decode.run_decode(prep, x, b, act, out=out)
-            _check(out, _reference(x, qw, b))
+            assert_rel_close(out, _reference(x, qw, b), precision=torch.float32)
 
 
 @pytest.mark.gpu
@@ -231,12 +224,12 @@ def test_mxfp4_scales_far_apart_and_special_codes(act, special, seed):
     ref = x.double() @ humming.dequantize(qw, torch.float64).T
     assert torch.equal(out.isnan(), ref.isnan())
     keep = torch.arange(n, device="cuda") != 37
-    _check(out[:, keep], ref[:, keep].float(), tol=5e-3)
+    assert_rel_close(out[:, keep], ref[:, keep].float(), 5e-3, precision=torch.float32)
     if special == 255:
         assert bool(out[:, 37].isnan().all())
     else:  # special 0: 2^-127 scales (an fp32 subnormal), outputs near 1e-37, checked scaled up (norms underflow)
         up = 2.0**120 if special == 0 else 1.0
-        _check(out[:, 37:38] * up, (ref[:, 37:38] * up).float(), tol=5e-3)
+        assert_rel_close(out[:, 37:38] * up, (ref[:, 37:38] * up).float(), 5e-3, precision=torch.float32)
 
 
 @pytest.mark.gpu
@@ -246,7 +239,7 @@ def test_decode_float32_output_and_strided_x(seed):
     x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16)[:, 512:1536]
     out = torch.full((8, 1024), float("nan"), device="cuda", dtype=torch.float32)
     _decode.run_decode(prep, x, None, torch.float32, out=out)
-    _check(out, _reference(x, qw, None), tol=5e-3)
+    assert_rel_close(out, _reference(x, qw, None), 5e-3, precision=torch.float32)
 
 
 @pytest.mark.gpu
@@ -258,7 +251,7 @@ def test_tunings_agree(tuning, seed):
     prep = prepare_weight(qw)
     x = torch.randn(8 * tuning[0], 2048, device="cuda", dtype=torch.bfloat16)
     out = _decode.run_decode(prep, x, None, torch.float32, tuning=_decode.DecodeTuning(*tuning))
-    _check(out, _reference(x, qw, None), tol=5e-3)
+    assert_rel_close(out, _reference(x, qw, None), 5e-3, precision=torch.float32)
 
 
 @pytest.mark.gpu
@@ -269,14 +262,18 @@ def test_linear_backend_cuda(seed):
     x = torch.randn(2, 3, 512, device="cuda", dtype=torch.bfloat16)
     assert cuda_kernels.supports(qw, None, x.reshape(-1, 512)) is None
     out = humming.linear(x, qw, backend="cuda")
-    _check(out.reshape(6, -1), _reference(x.reshape(6, -1), qw, None))
+    assert_rel_close(out.reshape(6, -1), _reference(x.reshape(6, -1), qw, None), precision=torch.float32)
     wide = torch.empty(65, 512, device="cuda", dtype=torch.bfloat16)
     if torch.cuda.get_device_capability() != (9, 0):
         assert "large-M GEMM" in cuda_kernels.supports(qw, None, wide)
     narrow = humming.quantize(torch.randn(48, 512, device="cuda"), weight="int4", group_size=128)
     assert "N % 128" in cuda_kernels.supports(narrow, None, wide)
     mx = _quantize(1024, 512, "mxfp4", device="cuda")
-    _check(humming.linear(x, mx, backend="cuda").reshape(6, -1), _reference(x.reshape(6, -1), mx, None))
+    assert_rel_close(
+        humming.linear(x, mx, backend="cuda").reshape(6, -1),
+        _reference(x.reshape(6, -1), mx, None),
+        precision=torch.float32,
+    )
     assert "integer codes" in cuda_kernels.supports(mx, None, wide)
 
 
@@ -304,7 +301,7 @@ def test_graph_capture_never_compiles(seed, tmp_path, monkeypatch):
         _decode.run_decode(prep, x, None, torch.float16, out=out)
     graph.replay()
     torch.cuda.synchronize()
-    _check(out, _reference(x, qw, None))
+    assert_rel_close(out, _reference(x, qw, None), precision=torch.float32)
 
 
 # --- stream-K ---------------------------------------------------------------------------------------------
@@ -426,17 +423,10 @@ def _stream_k_jobs() -> list[tuple]:
 def stream_k_kernels(tmp_path_factory):
     if jit.compiler_unavailable_reason() is not None:
         pytest.skip(jit.compiler_unavailable_reason())
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HUMMING_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        jit.clear_memory_cache()
-        report = warmup_specs(_stream_k_jobs(), progress=False)
-        jit.clear_memory_cache()
-    return report.kernels
+    return compile_fresh(_stream_k_jobs(), tmp_path_factory.mktemp("cache"))
 
 
 def test_stream_k_compiles_for_every_arch_without_local_memory(stream_k_kernels, tmp_path):
-    from test_cuda_compile import _cubin_tool  # tests/ is on sys.path (pytest rootdir-relative imports)
-
     assert {(k.spec.name, k.arch) for k in stream_k_kernels} == {(s.name, a) for s, a in _stream_k_jobs()}
     assert {k.arch for k in stream_k_kernels} == {f"sm_{a}{b}" for a, b in _decode.DECODE_CCS}
     for kernel in stream_k_kernels:
@@ -444,12 +434,12 @@ def test_stream_k_compiles_for_every_arch_without_local_memory(stream_k_kernels,
         assert "_sk" in kernel.spec.name and "Schedule::stream_k" in kernel.spec.entry
         assert "warning" not in kernel.log.lower(), f"{name}:\n{kernel.log}"
         usage = re.search(
-            r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", _cubin_tool("cuobjdump", ["-res-usage"], kernel, tmp_path)
+            r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", cubin_tool("cuobjdump", ["-res-usage"], kernel, tmp_path)
         )
         assert usage and usage.group(2) == usage.group(3) == "0", f"{name}: {usage and usage.group(0)}"
         assert int(usage.group(1)) * kernel.spec.threads * kernel.spec.min_blocks <= 65536, f"{name}: {usage.group(0)}"
         if kernel.arch == "sm_90":
-            sass = _cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path)
+            sass = cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path)
             assert "HMMA.16816.F32" in sass and "LDGSTS.E.BYPASS.128" in sass, name
             assert "LDL" not in sass and "STL" not in sass, f"{name} uses local memory"
             assert "REDG.E.ADD.F32" in sass, f"{name}: partial sums are not added with red.global"
@@ -511,7 +501,7 @@ def test_stream_k_matches_reference(n, k, scheme, ms, act, seed):
             ref = x.double() @ w64.T + (0 if b is None else b.double())
             out = torch.full((m, n), float("nan"), device="cuda", dtype=act)
             _decode.run_decode(prep, x, b, act, tuning, out)
-            _check(out, ref.float())
+            assert_rel_close(out, ref.float(), precision=torch.float32)
     workspace = _decode._WORKSPACES.by_stream[(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)]
     assert int(workspace.count_nonzero()) == 0
 
@@ -533,7 +523,9 @@ def test_stream_k_tunings_agree(n, tuning, seed):
     x = torch.randn(5, k, device="cuda", dtype=torch.bfloat16)
     out = torch.full((5, n), float("nan"), device="cuda", dtype=torch.float32)
     _decode.run_decode(prep, x, None, torch.float32, _decode.DecodeTuning(*tuning), out)
-    _check(out, (x.double() @ humming.dequantize(qw, torch.float32).double().T).float(), tol=5e-3)
+    assert_rel_close(
+        out, (x.double() @ humming.dequantize(qw, torch.float32).double().T).float(), 5e-3, precision=torch.float32
+    )
 
 
 @pytest.mark.gpu
@@ -554,7 +546,7 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
     second = torch.full((m, n), float("nan"), device="cuda")
     _decode.run_decode(prep, x, None, torch.float32, tuning, second)
     ref = (x.double() @ w64.T).float()
-    _check(first, ref, tol=5e-3)
+    assert_rel_close(first, ref, 5e-3, precision=torch.float32)
     assert (first - second).abs().max() <= 1e-5 * ref.abs().max(), "a second call sees the first's sums"
 
     monkeypatch.setattr(_decode, "default_tuning", lambda *args: tuning)
@@ -568,7 +560,7 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        _check(out, (x.double() @ w64.T + bias.double()).float())
+        assert_rel_close(out, (x.double() @ w64.T + bias.double()).float(), precision=torch.float32)
     for workspace in _decode._WORKSPACES.captured:
         assert int(workspace.count_nonzero()) == 0
 
@@ -595,7 +587,7 @@ def test_stream_k_capture_without_reserved_workspace_replays_correctly(seed, mon
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        _check(out, _reference(x, qw, None))
+        assert_rel_close(out, _reference(x, qw, None), precision=torch.float32)
 
 
 def test_kernel_checks_are_computed_once_per_weight_and_call_shape(monkeypatch, fake_cuda_device):

@@ -22,11 +22,10 @@ import re
 
 import pytest
 import torch
-from test_cuda_compile import _cubin_tool  # tests/ is on sys.path (pytest rootdir-relative imports)
+from helpers import compile_fresh, cubin_tool, needs_nvrtc
 
 from humming import dequantize, quantize
 from humming.cuda_kernels import fp4_gemm, jit
-from humming.cuda_kernels._warmup import warmup_specs
 from humming.ir.activation import dequantize_activation, get_act_scheme, quantize_activation
 from humming.ir.formats import get_format
 
@@ -43,19 +42,10 @@ def _specs() -> list[jit.KernelSpec]:
     return specs
 
 
-needs_nvrtc = pytest.mark.skipif(
-    jit.compiler_unavailable_reason() is not None, reason=f"{jit.compiler_unavailable_reason()}"
-)
-
-
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HUMMING_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        jit.clear_memory_cache()
-        report = warmup_specs([(spec, "sm_120a") for spec in _specs()], progress=False)
-        jit.clear_memory_cache()
-    return {k.spec.name: k for k in report.kernels}
+    kernels = compile_fresh([(spec, "sm_120a") for spec in _specs()], tmp_path_factory.mktemp("cache"))
+    return {k.spec.name: k for k in kernels}
 
 
 @needs_nvrtc
@@ -80,20 +70,20 @@ def test_sass_uses_block_scaled_omma_and_no_local_memory(compiled, tmp_path):
     for vec in SCHEMES:
         for tuning in fp4_gemm.TUNINGS:
             spec = fp4_gemm.fp4_spec(vec, "bf16", "bf16", tuning)
-            sass = _cubin_tool("cuobjdump", ["-sass"], compiled[spec.name], tmp_path)
+            sass = cubin_tool("cuobjdump", ["-sass"], compiled[spec.name], tmp_path)
             omma = re.findall(r"OMMA\.\S+", sass)
             assert set(omma) == {expected[vec]}, (spec.name, set(omma))
             assert len(omma) == 2 * tuning.m_tiles * tuning.n_tiles, spec.name  # unrolled: 2 k64 steps a stage
             assert "LDSM" in sass and "LDGSTS" in sass, spec.name
             assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
-        probe = _cubin_tool("cuobjdump", ["-sass"], compiled[fp4_gemm.probe_spec(vec).name], tmp_path)
+        probe = cubin_tool("cuobjdump", ["-sass"], compiled[fp4_gemm.probe_spec(vec).name], tmp_path)
         assert re.findall(r"OMMA\.\S+", probe) == [expected[vec]]
 
 
 @needs_nvrtc
 def test_resource_usage_no_stack_no_local(compiled, tmp_path):
     for name, kernel in compiled.items():
-        report = _cubin_tool("cuobjdump", ["-res-usage"], kernel, tmp_path)
+        report = cubin_tool("cuobjdump", ["-res-usage"], kernel, tmp_path)
         usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", report)
         assert usage, report
         assert usage.group(2) == "0" and usage.group(3) == "0", f"{name}: {usage.group(0)}"

@@ -26,11 +26,10 @@ import sys
 
 import pytest
 import torch
-from test_cuda_compile import _cubin_tool  # tests/ is on sys.path (pytest rootdir-relative imports)
+from helpers import compile_fresh, cubin_tool
 from test_cuda_fp4 import _problem, assert_matches_reference
 
-from humming.cuda_kernels import fp4_gemm, jit
-from humming.cuda_kernels._warmup import warmup_specs
+from humming.cuda_kernels import _fp4_layout, _fp4_tuning, fp4_gemm, jit
 from humming.ir.formats import get_format
 from humming.ir.weight import cdiv
 
@@ -38,7 +37,7 @@ SCHEMES = {16: "nvfp4", 32: "mxfp4"}
 
 
 def _tuning(vec: int, block_t: int) -> fp4_gemm.Sm100Tuning:
-    return fp4_gemm.Sm100Tuning(block_t, fp4_gemm._sm100_stages(vec, block_t))
+    return fp4_gemm.Sm100Tuning(block_t, _fp4_tuning._sm100_stages(vec, block_t))
 
 
 def _specs() -> list[jit.KernelSpec]:
@@ -53,13 +52,9 @@ def _specs() -> list[jit.KernelSpec]:
 def compiled(tmp_path_factory):
     if jit.compiler_unavailable_reason() is not None:
         pytest.skip(jit.compiler_unavailable_reason())
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HUMMING_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        jit.clear_memory_cache()
-        specs = _specs() + [fp4_gemm.sm100_probe_spec(vec) for vec in SCHEMES]
-        report = warmup_specs([(spec, "sm_100a") for spec in specs], progress=False)
-        jit.clear_memory_cache()
-    return {k.spec.name: k for k in report.kernels}
+    specs = _specs() + [fp4_gemm.sm100_probe_spec(vec) for vec in SCHEMES]
+    kernels = compile_fresh([(spec, "sm_100a") for spec in specs], tmp_path_factory.mktemp("cache"))
+    return {k.spec.name: k for k in kernels}
 
 
 def test_every_variant_compiles_for_sm_100a_only(compiled):
@@ -80,7 +75,7 @@ def test_sass_holds_the_tcgen05_pipeline(compiled, tmp_path):
     for spec in _specs():
         vec = 16 if "nvfp4" in spec.name else 32
         block_t = int(re.search(r"_t(\d+)_", spec.name).group(1))
-        sass = _cubin_tool("cuobjdump", ["-sass"], compiled[spec.name], tmp_path)
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[spec.name], tmp_path)
         ops = re.findall(r"\b(UTC[A-Z]+[\w.]*|UTMALDG[\w.]*|UBLKCP[\w.]*|LDL|STL)\b", sass)
         mma = [op for op in ops if "MMA" in op]
         assert mma == [expected[vec]] * 4, (spec.name, mma)
@@ -90,7 +85,7 @@ def test_sass_holds_the_tcgen05_pipeline(compiled, tmp_path):
         assert "UTMALDG.2D" in ops and "UBLKCP.S.G" in ops, spec.name
         assert "LDL" not in ops and "STL" not in ops, f"{spec.name} uses local memory"
     for vec in SCHEMES:
-        sass = _cubin_tool("cuobjdump", ["-sass"], compiled[fp4_gemm.sm100_probe_spec(vec).name], tmp_path)
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[fp4_gemm.sm100_probe_spec(vec).name], tmp_path)
         ops = re.findall(r"\b(UTC[A-Z]+[\w.]*)\b", sass)
         assert [op for op in ops if "MMA" in op] == [expected[vec]] and ops.count("UTCBAR") == 1, ops
         assert ops.count("UTCCP.T.S.4x32dp128bit") == 2, ops
@@ -357,7 +352,7 @@ def test_emulation_catches_a_row_major_scale_atom(monkeypatch):
         return atoms.reshape(*atoms.shape[:2], 32, 4, 4).transpose(2, 3).reshape(atoms.shape).contiguous()
 
     qw, qa = _problem("nvfp4", 40, 128, 128, seed=5)
-    monkeypatch.setattr(fp4_gemm, "sf_atoms", row_major)
+    monkeypatch.setattr(_fp4_layout, "sf_atoms", row_major)
     got = _emulate(fp4_gemm.prepare(qw, "sm_100a"), qa, None, _tuning(16, 64))
     with pytest.raises(AssertionError, match="elements off"):
         assert_matches_reference(got, qw, qa, None)

@@ -3,26 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_rel_close, compile_fresh, cubin_tool, needs_nvrtc
 
 import humming
-from humming.cuda_kernels import fp8_gemm, jit
-from humming.cuda_kernels._warmup import warmup_specs
+from humming.cuda_kernels import _fp8_launch, _fp8_layout, fp8_gemm, jit
 from humming.ir.activation import get_act_scheme
 from humming.ir.layout import parse_group_size
 
 H200 = fp8_gemm.DeviceLimits(sm_count=132, smem_per_block=232448, smem_per_sm=233472)
-needs_nvrtc = pytest.mark.skipif(
-    jit.compiler_unavailable_reason() is not None, reason=f"{jit.compiler_unavailable_reason()}"
-)
 
 
 def _specs() -> list[jit.KernelSpec]:
@@ -73,12 +66,8 @@ def _grouped_specs() -> list[jit.KernelSpec]:
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HUMMING_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        jit.clear_memory_cache()
-        report = warmup_specs([(spec, "sm_90a") for spec in _specs()], progress=False)
-        jit.clear_memory_cache()
-    return {k.spec.name: k for k in report.kernels}
+    kernels = compile_fresh([(spec, "sm_90a") for spec in _specs()], tmp_path_factory.mktemp("cache"))
+    return {k.spec.name: k for k in kernels}
 
 
 @needs_nvrtc
@@ -94,24 +83,10 @@ def test_compiles_for_sm90a_without_spills(compiled):
         assert used == min(255, 65536 // (threads * min_blocks)) // 8 * 8, (name, used)
 
 
-def _cuobjdump() -> str | None:
-    spec = importlib.util.find_spec("triton")
-    if spec is not None and spec.origin is not None:
-        candidate = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if candidate.is_file():
-            return str(candidate)
-    return shutil.which("cuobjdump")
-
-
 @needs_nvrtc
 def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not found (neither in triton's package nor on PATH)")
     for name, kernel in compiled.items():
-        path = tmp_path / f"{name}.cubin"
-        path.write_bytes(kernel.cubin)
-        sass = subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+        sass = cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path)
         block_m = int(re.search(r"_m(\d+)_", name).group(1))
         assert f"QGMMA.64x{block_m}x32.F32.E4M3.E4M3" in sass, name
         if "_w4a8_" in name or "_wmxfp4a8_" in name:  # A from registers, fed by bulk copies and prmt lookups
@@ -240,7 +215,7 @@ def test_grouped_weight_is_the_experts_stacked_along_n(weight, group, seed):
     qw = _stacked(weight, group)
     prep = fp8_gemm.prepare(qw)
     assert prep is fp8_gemm.prepare(qw) and prep.num_experts == 3 and prep.n == 256
-    parts = [fp8_gemm._prepare_2d(expert_weight(qw, e)) for e in range(3)]
+    parts = [_fp8_layout._prepare_2d(expert_weight(qw, e)) for e in range(3)]
     for name, dim in (("weight", 0), ("w_scale", 0), ("w_block_scale", 0), ("w_group_scale", 1)):
         got, want = getattr(prep, name), [getattr(p, name) for p in parts]
         assert (got is None) == (want[0] is None), name
@@ -655,16 +630,6 @@ def _with_bias(ref: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return ref if bias is None else ref + bias.to(torch.float64)
 
 
-def _check(out: torch.Tensor, ref: torch.Tensor, seed: int) -> None:
-    """No NaN left from the poisoned output; ||out - ref|| / ||ref|| < 1e-2, else the worst coordinates."""
-    assert not torch.isnan(out).any(), f"unwritten (NaN) outputs at {torch.isnan(out).nonzero()[:5].tolist()}"
-    diff = out.to(torch.float64) - ref
-    rel = (diff.norm() / ref.norm()).item()
-    worst = divmod(int(diff.abs().argmax()), out.shape[1])
-    got, want = out[worst].item(), ref[worst].item()
-    assert rel < 1e-2, f"seed {seed}: rel err {rel:.3e}, worst (m, n) = {worst}: {got} vs {want}"
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_matches_float64_reference(case, seed, fp8_sm90):
@@ -673,7 +638,7 @@ def test_matches_float64_reference(case, seed, fp8_sm90):
     n_pad = -(-case.n // 8) * 8
     out = torch.full((case.m, n_pad), float("nan"), device="cuda", dtype=case.out)[:, : case.n]
     fp8_gemm.run(fp8_gemm.prepare(qw), qa, qa.scheme, bias, case.out, out=out)
-    _check(out, ref, seed)
+    assert_rel_close(out, ref, precision=torch.float64, seed=seed)
 
 
 @pytest.mark.gpu
@@ -687,7 +652,7 @@ def test_linear_quantizes_with_the_triton_pass(act_name, seed, fp8_sm90):
     out = fp8_gemm.linear(x, qw, bias, act, torch.bfloat16)
     qa = quantize_activation(x, act)
     assert torch.equal(out, fp8_gemm.run(fp8_gemm.prepare(qw), qa, act, bias, torch.bfloat16))
-    _check(out, _reference(qa, qw, bias), seed)
+    assert_rel_close(out, _reference(qa, qw, bias), precision=torch.float64, seed=seed)
 
 
 @pytest.mark.gpu
@@ -698,7 +663,12 @@ def test_every_tuning_computes_the_same_function(seed, fp8_sm90):
         prep = fp8_gemm.prepare(qw)
         for wgs, block_m, stages, min_blocks, tma in ((1, 8, 2, 2, True), (1, 32, 4, 2, False), (2, 64, 3, 1, True)):
             tuning = fp8_gemm.Fp8Tuning(wgs, block_m, stages, min_blocks, group_m=2, tma_store=tma)
-            _check(fp8_gemm.run(prep, qa, qa.scheme, None, torch.bfloat16, tuning=tuning), ref, seed)
+            assert_rel_close(
+                fp8_gemm.run(prep, qa, qa.scheme, None, torch.bfloat16, tuning=tuning),
+                ref,
+                precision=torch.float64,
+                seed=seed,
+            )
 
 
 @pytest.mark.gpu
@@ -712,7 +682,7 @@ def test_mxfp4_runs_through_humming_linear(seed, fp8_sm90):
     assert humming.explain(qw, 45, act="fp8").backend == "cuda"
     out = humming.linear(x, qw, bias, act="fp8", backend="cuda")
     assert torch.equal(out, humming.linear(x, qw, bias, act="fp8"))
-    _check(out, _reference(quantize_activation(x, act), qw, bias), seed)
+    assert_rel_close(out, _reference(quantize_activation(x, act), qw, bias), precision=torch.float64, seed=seed)
 
 
 @pytest.mark.gpu
@@ -769,7 +739,7 @@ def test_split_k_matches_float64_reference(case, seed, fp8_sm90):
         out = torch.full((case.m, n_pad), float("nan"), device="cuda", dtype=case.out)[:, : case.n]
         tuning = dataclasses.replace(chosen, splits=splits)
         fp8_gemm.run(prep, qa, qa.scheme, bias, case.out, tuning=tuning, out=out)
-        _check(out, ref, seed)
+        assert_rel_close(out, ref, precision=torch.float64, seed=seed)
         if case.out == torch.float32:
             single = fp8_gemm.run(prep, qa, qa.scheme, bias, case.out, tuning=dataclasses.replace(chosen, splits=1))
             rel = ((out - single).norm() / single.norm()).item()
@@ -809,5 +779,5 @@ def test_block_activation_scales_are_row_major_even_without_padding():
     scheme = get_act_scheme("fp8_g128")
     scales = torch.rand(256, 4)
     qa = QuantizedActivation(scheme, torch.zeros(256, 512, dtype=torch.uint8), scales)
-    blocks = fp8_gemm._activations(qa, scheme, 512, 128).x_block_scale
+    blocks = _fp8_launch._activations(qa, scheme, 512, 128).x_block_scale
     assert blocks.is_contiguous() and torch.equal(blocks, scales.T)

@@ -1,0 +1,233 @@
+"""Kernel specs and launch of the FP8 GEMM (:mod:`humming.cuda_kernels.fp8_gemm`): the spec of each
+specialisation (:func:`fp8_spec`, :func:`call_spec`), the activations in the kernel's layout, the ctypes
+mirror of ``humming::fp8_sm90::Params`` and :func:`_launch`, which fills it and launches on the current
+stream."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..device import device_index
+from ..ir.weight import cdiv
+from ._driver import tensor_map_2d
+from ._fp8_layout import SCALE_MODES, W_FORMATS, PreparedFp8
+from ._fp8_tuning import _BK, Fp8Tuning, smem_bytes
+from ._layout import CPP_DTYPE, DTYPE_CODE
+from .jit import KernelSpec, per_call_cache
+
+#: Compute capabilities the kernel is built for (wgmma and setmaxnreg need sm_90a).
+FP8_CCS = ((9, 0),)
+#: Kernel-name tokens of the weight formats.
+_W_NAMES = {"e4m3": "w8a8", "int4": "w4a8", "mxfp4": "wmxfp4a8"}
+
+
+@per_call_cache
+def fp8_spec(
+    w_format: str, scale_mode: str, out: str, bias: str, tuning: Fp8Tuning, grouped: bool = False
+) -> KernelSpec:
+    """The kernel spec for a weight format (a key of :data:`W_FORMATS`), a scale mode, output / bias dtype
+    codes, tuning, and the grouped (MoE) flag. Split-K kernels (``tuning.splits > 1``, one kernel for any
+    count: the count is grid.z) write fp32 with plain stores and are not grouped."""
+    split = tuning.splits > 1
+    if split and (out != "f32" or tuning.tma_store or grouped):
+        raise ValueError(
+            f"tuning: split-K (splits={tuning.splits}) adds fp32 partial sums with plain stores, not grouped;"
+            f" got out={out!r}, tma_store={tuning.tma_store}, grouped={grouped} (call_spec sets these)"
+        )
+    producer, consumer = tuning.registers()
+    kind = "grouped_" if grouped else ""
+    name = (
+        f"humming_fp8_gemm_sm90_{kind}{_W_NAMES[w_format]}_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}"
+        f"_m{tuning.block_m}"
+        f"_s{tuning.stages}_mb{tuning.min_blocks}" + ("_sk" if split else "") + ("" if tuning.tma_store else "_stg")
+    )
+    args = ", ".join(
+        (
+            str(tuning.wgs),
+            str(tuning.block_m),
+            str(tuning.stages),
+            str(W_FORMATS[w_format]),
+            str(SCALE_MODES[scale_mode]),
+            "true" if tuning.tma_store else "false",
+            "true" if grouped else "false",
+            "true" if split else "false",
+            CPP_DTYPE[out],
+            CPP_DTYPE[bias],
+            str(producer),
+            str(consumer),
+        )
+    )
+    return KernelSpec(
+        family="fp8_gemm_sm90",
+        name=name,
+        header="humming/fp8_gemm_sm90.cuh",
+        entry=f"humming::fp8_sm90::run<{args}>",
+        params="humming::fp8_sm90::Params",
+        threads=tuning.threads,
+        ccs=FP8_CCS,
+        min_blocks=tuning.min_blocks,
+        arch_specific=True,
+    )
+
+
+@dataclass(frozen=True)
+class _Activations:
+    codes: torch.Tensor  # uint8 [M, Kp], e4m3 bytes
+    x_scale: torch.Tensor | None  # fp32 per-token [M] or per-tensor [1]
+    x_block_scale: torch.Tensor | None  # fp32 [ceil(K / 128), tiles_m * block_m]
+
+
+def _activations(x, act, kp: int, block_m: int) -> _Activations:
+    """Quantize ``x`` (a float ``[M, K]``, or take a ``QuantizedActivation``) into the kernel's layout."""
+    from ..ir.activation import QuantizedActivation
+
+    if isinstance(x, QuantizedActivation):
+        qa = x
+    else:
+        from ..triton_kernels.act_quant import quantize_activation
+
+        qa = quantize_activation(x, act)
+    m, k = qa.codes.shape
+    codes = qa.codes if kp == k else F.pad(qa.codes, (0, kp - k))
+    scales = qa.scales.to(torch.float32)
+    if qa.scheme.group == 128:
+        # [num_kb, M padded to the token tile], row-major: F.pad with nothing to pad returns a clone that keeps
+        # the transposed strides, which the kernel would read as row-major, hence .contiguous()
+        blocks = F.pad(scales.T, (0, cdiv(m, block_m) * block_m - m)).contiguous()
+        return _Activations(codes.contiguous(), None, blocks)
+    return _Activations(codes.contiguous(), scales.reshape(-1).contiguous(), None)
+
+
+class _Params(ctypes.Structure):
+    """Mirror of ``humming::fp8_sm90::Params`` (512 bytes, 64-byte aligned in the kernel)."""
+
+    _fields_ = (
+        ("w_map", ctypes.c_uint8 * 128),
+        ("x_map", ctypes.c_uint8 * 128),
+        ("out_map", ctypes.c_uint8 * 128),
+        ("w_scale", ctypes.c_void_p),
+        ("x_scale", ctypes.c_void_p),
+        ("w_block_scale", ctypes.c_void_p),
+        ("x_block_scale", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("M", ctypes.c_int),
+        ("N", ctypes.c_int),
+        ("num_kb", ctypes.c_int),
+        ("x_scale_stride", ctypes.c_int),
+        ("x_block_stride", ctypes.c_int),
+        ("tiles_m", ctypes.c_int),
+        ("tiles_n", ctypes.c_int),
+        ("group_m", ctypes.c_int),
+        ("out", ctypes.c_void_p),
+        ("out_stride", ctypes.c_int),
+        ("w_packed", ctypes.c_void_p),
+        ("w_group_scale", ctypes.c_void_p),
+        ("w_group_stride", ctypes.c_int),
+        ("expert_ids", ctypes.c_void_p),
+        ("block_m", ctypes.c_int),
+        ("_tail", ctypes.c_uint8 * 4),
+    )
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+@per_call_cache
+def call_spec(
+    w_format: str,
+    scale_mode: str,
+    bias_dtype: torch.dtype | None,
+    out_dtype: torch.dtype,
+    tuning: Fp8Tuning,
+    grouped: bool = False,
+) -> KernelSpec:
+    """The spec of one call: weight format, scale mode, bias dtype (``None``: no bias), output dtype, tuning
+    (fp32 output: the plain-store epilogue; split-K: that epilogue into the fp32 workspace), grouped flag."""
+    bias_code = DTYPE_CODE[bias_dtype] if bias_dtype is not None else DTYPE_CODE[out_dtype]
+    if tuning.splits > 1:
+        out_dtype = torch.float32
+    if out_dtype == torch.float32:  # the TMA-store epilogue writes 16-bit floats only
+        tuning = dataclasses.replace(tuning, tma_store=False)
+    return fp8_spec(w_format, scale_mode, DTYPE_CODE[out_dtype], bias_code, tuning, grouped)
+
+
+def _launch(
+    prep: PreparedFp8,
+    x,
+    act,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    tuning: Fp8Tuning | None,
+    out: torch.Tensor | None,
+    expert_ids: torch.Tensor | None,
+    block_m: int,
+) -> torch.Tensor:
+    from ._driver import get_kernel
+
+    codes = getattr(x, "codes", x)
+    m = codes.shape[0]
+    device = device_index(codes.device)
+    if out is None:
+        n_pad = cdiv(prep.n, 16 // out_dtype.itemsize) * (16 // out_dtype.itemsize)
+        out = torch.empty(m, n_pad, dtype=out_dtype, device=codes.device)[:, : prep.n]
+    elif (
+        tuple(out.shape) != (m, prep.n)
+        or out.dtype != out_dtype
+        or out.stride(1) != 1
+        or (out.stride(0) * out.element_size()) % 16
+        or out.data_ptr() % 16
+    ):
+        raise ValueError(f"out: expected a [{m}, {prep.n}] {out_dtype} tensor, unit column stride, 16-byte rows")
+    if m == 0:
+        return out
+    if out_dtype == torch.float32 or tuning.splits > 1:  # the TMA-store epilogue writes 16-bit floats only
+        tuning = dataclasses.replace(tuning, tma_store=False)
+    grouped = expert_ids is not None
+    spec = call_spec(prep.w_format, prep.scale_mode, None if bias is None else bias.dtype, out_dtype, tuning, grouped)
+    kernel = get_kernel(spec, device)
+    a = _activations(x, act, prep.kp, tuning.block_m)
+    if bias is not None:
+        bias = bias.contiguous()
+    if prep.w_bits == 8 and tuning.block_n not in prep.maps:
+        prep.maps[tuning.block_n] = tensor_map_2d(prep.weight, _BK, tuning.block_n)
+    tiles_m, tiles_n = cdiv(m, tuning.block_m), cdiv(prep.n, tuning.block_n)
+    params = _Params()
+    if prep.w_bits == 8:
+        params.w_map[:] = prep.maps[tuning.block_n]
+    params.x_map[:] = tensor_map_2d(a.codes, _BK, tuning.block_m)
+    if tuning.tma_store:
+        params.out_map[:] = tensor_map_2d(out, 64, tuning.block_m)
+    params.w_scale = _ptr(prep.w_scale)
+    params.x_scale = _ptr(a.x_scale)
+    params.w_block_scale = _ptr(prep.w_block_scale)
+    params.x_block_scale = _ptr(a.x_block_scale)
+    params.bias = _ptr(bias)
+    params.M, params.N, params.num_kb = m, prep.n, cdiv(prep.kp, _BK)
+    params.x_scale_stride = 1 if a.x_scale is not None and a.x_scale.numel() > 1 else 0
+    params.x_block_stride = a.x_block_scale.shape[1] if a.x_block_scale is not None else 0
+    params.tiles_m, params.tiles_n, params.group_m = tiles_m, tiles_n, tuning.group_m
+    # split-K: the splits add into a zero-filled fp32 workspace (fp32 out: ``out`` itself), rounded afterwards;
+    # the memset and the copy are stream work, so CUDA-graph capture records them
+    acc = out
+    if tuning.splits > 1 and out_dtype == torch.float32:
+        acc = out.zero_()
+    elif tuning.splits > 1:
+        acc = torch.zeros(m, prep.n, dtype=torch.float32, device=out.device)
+    params.out, params.out_stride = acc.data_ptr(), acc.stride(0)
+    if prep.w_bits == 4:
+        params.w_packed = prep.weight.data_ptr()
+        params.w_group_scale = _ptr(prep.w_group_scale)
+        params.w_group_stride = prep.w_group_scale.shape[1] if prep.w_group_scale is not None else 0
+    if grouped:
+        params.expert_ids, params.block_m = expert_ids.data_ptr(), block_m
+    smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages, prep.w_format)
+    kernel.launch((tiles_m * tiles_n, 1, tuning.splits), smem, params, torch.cuda.current_stream(device).cuda_stream)
+    if acc is not out:
+        out.copy_(acc)
+    return out

@@ -1,0 +1,124 @@
+"""Tuning of the FP8 GEMM (:mod:`humming.cuda_kernels.fp8_gemm`): the speed-only knobs (:class:`Fp8Tuning`),
+the shared memory they take (:func:`smem_bytes`), and the heuristics that choose them, pure functions of the
+problem and the device limits."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..device import DeviceLimits
+from ..ir.weight import cdiv
+from .jit import per_call_cache
+
+_BK = 128  # K per pipeline stage
+_TILE_BYTES = 4096  # one 64-row x 128-K tile of 4-bit codes
+_SHIFT_BYTES = 256  # MXFP4: the table shifts of a tile's 64 rows x 4 k-steps, after its codes
+_BLOCK_M_CHOICES = (8, 16, 32, 64, 128)
+_MIN_SPLIT_KB = 8  # K blocks of 128 per split at least: a split still fills a few pipeline stages
+_PRODUCER_REGS = 40
+
+
+@dataclass(frozen=True)
+class Fp8Tuning:
+    """Speed-only knobs: consumer warpgroups (``wgs``, 64 weight rows each), tokens per block
+    (``block_m``, the wgmma N), pipeline ``stages``, blocks per SM the registers are sized for
+    (``min_blocks``), token tiles per raster group (``group_m``), the epilogue's store (``tma_store``:
+    stmatrix + TMA store, else plain global stores) and the number of contiguous K ranges (``splits``,
+    grid.z; above 1 the kernel adds fp32 partial sums into a workspace, with plain stores)."""
+
+    wgs: int
+    block_m: int
+    stages: int
+    min_blocks: int
+    group_m: int = 8
+    tma_store: bool = True
+    splits: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.splits, bool) or not isinstance(self.splits, int) or self.splits < 1:
+            raise ValueError(f"splits: expected an int >= 1, got {self.splits!r}")
+
+    @property
+    def block_n(self) -> int:
+        return 64 * self.wgs
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.wgs + 1)
+
+    def registers(self) -> tuple[int, int]:
+        """(producer, consumer) registers per thread after ``setmaxnreg``: the producer gives up what the
+        consumers take, within the per-thread cap that ``__launch_bounds__`` sets."""
+        cap = min(255, 65536 // (self.threads * self.min_blocks)) // 8 * 8
+        consumer = (cap * self.threads - _PRODUCER_REGS * 128) // (128 * self.wgs) // 8 * 8
+        return _PRODUCER_REGS, min(240, consumer)
+
+
+def smem_bytes(wgs: int, block_m: int, stages: int, w_format: str = "e4m3") -> int:
+    """Dynamic shared memory of one block (mirrors ``SmemLayout`` in the header)."""
+    tile = 64 * _BK if w_format == "e4m3" else _TILE_BYTES + (_SHIFT_BYTES if w_format == "mxfp4" else 0)
+    stage = cdiv(wgs * tile, 1024) * 1024 + block_m * _BK  # weight tiles padded to whole swizzle atoms
+    return 1024 + stages * stage + wgs * block_m * 128 + 16 * stages
+
+
+@per_call_cache
+def choose_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:
+    """Tuning for ``out[m, n] = x[m, k] @ W[n, k]^T``: a pure function of the problem and the device.
+
+    The tile tuning (:func:`choose_tile_tuning`), split along K (:func:`choose_split_tuning`) for the 4-bit
+    weight formats, whose tiles are cheap to read, so that splits fill the block slots a small grid leaves
+    empty; e4m3 weights keep one split, where the fp32 reduction of splits costs more than the fill gains.
+    """
+    if w_format in ("int4", "mxfp4"):
+        return choose_split_tuning(m, n, k, limits, w_format)
+    return choose_tile_tuning(m, n, k, limits, w_format)
+
+
+def choose_tile_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:
+    """One split: tokens per block, the smallest wgmma N that covers ``m`` (at most 128). Two consumer
+    warpgroups (128 weight rows) when that still gives every SM a block, else one (64 rows, two blocks per
+    SM) so that small-M calls spread the weight stream over the whole GPU. Stages: as many as shared memory
+    holds."""
+    block_m = next((b for b in _BLOCK_M_CHOICES if b >= m), _BLOCK_M_CHOICES[-1])
+    return _fill_tuning(block_m, cdiv(n, 128) * cdiv(m, block_m), limits, w_format)
+
+
+def choose_split_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:
+    """:func:`choose_tile_tuning` plus split-K where its tile grid leaves block slots empty: a pure function.
+
+    ``splits`` = how many copies of the tile grid fit in the block slots (``sm_count * min_blocks // tiles``,
+    one wave), at most one split per ``_MIN_SPLIT_KB`` K blocks; 1 when the tiles fill the slots.
+    """
+    tuning = choose_tile_tuning(m, n, k, limits, w_format)
+    tiles = cdiv(n, tuning.block_n) * cdiv(m, tuning.block_m)
+    splits = min(limits.sm_count * tuning.min_blocks // tiles, cdiv(k, _BK) // _MIN_SPLIT_KB)
+    return dataclasses.replace(tuning, splits=max(1, splits))
+
+
+def choose_grouped_tuning(
+    block_m: int, m_pad: int, n: int, num_experts: int, limits: DeviceLimits, w_format: str = "e4m3"
+) -> Fp8Tuning:
+    """Tuning of the grouped kernel for ``M_pad`` grouped rows in segments of ``block_m``: a pure function.
+
+    Tokens per block: the largest wgmma N (at most 128) that divides ``block_m``, so that a tile never spans
+    two segments. Warpgroups and stages as :func:`choose_tuning`, over the segments in use at most (the
+    routing is not read on the host): ``M_pad`` is the worst case of ``S`` slots, ``S + E (block_m - 1)``
+    rounded up, and ``S`` slots fill at most ``S // block_m + min(E, S)`` segments.
+    """
+    tile = next(b for b in reversed(_BLOCK_M_CHOICES) if block_m % b == 0)
+    slots = max(1, m_pad - num_experts * (block_m - 1))
+    segments = min(m_pad // block_m, slots // block_m + min(num_experts, slots))
+    return _fill_tuning(tile, cdiv(n, 128) * segments * (block_m // tile), limits, w_format)
+
+
+def _fill_tuning(block_m: int, tiles: int, limits: DeviceLimits, w_format: str) -> Fp8Tuning:
+    """Two consumer warpgroups when ``tiles`` 128-row tiles give every SM a block, else one (two blocks per
+    SM); as many stages as shared memory holds."""
+    wgs = 2 if tiles >= limits.sm_count else 1
+    min_blocks = 1 if wgs == 2 else 2
+    budget = min(limits.smem_per_block, limits.smem_per_sm // min_blocks - 1024)
+    stages = 2
+    while stages < 16 and smem_bytes(wgs, block_m, stages + 1, w_format) <= budget:
+        stages += 1
+    return Fp8Tuning(wgs, block_m, stages, min_blocks)

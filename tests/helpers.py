@@ -1,0 +1,77 @@
+"""Helpers shared by the test modules: NVRTC compilation into a fresh cache, the CUDA binary tools that read
+cubins, and the norm-wise comparison of a kernel's output with its float reference. Test modules import it
+as ``helpers``: pytest's rootdir-relative imports put tests/ on sys.path."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from humming.cuda_kernels import jit
+from humming.cuda_kernels._warmup import warmup_specs
+
+#: Skips a test where NVRTC cannot compile (no cuda-python / NVRTC library), saying why.
+needs_nvrtc = pytest.mark.skipif(
+    jit.compiler_unavailable_reason() is not None, reason=f"{jit.compiler_unavailable_reason()}"
+)
+
+
+def compile_fresh(jobs, cache_dir) -> list[jit.CompiledKernel]:
+    """The kernels of ``jobs`` (``(spec, arch)`` pairs) compiled by NVRTC into the empty disk cache
+    ``cache_dir``, the in-process cache cleared before and after: every cubin and compile log comes from
+    this compilation, not from an earlier run or test."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HUMMING_CACHE_DIR", str(cache_dir))
+        jit.clear_memory_cache()
+        report = warmup_specs(jobs, progress=False)
+        jit.clear_memory_cache()
+    return report.kernels
+
+
+def cuda_tool(name: str) -> str | None:
+    """Path of the CUDA binary tool ``name`` (``cuobjdump``, ``nvdisasm``): the copy in triton's package,
+    else the one on PATH, else ``None``."""
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin is not None:
+        candidate = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / name
+        if candidate.is_file():
+            return str(candidate)
+    return shutil.which(name)
+
+
+def cubin_tool(tool_name: str, args: list[str], kernel: jit.CompiledKernel, tmp_path) -> str:
+    """The standard output of ``tool_name args`` on ``kernel``'s cubin (written under ``tmp_path``); skips
+    the test when the tool is not found."""
+    tool = cuda_tool(tool_name)
+    if tool is None:
+        pytest.skip(f"{tool_name} not found (neither in triton's package nor on PATH)")
+    path = tmp_path / f"{kernel.spec.name}-{kernel.arch}.cubin"
+    path.write_bytes(kernel.cubin)
+    return subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True).stdout
+
+
+def assert_rel_close(
+    out: torch.Tensor, ref: torch.Tensor, tol: float = 1e-2, *, precision: torch.dtype, seed: int | None = None
+) -> None:
+    """``out [R, C]`` has no NaN and ``||out - ref|| / ||ref|| < tol``, computed in ``precision``.
+
+    NaN fails first: outputs are poisoned with NaN before the call, so a NaN is an element the kernel did not
+    write. The error is norm-wise because the kernels accumulate in fp32 and round once to the output type:
+    single elements near zero may be far off in relative terms while the whole output is within one rounding
+    of it; each test picks ``tol`` from that rounding (1e-2 for bf16 outputs, the output type's epsilon where
+    the products are exact). A failure names the worst element and ``seed`` when given.
+    """
+    assert not torch.isnan(out).any(), f"NaN (unwritten) outputs at {torch.isnan(out).nonzero()[:5].tolist()}"
+    diff = out.to(precision) - ref
+    err = diff.norm() / ref.norm()
+    worst = divmod(int(diff.abs().argmax()), diff.shape[1])
+    assert err < tol, (
+        ("" if seed is None else f"seed {seed}: ")
+        + f"relative error {float(err):.3e} >= {tol:.1e}; worst (row, column) = {worst}:"
+        f" {out[worst].item()} vs {ref[worst].item()}"
+    )
