@@ -221,8 +221,6 @@ def _weights(shape, gen: torch.Generator, device: str) -> torch.Tensor:
 def _quantizer_defect(case: WeightCase) -> str | None:
     """A known quantizer defect this case would hit (each has an xfail regression test at the end of this
     file), so that the properties keep exploring the kernels instead of finding it again."""
-    if case.weight == "uint1" and not case.zero_point:
-        return "test_quantize_symmetric_uint1_is_finite"
     if case.global_scale and case.scale_dtype in (torch.float32, torch.bfloat16):
         return "test_quantize_global_scale_with_wide_scales_is_finite"
     return None
@@ -517,19 +515,13 @@ def test_fused_moe_matches_reference_gpu(backend: str, data) -> None:
 
 
 # ------------------------------------------------------------------------------- defects the fuzzer found
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="quantize(w, 'uint1') (symmetric) divides by the largest positive code, 0: inf scales, NaN weights "
-    "(symmetric int1 is refused with a reason; uint1 is not)",
-)
-def test_quantize_symmetric_uint1_is_finite() -> None:
+@pytest.mark.parametrize("weight", ["int1", "uint1"])
+def test_quantize_symmetric_1bit_is_refused(weight: str) -> None:
+    """A symmetric grid's step is amax / (2^(bits-1) - 1): with one bit there is no nonzero level (a scale
+    would divide by 0), so quantize refuses and names the way out."""
     w = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
-    try:
-        qw = humming.quantize(w, "uint1", group_size=-1)
-    except ValueError:
-        return  # refusing the format, as for symmetric int1, is a correct answer too
-    assert torch.isfinite(humming.dequantize(qw)).all(), f"scales {qw.scales.flatten().tolist()}"
+    with pytest.raises(ValueError, match=r"^weight: symmetric u?int1 .*zero_point=True"):
+        humming.quantize(w, weight, group_size=-1)
 
 
 @pytest.mark.xfail(

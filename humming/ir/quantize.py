@@ -95,8 +95,9 @@ def quantize(
         if not fmt.is_int:
             raise ValueError(f"zero_point={zero_point!r}: zero points need an int format, got {fmt.name}")
         fmt = get_format(f"uint{fmt.bits}")
-    elif fmt.is_int and fmt.signed and fmt.bits == 1:
-        raise ValueError("weight: symmetric int1 has no positive value; use zero_point=True (uint1)")
+    elif fmt.is_int and fmt.bits == 1:
+        # The symmetric step is amax / (2^(bits-1) - 1): one bit leaves no nonzero level to scale to.
+        raise ValueError(f"weight: symmetric {fmt.name} has no nonzero level to scale; use zero_point=True (uint1)")
     if zero_point == "float" and scale_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError("zero_point='float': float zeros are stored in the scale dtype, which must be fp32/fp16/bf16")
 
