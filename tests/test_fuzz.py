@@ -9,7 +9,7 @@ tensor comes from a ``torch.Generator`` seeded with that seed, so hypothesis' fa
 ``note`` lines) reproduce a failure; combinations the quantizer refuses are rejected, combinations a backend
 declares it does not run must raise ``ValueError`` (a refusal, never a wrong answer). Defects the fuzzer
 found are kept as strict xfail regression tests at the end of this file, and the properties reject the
-cases that hit them (``_quantizer_defect``, ``_triton_defect``) so that they keep exploring elsewhere.
+cases that hit them (``_triton_defect``) so that they keep exploring elsewhere.
 
 Reference: ``humming.dequantize(qw, float64)`` times the activations (``quantize_activation`` then
 ``dequantize_activation`` when ``act`` is set) in float64, plus bias. Checks: every element is finite (no
@@ -40,6 +40,7 @@ import humming
 from humming import moe
 from humming.dispatch.plan import plan_grouped, plan_linear
 from humming.dispatch.support import combination_error
+from humming.ir.quantize import GLOBAL_SCALE_DTYPES
 from humming.ir.weight import SCALE_DTYPES, cdiv
 
 _SLOW_EXAMPLES = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -111,7 +112,7 @@ class WeightCase:
 def weight_cases(draw) -> WeightCase:
     """A named scheme, an integer format or a float / lookup format, about a third each, so that few examples
     still reach every family. Zero points are drawn only for integer formats and the global scale only
-    without them, as quantize documents; what it still refuses is rejected in the test."""
+    without them and with 8-bit scales, as quantize documents; what it still refuses is rejected in the test."""
     family = draw(st.sampled_from(["scheme", "int", "float"]))
     if family == "scheme":
         return WeightCase(draw(st.sampled_from(sorted(humming.WEIGHT_SCHEMES))))
@@ -128,7 +129,7 @@ def weight_cases(draw) -> WeightCase:
     zero_point = draw(st.sampled_from([False, True, "float"])) if family == "int" else False
     scale_dtypes = SCALE_DTYPES if zero_point != "float" else (torch.float32, torch.float16, torch.bfloat16)
     scale_dtype = draw(st.sampled_from(scale_dtypes))
-    global_scale = not zero_point and draw(st.booleans())
+    global_scale = not zero_point and scale_dtype in GLOBAL_SCALE_DTYPES and draw(st.booleans())
     return WeightCase(name, group_size, zero_point, scale_dtype, global_scale, act_order)
 
 
@@ -218,14 +219,6 @@ def _weights(shape, gen: torch.Generator, device: str) -> torch.Tensor:
     return (torch.randn(shape, generator=gen) * rows).to(device)
 
 
-def _quantizer_defect(case: WeightCase) -> str | None:
-    """A known quantizer defect this case would hit (each has an xfail regression test at the end of this
-    file), so that the properties keep exploring the kernels instead of finding it again."""
-    if case.global_scale and case.scale_dtype in (torch.float32, torch.bfloat16):
-        return "test_quantize_global_scale_with_wide_scales_is_finite"
-    return None
-
-
 def _scaled_mm_tile(qw: humming.QuantizedWeight, act: str, m: int):
     """The Triton scaled GEMM's compute plan and tile for this call (its own plan and heuristic), or None
     where it computes no plan (it then refuses the call, as declared)."""
@@ -258,11 +251,6 @@ def _triton_defect(qw: humming.QuantizedWeight, act: str | None, m: int, backend
 
 
 def _quantize(case: WeightCase, w: torch.Tensor, gen: torch.Generator, bias=None) -> humming.QuantizedWeight:
-    defect = _quantizer_defect(case)
-    if defect:
-        event("rejected: known quantizer defect")
-        note(f"known defect, see {defect}")
-        reject()
     try:
         qw = case.quantize(w, gen, bias=bias)
     except ValueError as err:  # a combination the quantizer refuses (its message says which)
@@ -524,19 +512,22 @@ def test_quantize_symmetric_1bit_is_refused(weight: str) -> None:
         humming.quantize(w, weight, group_size=-1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="quantize(global_scale=True) with fp32 / bf16 scales sets the global scale to amax / (elem_max * "
-    "finfo(scale dtype).max), an fp32 subnormal or 0, and the scales divided by it overflow to inf: NaN weights",
-)
-@pytest.mark.parametrize(
-    ("scale_dtype", "seed", "magnitude"), [(torch.float32, 1, 10.0), (torch.bfloat16, 4, 0.01)], ids=["fp32", "bf16"]
-)
-def test_quantize_global_scale_with_wide_scales_is_finite(scale_dtype: torch.dtype, seed: int, magnitude: float):
-    w = torch.randn(7, 64, generator=torch.Generator().manual_seed(seed)) * magnitude
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_quantize_global_scale_with_wide_scales_is_refused(scale_dtype: torch.dtype) -> None:
+    """The global scale maps the largest group scale to the scale dtype's max: for fp32 or bf16 scales an fp32
+    subnormal or 0, and scales overflowing to inf. A second level is for 8-bit scales, and quantize says so."""
+    w = torch.randn(7, 64, generator=torch.Generator().manual_seed(1)) * 10
+    with pytest.raises(ValueError, match=r"^global_scale=True: .*scale_dtype"):
+        humming.quantize(w, "e4m3", group_size=-1, scale_dtype=scale_dtype, global_scale=True)
+
+
+@pytest.mark.parametrize("scale_dtype", GLOBAL_SCALE_DTYPES)
+@pytest.mark.parametrize("magnitude", [1e-3, 10.0, 1e4])
+def test_quantize_global_scale_is_finite(scale_dtype: torch.dtype, magnitude: float) -> None:
+    w = torch.randn(7, 64, generator=torch.Generator().manual_seed(1)) * magnitude
     qw = humming.quantize(w, "e4m3", group_size=-1, scale_dtype=scale_dtype, global_scale=True)
-    assert torch.isfinite(humming.dequantize(qw)).all(), f"global scale {qw.global_scale.item():.3g}"
+    assert torch.isfinite(qw.global_scale) and qw.global_scale > 0, f"global scale {qw.global_scale.item():.3g}"
+    assert torch.isfinite(humming.dequantize(qw)).all()
 
 
 @pytest.mark.xfail(
