@@ -238,8 +238,6 @@ def _triton_defect(qw: humming.QuantizedWeight, act: str | None, m: int, backend
     if backend != "triton":
         return None
     tile = None if act is None else _scaled_mm_tile(qw, act, m)
-    if tile and qw.bits == 1 and tile[1].block_k < 32:
-        return "test_triton_scaled_mm_1bit_weights_small_block_k"
     if tile and tile[0].k_step % tile[1].block_k:
         return "test_triton_scaled_mm_promotion_step_without_power_of_two_tile"
     bk = qw.group_shape[1]
@@ -528,15 +526,10 @@ def test_quantize_global_scale_is_finite(scale_dtype: torch.dtype, magnitude: fl
     assert torch.isfinite(humming.dequantize(qw)).all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="triton scaled_mm with 1-bit weights: scaled_mm_config picks block_k = 16 when K <= 16 (16-bit "
-    "tensor-core operands: act fp8_e5m2, mxfp8) or when a scale group of 16 along K sets the promotion step, "
-    "fewer than the 32 codes of a word: unpack_tile's tl.arange(0, BK // 32) is empty and the kernel fails "
-    "to build (a crash, not a wrong answer)",
-)
 @pytest.mark.parametrize(("act", "k", "group_size"), [("fp8_e5m2", 16, -1), ("mxfp8", 16, -1), ("fp8", 64, 16)])
 def test_triton_scaled_mm_1bit_weights_small_block_k(act: str, k: int, group_size: int, device: str) -> None:
+    """K tiles of 16 (K <= 16 with 16-bit operands, or a promotion step of 16) hold half a word of 1-bit
+    codes: the unpacking must not assume whole words per tile."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(5, k, generator=gen).to(device)
     qw = humming.quantize(w, "uint1", group_size=group_size, zero_point=True)

@@ -50,7 +50,8 @@ def smem_estimate(cfg: ScaledMMConfig, operand_bits: int, weight_bits: int, fold
     both dot operands staged once in the operand type. Calibrated against ``compiled.metadata.shared``
     (tests/test_triton_smem.py checks every chooser result)."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    words = bn * bk * 8 if 32 % weight_bits else -(-bn * bk * weight_bits // 8)
+    per_field = 32 % weight_bits or bk < 32 // weight_bits  # _weight_tile.unpack_tile's per-field path
+    words = bn * bk * 8 if per_field else -(-bn * bk * weight_bits // 8)
     per_stage = bm * bk + words + bn * 8 + (bm + bn) * bk * fold
     return (cfg.num_stages - 1) * per_stage + (bm + bn) * bk * operand_bits // 8
 
