@@ -219,27 +219,11 @@ def _weights(shape, gen: torch.Generator, device: str) -> torch.Tensor:
     return (torch.randn(shape, generator=gen) * rows).to(device)
 
 
-def _scaled_mm_tile(qw: humming.QuantizedWeight, act: str, m: int):
-    """The Triton scaled GEMM's compute plan and tile for this call (its own plan and heuristic), or None
-    where it computes no plan (it then refuses the call, as declared)."""
-    from humming.triton_kernels import scaled_mm
-    from humming.triton_kernels.scaled_mm_configs import scaled_mm_config
-
-    scheme = humming.ACT_SCHEMES[act]
-    plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), scaled_mm._capability(qw.device))
-    if isinstance(plan, str):
-        return None
-    return plan, scaled_mm_config(m, qw.N, qw.K, plan.operand_bits, plan.k_step, qw.bits)
-
-
 def _triton_defect(qw: humming.QuantizedWeight, act: str | None, m: int, backend: str) -> str | None:
     """A known Triton defect this call (``m`` rows of x) would hit (xfail regression tests at the end of this
     file)."""
     if backend != "triton":
         return None
-    tile = None if act is None else _scaled_mm_tile(qw, act, m)
-    if tile and tile[0].k_step % tile[1].block_k:
-        return "test_triton_scaled_mm_promotion_step_without_power_of_two_tile"
     bk = qw.group_shape[1]
     if act is None and m == 1 and qw.g_idx is None and 32 < bk < qw.K and bk & (bk - 1):
         return "test_triton_gemv_group_not_power_of_two"
@@ -571,23 +555,29 @@ def test_triton_gemv_group_not_power_of_two(device: str) -> None:
     _assert_close(out, x.double() @ wd.T, x.double().abs() @ wd.abs().T, TOL[torch.bfloat16], "gemv g48")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="triton scaled_mm declares support (supports() is None) for weight scale groups along K whose "
-    "largest power-of-two divisor is below 16 (24, 40...), then linear raises 'config: block_k=16 must divide "
-    "the promotion step 24': 'auto' on a GPU would pick it and fail instead of falling back",
-)
 @pytest.mark.parametrize(("weight", "act"), [("int4", "fp8"), ("int4", "int8"), ("e2m1", "mxfp8")])
 def test_triton_scaled_mm_promotion_step_without_power_of_two_tile(weight: str, act: str, device: str) -> None:
+    """Weight groups of 24 along K set a promotion step that no power-of-two K tile of the tensor cores'
+    minimum (16) divides: the scaled GEMM declares it cannot run them (so 'auto' falls back) instead of
+    failing at launch."""
     from humming.triton_kernels import scaled_mm
 
     gen = torch.Generator().manual_seed(0)
     qw = humming.quantize(torch.randn(5, 100, generator=gen).to(device), weight, group_size=24)
     x = torch.randn(3, 100, generator=gen).to(device=device, dtype=torch.bfloat16)
-    if scaled_mm.supports(qw, act, x) is not None:
-        return  # declared unsupported: a correct answer too
+    assert "promotion step" in (scaled_mm.supports(qw, act, x) or "")
+    with pytest.raises(ValueError, match="cannot run this call"):
+        humming.linear(x, qw, act=act, backend="triton")
+
+
+@pytest.mark.parametrize(("weight", "act"), [("int4", "fp8"), ("int4", "int8"), ("e2m1", "mxfp8")])
+def test_triton_scaled_mm_promotion_step_below_8bit_tile(weight: str, act: str, device: str) -> None:
+    """Weight groups of 80 along K: 8-bit tensor cores need K tiles of 32, which do not divide 80, so the
+    plan takes the 16-bit path (tiles of 16) and runs."""
+    gen = torch.Generator().manual_seed(0)
+    qw = humming.quantize(torch.randn(5, 200, generator=gen).to(device), weight, group_size=80)
+    x = torch.randn(3, 200, generator=gen).to(device=device, dtype=torch.bfloat16)
     out = humming.linear(x, qw, act=act, backend="triton", out_dtype=torch.float32)
     a = humming.dequantize_activation(humming.quantize_activation(x, act), torch.float64)
     wd = humming.dequantize(qw, torch.float64)
-    _assert_close(out, a @ wd.T, a.abs() @ wd.abs().T, TOL[torch.bfloat16], f"{weight} g24 {act}")
+    _assert_close(out, a @ wd.T, a.abs() @ wd.abs().T, TOL[torch.bfloat16], f"{weight} g80 {act}")

@@ -50,7 +50,7 @@ from ._weight_tile import (
 )
 from .configs import MIN_GROUPED_BLOCK_M, device_limits, finish_split_k, grouped_tile
 from .interpreter import INTERPRET, cast, dot
-from .scaled_mm_configs import ScaledMMConfig, scaled_mm_config
+from .scaled_mm_configs import ScaledMMConfig, min_block_k, scaled_mm_config
 
 __all__ = [
     "ComputePlan",
@@ -420,6 +420,11 @@ def _compute_plan(
     def promoted(gk: int, min_step: int) -> str | None:
         return "end" if gk == 0 else ("promote" if gk >= min_step else None)
 
+    def tileable(steps: list[int], operand_bits: int) -> bool:
+        """Power-of-two K tiles of the tensor cores' minimum divide the promotion step (gcd of ``steps``)."""
+        step = math.gcd(*steps)
+        return not step or (step & -step) >= min_block_k(operand_bits)
+
     # Blackwell's block-scaled MMA takes MX operands as they are (e8m0 scales per 32 along K).
     mx_act = scheme.scale_dtype == torch.float8_e8m0fnu and a_gk == 32 and a_fmt.name in ("e2m1", "e4m3")
     mx_weight = w_fmt.name == "e2m1" and zeros is None and w_scale_dtype == torch.float8_e8m0fnu and w_gk == 32
@@ -431,7 +436,7 @@ def _compute_plan(
     # steps would spend as much time promoting on the CUDA cores as multiplying on the tensor cores).
     a_mode, w_mode = promoted(a_gk, 64), "none" if w_none else promoted(w_gk, 64)
     steps = [g for g, mode in ((a_gk, a_mode), (w_gk, w_mode)) if mode == "promote"]
-    if a_mode and w_mode:
+    if a_mode and w_mode and tileable(steps, 8):
         if a_fmt.is_int and _exact_in(w_values, torch.int8) and capability >= (8, 0):  # Triton: no int8 MMA on sm_75
             return ComputePlan("int8", a_mode, w_mode, math.gcd(*steps) if steps else 0)
         if a_fmt.name == "e4m3" and _exact_in(w_values, "e4m3") and capability >= (8, 9):
@@ -456,6 +461,11 @@ def _compute_plan(
         why = " (e8m0 weight scales under a global scale are not folded)" if w_unfoldable else ""
         return f"scale groups along K (act {a_gk}, weight {w_gk}) below 16 can be neither promoted nor folded{why}"
     steps = [g for g, mode in ((a_gk, a_mode), (w_gk, w_mode)) if mode == "promote"]
+    if not tileable(steps, 16):
+        return (
+            f"the promotion step along K (scale groups: act {a_gk}, weight {w_gk}) needs a power-of-two "
+            f"divisor >= {min_block_k(16)} (the K tile must divide it)"
+        )
     if mma == "bf16" and capability < (8, 0):
         mma = "fp32"  # no bf16 tensor cores before Ampere: fp32 FMA, still exact
     return ComputePlan(mma, a_mode, w_mode, math.gcd(*steps) if steps else 0)

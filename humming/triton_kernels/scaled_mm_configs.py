@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .configs import TileConfig, fit_smem
 
-__all__ = ["ScaledMMConfig", "scaled_mm_config", "smem_estimate"]
+__all__ = ["ScaledMMConfig", "min_block_k", "scaled_mm_config", "smem_estimate"]
 
 
 #: The scaled GEMM launches with the WnA16 kernel's tile parameters (``dequant_first`` does not apply to it).
@@ -32,6 +32,12 @@ _BUCKETS_16BIT = (
     (256, ScaledMMConfig(128, 128, 64, num_warps=8, num_stages=3)),
     (None, ScaledMMConfig(128, 256, 64, num_warps=8, num_stages=3)),
 )
+
+
+def min_block_k(operand_bits: int) -> int:
+    """The smallest ``block_k`` for ``operand_bits``-wide tensor-core operands: 32 bytes of K (tl.dot's
+    minimum). A promotion step must be a multiple of it for power-of-two tiles to divide the step."""
+    return 256 // operand_bits
 
 
 def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
@@ -80,7 +86,7 @@ def scaled_mm_config(
     if k_step:
         block_k = min(block_k, k_step & -k_step)  # the largest power of two dividing the step
     # Small K: one tile spans it (never below the tensor cores' minimum: 32 bytes of K).
-    min_k = 256 // operand_bits
+    min_k = min_block_k(operand_bits)
     cfg = cfg.replace(block_k=max(min_k, min(block_k, 1 << max(k - 1, 1).bit_length())))
     cfg = fit_smem(cfg, lambda c: smem_estimate(c, operand_bits, weight_bits, fold), smem_limit, min_k)
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
