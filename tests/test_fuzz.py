@@ -8,8 +8,7 @@ bias (none, passed, or carried by the weight), x as a strided view or pre-quanti
 tensor comes from a ``torch.Generator`` seeded with that seed, so hypothesis' falsifying example (and the
 ``note`` lines) reproduce a failure; combinations the quantizer refuses are rejected, combinations a backend
 declares it does not run must raise ``ValueError`` (a refusal, never a wrong answer). Defects the fuzzer
-found are kept as strict xfail regression tests at the end of this file, and the properties reject the
-cases that hit them (``_triton_defect``) so that they keep exploring elsewhere.
+found are kept as regression tests at the end of this file.
 
 Reference: ``humming.dequantize(qw, float64)`` times the activations (``quantize_activation`` then
 ``dequantize_activation`` when ``act`` is set) in float64, plus bias. Checks: every element is finite (no
@@ -27,7 +26,6 @@ small shapes for the Triton interpreter) and ``long`` (2000 examples per propert
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -219,17 +217,6 @@ def _weights(shape, gen: torch.Generator, device: str) -> torch.Tensor:
     return (torch.randn(shape, generator=gen) * rows).to(device)
 
 
-def _triton_defect(qw: humming.QuantizedWeight, act: str | None, m: int, backend: str) -> str | None:
-    """A known Triton defect this call (``m`` rows of x) would hit (xfail regression tests at the end of this
-    file)."""
-    if backend != "triton":
-        return None
-    bk = qw.group_shape[1]
-    if act is None and m == 1 and qw.g_idx is None and 32 < bk < qw.K and bk & (bk - 1):
-        return "test_triton_gemv_group_not_power_of_two"
-    return None
-
-
 def _quantize(case: WeightCase, w: torch.Tensor, gen: torch.Generator, bias=None) -> humming.QuantizedWeight:
     try:
         qw = case.quantize(w, gen, bias=bias)
@@ -239,14 +226,6 @@ def _quantize(case: WeightCase, w: torch.Tensor, gen: torch.Generator, bias=None
         reject()
     assert torch.isfinite(humming.dequantize(qw)).all(), f"quantize({case}) of finite weights is not finite"
     return qw
-
-
-def _skip_known_defect(qw: humming.QuantizedWeight, act: str | None, m: int, backend: str) -> None:
-    defect = _triton_defect(qw, act, m, backend)
-    if defect:
-        event("rejected: known Triton defect")
-        note(f"known defect, see {defect}")
-        reject()
 
 
 def _draw_act(data, fmt) -> str | None:
@@ -318,7 +297,6 @@ def _check_linear(data, backend: str, device: str, dims: dict) -> None:
         with pytest.raises(ValueError, match="cannot run this call"):
             humming.linear(x_in, qw, bias if case.bias == "arg" else None, act=act, backend=backend)
         return
-    _skip_known_defect(qw, act, math.prod(lead), backend)
     event(f"ran: act={act}")
     event(f"ran: {qw.format.kind} {qw.layout}{' zeros' if qw.has_zeros else ''}")
     _poison_allocator(device, x2d.shape[0] * n)
@@ -381,7 +359,6 @@ def _check_grouped(data, backend: str, device: str, dims: dict) -> None:
         with pytest.raises(ValueError, match="cannot run this call"):
             moe.grouped_linear(x, qw, routing.expert_ids, case.block_m, bias, act=act, backend=backend)
         return
-    _skip_known_defect(qw, act, routing.m_pad, backend)
     event(f"ran: act={act}")
     event(f"ran: {qw.format.kind} {qw.layout}{' zeros' if qw.has_zeros else ''}")
     _poison_allocator(device, routing.m_pad * n)
@@ -541,18 +518,17 @@ def test_triton_scaled_mm_large_scales_with_global_scale(act: str, group_size, d
     _assert_close(out, a @ wd.T, a.abs() @ wd.abs().T, TOL[torch.bfloat16], act)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="triton wna16 GEMV (M = 1): _gemv_tile sets block_k to a scale group of 48 (any group > 32 that is "
-    "no power of two), and the kernel's tiles need powers of two: it fails to build (a crash, not a wrong answer)",
-)
-def test_triton_gemv_group_not_power_of_two(device: str) -> None:
+@pytest.mark.parametrize("group_size", [33, 40, 48, 96])
+def test_triton_gemv_group_not_power_of_two(group_size: int, device: str) -> None:
+    """The GEMV kernel (M = 1) needs power-of-two K tiles: a group of no power of two above 32 must not set
+    the tile, and tiles that span groups must read each column's own scale."""
     gen = torch.Generator().manual_seed(0)
-    qw = humming.quantize(torch.randn(3, 64, generator=gen).to(device), "e2m1", group_size=48)
-    x = torch.randn(1, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    qw = humming.quantize(torch.randn(3, 200, generator=gen).to(device), "e2m1", group_size=group_size)
+    x = torch.randn(1, 200, generator=gen).to(device=device, dtype=torch.bfloat16)
     out = humming.linear(x, qw, backend="triton", out_dtype=torch.float32)
     wd = humming.dequantize(qw, torch.float64)
-    _assert_close(out, x.double() @ wd.T, x.double().abs() @ wd.abs().T, TOL[torch.bfloat16], "gemv g48")
+    what = f"gemv g{group_size}"
+    _assert_close(out, x.double() @ wd.T, x.double().abs() @ wd.abs().T, TOL[torch.bfloat16], what)
 
 
 @pytest.mark.parametrize(("weight", "act"), [("int4", "fp8"), ("int4", "int8"), ("e2m1", "mxfp8")])
