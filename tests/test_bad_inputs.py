@@ -198,6 +198,10 @@ CASES.append(
 for label, b in {"shape": torch.zeros(15), "int": torch.zeros(16, dtype=torch.int32)}.items():
     CASES.append(Case("quantize", lambda _, b=b: q(torch.randn(16, 64), bias=b), V, "bias", label))
 CASES.append(Case("quantize", lambda _: q(torch.randn(16, 64), "int1"), V, "weight", "symmetric-int1"))
+CASES.append(Case("quantize", lambda _: q(torch.randn(16, 64), "uint1"), V, "zero_point", "symmetric-uint1"))
+for dt in (torch.float32, torch.float16, torch.bfloat16):
+    wide = lambda _, dt=dt: q(torch.randn(16, 64), "e4m3", scale_dtype=dt, global_scale=True)
+    CASES.append(Case("quantize", wide, V, "global_scale", f"global-{dt}"))
 
 # ------------------------------------------------------------------------------------------- dequantize
 for label, arg in {"tensor": torch.zeros(2, 2), "none": None, "dict": {}}.items():

@@ -8,8 +8,7 @@ bias (none, passed, or carried by the weight), x as a strided view or pre-quanti
 tensor comes from a ``torch.Generator`` seeded with that seed, so hypothesis' falsifying example (and the
 ``note`` lines) reproduce a failure; combinations the quantizer refuses are rejected, combinations a backend
 declares it does not run must raise ``ValueError`` (a refusal, never a wrong answer). Defects the fuzzer
-found are kept as strict xfail regression tests at the end of this file, and the properties reject the
-cases that hit them (``_quantizer_defect``, ``_triton_defect``) so that they keep exploring elsewhere.
+found are kept as regression tests at the end of this file.
 
 Reference: ``humming.dequantize(qw, float64)`` times the activations (``quantize_activation`` then
 ``dequantize_activation`` when ``act`` is set) in float64, plus bias. Checks: every element is finite (no
@@ -27,7 +26,6 @@ small shapes for the Triton interpreter) and ``long`` (2000 examples per propert
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -40,6 +38,7 @@ import humming
 from humming import moe
 from humming.dispatch.plan import plan_grouped, plan_linear
 from humming.dispatch.support import combination_error
+from humming.ir.quantize import GLOBAL_SCALE_DTYPES
 from humming.ir.weight import SCALE_DTYPES, cdiv
 
 _SLOW_EXAMPLES = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -113,7 +112,7 @@ class WeightCase:
 def weight_cases(draw) -> WeightCase:
     """A named scheme, an integer format or a float / lookup format, about a third each, so that few examples
     still reach every family. Zero points are drawn only for integer formats and the global scale only
-    without them, as quantize documents; what it still refuses is rejected in the test."""
+    without them and with 8-bit scales, as quantize documents; what it still refuses is rejected in the test."""
     family = draw(st.sampled_from(["scheme", "int", "float"]))
     if family == "scheme":
         return WeightCase(draw(st.sampled_from(sorted(humming.WEIGHT_SCHEMES))))
@@ -130,7 +129,7 @@ def weight_cases(draw) -> WeightCase:
     zero_point = draw(st.sampled_from([False, True, "float"])) if family == "int" else False
     scale_dtypes = SCALE_DTYPES if zero_point != "float" else (torch.float32, torch.float16, torch.bfloat16)
     scale_dtype = draw(st.sampled_from(scale_dtypes))
-    global_scale = not zero_point and draw(st.booleans())
+    global_scale = not zero_point and scale_dtype in GLOBAL_SCALE_DTYPES and draw(st.booleans())
     return WeightCase(name, group_size, zero_point, scale_dtype, global_scale, act_order)
 
 
@@ -220,53 +219,7 @@ def _weights(shape, gen: torch.Generator, device: str) -> torch.Tensor:
     return (torch.randn(shape, generator=gen) * rows).to(device)
 
 
-def _quantizer_defect(case: WeightCase) -> str | None:
-    """A known quantizer defect this case would hit (each has an xfail regression test at the end of this
-    file), so that the properties keep exploring the kernels instead of finding it again."""
-    if case.weight == "uint1" and not case.zero_point:
-        return "test_quantize_symmetric_uint1_is_finite"
-    if case.global_scale and case.scale_dtype in (torch.float32, torch.bfloat16):
-        return "test_quantize_global_scale_with_wide_scales_is_finite"
-    return None
-
-
-def _scaled_mm_tile(qw: humming.QuantizedWeight, act: str, m: int):
-    """The Triton scaled GEMM's compute plan and tile for this call (its own plan and heuristic), or None
-    where it computes no plan (it then refuses the call, as declared)."""
-    from humming.triton_kernels import scaled_mm
-    from humming.triton_kernels.scaled_mm_configs import scaled_mm_config
-
-    scheme = humming.ACT_SCHEMES[act]
-    plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), scaled_mm._capability(qw.device))
-    if isinstance(plan, str):
-        return None
-    return plan, scaled_mm_config(m, qw.N, qw.K, plan.operand_bits, plan.k_step, qw.bits)
-
-
-def _triton_defect(qw: humming.QuantizedWeight, act: str | None, m: int, backend: str) -> str | None:
-    """A known Triton defect this call (``m`` rows of x) would hit (xfail regression tests at the end of this
-    file)."""
-    if backend != "triton":
-        return None
-    tile = None if act is None else _scaled_mm_tile(qw, act, m)
-    if tile and qw.bits == 1 and tile[1].block_k < 32:
-        return "test_triton_scaled_mm_1bit_weights_small_block_k"
-    if tile and tile[0].k_step % tile[1].block_k:
-        return "test_triton_scaled_mm_promotion_step_without_power_of_two_tile"
-    if act is not None and qw.global_scale is not None and qw.scales.dtype == torch.float8_e8m0fnu:
-        return "test_triton_scaled_mm_global_scale_after_large_scales"
-    bk = qw.group_shape[1]
-    if act is None and m == 1 and qw.g_idx is None and 32 < bk < qw.K and bk & (bk - 1):
-        return "test_triton_gemv_group_not_power_of_two"
-    return None
-
-
 def _quantize(case: WeightCase, w: torch.Tensor, gen: torch.Generator, bias=None) -> humming.QuantizedWeight:
-    defect = _quantizer_defect(case)
-    if defect:
-        event("rejected: known quantizer defect")
-        note(f"known defect, see {defect}")
-        reject()
     try:
         qw = case.quantize(w, gen, bias=bias)
     except ValueError as err:  # a combination the quantizer refuses (its message says which)
@@ -275,14 +228,6 @@ def _quantize(case: WeightCase, w: torch.Tensor, gen: torch.Generator, bias=None
         reject()
     assert torch.isfinite(humming.dequantize(qw)).all(), f"quantize({case}) of finite weights is not finite"
     return qw
-
-
-def _skip_known_defect(qw: humming.QuantizedWeight, act: str | None, m: int, backend: str) -> None:
-    defect = _triton_defect(qw, act, m, backend)
-    if defect:
-        event("rejected: known Triton defect")
-        note(f"known defect, see {defect}")
-        reject()
 
 
 def _draw_act(data, fmt) -> str | None:
@@ -354,7 +299,6 @@ def _check_linear(data, backend: str, device: str, dims: dict) -> None:
         with pytest.raises(ValueError, match="cannot run this call"):
             humming.linear(x_in, qw, bias if case.bias == "arg" else None, act=act, backend=backend)
         return
-    _skip_known_defect(qw, act, math.prod(lead), backend)
     event(f"ran: act={act}")
     event(f"ran: {qw.format.kind} {qw.layout}{' zeros' if qw.has_zeros else ''}")
     _poison_allocator(device, x2d.shape[0] * n)
@@ -417,7 +361,6 @@ def _check_grouped(data, backend: str, device: str, dims: dict) -> None:
         with pytest.raises(ValueError, match="cannot run this call"):
             moe.grouped_linear(x, qw, routing.expert_ids, case.block_m, bias, act=act, backend=backend)
         return
-    _skip_known_defect(qw, act, routing.m_pad, backend)
     event(f"ran: act={act}")
     event(f"ran: {qw.format.kind} {qw.layout}{' zeros' if qw.has_zeros else ''}")
     _poison_allocator(device, routing.m_pad * n)
@@ -519,45 +462,37 @@ def test_fused_moe_matches_reference_gpu(backend: str, data) -> None:
 
 
 # ------------------------------------------------------------------------------- defects the fuzzer found
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="quantize(w, 'uint1') (symmetric) divides by the largest positive code, 0: inf scales, NaN weights "
-    "(symmetric int1 is refused with a reason; uint1 is not)",
-)
-def test_quantize_symmetric_uint1_is_finite() -> None:
+@pytest.mark.parametrize("weight", ["int1", "uint1"])
+def test_quantize_symmetric_1bit_is_refused(weight: str) -> None:
+    """A symmetric grid's step is amax / (2^(bits-1) - 1): with one bit there is no nonzero level (a scale
+    would divide by 0), so quantize refuses and names the way out."""
     w = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
-    try:
-        qw = humming.quantize(w, "uint1", group_size=-1)
-    except ValueError:
-        return  # refusing the format, as for symmetric int1, is a correct answer too
-    assert torch.isfinite(humming.dequantize(qw)).all(), f"scales {qw.scales.flatten().tolist()}"
+    with pytest.raises(ValueError, match=r"^weight: symmetric u?int1 .*zero_point=True"):
+        humming.quantize(w, weight, group_size=-1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="quantize(global_scale=True) with fp32 / bf16 scales sets the global scale to amax / (elem_max * "
-    "finfo(scale dtype).max), an fp32 subnormal or 0, and the scales divided by it overflow to inf: NaN weights",
-)
-@pytest.mark.parametrize(
-    ("scale_dtype", "seed", "magnitude"), [(torch.float32, 1, 10.0), (torch.bfloat16, 4, 0.01)], ids=["fp32", "bf16"]
-)
-def test_quantize_global_scale_with_wide_scales_is_finite(scale_dtype: torch.dtype, seed: int, magnitude: float):
-    w = torch.randn(7, 64, generator=torch.Generator().manual_seed(seed)) * magnitude
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_quantize_global_scale_with_wide_scales_is_refused(scale_dtype: torch.dtype) -> None:
+    """The global scale maps the largest group scale to the scale dtype's max: for fp32 or bf16 scales an fp32
+    subnormal or 0, and scales overflowing to inf. A second level is for 8-bit scales, and quantize says so."""
+    w = torch.randn(7, 64, generator=torch.Generator().manual_seed(1)) * 10
+    with pytest.raises(ValueError, match=r"^global_scale=True: .*scale_dtype"):
+        humming.quantize(w, "e4m3", group_size=-1, scale_dtype=scale_dtype, global_scale=True)
+
+
+@pytest.mark.parametrize("scale_dtype", GLOBAL_SCALE_DTYPES)
+@pytest.mark.parametrize("magnitude", [1e-3, 10.0, 1e4])
+def test_quantize_global_scale_is_finite(scale_dtype: torch.dtype, magnitude: float) -> None:
+    w = torch.randn(7, 64, generator=torch.Generator().manual_seed(1)) * magnitude
     qw = humming.quantize(w, "e4m3", group_size=-1, scale_dtype=scale_dtype, global_scale=True)
-    assert torch.isfinite(humming.dequantize(qw)).all(), f"global scale {qw.global_scale.item():.3g}"
+    assert torch.isfinite(qw.global_scale) and qw.global_scale > 0, f"global scale {qw.global_scale.item():.3g}"
+    assert torch.isfinite(humming.dequantize(qw)).all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="triton scaled_mm with 1-bit weights: scaled_mm_config picks block_k = 16 when K <= 16 (16-bit "
-    "tensor-core operands: act fp8_e5m2, mxfp8) or when a scale group of 16 along K sets the promotion step, "
-    "fewer than the 32 codes of a word: unpack_tile's tl.arange(0, BK // 32) is empty and the kernel fails "
-    "to build (a crash, not a wrong answer)",
-)
 @pytest.mark.parametrize(("act", "k", "group_size"), [("fp8_e5m2", 16, -1), ("mxfp8", 16, -1), ("fp8", 64, 16)])
 def test_triton_scaled_mm_1bit_weights_small_block_k(act: str, k: int, group_size: int, device: str) -> None:
+    """K tiles of 16 (K <= 16 with 16-bit operands, or a promotion step of 16) hold half a word of 1-bit
+    codes: the unpacking must not assume whole words per tile."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(5, k, generator=gen).to(device)
     qw = humming.quantize(w, "uint1", group_size=group_size, zero_point=True)
@@ -568,19 +503,16 @@ def test_triton_scaled_mm_1bit_weights_small_block_k(act: str, k: int, group_siz
     _assert_close(out, ref, a.abs() @ humming.dequantize(qw, torch.float64).abs().T, TOL[torch.bfloat16], act)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="triton scaled_mm multiplies the fp32 accumulator by the weight scale, then by the global scale: "
-    "weight scales near 2^127 (what quantize picks for e8m0 scales with global_scale=True, the global scale "
-    "near 2^-127) overflow to inf where the definition, code * (float32(scale) * global_scale), is finite",
-)
-@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy overflow
+@pytest.mark.parametrize("group_size", ["tensor", 16, 32, 64])
 @pytest.mark.parametrize("act", ["fp8", "nvfp4", "mxfp4"])
-def test_triton_scaled_mm_global_scale_after_large_scales(act: str, device: str) -> None:
+def test_triton_scaled_mm_large_scales_with_global_scale(act: str, group_size, device: str) -> None:
+    """With e8m0 scales and a global scale, quantize puts the largest scale near 2^127 and the global scale
+    near 2^-127: the kernel must apply fp32(scale) * global, as dequantize does, and never one of them alone,
+    which would overflow (in the epilogue, per promotion step, or folded into an operand)."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(8, 64, generator=gen).to(device)
-    qw = humming.quantize(w, "e2m1", group_size="tensor", scale_dtype=torch.float8_e8m0fnu, global_scale=True)
+    qw = humming.quantize(w, "e2m1", group_size=group_size, scale_dtype=torch.float8_e8m0fnu, global_scale=True)
+    assert qw.scales.float().max() >= 2.0**126, "the case needs scales near the top of e8m0's range"
     x = torch.randn(4, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
     out = humming.linear(x, qw, act=act, backend="triton", out_dtype=torch.float32)
     a = humming.dequantize_activation(humming.quantize_activation(x, act), torch.float64)
@@ -588,37 +520,42 @@ def test_triton_scaled_mm_global_scale_after_large_scales(act: str, device: str)
     _assert_close(out, a @ wd.T, a.abs() @ wd.abs().T, TOL[torch.bfloat16], act)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="triton wna16 GEMV (M = 1): _gemv_tile sets block_k to a scale group of 48 (any group > 32 that is "
-    "no power of two), and the kernel's tiles need powers of two: it fails to build (a crash, not a wrong answer)",
-)
-def test_triton_gemv_group_not_power_of_two(device: str) -> None:
+@pytest.mark.parametrize("group_size", [33, 40, 48, 96])
+def test_triton_gemv_group_not_power_of_two(group_size: int, device: str) -> None:
+    """The GEMV kernel (M = 1) needs power-of-two K tiles: a group of no power of two above 32 must not set
+    the tile, and tiles that span groups must read each column's own scale."""
     gen = torch.Generator().manual_seed(0)
-    qw = humming.quantize(torch.randn(3, 64, generator=gen).to(device), "e2m1", group_size=48)
-    x = torch.randn(1, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    qw = humming.quantize(torch.randn(3, 200, generator=gen).to(device), "e2m1", group_size=group_size)
+    x = torch.randn(1, 200, generator=gen).to(device=device, dtype=torch.bfloat16)
     out = humming.linear(x, qw, backend="triton", out_dtype=torch.float32)
     wd = humming.dequantize(qw, torch.float64)
-    _assert_close(out, x.double() @ wd.T, x.double().abs() @ wd.abs().T, TOL[torch.bfloat16], "gemv g48")
+    what = f"gemv g{group_size}"
+    _assert_close(out, x.double() @ wd.T, x.double().abs() @ wd.abs().T, TOL[torch.bfloat16], what)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="triton scaled_mm declares support (supports() is None) for weight scale groups along K whose "
-    "largest power-of-two divisor is below 16 (24, 40...), then linear raises 'config: block_k=16 must divide "
-    "the promotion step 24': 'auto' on a GPU would pick it and fail instead of falling back",
-)
 @pytest.mark.parametrize(("weight", "act"), [("int4", "fp8"), ("int4", "int8"), ("e2m1", "mxfp8")])
 def test_triton_scaled_mm_promotion_step_without_power_of_two_tile(weight: str, act: str, device: str) -> None:
+    """Weight groups of 24 along K set a promotion step that no power-of-two K tile of the tensor cores'
+    minimum (16) divides: the scaled GEMM declares it cannot run them (so 'auto' falls back) instead of
+    failing at launch."""
     from humming.triton_kernels import scaled_mm
 
     gen = torch.Generator().manual_seed(0)
     qw = humming.quantize(torch.randn(5, 100, generator=gen).to(device), weight, group_size=24)
     x = torch.randn(3, 100, generator=gen).to(device=device, dtype=torch.bfloat16)
-    if scaled_mm.supports(qw, act, x) is not None:
-        return  # declared unsupported: a correct answer too
+    assert "promotion step" in (scaled_mm.supports(qw, act, x) or "")
+    with pytest.raises(ValueError, match="cannot run this call"):
+        humming.linear(x, qw, act=act, backend="triton")
+
+
+@pytest.mark.parametrize(("weight", "act"), [("int4", "fp8"), ("int4", "int8"), ("e2m1", "mxfp8")])
+def test_triton_scaled_mm_promotion_step_below_8bit_tile(weight: str, act: str, device: str) -> None:
+    """Weight groups of 80 along K: 8-bit tensor cores need K tiles of 32, which do not divide 80, so the
+    plan takes the 16-bit path (tiles of 16) and runs."""
+    gen = torch.Generator().manual_seed(0)
+    qw = humming.quantize(torch.randn(5, 200, generator=gen).to(device), weight, group_size=80)
+    x = torch.randn(3, 200, generator=gen).to(device=device, dtype=torch.bfloat16)
     out = humming.linear(x, qw, act=act, backend="triton", out_dtype=torch.float32)
     a = humming.dequantize_activation(humming.quantize_activation(x, act), torch.float64)
     wd = humming.dequantize(qw, torch.float64)
-    _assert_close(out, a @ wd.T, a.abs() @ wd.abs().T, TOL[torch.bfloat16], f"{weight} g24 {act}")
+    _assert_close(out, a @ wd.T, a.abs() @ wd.abs().T, TOL[torch.bfloat16], f"{weight} g80 {act}")

@@ -36,6 +36,9 @@ WEIGHT_SCHEMES = {
 }
 
 _UNSET = object()
+#: Scale dtypes that ``quantize(global_scale=True)`` accepts: the 8-bit ones, whose range an fp32 global scale
+#: moves to where the weights are (NVFP4's e4m3).
+GLOBAL_SCALE_DTYPES = (torch.float8_e4m3fn, torch.float8_e8m0fnu)
 
 
 def _default_scale_dtype(w: torch.Tensor) -> torch.dtype:
@@ -65,7 +68,7 @@ def quantize(
         scale_dtype: float32, float16, bfloat16, float8_e4m3fn or float8_e8m0fnu. Default: ``w``'s dtype
             if fp16/bf16, else float32, or the scheme's.
         global_scale: add an fp32 second-level scale (per tensor, per expert for 3-D ``w``) so that
-            low-precision scales use their full range (NVFP4).
+            8-bit scales (``scale_dtype`` float8_e4m3fn or float8_e8m0fnu) use their full range (NVFP4).
         g_idx: act-order: int32 ``[K]`` group of each input column (groups need not be contiguous).
         bias: optional float ``[*E, N]`` carried with the weight.
     """
@@ -95,13 +98,22 @@ def quantize(
         if not fmt.is_int:
             raise ValueError(f"zero_point={zero_point!r}: zero points need an int format, got {fmt.name}")
         fmt = get_format(f"uint{fmt.bits}")
-    elif fmt.is_int and fmt.signed and fmt.bits == 1:
-        raise ValueError("weight: symmetric int1 has no positive value; use zero_point=True (uint1)")
+    elif fmt.is_int and fmt.bits == 1:
+        # The symmetric step is amax / (2^(bits-1) - 1): one bit leaves no nonzero level to scale to.
+        raise ValueError(f"weight: symmetric {fmt.name} has no nonzero level to scale; use zero_point=True (uint1)")
     if zero_point == "float" and scale_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError("zero_point='float': float zeros are stored in the scale dtype, which must be fp32/fp16/bf16")
 
     if global_scale and zero_point:
         raise ValueError("global_scale: a global scale is only supported with symmetric quantization")
+    # The global scale, amax / (elem_max * scale_max), maps the largest group scale to the scale dtype's max:
+    # with fp32's own range (fp32, bf16 scales) it underflows fp32 and the scales divided by it overflow to inf,
+    # and a 16-bit or wider scale needs no second level.
+    if global_scale and scale_dtype not in GLOBAL_SCALE_DTYPES:
+        raise ValueError(
+            f"global_scale=True: a second-level scale is for 8-bit scales (scale_dtype one of "
+            f"{GLOBAL_SCALE_DTYPES}), got scale_dtype {scale_dtype}"
+        )
     group_shape = parse_group_size(group_size)
     if g_idx is not None and group_shape[0] != 1:
         raise ValueError(f"g_idx: act-order needs a per-group layout along K, got group_size {group_size!r}")

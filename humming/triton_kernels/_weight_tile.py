@@ -194,7 +194,7 @@ def unpack_tile(
     n_words = (K * W_BITS + 31) // 32
     row = qw_ptr + offs_n.to(tl.int64)[:, None] * stride_qn
     n_ok = offs_n[:, None] < N
-    if 32 % W_BITS == 0:
+    if 32 % W_BITS == 0 and BK >= 32 // W_BITS:
         # Fields never straddle words: load whole words (vectorised), then spread each into its fields.
         PER_WORD: tl.constexpr = 32 // W_BITS
         BKW: tl.constexpr = BK // PER_WORD
@@ -205,7 +205,8 @@ def unpack_tile(
         codes = (words[:, :, None] >> shifts[None, None, :]) & ((1 << W_BITS) - 1)
         codes = tl.reshape(codes, (words.shape[0], BK))
     else:
-        # 3, 5, 6, 7 bits: a field may straddle two words; read both (the second only where needed).
+        # 3, 5, 6, 7 bits: a field may straddle two words; read both (the second only where needed). Also
+        # tiles narrower than a word (1-bit codes, BK = 16): each field reads its own word, none straddles.
         pos = (k0 + tl.arange(0, BK)) * W_BITS
         word = pos >> 5
         shift = pos & 31

@@ -103,9 +103,11 @@ def choose_split_k(tiles: int, k_tiles: int, sm_count: int, waves: int = 2) -> i
 
 
 def _gemv_tile(cfg: TileConfig, group_k: int) -> TileConfig:
-    """GEMV tiles that hold whole scale groups of one value per row (``block_k <= group_k``), so the
-    kernel applies one scale per row and never changes layouts; ~1024 words per iteration."""
-    block_k = min(cfg.block_k, group_k) if group_k else cfg.block_k
+    """GEMV tiles inside one scale group along K (``block_k`` divides ``group_k``), so the kernel applies one
+    scale per row and never changes layouts; ~1024 words per iteration. ``block_k`` is a power of two of at
+    least 32 (the kernel's tiles are powers of two, and 32 holds a word of 1-bit codes): for groups without
+    such a divisor (16, 24, 48...) tiles span groups and read a scale per word or element."""
+    block_k = min(cfg.block_k, group_k & -group_k) if group_k else cfg.block_k
     block_k = max(block_k, 32)
     block_n = max(8, min(64, 8192 // block_k)) // cfg.block_m
     return cfg.replace(block_k=block_k, block_n=max(block_n, 8))

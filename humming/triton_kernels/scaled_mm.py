@@ -14,8 +14,10 @@ tensor cores can take exactly. The IR is read as is (no repacking). One kernel, 
   in the epilogue), ``promote`` (changes along K: the partial dot of each K step is promoted to the fp32
   accumulator with its scales, as DeepSeek's 1x128 x 128x128 fp8 recipe), ``fold`` (multiplied into the
   operand before the dot, where the product is exact: e8m0 scales into bf16, e4m3 scales of e2m1 / int4
-  values into fp16; MXFP4 x fp8, NVFP4, MXFP4 x MXFP4) or ``native`` (inside ``tl.dot_scaled``). Global
-  scales multiply the epilogue.
+  values into fp16; MXFP4 x fp8, NVFP4, MXFP4 x MXFP4) or ``native`` (inside ``tl.dot_scaled``). A weight's
+  global scale multiplies its scales first (``fp32(scale) * global``, as :func:`humming.dequantize` rounds it)
+  where they are applied at the end or promoted, and the epilogue after a fold; e8m0 weight scales with a
+  global scale are never folded. The activation's global scale multiplies the epilogue.
 
 The plan (:func:`compute_plan`) is numerics and depends only on the formats and the device's capability; tile
 sizes (:mod:`.scaled_mm_configs`) are tuning. Under the interpreter the plan is made for sm_90.
@@ -48,7 +50,7 @@ from ._weight_tile import (
 )
 from .configs import MIN_GROUPED_BLOCK_M, device_limits, finish_split_k, grouped_tile
 from .interpreter import INTERPRET, cast, dot
-from .scaled_mm_configs import ScaledMMConfig, scaled_mm_config
+from .scaled_mm_configs import ScaledMMConfig, min_block_k, scaled_mm_config
 
 __all__ = [
     "ComputePlan",
@@ -83,6 +85,16 @@ def _scale_vec(ptr, stride, offs, limit, col, PER_ROW: tl.constexpr, GROUP: tl.c
     else:
         s = tl.load(ptr + col + offs * 0)
     return decode_scale(s, S_KIND)
+
+
+@triton.jit
+def _global(w_scales, gs_ptr, HAS_GS: tl.constexpr):
+    """The weight's scales times its global scale, rounded to fp32 once as :func:`humming.dequantize` does
+    before they meet the accumulator: a scale near 2^127 times the accumulator could overflow where the
+    product of the two scales does not."""
+    if HAS_GS:
+        w_scales = w_scales * tl.load(gs_ptr)
+    return w_scales
 
 
 @triton.jit
@@ -274,7 +286,8 @@ def _scaled_mm_kernel(
                 if A_SCALE == "promote":
                     part = part * _scale_vec(as_ptr, stride_asm, offs_m, M, k0 // A_GK, A_PER_ROW, 1, A_S_KIND)[:, None]
                 if W_SCALE == "promote":
-                    part = part * _scale_vec(s_ptr, stride_sn, offs_n, N, k0 // GK, W_PER_ROW, W_GN, S_KIND)[None, :]
+                    w_s = _scale_vec(s_ptr, stride_sn, offs_n, N, k0 // GK, W_PER_ROW, W_GN, S_KIND)
+                    part = part * _global(w_s, gs_ptr, HAS_GS)[None, :]
                 acc += part
             else:
                 acc = _mma(a_op, b_op, acc, MMA, BK)
@@ -283,11 +296,12 @@ def _scaled_mm_kernel(
     if A_SCALE == "end":
         acc = acc * _scale_vec(as_ptr, stride_asm, offs_m, M, 0, A_PER_ROW, 1, A_S_KIND)[:, None]
     if W_SCALE == "end":
-        acc = acc * _scale_vec(s_ptr, stride_sn, offs_n, N, 0, W_PER_ROW, W_GN, S_KIND)[None, :]
+        w_s = _scale_vec(s_ptr, stride_sn, offs_n, N, 0, W_PER_ROW, W_GN, S_KIND)
+        acc = acc * _global(w_s, gs_ptr, HAS_GS)[None, :]
     if A_HAS_GS:
         acc = acc * tl.load(ags_ptr)
-    if HAS_GS:
-        acc = acc * tl.load(gs_ptr)
+    if HAS_GS and W_SCALE != "end" and W_SCALE != "promote":
+        acc = acc * tl.load(gs_ptr)  # after folded scales: e4m3 only (see _compute_plan), too small to overflow
     out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -377,7 +391,8 @@ def compute_plan(qw: QuantizedWeight, scheme: ActScheme, a_gk: int, capability: 
     zeros = None if qw.zeros is None else ("float" if qw.zeros.is_floating_point() else "int")
     w_gk = qw.group_shape[1] if qw.scales is not None and qw.group_shape[1] != -1 else 0
     w_scale_dtype = None if qw.scales is None else qw.scales.dtype
-    return _compute_plan(qw.format, zeros, w_scale_dtype, w_gk, scheme, a_gk, tuple(capability))
+    w_global = qw.global_scale is not None
+    return _compute_plan(qw.format, zeros, w_scale_dtype, w_gk, w_global, scheme, a_gk, tuple(capability))
 
 
 @functools.cache
@@ -386,6 +401,7 @@ def _compute_plan(
     zeros: str | None,
     w_scale_dtype: torch.dtype | None,
     w_gk: int,
+    w_global: bool,
     scheme: ActScheme,
     a_gk: int,
     capability: tuple[int, int],
@@ -396,13 +412,23 @@ def _compute_plan(
     if w_values is None:
         return "float zero points are only supported with 16-bit activations (act=None)"
     w_none = w_scale_dtype is None
+    # e8m0 scales span fp32's range, and under a global scale quantize puts the largest near 2^127: folded into
+    # an operand (or native) before the global scale they overflow where fp32(scale) * global does not, so they
+    # are applied as that product (promoted or in the epilogue).
+    w_unfoldable = w_global and w_scale_dtype == torch.float8_e8m0fnu
 
     def promoted(gk: int, min_step: int) -> str | None:
         return "end" if gk == 0 else ("promote" if gk >= min_step else None)
 
+    def tileable(steps: list[int], operand_bits: int) -> bool:
+        """Power-of-two K tiles of the tensor cores' minimum divide the promotion step (gcd of ``steps``)."""
+        step = math.gcd(*steps)
+        return not step or (step & -step) >= min_block_k(operand_bits)
+
     # Blackwell's block-scaled MMA takes MX operands as they are (e8m0 scales per 32 along K).
     mx_act = scheme.scale_dtype == torch.float8_e8m0fnu and a_gk == 32 and a_fmt.name in ("e2m1", "e4m3")
     mx_weight = w_fmt.name == "e2m1" and zeros is None and w_scale_dtype == torch.float8_e8m0fnu and w_gk == 32
+    mx_weight = mx_weight and not w_unfoldable
     if mx_act and mx_weight and capability >= (10, 0):
         return ComputePlan("scaled", "native", "native", 0)
 
@@ -410,7 +436,7 @@ def _compute_plan(
     # steps would spend as much time promoting on the CUDA cores as multiplying on the tensor cores).
     a_mode, w_mode = promoted(a_gk, 64), "none" if w_none else promoted(w_gk, 64)
     steps = [g for g, mode in ((a_gk, a_mode), (w_gk, w_mode)) if mode == "promote"]
-    if a_mode and w_mode:
+    if a_mode and w_mode and tileable(steps, 8):
         if a_fmt.is_int and _exact_in(w_values, torch.int8) and capability >= (8, 0):  # Triton: no int8 MMA on sm_75
             return ComputePlan("int8", a_mode, w_mode, math.gcd(*steps) if steps else 0)
         if a_fmt.name == "e4m3" and _exact_in(w_values, "e4m3") and capability >= (8, 9):
@@ -418,7 +444,7 @@ def _compute_plan(
 
     # Upcasting path: fold fine-grained fp8 scales where the product is exact, promote the others.
     a_fold = _fold_dtype(a_values, scheme.scale_dtype) if 0 < a_gk < 64 else None
-    w_fold = None if w_none or not 0 < w_gk < 64 else _fold_dtype(w_values, w_scale_dtype)
+    w_fold = None if w_none or w_unfoldable or not 0 < w_gk < 64 else _fold_dtype(w_values, w_scale_dtype)
     if a_fold and w_fold and a_fold != w_fold:
         w_fold = None
     mma = a_fold or w_fold or "fp16"
@@ -432,8 +458,14 @@ def _compute_plan(
     a_mode = "fold" if a_fold else promoted(a_gk, 16)
     w_mode = "none" if w_none else ("fold" if w_fold else promoted(w_gk, 16))
     if a_mode is None or w_mode is None:
-        return f"scale groups along K (act {a_gk}, weight {w_gk}) below 16 can be neither promoted nor folded"
+        why = " (e8m0 weight scales under a global scale are not folded)" if w_unfoldable else ""
+        return f"scale groups along K (act {a_gk}, weight {w_gk}) below 16 can be neither promoted nor folded{why}"
     steps = [g for g, mode in ((a_gk, a_mode), (w_gk, w_mode)) if mode == "promote"]
+    if not tileable(steps, 16):
+        return (
+            f"the promotion step along K (scale groups: act {a_gk}, weight {w_gk}) needs a power-of-two "
+            f"divisor >= {min_block_k(16)} (the K tile must divide it)"
+        )
     if mma == "bf16" and capability < (8, 0):
         mma = "fp32"  # no bf16 tensor cores before Ampere: fp32 FMA, still exact
     return ComputePlan(mma, a_mode, w_mode, math.gcd(*steps) if steps else 0)

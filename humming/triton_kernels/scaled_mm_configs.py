@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .configs import TileConfig, fit_smem
 
-__all__ = ["ScaledMMConfig", "scaled_mm_config", "smem_estimate"]
+__all__ = ["ScaledMMConfig", "min_block_k", "scaled_mm_config", "smem_estimate"]
 
 
 #: The scaled GEMM launches with the WnA16 kernel's tile parameters (``dequant_first`` does not apply to it).
@@ -34,6 +34,12 @@ _BUCKETS_16BIT = (
 )
 
 
+def min_block_k(operand_bits: int) -> int:
+    """The smallest ``block_k`` for ``operand_bits``-wide tensor-core operands: 32 bytes of K (tl.dot's
+    minimum). A promotion step must be a multiple of it for power-of-two tiles to divide the step."""
+    return 256 // operand_bits
+
+
 def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
     """Split K until the grid covers the multiprocessors about twice, keeping >= 4 K tiles per split."""
     split = 1
@@ -50,7 +56,8 @@ def smem_estimate(cfg: ScaledMMConfig, operand_bits: int, weight_bits: int, fold
     both dot operands staged once in the operand type. Calibrated against ``compiled.metadata.shared``
     (tests/test_triton_smem.py checks every chooser result)."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    words = bn * bk * 8 if 32 % weight_bits else -(-bn * bk * weight_bits // 8)
+    per_field = 32 % weight_bits or bk < 32 // weight_bits  # _weight_tile.unpack_tile's per-field path
+    words = bn * bk * 8 if per_field else -(-bn * bk * weight_bits // 8)
     per_stage = bm * bk + words + bn * 8 + (bm + bn) * bk * fold
     return (cfg.num_stages - 1) * per_stage + (bm + bn) * bk * operand_bits // 8
 
@@ -79,7 +86,7 @@ def scaled_mm_config(
     if k_step:
         block_k = min(block_k, k_step & -k_step)  # the largest power of two dividing the step
     # Small K: one tile spans it (never below the tensor cores' minimum: 32 bytes of K).
-    min_k = 256 // operand_bits
+    min_k = min_block_k(operand_bits)
     cfg = cfg.replace(block_k=max(min_k, min(block_k, 1 << max(k - 1, 1).bit_length())))
     cfg = fit_smem(cfg, lambda c: smem_estimate(c, operand_bits, weight_bits, fold), smem_limit, min_k)
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
