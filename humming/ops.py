@@ -27,6 +27,7 @@ import weakref
 import torch
 
 from .ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
+from .ir.activation import quantize_activation as reference_quantize_activation
 from .ir.weight import QuantizedWeight
 
 __all__ = ["LIBRARY", "act_name", "eager", "quantize_activation", "register", "weight_args", "weight_from_args"]
@@ -37,10 +38,16 @@ LIBRARY = torch.library.Library("humming", "DEF")
 
 def _weight_schema(prefix: str = "") -> str:
     """The schema arguments of one weight (:func:`weight_args`), their names prefixed."""
-    names = ("Tensor qweight", "Tensor? scales", "Tensor? zeros", "Tensor? global_scale", "Tensor? g_idx")
-    return ", ".join(
-        [*(f"{n.split()[0]} {prefix}{n.split()[1]}" for n in names), f"int {prefix}handle", f"str {prefix}meta"]
+    fields = (
+        ("Tensor", "qweight"),
+        ("Tensor?", "scales"),
+        ("Tensor?", "zeros"),
+        ("Tensor?", "global_scale"),
+        ("Tensor?", "g_idx"),
+        ("int", "handle"),
+        ("str", "meta"),
     )
+    return ", ".join(f"{kind} {prefix}{name}" for kind, name in fields)
 
 
 _SCHEMAS = {
@@ -64,6 +71,13 @@ def eager(x) -> bool:
     """Whether a wrapper should run its implementation directly: not while dynamo traces, and only on plain
     tensors (a fake or subclass tensor goes through the op and its fake implementation)."""
     return type(x) is torch.Tensor and not torch.compiler.is_compiling()
+
+
+def register(name: str, impl, fake) -> None:
+    """Register op ``name``'s real implementation (every device: the dispatcher inside picks) and its fake
+    one (output shapes and dtypes only, symbolic sizes allowed; no data is read)."""
+    LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"humming::{name}", fake, lib=LIBRARY)
 
 
 # ---------------------------------------------------------------------------------------- weight handles
@@ -123,6 +137,21 @@ def act_name(act: ActScheme | None) -> str | None:
     return act.name
 
 
+# ---------------------------------------------------------------------------------- activation quantization
+def _quantize_activation_impl(x, scheme: ActScheme, scale, backend: str) -> QuantizedActivation:
+    if backend not in ("auto", "reference", "triton"):
+        raise ValueError(f"backend: expected 'auto', 'reference' or 'triton', got {backend!r}")
+    if backend == "triton" or (backend == "auto" and x.device.type == "cuda"):
+        from .triton_kernels import act_quant
+
+        reason = act_quant.supports(x, scheme)
+        if reason is None:
+            return act_quant.quantize_activation(x, scheme, scale=scale)
+        if backend == "triton":
+            raise ValueError(f"backend: 'triton' cannot quantize these activations: {reason}")
+    return reference_quantize_activation(x, scheme, scale=scale)
+
+
 def _act_scales_shape(scheme: ActScheme, m, k, static: bool) -> tuple:
     if static or scheme.group == "tensor":
         return (1, 1)
@@ -139,30 +168,6 @@ def _fake_quantize_activation(x, act, scale, backend):
         x.new_empty(_act_scales_shape(scheme, m, k, scale is not None), dtype=scheme.scale_dtype),
         x.new_empty((), dtype=torch.float32),
     )
-
-
-def register(name: str, impl, fake) -> None:
-    """Register op ``name``'s real implementation (every device: the dispatcher inside picks) and its fake
-    one (output shapes and dtypes only, symbolic sizes allowed; no data is read)."""
-    LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"humming::{name}", fake, lib=LIBRARY)
-
-
-# ---------------------------------------------------------------------------------- activation quantization
-def _quantize_activation_impl(x, scheme: ActScheme, scale, backend: str) -> QuantizedActivation:
-    if backend not in ("auto", "reference", "triton"):
-        raise ValueError(f"backend: expected 'auto', 'reference' or 'triton', got {backend!r}")
-    if backend == "triton" or (backend == "auto" and x.device.type == "cuda"):
-        from .triton_kernels import act_quant
-
-        reason = act_quant.supports(x, scheme)
-        if reason is None:
-            return act_quant.quantize_activation(x, scheme, scale=scale)
-        if backend == "triton":
-            raise ValueError(f"backend: 'triton' cannot quantize these activations: {reason}")
-    from .ir.activation import quantize_activation as reference
-
-    return reference(x, scheme, scale=scale)
 
 
 def _quantize_activation_op(x, act, scale, backend):
