@@ -1,6 +1,6 @@
 """humming: one weight IR and one kernel library for quantized LLM inference."""
 
-from . import moe
+from . import moe, nn, ops
 from .deterministic import is_deterministic, set_deterministic
 from .dispatch.plan import Plan, explain, prepare
 from .dispatch.warmup import warmup
@@ -50,6 +50,8 @@ __all__ = [
     "load",
     "load_checkpoint",
     "moe",
+    "nn",
+    "ops",
     "prepare",
     "quantize",
     "quantize_activation",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from . import ops
 from .dispatch.kernels import DENSE_KERNELS
 from .dispatch.plan import plan_linear
 from .dispatch.support import combination_error
@@ -85,13 +86,50 @@ def linear(
         raise ValueError(reason)
 
     x2d = x if prequantized else x.reshape(-1, k)
-    plan = plan_linear(qweight, act, x.codes if prequantized else x2d, backend)  # also reports bad requests
+    if ops.eager(x_data):
+        out = run_linear(x2d, qweight, bias, act, out_dtype, backend)
+    else:
+        out = torch.ops.humming.linear(
+            x_data if prequantized else x2d,
+            x.scales if prequantized else None,
+            x.global_scale if prequantized else None,
+            *ops.weight_args(qweight),
+            bias,
+            ops.act_name(act),
+            out_dtype,
+            backend,
+        )
+    return out.reshape(*lead, n)
+
+
+def run_linear(x2d, qweight: QuantizedWeight, bias, act: ActScheme | None, out_dtype, backend: str) -> torch.Tensor:
+    """What :func:`linear` runs once its arguments are checked (``torch.ops.humming.linear`` too): plan,
+    launch, non-finite rows. ``x2d`` is ``[M, K]`` (or a QuantizedActivation); returns ``[M, N]``."""
+    prequantized = isinstance(x2d, QuantizedActivation)
+    x_data = x2d.codes if prequantized else x2d
+    plan = plan_linear(qweight, act, x_data, backend)  # also reports bad requests
     if x_data.numel() == 0:  # no tokens (an idle batch): nothing to launch
-        return torch.empty(*lead, n, dtype=out_dtype, device=qweight.device)
+        return torch.empty(x_data.shape[0], qweight.N, dtype=out_dtype, device=qweight.device)
     out = DENSE_KERNELS[plan.kernel].run(x2d, qweight, bias, act, out_dtype, plan.tuning)
     if act is not None and not prequantized and (plan.backend == "reference" or act.group_shape[0] != 1):
         out = poison_non_finite_rows(x2d, out)
-    return out.reshape(*lead, n)
+    return out
+
+
+def _linear_op(x, x_scales, x_global_scale, *args):
+    *weight, bias, act, out_dtype, backend = args
+    qweight = ops.weight_from_args(*weight)
+    if x_scales is not None:
+        x = QuantizedActivation(act, x, x_scales, x_global_scale)
+    return run_linear(x, qweight, bias, None if act is None else get_act_scheme(act), out_dtype, backend)
+
+
+def _linear_fake(x, x_scales, x_global_scale, qweight, *args):
+    out_dtype = args[-2]
+    return x.new_empty((*x.shape[:-1], qweight.shape[-2]), dtype=out_dtype)
+
+
+ops.register("linear", _linear_op, _linear_fake)
 
 
 def poison_non_finite_rows(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

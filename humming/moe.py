@@ -11,6 +11,10 @@ one have expert id -1 and kernels skip them.
 - :func:`moe_align`: routing ``topk_ids [T, topk]`` -> :class:`MoeRouting` (torch ops only, no host sync).
 - :func:`grouped_linear`: ``[M_pad, K]`` rows times their block's expert -> ``[M_pad, N]``.
 - :func:`fused_moe`: align, gather, ``w13``, SiLU-and-multiply, ``w2``, weighted sum back to tokens.
+- :func:`topk_routing`: router logits -> ``(topk_weights, topk_ids)`` (softmax or sigmoid scores).
+
+Each is also a custom op (``torch.ops.humming.*``, :mod:`humming.ops`), which ``torch.compile`` sees as
+one node.
 
 Backends: ``"auto"`` tries CUDA, Triton, then the reference (``humming/dispatch/plan.py``). The
 reference runs every weight format and ``act`` scheme that :func:`humming.linear` does. The Triton grouped
@@ -28,18 +32,29 @@ from dataclasses import dataclass
 
 import torch
 
+from . import ops
 from .dispatch.kernels import GROUPED_KERNELS
 from .dispatch.plan import plan_grouped
 from .dispatch.support import combination_error
-from .ir.activation import get_act_scheme
+from .ir.activation import ActScheme, get_act_scheme
 from .ir.weight import QuantizedWeight, expert_weight
 from .linear import poison_non_finite_rows
 
-__all__ = ["MoeRouting", "default_block_m", "expert_weight", "fused_moe", "grouped_linear", "moe_align", "padded_rows"]
+__all__ = [
+    "MoeRouting",
+    "default_block_m",
+    "expert_weight",
+    "fused_moe",
+    "grouped_linear",
+    "moe_align",
+    "padded_rows",
+    "topk_routing",
+]
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_ACTIVATIONS = ("silu",)
+#: fused_moe's activations: (gate, up) in float32 -> the input of w2
+_ACTIVATIONS = {"silu": lambda gate, up: torch.nn.functional.silu(gate) * up}
 
 
 @dataclass(frozen=True)
@@ -73,7 +88,16 @@ def _check_block_m(block_m) -> int:
 def padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
     """``M_pad``: the grouped rows of the worst case, every expert's segment padded by ``block_m - 1``."""
     worst = num_slots + num_experts * (block_m - 1)
-    return -(-worst // block_m) * block_m
+    return (worst + block_m - 1) // block_m * block_m  # not -(-a // b): the size may be symbolic
+
+
+def _check_topk_ids(topk_ids) -> None:
+    if not isinstance(topk_ids, torch.Tensor):
+        raise ValueError(f"topk_ids: expected a torch.Tensor, got {type(topk_ids).__name__}")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
+        raise ValueError(f"topk_ids: expected an integer dtype, got {topk_ids.dtype}")
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids: expected shape [T, topk], got {tuple(topk_ids.shape)}")
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRouting:
@@ -83,15 +107,18 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRout
     capturable. Ids outside ``[0, num_experts)`` raise ``ValueError`` on CPU tensors; on a GPU they are not
     checked (that would read them back to the host): such slots are dropped (no row, so they add nothing).
     """
-    if not isinstance(topk_ids, torch.Tensor):
-        raise ValueError(f"topk_ids: expected a torch.Tensor, got {type(topk_ids).__name__}")
-    if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
-        raise ValueError(f"topk_ids: expected an integer dtype, got {topk_ids.dtype}")
-    if topk_ids.dim() != 2:
-        raise ValueError(f"topk_ids: expected shape [T, topk], got {tuple(topk_ids.shape)}")
+    _check_topk_ids(topk_ids)
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0:
         raise ValueError(f"num_experts: expected a positive int, got {num_experts!r}")
     block_m = _check_block_m(block_m)
+    if ops.eager(topk_ids):
+        return _align(topk_ids, num_experts, block_m)
+    src_slots, expert_ids, num_rows, slot_rows = torch.ops.humming.moe_align(topk_ids, num_experts, block_m)
+    return MoeRouting(src_slots, expert_ids, block_m, num_rows, slot_rows)
+
+
+def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRouting:
+    """:func:`moe_align` once its arguments are checked."""
     device = topk_ids.device
     ids = topk_ids.reshape(-1).long()
     if device.type == "cpu" and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
@@ -119,6 +146,20 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRout
     slot_rows = torch.empty(ids.numel(), dtype=torch.int32, device=device)
     slot_rows.scatter_(0, order, torch.where(dest < m_pad, dest, -1).to(torch.int32))
     return MoeRouting(src_slots[:m_pad], expert_ids, block_m, num_rows, slot_rows)
+
+
+def _moe_align_op(topk_ids, num_experts, block_m):
+    r = _align(topk_ids, num_experts, block_m)
+    return r.src_slots, r.expert_ids, r.num_rows, r.slot_rows
+
+
+def _moe_align_fake(topk_ids, num_experts, block_m):
+    m_pad = padded_rows(topk_ids.numel(), num_experts, block_m)
+    new = lambda *shape: topk_ids.new_empty(shape, dtype=torch.int32)
+    return new(m_pad), new(m_pad // block_m), new(), new(topk_ids.numel())
+
+
+ops.register("moe_align", _moe_align_op, _moe_align_fake)
 
 
 def _check_experts(name: str, qweight) -> QuantizedWeight:
@@ -185,12 +226,6 @@ def grouped_linear(
         )
     if expert_ids.device != x.device:
         raise ValueError(f"expert_ids is on {expert_ids.device} but x is on {x.device}")
-    if (
-        expert_ids.device.type == "cpu"
-        and expert_ids.numel()
-        and not (int(expert_ids.min()) >= -1 and int(expert_ids.max()) < e)
-    ):
-        raise ValueError(f"expert_ids: values must lie in [-1, {e})")
     if bias is None:
         bias = qweight.bias
     elif not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (e, n) or not bias.is_floating_point():
@@ -204,13 +239,46 @@ def grouped_linear(
     reason = combination_error(qweight.format, act)
     if reason:
         raise ValueError(reason)
+    if ops.eager(x):
+        return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend)
+    weight = ops.weight_args(qweight)
+    return torch.ops.humming.grouped_linear(
+        x, expert_ids, block_m, *weight, bias, ops.act_name(act), out_dtype, backend
+    )
+
+
+def run_grouped(x, qweight, expert_ids, block_m: int, bias, act: ActScheme | None, out_dtype, backend: str):
+    """What :func:`grouped_linear` runs once its arguments are checked (``torch.ops.humming.grouped_linear``
+    too): plan, launch, non-finite rows. Checks the expert ids of CPU tensors here, where they are data (not
+    while ``torch.compile`` traces)."""
+    e = qweight.num_experts
+    if (
+        expert_ids.device.type == "cpu"
+        and expert_ids.numel()
+        and not (int(expert_ids.min()) >= -1 and int(expert_ids.max()) < e)
+    ):
+        raise ValueError(f"expert_ids: values must lie in [-1, {e})")
     plan = plan_grouped(qweight, act, x, block_m, backend)
     out = GROUPED_KERNELS[plan.kernel].run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning)
     # NaN / Inf activations: NaN output rows (see humming.linear.poison_non_finite_rows), skipped rows kept
-    if act is not None and m_pad and (plan.backend == "reference" or act.group_shape[0] != 1):
+    if act is not None and x.shape[0] and (plan.backend == "reference" or act.group_shape[0] != 1):
         routed = (expert_ids >= 0).repeat_interleave(block_m)[:, None]
         out = torch.where(routed, poison_non_finite_rows(x, out), out)
     return out
+
+
+def _grouped_op(x, expert_ids, block_m, *args):
+    *weight, bias, act, out_dtype, backend = args
+    qweight = ops.weight_from_args(*weight)
+    act = None if act is None else get_act_scheme(act)
+    return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend)
+
+
+def _grouped_fake(x, expert_ids, block_m, qweight, *args):
+    return x.new_empty((x.shape[0], qweight.shape[-2]), dtype=args[-2])
+
+
+ops.register("grouped_linear", _grouped_op, _grouped_fake)
 
 
 def default_block_m(num_slots: int, num_experts: int) -> int:
@@ -250,7 +318,7 @@ def fused_moe(
     w2 = _check_experts("w2", w2)
     e, two_i, k = w13.shape
     if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
+        raise ValueError(f"activation: expected one of {tuple(_ACTIVATIONS)}, got {activation!r}")
     if two_i % 2:
         raise ValueError(f"w13: expected [E, 2I, K] (gate and up rows), got an odd N={two_i}")
     inter = two_i // 2
@@ -263,6 +331,7 @@ def fused_moe(
         raise ValueError(f"topk_ids: expected shape [T={x.shape[0]}, topk], got {getattr(topk_ids, 'shape', topk_ids)}")
     if topk_ids.device != x.device:
         raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
+    _check_topk_ids(topk_ids)
     if not isinstance(topk_weights, torch.Tensor) or not topk_weights.is_floating_point():
         raise ValueError(f"topk_weights: expected a float tensor, got {getattr(topk_weights, 'dtype', topk_weights)}")
     if topk_weights.shape != topk_ids.shape or topk_weights.device != x.device:
@@ -270,18 +339,47 @@ def fused_moe(
             f"topk_weights: expected shape {tuple(topk_ids.shape)} on {x.device} (as topk_ids), "
             f"got {tuple(topk_weights.shape)} on {topk_weights.device}"
         )
+    block_m = _check_block_m(block_m) if block_m is not None else None
+    act = None if act is None else get_act_scheme(act)
+    reason = combination_error(w13.format, act) or combination_error(w2.format, act)
+    if reason:
+        raise ValueError(reason)
+    if ops.eager(x):
+        return run_fused_moe(x, w13, w13.bias, w2, w2.bias, topk_weights, topk_ids, activation, act, block_m, backend)
+    return torch.ops.humming.fused_moe(
+        x,
+        topk_weights,
+        topk_ids,
+        *ops.weight_args(w13),
+        w13.bias,
+        *ops.weight_args(w2),
+        w2.bias,
+        activation,
+        ops.act_name(act),
+        0 if block_m is None else block_m,
+        backend,
+    )
+
+
+def run_fused_moe(
+    x, w13, w13_bias, w2, w2_bias, topk_weights, topk_ids, activation: str, act, block_m: int | None, backend: str
+):
+    """What :func:`fused_moe` runs once its arguments are checked (``torch.ops.humming.fused_moe`` too);
+    the biases are passed apart from the weights, as the ops take them."""
+    e, two_i, k = w13.shape
+    inter = two_i // 2
     if x.shape[0] == 0:
         return torch.empty(0, k, dtype=x.dtype, device=x.device)
     topk = topk_ids.shape[1]
     block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
-    routing = moe_align(topk_ids, e, block_m)
+    routing = _align(topk_ids, e, block_m)
     slots = routing.src_slots.long()
     used = slots >= 0
     token = torch.where(used, slots // topk, 0)
     xg = torch.where(used[:, None], x[token], 0)  # padding rows are zero (finite; their results are dropped)
-    h = grouped_linear(xg, w13, routing.expert_ids, block_m, act=act, backend=backend)
-    hidden = (torch.nn.functional.silu(h[:, :inter].float()) * h[:, inter:].float()).to(x.dtype)
-    y = grouped_linear(hidden, w2, routing.expert_ids, block_m, act=act, backend=backend)
+    h = run_grouped(xg, w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend)
+    hidden = _ACTIVATIONS[activation](h[:, :inter].float(), h[:, inter:].float()).to(x.dtype)
+    y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
     # Combine by gathering each token's topk rows and summing them in a fixed order: deterministic, and no
     # atomics (a scatter-add would pile every padding row onto one token). Dropped slots (ids out of range)
     # gather row 0 and are masked with where, not multiplied by zero (rows may be NaN).
@@ -289,3 +387,69 @@ def fused_moe(
     kept = (slot_rows >= 0).view(-1, topk, 1)
     picked = y[slot_rows.clamp_min(0)].view(-1, topk, k).float() * topk_weights.float().unsqueeze(-1)
     return torch.where(kept, picked, 0.0).sum(1).to(x.dtype)
+
+
+def _fused_moe_op(x, topk_weights, topk_ids, *args):
+    w13, w13_bias, w2, w2_bias = args[:7], args[7], args[8:15], args[15]
+    activation, act, block_m, backend = args[16:]
+    w13, w2 = ops.weight_from_args(*w13), ops.weight_from_args(*w2)
+    act = None if act is None else get_act_scheme(act)
+    return run_fused_moe(
+        x, w13, w13_bias, w2, w2_bias, topk_weights, topk_ids, activation, act, block_m or None, backend
+    )
+
+
+def _fused_moe_fake(x, topk_weights, topk_ids, *args):
+    return torch.empty_like(x)
+
+
+ops.register("fused_moe", _fused_moe_op, _fused_moe_fake)
+
+
+_SCORINGS = ("softmax", "sigmoid")
+
+
+def topk_routing(
+    router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", renormalize: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick each token's ``top_k`` experts from ``router_logits`` (float ``[T, E]``).
+
+    ``scoring``: ``"softmax"`` (over the experts, Mixtral / Qwen-MoE) or ``"sigmoid"`` (each expert apart,
+    DeepSeek-V3 style without group limits); ``renormalize`` rescales the picked scores to sum to 1 per token.
+    Scores are computed in float32; ties go to the lower expert id (``torch.topk``). Torch ops only, no host
+    sync (CUDA-graph capturable). Returns ``(topk_weights float32 [T, top_k], topk_ids int32 [T, top_k])``,
+    what :func:`fused_moe` takes.
+    """
+    if not isinstance(router_logits, torch.Tensor) or not router_logits.is_floating_point():
+        raise ValueError(
+            f"router_logits: expected a float tensor, got {getattr(router_logits, 'dtype', router_logits)}"
+        )
+    if router_logits.dim() != 2:
+        raise ValueError(f"router_logits: expected shape [T, E], got {tuple(router_logits.shape)}")
+    e = router_logits.shape[1]
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise ValueError(f"top_k: expected an int in [1, {e}] (E = router_logits.shape[1]), got {top_k!r}")
+    if scoring not in _SCORINGS:
+        raise ValueError(f"scoring: expected one of {_SCORINGS}, got {scoring!r}")
+    if not isinstance(renormalize, bool):
+        raise ValueError(f"renormalize: expected a bool, got {renormalize!r}")
+    if ops.eager(router_logits):
+        return _topk(router_logits, top_k, scoring, renormalize)
+    return torch.ops.humming.topk_routing(router_logits, top_k, scoring, renormalize)
+
+
+def _topk(router_logits, top_k: int, scoring: str, renormalize: bool):
+    logits = router_logits.float()
+    scores = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
+    weights, ids = scores.topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def _topk_fake(router_logits, top_k, scoring, renormalize):
+    shape = (router_logits.shape[0], top_k)
+    return router_logits.new_empty(shape, dtype=torch.float32), router_logits.new_empty(shape, dtype=torch.int32)
+
+
+ops.register("topk_routing", _topk, _topk_fake)

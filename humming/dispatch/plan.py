@@ -208,10 +208,27 @@ def _cached(qweight, key, decide) -> Plan:
         plans = _plans[qweight] = {}
     plan = plans.get(key)
     if plan is None:
+        if key[4].type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(_unwarmed(qweight, key))
         plan = plans[key] = decide()
         if os.environ.get("HUMMING_LOG_DISPATCH", "0") not in ("", "0"):
             log.warning("humming dispatch: %s %s act=%s M=%d -> %s", qweight.describe(), key[0], key[2], key[5], plan)
     return plan
+
+
+def _unwarmed(qweight, key) -> str:
+    """Why a call cannot be captured: no plan was made for it before, so its kernel may not be compiled
+    (CUDA kernels compile through NVRTC, Triton ones on their first launch: neither can happen in a capture)."""
+    kind, backend, act, dtype, _, m, aligned = key[:7]
+    entry = "humming.linear" if kind == "dense" else f"humming.moe.grouped_linear (block_m={key[7]})"
+    blocks = "" if kind == "dense" else f", block_ms=[{key[7]}]"
+    return (
+        f"{entry}: a CUDA graph is being captured, but this call was never run nor warmed: weight "
+        f"{qweight.describe()} {qweight.shape}, M={m}, act={act_key(act)}, x dtype {dtype}, backend {backend!r}"
+        f"{'' if aligned else ', x not 16-byte aligned'}. Run it once before capture, or call "
+        f"humming.warmup([weight], m_values=[{m}], act={None if act is None else repr(act.name)}, act_dtype={dtype}"
+        f"{blocks}, backend={backend!r})"
+    )
 
 
 def candidate_order(

@@ -90,12 +90,16 @@ class QuantizedActivation:
         if self.scales.dtype != scale_dtype:
             raise ValueError(f"scales: scheme {name} stores {scale_dtype} scales, got {self.scales.dtype}")
         grid = {"token": (m, 1), "tensor": (1, 1)}.get(self.scheme.group) or (m, -(-k // self.scheme.group_shape[1]))
-        # A static per-tensor scale (quantize_activation(scale=...)) is [1, 1] for any float32 scheme.
-        allowed = {grid, (1, 1)} if scale_dtype == torch.float32 and not self.scheme.global_scale else {grid}
-        if tuple(self.scales.shape) not in allowed:
+        # A static per-tensor scale (quantize_activation(scale=...)) is [1, 1] for any float32 scheme. The grid
+        # is compared first, without hashing: under torch.compile M is symbolic, and comparing it with 1 (or
+        # hashing it) would specialise it.
+        static = scale_dtype == torch.float32 and not self.scheme.global_scale
+        shape = tuple(self.scales.shape)
+        if shape != grid and not (static and shape == (1, 1)):
+            allowed = sorted({grid, (1, 1)} if static else {grid})
             raise ValueError(
                 f"scales: scheme {name} with codes [{m}, {k}] needs scales of shape "
-                f"{' or '.join(map(str, sorted(allowed)))}, got {tuple(self.scales.shape)}"
+                f"{' or '.join(map(str, allowed))}, got {shape}"
             )
         gs = self.global_scale
         if self.scheme.global_scale and gs is None:

@@ -1,0 +1,80 @@
+"""``FusedMoE``: a mixture-of-experts MLP on stacked experts, routed from router logits."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ir.activation import ActScheme, get_act_scheme
+from ..ir.quantize import quantize
+from ..ir.weight import QuantizedWeight
+from ..moe import fused_moe, topk_routing
+from ._buffers import QuantizedModule
+from .linear import resolve_group_size
+
+__all__ = ["FusedMoE"]
+
+
+class FusedMoE(QuantizedModule):
+    """``sum_j w_j * w2_e(silu(gate) * up)`` over each token's ``top_k`` experts (:func:`humming.moe.fused_moe`),
+    the experts picked by :func:`humming.moe.topk_routing` from the router logits.
+
+    Args:
+        w13: ``[E, 2I, K]`` (gate rows, then up rows); w2: ``[E, K, I]``.
+        top_k: experts per token.
+        scoring: ``"softmax"`` or ``"sigmoid"``; renormalize: rescale the picked weights to sum to 1.
+        act, block_m, backend: as :func:`humming.moe.fused_moe`.
+    """
+
+    def __init__(
+        self,
+        w13: QuantizedWeight,
+        w2: QuantizedWeight,
+        top_k: int,
+        *,
+        scoring: str = "softmax",
+        renormalize: bool = False,
+        act: str | ActScheme | None = None,
+        block_m: int | None = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        self._set_weight("w13_", w13)
+        self._set_weight("w2_", w2)
+        if w13.num_experts is None or w2.num_experts is None:
+            raise ValueError(f"w13, w2: expected expert-stacked weights [E, N, K], got {w13.shape} and {w2.shape}")
+        self.num_experts = w13.num_experts
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= self.num_experts:
+            raise ValueError(f"top_k: expected an int in [1, {self.num_experts}], got {top_k!r}")
+        self.top_k, self.scoring, self.renormalize = top_k, scoring, renormalize
+        self.act = None if act is None else get_act_scheme(act)
+        self.block_m, self.backend = block_m, backend
+
+    @property
+    def w13(self) -> QuantizedWeight:
+        return self._weights["w13_"]
+
+    @property
+    def w2(self) -> QuantizedWeight:
+        return self._weights["w2_"]
+
+    @classmethod
+    def from_float(
+        cls, w13: torch.Tensor, w2: torch.Tensor, top_k: int, weight: str = "int4", group_size=None, **kwargs
+    ) -> FusedMoE:
+        """Quantize float experts ``w13 [E, 2I, K]`` and ``w2 [E, K, I]`` by round to nearest; ``kwargs``
+        go to the constructor. ``group_size=None``: a named scheme's own, else 128."""
+        group_size = resolve_group_size(weight, group_size)
+        q = lambda w: quantize(w.detach(), weight, group_size=group_size)
+        return cls(q(w13), q(w2), top_k, **kwargs)
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """``hidden_states [..., K]``, ``router_logits [..., E]`` -> ``[..., K]`` in ``hidden_states``' dtype."""
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        logits = router_logits.reshape(-1, router_logits.shape[-1])
+        weights, ids = topk_routing(logits, self.top_k, scoring=self.scoring, renormalize=self.renormalize)
+        y = fused_moe(x, self.w13, self.w2, weights, ids, act=self.act, block_m=self.block_m, backend=self.backend)
+        return y.reshape(hidden_states.shape)
+
+    def extra_repr(self) -> str:
+        act = "None" if self.act is None else self.act.name
+        return f"experts={self.num_experts}, top_k={self.top_k}, {self.w13.describe()}, act={act}"

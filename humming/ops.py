@@ -1,0 +1,195 @@
+"""humming's ``torch.library`` custom ops (``torch.ops.humming.*``), so that ``torch.compile`` sees each
+entry point as one node.
+
+| op | wraps |
+|---|---|
+| ``linear`` | :func:`humming.linear` (16-bit or pre-quantized activations) |
+| ``grouped_linear`` / ``fused_moe`` / ``moe_align`` / ``topk_routing`` | :mod:`humming.moe` |
+| ``quantize_activation`` | :func:`quantize_activation` |
+
+A custom op takes tensors, ints and strings, not a :class:`QuantizedWeight`: a weight travels as its
+tensors plus a *handle* and a *meta* string (:func:`weight_args`). The handle is an int assigned once per
+weight object; the op's implementation looks the object up by it, so the dispatcher's per-weight caches
+(plans, CUDA prepared layouts) keep working under ``torch.compile``. The meta string (``"int4;1,128;256x512"``:
+format, group shape, shape) makes a call self-describing: when the tensors passed are not the registered
+weight's (``opcheck`` passes copies) or the handle is gone, the weight is rebuilt from them.
+
+Eager calls of the Python wrappers run the implementation directly (the dispatcher's trip through a
+Python-registered op costs several microseconds); while dynamo traces, they call the op. The ops are for
+inference: none has an autograd formula.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+
+from .ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
+from .ir.activation import quantize_activation as reference_quantize_activation
+from .ir.weight import QuantizedWeight
+
+__all__ = ["LIBRARY", "act_name", "eager", "quantize_activation", "register", "weight_args", "weight_from_args"]
+
+#: Every op of the ``humming`` namespace is defined on this library (kept alive for the process).
+LIBRARY = torch.library.Library("humming", "DEF")
+
+
+def _weight_schema(prefix: str = "") -> str:
+    """The schema arguments of one weight (:func:`weight_args`), their names prefixed."""
+    fields = (
+        ("Tensor", "qweight"),
+        ("Tensor?", "scales"),
+        ("Tensor?", "zeros"),
+        ("Tensor?", "global_scale"),
+        ("Tensor?", "g_idx"),
+        ("int", "handle"),
+        ("str", "meta"),
+    )
+    return ", ".join(f"{kind} {prefix}{name}" for kind, name in fields)
+
+
+_SCHEMAS = {
+    "linear": f"linear(Tensor x, Tensor? x_scales, Tensor? x_global_scale, {_weight_schema()}, Tensor? bias, "
+    "str? act, ScalarType out_dtype, str backend) -> Tensor",
+    "grouped_linear": f"grouped_linear(Tensor x, Tensor expert_ids, int block_m, {_weight_schema()}, Tensor? bias, "
+    "str? act, ScalarType out_dtype, str backend) -> Tensor",
+    "fused_moe": f"fused_moe(Tensor x, Tensor topk_weights, Tensor topk_ids, {_weight_schema('w13_')}, "
+    f"Tensor? w13_bias, {_weight_schema('w2_')}, Tensor? w2_bias, str activation, str? act, int block_m, "
+    "str backend) -> Tensor",
+    "moe_align": "moe_align(Tensor topk_ids, int num_experts, int block_m) -> (Tensor, Tensor, Tensor, Tensor)",
+    "topk_routing": "topk_routing(Tensor router_logits, int top_k, str scoring, bool renormalize) -> (Tensor, Tensor)",
+    "quantize_activation": "quantize_activation(Tensor x, str act, Tensor? scale, str backend) "
+    "-> (Tensor, Tensor, Tensor)",
+}
+for _schema in _SCHEMAS.values():
+    LIBRARY.define(_schema)
+
+
+def eager(x) -> bool:
+    """Whether a wrapper should run its implementation directly: not while dynamo traces, and only on plain
+    tensors (a fake or subclass tensor goes through the op and its fake implementation)."""
+    return type(x) is torch.Tensor and not torch.compiler.is_compiling()
+
+
+def register(name: str, impl, fake) -> None:
+    """Register op ``name``'s real implementation (every device: the dispatcher inside picks) and its fake
+    one (output shapes and dtypes only, symbolic sizes allowed; no data is read)."""
+    LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"humming::{name}", fake, lib=LIBRARY)
+
+
+# ---------------------------------------------------------------------------------------- weight handles
+_handles = itertools.count(1)
+_weights: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handle -> QuantizedWeight
+
+
+def weight_args(qw: QuantizedWeight) -> tuple:
+    """``qw`` as op arguments: ``(qweight, scales, zeros, global_scale, g_idx, handle, meta)``
+    (``qw.bias`` is passed apart)."""
+    return (qw.qweight, qw.scales, qw.zeros, qw.global_scale, qw.g_idx, *_op_key(qw))
+
+
+@torch.compiler.assume_constant_result
+def _op_key(qw: QuantizedWeight) -> tuple[int, str]:
+    """``(handle, meta)`` of ``qw``, made on first use and kept on the (frozen) object. Dynamo runs this
+    at trace time and bakes the result into the graph, as it never changes for one object."""
+    key = qw.__dict__.get("_op_key")
+    if key is None:
+        handle = next(_handles)
+        _weights[handle] = qw
+        bn, bk = qw.group_shape
+        key = (handle, f"{qw.format.name};{bn},{bk};{'x'.join(map(str, qw.shape))}")
+        object.__setattr__(qw, "_op_key", key)
+    return key
+
+
+def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, meta: str) -> QuantizedWeight:
+    """The weight an op call names: the registered object when the tensors are its own, else one rebuilt
+    from the tensors and ``meta`` (no bias: ops take the bias apart)."""
+    qw = _weights.get(handle)
+    if qw is not None and qw.qweight.data_ptr() == qweight.data_ptr() and _same(qw.scales, scales):
+        return qw
+    fmt, group_shape, shape = meta.split(";")
+    return QuantizedWeight(
+        shape=tuple(int(d) for d in shape.split("x")),
+        format=fmt,
+        qweight=qweight,
+        scales=scales,
+        group_shape=tuple(int(v) for v in group_shape.split(",")),
+        zeros=zeros,
+        global_scale=global_scale,
+        g_idx=g_idx,
+    )
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is None if b is None else a is not None and a.data_ptr() == b.data_ptr()
+
+
+def act_name(act: ActScheme | None) -> str | None:
+    """The name an op passes for ``act``; an ``ActScheme`` outside ``ACT_SCHEMES`` cannot be named."""
+    if act is None:
+        return None
+    if ACT_SCHEMES.get(act.name) != act:
+        raise ValueError(f"act: {act} is not in humming.ACT_SCHEMES, so a custom op cannot name it")
+    return act.name
+
+
+# ---------------------------------------------------------------------------------- activation quantization
+def _quantize_activation_impl(x, scheme: ActScheme, scale, backend: str) -> QuantizedActivation:
+    if backend not in ("auto", "reference", "triton"):
+        raise ValueError(f"backend: expected 'auto', 'reference' or 'triton', got {backend!r}")
+    if backend == "triton" or (backend == "auto" and x.device.type == "cuda"):
+        from .triton_kernels import act_quant
+
+        reason = act_quant.supports(x, scheme)
+        if reason is None:
+            return act_quant.quantize_activation(x, scheme, scale=scale)
+        if backend == "triton":
+            raise ValueError(f"backend: 'triton' cannot quantize these activations: {reason}")
+    return reference_quantize_activation(x, scheme, scale=scale)
+
+
+def _act_scales_shape(scheme: ActScheme, m, k, static: bool) -> tuple:
+    if static or scheme.group == "tensor":
+        return (1, 1)
+    if scheme.group == "token":
+        return (m, 1)
+    return (m, (k + scheme.group_shape[1] - 1) // scheme.group_shape[1])
+
+
+def _fake_quantize_activation(x, act, scale, backend):
+    scheme = get_act_scheme(act)
+    m, k = x.shape
+    return (
+        x.new_empty((m, k), dtype=torch.uint8),
+        x.new_empty(_act_scales_shape(scheme, m, k, scale is not None), dtype=scheme.scale_dtype),
+        x.new_empty((), dtype=torch.float32),
+    )
+
+
+def _quantize_activation_op(x, act, scale, backend):
+    qa = _quantize_activation_impl(x, get_act_scheme(act), scale, backend)
+    gs = qa.global_scale if qa.global_scale is not None else torch.ones((), device=x.device)
+    return qa.codes, qa.scales, gs.reshape(())
+
+
+register("quantize_activation", _quantize_activation_op, _fake_quantize_activation)
+
+
+def quantize_activation(
+    x: torch.Tensor, act: str | ActScheme, *, scale: torch.Tensor | None = None, backend: str = "auto"
+) -> QuantizedActivation:
+    """Quantize activations ``x`` ``[M, K]`` (float16 / bfloat16 / float32) with scheme ``act``; a static
+    per-tensor ``scale`` replaces the dynamic one. ``backend``: ``"reference"``
+    (:func:`humming.ir.quantize_activation`, the definition), ``"triton"`` (bit-exact with it) or
+    ``"auto"`` (Triton on CUDA tensors, else the reference). Returns a :class:`QuantizedActivation`."""
+    scheme = get_act_scheme(act)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.numel() == 0:
+        raise ValueError(f"x: expected a non-empty [M, K], got shape {tuple(getattr(x, 'shape', ()))}")
+    if eager(x):
+        return _quantize_activation_impl(x, scheme, scale, backend)
+    codes, scales, gs = torch.ops.humming.quantize_activation(x, act_name(scheme), scale, backend)
+    return QuantizedActivation(scheme, codes, scales, gs if scheme.global_scale else None)

@@ -1,0 +1,312 @@
+"""The custom ops (``torch.ops.humming.*``): ``torch.library.opcheck``, weight handles, ``torch.compile``
+with a dynamic token dimension (no recompilation, the same output as eager) and, on a GPU, CUDA graphs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import humming
+from humming import moe, ops
+
+
+@dataclass(frozen=True)
+class Case:
+    """One weight recipe with one activation scheme."""
+
+    name: str
+    weight: str
+    group_size: object
+    act: str | None = None
+    zero_point: bool = False
+
+
+CASES = [
+    Case("int4-g128", "int4", 128),
+    Case("uint4-zp", "uint4", 64, zero_point=True),
+    Case("int8-channel-int8", "int8", -1, "int8"),
+    Case("e4m3-channel-fp8", "e4m3", -1, "fp8"),
+    Case("mxfp4", "mxfp4", None),
+    Case("nvfp4-nvfp4", "nvfp4", None, "nvfp4"),
+    Case("fp8_block-fp8_g128", "fp8_block", None, "fp8_g128"),
+    Case("int4-g128-fp8", "int4", 128, "fp8"),
+]
+M_VALUES = (1, 7, 33)
+
+
+def _weight(case: Case, n: int = 64, k: int = 128, device="cpu") -> humming.QuantizedWeight:
+    kwargs = {} if case.group_size is None else {"group_size": case.group_size}
+    w = torch.randn(n, k, device=device)
+    return humming.quantize(w, case.weight, zero_point=case.zero_point, **kwargs)
+
+
+def _dynamic(x: torch.Tensor) -> torch.Tensor:
+    torch._dynamo.mark_dynamic(x, 0)
+    return x
+
+
+@pytest.fixture
+def no_recompile():
+    """torch.compile raises on any recompilation. A size-1 dimension marked dynamic is specialised by
+    torch unless sizes are treated obliviously (what an engine sets to keep M = 1 in the shared graph)."""
+    torch._dynamo.reset()
+    with (
+        torch._dynamo.config.patch(error_on_recompile=True),
+        torch.fx.experimental._config.patch(backed_size_oblivious=True),
+    ):
+        yield
+    torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------------------------------------ opcheck
+_NO_SCHEMA_CHECK = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def test_opcheck_linear(seed):
+    qw = _weight(Case("int4", "int4", 64))
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    bias = torch.randn(64, dtype=torch.bfloat16)
+    for act, out_dtype in ((None, torch.bfloat16), ("fp8", torch.float32)):
+        args = (x, None, None, *ops.weight_args(qw), bias, act, out_dtype, "reference")
+        torch.library.opcheck(torch.ops.humming.linear.default, args)
+    qa = humming.quantize_activation(x, "int8")
+    args = (qa.codes, qa.scales, None, *ops.weight_args(qw), None, "int8", torch.bfloat16, "reference")
+    torch.library.opcheck(torch.ops.humming.linear.default, args)
+    # float8 inputs (NVFP4 scales): opcheck's schema check compares inputs before and after with a multiply
+    # that CPU lacks for float8, so that one check runs on the GPU only (test_gpu_opcheck)
+    qa = humming.quantize_activation(x, "nvfp4")
+    nv = _weight(Case("nvfp4", "nvfp4", None))
+    args = (qa.codes, qa.scales, qa.global_scale, *ops.weight_args(nv), None, "nvfp4", torch.bfloat16, "reference")
+    torch.library.opcheck(torch.ops.humming.linear.default, args, test_utils=_NO_SCHEMA_CHECK)
+
+
+def test_opcheck_linear_triton(seed):
+    qw = _weight(Case("int4", "int4", 128), n=32)
+    x = torch.randn(2, 128, dtype=torch.float16)
+    args = (x, None, None, *ops.weight_args(qw), None, None, torch.float16, "triton")
+    torch.library.opcheck(torch.ops.humming.linear.default, args)
+
+
+def _moe_weights(e=4, k=64, inter=32):
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k), "int4", group_size=32)
+    w2 = humming.quantize(torch.randn(e, k, inter), "int4", group_size=32)
+    return w13, w2
+
+
+def test_opcheck_moe(seed):
+    w13, w2 = _moe_weights()
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    weights, ids = moe.topk_routing(torch.randn(5, 4), 2)
+    torch.library.opcheck(torch.ops.humming.topk_routing.default, (torch.randn(5, 4), 2, "sigmoid", True))
+    torch.library.opcheck(torch.ops.humming.moe_align.default, (ids, 4, 16))
+    routing = moe.moe_align(ids, 4, 16)
+    xg = torch.randn(routing.m_pad, 64, dtype=torch.bfloat16)
+    args = (xg, routing.expert_ids, 16, *ops.weight_args(w13), None, "fp8", torch.bfloat16, "reference")
+    torch.library.opcheck(torch.ops.humming.grouped_linear.default, args)
+    args = (x, weights, ids, *ops.weight_args(w13), None, *ops.weight_args(w2), None, "silu", None, 16, "reference")
+    torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("act", ["fp8", "int8_tensor", "nvfp4", "mxfp4"])
+def test_opcheck_quantize_activation(seed, act, backend):
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.humming.quantize_activation.default, (x, act, None, backend))
+    qa = ops.quantize_activation(x, act, backend=backend)
+    ref = humming.quantize_activation(x, act)
+    assert torch.equal(qa.codes, ref.codes)
+    assert torch.equal(qa.scales.view(torch.uint8), ref.scales.view(torch.uint8))
+
+
+# ------------------------------------------------------------------------------------------------ handles
+def test_handle_finds_the_weight_and_rebuilds_copies(seed):
+    qw = _weight(Case("uint4-zp", "uint4", 64, zero_point=True))
+    args = ops.weight_args(qw)
+    assert ops.weight_from_args(*args) is qw
+    assert ops.weight_args(qw)[-2:] == args[-2:]  # one handle per object
+    assert args[-1] == "uint4;1,64;64x128"
+    copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in args]
+    rebuilt = ops.weight_from_args(*copies)
+    assert rebuilt is not qw and torch.equal(humming.dequantize(rebuilt), humming.dequantize(qw))
+    assert ops.weight_args(qw.replace(bias=None))[-2] != args[-2]  # a new object, a new handle
+
+
+def test_custom_act_scheme_is_named_or_refused():
+    assert ops.act_name(humming.ACT_SCHEMES["fp8"]) == "fp8"
+    with pytest.raises(ValueError, match=r"act: .* not in humming.ACT_SCHEMES"):
+        ops.act_name(humming.ActScheme("mine", "e4m3", 64))
+
+
+# ------------------------------------------------------------------------------------------------ compile
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_compile_linear_dynamic_m(case, seed, no_recompile, monkeypatch):
+    qw = _weight(case)
+    bias = torch.randn(64, dtype=torch.bfloat16)
+    looked_up = []
+    find = ops.weight_from_args
+    monkeypatch.setattr(ops, "weight_from_args", lambda *a: looked_up.append(find(*a)) or looked_up[-1])
+    f = torch.compile(lambda x: humming.linear(x, qw, bias, act=case.act, backend="reference"), fullgraph=True)
+    for m in M_VALUES:
+        x = _dynamic(torch.randn(m, 128, dtype=torch.bfloat16))
+        assert torch.equal(f(x), humming.linear(x, qw, bias, act=case.act, backend="reference"))
+    assert looked_up and all(w is qw for w in looked_up)  # the dispatcher's caches see the one weight object
+
+
+def test_compile_linear_unbacked_m(seed):
+    """``mark_unbacked``: one graph for every M, 0 included."""
+    qw = _weight(CASES[0])
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: humming.linear(x, qw, backend="reference"), fullgraph=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for m in (1, 0, 5):
+            x = torch.randn(m, 128, dtype=torch.bfloat16)
+            torch._dynamo.decorators.mark_unbacked(x, 0)
+            y = f(x)
+            assert y.shape == (m, 64)
+            assert torch.equal(y, humming.linear(x, qw, backend="reference"))
+
+
+def test_compile_linear_lead_dims(seed, no_recompile):
+    qw = _weight(CASES[0])
+    f = torch.compile(lambda x: humming.linear(x, qw, backend="reference"), fullgraph=True)
+    for s in (1, 6):
+        x = torch.randn(2, s, 128, dtype=torch.bfloat16)
+        torch._dynamo.mark_dynamic(x, 1)
+        y = f(x)
+        assert y.shape == (2, s, 64)
+        assert torch.equal(y, humming.linear(x, qw, backend="reference"))
+
+
+def test_compile_prequantized_activation(seed, no_recompile):
+    qw = _weight(CASES[3])
+
+    def f(x):
+        return humming.linear(ops.quantize_activation(x, "fp8"), qw, backend="reference")
+
+    g = torch.compile(f, fullgraph=True)
+    for m in M_VALUES:
+        x = _dynamic(torch.randn(m, 128, dtype=torch.bfloat16))
+        assert torch.equal(g(x), f(x))
+
+
+def test_compile_triton(seed, no_recompile):
+    qw = _weight(CASES[0], n=32)
+    f = torch.compile(lambda x: humming.linear(x, qw, backend="triton"), fullgraph=True)
+    for m in (1, 3):
+        x = _dynamic(torch.randn(m, 128, dtype=torch.float16))
+        assert torch.equal(f(x), humming.linear(x, qw, backend="triton"))
+
+
+@pytest.mark.parametrize("act", [None, "fp8"])
+def test_compile_fused_moe(act, seed, no_recompile):
+    w13, w2 = _moe_weights()
+
+    def layer(x, logits):
+        weights, ids = moe.topk_routing(logits, 2, renormalize=True)
+        return moe.fused_moe(x, w13, w2, weights, ids, act=act, block_m=16, backend="reference")
+
+    f = torch.compile(layer, fullgraph=True)
+    for t in (1, 6, 19):
+        x, logits = _dynamic(torch.randn(t, 64, dtype=torch.bfloat16)), _dynamic(torch.randn(t, 4))
+        assert torch.equal(f(x, logits), layer(x, logits))
+
+
+def test_compile_moe_align_and_grouped_linear(seed, no_recompile):
+    w13, _ = _moe_weights()
+
+    def step(x, ids):
+        routing = moe.moe_align(ids, 4, 16)
+        xg = x[routing.src_slots.clamp_min(0).long() // 2]
+        return moe.grouped_linear(xg, w13, routing.expert_ids, 16, backend="reference")
+
+    f = torch.compile(step, fullgraph=True)
+    for t in (1, 9):
+        x = _dynamic(torch.randn(t, 64, dtype=torch.bfloat16))
+        ids = _dynamic(torch.randint(0, 4, (t, 2), dtype=torch.int32))
+        assert torch.equal(f(x, ids), step(x, ids))
+
+
+def test_topk_routing():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 5.0, 1.0]])
+    weights, ids = moe.topk_routing(logits, 2)
+    assert ids.dtype == torch.int32 and ids.tolist() == [[1, 2], [2, 3]]
+    torch.testing.assert_close(weights, logits.softmax(-1).topk(2).values)
+    weights, _ = moe.topk_routing(logits, 2, scoring="sigmoid", renormalize=True)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2))
+    with pytest.raises(ValueError, match="top_k: expected an int in \\[1, 4\\]"):
+        moe.topk_routing(logits, 5)
+    with pytest.raises(ValueError, match="scoring: expected one of"):
+        moe.topk_routing(logits, 2, scoring="relu")
+
+
+# -------------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gpu_compile_and_graph(case, seed, no_recompile):
+    """On CUDA with backend "auto": compiled with a dynamic M equals eager, and after humming.warmup a
+    CUDA graph of the compiled and of the eager call replays to the eager output."""
+    qw = _weight(case, n=256, k=512, device="cuda")
+    humming.warmup([qw], m_values=(*M_VALUES, 8192), act=case.act, progress=False)
+    f = torch.compile(lambda x: humming.linear(x, qw, act=case.act), fullgraph=True)
+    for m in (*M_VALUES, 8192):
+        x = _dynamic(torch.randn(m, 512, dtype=torch.bfloat16, device="cuda"))
+        torch.testing.assert_close(f(x), humming.linear(x, qw, act=case.act), rtol=0, atol=0)
+    for fn in (f, lambda x: humming.linear(x, qw, act=case.act)):
+        x = torch.randn(7, 512, dtype=torch.bfloat16, device="cuda")
+        fn(x)  # compiled: its kernels launch once outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = fn(x)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.testing.assert_close(y, humming.linear(x, qw, act=case.act), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gpu_opcheck(case, seed):
+    qw = _weight(case, n=256, k=512, device="cuda")
+    x = torch.randn(5, 512, dtype=torch.bfloat16, device="cuda")
+    args = (x, None, None, *ops.weight_args(qw), None, case.act, torch.bfloat16, "auto")
+    torch.library.opcheck(torch.ops.humming.linear.default, args)
+    if case.act is not None:
+        qa = ops.quantize_activation(x, case.act)
+        torch.library.opcheck(torch.ops.humming.quantize_activation.default, (x, case.act, None, "auto"))
+        gs = qa.global_scale
+        args = (qa.codes, qa.scales, gs, *ops.weight_args(qw), None, case.act, torch.bfloat16, "auto")
+        torch.library.opcheck(torch.ops.humming.linear.default, args)
+
+
+@pytest.mark.gpu
+def test_gpu_capture_of_an_unwarmed_call_names_the_warmup(seed):
+    qw = _weight(CASES[0], n=256, k=512, device="cuda")
+    x = torch.randn(5, 512, dtype=torch.bfloat16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match=r"humming.warmup\(\[weight\], m_values=\[5\]"), torch.cuda.graph(graph):
+        humming.linear(x, qw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [None, "fp8"])
+def test_gpu_fused_moe_graph(act, seed):
+    e, k, inter, t = 8, 512, 256, 6
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k, device="cuda"), "int4", group_size=128)
+    w2 = humming.quantize(torch.randn(e, k, inter, device="cuda"), "int4", group_size=128)
+    x = torch.randn(t, k, dtype=torch.bfloat16, device="cuda")
+    logits = torch.randn(t, e, device="cuda")
+
+    def layer(x, logits):
+        weights, ids = moe.topk_routing(logits, 2)
+        return moe.fused_moe(x, w13, w2, weights, ids, act=act, block_m=16)
+
+    m_pad = moe.padded_rows(t * 2, e, 16)
+    humming.warmup([w13, w2], m_values=[m_pad], act=act, block_ms=[16], progress=False)
+    expect = layer(x, logits)
+    torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x, logits), expect, rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer(x, logits)
+    graph.replay()
+    torch.testing.assert_close(y, expect, rtol=0, atol=0)
