@@ -208,9 +208,12 @@ def _cached(qweight, key, decide) -> Plan:
         plans = _plans[qweight] = {}
     plan = plans.get(key)
     if plan is None:
-        if key[4].type == "cuda" and torch.cuda.is_current_stream_capturing():
+        plan = decide()
+        # A CUDA kernel not compiled yet raises KernelNotReadyError (naming humming.warmup) at launch; a
+        # Triton kernel would compile, and the reference synchronise, inside the capture: refuse those here.
+        if plan.backend != "cuda" and key[4].type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(_unwarmed(qweight, key))
-        plan = plans[key] = decide()
+        plans[key] = plan
         if os.environ.get("HUMMING_LOG_DISPATCH", "0") not in ("", "0"):
             log.warning("humming dispatch: %s %s act=%s M=%d -> %s", qweight.describe(), key[0], key[2], key[5], plan)
     return plan
