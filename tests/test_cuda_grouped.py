@@ -225,3 +225,26 @@ def test_deepseek_v3_layer_prepares_in_bounded_memory_and_time():
     extra = torch.cuda.max_memory_allocated() - base - result
     assert extra <= 0.10 * qw.nbytes, f"{extra / 2**20:.0f} MiB extra for a {qw.nbytes / 2**20:.0f} MiB weight"
     assert seconds < 2.0, f"{seconds:.2f} s"
+
+
+@pytest.mark.parametrize(
+    "qargs",
+    [dict(weight="e4m3", group_size=-1), dict(weight="fp8_block"), dict(weight="int4", group_size=128)],
+    ids=lambda q: q["weight"],
+)
+def test_stacked_prepare_is_each_expert_prepared_in_its_slice(qargs, seed):
+    """The expert-stacked FP8 layout is built one expert at a time into its slice (no second copy of the layer):
+    the same bytes as each expert prepared alone, concatenated along N (CPU)."""
+    from humming.cuda_kernels import fp8_gemm
+    from humming.cuda_kernels._fp8_layout import _prepare_2d
+    from humming.ir.weight import expert_weight
+
+    qw = humming.quantize(torch.randn(3, 256, 384), **qargs)
+    stacked = fp8_gemm.prepare(qw)
+    parts = [_prepare_2d(expert_weight(qw, e)) for e in range(3)]
+    assert stacked.num_experts == 3
+    for name, dim in (("weight", 0), ("w_scale", 0), ("w_block_scale", 0), ("w_group_scale", 1)):
+        expected = None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts], dim)
+        got = getattr(stacked, name)
+        assert (got is None) == (expected is None), name
+        assert got is None or torch.equal(got, expected), name

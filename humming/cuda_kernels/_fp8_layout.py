@@ -191,25 +191,28 @@ def prepare(qw) -> PreparedFp8:
 
 
 def _prepare_stacked(qw) -> PreparedFp8:
-    """Each expert prepared as a 2-D weight, the parts concatenated along N (rows, or columns of the
-    ``[num_kb, N]`` group scales); N % 128 == 0 leaves no padding between experts."""
-
+    """Each expert prepared as a 2-D weight and written into its slice of the stacked result along N (rows, or
+    columns of the ``[num_kb, N]`` group scales), one expert at a time: the peak extra memory is one expert's
+    temporaries, not a second copy of the layer. N % 128 == 0 leaves no padding between experts."""
     if qw.N % 128 or qw.format.name not in GROUPED_W_FORMATS:
         raise ValueError(f"qw: the grouped FP8 GEMM takes e4m3 / int4 experts with N % 128 == 0, not {qw.describe()}")
-    parts = [_prepare_2d(expert_weight(qw, e)) for e in range(qw.num_experts)]
-
-    def cat(name: str, dim: int) -> torch.Tensor | None:
-        return None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts], dim)
-
-    return dataclasses.replace(
-        parts[0],
-        weight=cat("weight", 0),
-        w_scale=cat("w_scale", 0),
-        w_block_scale=cat("w_block_scale", 0),
-        w_group_scale=cat("w_group_scale", 1),
-        maps={},
-        num_experts=qw.num_experts,
-    )
+    experts = qw.num_experts
+    first = _prepare_2d(expert_weight(qw, 0))
+    dims = {"weight": 0, "w_scale": 0, "w_block_scale": 0, "w_group_scale": 1}
+    stacked = {}
+    for name, dim in dims.items():
+        part = getattr(first, name)
+        if part is not None:
+            shape = list(part.shape)
+            shape[dim] *= experts
+            stacked[name] = torch.empty(shape, dtype=part.dtype, device=part.device)
+    for e in range(experts):
+        part = first if e == 0 else _prepare_2d(expert_weight(qw, e))
+        for name, out in stacked.items():
+            piece = getattr(part, name)
+            out.narrow(dims[name], e * piece.shape[dims[name]], piece.shape[dims[name]]).copy_(piece)
+        del part
+    return dataclasses.replace(first, **stacked, maps={}, num_experts=experts)
 
 
 def _prepare_2d(qw) -> PreparedFp8:
