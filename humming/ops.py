@@ -21,14 +21,11 @@ inference: none has an autograd formula.
 
 from __future__ import annotations
 
-import itertools
-import weakref
-
 import torch
 
 from .ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
 from .ir.activation import quantize_activation as reference_quantize_activation
-from .ir.weight import QuantizedWeight
+from .ir.weight import QuantizedWeight, weight_by_handle
 
 __all__ = ["LIBRARY", "act_name", "eager", "quantize_activation", "register", "weight_args", "weight_from_args"]
 
@@ -81,34 +78,19 @@ def register(name: str, impl, fake) -> None:
 
 
 # ---------------------------------------------------------------------------------------- weight handles
-_handles = itertools.count(1)
-_weights: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handle -> QuantizedWeight
-
-
 def weight_args(qw: QuantizedWeight) -> tuple:
     """``qw`` as op arguments: ``(qweight, scales, zeros, global_scale, g_idx, handle, meta)``
-    (``qw.bias`` is passed apart)."""
-    return (qw.qweight, qw.scales, qw.zeros, qw.global_scale, qw.g_idx, *_op_key(qw))
-
-
-@torch.compiler.assume_constant_result
-def _op_key(qw: QuantizedWeight) -> tuple[int, str]:
-    """``(handle, meta)`` of ``qw``, made on first use and kept on the (frozen) object. Dynamo runs this
-    at trace time and bakes the result into the graph, as it never changes for one object."""
-    key = qw.__dict__.get("_op_key")
-    if key is None:
-        handle = next(_handles)
-        _weights[handle] = qw
-        bn, bk = qw.group_shape
-        key = (handle, f"{qw.format.name};{bn},{bk};{'x'.join(map(str, qw.shape))}")
-        object.__setattr__(qw, "_op_key", key)
-    return key
+    (``qw.bias`` is passed apart). Only constant attributes are read, so dynamo bakes handle and meta
+    into the graph."""
+    bn, bk = qw.group_shape
+    meta = f"{qw.format.name};{bn},{bk};{'x'.join(str(d) for d in qw.shape)}"
+    return (qw.qweight, qw.scales, qw.zeros, qw.global_scale, qw.g_idx, qw.handle, meta)
 
 
 def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, meta: str) -> QuantizedWeight:
     """The weight an op call names: the registered object when the tensors are its own, else one rebuilt
     from the tensors and ``meta`` (no bias: ops take the bias apart)."""
-    qw = _weights.get(handle)
+    qw = weight_by_handle(handle)
     if qw is not None and qw.qweight.data_ptr() == qweight.data_ptr() and _same(qw.scales, scales):
         return qw
     fmt, group_shape, shape = meta.split(";")

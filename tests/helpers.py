@@ -75,11 +75,3 @@ def assert_rel_close(
         + f"relative error {float(err):.3e} >= {tol:.1e}; worst (row, column) = {worst}:"
         f" {out[worst].item()} vs {ref[worst].item()}"
     )
-
-
-#: torch < 2.13's dynamo cannot rebuild the frozen QuantizedWeight dataclass a compiled function closes over
-#: ("can't reconstruct arbitrary frozen dataclass instances", seen with the H200 image's torch 2.11).
-needs_compile_torch = pytest.mark.skipif(
-    tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
-    reason=f"torch.compile of humming calls needs torch >= 2.13, this is {torch.__version__}",
-)

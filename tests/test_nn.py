@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-from helpers import needs_compile_torch
 from torch import nn
 
 import humming
@@ -118,7 +117,6 @@ def test_compile_quantized_model(seed):
 
 
 @pytest.mark.gpu
-@needs_compile_torch
 @pytest.mark.parametrize("weight, act", [("int4", None), ("e4m3", "fp8"), ("nvfp4", "nvfp4")])
 def test_gpu_quantized_model_compiled_and_graphed(weight, act, seed):
     """On the GPU: compiled (dynamic M) equals eager, and a CUDA graph of the model after warmup replays."""

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import needs_compile_torch
 
 import humming
 from humming import moe, ops
@@ -244,7 +243,6 @@ def test_topk_routing():
 
 # -------------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
-@needs_compile_torch
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_gpu_compile_and_graph(case, seed, no_recompile):
     """On CUDA with backend "auto": compiled with a dynamic M equals eager, and after humming.warmup a
@@ -295,7 +293,6 @@ def test_gpu_capture_of_an_unwarmed_call_names_the_warmup(seed):
 
 
 @pytest.mark.gpu
-@needs_compile_torch
 @pytest.mark.parametrize("act", [None, "fp8"])
 def test_gpu_fused_moe_graph(act, seed):
     e, k, inter, t = 8, 512, 256, 6

@@ -7,6 +7,8 @@ docs/ir.md gives the contract; :func:`humming.dequantize` defines the meaning. I
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -14,13 +16,22 @@ import torch
 from .formats import NumberFormat, get_format
 from .packing import packed_words
 
-__all__ = ["SCALE_DTYPES", "QuantizedWeight", "cdiv", "expert_weight", "layout_name"]
+__all__ = ["SCALE_DTYPES", "QuantizedWeight", "cdiv", "expert_weight", "layout_name", "weight_by_handle"]
 
 #: dtypes a scale tensor may have.
 SCALE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e8m0fnu)
 _FLOAT_ZERO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT_ZERO_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32)
 _BIAS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+_handles = itertools.count(1)
+_live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handle -> QuantizedWeight
+
+
+def weight_by_handle(handle: int) -> QuantizedWeight | None:
+    """The live weight whose :attr:`QuantizedWeight.handle` is ``handle``, or None once it is gone."""
+    return _live.get(handle)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -69,6 +80,10 @@ class QuantizedWeight:
             t = getattr(self, name)
             if t is not None and not t.is_contiguous():
                 set_(name, t.contiguous())
+        # A process-unique int naming this object: custom ops (humming.ops) pass it instead of the object,
+        # and torch.compile reads it as a constant attribute (no call on the object is traced).
+        set_("handle", next(_handles))
+        _live[self.handle] = self
 
     # --------------------------------------------------------------------------------------- geometry
     @property
