@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 README = "README.md"
+#: The system whose rows are humming.linear under torch.compile (its ratio to the eager humming rows)
+COMPILED = "humming-compiled"
 
 
 def load(folder: Path) -> dict[str, dict]:
@@ -68,6 +70,8 @@ def _table(rows: list[dict], key: str) -> list[str]:
     ms = sorted({r["m"] for r in rows})
     timed = key == "graph_us"
     extra = ["humming / floor", "best route", "humming / best", "vs torch-bf16", "vs humming-kernels"] if timed else []
+    compiled = timed and COMPILED in systems
+    extra += ["compiled / humming"] if compiled else []
     head = ["M", "floor us", *systems, "humming kernel", *extra]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in ms:
@@ -79,8 +83,14 @@ def _table(rows: list[dict], key: str) -> list[str]:
         cells.append(auto.get("kernel") or "")
         if timed:
             cells += _ratios(m, systems, by, auto.get(key))
+        if compiled:
+            cells.append(_over(by.get((m, COMPILED), {}).get(key), auto.get(key)))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _over(a, b) -> str:
+    return _fmt(a / b) if a is not None and b else ""
 
 
 def _ratios(m: int, systems: list[str], by: dict, auto: float | None) -> list[str]:
@@ -88,18 +98,14 @@ def _ratios(m: int, systems: list[str], by: dict, auto: float | None) -> list[st
     routes = [(t, s) for t, s in routes if t is not None]
     best_t, best = min(routes) if routes else (None, "")
     floor = by.get((m, "humming"), {}).get("floor_us")
-
-    def over(a, b):
-        return _fmt(a / b) if a is not None and b else ""
-
     torch_t = by.get((m, "torch-bf16"), {}).get("graph_us")
     peer_t = by.get((m, "humming-kernels"), {}).get("graph_us")
     return [
-        over(auto, floor),
+        _over(auto, floor),
         best.removeprefix("humming:"),
-        over(auto, best_t),
-        over(torch_t, auto),
-        over(peer_t, auto),
+        _over(auto, best_t),
+        _over(torch_t, auto),
+        _over(peer_t, auto),
     ]
 
 

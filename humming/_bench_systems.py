@@ -10,6 +10,8 @@ the reason instead. Packages other than torch and humming are imported on first 
 Systems, op ``linear`` (``x [M, K] @ W^T``):
 
 - ``humming``: ``humming.linear(x, qw, act=act)`` (``kernel``: what the dispatcher picked);
+- ``humming-compiled``: the same under ``torch.compile(fullgraph=True)`` with a dynamic M (the custom op's
+  cost), at M = 1, 16 and 256;
 - ``humming:<kernel>``: every kernel of ``humming.dispatch.kernels.DENSE_KERNELS`` but the reference,
   run with its own tuning where it supports the call (the best single route at each M);
 - ``torch-bf16``: ``torch.nn.functional.linear`` on the unquantized weight, in the run's 16-bit dtype;
@@ -76,6 +78,8 @@ class Prepared:
     calls: list[Callable[[], torch.Tensor]]
     kernel: str | None
     canonical: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda out: out)
+    #: op calls one of ``calls`` makes (its time is divided by this): a compiled function runs every copy
+    ops_per_call: int = 1
 
 
 class Group:
@@ -168,9 +172,9 @@ def _unsorted(order: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
 @dataclass(frozen=True)
 class System:
     """A way to compute one op. ``prepare`` is ``None`` for the humming-kernels system (its worker measures
-    it); ``cases``: the cases it runs (``None``: all); ``shared``: its rows do not depend on the case (a
-    torch baseline, measured once per shape, M and dtype); ``unavailable()``: ``None``, or why it cannot run
-    in this process (a package that is not installed)."""
+    it); ``cases``: the cases it runs (``None``: all); ``m_values``: the M it runs (``None``: all);
+    ``shared``: its rows do not depend on the case (a torch baseline, measured once per shape, M and dtype);
+    ``unavailable()``: ``None``, or why it cannot run in this process (a package that is not installed)."""
 
     name: str
     package: str
@@ -178,6 +182,7 @@ class System:
     cases: tuple[str, ...] | None = None
     shared: bool = False
     unavailable: Callable[[], str | None] = lambda: None
+    m_values: tuple[int, ...] | None = None
 
 
 # ---------------------------------------------------------------------------------------------- humming
@@ -187,6 +192,27 @@ def _humming_linear(group: Group, inp: Inputs) -> Prepared:
     qws = group.qweights()
     kernel = humming.explain(qws[0], inp.m, group.act, dtype=group.dtype).kernel
     return Prepared([partial(humming.linear, inp.x, qw, act=group.act) for qw in qws], kernel)
+
+
+#: M values of the ``humming-compiled`` rows: the compiled-vs-eager comparison of the engines' regime
+COMPILED_M = (1, 16, 256)
+
+
+def _humming_compiled(group: Group, inp: Inputs) -> Prepared:
+    """One ``torch.compile(fullgraph=True)`` function per group that calls ``humming.linear`` on every weight
+    copy (one compile for all M: the token dimension is unbacked); its time is per ``linear`` call."""
+    import humming
+
+    qws = group.qweights()
+
+    def build():
+        return torch.compile(lambda x: [humming.linear(x, qw, act=group.act) for qw in qws], fullgraph=True)
+
+    compiled = group.cached("compiled", build)
+    x = inp.x.clone()
+    torch._dynamo.decorators.mark_unbacked(x, 0)
+    kernel = humming.explain(qws[0], inp.m, group.act, dtype=group.dtype).kernel
+    return Prepared([partial(compiled, x)], kernel, lambda outs: outs[0], ops_per_call=len(qws))
 
 
 def _humming_moe(group: Group, inp: Inputs) -> Prepared:
@@ -319,6 +345,7 @@ def registry(op: str) -> dict[str, System]:
     """The systems of ``op`` by name, in the order rows are written."""
     if op == "linear":
         found = [System("humming", "humming", _humming_linear)]
+        found.append(System("humming-compiled", "humming", _humming_compiled, m_values=COMPILED_M))
         found += [System(f"humming:{k}", "humming", _dense_kernel(k)) for k in DENSE_KERNELS if k != "reference"]
         found += [
             System("torch-bf16", "torch", _torch_linear, shared=True),

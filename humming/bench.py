@@ -70,6 +70,8 @@ DEFAULTS = {
     ),
 }
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: Interleaved timing rounds per point (see ``_Run.local_rows``).
+ROUNDS = 3
 
 
 def parse_shapes(op: str, text: str) -> list[Shape]:
@@ -160,12 +162,12 @@ def sweep(
             bar.set_postfix_str(f"{case} {shape} {_dtype_name(dtype)}")
             if device == "cuda" and not check_only and time.time() < run.deadline:
                 _warm(group, m_values)
-            for system in chosen:
-                if system.cases is not None and case not in system.cases:
-                    bar.update(len(m_values))
-                    continue
-                measure = run.peer_rows if system.prepare is None else run.local_rows
-                doc["rows"] += measure(group, system, m_values, bar)
+            runs_case = [s for s in chosen if s.cases is None or case in s.cases]
+            bar.update((len(chosen) - len(runs_case)) * len(m_values))
+            doc["rows"] += run.local_rows(group, [s for s in runs_case if s.prepare is not None], m_values, bar)
+            for system in runs_case:
+                if system.prepare is None:
+                    doc["rows"] += run.peer_rows(group, system, m_values, bar)
             del group
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -209,29 +211,66 @@ class _Run:
         row["versions"] = {system.package: self.header["versions"].get(system.package)}
         return row
 
-    def local_rows(self, group: Group, system: System, m_values, bar) -> list[dict]:
+    def local_rows(self, group: Group, systems: list[System], m_values, bar) -> list[dict]:
+        """Rows of the in-process ``systems`` at every M. At one M, every system is prepared first and then
+        timed in :data:`ROUNDS` interleaved rounds, each keeping its fastest round: a clock or thermal drift
+        during the sweep shifts all systems of a point alike, so two routes that run the same kernel (the
+        ``humming`` row and its ``humming:<kernel>`` route) agree to within the timing noise."""
         rows = []
         for m in m_values:
-            bar.update(1)
+            bar.update(len(systems))
             if time.time() > self.deadline:
-                self.header["not_measured"] += 1
+                self.header["not_measured"] += len(systems)
                 continue
             inp = group.inputs(m)
-            key = (system.name, str(group.shape), m, group.dtype)
-            if key in self.shared:
-                kernel, result = self.shared[key]
-            else:
+            done: dict[str, tuple] = {}  # system name -> (kernel, result)
+            pending: dict[str, tuple] = {}  # system name -> (kernel, Prepared)
+            for system in systems:
+                if system.m_values is not None and m not in system.m_values:
+                    continue
+                key = (system.name, str(group.shape), m, group.dtype)
+                if key in self.shared:
+                    done[system.name] = self.shared[key]
+                    continue
                 try:
                     prepared = system.prepare(group, inp)
-                    if isinstance(prepared, str):  # this system does not run this call
-                        continue
-                    kernel, result = prepared.kernel, self._measure(group, inp, prepared)
                 except Exception as err:  # recorded in the row; the sweep goes on
-                    kernel, result = None, {"error": f"{type(err).__name__}: {err}"[:500]}
+                    done[system.name] = (None, _error(err))
+                    continue
+                if not isinstance(prepared, str):  # a string: this system does not run this call
+                    pending[system.name] = (prepared.kernel, prepared)
+            for name, (kernel, result) in self._measure_all(group, inp, pending).items():
+                done[name] = (kernel, result)
+            for system in systems:
+                if system.name not in done:
+                    continue
                 if system.shared:
-                    self.shared[key] = (kernel, result)
-            rows.append(self.row(group, system, inp, kernel, result))
+                    self.shared[(system.name, str(group.shape), m, group.dtype)] = done[system.name]
+                rows.append(self.row(group, system, inp, *done[system.name]))
         return rows
+
+    def _measure_all(self, group: Group, inp: Inputs, pending: dict[str, tuple]) -> dict[str, tuple]:
+        """``{name: (kernel, result)}`` for the prepared systems; timing keeps each one's fastest round."""
+        results: dict[str, dict] = {}
+        rounds = 1 if self.check_only else ROUNDS
+        for r in range(rounds):
+            names = list(pending)
+            names = names[r % len(names) :] + names[: r % len(names)] if names else names  # rotate the order
+            for name in names:
+                if "error" in results.get(name, {}):
+                    continue
+                prepared = pending[name][1]
+                try:
+                    result = self._measure(group, inp, prepared)
+                except Exception as err:
+                    results[name] = _error(err)
+                    continue
+                best = results.get(name)
+                if best is None:
+                    results[name] = result
+                else:
+                    results[name] = {key: min(best[key], value) for key, value in result.items()}
+        return {name: (pending[name][0], results[name]) for name in pending}
 
     def _measure(self, group: Group, inp: Inputs, prepared) -> dict:
         if self.check_only:
@@ -239,7 +278,8 @@ class _Run:
             return {"rel_err": rel_err(out, group.reference(inp))}
         from .timing import time_calls
 
-        return time_calls(prepared.calls)
+        timed = time_calls(prepared.calls)
+        return {key: value / prepared.ops_per_call for key, value in timed.items()}
 
     def peer_rows(self, group: Group, system: System, m_values, bar) -> list[dict]:
         request = dict(
@@ -268,6 +308,10 @@ class _Run:
                 rows.append(self.row(group, system, group.inputs(m), None, answer))
         bar.update(len(m_values))
         return rows
+
+
+def _error(err: Exception) -> dict:
+    return {"error": f"{type(err).__name__}: {err}"[:500]}
 
 
 def _warm(group: Group, m_values) -> None:

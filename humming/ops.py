@@ -80,11 +80,8 @@ def register(name: str, impl, fake) -> None:
 # ---------------------------------------------------------------------------------------- weight handles
 def weight_args(qw: QuantizedWeight) -> tuple:
     """``qw`` as op arguments: ``(qweight, scales, zeros, global_scale, g_idx, handle, meta)``
-    (``qw.bias`` is passed apart). Only constant attributes are read, so dynamo bakes handle and meta
-    into the graph."""
-    bn, bk = qw.group_shape
-    meta = f"{qw.format.name};{bn},{bk};{'x'.join(str(d) for d in qw.shape)}"
-    return (qw.qweight, qw.scales, qw.zeros, qw.global_scale, qw.g_idx, qw.handle, meta)
+    (``qw.bias`` is passed apart); ``meta`` is ``qw.signature``."""
+    return (qw.qweight, qw.scales, qw.zeros, qw.global_scale, qw.g_idx, qw.handle, qw.signature)
 
 
 def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, meta: str) -> QuantizedWeight:

@@ -154,6 +154,19 @@ def test_compile_linear_dynamic_m(case, seed, no_recompile, monkeypatch):
     assert looked_up and all(w is qw for w in looked_up)  # the dispatcher's caches see the one weight object
 
 
+def test_compile_one_code_many_weights(seed):
+    """One function's code compiled over weights of every format and group shape (as a layer class's forward
+    is): dynamo recompiles it per weight and makes the ints it reads from them symbolic; each stays exact."""
+
+    def layer(qw, act):
+        return torch.compile(lambda x: humming.linear(x, qw, act=act, backend="reference"), fullgraph=True)
+
+    for case in CASES:
+        qw = _weight(case, n=32 + 16 * CASES.index(case))
+        x = torch.randn(5, 128, dtype=torch.bfloat16)
+        assert torch.equal(layer(qw, case.act)(x), humming.linear(x, qw, act=case.act, backend="reference")), case
+
+
 def test_compile_linear_unbacked_m(seed):
     """``mark_unbacked``: one graph for every M, 0 included."""
     qw = _weight(CASES[0])

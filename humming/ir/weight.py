@@ -80,9 +80,12 @@ class QuantizedWeight:
             t = getattr(self, name)
             if t is not None and not t.is_contiguous():
                 set_(name, t.contiguous())
-        # A process-unique int naming this object: custom ops (humming.ops) pass it instead of the object,
-        # and torch.compile reads it as a constant attribute (no call on the object is traced).
+        # A process-unique int naming this object and a string describing its layout: custom ops
+        # (humming.ops) pass both instead of the object. torch.compile reads them as attributes (no call on
+        # the object is traced); a string is never made symbolic, as ints read from attributes may be.
+        bn, bk = self.group_shape
         set_("handle", next(_handles))
+        set_("signature", f"{self.format.name};{bn},{bk};{'x'.join(str(d) for d in self.shape)}")
         _live[self.handle] = self
 
     # --------------------------------------------------------------------------------------- geometry
