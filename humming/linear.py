@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from . import ops
+from .cuda_kernels.jit import KernelNotReadyError
 from .dispatch.kernels import DENSE_KERNELS
-from .dispatch.plan import plan_linear
+from .dispatch.plan import plan_linear, unwarmed_error
 from .dispatch.support import combination_error
 from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from .ir.weight import QuantizedWeight
@@ -110,7 +111,10 @@ def run_linear(x2d, qweight: QuantizedWeight, bias, act: ActScheme | None, out_d
     plan = plan_linear(qweight, act, x_data, backend)  # also reports bad requests
     if x_data.numel() == 0:  # no tokens (an idle batch): nothing to launch
         return torch.empty(x_data.shape[0], qweight.N, dtype=out_dtype, device=qweight.device)
-    out = DENSE_KERNELS[plan.kernel].run(x2d, qweight, bias, act, out_dtype, plan.tuning)
+    try:
+        out = DENSE_KERNELS[plan.kernel].run(x2d, qweight, bias, act, out_dtype, plan.tuning)
+    except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
+        raise unwarmed_error(err, qweight, act, x_data, backend) from None
     if act is not None and not prequantized and (plan.backend == "reference" or act.group_shape[0] != 1):
         out = poison_non_finite_rows(x2d, out)
     return out

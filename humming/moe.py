@@ -33,8 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from . import ops
+from .cuda_kernels.jit import KernelNotReadyError
 from .dispatch.kernels import GROUPED_KERNELS
-from .dispatch.plan import plan_grouped
+from .dispatch.plan import plan_grouped, unwarmed_error
 from .dispatch.support import combination_error
 from .ir.activation import ActScheme, get_act_scheme
 from .ir.weight import QuantizedWeight, expert_weight
@@ -259,7 +260,10 @@ def run_grouped(x, qweight, expert_ids, block_m: int, bias, act: ActScheme | Non
     ):
         raise ValueError(f"expert_ids: values must lie in [-1, {e})")
     plan = plan_grouped(qweight, act, x, block_m, backend)
-    out = GROUPED_KERNELS[plan.kernel].run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning)
+    try:
+        out = GROUPED_KERNELS[plan.kernel].run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning)
+    except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
+        raise unwarmed_error(err, qweight, act, x, backend, block_m) from None
     # NaN / Inf activations: NaN output rows (see humming.linear.poison_non_finite_rows), skipped rows kept
     if act is not None and x.shape[0] and (plan.backend == "reference" or act.group_shape[0] != 1):
         routed = (expert_ids >= 0).repeat_interleave(block_m)[:, None]

@@ -229,3 +229,18 @@ def test_warmup_refuses_cpu_layers():
         humming.warmup([_weight()])
     with pytest.raises(TypeError, match=r"layers\[0\]: expected a QuantizedWeight"):
         humming.warmup([torch.zeros(2)])
+
+
+def test_unwarmed_error_names_the_warmup_call():
+    """A kernel that could not load inside a capture: the error keeps its type and names the warmup call."""
+    from humming.cuda_kernels import KernelNotReadyError
+    from humming.dispatch.plan import unwarmed_error
+
+    qw = humming.quantize(torch.randn(64, 128), "int4", group_size=128)
+    x = torch.randn(5, 128, dtype=torch.bfloat16)
+    err = unwarmed_error(KernelNotReadyError("kernel k is not loaded"), qw, None, x, "auto")
+    assert isinstance(err, KernelNotReadyError)
+    assert "kernel k is not loaded" in str(err)
+    assert "humming.warmup([weight], m_values=[5], act=None, act_dtype=torch.bfloat16, backend='auto')" in str(err)
+    grouped = unwarmed_error(KernelNotReadyError("k"), qw, None, x, "cuda", block_m=16)
+    assert "block_ms=[16], backend='cuda'" in str(grouped)

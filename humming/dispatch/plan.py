@@ -189,17 +189,27 @@ def plan_linear(qweight, act, x, backend: str = "auto") -> Plan:
     ``[M, K]`` (a QuantizedActivation's codes for pre-quantized input). Raises ``ValueError`` when the
     requested backend cannot run the call (naming why each of its kernels cannot)."""
     requested = _requested(backend)
-    aligned = x.dim() == 2 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
-    key = ("dense", requested, act, x.dtype, x.device, x.shape[0], aligned, _deterministic())
-    return _cached(qweight, key, lambda: _decide(qweight, act, x, requested, None))
+    return _cached(qweight, _call_key(act, x, requested, None), lambda: _decide(qweight, act, x, requested, None))
 
 
 def plan_grouped(qweight, act, x, block_m: int, backend: str = "auto") -> Plan:
     """The plan of ``humming.moe.grouped_linear(x, qweight, ..., block_m, act=act, backend=backend)``."""
     requested = _requested(backend)
+    return _cached(qweight, _call_key(act, x, requested, block_m), lambda: _decide(qweight, act, x, requested, block_m))
+
+
+def _call_key(act, x, requested: str, block_m: int | None) -> tuple:
+    """What a plan depends on besides the weight (``block_m`` None: a dense call)."""
     aligned = x.dim() == 2 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
-    key = ("grouped", requested, act, x.dtype, x.device, x.shape[0], aligned, block_m, _deterministic())
-    return _cached(qweight, key, lambda: _decide(qweight, act, x, requested, block_m))
+    kind = "dense" if block_m is None else "grouped"
+    return (kind, requested, act, x.dtype, x.device, x.shape[0], aligned, block_m, _deterministic())
+
+
+def unwarmed_error(err: Exception, qweight, act, x, backend: str, block_m: int | None = None) -> RuntimeError:
+    """``err`` (a kernel that could not load during a CUDA graph capture) with the warmup call that readies
+    this call's kernels."""
+    key = _call_key(act, x, _requested(backend), block_m)
+    return type(err)(f"{err}. {_unwarmed(qweight, key)}")
 
 
 def _cached(qweight, key, decide) -> Plan:
@@ -222,9 +232,9 @@ def _cached(qweight, key, decide) -> Plan:
 def _unwarmed(qweight, key) -> str:
     """Why a call cannot be captured: no plan was made for it before, so its kernel may not be compiled
     (CUDA kernels compile through NVRTC, Triton ones on their first launch: neither can happen in a capture)."""
-    kind, backend, act, dtype, _, m, aligned = key[:7]
-    entry = "humming.linear" if kind == "dense" else f"humming.moe.grouped_linear (block_m={key[7]})"
-    blocks = "" if kind == "dense" else f", block_ms=[{key[7]}]"
+    kind, backend, act, dtype, _, m, aligned, block_m = key[:8]
+    entry = "humming.linear" if kind == "dense" else f"humming.moe.grouped_linear (block_m={block_m})"
+    blocks = "" if kind == "dense" else f", block_ms=[{block_m}]"
     return (
         f"{entry}: a CUDA graph is being captured, but this call was never run nor warmed: weight "
         f"{qweight.describe()} {qweight.shape}, M={m}, act={act_key(act)}, x dtype {dtype}, backend {backend!r}"
