@@ -24,6 +24,24 @@ def weight(n: int, k: int, experts: int | None, dtype: torch.dtype, device) -> t
     return w.to(dtype)
 
 
+def random_experts(fmt: str, e: int, n: int, k: int, device="cuda"):
+    """An expert-stacked weight of random codes and scales at full size, without the float weight that
+    quantizing would need (4x the memory): ``"int4"`` g128 or ``"e4m3"`` 128x128 blocks. Random e4m3 words
+    hold NaN codes, so it is for repacking and timing, not for checking values."""
+    from .ir.formats import get_format
+    from .ir.weight import QuantizedWeight
+
+    shape = (e, n, k * get_format(fmt).bits // 32)
+    words = torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32, device=device)
+    if fmt == "int4":
+        scales, group = torch.rand(e, n, k // 128, device=device, dtype=torch.bfloat16) + 0.5, (1, 128)
+    elif fmt == "e4m3":
+        scales, group = torch.rand(e, n // 128, k // 128, device=device) + 0.5, (128, 128)
+    else:
+        raise ValueError(f"fmt: expected 'int4' or 'e4m3', got {fmt!r}")
+    return QuantizedWeight(shape=(e, n, k), format=fmt, qweight=words, scales=scales, group_shape=group)
+
+
 def activations(m: int, k: int, dtype: torch.dtype, device) -> torch.Tensor:
     """``[M, K]`` N(0, 1) activations of ``dtype``, seeded by M."""
     return torch.randn(m, k, device=device, generator=_generator(device, m)).to(dtype)

@@ -9,6 +9,7 @@ from helpers import assert_rel_close
 
 import humming
 from humming import cuda_kernels
+from humming._bench_inputs import random_experts
 from humming.cuda_kernels import _gemm_sm90
 from humming.cuda_kernels._layout import prepare_weight
 
@@ -205,18 +206,6 @@ def test_through_humming_moe(seed):
 DEEPSEEK_V3 = {"w13": (256, 4096, 7168), "w2": (256, 7168, 2048)}
 
 
-def _random_experts(fmt: str, e: int, n: int, k: int) -> humming.QuantizedWeight:
-    """Random codes and scales of an expert-stacked weight at full size (quantizing would need the float
-    weight: 4x the memory)."""
-    shape = (e, n, k * humming.get_format(fmt).bits // 32)
-    words = torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32, device="cuda")
-    if fmt == "int4":
-        scales, group = torch.rand(e, n, k // 128, device="cuda", dtype=torch.bfloat16) + 0.5, (1, 128)
-    else:  # e4m3 codes (random words hold NaN codes: the repack moves bytes, it does not read them)
-        scales, group = torch.rand(e, n // 128, k // 128, device="cuda") + 0.5, (128, 128)
-    return humming.QuantizedWeight(shape=(e, n, k), format=fmt, qweight=words, scales=scales, group_shape=group)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt, act", [("int4", None), ("e4m3", "fp8_g128")], ids=["int4-g128", "fp8-block"])
 @pytest.mark.parametrize("proj", list(DEEPSEEK_V3))
@@ -225,8 +214,8 @@ def test_deepseek_v3_layer_prepares_in_bounded_memory_and_time(fmt, act, proj):
     its CUDA kernel with at most 10% of the weight's bytes of memory beyond the result, in under 2 s."""
     import time
 
-    qw = _random_experts(fmt, *DEEPSEEK_V3[proj])
-    humming.prepare(_random_experts(fmt, 2, 256, 256), act=act)  # first-use costs (packer kernels) untimed
+    qw = random_experts(fmt, *DEEPSEEK_V3[proj])
+    humming.prepare(random_experts(fmt, 2, 256, 256), act=act)  # first-use costs (packer kernels) untimed
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()

@@ -166,9 +166,24 @@ def test_warmup_reports_cold_then_warm(include_root, capsys):
 
 
 def test_unavailable_reason_names_the_missing_package(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cuda.core", None)
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "cuda.core" else find_spec(name))
     reason = jit._probe_compiler.__wrapped__()
-    assert reason is not None and "cuda-core cannot be imported" in reason and "ModuleNotFoundError" in reason
+    assert reason is not None and "cuda-core is not installed" in reason and "ModuleNotFoundError" in reason
+
+
+def test_probe_does_not_import_cuda_core():
+    """A start whose kernels all come from the disk cache never imports cuda-core (it costs 0.25 s)."""
+    import subprocess
+
+    probe = (
+        "import sys; from humming.cuda_kernels import jit; "
+        "assert jit.compiler_unavailable_reason() is None and jit._toolchain_id(); "
+        "assert 'cuda.core' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True)
 
 
 def test_entry_for_another_key_is_never_used(include_root, cache_dir):

@@ -48,7 +48,7 @@ def warmup_specs(
     jobs: list[tuple[KernelSpec, str]], max_workers: int | None = None, progress: bool = True
 ) -> WarmupReport:
     """Compile every ``(spec, arch)`` of ``jobs`` in a thread pool (NVRTC runs without the GIL)."""
-    reason = compiler_unavailable_reason()  # imports cuda-core once, before the threads
+    reason = compiler_unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
     unique = list(dict.fromkeys(jobs))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import re
 import threading
 import time
@@ -136,10 +137,10 @@ _import_lock = threading.Lock()
 
 
 def compiler_unavailable_reason() -> str | None:
-    """``None`` when cuda-core and NVRTC can compile, else why not (the import or load error).
+    """``None`` when cuda-core and NVRTC can compile, else why not (what is missing or fails to load).
 
-    Checked once per process, under a lock: cuda-core's first import is not safe to run from several
-    threads at once (it picks its versioned submodule at import time).
+    Checked once per process without importing cuda-core (a quarter of a second): a start whose kernels
+    all come from the disk cache never needs it. NVRTC itself is loaded (cheap) to check it works.
     """
     with _import_lock:
         return _probe_compiler()
@@ -148,14 +149,32 @@ def compiler_unavailable_reason() -> str | None:
 @functools.cache
 def _probe_compiler() -> str | None:
     try:
-        from cuda.core import Program, ProgramOptions  # noqa: F401
-    except Exception as exc:  # any import failure is reported, with its type and message
-        return f"cuda-core cannot be imported ({type(exc).__name__}: {exc}); install humming[cuda]"
+        if importlib.util.find_spec("cuda.core") is None:
+            raise ModuleNotFoundError("No module named 'cuda.core'")
+        _cuda_core_version()
+    except Exception as exc:  # not installed, or installed without its metadata
+        return f"cuda-core is not installed ({type(exc).__name__}: {exc}); install humming[cuda]"
     try:
         nvrtc_version()
     except Exception as exc:
         return f"NVRTC cannot be loaded ({type(exc).__name__}: {exc}); install nvidia-cuda-nvrtc"
     return None
+
+
+@functools.cache
+def _cuda_core_version() -> str:
+    from importlib.metadata import version
+
+    return version("cuda-core")
+
+
+def _import_cuda_core():
+    """cuda-core's ``Program`` and ``ProgramOptions``, imported under a lock: its first import is not safe
+    to run from several threads at once (it picks its versioned submodule at import time)."""
+    with _import_lock:
+        from cuda.core import Program, ProgramOptions
+
+    return Program, ProgramOptions
 
 
 @functools.cache
@@ -170,9 +189,7 @@ def nvrtc_version() -> tuple[int, int]:
 
 @functools.cache
 def _toolchain_id() -> str:
-    import cuda.core
-
-    return f"{_CACHE_FORMAT};nvrtc={nvrtc_version()};cuda-core={cuda.core.__version__}"
+    return f"{_CACHE_FORMAT};nvrtc={nvrtc_version()};cuda-core={_cuda_core_version()}"
 
 
 def cache_key(spec: KernelSpec, arch: str) -> str:
@@ -185,7 +202,7 @@ def cache_key(spec: KernelSpec, arch: str) -> str:
 
 
 def _nvrtc_compile(spec: KernelSpec, arch: str, source: str) -> tuple[bytes, str]:
-    from cuda.core import Program, ProgramOptions
+    Program, ProgramOptions = _import_cuda_core()
 
     class _Log:
         def __init__(self) -> None:
