@@ -75,6 +75,8 @@ def test_bench(benchmark, op, case, shape, m, system_name):
     if system.prepare is None:
         pytest.skip("humming-kernels runs in a worker process: python -m humming bench compares it")
     reason = system.unavailable() or (None if system.cases is None or case in system.cases else "not this case")
+    if reason is None and system.m_values is not None and m not in system.m_values:
+        reason = f"runs at M in {system.m_values}"
     if reason:
         pytest.skip(reason)
     group = _group(op, case, shape)
@@ -93,7 +95,8 @@ def test_bench(benchmark, op, case, shape, m, system_name):
         return
     calls = prepared.calls
     graph = capture_graph(lambda: [calls[i % len(calls)]() for i in range(CALLS_PER_ROUND)])
-    benchmark.extra_info.update(time_calls(calls), calls_per_round=CALLS_PER_ROUND)
+    timed = {key: us / prepared.ops_per_call for key, us in time_calls(calls).items()}
+    benchmark.extra_info.update(timed, calls_per_round=CALLS_PER_ROUND, ops_per_call=prepared.ops_per_call)
 
     def replay():
         graph.replay()
