@@ -136,3 +136,26 @@ def test_gpu_quantized_model_compiled_and_graphed(weight, act, seed):
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.testing.assert_close(y, model(x), rtol=0, atol=0)
+
+
+def test_static_activation_scale(seed):
+    """act_scale: x / act_scale quantized per tensor (a checkpoint's static input_scale), eager and compiled."""
+    qw = humming.quantize(torch.randn(64, 128), "e4m3", group_size=-1)
+    scale = torch.tensor(0.05)
+    layer = QuantizedLinear(qw, act="fp8_tensor", act_scale=scale)
+    x = torch.randn(2, 3, 128, dtype=torch.bfloat16)
+    qa = humming.quantize_activation(x.reshape(6, 128), "fp8_tensor", scale=scale)
+    assert torch.equal(layer(x), humming.linear(qa, qw, out_dtype=torch.bfloat16).reshape(2, 3, 64))
+    assert "act=fp8_tensor static" in repr(layer) and "act_scale" in layer.state_dict()
+    torch._dynamo.reset()
+    f = torch.compile(layer, fullgraph=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for m in (3, 9):
+            x = torch.randn(m, 128, dtype=torch.bfloat16)
+            torch._dynamo.mark_dynamic(x, 0)
+            assert torch.equal(f(x), layer(x))
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match=r"act_scale: a static scale needs a per-token or per-tensor act"):
+        QuantizedLinear(humming.quantize(torch.randn(64, 128), "nvfp4"), act="nvfp4", act_scale=scale)
+    with pytest.raises(ValueError, match=r"act_scale: expected a one-element tensor"):
+        QuantizedLinear(qw, act="fp8", act_scale=torch.ones(2))

@@ -91,3 +91,24 @@ class CheckpointFiles:
             if leaf in suffixes:
                 found.add(module)
         return sorted(found)
+
+
+class TensorFiles(CheckpointFiles):
+    """:class:`CheckpointFiles` over tensors already in memory (``{name: tensor}``), for engines whose own
+    loader hands the checkpoint's tensors over one by one."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], config: dict | None = None):
+        self.path = Path("<memory>")
+        self.config = config or {}
+        self.hf_quant_config = None
+        self._tensors = dict(tensors)
+        self._file_of = dict.fromkeys(self._tensors, self.path)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._tensors[key].shape)
+
+    def _handle(self, key: str):
+        return self
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        return self._tensors[key]

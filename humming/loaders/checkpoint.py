@@ -10,7 +10,7 @@ from pathlib import Path
 from humming.ir.weight import QuantizedWeight
 
 from ..ir.concat import stack
-from ._files import CheckpointFiles
+from ._files import CheckpointFiles, TensorFiles
 from .awq import AWQReader
 from .bnb import BitsAndBytesReader
 from .compressed_tensors import CompressedTensorsReader
@@ -20,7 +20,7 @@ from .gpt_oss import GptOssReader
 from .gptq import GPTQReader
 from .modelopt import ModelOptReader
 
-__all__ = ["READERS", "iter_modules", "load_checkpoint", "load_module", "open_checkpoint"]
+__all__ = ["READERS", "iter_modules", "load_checkpoint", "load_module", "open_checkpoint", "open_reader"]
 
 #: ``quant_method`` -> reader class.
 READERS = {
@@ -49,9 +49,7 @@ def open_checkpoint(path: str | Path):
             f"{files.path}: no quantization_config in config.json and no hf_quant_config.json: "
             "not a quantized checkpoint"
         )
-    method = str(qconfig.get("quant_method", "")).lower()
-    if method == "compressed_tensors":
-        method = "compressed-tensors"
+    method = _method(qconfig)
     if method in _KERNEL_METHODS:
         raise UnsupportedFormatError(
             f"quant_method {method!r} is a kernel-specific repacked layout; humming reads the portable "
@@ -68,6 +66,22 @@ def open_checkpoint(path: str | Path):
             "(Marlin / exllama), not to the portable format the config names"
         )
     return files, READERS[method](qconfig, files)
+
+
+def _method(qconfig: dict) -> str:
+    method = str(qconfig.get("quant_method", "")).lower()
+    return "compressed-tensors" if method == "compressed_tensors" else method
+
+
+def open_reader(qconfig: dict, tensors: dict):
+    """The format reader of ``qconfig`` (a ``quantization_config``) over tensors in memory
+    (``{"<module>.<leaf>": tensor}``), for engines that load the checkpoint themselves."""
+    method = _method(qconfig)
+    if method not in READERS:
+        raise UnsupportedFormatError(
+            f"unknown quant_method {qconfig.get('quant_method')!r}; supported: {', '.join(READERS)}"
+        )
+    return READERS[method](qconfig, TensorFiles(tensors))
 
 
 def _kernel_tensors(files: CheckpointFiles) -> list[str]:

@@ -38,6 +38,7 @@ from ._common import (
     signed_if_symmetric,
 )
 from ._files import CheckpointFiles
+from .activations import ActivationSpec, compressed_tensors_activation
 from .errors import CheckpointError, MissingTensorError, ShapeMismatchError, UnsupportedFormatError
 
 __all__ = ["CompressedTensorsReader", "pack_fp4", "pack_int_quantized"]
@@ -99,6 +100,10 @@ class CompressedTensorsReader:
         if best is None:
             raise CheckpointError(f"{module}: has quantized tensors but no config_groups entry targets it")
         return best
+
+    def activation(self, module: str) -> ActivationSpec:
+        """The module's config group ``input_activations`` as a humming activation scheme."""
+        return compressed_tensors_activation(module, self._group(module).get("input_activations"), self.files)
 
     def modules(self) -> list[str]:
         found = self.files.modules_with("weight_packed", "weight_scale")

@@ -6,7 +6,13 @@ say what kind of problem it is. Messages name the module, the tensor and what wa
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "MissingTensorError", "ShapeMismatchError", "UnsupportedFormatError"]
+__all__ = [
+    "CheckpointError",
+    "MissingTensorError",
+    "ShapeMismatchError",
+    "UnexpectedTensorError",
+    "UnsupportedFormatError",
+]
 
 
 class CheckpointError(ValueError):
@@ -19,6 +25,10 @@ class UnsupportedFormatError(CheckpointError):
 
 class MissingTensorError(CheckpointError):
     """A quantized module lacks a tensor its format needs."""
+
+
+class UnexpectedTensorError(CheckpointError):
+    """A checkpoint tensor that the model being loaded has no place for."""
 
 
 class ShapeMismatchError(CheckpointError):

@@ -14,7 +14,8 @@ from humming.ir.weight import QuantizedWeight, cdiv
 
 from ._common import bytes_to_words, check_shape
 from ._files import CheckpointFiles
-from .errors import ShapeMismatchError, UnsupportedFormatError
+from .activations import ActivationSpec
+from .errors import MissingTensorError, ShapeMismatchError, UnsupportedFormatError
 
 __all__ = ["FP8Reader", "decode_fp8"]
 
@@ -30,6 +31,7 @@ class FP8Reader:
         block = qconfig.get("weight_block_size")
         self.block = tuple(int(b) for b in block) if block else None
         self.skip = list(qconfig.get("modules_to_not_convert") or []) + list(qconfig.get("ignored_layers") or [])
+        self.activation_scheme = str(qconfig.get("activation_scheme", "dynamic")).lower()
 
     def describe(self) -> str:
         return f"FP8 e4m3 block {self.block[0]}x{self.block[1]}" if self.block else "FP8 e4m3 per-tensor/channel"
@@ -37,6 +39,25 @@ class FP8Reader:
     def modules(self) -> list[str]:
         found = self.files.modules_with("weight_scale_inv", "weight_scale")
         return [m for m in found if not any(s in m for s in self.skip)]
+
+    def activation(self, module: str) -> ActivationSpec:
+        """Block weights: fp8 per 1x``bk`` group (dynamic, as DeepSeek-V3); others: fp8 per token when
+        dynamic, per tensor with the static ``input_scale`` when static."""
+        if self.activation_scheme not in ("dynamic", "static"):
+            raise UnsupportedFormatError(f"{module}: fp8 activation_scheme {self.activation_scheme!r} is not known")
+        if self.block is not None:
+            if self.activation_scheme != "dynamic" or self.block[1] != 128:
+                raise UnsupportedFormatError(
+                    f"{module}: fp8 block weights with {self.activation_scheme} activations in 1x{self.block[1]} "
+                    "groups; humming runs dynamic 1x128 groups (fp8_g128)"
+                )
+            return ActivationSpec("fp8_g128")
+        if self.activation_scheme == "dynamic":
+            return ActivationSpec("fp8")
+        key = f"{module}.input_scale"
+        if key not in self.files:
+            raise MissingTensorError(f"{module}: activation_scheme 'static' needs tensor {key!r}")
+        return ActivationSpec("fp8_tensor", key)
 
     def load(self, module: str) -> QuantizedWeight:
         weight = self.files.get(f"{module}.weight", module)

@@ -20,7 +20,8 @@ from humming.ir.weight import QuantizedWeight, cdiv
 
 from ._common import bytes_to_words, check_shape
 from ._files import CheckpointFiles
-from .errors import ShapeMismatchError, UnsupportedFormatError
+from .activations import ActivationSpec
+from .errors import MissingTensorError, ShapeMismatchError, UnsupportedFormatError
 from .fp8 import decode_fp8
 
 __all__ = ["ModelOptReader", "modelopt_positive_zero"]
@@ -67,6 +68,19 @@ class ModelOptReader:
         return [
             m for m in found if self._algo(m) is not None and not any(fnmatch.fnmatchcase(m, p) for p in self.exclude)
         ]
+
+    def activation(self, module: str) -> ActivationSpec:
+        """NVFP4: ``nvfp4`` (its static ``input_scale`` replaced by a per-call global scale); FP8: per-tensor
+        with the static ``input_scale``; FP8_PER_CHANNEL_PER_TOKEN: per-token dynamic."""
+        algo = self._algo(module)
+        if algo == "NVFP4":
+            return ActivationSpec("nvfp4")
+        if algo == "FP8_PER_CHANNEL_PER_TOKEN":
+            return ActivationSpec("fp8")
+        key = f"{module}.input_scale"
+        if key not in self.files:
+            raise MissingTensorError(f"{module}: ModelOpt FP8 needs the static activation scale {key!r}")
+        return ActivationSpec("fp8_tensor", key)
 
     def load(self, module: str) -> QuantizedWeight:
         algo = self._algo(module)

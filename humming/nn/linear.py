@@ -9,6 +9,7 @@ from ..ir.activation import ActScheme, get_act_scheme
 from ..ir.quantize import WEIGHT_SCHEMES, quantize
 from ..ir.weight import QuantizedWeight
 from ..linear import linear
+from ..ops import quantize_activation
 from ._buffers import QuantizedModule
 
 __all__ = ["QuantizedLinear", "resolve_group_size"]
@@ -29,6 +30,8 @@ class QuantizedLinear(QuantizedModule):
     Args:
         qweight: the weight.
         act: activation scheme (``"fp8"``, ``"nvfp4"``...; ``None``: 16-bit activations).
+        act_scale: a static per-tensor activation scale (one element; ``x / act_scale`` is quantized, as a
+            checkpoint's ``input_scale``) for a per-token or per-tensor ``act``; ``None``: scales per call.
         out_dtype: output dtype; ``None``: the input's.
         backend: as :func:`humming.linear`.
     """
@@ -38,6 +41,7 @@ class QuantizedLinear(QuantizedModule):
         qweight: QuantizedWeight,
         *,
         act: str | ActScheme | None = None,
+        act_scale: torch.Tensor | None = None,
         out_dtype: torch.dtype | None = None,
         backend: str = "auto",
     ) -> None:
@@ -47,6 +51,13 @@ class QuantizedLinear(QuantizedModule):
             raise ValueError(f"qweight: expected a 2-D weight [N, K], got an expert-stacked weight {qweight.shape}")
         self.in_features, self.out_features = qweight.K, qweight.N
         self.act = None if act is None else get_act_scheme(act)
+        if act_scale is not None:
+            if self.act is None or self.act.scale_dtype != torch.float32 or self.act.global_scale:
+                raise ValueError(f"act_scale: a static scale needs a per-token or per-tensor act, got act={act!r}")
+            if not isinstance(act_scale, torch.Tensor) or act_scale.numel() != 1:
+                raise ValueError(f"act_scale: expected a one-element tensor, got {act_scale!r}")
+            act_scale = act_scale.detach().to(qweight.device, torch.float32).reshape(1, 1)
+        self.register_buffer("act_scale", act_scale)
         self.out_dtype = out_dtype
         self.backend = backend
 
@@ -80,8 +91,21 @@ class QuantizedLinear(QuantizedModule):
         return cls(qw, act=act, backend=backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, act=self.act, out_dtype=self.out_dtype, backend=self.backend)
+        if self.act_scale is None:
+            return linear(x, self.weight, act=self.act, out_dtype=self.out_dtype, backend=self.backend)
+        quant_backend = self.backend if self.backend in ("reference", "triton") else "auto"
+        qa = quantize_activation(x.reshape(-1, self.in_features), self.act, scale=self.act_scale, backend=quant_backend)
+        y = linear(qa, self.weight, out_dtype=self.out_dtype or x.dtype, backend=self.backend)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _apply(self, fn, recurse=True):
+        """A static activation scale stays float32 through dtype casts, as the weight's scales do."""
+        scale = self.act_scale
+        super()._apply(fn, recurse)
+        if scale is not None and self.act_scale.dtype != torch.float32:
+            self.act_scale = scale.to(self.act_scale.device)
+        return self
 
     def extra_repr(self) -> str:
-        act = "None" if self.act is None else self.act.name
+        act = "None" if self.act is None else self.act.name + ("" if self.act_scale is None else " static")
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.weight.describe()}, act={act}"

@@ -11,7 +11,7 @@ from ..moe import fused_moe, topk_routing
 from ._buffers import QuantizedModule
 from .linear import resolve_group_size
 
-__all__ = ["FusedMoE"]
+__all__ = ["FusedMoE", "QuantizedExperts"]
 
 
 class FusedMoE(QuantizedModule):
@@ -78,3 +78,52 @@ class FusedMoE(QuantizedModule):
     def extra_repr(self) -> str:
         act = "None" if self.act is None else self.act.name
         return f"experts={self.num_experts}, top_k={self.top_k}, {self.w13.describe()}, act={act}"
+
+
+class QuantizedExperts(QuantizedModule):
+    """The experts of a MoE block with the routing done by the caller: ``forward(hidden_states [T, K],
+    top_k_index [T, k], top_k_weights [T, k]) -> [T, K]``, ``sum_j w_j * w2_e(silu(gate) * up)``, the
+    interface of transformers' ``*Experts`` modules (Mixtral, Qwen2/3-MoE, OLMoE...), which
+    :func:`humming.nn.from_pretrained` puts it in place of.
+
+    Args:
+        w13: ``[E, 2I, K]`` (gate rows, then up rows); w2: ``[E, K, I]``.
+        act, block_m, backend: as :func:`humming.moe.fused_moe`.
+    """
+
+    def __init__(
+        self,
+        w13: QuantizedWeight,
+        w2: QuantizedWeight,
+        *,
+        act: str | ActScheme | None = None,
+        block_m: int | None = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        self._set_weight("w13_", w13)
+        self._set_weight("w2_", w2)
+        if w13.num_experts is None or w2.num_experts is None:
+            raise ValueError(f"w13, w2: expected expert-stacked weights [E, N, K], got {w13.shape} and {w2.shape}")
+        self.num_experts = w13.num_experts
+        self.act = None if act is None else get_act_scheme(act)
+        self.block_m, self.backend = block_m, backend
+
+    @property
+    def w13(self) -> QuantizedWeight:
+        return self._weights["w13_"]
+
+    @property
+    def w2(self) -> QuantizedWeight:
+        return self._weights["w2_"]
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        ids = top_k_index.to(torch.int32)
+        weights = top_k_weights.to(torch.float32)
+        return fused_moe(
+            hidden_states, self.w13, self.w2, weights, ids, act=self.act, block_m=self.block_m, backend=self.backend
+        )
+
+    def extra_repr(self) -> str:
+        act = "None" if self.act is None else self.act.name
+        return f"experts={self.num_experts}, {self.w13.describe()}, act={act}"

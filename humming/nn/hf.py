@@ -1,0 +1,273 @@
+"""``from_pretrained``: a quantized Hugging Face checkpoint folder as a transformers model running on humming.
+
+Needs the ``hf`` extra (``pip install 'humming[hf]'``: transformers). The model is built from its config by
+transformers (``AutoModelForCausalLM.from_config``, the quantization config removed so that none of
+transformers' own quantizers runs), its parameters on the meta device; then every module
+:func:`humming.load_checkpoint` reads becomes a humming module on ``device`` and every other tensor of the
+checkpoint (embeddings, norms, routers, ``lm_head``...) is loaded into the parameter of the same name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..ir.concat import concat
+from ..ir.weight import QuantizedWeight
+from ..loaders.activations import ActivationSpec, expert_activation
+from ..loaders.checkpoint import iter_modules, load_module, open_checkpoint
+from ..loaders.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError, UnsupportedFormatError
+from .linear import QuantizedLinear
+from .moe import QuantizedExperts
+
+__all__ = ["from_pretrained"]
+
+# checkpoint names of an expert's projections: (gate, up, down)
+_EXPERT_PROJS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+_SILU = ("SiLU", "SiLUActivation")
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(
+            "humming.nn.from_pretrained needs transformers: install the hf extra, pip install 'humming[hf]'"
+        ) from err
+    return transformers
+
+
+def from_pretrained(
+    path: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    backend: str = "auto",
+    strict: bool = True,
+    trust_remote_code: bool = False,
+) -> nn.Module:
+    """A transformers causal LM from a quantized checkpoint folder, its quantized linears run by humming.
+
+    Every format :func:`humming.load_checkpoint` reads (GPTQ, AWQ, compressed-tensors, FP8, ModelOpt,
+    bitsandbytes NF4...). Quantized linears become :class:`QuantizedLinear` with the activation scheme the
+    checkpoint names (:func:`humming.loaders.activation_schemes`; static ``input_scale`` included);
+    quantized experts (per-expert ``experts.{e}.gate_proj / up_proj / down_proj`` or ``w1 / w3 / w2``)
+    become :class:`QuantizedExperts` where the model's module of that name is a transformers experts module
+    with fused 3-D ``gate_up_proj`` / ``down_proj`` and SiLU (Mixtral-style, Qwen2/3-MoE, OLMoE...).
+
+    Args:
+        path: the checkpoint folder (``config.json``, ``*.safetensors``).
+        dtype: the dtype of the unquantized parameters and of the activations; ``None``: the config's
+            (``torch_dtype`` / ``dtype``), else float32.
+        device: where every tensor goes.
+        backend: as :func:`humming.linear` (``"auto"``: the reference on CPU).
+        strict: raise on checkpoint tensors the model has no place for; ``False`` warns instead.
+        trust_remote_code: passed to transformers for models defined in the checkpoint folder.
+    Returns:
+        the model, in eval mode.
+    Raises:
+        ImportError: transformers is not installed (the ``hf`` extra).
+        humming.loaders.CheckpointError: an unknown or unsupported format (``UnsupportedFormatError``), a
+            tensor the model needs that the checkpoint lacks (``MissingTensorError``), one the model has no
+            place for (``UnexpectedTensorError``), a shape that disagrees (``ShapeMismatchError``).
+    """
+    transformers = _transformers()
+    files, reader = open_checkpoint(path)
+    device = torch.device(device)
+    config = transformers.AutoConfig.from_pretrained(files.path, trust_remote_code=trust_remote_code)
+    for attr in ("quantization_config", "compression_config"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    dtype = _resolve_dtype(dtype, config)
+    with _parameters_on_meta():
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    model.eval()
+
+    quantized: dict[str, tuple[QuantizedWeight, ActivationSpec]] = {}
+    for name, parts in iter_modules(reader):
+        spec = expert_activation(reader, name, parts)
+        quantized[name] = (load_module(reader, name, parts).to(device), spec)
+    replaced = _replace_modules(model, quantized, files, dtype, device, backend)
+
+    owners = set(reader.modules()) | set(quantized)
+    rest = [k for k in files.names() if not _owned(k, owners)]
+    _load_unquantized(model, files, rest, replaced, device, strict)
+    model.to(device)  # buffers made at construction (rotary frequencies...)
+    gen = files.path / "generation_config.json"
+    if gen.exists() and getattr(model, "generation_config", None) is not None:
+        model.generation_config = transformers.GenerationConfig.from_pretrained(files.path)
+    return model
+
+
+def _resolve_dtype(dtype, config) -> torch.dtype:
+    if dtype is None:
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype: expected a floating-point torch.dtype, got {dtype!r}")
+    return dtype
+
+
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Parameters registered inside go to the meta device (no memory, no initialisation); buffers stay where
+    they are made, so that those computed at construction and absent from checkpoints (rotary frequencies)
+    are real. Patches ``nn.Module.register_parameter`` for the duration (not thread-safe)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _owned(key: str, owners: set[str]) -> bool:
+    """Whether checkpoint tensor ``key`` belongs to a quantized module: ``<module>.<anything>`` (scales,
+    zero points, bias, input_scale, bitsandbytes' quant state) or ``<module>_<suffix>`` (gpt-oss blocks)."""
+    head = key
+    while "." in head:
+        head = head.rpartition(".")[0]
+        if head in owners:
+            return True
+    return key.rpartition("_")[0] in owners
+
+
+def _replace_modules(model, quantized, files, dtype, device, backend) -> list[str]:
+    """Put humming modules in place of the quantized linears and experts; returns the replaced names."""
+    replaced = []
+    experts: dict[str, dict[str, tuple[QuantizedWeight, ActivationSpec]]] = {}
+    for name, (qw, spec) in quantized.items():
+        parent_name, _, child = name.rpartition(".")
+        module = _submodule(model, name)
+        if module is None and parent_name.endswith("experts") and qw.num_experts is not None:
+            experts.setdefault(parent_name, {})[child] = (qw, spec)
+            continue
+        if module is None:
+            raise UnexpectedTensorError(
+                f"{name}: the checkpoint quantizes it, but {type(model).__name__} has no module of that name"
+            )
+        if not isinstance(module, nn.Linear):
+            raise UnsupportedFormatError(
+                f"{name}: the checkpoint quantizes it, but the model's module is a {type(module).__name__}, "
+                "not an nn.Linear"
+            )
+        if (module.out_features, module.in_features) != tuple(qw.shape):
+            raise ShapeMismatchError(
+                f"{name}: the checkpoint's weight is {tuple(qw.shape)}, the model's Linear is "
+                f"{(module.out_features, module.in_features)} [out, in]"
+            )
+        if module.bias is not None and qw.bias is None:
+            raise MissingTensorError(f"{name}: the model's Linear has a bias, the checkpoint has no {name}.bias")
+        if qw.bias is not None:
+            qw = qw.replace(bias=qw.bias.to(device, dtype))
+        scale = None if spec.scale_tensor is None else files.get(spec.scale_tensor)
+        layer = QuantizedLinear(qw, act=spec.act, act_scale=scale, backend=backend)
+        setattr(model.get_submodule(parent_name), child, layer)
+        replaced.append(name)
+    for name, projs in experts.items():
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, _experts(model, name, projs, dtype, device, backend))
+        replaced.append(name)
+    return replaced
+
+
+def _submodule(model: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def _experts(model, name, projs, dtype, device, backend) -> QuantizedExperts:
+    """A :class:`QuantizedExperts` for the transformers experts module ``name`` from its stacked projections."""
+    module = _submodule(model, name)
+    names = next((p for p in _EXPERT_PROJS if set(p) == set(projs)), None)
+    if module is None or names is None:
+        raise UnexpectedTensorError(
+            f"{name}: the checkpoint quantizes experts {sorted(projs)}, but the model has no experts module "
+            f"{name} with {' / '.join(p[0] for p in _EXPERT_PROJS)}-style projections"
+        )
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    act_fn = type(getattr(module, "act_fn", None)).__name__
+    fused = isinstance(gate_up, nn.Parameter) and isinstance(down, nn.Parameter) and gate_up.dim() == down.dim() == 3
+    plain = not getattr(module, "is_transposed", False) and getattr(module, "is_concatenated", True)
+    has_bias = any(getattr(module, b, None) is not None for b in ("gate_up_proj_bias", "down_proj_bias"))
+    if not fused or not plain or has_bias or act_fn not in _SILU:
+        raise UnsupportedFormatError(
+            f"{name}: {type(module).__name__} is not an experts module humming can replace (it needs fused 3-D "
+            f"gate_up_proj [E, 2I, H] and down_proj [E, H, I], concatenated gate/up, no bias, SiLU; got "
+            f"act_fn {act_fn})"
+        )
+    (gate, spec), (up, _), (w2, down_spec) = (projs[p] for p in names)
+    if {spec.act, down_spec.act, projs[names[1]][1].act} != {spec.act}:
+        raise UnsupportedFormatError(f"{name}: the expert projections have different activation schemes")
+    w13 = concat([gate, up], dim=1)  # [E, 2I, K]: gate rows, then up rows
+    if tuple(w13.shape) != tuple(gate_up.shape) or tuple(w2.shape) != tuple(down.shape):
+        raise ShapeMismatchError(
+            f"{name}: the checkpoint's experts are gate_up {tuple(w13.shape)}, down {tuple(w2.shape)}; the model's "
+            f"are {tuple(gate_up.shape)}, {tuple(down.shape)}"
+        )
+    w13, w2 = (w if w.bias is None else w.replace(bias=w.bias.to(device, dtype)) for w in (w13, w2))
+    return QuantizedExperts(w13, w2, act=spec.act, backend=backend)
+
+
+def _load_unquantized(model, files, keys, replaced, device, strict) -> None:
+    """Load the checkpoint tensors ``keys`` into the model's parameters and persistent buffers of the same
+    names (floating tensors cast to the parameter's dtype), tie the output embeddings to the input ones where
+    the config ties them and the checkpoint leaves them out, and raise on anything left missing."""
+    prefixes = tuple(f"{name}." for name in replaced)
+    targets = {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.startswith(prefixes)}
+    ignore = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []]
+    unexpected = [k for k in keys if k not in targets and not any(p.search(k) for p in ignore)]
+    if unexpected:
+        message = (
+            f"{len(unexpected)} checkpoint tensors have no place in {type(model).__name__}: {_listing(unexpected)}"
+        )
+        if strict:
+            raise UnexpectedTensorError(message)
+        warnings.warn(message, stacklevel=3)
+    state = {}
+    for key in keys:
+        if key not in targets:
+            continue
+        tensor, target = files.get(key), targets[key]
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ShapeMismatchError(
+                f"{key}: the checkpoint's tensor is {tuple(tensor.shape)}, the model's is {tuple(target.shape)}"
+            )
+        if tensor.is_floating_point() and target.is_floating_point():
+            tensor = tensor.to(target.dtype)  # dtype, or float32 for a model's _keep_in_fp32_modules
+        state[key] = tensor.to(device)
+    model.load_state_dict(state, strict=False, assign=True)
+    _tie_embeddings(model)
+    missing = [k for k, v in model.state_dict(keep_vars=True).items() if v is not None and v.device.type == "meta"]
+    if missing:
+        raise MissingTensorError(f"{len(missing)} tensors of the model are not in the checkpoint: {_listing(missing)}")
+
+
+def _tie_embeddings(model) -> None:
+    """As transformers: an output embedding the checkpoint leaves out shares the input embedding's weight when
+    the config ties word embeddings."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if not getattr(config, "tie_word_embeddings", False):
+        return
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if isinstance(out, nn.Linear) and out.weight.device.type == "meta" and inp.weight.device.type != "meta":
+        out.weight = inp.weight
+
+
+def _listing(keys: list[str], limit: int = 8) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
