@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import needs_compile_torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -184,7 +183,6 @@ def test_checkpoint_dtype(name, loaded, seed):
     assert err <= 4 * UNIT[dtype], f"seed {seed}: {err:.2e} (u = {UNIT[dtype]:.1e})"
 
 
-@needs_compile_torch
 @pytest.mark.parametrize("name", ["autogptq_w4_g128_sym", "ct_fp8_block", "ct_w8a8_int8", "modelopt_nvfp4"])
 def test_compiled_fullgraph(name, loaded, seed):
     """torch.compile(fullgraph=True) with a dynamic sequence length: the same logits as eager for every
