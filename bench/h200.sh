@@ -10,7 +10,8 @@
 #                                  .whl/humming_kernels-*.whl) and what it needs
 #                                  beyond this repo's requirements (filelock, jinja2, tabulate); its package is
 #                                  also named `humming`, so the sweep runs it in a worker process (--peer-site)
-# Knobs: LINEAR_S / MOE_S (wall seconds of each sweep, default 290 / 120), M (default 1,16,64,256,1024,4096),
+# Knobs: LINEAR_S / MOE_S (wall seconds of each sweep, default 290 / 120; 0 skips it), M (default
+# 1,16,64,256,1024,4096,8192), ROUNDS (interleaved timing rounds per point, default 3),
 # DTYPES (default bf16; bf16,fp16 doubles the work), LINEAR_CASES / MOE_CASES, LINEAR_SHAPES / MOE_SHAPES.
 # Usage (repository root): OUT=out bash bench/h200.sh; then copy $OUT's files into bench/results/h200/.
 set -u
@@ -32,17 +33,17 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HUMMING_CACHE_DIR=/tmp/hummi
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python3 -m humming --version
 } >>"$LOG" 2>&1
-M=${M:-1,16,64,256,1024,4096}
+M=${M:-1,16,64,256,1024,4096,8192}
 DTYPES=${DTYPES:-bf16}
 sweep() {  # sweep OP SECONDS [ARGS...]: the sweep stops timing 40 s before the hard limit and writes what it has
   local op=$1 limit=$2; shift 2
   local t0=$SECONDS
   timeout --kill-after=10 "$limit" python3 -m humming bench "$op" --m "$M" --dtypes "$DTYPES" \
-    --budget-s $((limit - 40)) --peer-site /tmp/hk-site --out "$OUT/$op.json" "$@" >>"$LOG" 2>&1
+    --budget-s $((limit - 40)) --rounds "${ROUNDS:-3}" --peer-site /tmp/hk-site --out "$OUT/$op.json" "$@" >>"$LOG" 2>&1
   echo "== $op: exit $? in $((SECONDS - t0))s" >>"$LOG"
 }
-sweep linear "${LINEAR_S:-290}" ${LINEAR_CASES:+--cases "$LINEAR_CASES"} ${LINEAR_SHAPES:+--shapes "$LINEAR_SHAPES"}
-sweep moe "${MOE_S:-120}" ${MOE_CASES:+--cases "$MOE_CASES"} ${MOE_SHAPES:+--shapes "$MOE_SHAPES"}
+[ "${LINEAR_S:-290}" -gt 0 ] && sweep linear "${LINEAR_S:-290}" ${LINEAR_CASES:+--cases "$LINEAR_CASES"} ${LINEAR_SHAPES:+--shapes "$LINEAR_SHAPES"}
+[ "${MOE_S:-120}" -gt 0 ] && sweep moe "${MOE_S:-120}" ${MOE_CASES:+--cases "$MOE_CASES"} ${MOE_SHAPES:+--shapes "$MOE_SHAPES"}
 rm -f "$OUT"/*.tmp  # a sweep killed while writing leaves its last complete JSON and this
 python3 bench/report.py "$OUT" >>"$LOG" 2>&1
 grep -E "^(skipped|==|wrote|plots skipped)|rows \(" "$LOG"

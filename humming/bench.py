@@ -70,7 +70,7 @@ DEFAULTS = {
     ),
 }
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-#: Interleaved timing rounds per point (see ``_Run.local_rows``).
+#: Interleaved timing rounds per point (see ``_Run.local_rows``; ``--rounds``).
 ROUNDS = 3
 
 
@@ -108,6 +108,7 @@ def sweep(
     copy_bytes_per_s: float = COPY_BYTES_PER_S,
     command: str = "",
     progress: bool = True,
+    rounds: int = ROUNDS,
 ) -> dict:
     """Measure (or with ``check_only``, check) every system named in ``systems`` (default: all of
     ``registry(op)``) on every case, shape, dtype and M; returns ``{"header", "rows"}`` and writes it to
@@ -147,7 +148,7 @@ def sweep(
         else:
             header["skipped"][name] = reason
 
-    run = _Run(doc, device, check_only, time.time() + budget_s, copy_bytes_per_s, worker)
+    run = _Run(doc, device, check_only, time.time() + budget_s, copy_bytes_per_s, worker, rounds)
     jobs = [(case, shape, dtype) for case in cases for shape in shapes for dtype in dtypes]
     bar = tqdm(
         total=len(jobs) * len(chosen) * len(m_values),
@@ -186,9 +187,9 @@ class _Run:
     """What one sweep shares across groups: the rows' device and roof, the deadline, the torch baselines
     measured so far (they do not depend on the case) and the humming-kernels worker."""
 
-    def __init__(self, doc, device, check_only, deadline, roof, worker):
+    def __init__(self, doc, device, check_only, deadline, roof, worker, rounds: int):
         self.header, self.device, self.check_only = doc["header"], device, check_only
-        self.deadline, self.roof, self.worker = deadline, roof, worker
+        self.deadline, self.roof, self.worker, self.rounds = deadline, roof, worker, rounds
         self.shared: dict = {}
 
     def row(self, group: Group, system: System, inp: Inputs, kernel, result: dict) -> dict:
@@ -213,7 +214,7 @@ class _Run:
 
     def local_rows(self, group: Group, systems: list[System], m_values, bar) -> list[dict]:
         """Rows of the in-process ``systems`` at every M. At one M, every system is prepared first and then
-        timed in :data:`ROUNDS` interleaved rounds, each keeping its fastest round: a clock or thermal drift
+        timed in ``rounds`` interleaved rounds, each keeping its fastest round: a clock or thermal drift
         during the sweep shifts all systems of a point alike, so two routes that run the same kernel (the
         ``humming`` row and its ``humming:<kernel>`` route) agree to within the timing noise."""
         rows = []
@@ -252,7 +253,7 @@ class _Run:
     def _measure_all(self, group: Group, inp: Inputs, pending: dict[str, tuple]) -> dict[str, tuple]:
         """``{name: (kernel, result)}`` for the prepared systems; timing keeps each one's fastest round."""
         results: dict[str, dict] = {}
-        rounds = 1 if self.check_only else ROUNDS
+        rounds = 1 if self.check_only else self.rounds
         for r in range(rounds):
             names = list(pending)
             names = names[r % len(names) :] + names[: r % len(names)] if names else names  # rotate the order
@@ -412,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON file to write (required unless --check-only)")
     parser.add_argument("--check-only", action="store_true", help="compute each result once, check it, no timing")
     parser.add_argument("--peer-site", help="directory holding humming-kernels (default: $HUMMING_KERNELS_SITE)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved timing rounds per point")
     parser.add_argument("--copy-bw", type=float, default=COPY_BYTES_PER_S, help="roof of the floor, bytes/s")
     args = parser.parse_args(argv)
     defaults = DEFAULTS[args.op]
@@ -433,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
             check_only=args.check_only,
             peer_site=args.peer_site,
             copy_bytes_per_s=args.copy_bw,
+            rounds=args.rounds,
             command="python -m humming bench " + " ".join(sys.argv[2:] if argv is None else argv),
         )
     except ValueError as err:
