@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from helpers import assert_rel_close, compile_fresh, cubin_tool
+from helpers import assert_rel_close, capture, compile_fresh, cubin_tool
 
 import humming
 from humming.cuda_kernels import _decode, jit
@@ -574,14 +574,8 @@ def test_stream_k_capture_without_reserved_workspace_replays_correctly(seed, mon
     prep = prepare_weight(qw)
     x = torch.randn(2, 512, device="cuda", dtype=torch.bfloat16)
     tuning = _stream_k_tuning(2, 256, 512, 4)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _decode.run_decode(prep, x, None, torch.bfloat16, tuning)  # compiled, loaded, the side stream's workspace
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = _decode.run_decode(prep, x, None, torch.bfloat16, tuning)
+    # the side-stream call compiles and loads the kernel and takes the side stream's workspace
+    graph, out = capture(lambda: _decode.run_decode(prep, x, None, torch.bfloat16, tuning))
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         out.fill_(float("nan"))
