@@ -69,6 +69,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref|| / ||ref||`` in float64, after checking that ``out`` holds no NaN (outputs are poisoned
     with NaN before the call: a NaN is an element the kernel did not write)."""
     assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} NaN (unwritten) outputs"
+    ref = ref.double()
     return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
@@ -103,7 +104,7 @@ def assert_rel_close(
 
 
 #: torch < 2.13's dynamo cannot rebuild the frozen QuantizedWeight dataclass a compiled function closes over
-#: ("can't reconstruct arbitrary frozen dataclass instances", seen with the H200 image's torch 2.11).
+#: (it raises "can't reconstruct arbitrary frozen dataclass instances").
 needs_compile_torch = pytest.mark.skipif(
     tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
     reason=f"torch.compile of humming calls needs torch >= 2.13, this is {torch.__version__}",

@@ -753,7 +753,8 @@ def test_split_k_cuda_graph_replay(seed, fp8_sm90):
 
 
 def test_block_activation_scales_are_row_major_even_without_padding():
-    """Regression (H200): at M a multiple of the token tile the transposed scales kept transposed strides."""
+    """The 1x128 activation scales reach the kernel row-major ``[K / 128, M]`` also when M is a multiple of
+    the token tile, where no padding copy is made (a bare transpose would keep the transposed strides)."""
     from humming.ir.activation import QuantizedActivation
 
     scheme = get_act_scheme("fp8_g128")
