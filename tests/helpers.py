@@ -14,6 +14,7 @@ import torch
 
 from humming.cuda_kernels import jit
 from humming.cuda_kernels._warmup import warmup_specs
+from humming.timing import capture_graph
 
 #: Skips a test where NVRTC cannot compile (no cuda-python / NVRTC library), saying why.
 needs_nvrtc = pytest.mark.skipif(
@@ -53,6 +54,31 @@ def cubin_tool(tool_name: str, args: list[str], kernel: jit.CompiledKernel, tmp_
     path = tmp_path / f"{kernel.spec.name}-{kernel.arch}.cubin"
     path.write_bytes(kernel.cubin)
     return subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True).stdout
+
+
+def capture(fn):
+    """``fn()`` captured in a CUDA graph by :func:`humming.timing.capture_graph` (one eager run on a side
+    stream first, so that compilation, loading and workspaces happen outside the capture; one replay after):
+    returns the graph and what the captured call returned, the tensors each replay rewrites."""
+    returned = []
+    graph = capture_graph(lambda: returned.append(fn()))
+    return graph, returned[-1]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64, after checking that ``out`` holds no NaN (outputs are poisoned
+    with NaN before the call: a NaN is an element the kernel did not write)."""
+    assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} NaN (unwritten) outputs"
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def e4m3_codes(rows: int, k: int, device="cuda") -> torch.Tensor:
+    """uint8 ``[rows, k]`` e4m3 codes, uniform over the 254 non-NaN codes (0x7F and 0xFF are skipped): FP8
+    operands built directly in the IR, so that a check depends on nothing but the kernel and torch's exact
+    e4m3 decoding."""
+    codes = torch.randint(0, 254, (rows, k), dtype=torch.int32, device=device)
+    return (codes + (codes >= 0x7F).to(torch.int32)).to(torch.uint8)
 
 
 def assert_rel_close(

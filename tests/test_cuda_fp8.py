@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import assert_rel_close, compile_fresh, cubin_tool, needs_nvrtc
+from helpers import assert_rel_close, capture, compile_fresh, cubin_tool, e4m3_codes, needs_nvrtc
 
 import humming
 from humming.cuda_kernels import _fp8_launch, _fp8_layout, fp8_gemm, jit
@@ -579,12 +579,6 @@ def _ids(case: Case) -> str:
 # for the compute-sanitizer driver.
 
 
-def _codes(rows: int, k: int) -> torch.Tensor:
-    """uint8 e4m3 codes, uniform over the 254 non-NaN codes (0x7F and 0xFF are skipped)."""
-    codes = torch.randint(0, 254, (rows, k), dtype=torch.int32, device="cuda")
-    return (codes + (codes >= 0x7F).to(torch.int32)).to(torch.uint8)
-
-
 def _expand(scales: torch.Tensor, block: tuple[int, int], rows: int, k: int) -> torch.Tensor:
     return scales.to(torch.float64).repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :k]
 
@@ -595,7 +589,7 @@ def _problem(case: Case):
         nibbles = torch.nn.functional.pad(torch.randint(0, 16, (case.n, case.k), device="cuda"), (0, -case.k % 8))
         qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
     else:
-        qweight = torch.nn.functional.pad(_codes(case.n, case.k), (0, -case.k % 4)).view(torch.int32)
+        qweight = torch.nn.functional.pad(e4m3_codes(case.n, case.k), (0, -case.k % 4)).view(torch.int32)
     if case.w == "mxfp4":  # e8m0 exponents 2^-14 .. 2^-3: 12 binades, the most the kernel folds
         exps = torch.randint(127 - 14, 127 - 2, (case.n, -(-case.k // 32)), dtype=torch.uint8, device="cuda")
         qw = humming.QuantizedWeight((case.n, case.k), "e2m1", qweight, exps.view(torch.float8_e8m0fnu), (1, 32))
@@ -605,7 +599,7 @@ def _problem(case: Case):
     scheme = get_act_scheme(case.act)
     m, k = case.m, case.k
     grid = {"token": (m, 1), "tensor": (1, 1)}.get(scheme.group) or (m, -(-k // scheme.group))
-    qa = humming.QuantizedActivation(scheme, _codes(m, k), (1 + torch.rand(grid, device="cuda")) * 1e-2)
+    qa = humming.QuantizedActivation(scheme, e4m3_codes(m, k), (1 + torch.rand(grid, device="cuda")) * 1e-2)
     bias = None if case.bias is None else torch.randn(case.n, device="cuda", dtype=case.bias)
     return qw, qa, bias, _reference(qa, qw, bias)
 
@@ -690,15 +684,8 @@ def test_cuda_graph_replay(seed, fp8_sm90):
     qw, _, bias, _ = _problem(Case(16, 4096, 4096, -1, "fp8", bias=torch.bfloat16))
     act = get_act_scheme("fp8")
     x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
-    eager = fp8_gemm.linear(x, qw, bias, act, torch.bfloat16)  # compiles and loads before capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fp8_gemm.linear(x, qw, bias, act, torch.bfloat16)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = fp8_gemm.linear(x, qw, bias, act, torch.bfloat16)
+    eager = fp8_gemm.linear(x, qw, bias, act, torch.bfloat16)
+    graph, captured = capture(lambda: fp8_gemm.linear(x, qw, bias, act, torch.bfloat16))
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
@@ -755,15 +742,8 @@ def test_split_k_cuda_graph_replay(seed, fp8_sm90):
     tuning = fp8_gemm.choose_split_tuning(16, 8192, 8192, fp8_gemm.device_limits(torch.cuda.current_device()))
     assert tuning.splits == 2
     x = torch.randn(16, 8192, device="cuda", dtype=torch.bfloat16)
-    eager = fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning)  # compiles and loads before capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning)
+    eager = fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning)
+    graph, captured = capture(lambda: fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning))
     for _ in range(2):  # a second replay would double the sums if the memset were not captured
         x.copy_(torch.randn_like(x))
         graph.replay()
@@ -773,7 +753,8 @@ def test_split_k_cuda_graph_replay(seed, fp8_sm90):
 
 
 def test_block_activation_scales_are_row_major_even_without_padding():
-    """Regression (H200): at M a multiple of the token tile the transposed scales kept transposed strides."""
+    """The 1x128 activation scales reach the kernel row-major ``[K / 128, M]`` also when M is a multiple of
+    the token tile, where no padding copy is made (a bare transpose would keep the transposed strides)."""
     from humming.ir.activation import QuantizedActivation
 
     scheme = get_act_scheme("fp8_g128")

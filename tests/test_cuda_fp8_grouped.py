@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, capture, e4m3_codes
 
 import humming
 from humming.cuda_kernels import fp8_gemm
@@ -54,19 +54,13 @@ def _ids(c: Case) -> str:
     return f"{c.w}-E{c.e}-n{c.n}-k{c.k}-bm{c.block_m}-w{group}-{c.act}-{str(c.out)[6:]}-b{str(c.bias)[6:]}"
 
 
-def _codes(rows: int, k: int) -> torch.Tensor:
-    """uint8 e4m3 codes, uniform over the 254 non-NaN codes."""
-    codes = torch.randint(0, 254, (rows, k), dtype=torch.int32, device="cuda")
-    return (codes + (codes >= 0x7F).to(torch.int32)).to(torch.uint8)
-
-
 def _weight(c: Case):
     """An expert-stacked ``[E, N, K]`` weight with random codes and scales in ``[1, 2) * 2e-3``."""
     if c.w == "int4":
         nibbles = torch.randint(0, 16, (c.e * c.n, c.k), device="cuda")
         qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
     else:
-        qweight = _codes(c.e * c.n, c.k).view(torch.int32)
+        qweight = e4m3_codes(c.e * c.n, c.k).view(torch.int32)
     qweight = qweight.view(c.e, c.n, -1)
     probe = humming.QuantizedWeight((c.e, c.n, c.k), c.w, qweight, None, parse_group_size(c.weight))
     return probe.replace(scales=(1 + torch.rand(c.e, *probe.scale_grid, device="cuda")) * 2e-3)
@@ -140,7 +134,7 @@ def _activations(c: Case, valid: torch.Tensor):
     """Random e4m3 activations ``[M_pad, K]`` whose padding rows hold NaN codes and infinite scales."""
     scheme = get_act_scheme(c.act)
     m = valid.shape[0]
-    codes = _codes(m, c.k)
+    codes = e4m3_codes(m, c.k)
     codes[~valid] = 0x7F
     grid = (m, 1) if scheme.group == "token" else (m, -(-c.k // scheme.group))
     scales = (1 + torch.rand(grid, device="cuda")) * 1e-2
@@ -233,14 +227,7 @@ def test_warmup_then_cuda_graph_capture(seed, fp8_sm90):
     def call():
         return cuda_kernels.grouped_linear(x, qw, expert_ids, 16, bias, get_act_scheme("fp8"), torch.bfloat16)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = call()
+    graph, captured = capture(call)
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()

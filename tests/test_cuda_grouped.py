@@ -12,6 +12,7 @@ from humming import cuda_kernels
 from humming._bench_inputs import random_experts
 from humming.cuda_kernels import _gemm_sm90
 from humming.cuda_kernels._layout import prepare_weight
+from humming.moe import expert_weight
 
 HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -19,20 +20,6 @@ HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (
 def needs_sm90(test):
     test = pytest.mark.gpu(test)
     return pytest.mark.skipif(torch.cuda.is_available() and not HAS_SM90, reason="needs an sm_90 GPU")(test)
-
-
-def _expert(qw, e: int):
-    """Expert ``e`` of a stacked weight as a dense ``QuantizedWeight``."""
-    pick = lambda t: None if t is None else t[e]
-    g = qw.global_scale
-    return qw.replace(
-        shape=qw.shape[1:],
-        qweight=qw.qweight[e],
-        scales=pick(qw.scales),
-        zeros=pick(qw.zeros),
-        global_scale=g[e] if g is not None and g.dim() else g,
-        bias=pick(qw.bias),
-    )
 
 
 LAYOUT_CASES = {
@@ -51,7 +38,7 @@ def test_stacked_layout_is_the_dense_layout_of_each_expert(case, n, seed):
     prep = prepare_weight(qw)
     assert prep.num_experts == 3 and prep.n == n
     for e in range(3):
-        dense = prepare_weight(_expert(qw, e))
+        dense = prepare_weight(expert_weight(qw, e))
         assert dense.layout == prep.layout and dense.groups == prep.groups and dense.tile_group == prep.tile_group
         for name in ("qweight", "scales", "zeros"):
             stacked, one = getattr(prep, name), getattr(dense, name)
@@ -160,7 +147,7 @@ def _reference(x, qw, row_expert, act):
     ref = torch.full((x.shape[0], qw.N), float("nan"), device=x.device, dtype=torch.float64)
     for i in row_expert.unique().tolist():
         if i >= 0:
-            w = humming.dequantize(_expert(qw, i), act).double()
+            w = humming.dequantize(expert_weight(qw, i), act).double()
             ref[row_expert == i] = x[row_expert == i].double() @ w.T
     return ref
 

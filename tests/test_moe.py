@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import capture, rel_err
 
 import humming
 from humming import moe
@@ -25,11 +26,6 @@ from humming.triton_kernels.configs import TileConfig  # noqa: E402
 
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 MOE_TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} NaN outputs"
-    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def _routing(t: int, topk: int, e: int, device, empty: int = 0) -> torch.Tensor:
@@ -131,23 +127,14 @@ def test_moe_capture_in_cuda_graph(seed: int) -> None:
     ids = _routing(t, topk, e, "cuda")
     weights = torch.rand(t, topk, device="cuda")
     run = lambda: moe.fused_moe(x, w13, w2, weights, ids, block_m=16, backend="triton")
-    run()  # compile outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        routing = moe.moe_align(ids, e, 16)
-        out = run()
+    graph, (routing, out) = capture(lambda: (moe.moe_align(ids, e, 16), run()))
     ids.copy_(_routing(t, topk, e, "cuda", empty=3))
     weights.copy_(torch.rand(t, topk, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
     eager = moe.moe_align(ids, e, 16)
     assert torch.equal(routing.src_slots, eager.src_slots) and torch.equal(routing.expert_ids, eager.expert_ids)
-    assert _rel_err(out, run().double()) <= 1e-3  # fp32 atomics: the summation order may differ
+    assert rel_err(out, run().double()) <= 1e-3  # fp32 atomics: the summation order may differ
 
 
 # ------------------------------------------------------------------------------------- grouped references
@@ -221,7 +208,7 @@ def test_grouped_reference_matches_per_expert_linear(name: str, act, seed: int, 
         ref = humming.linear(
             x[rows], moe.expert_weight(qw, expert), act=act, out_dtype=torch.float32, backend="reference"
         )
-        assert _rel_err(out[rows], ref.double()) <= 1e-6, f"block {b} (expert {expert})"
+        assert rel_err(out[rows], ref.double()) <= 1e-6, f"block {b} (expert {expert})"
 
 
 @pytest.mark.parametrize(
@@ -235,7 +222,7 @@ def test_grouped_reference_per_tensor_scale_spans_all_blocks(name: str, act: str
     expert_ids = torch.tensor([1, 1, -1], dtype=torch.int32, device=device)
     out = moe.grouped_linear(x, qw, expert_ids, 16, act=act, backend="reference", out_dtype=torch.float32)
     ref = humming.linear(x[:32], moe.expert_weight(qw, 1), act=act, backend="reference", out_dtype=torch.float32)
-    assert _rel_err(out[:32], ref.double()) <= 1e-6
+    assert rel_err(out[:32], ref.double()) <= 1e-6
 
 
 # ------------------------------------------------------------------------------------------ Triton grouped
@@ -265,7 +252,7 @@ def test_triton_grouped_matches_reference(name, shape, x_dtype, out_dtype, act_o
     assert result.data_ptr() == out.data_ptr()
     ref, used = _grouped_ref(x, qw, expert_ids, block_m, b, x_dtype)
     assert torch.isnan(out[~used]).all(), "a block of expert -1 was written"
-    err = _rel_err(out[used], ref[used])
+    err = rel_err(out[used], ref[used])
     assert err <= TOL[out_dtype], f"rel err {err:.2e} > {TOL[out_dtype]:.0e}"
 
 
@@ -283,7 +270,7 @@ def test_triton_grouped_tiles(config, block_m: int, seed: int, device: str) -> N
     wna16.grouped_linear(x, qw, expert_ids, block_m, b, torch.bfloat16, config=config, out=out)
     ref, used = _grouped_ref(x, qw, expert_ids, block_m, b, torch.bfloat16)
     assert torch.isnan(out[~used]).all()
-    assert _rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
+    assert rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
 
 
 SPLIT = TileConfig(16, 32, 128, split_k=2)
@@ -311,7 +298,7 @@ def test_triton_grouped_scaled_matches_reference(name: str, act: str, config, se
     xq = humming.dequantize_activation(humming.quantize_activation(x, act))
     ref, used = _grouped_ref(xq, qw, expert_ids, block_m, b, torch.float32)
     assert torch.isnan(out[~used]).all(), "a block of expert -1 was written"
-    assert _rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
+    assert rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
 
 
 def test_triton_grouped_config_divides_block_m() -> None:
@@ -328,7 +315,7 @@ def test_grouped_linear_dispatch(seed: int, device: str) -> None:
     for backend in ("triton", "auto", "reference"):
         out = moe.grouped_linear(x, qw, expert_ids, 32, backend=backend)
         assert out.shape == (x.shape[0], 48) and out.dtype == torch.bfloat16
-        assert _rel_err(out[used], ref[used]) <= 1e-2, backend
+        assert rel_err(out[used], ref[used]) <= 1e-2, backend
 
 
 def test_dispatch_backend_that_cannot_run_the_grouped_call() -> None:
@@ -377,7 +364,7 @@ def test_fused_moe_matches_token_loop(backend, name, act, x_dtype, t, topk, e, b
     weights = torch.softmax(torch.randn(t, topk, device=device), -1)
     out = moe.fused_moe(x, w13, w2, weights, ids, act=act, block_m=block_m, backend=backend)
     assert out.shape == (t, k) and out.dtype == x_dtype
-    err = _rel_err(out, _fused_ref(x, w13, w2, weights, ids, act))
+    err = rel_err(out, _fused_ref(x, w13, w2, weights, ids, act))
     assert err <= MOE_TOL[x_dtype], f"rel err {err:.2e} > {MOE_TOL[x_dtype]:.0e}"
 
 
@@ -507,7 +494,7 @@ def test_triton_grouped_gpu_realistic(name: str, e: int, topk: int, t: int, seed
     wna16.grouped_linear(x, qw, expert_ids, block_m, bias, torch.bfloat16, out=out)
     ref, used = _grouped_ref(x, qw, expert_ids, block_m, bias, torch.bfloat16)
     assert torch.isnan(out[~used]).all()
-    assert _rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
+    assert rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
 
 
 @pytest.mark.gpu
@@ -525,7 +512,7 @@ def test_triton_grouped_scaled_gpu_realistic(name: str, act: str, t: int, seed: 
     xq = humming.dequantize_activation(humming.quantize_activation(x, act))
     ref, used = _grouped_ref(xq, qw, expert_ids, block_m, bias, torch.float32)
     assert torch.isnan(out[~used]).all()
-    assert _rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
+    assert rel_err(out[used], ref[used]) <= TOL[torch.bfloat16]
 
 
 @pytest.mark.gpu
@@ -541,4 +528,4 @@ def test_fused_moe_gpu_realistic(name: str, t: int, seed: int) -> None:
     weights = torch.softmax(torch.randn(t, topk, device="cuda"), -1)
     out = moe.fused_moe(x, w13, w2, weights, ids)
     ref = moe.fused_moe(x.float(), w13, w2, weights, ids, backend="reference")
-    assert _rel_err(out, ref.double()) <= MOE_TOL[torch.bfloat16]
+    assert rel_err(out, ref.double()) <= MOE_TOL[torch.bfloat16]

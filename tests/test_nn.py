@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from helpers import capture
 from torch import nn
 
 import humming
@@ -129,10 +130,7 @@ def test_gpu_quantized_model_compiled_and_graphed(weight, act, seed):
         torch._dynamo.mark_dynamic(x, 0)
         torch.testing.assert_close(f(x), model(x), rtol=0, atol=0)
     x = torch.randn(7, 128, dtype=torch.bfloat16, device="cuda")
-    model(x)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = model(x)
+    graph, y = capture(lambda: model(x))
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.testing.assert_close(y, model(x), rtol=0, atol=0)

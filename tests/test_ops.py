@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import capture
 
 import humming
 from humming import moe, ops
@@ -268,10 +269,7 @@ def test_gpu_compile_and_graph(case, seed, no_recompile):
         torch.testing.assert_close(f(x), humming.linear(x, qw, act=case.act), rtol=0, atol=0)
     for fn in (f, lambda x: humming.linear(x, qw, act=case.act)):
         x = torch.randn(7, 512, dtype=torch.bfloat16, device="cuda")
-        fn(x)  # compiled: its kernels launch once outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = fn(x)
+        graph, y = capture(lambda fn=fn, x=x: fn(x))
         x.copy_(torch.randn_like(x))
         graph.replay()
         torch.testing.assert_close(y, humming.linear(x, qw, act=case.act), rtol=0, atol=0)
@@ -322,8 +320,6 @@ def test_gpu_fused_moe_graph(act, seed):
     humming.warmup([w13, w2], m_values=[m_pad], act=act, block_ms=[16], progress=False)
     expect = layer(x, logits)
     torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x, logits), expect, rtol=0, atol=0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = layer(x, logits)
+    graph, y = capture(lambda: layer(x, logits))
     graph.replay()
     torch.testing.assert_close(y, expect, rtol=0, atol=0)

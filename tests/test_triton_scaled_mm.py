@@ -110,7 +110,7 @@ def _run(case: Case, m: int, n: int, k: int, device: str, seed: int, prequantize
     else:
         y = scaled_mm.linear(x, qw, bias, scheme, out_dtype, out=out)
     assert y.shape == (m, n) and y.dtype == out_dtype
-    plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), scaled_mm._capability(x.device))
+    plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), scaled_mm.device_capability(x.device))
     tol = _tolerance(qw, plan, x.device.type == "cuda")
     what = f"{case} {m}x{n}x{k} {plan} out={out_dtype} seed={seed}"
     _check(y, x, qw, bias, case.act, humming.quantize_activation(x, scheme), tol, what)
@@ -135,7 +135,7 @@ def test_scaled_mm_split_k(case, seed, device):
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
     bias = torch.randn(n, device=device)
     scheme = humming.ACT_SCHEMES[case.act]
-    plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), scaled_mm._capability(x.device))
+    plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), scaled_mm.device_capability(x.device))
     cfg = scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qw.bits).replace(block_k=64, split_k=2)
     out = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
     y = scaled_mm.linear(x, qw, bias, scheme, torch.float16, config=cfg, out=out)

@@ -189,7 +189,7 @@ def test_launch_reads_the_device_limit(fake_cuda_device, monkeypatch) -> None:
     shared memory to the chooser (CPU tensors stand in for CUDA ones through a patched ``device_limits``)."""
     from humming.ir.activation import get_act_scheme
     from humming.ir.quantize import quantize
-    from humming.triton_kernels import configs, scaled_mm, wna16
+    from humming.triton_kernels import _scaled_mm_plan, configs, scaled_mm, wna16
     from humming.triton_kernels.scaled_mm_configs import smem_estimate as scaled_estimate
 
     qw = quantize(torch.ones(256, 512), "int3", 64, True, g_idx=torch.arange(512) % 8)
@@ -200,7 +200,7 @@ def test_launch_reads_the_device_limit(fake_cuda_device, monkeypatch) -> None:
         fake_cuda_device(sm_count=100, smem_per_block=smem)
         limits = configs.device_limits(torch.device("cuda", 0))
         assert limits == (100, smem)
-        for module in (wna16, scaled_mm):
+        for module in (wna16, _scaled_mm_plan):  # the modules that choose tiles
             monkeypatch.setattr(module, "device_limits", lambda device, lim=limits: lim)
         for cfg in (wna16.default_config(qw, x), wna16.deterministic_config(qw, x)):
             assert configs.smem_estimate(cfg, 3, 0, True) <= smem, (smem, cfg)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import rel_err
 
 import humming
 
@@ -79,10 +80,6 @@ CASES = [
 SHAPES = [(1, 64, 256), (5, 40, 200), (33, 48, 136)]
 
 
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
 def _check(case: Case, qw, x, bias, out_dtype, config=None) -> None:
     m, n = x.shape[0], qw.N
     out = torch.full((m, n), float("nan"), dtype=out_dtype, device=x.device)
@@ -94,7 +91,7 @@ def _check(case: Case, qw, x, bias, out_dtype, config=None) -> None:
     ref = x.double() @ humming.dequantize(qw, torch.float32 if gemv else x.dtype).double().T
     if bias is not None:
         ref = ref + bias.double()
-    err = _rel_err(out, ref)
+    err = rel_err(out, ref)
     worst = tuple(int(i) for i in divmod(int((out.double() - ref).abs().argmax()), n))
     assert err <= TOL[out_dtype], f"rel err {err:.2e} > {TOL[out_dtype]:.0e}; worst at {worst}"
 
@@ -150,7 +147,7 @@ def test_linear_triton_backend(seed: int, device: str) -> None:
     out = humming.linear(x, qw, backend="triton", out_dtype=torch.float32)
     ref = humming.linear(x, qw, backend="reference", out_dtype=torch.float32)
     assert out.shape == (2, 3, 48)
-    assert _rel_err(out, ref.double()) <= 1e-2
+    assert rel_err(out, ref.double()) <= 1e-2
 
 
 def test_empty_m(device: str) -> None:
@@ -206,7 +203,7 @@ def test_wna16_gpu_realistic(case: Case, m: int, seed: int) -> None:
     assert not torch.isnan(out).any()
     w = humming.dequantize(qw, torch.bfloat16).float()
     ref = x.float() @ w.T + bias
-    err = _rel_err(out, ref.double())
+    err = rel_err(out, ref.double())
     assert err <= TOL[torch.bfloat16], f"rel err {err:.2e}"
 
 
@@ -220,7 +217,7 @@ def test_wna16_gpu_dequant_first(m: int, seed: int) -> None:
     wna16.linear(x, qw, None, torch.bfloat16, out=out)
     assert not torch.isnan(out).any()
     ref = x.float() @ humming.dequantize(qw, torch.bfloat16).float().T
-    assert _rel_err(out, ref.double()) <= TOL[torch.bfloat16]
+    assert rel_err(out, ref.double()) <= TOL[torch.bfloat16]
 
 
 def test_wna16_strided_g_idx(seed: int, device: str) -> None:

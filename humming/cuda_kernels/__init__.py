@@ -2,7 +2,7 @@
 
 Backend interface (``humming.dispatch.kernels``): :func:`is_available`, :func:`supports`,
 :func:`linear`, and for expert-stacked (MoE) weights :func:`supports_grouped`, :func:`grouped_linear`.
-Kernels today:
+Kernels:
 
 - ``decode`` (``include/humming/decode.cuh``): weight-only GEMM for M <= 64, int4 / uint4 (+ zero points)
   / int8 / uint8 weights with per-tensor / per-channel / group scales (group size a multiple of 64), and
@@ -116,12 +116,10 @@ def wna8_weight_unsupported(qweight, act) -> str | None:
     return None
 
 
-_verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {call key: reason}
-
-
 def kernel_unsupported(kernel: str, qweight, act, x) -> str | None:
     """``None`` when ``kernel`` (one of :data:`KERNELS`) runs ``linear(x, qweight, act=act)``, else why not.
-    ``x``: the 2-D activation, or a ``QuantizedActivation``'s codes."""
+    ``x``: the 2-D activation, or a ``QuantizedActivation``'s codes. Computed on each call: ``humming.linear``
+    asks once per weight and call shape and keeps the answer in its plan (``humming.dispatch.plan``)."""
     if kernel == "fp8_gemm":
         if act is None or act.format == "e2m1":
             return "the FP8 GEMM takes 8-bit (fp8 / int8) activations"
@@ -140,19 +138,7 @@ def kernel_unsupported(kernel: str, qweight, act, x) -> str | None:
         return f"x is on {x.device}, not a CUDA device"
     if qweight.num_experts is not None:
         return "expert-stacked weights run through grouped_linear (humming.moe), not linear"
-    return _wnax_verdict(kernel, qweight, x)
-
-
-def _wnax_verdict(kernel: str, qweight, x: torch.Tensor) -> str | None:
-    """:func:`_wnax_unsupported`, cached: decode / gemm_sm90 are asked on every call of a microsecond kernel,
-    so the answer is kept per weight and everything it reads of ``x`` (dtype, device, M, row alignment)."""
-    key = (kernel, x.dtype, x.device, x.shape[0], x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
-    verdicts = _verdicts.get(qweight)
-    if verdicts is None:
-        verdicts = _verdicts[qweight] = {}
-    if key not in verdicts:
-        verdicts[key] = _wnax_unsupported(kernel, qweight, x)
-    return verdicts[key]
+    return _wnax_unsupported(kernel, qweight, x)
 
 
 def _wnax_unsupported(kernel: str, qweight, x: torch.Tensor) -> str | None:

@@ -208,8 +208,8 @@ def _decode_all(fmt: NumberFormat) -> list[float]:
 def floor_log2(x: torch.Tensor) -> torch.Tensor:
     """Exponent of float64 ``x`` (``floor(log2(x))`` for normal positive values), read from its bits.
 
-    Bit operations are exact on every device; ``torch.frexp`` / ``torch.ldexp`` are avoided (ldexp has been
-    seen computing garbage on CUDA)."""
+    Bit operations are exact on every device; ``torch.frexp`` / ``torch.ldexp`` are avoided: their CUDA
+    kernels are not exact for every input."""
     return ((x.view(torch.int64) >> 52) & 0x7FF) - 1023
 
 

@@ -13,7 +13,6 @@ Without a GPU the kernels run under Triton's CPU interpreter when ``TRITON_INTER
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 import torch
 
@@ -25,7 +24,6 @@ from .interpreter import INTERPRET
 __all__ = ["grouped_linear", "is_available", "linear", "supports", "supports_grouped"]
 
 _MIN_CAPABILITY = (7, 5)
-_SCALED_MM = "humming.triton_kernels.scaled_mm"
 
 
 def is_available() -> str | None:
@@ -41,24 +39,20 @@ def is_available() -> str | None:
 
 
 def _scaled_mm():
-    """The quantized-activation GEMM module, or ``None`` while it does not exist yet."""
-    if importlib.util.find_spec(_SCALED_MM) is None:
-        return None
-    return importlib.import_module(_SCALED_MM)
+    """The quantized-activation GEMM module, imported on first use: weight-only callers never import it."""
+    return importlib.import_module("humming.triton_kernels.scaled_mm")
 
 
-def _unsupported_before_kernels(act, x: torch.Tensor) -> str | None:
-    """What rules out every Triton kernel: the device, and quantized activations without ``scaled_mm``."""
+def _unsupported_before_kernels(x: torch.Tensor) -> str | None:
+    """What rules out every Triton kernel: the device."""
     if x.device.type != "cuda" and not INTERPRET:
         return f"x is on {x.device}; the Triton kernels run on CUDA tensors (or CPU ones under TRITON_INTERPRET=1)"
-    if act is not None and _scaled_mm() is None:
-        return "not yet implemented: Triton kernels for quantized activations (act=...)"
     return None
 
 
 def supports(qweight: QuantizedWeight, act, x: torch.Tensor) -> str | None:
     """``None`` if :func:`linear` runs this call, else the reason."""
-    reason = _unsupported_before_kernels(act, x)
+    reason = _unsupported_before_kernels(x)
     if reason is not None:
         return reason
     return wna16.supports(qweight, x) if act is None else _scaled_mm().supports(qweight, act, x)
@@ -66,7 +60,7 @@ def supports(qweight: QuantizedWeight, act, x: torch.Tensor) -> str | None:
 
 def supports_grouped(qweight: QuantizedWeight, act, x: torch.Tensor, block_m: int) -> str | None:
     """``None`` if :func:`grouped_linear` runs this MoE call, else the reason."""
-    reason = _unsupported_before_kernels(act, x)
+    reason = _unsupported_before_kernels(x)
     if reason is not None:
         return reason
     if act is None:
@@ -87,8 +81,5 @@ def grouped_linear(x, qweight: QuantizedWeight, expert_ids, block_m: int, bias, 
 def linear(x2d, qweight: QuantizedWeight, bias, act, out_dtype: torch.dtype) -> torch.Tensor:
     """``x2d [M, K] @ dequantize(qweight)^T + bias -> [M, N]`` in ``out_dtype``; ``act`` quantizes ``x2d``."""
     if act is not None:
-        scaled_mm = _scaled_mm()
-        if scaled_mm is None:
-            raise ValueError("triton: not yet implemented: Triton kernels for quantized activations (act=...)")
-        return scaled_mm.linear(x2d, qweight, bias, act, out_dtype)
+        return _scaled_mm().linear(x2d, qweight, bias, act, out_dtype)
     return wna16.linear(x2d, qweight, bias, out_dtype)

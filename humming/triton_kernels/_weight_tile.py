@@ -6,6 +6,13 @@ fp32 rounding each), so a kernel that rounds it to bf16/fp16 matches ``dequantiz
 Every variation is a ``constexpr`` that :func:`weight_spec` derives from the IR: the kernels are specialised,
 not copied per format.
 
+A kernel takes the weight as flat arguments (``qw_ptr``... and the constexprs ``W_KIND``...), bundles them
+once into a :class:`WeightArgs` (tensors and row strides) and a :class:`WeightSpec` (constexprs), and hands
+the two bundles to the helpers here: ``load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K)``.
+Named tuples cross ``@triton.jit`` calls as Triton tuples (plain Python tuples under the interpreter). The
+spec is bound as ``spec: tl.constexpr = WeightSpec(...)``: a plain assignment would turn its fields into
+run-time scalars, and the helpers branch on them at compile time.
+
 Codes decode by bit arithmetic, never a conversion instruction: a small integer ``c`` becomes a float as
 ``bitcast(c | 0x4B000000) - 2^23`` (exact for ``c < 2^23``), an eXmY value as its significand times a power
 of two built from its exponent field. Lookup formats (nf4) read the format's value table.
@@ -13,7 +20,7 @@ of two built from its exponent field. Lookup formats (nf4) read the format's val
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -22,16 +29,22 @@ import triton.language as tl
 from ..ir.weight import QuantizedWeight
 
 __all__ = [
+    "WeightArgs",
     "WeightSpec",
     "decode_codes",
     "decode_scale",
+    "decode_weight",
     "group_tile",
     "kernel_tensors",
     "load_weight_tile",
     "pointer_types",
+    "scale_kind",
+    "scale_tile",
     "triton_type",
     "unpack_tile",
     "weight_spec",
+    "with_global_scale",
+    "zero_tile",
 ]
 
 # Element kinds (W_KIND) and scale kinds (S_KIND) as the kernels see them.
@@ -41,9 +54,9 @@ SCALE_NONE, SCALE_FLOAT, SCALE_E4M3, SCALE_E8M0 = 0, 1, 2, 3
 _NAN_RULES = {"none": NAN_NONE, "fn": NAN_FN, "ieee": NAN_IEEE}
 
 
-@dataclass(frozen=True)
-class WeightSpec:
-    """The layout constexprs of a weight: what the kernel is specialised for (never tuning)."""
+class WeightSpec(NamedTuple):
+    """The layout constexprs of a weight: what the kernel is specialised for (never tuning). The field names
+    are the kernels' constexpr parameter names."""
 
     W_KIND: int
     W_BITS: int
@@ -59,17 +72,36 @@ class WeightSpec:
     ACT_ORDER: bool
 
     def constexprs(self) -> dict[str, int | bool]:
-        return dict(self.__dict__)
+        return self._asdict()
+
+
+class WeightArgs(NamedTuple):
+    """A weight's kernel arguments inside a kernel: the tensors of :func:`kernel_tensors` (pointers; absent
+    ones are a dummy that the spec never reads) and the row strides of the codes, scales and zero points."""
+
+    qw: object
+    s: object
+    z: object
+    gs: object
+    gidx: object
+    lut: object
+    stride_qn: object
+    stride_sn: object
+    stride_zn: object
+
+
+def scale_kind(dtype: torch.dtype | None) -> int:
+    """The S_KIND of scales of ``dtype`` (weights' or activations'): 8-bit float scales are decoded from their
+    codes, other floats converted; ``None``: no scales."""
+    if dtype is None:
+        return SCALE_NONE
+    return {torch.float8_e4m3fn: SCALE_E4M3, torch.float8_e8m0fnu: SCALE_E8M0}.get(dtype, SCALE_FLOAT)
 
 
 def weight_spec(qw: QuantizedWeight) -> WeightSpec:
     """The constexprs that specialise a kernel for ``qw``'s format and layout."""
     fmt = qw.format
     kind = {"int": KIND_INT if fmt.signed else KIND_UINT, "float": KIND_FLOAT, "lut": KIND_LUT}[fmt.kind]
-    if qw.scales is None:
-        s_kind = SCALE_NONE
-    else:
-        s_kind = {torch.float8_e4m3fn: SCALE_E4M3, torch.float8_e8m0fnu: SCALE_E8M0}.get(qw.scales.dtype, SCALE_FLOAT)
     bn, bk = qw.group_shape
     return WeightSpec(
         W_KIND=kind,
@@ -78,7 +110,7 @@ def weight_spec(qw: QuantizedWeight) -> WeightSpec:
         W_MBITS=fmt.mantissa_bits,
         W_BIAS=fmt.bias,
         W_NAN=_NAN_RULES[fmt.nan_rule],
-        S_KIND=s_kind,
+        S_KIND=scale_kind(None if qw.scales is None else qw.scales.dtype),
         GN=max(bn, 0),
         GK=max(bk, 0),
         HAS_ZP=qw.zeros is not None,
@@ -187,12 +219,19 @@ def decode_scale(s, S_KIND: tl.constexpr):
 
 
 @triton.jit
-def unpack_tile(
-    qw_ptr, stride_qn, offs_n, k0, N, K, BK: tl.constexpr, W_BITS: tl.constexpr, EVEN_K: tl.constexpr = False
-):
+def decode_weight(codes, weight, spec):
+    """The weight's int32 codes -> fp32 values (:func:`decode_codes` for the weight's format)."""
+    return decode_codes(
+        codes, weight.lut, spec.W_KIND, spec.W_BITS, spec.W_EBITS, spec.W_MBITS, spec.W_BIAS, spec.W_NAN
+    )
+
+
+@triton.jit
+def unpack_tile(weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr = False):
     """int32 codes ``[BN, BK]`` of columns ``k0 .. k0 + BK`` (the canonical little-endian bit stream)."""
+    W_BITS: tl.constexpr = spec.W_BITS
     n_words = (K * W_BITS + 31) // 32
-    row = qw_ptr + offs_n.to(tl.int64)[:, None] * stride_qn
+    row = weight.qw + offs_n.to(tl.int64)[:, None] * weight.stride_qn
     n_ok = offs_n[:, None] < N
     if 32 % W_BITS == 0 and BK >= 32 // W_BITS:
         # Fields never straddle words: load whole words (vectorised), then spread each into its fields.
@@ -254,6 +293,33 @@ def group_tile(
 
 
 @triton.jit
+def zero_tile(weight, spec, offs_n, offs_k, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr = False):
+    """The weight's zero points (as stored) for the tile ``offs_n`` x ``offs_k``, broadcastable to ``[BN, BK]``."""
+    return group_tile(
+        weight.z, weight.stride_zn, offs_n, offs_k, k0, N, K, weight.gidx, BK, spec.GN, spec.GK, spec.ACT_ORDER, EVEN_K
+    )
+
+
+@triton.jit
+def scale_tile(weight, spec, offs_n, offs_k, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr = False):
+    """``float32(scale)`` for the tile ``offs_n`` x ``offs_k``, broadcastable to ``[BN, BK]``; without the global
+    scale (:func:`with_global_scale`), which the scaled GEMM applies elsewhere when it folds scales."""
+    s = group_tile(
+        weight.s, weight.stride_sn, offs_n, offs_k, k0, N, K, weight.gidx, BK, spec.GN, spec.GK, spec.ACT_ORDER, EVEN_K
+    )
+    return decode_scale(s, spec.S_KIND)
+
+
+@triton.jit
+def with_global_scale(scales, weight, spec):
+    """fp32 ``scales`` times the weight's global scale where it has one: ``float32(scale) * global``, one fp32
+    rounding, as :func:`humming.dequantize` computes it before the product meets the codes or an accumulator."""
+    if spec.HAS_GS:
+        scales = scales * tl.load(weight.gs)
+    return scales
+
+
+@triton.jit
 def _subgroup_tile(ptr, stride_n, offs_n, k0, N, K, BK: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr, EVEN_K):
     """Per-group values for a tile that holds whole groups along K (``BK % GK == 0``): ``[BN, BK // GK]``."""
     gn = offs_n // GN if GN > 0 else offs_n * 0
@@ -265,63 +331,36 @@ def _subgroup_tile(ptr, stride_n, offs_n, k0, N, K, BK: tl.constexpr, GN: tl.con
 
 
 @triton.jit
-def load_weight_tile(
-    qw_ptr,
-    s_ptr,
-    z_ptr,
-    gs_ptr,
-    gidx_ptr,
-    lut_ptr,
-    stride_qn,
-    stride_sn,
-    stride_zn,
-    offs_n,
-    k0,
-    N,
-    K,
-    BK: tl.constexpr,
-    W_KIND: tl.constexpr,
-    W_BITS: tl.constexpr,
-    W_EBITS: tl.constexpr,
-    W_MBITS: tl.constexpr,
-    W_BIAS: tl.constexpr,
-    W_NAN: tl.constexpr,
-    S_KIND: tl.constexpr,
-    GN: tl.constexpr,
-    GK: tl.constexpr,
-    HAS_ZP: tl.constexpr,
-    HAS_GS: tl.constexpr,
-    ACT_ORDER: tl.constexpr,
-    EVEN_K: tl.constexpr = False,
-):
+def load_weight_tile(weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr = False):
     """fp32 ``[BN, BK]``: rows ``offs_n``, columns ``k0 .. k0 + BK`` of ``humming.dequantize(qw)``.
 
-    ``EVEN_K`` (K % BK == 0) drops the masks along K. Elements outside ``[N, K]`` are garbage but finite
-    (for finite scales): a dot product whose activations are masked to 0 past K gets nothing from them.
+    ``weight``: the :class:`WeightArgs` of ``qw``; ``spec``: its :class:`WeightSpec`. ``EVEN_K`` (K % BK == 0)
+    drops the masks along K. Elements outside ``[N, K]`` are garbage but finite (for finite scales): a dot
+    product whose activations are masked to 0 past K gets nothing from them.
     """
+    GN: tl.constexpr = spec.GN
+    GK: tl.constexpr = spec.GK
     offs_k = k0 + tl.arange(0, BK)
-    codes = unpack_tile(qw_ptr, stride_qn, offs_n, k0, N, K, BK, W_BITS, EVEN_K)
-    w = decode_codes(codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
+    w = decode_weight(unpack_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K), weight, spec)
     # Groups smaller than the tile: view the tile as [BN, groups, GK] and apply one value per group.
-    SUBGROUPS: tl.constexpr = (not ACT_ORDER) and GK > 0 and GK < BK and BK % GK == 0
+    SUBGROUPS: tl.constexpr = (not spec.ACT_ORDER) and GK > 0 and GK < BK and BK % GK == 0
     BN: tl.constexpr = w.shape[0]
     if SUBGROUPS:
         w = tl.reshape(w, (BN, BK // GK, GK))
-    if HAS_ZP:
+    if spec.HAS_ZP:
         if SUBGROUPS:
-            z = _subgroup_tile(z_ptr, stride_zn, offs_n, k0, N, K, BK, GN, GK, EVEN_K).to(tl.float32)[:, :, None]
+            z = _subgroup_tile(weight.z, weight.stride_zn, offs_n, k0, N, K, BK, GN, GK, EVEN_K)
+            z = z.to(tl.float32)[:, :, None]
         else:
-            z = group_tile(z_ptr, stride_zn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER, EVEN_K)
+            z = zero_tile(weight, spec, offs_n, offs_k, k0, N, K, BK, EVEN_K)
         w = w - z.to(tl.float32)
-    if S_KIND != 0:
+    if spec.S_KIND != 0:
         if SUBGROUPS:
-            s = decode_scale(_subgroup_tile(s_ptr, stride_sn, offs_n, k0, N, K, BK, GN, GK, EVEN_K), S_KIND)
+            s = _subgroup_tile(weight.s, weight.stride_sn, offs_n, k0, N, K, BK, GN, GK, EVEN_K)
+            s = decode_scale(s, spec.S_KIND)
         else:
-            s = decode_scale(
-                group_tile(s_ptr, stride_sn, offs_n, offs_k, k0, N, K, gidx_ptr, BK, GN, GK, ACT_ORDER, EVEN_K), S_KIND
-            )
-        if HAS_GS:
-            s = s * tl.load(gs_ptr)
+            s = scale_tile(weight, spec, offs_n, offs_k, k0, N, K, BK, EVEN_K)
+        s = with_global_scale(s, weight, spec)
         w = w * (s[:, :, None] if SUBGROUPS else s)
     if SUBGROUPS:
         w = tl.reshape(w, (BN, BK))

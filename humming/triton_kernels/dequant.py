@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ..ir.weight import QuantizedWeight
 from . import registry
-from ._weight_tile import kernel_tensors, load_weight_tile, pointer_types, weight_spec
+from ._weight_tile import WeightArgs, WeightSpec, kernel_tensors, load_weight_tile, pointer_types, weight_spec
 from .interpreter import cast
 
 __all__ = ["dequantize"]
@@ -53,37 +53,13 @@ def _dequant_kernel(
     ACT_ORDER: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
+    weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
+    spec: tl.constexpr = WeightSpec(
+        W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN, S_KIND, GN, GK, HAS_ZP, HAS_GS, ACT_ORDER
+    )
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     k0 = tl.program_id(1) * BK
-    w = load_weight_tile(
-        qw_ptr,
-        s_ptr,
-        z_ptr,
-        gs_ptr,
-        gidx_ptr,
-        lut_ptr,
-        stride_qn,
-        stride_sn,
-        stride_zn,
-        offs_n,
-        k0,
-        N,
-        K,
-        BK,
-        W_KIND,
-        W_BITS,
-        W_EBITS,
-        W_MBITS,
-        W_BIAS,
-        W_NAN,
-        S_KIND,
-        GN,
-        GK,
-        HAS_ZP,
-        HAS_GS,
-        ACT_ORDER,
-        EVEN_K,
-    )
+    w = load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K)
     offs_k = k0 + tl.arange(0, BK)
     out = out_ptr + offs_n.to(tl.int64)[:, None] * stride_on + offs_k[None, :]
     tl.store(out, cast(w, out_ptr.dtype.element_ty), mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))

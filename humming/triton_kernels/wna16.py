@@ -25,15 +25,19 @@ import triton.language as tl
 
 from ..ir.weight import QuantizedWeight
 from . import dequant, registry
+from ._tiles import store_tile, tile_ids
 from ._weight_tile import (
-    decode_codes,
-    decode_scale,
-    group_tile,
+    WeightArgs,
+    WeightSpec,
+    decode_weight,
     kernel_tensors,
     load_weight_tile,
     pointer_types,
+    scale_tile,
     triton_type,
     weight_spec,
+    with_global_scale,
+    zero_tile,
 )
 from .configs import MIN_GROUPED_BLOCK_M, TileConfig, device_limits, finish_split_k, grouped_tile, wna16_config
 from .interpreter import INTERPRET, cast, dot
@@ -100,15 +104,7 @@ def _wna16_kernel(
     """The tiled kernel; with ``GROUPED`` the MoE grouped GEMM: row ``r`` of ``x`` uses expert
     ``expert_ptr[r // route_bm]`` (``BM`` divides ``route_bm``, so one tile has one expert), tiles of
     expert -1 return at once, and every per-expert tensor is offset by ``expert * stride_*e``."""
-    # Grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2.
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
     if GROUPED:
         expert = tl.load(expert_ptr + (pid_m * BM) // route_bm)
         if expert < 0:
@@ -120,6 +116,10 @@ def _wna16_kernel(
         gs_ptr += e * stride_gse
         gidx_ptr += e * stride_gie
         bias_ptr += e * stride_be
+    weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
+    spec: tl.constexpr = WeightSpec(
+        W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN, S_KIND, GN, GK, HAS_ZP, HAS_GS, ACT_ORDER
+    )
 
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -135,49 +135,10 @@ def _wna16_kernel(
         k0 = t * BK
         offs_k = k0 + tl.arange(0, BK)
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
-        w = load_weight_tile(
-            qw_ptr,
-            s_ptr,
-            z_ptr,
-            gs_ptr,
-            gidx_ptr,
-            lut_ptr,
-            stride_qn,
-            stride_sn,
-            stride_zn,
-            offs_n,
-            k0,
-            N,
-            K,
-            BK,
-            W_KIND,
-            W_BITS,
-            W_EBITS,
-            W_MBITS,
-            W_BIAS,
-            W_NAN,
-            S_KIND,
-            GN,
-            GK,
-            HAS_ZP,
-            HAS_GS,
-            ACT_ORDER,
-            EVEN_K,
-        )
+        w = load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K)
         acc = dot(x, tl.trans(cast(w, x.dtype)), acc)
 
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    mask = m_ok & (offs_n[None, :] < N)
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=mask)
-    else:
-        # the bias differs per expert: the first K slice adds it (a compile-time test, then a run-time one)
-        if GROUPED and HAS_BIAS:  # noqa: SIM102
-            if tl.program_id(1) == 0:
-                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.atomic_add(out, acc, mask=mask, sem="relaxed")
+    store_tile(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, GROUPED)
 
 
 @triton.jit
@@ -226,6 +187,10 @@ def _wna16_gemv_kernel(
     allows at decode). Results are at least as accurate; they differ from the tensor-core path by up to one
     bf16/fp16 rounding of each weight, inside the tolerances the tests state.
     """
+    weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
+    spec: tl.constexpr = WeightSpec(
+        W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN, S_KIND, GN, GK, HAS_ZP, HAS_GS, ACT_ORDER
+    )
     offs_m = tl.arange(0, BM)
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
@@ -252,16 +217,12 @@ def _wna16_gemv_kernel(
             first_k = offs_w * PER_WORD  # element index of each word's field 0; one group holds whole words
             k0 = t * BK
             if HAS_ZP:
-                z = group_tile(z_ptr, stride_zn, offs_n, first_k, k0, N, K, gidx_ptr, BK, GN, GK, False, EVEN_K)
-                z = z.to(tl.float32)
+                z = zero_tile(weight, spec, offs_n, first_k, k0, N, K, BK, EVEN_K).to(tl.float32)
             if S_KIND != 0:
-                sc = group_tile(s_ptr, stride_sn, offs_n, first_k, k0, N, K, gidx_ptr, BK, GN, GK, False, EVEN_K)
-                sc = decode_scale(sc, S_KIND)
-                if HAS_GS:
-                    sc = sc * tl.load(gs_ptr)
+                sc = with_global_scale(scale_tile(weight, spec, offs_n, first_k, k0, N, K, BK, EVEN_K), weight, spec)
             for j in tl.static_range(PER_WORD):
                 codes = (words >> (j * W_BITS)) & ((1 << W_BITS) - 1)
-                w = decode_codes(codes, lut_ptr, W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN)
+                w = decode_weight(codes, weight, spec)
                 if HAS_ZP:
                     w = w - z
                 if S_KIND != 0:
@@ -278,45 +239,10 @@ def _wna16_gemv_kernel(
             k0 = t * BK
             offs_k = k0 + tl.arange(0, BK)
             x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
-            w = load_weight_tile(
-                qw_ptr,
-                s_ptr,
-                z_ptr,
-                gs_ptr,
-                gidx_ptr,
-                lut_ptr,
-                stride_qn,
-                stride_sn,
-                stride_zn,
-                offs_n,
-                k0,
-                N,
-                K,
-                BK,
-                W_KIND,
-                W_BITS,
-                W_EBITS,
-                W_MBITS,
-                W_BIAS,
-                W_NAN,
-                S_KIND,
-                GN,
-                GK,
-                HAS_ZP,
-                HAS_GS,
-                ACT_ORDER,
-                EVEN_K,
-            )
+            w = load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K)
             acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
     y = tl.sum(acc, axis=1)[None, :] if PACKED and BM == 1 else tl.sum(acc, axis=2)
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    mask = m_ok & (offs_n[None, :] < N)
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(out, cast(y, out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.atomic_add(out, y, mask=mask, sem="relaxed")
+    store_tile(y, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, False)
 
 
 _X_DTYPES = (torch.float16, torch.bfloat16)

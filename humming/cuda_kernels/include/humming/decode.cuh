@@ -207,7 +207,7 @@ struct Pipeline {
     }
 #pragma unroll
     for (int i = 0; i < kMT * 2; ++i) {
-      cp_async_ca16_zfill(x_base + stage * kWarps * kMT * 1024 + x_dst[i], x_src[i], x_ok[i]);
+      cp_async_ca_zfill<16>(x_base + stage * kWarps * kMT * 1024 + x_dst[i], x_src[i], x_ok[i]);
       x_src[i] += x_step;
     }
   }

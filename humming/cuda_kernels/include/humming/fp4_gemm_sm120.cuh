@@ -52,13 +52,6 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
   return row * kRowBytes + ((chunk ^ ((row >> 1) & 3)) << 4);
 }
 
-// kBytes (4, 8 or 16) from global to shared memory, or kBytes zeros (nothing read) when !valid.
-template <int kBytes>
-__device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(kBytes),
-               "r"(valid ? kBytes : 0));
-}
-
 // D += (A * scale_A) (B * scale_B), m16n8k64, e2m1 x e2m1, fp32 accumulators.
 template <int kVec>
 __device__ __forceinline__ void mma_fp4(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
@@ -114,7 +107,7 @@ __device__ __forceinline__ void run(const Params& p) {
       const bool valid = g < (is_x ? p.M : p.N);
       const uint8_t* src = (is_x ? p.x : p.w) + (valid ? g : 0) * row_bytes + kb * kRowBytes + chunk * 16;
       uint8_t* dst = (is_x ? s_x[stage] : s_w[stage]) + tile_offset(row, chunk);
-      cp_async_zfill<16>(smem_addr(dst), src, valid);
+      cp_async_ca_zfill<16>(smem_addr(dst), src, valid);
     }
     for (int r = threadIdx.x; r < kBlockM + kBlockN; r += kThreads) {
       const bool is_x = r < kBlockM;
@@ -123,7 +116,7 @@ __device__ __forceinline__ void run(const Params& p) {
       const bool valid = g < (is_x ? p.M : p.N);
       const uint8_t* src = (is_x ? p.x_scale : p.w_scale) + (valid ? g : 0) * row_sf + kb * kSfBytes;
       uint8_t* dst = (is_x ? s_xs[stage] : s_ws[stage]) + row * kSfBytes;
-      cp_async_zfill<kSfBytes>(smem_addr(dst), src, valid);
+      cp_async_ca_zfill<kSfBytes>(smem_addr(dst), src, valid);
     }
   };
 

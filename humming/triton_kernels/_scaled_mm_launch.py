@@ -1,0 +1,205 @@
+"""Launch of the Triton scaled GEMM (:mod:`.scaled_mm`), private: the kernel's arguments for one call
+(:func:`launch`), and the :class:`~.registry.CompileSpec` of a specialisation (:func:`kernel_spec`) with the
+representative ones the all-architecture compile check builds (:func:`compile_specs`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
+from ..ir.weight import QuantizedWeight
+from . import registry
+from ._scaled_mm_kernel import _scaled_mm_kernel
+from ._scaled_mm_plan import (
+    ComputePlan,
+    act_group_k,
+    call_config,
+    compute_plan,
+    device_capability,
+    grid,
+    plan_constexprs,
+)
+from ._weight_tile import kernel_tensors, pointer_types, triton_type, weight_spec
+from .configs import finish_split_k
+from .scaled_mm_configs import ScaledMMConfig
+
+__all__ = ["compile_specs", "kernel_spec", "launch"]
+
+
+def launch(
+    qa: QuantizedActivation,
+    qweight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    config: ScaledMMConfig | None,
+    out: torch.Tensor | None,
+    expert_ids: torch.Tensor | None = None,
+    route_bm: int = 1,
+) -> torch.Tensor:
+    """One launch of the scaled GEMM on quantized activations ``qa`` (arguments checked by the caller):
+    ``[M, N]`` of ``out_dtype``, into ``out`` when given. ``config``: the tile (``None``: the plan's default);
+    ``expert_ids`` / ``route_bm``: the grouped kernel, row ``r`` times expert ``expert_ids[r // route_bm]``."""
+    scheme = qa.scheme
+    m, k = qa.codes.shape
+    n = qweight.N
+    device = qa.codes.device
+    a_gk = act_group_k(scheme, qa.scales)
+    plan = compute_plan(qweight, scheme, a_gk, device_capability(device))
+    if isinstance(plan, str):
+        raise ValueError(f"triton scaled_mm: {plan}")
+    cfg = config or call_config(plan, qweight, m, device)
+    if plan.k_step and plan.k_step % cfg.block_k:
+        raise ValueError(f"config: block_k={cfg.block_k} must divide the promotion step {plan.k_step}")
+
+    t = kernel_tensors(qweight)
+    grouped = expert_ids is not None
+    e_stride = lambda name, per_expert_dims: t[name].stride(0) if grouped and t[name].dim() == per_expert_dims else 0
+    a_scales = qa.scales if qa.scales.dtype == torch.float32 else qa.scales.view(torch.uint8)
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype, device=device)
+    elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
+        raise ValueError(f"out: expected [{m}, {n}] {out_dtype} with contiguous rows, got {out.shape} {out.dtype}")
+    split = cfg.split_k > 1
+    dest = torch.zeros(m, n, dtype=torch.float32, device=device) if split else out
+    _scaled_mm_kernel[grid(cfg, m, n)](
+        qa.codes,
+        a_scales,
+        qa.global_scale if qa.global_scale is not None else a_scales,
+        t["qw"],
+        t["qw"].view(torch.uint8),
+        t["s"],
+        t["z"],
+        t["gs"],
+        t["lut"],
+        t["qw"] if bias is None else bias,
+        dest,
+        expert_ids if grouped else t["qw"],
+        m,
+        n,
+        k,
+        qa.codes.stride(0),
+        a_scales.stride(0),
+        t["qw"].stride(-2),
+        t["qw"].stride(-2) * 4,
+        t["s"].stride(-2),
+        t["z"].stride(-2),
+        dest.stride(0),
+        e_stride("qw", 3),
+        e_stride("s", 3),
+        e_stride("z", 3),
+        e_stride("gs", 1),
+        bias.stride(0) if grouped and bias is not None else 0,
+        route_bm,
+        BM=cfg.block_m,
+        BN=cfg.block_n,
+        BK=cfg.block_k,
+        SPLIT_K=cfg.split_k,
+        GROUP_M=cfg.group_m,
+        EVEN_K=k % cfg.block_k == 0,
+        HAS_BIAS=bias is not None,
+        **plan_constexprs(plan, scheme, a_gk, per_row=qa.scales.numel() > 1),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **_weight_constexprs(qweight),
+        GROUPED=grouped,
+    )
+    if split:
+        finish_split_k(dest, out, bias, expert_ids, route_bm)
+    return out
+
+
+def _weight_constexprs(qw: QuantizedWeight) -> dict[str, int | bool]:
+    """The weight's layout constexprs as the kernel takes them: all but act-order, which it does not support."""
+    return {k: v for k, v in weight_spec(qw).constexprs().items() if k != "ACT_ORDER"}
+
+
+def compile_specs() -> list[registry.CompileSpec]:
+    """Representative specialisations for the all-architecture compile check: each plan kind (int8, e4m3,
+    fp16 / bf16 folds and promotions, the pre-Ampere fp32 fallback) at small- and large-M tiles."""
+    from ..ir.quantize import quantize
+    from .scaled_mm_configs import _BUCKETS_8BIT, _BUCKETS_16BIT
+
+    w = torch.ones(256, 512)
+    cases = (  # label, weight, act, capability the plan is made for, oldest arch, output dtype
+        ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.float32), "int8", (8, 0), 80, torch.float16),
+        ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.float32), "int8", (7, 5), 75, torch.float16),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.float16), "int8", (8, 0), 80, torch.float16),
+        ("int4-channel", quantize(w, "int4", -1, scale_dtype=torch.float32), "int4", (8, 0), 80, torch.float16),
+        ("e4m3-channel", quantize(w, "e4m3", -1, scale_dtype=torch.float32), "fp8", (9, 0), 89, torch.bfloat16),
+        ("fp8-block128", quantize(w, "fp8_block"), "fp8_g128", (9, 0), 89, torch.bfloat16),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), "fp8", (9, 0), 89, torch.bfloat16),
+        ("mxfp4", quantize(w, "mxfp4"), "fp8", (9, 0), 80, torch.bfloat16),
+        ("nf4-g64", quantize(w, "nf4", 64, scale_dtype=torch.float16), "fp8", (8, 0), 75, torch.float16),
+        ("nvfp4", quantize(w, "nvfp4"), "nvfp4", (8, 0), 75, torch.float16),
+        ("mxfp4", quantize(w, "mxfp4"), "mxfp4", (8, 0), 80, torch.bfloat16),
+        ("mxfp4-fp32", quantize(w, "mxfp4"), "mxfp4", (7, 5), 75, torch.float16),
+        ("mxfp4-native", quantize(w, "mxfp4"), "mxfp4", (10, 0), 100, torch.bfloat16),
+        ("mxfp4-native", quantize(w, "mxfp4"), "mxfp8", (10, 0), 100, torch.bfloat16),
+        (
+            "grouped-e4m3-channel",
+            quantize(torch.ones(2, 256, 512), "e4m3", -1, scale_dtype=torch.float32),
+            "fp8",
+            (9, 0),
+            89,
+            torch.bfloat16,
+        ),
+    )
+    specs = []
+    for label, qw, act, capability, min_arch, out_dtype in cases:
+        scheme = get_act_scheme(act)
+        plan = compute_plan(qw, scheme, act_group_k(scheme), capability)
+        buckets = _BUCKETS_8BIT if plan.operand_bits == 8 else _BUCKETS_16BIT
+        for cfg in (buckets[0][1].replace(split_k=4), buckets[-1][1]):  # small M: the split-K epilogue
+            if plan.k_step:
+                cfg = cfg.replace(block_k=min(cfg.block_k, plan.k_step))
+            specs.append(kernel_spec(f"{label}-{act}", qw, scheme, plan, out_dtype, cfg, min_arch))
+    return specs
+
+
+def kernel_spec(
+    label: str,
+    qw: QuantizedWeight,
+    scheme: ActScheme,
+    plan: ComputePlan,
+    out_dtype: torch.dtype,
+    cfg: ScaledMMConfig,
+    min_arch: int = 75,
+) -> registry.CompileSpec:
+    """The :class:`~.registry.CompileSpec` of the kernel :func:`linear` (or :func:`grouped_linear`, for an
+    expert-stacked ``qw``) launches for ``qw`` with activations ``scheme`` under ``plan`` and tile ``cfg``."""
+    a_scale_type = "*fp32" if scheme.scale_dtype == torch.float32 else "*u8"
+    # int8: Triton has no tcgen05 int8 path (mma.sync on sm_100); fp32: FMA, no tensor cores.
+    mma_check = "best" if cfg.block_m >= 64 and plan.mma != "int8" else "any"
+    if plan.mma == "fp32":
+        mma_check = "none"
+    return registry.CompileSpec(
+        name=f"scaled_mm-{label}-{plan.mma}-{triton_type(out_dtype)}-{cfg.name()}",
+        kernel=_scaled_mm_kernel,
+        pointers={
+            **pointer_types(qw),
+            "qb_ptr": "*u8",
+            "a_ptr": "*u8",
+            "as_ptr": a_scale_type,
+            "ags_ptr": "*fp32",
+            "bias_ptr": "*fp32",
+            "out_ptr": "*" + triton_type(out_dtype),
+            "expert_ptr": "*i32",
+        },
+        constexprs={
+            "BM": cfg.block_m,
+            "BN": cfg.block_n,
+            "BK": cfg.block_k,
+            "SPLIT_K": cfg.split_k,
+            "GROUP_M": cfg.group_m,
+            "EVEN_K": True,
+            "HAS_BIAS": True,
+            **plan_constexprs(plan, scheme, act_group_k(scheme), per_row=scheme.group_shape[0] == 1),
+            **_weight_constexprs(qw),
+            "GROUPED": qw.num_experts is not None,
+        },
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        mma=mma_check,
+        min_arch=min_arch,
+        aligned=("N", "K", "stride_am", "stride_qn", "stride_qb", "stride_om"),
+    )
