@@ -11,7 +11,7 @@ definition, deterministic or not.
 
 from __future__ import annotations
 
-import os
+from ._env import getenv
 
 __all__ = ["is_deterministic", "set_deterministic"]
 
@@ -30,4 +30,4 @@ def is_deterministic() -> bool:
     """Whether batch invariance is on (``set_deterministic``, else ``HUMMING_DETERMINISTIC=1``)."""
     if _override is not None:
         return _override
-    return os.environ.get("HUMMING_DETERMINISTIC", "0") not in ("", "0")
+    return getenv("HUMMING_DETERMINISTIC", "0") not in ("", "0")

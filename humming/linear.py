@@ -44,9 +44,9 @@ def linear(
     """
     if not isinstance(qweight, QuantizedWeight):
         raise ValueError(f"qweight: expected a humming.QuantizedWeight, got {type(qweight).__name__}")
-    if qweight.num_experts is not None:
+    if len(qweight.shape) != 2:
         raise ValueError(f"qweight: linear takes a 2-D weight [N, K], got an expert-stacked weight {qweight.shape}")
-    n, k = qweight.N, qweight.K
+    n, k = qweight.shape
 
     prequantized = isinstance(x, QuantizedActivation)
     if prequantized:
@@ -62,13 +62,13 @@ def linear(
         if x.shape[-1] and x.stride(-1) != 1:
             raise ValueError(f"x: the last dimension must be contiguous (stride 1), got strides {tuple(x.stride())}")
         act = None if act is None else get_act_scheme(act)
-        x_data, lead = x, tuple(x.shape[:-1])
+        x_data, lead = x, x.shape[:-1]
     else:
         raise ValueError(f"x: expected a torch.Tensor or QuantizedActivation, got {type(x).__name__}")
 
     if x_data.shape[-1] != k:
         raise ValueError(f"x: last dimension is {x_data.shape[-1]}, but qweight has K={k} (shape {qweight.shape})")
-    if x_data.device != qweight.device:
+    if x_data.device != qweight.qweight.device:
         raise ValueError(f"x is on {x_data.device} but qweight is on {qweight.device}; move one with .to()")
     if bias is None:
         bias = qweight.bias
@@ -76,7 +76,7 @@ def linear(
         raise ValueError(f"bias: expected a float tensor of shape ({n},), got {getattr(bias, 'shape', bias)!r}")
     elif bias.device != qweight.device:
         raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
-    if bias is not None:
+    if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()  # every kernel reads bias[n] at n; a strided view gave wrong sums
     if out_dtype is None:
         out_dtype = torch.bfloat16 if prequantized else x.dtype
@@ -86,7 +86,7 @@ def linear(
     if reason:
         raise ValueError(reason)
 
-    x2d = x if prequantized else x.reshape(-1, k)
+    x2d = x if prequantized or x.dim() == 2 else x.reshape(-1, k)
     if ops.eager(x_data):
         out = run_linear(x2d, qweight, bias, act, out_dtype, backend)
     else:
@@ -100,7 +100,7 @@ def linear(
             out_dtype,
             backend,
         )
-    return out.reshape(*lead, n)
+    return out if len(lead) == 1 else out.reshape(*lead, n)
 
 
 def run_linear(x2d, qweight: QuantizedWeight, bias, act: ActScheme | None, out_dtype, backend: str) -> torch.Tensor:
@@ -109,8 +109,8 @@ def run_linear(x2d, qweight: QuantizedWeight, bias, act: ActScheme | None, out_d
     prequantized = isinstance(x2d, QuantizedActivation)
     x_data = x2d.codes if prequantized else x2d
     plan = plan_linear(qweight, act, x_data, backend)  # also reports bad requests
-    if x_data.numel() == 0:  # no tokens (an idle batch): nothing to launch
-        return torch.empty(x_data.shape[0], qweight.N, dtype=out_dtype, device=qweight.device)
+    if x_data.shape[0] == 0:  # no tokens (an idle batch): nothing to launch
+        return torch.empty(0, qweight.N, dtype=out_dtype, device=qweight.device)
     try:
         out = DENSE_KERNELS[plan.kernel].run(x2d, qweight, bias, act, out_dtype, plan.tuning)
     except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed

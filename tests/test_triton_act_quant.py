@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import humming
-from humming.triton_kernels.act_quant import quantize_activation, quantize_activation_values, supports
+from humming.triton_kernels.act_quant import quantize_activation, quantize_activation_values, quantize_pass, supports
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,33 @@ def test_static_scale_midpoints(act, seed, device):
     _assert_same(got, humming.quantize_activation(x, act, scale=scale), f"{act} seed={seed}")
 
 
+@pytest.mark.parametrize("act", ["fp8", "fp8_g128", "int8_tensor", "mxfp4"])
+def test_pass_is_made_once_per_call_shape(act, seed, device):
+    """quantize_pass works a call shape out once (the same object for x of the same dtype, shape and strides,
+    another for another shape) and each call quantizes its own x, bit-exact."""
+    x = torch.randn(5, 256, device=device).bfloat16()
+    quant = quantize_pass(x, act)
+    assert quantize_pass(x.clone(), act) is quant and quantize_pass(x[:4], act) is not quant
+    for _ in range(2):
+        x = torch.randn(5, 256, device=device).bfloat16()
+        codes, scales, _ = quant(x)
+        ref = humming.quantize_activation(x, act)
+        assert torch.equal(codes, ref.codes) and torch.equal(scales, ref.scales.view(scales.dtype)), f"seed={seed}"
+
+
+@pytest.mark.parametrize("act,m", [("fp8_g128", 1), ("fp8_g128", 16), ("fp8", 3)])
+def test_pass_writes_transposed_scales(act, m, seed, device):
+    """scales_rows: the scales of span j of row r at [j, r] of a [spans, scales_rows] row-major tensor (the
+    CUDA FP8 GEMM's 1x128 layout, rows padded to its token tile); the codes as they are."""
+    x = torch.randn(m, 384, device=device).bfloat16()
+    codes, scales, _ = quantize_pass(x, act, scales_rows=m + 7)(x)
+    ref = humming.quantize_activation(x, act)
+    assert scales.shape == (ref.scales.shape[1], m + 7) and scales.is_contiguous()
+    assert torch.equal(scales[:, :m].T, ref.scales) and torch.equal(codes, ref.codes), f"seed={seed}"
+    with pytest.raises(ValueError, match="scales_rows"):
+        quantize_pass(torch.zeros(m + 1, 384, dtype=torch.bfloat16, device=device), act, scales_rows=m)
+
+
 def test_supports_reasons():
     x = torch.zeros(4, 32, dtype=torch.float16)
     assert supports(x, "fp8") is None
@@ -116,6 +143,17 @@ def test_supports_reasons():
 def test_act_quant_bit_exact_gpu(act, m, k, seed):
     x = (torch.randn(m, k, device="cuda") * 10.0 ** torch.randint(-3, 4, (m, 1), device="cuda")).bfloat16()
     _assert_same(quantize_activation(x, act), humming.quantize_activation(x, act), f"{act} {m}x{k} seed={seed}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", list(humming.ACT_SCHEMES))
+def test_act_quant_repeated_calls_gpu(act, seed):
+    """Calls after the first of a launch key go to the compiled kernel directly (humming.triton_kernels._launch):
+    fresh inputs each time, a misaligned view among them (another key), all bit-exact."""
+    buf = torch.empty(16, 2056, device="cuda", dtype=torch.bfloat16)
+    for x in [torch.randn(16, 2048, device="cuda").bfloat16() for _ in range(3)] + [buf[:, 1:2049], buf[:, 1:2049]]:
+        x.copy_(torch.randn(16, 2048, device="cuda") * 10.0 ** torch.randint(-3, 4, (16, 1), device="cuda"))
+        _assert_same(quantize_activation(x, act), humming.quantize_activation(x, act), f"{act} seed={seed}")
 
 
 @pytest.mark.gpu

@@ -40,7 +40,7 @@ import torch
 
 from ..device import device_index, device_info
 from . import _decode, _gemm_sm90, fp4_gemm, fp8_gemm
-from ._layout import prepare_weight, weight_unsupported
+from ._layout import aligned_rows, prepare_weight, rows_aligned, weight_unsupported
 from ._warmup import WarmupReport, warmup_specs
 from .jit import KernelNotReadyError, compiler_unavailable_reason
 
@@ -164,21 +164,66 @@ def default_tuning(kernel: str, qweight, x: torch.Tensor):
     return _gemm_sm90.default_gemm_tuning(m, prep.layout, device_info(index).limits.smem_per_block)
 
 
+#: Call shapes made ready per weight (a launcher each, :func:`run`), at most this many: then they start over.
+_MAX_LAUNCHERS = 64
+_launchers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {call key: launcher}
+
+
 def run(kernel: str, x, qweight, bias, act, out_dtype: torch.dtype, tuning=None) -> torch.Tensor:
     """``kernel`` (one of :data:`KERNELS`, checked by :func:`kernel_unsupported`) with ``tuning`` (``None``:
     its default). For fp8 ``act`` on decode / gemm_sm90, Triton first writes x's e4m3 values in x's 16-bit
-    dtype (exact) and the kernel applies the per-token / per-tensor scales in its epilogue."""
-    if kernel == "fp8_gemm":
-        return fp8_gemm.linear(x, qweight, bias, act, out_dtype)
+    dtype (exact) and the kernel applies the per-token / per-tensor scales in its epilogue.
+
+    Everything a call does not need its tensors' addresses for (checks, tuning, kernel, grid, parameter
+    struct, descriptor encoders) is made once per weight and call shape: kernel, ``act``, x's dtype, shape,
+    strides, alignment and device, the bias dtype, ``out_dtype`` and ``tuning``."""
     if kernel == "fp4_gemm":
         return fp4_gemm.linear(x, qweight, bias, act, out_dtype)
-    x_scale = None
-    if act is not None:
-        from ..triton_kernels.act_quant import quantize_activation_values
+    if not isinstance(x, torch.Tensor):  # a QuantizedActivation, which the FP8 GEMM takes as it is
+        return fp8_gemm.linear(x, qweight, bias, act, out_dtype)
+    bias_dtype = None if bias is None else bias.dtype
+    key = (kernel, act, x.dtype, x.shape, x.stride(), x.data_ptr() % 16 == 0, x.device, bias_dtype, out_dtype, tuning)
+    launchers = _launchers.get(qweight)
+    if launchers is None:
+        launchers = _launchers[qweight] = {}
+    launch = launchers.get(key)
+    if launch is None:
+        launch = _launcher(kernel, x, qweight, act, bias_dtype, out_dtype, tuning)
+        if len(launchers) >= _MAX_LAUNCHERS:
+            launchers.clear()
+        launchers[key] = launch
+    return launch(x, bias)
 
-        x, x_scale = quantize_activation_values(x, act)
-    launch = _decode.run_decode if kernel == "decode" else _gemm_sm90.run_gemm
-    return launch(prepare(qweight), x, bias, out_dtype, tuning, x_scale=x_scale)
+
+def _launcher(kernel: str, x: torch.Tensor, qweight, act, bias_dtype, out_dtype: torch.dtype, tuning):
+    """A callable ``(x, bias) -> out`` for calls shaped as ``x`` (see :func:`run`)."""
+    m, k = x.shape
+    index = device_index(x.device)
+    if kernel == "fp8_gemm":
+        reason = fp8_gemm.supports(qweight, act, x, out_dtype)
+        if reason is not None:
+            raise ValueError(f"humming FP8 GEMM: {reason}")
+        prep = fp8_gemm.prepare(qweight)
+        if m:
+            tuning = fp8_gemm.choose_tuning(m, prep.n, prep.k, device_info(index).limits, prep.w_format)
+        return fp8_gemm.Fp8Launch(prep, act, x, bias_dtype, out_dtype, tuning, index)
+    make = _decode.DecodeLaunch if kernel == "decode" else _gemm_sm90.GemmLaunch
+    if act is not None:
+        from ..triton_kernels.act_quant import quantize_pass
+
+        # fp8 activations: their e4m3 values in x's 16-bit dtype (contiguous rows), the scales in the epilogue
+        quantize = quantize_pass(x, act, values=True)
+        launch = make(prepare(qweight), m, x.dtype, k, bias_dtype, out_dtype, tuning, index)
+
+        def run_values(x, bias):
+            values, scales, _ = quantize(x)
+            return launch(values, bias, x_scale=scales)
+
+        return run_values
+    if not rows_aligned(x):  # a copy per call: contiguous rows
+        launch = make(prepare(qweight), m, x.dtype, k, bias_dtype, out_dtype, tuning, index)
+        return lambda x, bias: launch(aligned_rows(x), bias)
+    return make(prepare(qweight), m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, index)
 
 
 def supports_grouped(qweight, act, x: torch.Tensor, block_m: int) -> str | None:

@@ -31,12 +31,22 @@ from dataclasses import dataclass
 import torch
 
 from ..device import DeviceLimits, device_info
-from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, weight_unsupported, x_scale_args
+from ._driver import current_stream, get_kernel
+from ._layout import (
+    CPP_DTYPE,
+    DTYPE_CODE,
+    PreparedWeight,
+    WeightLayout,
+    aligned_rows,
+    weight_unsupported,
+    x_scale_args,
+)
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
     "DECODE_CCS",
     "DECODE_MAX_M",
+    "DecodeLaunch",
     "DecodeTuning",
     "candidate_tunings",
     "choose_decode_tuning",
@@ -238,8 +248,9 @@ class _Workspaces:
         self.captured: list[torch.Tensor] = []
         self.lock = threading.Lock()
 
-    def get(self, numel: int, device: int, stream: torch.cuda.Stream) -> torch.Tensor:
-        key = (device, stream.cuda_stream)
+    def get(self, numel: int, device: int, stream: int) -> torch.Tensor:
+        """The workspace of at least ``numel`` words for ``stream`` (a ``cudaStream_t``) on ``device``."""
+        key = (device, stream)
         with self.lock:
             buf = self.by_stream.get(key)
             capturing = torch.cuda.is_current_stream_capturing()
@@ -264,7 +275,7 @@ class _Workspaces:
 
     def reserve(self, numel: int, device: int) -> None:
         stream = torch.cuda.current_stream(device)
-        self.get(numel, device, stream)
+        self.get(numel, device, stream.cuda_stream)
         with self.lock:
             spare = self.spare.get(device)
             if spare is None or spare.numel() < numel:
@@ -293,6 +304,111 @@ def decode_call_spec(
     return decode_spec(prep.layout, DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code, tuning)
 
 
+class DecodeLaunch:
+    """One call shape of the decode kernel made ready: ``x [m, K]`` of ``x_dtype`` with rows ``x_stride``
+    elements apart (16-byte aligned, unit column stride), the bias dtype (``None``: no bias), the output
+    dtype and the tuning (``None``: :func:`default_tuning`). It holds the loaded kernel, the grid, the shared
+    memory and the parameter struct with everything but the addresses of the call's tensors, so that a call
+    only allocates the output and launches on the current stream. Calls must match the shape it was made for.
+    """
+
+    def __init__(
+        self,
+        prep: PreparedWeight,
+        m: int,
+        x_dtype: torch.dtype,
+        x_stride: int,
+        bias_dtype: torch.dtype | None,
+        out_dtype: torch.dtype,
+        tuning: DecodeTuning | None,
+        device: int,
+    ) -> None:
+        n, k = prep.n, prep.k
+        if tuning is None:
+            tuning = default_tuning(m, n, k, prep.layout.bits, device)
+        elif n % (16 * tuning.r):
+            raise ValueError(f"tuning: r={tuning.r} row tiles per warp must divide N / 16 = {n // 16}")
+        bias_code = DTYPE_CODE[bias_dtype if bias_dtype is not None else x_dtype]
+        spec = decode_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning)
+        self.kernel = get_kernel(spec, device)
+        self.prep = prep  # the template holds its tensors' addresses
+        self.m, self.n, self.out_dtype, self.device = m, n, out_dtype, device
+        self.torch_device = torch.device("cuda", device)
+        self.split = tuning.splits > 1
+        self.smem = tuning.smem_bytes(prep.layout.bits)
+        self.grid = (n // (16 * tuning.r), tuning.splits, 1)
+        self.workspace_words = 0
+        total_warps = 0
+        if tuning.stream_k:
+            blocks, total_warps = stream_k_grid(n, k, tuning, device_limits(device)[0])
+            self.grid = (blocks, 1, 1)
+            self.workspace_words = _workspace_words(m, n, tuning)
+        chunks = k // 64
+        self.template = bytes(
+            _Params(
+                prep.qweight.data_ptr(),
+                None,
+                prep.scales.data_ptr(),
+                prep.zeros.data_ptr() if prep.zeros is not None else None,
+                None,
+                None,
+                m,
+                n,
+                k,
+                x_stride,
+                n,
+                prep.groups,
+                31 if prep.groups == 1 else prep.chunks_per_group.bit_length() - 1,
+                -(-chunks // tuning.splits),
+                prep.tile_group,
+                None,
+                None,
+                total_warps,
+                None,
+                0,
+            )
+        )
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None = None,
+        x_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x @ W^T * x_scale + bias`` into ``out`` (``[m, N]`` of the output dtype, unit column stride) or a
+        new tensor."""
+        m, n = self.m, self.n
+        result = out
+        if out is not None and (tuple(out.shape) != (m, n) or out.dtype != self.out_dtype or out.stride(1) != 1):
+            raise ValueError(f"out: expected a [{m}, {n}] {self.out_dtype} tensor with unit column stride")
+        if self.split:
+            acc = torch.zeros((m, n), dtype=torch.float32, device=self.torch_device)
+        elif out is None:
+            acc = result = torch.empty((m, n), dtype=self.out_dtype, device=self.torch_device)
+        else:
+            acc = out
+        stream = current_stream(self.device)
+        params = _Params.from_buffer_copy(self.template)
+        params.x = x.data_ptr()
+        params.out = acc.data_ptr()
+        if acc is out:
+            params.out_stride = out.stride(0)
+        if bias is not None:
+            params.bias = bias.data_ptr()
+        if self.workspace_words:
+            sums = _WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
+            params.sums, params.arrivals = sums, sums + 4 * m * n
+        if x_scale is not None:
+            params.x_scale, params.x_scale_stride = x_scale_args(x_scale, m)
+        self.kernel.launch(self.grid, self.smem, params, stream)
+        if not self.split:
+            return result
+        if result is None:
+            return acc.to(self.out_dtype)
+        return result.copy_(acc)
+
+
 def run_decode(
     prep: PreparedWeight,
     x: torch.Tensor,
@@ -309,60 +425,8 @@ def run_decode(
     ``None``. Split-K and stream-K tunings sum partial results with fp32 atomics, in an order that varies
     between calls.
     """
-    from ._driver import get_kernel
-
-    m, k = x.shape
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    if tuning is None:
-        tuning = default_tuning(m, prep.n, k, prep.layout.bits, device)
-    elif prep.n % (16 * tuning.r):
-        raise ValueError(f"tuning: r={tuning.r} row tiles per warp must divide N / 16 = {prep.n // 16}")
-    kernel = get_kernel(decode_call_spec(prep, x, bias, out_dtype, tuning), device)
-    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        x = x.contiguous()
-    split = tuning.splits > 1
-    result = out
-    if out is not None and (tuple(out.shape) != (m, prep.n) or out.dtype != out_dtype or out.stride(1) != 1):
-        raise ValueError(f"out: expected a [{m}, {prep.n}] {out_dtype} tensor with unit column stride")
-    if split:
-        out = torch.zeros(m, prep.n, device=x.device, dtype=torch.float32)
-    elif out is None:
-        out = result = torch.empty(m, prep.n, device=x.device, dtype=out_dtype)
-    chunks = k // 64
-    stream = torch.cuda.current_stream(device)
-    grid = (prep.n // (16 * tuning.r), tuning.splits, 1)
-    sums = arrivals = None
-    total_warps = 0
-    if tuning.stream_k:
-        blocks, total_warps = stream_k_grid(prep.n, k, tuning, device_limits(device)[0])
-        grid = (blocks, 1, 1)
-        workspace = _WORKSPACES.get(_workspace_words(m, prep.n, tuning), device, stream)
-        sums = workspace.data_ptr()
-        arrivals = sums + 4 * m * prep.n
-    params = _Params(
-        prep.qweight.data_ptr(),
-        x.data_ptr(),
-        prep.scales.data_ptr(),
-        prep.zeros.data_ptr() if prep.zeros is not None else None,
-        bias.data_ptr() if bias is not None else None,
-        out.data_ptr(),
-        m,
-        prep.n,
-        k,
-        x.stride(0),
-        out.stride(0),
-        prep.groups,
-        31 if prep.groups == 1 else prep.chunks_per_group.bit_length() - 1,
-        -(-chunks // tuning.splits),
-        prep.tile_group,
-        sums,
-        arrivals,
-        total_warps,
-        *x_scale_args(x_scale, m),
-    )
-    kernel.launch(grid, tuning.smem_bytes(prep.layout.bits), params, stream.cuda_stream)
-    if not split:
-        return result
-    if result is None:
-        return out.to(out_dtype)
-    return result.copy_(out)
+    x = aligned_rows(x)
+    bias_dtype = None if bias is None else bias.dtype
+    launch = DecodeLaunch(prep, x.shape[0], x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device)
+    return launch(x, bias, out, x_scale)

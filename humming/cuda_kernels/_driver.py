@@ -2,13 +2,18 @@
 
 Modules are loaded into the device's primary context (the one torch uses) and kept for the life of the
 process, one per (spec, device). A launch passes the kernel's single parameter struct (a ``ctypes``
-structure mirroring the C++ one) by value on the given stream. :func:`tensor_map_2d` encodes the TMA
-descriptors the Hopper kernels take inside that struct.
+structure mirroring the C++ one) by value on the given stream (:func:`current_stream`: torch's current
+stream as a handle). :func:`tensor_map_2d` encodes the TMA descriptors the Hopper kernels take inside that
+struct; :class:`TensorMap2d` does so for one geometry, remembering the descriptors of recent addresses.
+
+Everything here runs on every call of a kernel that may take a few microseconds on the GPU, so the
+per-call work is kept to reading pointers and one driver call.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 import torch
@@ -16,7 +21,17 @@ import torch
 from ..device import device_info
 from .jit import CompiledKernel, KernelNotReadyError, KernelSpec, compile_kernel, device_arch
 
-__all__ = ["LoadedKernel", "check", "get_kernel", "load", "loaded", "tensor_map_2d"]
+__all__ = [
+    "LoadedKernel",
+    "TensorMap2d",
+    "check",
+    "current_stream",
+    "get_kernel",
+    "load",
+    "loaded",
+    "tensor_map",
+    "tensor_map_2d",
+]
 
 _loaded: dict[tuple[KernelSpec, int], LoadedKernel] = {}
 _guard = threading.Lock()
@@ -35,29 +50,39 @@ def check(result) -> object:
     return values[0] if len(values) == 1 else tuple(values)
 
 
+def current_stream(device_index: int) -> int:
+    """The handle (``cudaStream_t``) of torch's current stream on CUDA device ``device_index``: what
+    ``torch.cuda.current_stream(device_index).cuda_stream`` is, without building a ``Stream`` object (the
+    capture stream while a CUDA graph is captured)."""
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
 _TMAP_DTYPES = {torch.uint8: "UINT8", torch.bfloat16: "BFLOAT16", torch.float16: "FLOAT16"}
 
 
-def tensor_map_2d(t: torch.Tensor, box_inner: int, box_rows: int) -> bytes:
-    """The 128-byte TMA descriptor (``CUtensorMap``) of a row-major 2-D tensor (uint8, bf16 or fp16), boxes
-    of ``box_rows x box_inner`` elements (``box_inner`` x element size = 128 bytes), 128-byte swizzle, zero
-    fill outside the tensor."""
-    from cuda.bindings import driver
+class TensorMap2d:
+    """The TMA descriptors (``CUtensorMap``, 128 bytes) of row-major 2-D tensors of one dtype (uint8, bf16
+    or fp16), shape and row stride (elements), in boxes of ``box_rows x box_inner`` elements (``box_inner``
+    x element size = 128 bytes), 128-byte swizzle, zero fill outside the tensor: everything of the
+    descriptor but the address, which :meth:`encode` takes. A descriptor depends on nothing else, so those of
+    the last addresses are kept (activations often come back at the addresses of earlier calls)."""
 
-    if t.dim() != 2 or t.stride(1) != 1 or t.dtype not in _TMAP_DTYPES:
-        raise ValueError(f"t: expected a 2-D uint8 / bf16 / fp16 tensor, unit column stride; got {t.dtype} {t.shape}")
-    if box_inner * t.element_size() != 128:
-        raise ValueError(f"box_inner: expected {128 // t.element_size()} (128 bytes of {t.dtype}), got {box_inner}")
-    rows, cols = t.shape
-    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-    dtype = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[t.dtype]}")
-    tmap = check(
-        driver.cuTensorMapEncodeTiled(
-            dtype,
-            2,
-            t.data_ptr(),
+    _KEEP = 64
+
+    def __init__(self, dtype: torch.dtype, rows: int, cols: int, row_stride: int, box_inner: int, box_rows: int):
+        from cuda.bindings import driver
+
+        if dtype not in _TMAP_DTYPES:
+            raise ValueError(f"dtype: expected uint8 / bf16 / fp16, got {dtype}")
+        size = dtype.itemsize
+        if box_inner * size != 128:
+            raise ValueError(f"box_inner: expected {128 // size} (128 bytes of {dtype}), got {box_inner}")
+        u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+        self._encode = driver.cuTensorMapEncodeTiled
+        self._dtype = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[dtype]}")
+        self._layout = (
             [u64(cols), u64(rows)],
-            [u64(t.stride(0) * t.element_size())],
+            [u64(row_stride * size)],
             [u32(box_inner), u32(box_rows)],
             [u32(1), u32(1)],
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -65,8 +90,34 @@ def tensor_map_2d(t: torch.Tensor, box_inner: int, box_rows: int) -> bytes:
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
-    )
-    return ctypes.string_at(tmap.getPtr(), 128)
+        self._recent: dict[int, bytes] = {}
+
+    def encode(self, address: int) -> bytes:
+        """The descriptor of the tensor at device address ``address``."""
+        tmap = self._recent.get(address)
+        if tmap is None:
+            encoded = check(self._encode(self._dtype, 2, address, *self._layout))
+            tmap = ctypes.string_at(encoded.getPtr(), 128)
+            if len(self._recent) >= self._KEEP:
+                self._recent.clear()
+            self._recent[address] = tmap
+        return tmap
+
+
+@functools.lru_cache(maxsize=1024)
+def tensor_map(dtype: torch.dtype, rows: int, cols: int, row_stride: int, box_inner: int, box_rows: int) -> TensorMap2d:
+    """The :class:`TensorMap2d` of this geometry (one per process)."""
+    return TensorMap2d(dtype, rows, cols, row_stride, box_inner, box_rows)
+
+
+def tensor_map_2d(t: torch.Tensor, box_inner: int, box_rows: int) -> bytes:
+    """The 128-byte TMA descriptor (``CUtensorMap``) of a row-major 2-D tensor (uint8, bf16 or fp16), boxes
+    of ``box_rows x box_inner`` elements (``box_inner`` x element size = 128 bytes), 128-byte swizzle, zero
+    fill outside the tensor."""
+    if t.dim() != 2 or t.stride(1) != 1 or t.dtype not in _TMAP_DTYPES:
+        raise ValueError(f"t: expected a 2-D uint8 / bf16 / fp16 tensor, unit column stride; got {t.dtype} {t.shape}")
+    rows, cols = t.shape
+    return tensor_map(t.dtype, rows, cols, t.stride(0), box_inner, box_rows).encode(t.data_ptr())
 
 
 def _make_current(device_index: int) -> None:
@@ -90,22 +141,25 @@ class LoadedKernel:
         self._module = check(driver.cuModuleLoadData(compiled.cubin))
         self._function = check(driver.cuModuleGetFunction(self._module, compiled.spec.name.encode()))
         self._max_dynamic_smem = 0
+        self._threads = compiled.spec.threads
+        self._launch = driver.cuLaunchKernel
+        self._stream = driver.CUstream
+        self._success = driver.CUresult.CUDA_SUCCESS
 
     def launch(self, grid: tuple[int, int, int], smem: int, params: ctypes.Structure, stream: int) -> None:
         """Launch on ``stream`` (a ``cudaStream_t`` as int) with ``params`` passed by value."""
-        from cuda.bindings import driver
-
         if smem > self._max_dynamic_smem:
+            from cuda.bindings import driver
+
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(driver.cuFuncSetAttribute(self._function, attr, smem))
             self._max_dynamic_smem = smem
         pointers = (ctypes.c_void_p * 1)(ctypes.addressof(params))
-        threads = self.compiled.spec.threads
-        check(
-            driver.cuLaunchKernel(
-                self._function, *grid, threads, 1, 1, smem, driver.CUstream(stream), ctypes.addressof(pointers), 0
-            )
+        result = self._launch(
+            self._function, *grid, self._threads, 1, 1, smem, self._stream(stream), ctypes.addressof(pointers), 0
         )
+        if result[0] != self._success:
+            check(result)
 
 
 def loaded(spec: KernelSpec, device_index: int) -> LoadedKernel | None:

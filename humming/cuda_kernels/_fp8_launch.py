@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..device import device_index
 from ..ir.weight import cdiv
-from ._driver import tensor_map_2d
+from ._driver import current_stream, get_kernel, tensor_map, tensor_map_2d
 from ._fp8_layout import SCALE_MODES, W_FORMATS, PreparedFp8
 from ._fp8_tuning import _BK, Fp8Tuning, smem_bytes
 from ._layout import CPP_DTYPE, DTYPE_CODE
@@ -157,6 +157,127 @@ def call_spec(
     return fp8_spec(w_format, scale_mode, DTYPE_CODE[out_dtype], bias_code, tuning, grouped)
 
 
+class Fp8Launch:
+    """One call shape of the FP8 GEMM made ready: activations shaped as ``x`` (float ``[M, K]`` quantized here
+    with ``act``, of x's dtype, shape and strides; or a ``QuantizedActivation`` of M rows), the bias dtype
+    (``None``: no bias), the output dtype, the tuning and, for the grouped kernel, the routing ``block_m``. It
+    holds the loaded kernel, the grid, the activation pass, the TMA descriptor encoders and the parameter
+    struct with everything but the addresses of the call's tensors, so that a call quantizes, allocates and
+    launches. Calls must match the shape it was made for."""
+
+    def __init__(
+        self,
+        prep: PreparedFp8,
+        act,
+        x,
+        bias_dtype: torch.dtype | None,
+        out_dtype: torch.dtype,
+        tuning: Fp8Tuning | None,
+        device: int,
+        block_m: int = 0,
+    ) -> None:
+        from ..triton_kernels.act_quant import quantize_pass
+
+        m = getattr(x, "codes", x).shape[0]
+        self.prep, self.act, self.m, self.out_dtype, self.device = prep, act, m, out_dtype, device
+        self.torch_device = torch.device("cuda", device)
+        self.n_pad = cdiv(prep.n, 16 // out_dtype.itemsize) * (16 // out_dtype.itemsize)
+        if m == 0:  # nothing to launch (no tuning either)
+            return
+        if out_dtype == torch.float32 or tuning.splits > 1:  # the TMA-store epilogue writes 16-bit floats only
+            tuning = dataclasses.replace(tuning, tma_store=False)
+        self.tuning = tuning
+        self.kernel = get_kernel(
+            call_spec(prep.w_format, prep.scale_mode, bias_dtype, out_dtype, tuning, block_m > 0), device
+        )
+        tiles_m, tiles_n = cdiv(m, tuning.block_m), cdiv(prep.n, tuning.block_n)
+        self.grid = (tiles_m * tiles_n, 1, tuning.splits)
+        self.smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages, prep.w_format)
+        # float x straight into the kernel's layout: codes [M, K] (K padded: the general path), per-token /
+        # per-tensor scales as they come, 1x128 scales written transposed, [num_kb, M padded to the tile]
+        self.block_rows = tiles_m * tuning.block_m if act is not None and act.group == 128 else 0
+        self.quantize = None
+        if isinstance(x, torch.Tensor) and prep.kp == prep.k:
+            self.quantize = quantize_pass(x, act, scales_rows=self.block_rows)
+        self.x_map = tensor_map(torch.uint8, m, prep.kp, prep.kp, _BK, tuning.block_m)
+        self.out_map = tensor_map(out_dtype, m, prep.n, self.n_pad, 64, tuning.block_m) if tuning.tma_store else None
+        if prep.w_bits == 8 and tuning.block_n not in prep.maps:
+            prep.maps[tuning.block_n] = tensor_map_2d(prep.weight, _BK, tuning.block_n)
+        params = _Params()
+        if prep.w_bits == 8:
+            params.w_map[:] = prep.maps[tuning.block_n]
+        params.w_scale = _ptr(prep.w_scale)
+        params.w_block_scale = _ptr(prep.w_block_scale)
+        params.M, params.N, params.num_kb = m, prep.n, cdiv(prep.kp, _BK)
+        params.x_block_stride = self.block_rows
+        params.tiles_m, params.tiles_n, params.group_m = tiles_m, tiles_n, tuning.group_m
+        if prep.w_bits == 4:
+            params.w_packed = prep.weight.data_ptr()
+            params.w_group_scale = _ptr(prep.w_group_scale)
+            params.w_group_stride = prep.w_group_scale.shape[1] if prep.w_group_scale is not None else 0
+        params.block_m = block_m
+        self.template = bytes(params)
+
+    def __call__(
+        self, x, bias: torch.Tensor | None, out: torch.Tensor | None = None, expert_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x`` (float ``[m, K]``, or a ``QuantizedActivation``) ``@ W^T + bias`` into ``out`` (``[m, N]`` of
+        the output dtype, unit column stride, 16-byte rows) or a new tensor (a view with padded rows unless N
+        fills whole 16-byte rows); ``expert_ids``: the grouped kernel's segment experts."""
+        m, n, out_dtype = self.m, self.prep.n, self.out_dtype
+        given = out is not None
+        if out is None:
+            out = torch.empty((m, self.n_pad), dtype=out_dtype, device=self.torch_device)
+            if self.n_pad != n:
+                out = out[:, :n]
+        elif (
+            tuple(out.shape) != (m, n)
+            or out.dtype != out_dtype
+            or out.stride(1) != 1
+            or (out.stride(0) * out.element_size()) % 16
+            or out.data_ptr() % 16
+        ):
+            raise ValueError(f"out: expected a [{m}, {n}] {out_dtype} tensor, unit column stride, 16-byte rows")
+        if m == 0:
+            return out
+        tuning = self.tuning
+        if self.quantize is not None:
+            codes, scales, _ = self.quantize(x)
+            x_scale, x_block_scale = (None, scales) if self.block_rows else (scales, None)
+        else:
+            a = _activations(x, self.act, self.prep.kp, tuning.block_m)
+            codes, x_scale, x_block_scale = a.codes, a.x_scale, a.x_block_scale
+        params = _Params.from_buffer_copy(self.template)
+        address = ctypes.addressof(params)
+        ctypes.memmove(address + _X_MAP, self.x_map.encode(codes.data_ptr()), 128)
+        if tuning.tma_store:
+            out_map = tensor_map(out_dtype, m, n, out.stride(0), 64, tuning.block_m) if given else self.out_map
+            ctypes.memmove(address + _OUT_MAP, out_map.encode(out.data_ptr()), 128)
+        if x_scale is not None:
+            params.x_scale, params.x_scale_stride = x_scale.data_ptr(), int(x_scale.numel() > 1)
+        else:
+            params.x_block_scale = x_block_scale.data_ptr()
+        if bias is not None:
+            params.bias = bias.contiguous().data_ptr()
+        # split-K: the splits add into a zero-filled fp32 workspace (fp32 out: ``out`` itself), rounded afterwards;
+        # the memset and the copy are stream work, so CUDA-graph capture records them
+        acc = out
+        if tuning.splits > 1 and out_dtype == torch.float32:
+            acc = out.zero_()
+        elif tuning.splits > 1:
+            acc = torch.zeros((m, n), dtype=torch.float32, device=self.torch_device)
+        params.out, params.out_stride = acc.data_ptr(), acc.stride(0)
+        if expert_ids is not None:
+            params.expert_ids = expert_ids.data_ptr()
+        self.kernel.launch(self.grid, self.smem, params, current_stream(self.device))
+        if acc is not out:
+            out.copy_(acc)
+        return out
+
+
+_X_MAP, _OUT_MAP = _Params.x_map.offset, _Params.out_map.offset
+
+
 def _launch(
     prep: PreparedFp8,
     x,
@@ -168,66 +289,7 @@ def _launch(
     expert_ids: torch.Tensor | None,
     block_m: int,
 ) -> torch.Tensor:
-    from ._driver import get_kernel
-
-    codes = getattr(x, "codes", x)
-    m = codes.shape[0]
-    device = device_index(codes.device)
-    if out is None:
-        n_pad = cdiv(prep.n, 16 // out_dtype.itemsize) * (16 // out_dtype.itemsize)
-        out = torch.empty(m, n_pad, dtype=out_dtype, device=codes.device)[:, : prep.n]
-    elif (
-        tuple(out.shape) != (m, prep.n)
-        or out.dtype != out_dtype
-        or out.stride(1) != 1
-        or (out.stride(0) * out.element_size()) % 16
-        or out.data_ptr() % 16
-    ):
-        raise ValueError(f"out: expected a [{m}, {prep.n}] {out_dtype} tensor, unit column stride, 16-byte rows")
-    if m == 0:
-        return out
-    if out_dtype == torch.float32 or tuning.splits > 1:  # the TMA-store epilogue writes 16-bit floats only
-        tuning = dataclasses.replace(tuning, tma_store=False)
-    grouped = expert_ids is not None
-    spec = call_spec(prep.w_format, prep.scale_mode, None if bias is None else bias.dtype, out_dtype, tuning, grouped)
-    kernel = get_kernel(spec, device)
-    a = _activations(x, act, prep.kp, tuning.block_m)
-    if bias is not None:
-        bias = bias.contiguous()
-    if prep.w_bits == 8 and tuning.block_n not in prep.maps:
-        prep.maps[tuning.block_n] = tensor_map_2d(prep.weight, _BK, tuning.block_n)
-    tiles_m, tiles_n = cdiv(m, tuning.block_m), cdiv(prep.n, tuning.block_n)
-    params = _Params()
-    if prep.w_bits == 8:
-        params.w_map[:] = prep.maps[tuning.block_n]
-    params.x_map[:] = tensor_map_2d(a.codes, _BK, tuning.block_m)
-    if tuning.tma_store:
-        params.out_map[:] = tensor_map_2d(out, 64, tuning.block_m)
-    params.w_scale = _ptr(prep.w_scale)
-    params.x_scale = _ptr(a.x_scale)
-    params.w_block_scale = _ptr(prep.w_block_scale)
-    params.x_block_scale = _ptr(a.x_block_scale)
-    params.bias = _ptr(bias)
-    params.M, params.N, params.num_kb = m, prep.n, cdiv(prep.kp, _BK)
-    params.x_scale_stride = 1 if a.x_scale is not None and a.x_scale.numel() > 1 else 0
-    params.x_block_stride = a.x_block_scale.shape[1] if a.x_block_scale is not None else 0
-    params.tiles_m, params.tiles_n, params.group_m = tiles_m, tiles_n, tuning.group_m
-    # split-K: the splits add into a zero-filled fp32 workspace (fp32 out: ``out`` itself), rounded afterwards;
-    # the memset and the copy are stream work, so CUDA-graph capture records them
-    acc = out
-    if tuning.splits > 1 and out_dtype == torch.float32:
-        acc = out.zero_()
-    elif tuning.splits > 1:
-        acc = torch.zeros(m, prep.n, dtype=torch.float32, device=out.device)
-    params.out, params.out_stride = acc.data_ptr(), acc.stride(0)
-    if prep.w_bits == 4:
-        params.w_packed = prep.weight.data_ptr()
-        params.w_group_scale = _ptr(prep.w_group_scale)
-        params.w_group_stride = prep.w_group_scale.shape[1] if prep.w_group_scale is not None else 0
-    if grouped:
-        params.expert_ids, params.block_m = expert_ids.data_ptr(), block_m
-    smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages, prep.w_format)
-    kernel.launch((tiles_m * tiles_n, 1, tuning.splits), smem, params, torch.cuda.current_stream(device).cuda_stream)
-    if acc is not out:
-        out.copy_(acc)
-    return out
+    """One call of the FP8 GEMM (:class:`Fp8Launch` made for it)."""
+    device = device_index(getattr(x, "codes", x).device)
+    launch = Fp8Launch(prep, act, x, None if bias is None else bias.dtype, out_dtype, tuning, device, block_m)
+    return launch(x, bias, out, expert_ids)

@@ -19,13 +19,15 @@ import torch
 
 from ..device import device_index
 from ._decode import device_limits
-from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, x_scale_args
+from ._driver import current_stream, get_kernel, tensor_map
+from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, x_scale_args
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
     "GEMM_CCS",
     "GEMM_MIN_M",
     "GROUPED_BMS",
+    "GemmLaunch",
     "GemmTuning",
     "default_gemm_tuning",
     "default_grouped_tuning",
@@ -189,13 +191,6 @@ class _Params(ctypes.Structure):
     )
 
 
-def _x_tensor_map(x: torch.Tensor, bm: int) -> bytes:
-    """TMA descriptor of ``x [M, K]``: 64 x ``bm`` boxes (128 bytes wide), 128-byte swizzle, zero fill."""
-    from ._driver import tensor_map_2d
-
-    return tensor_map_2d(x, 64, bm)
-
-
 def run_gemm(
     prep: PreparedWeight,
     x: torch.Tensor,
@@ -207,10 +202,10 @@ def run_gemm(
 ) -> torch.Tensor:
     """``x [M, K] @ W^T * x_scale + bias`` -> ``[M, N]`` of ``out_dtype`` on the current stream (sm_90a);
     ``x_scale``: fp32 per-token ``[M]`` or per-tensor ``[1]`` scales of quantized activations, or ``None``."""
-    m = x.shape[0]
-    if tuning is None:
-        tuning = default_gemm_tuning(m, prep.layout, device_limits(_device_index(x))[1])
-    return _launch(prep, x, bias, out_dtype, tuning, out, None, 0, x_scale)
+    x = aligned_rows(x)
+    bias_dtype = None if bias is None else bias.dtype
+    launch = GemmLaunch(prep, x.shape[0], x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, _device_index(x))
+    return launch(x, bias, out, x_scale=x_scale)
 
 
 def run_grouped_gemm(
@@ -234,55 +229,94 @@ def run_grouped_gemm(
         tuning = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
     if block_m % tuning.bm:
         raise ValueError(f"tuning: the token tile bm={tuning.bm} must divide block_m={block_m}")
-    return _launch(prep, x, bias, out_dtype, tuning, out, expert_ids, block_m)
+    x = aligned_rows(x)
+    bias_dtype = None if bias is None else bias.dtype
+    launch = GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, _device_index(x), block_m)
+    return launch(x, bias, out, expert_ids)
 
 
 def _device_index(x: torch.Tensor) -> int:
     return device_index(x.device)
 
 
-def _launch(
-    prep: PreparedWeight,
-    x: torch.Tensor,
-    bias: torch.Tensor | None,
-    out_dtype: torch.dtype,
-    tuning: GemmTuning,
-    out: torch.Tensor | None,
-    expert_ids: torch.Tensor | None,
-    block_m: int,
-    x_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    from ._driver import get_kernel
+class GemmLaunch:
+    """One call shape of the sm_90a GEMM made ready: ``x [m, K]`` of ``x_dtype`` with rows ``x_stride``
+    elements apart (16-byte aligned, unit column stride), the bias dtype (``None``: no bias), the output
+    dtype, the tuning (``None``: :func:`default_gemm_tuning`) and, for the grouped kernel, the routing
+    ``block_m``. It holds the loaded kernel, the grid, the encoder of x's tensor map and the parameter struct
+    with everything but the addresses of the call's tensors. Calls must match the shape it was made for."""
 
-    m, k = x.shape
-    device = _device_index(x)
-    grouped = expert_ids is not None
-    kernel = get_kernel(gemm_call_spec(prep, x, bias, out_dtype, tuning, grouped), device)
-    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        x = x.contiguous()
-    if out is None:
-        out = torch.empty(m, prep.n, device=x.device, dtype=out_dtype)
-    elif tuple(out.shape) != (m, prep.n) or out.dtype != out_dtype or out.stride(1) != 1:
-        raise ValueError(f"out: expected a [{m}, {prep.n}] {out_dtype} tensor with unit column stride")
-    if m == 0:
+    def __init__(
+        self,
+        prep: PreparedWeight,
+        m: int,
+        x_dtype: torch.dtype,
+        x_stride: int,
+        bias_dtype: torch.dtype | None,
+        out_dtype: torch.dtype,
+        tuning: GemmTuning | None,
+        device: int,
+        block_m: int = 0,
+    ) -> None:
+        if tuning is None:
+            tuning = default_gemm_tuning(m, prep.layout, device_limits(device)[1])
+        grouped = block_m > 0
+        bias_code = DTYPE_CODE[bias_dtype if bias_dtype is not None else x_dtype]
+        spec = gemm_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped)
+        self.kernel = get_kernel(spec, device)
+        self.prep = prep  # the template holds its tensors' addresses
+        self.m, self.n, self.out_dtype, self.device = m, prep.n, out_dtype, device
+        self.torch_device = torch.device("cuda", device)
+        self.smem = tuning.smem_bytes(prep.layout)
+        self.grid = (prep.n // 128, -(-m // tuning.bm), 1)
+        # TMA descriptor of x [M, K]: 64 x bm boxes (128 bytes wide), 128-byte swizzle, zero fill
+        self.x_map = tensor_map(x_dtype, m, prep.k, x_stride, 64, tuning.bm) if m else None
+        self.template = bytes(
+            _Params(
+                (ctypes.c_uint8 * 128)(),
+                prep.qweight.data_ptr(),
+                prep.scales.data_ptr(),
+                prep.zeros.data_ptr() if prep.zeros is not None else None,
+                None,
+                None,
+                None,
+                m,
+                prep.n,
+                prep.k,
+                prep.n,
+                prep.groups,
+                prep.chunks_per_group,
+                block_m,
+                None,
+                0,
+            )
+        )
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None = None,
+        expert_ids: torch.Tensor | None = None,
+        x_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x @ W^T * x_scale + bias`` into ``out`` (``[m, N]`` of the output dtype, unit column stride) or a
+        new tensor; ``expert_ids``: the grouped kernel's segment experts."""
+        m, n = self.m, self.n
+        if out is None:
+            out = torch.empty((m, n), dtype=self.out_dtype, device=self.torch_device)
+        elif tuple(out.shape) != (m, n) or out.dtype != self.out_dtype or out.stride(1) != 1:
+            raise ValueError(f"out: expected a [{m}, {n}] {self.out_dtype} tensor with unit column stride")
+        if m == 0:
+            return out
+        params = _Params.from_buffer_copy(self.template)
+        ctypes.memmove(ctypes.addressof(params) + _Params.x_map.offset, self.x_map.encode(x.data_ptr()), 128)
+        params.out, params.out_stride = out.data_ptr(), out.stride(0)
+        if bias is not None:
+            params.bias = bias.data_ptr()
+        if expert_ids is not None:
+            params.expert_ids = expert_ids.data_ptr()
+        if x_scale is not None:
+            params.x_scale, params.x_scale_stride = x_scale_args(x_scale, m)
+        self.kernel.launch(self.grid, self.smem, params, current_stream(self.device))
         return out
-    params = _Params(
-        (ctypes.c_uint8 * 128).from_buffer_copy(_x_tensor_map(x, tuning.bm)),
-        prep.qweight.data_ptr(),
-        prep.scales.data_ptr(),
-        prep.zeros.data_ptr() if prep.zeros is not None else None,
-        bias.data_ptr() if bias is not None else None,
-        out.data_ptr(),
-        expert_ids.data_ptr() if grouped else None,
-        m,
-        prep.n,
-        k,
-        out.stride(0),
-        prep.groups,
-        prep.chunks_per_group,
-        block_m,
-        *x_scale_args(x_scale, m),
-    )
-    grid = (prep.n // 128, -(-m // tuning.bm), 1)
-    kernel.launch(grid, tuning.smem_bytes(prep.layout), params, torch.cuda.current_stream(device).cuda_stream)
-    return out

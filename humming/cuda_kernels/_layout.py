@@ -38,7 +38,9 @@ __all__ = [
     "E2M1_BITS",
     "PreparedWeight",
     "WeightLayout",
+    "aligned_rows",
     "prepare_weight",
+    "rows_aligned",
     "tile_group",
     "weight_unsupported",
     "x_scale_args",
@@ -94,6 +96,18 @@ def x_scale_args(x_scale: torch.Tensor | None, m: int) -> tuple[int | None, int]
             f"{tuple(x_scale.shape)}"
         )
     return x_scale.data_ptr(), 1 if x_scale.numel() == m and m > 1 else 0
+
+
+def rows_aligned(x: torch.Tensor) -> bool:
+    """Whether ``x [M, K]`` (16-bit) is as the kernels read activations: unit column stride, rows a multiple
+    of 16 bytes apart from a 16-byte aligned start."""
+    return x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+
+
+def aligned_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a contiguous copy when :func:`rows_aligned` is false (``contiguous()`` would keep a
+    misaligned start)."""
+    return x if rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
 
 
 def tile_group(n: int) -> int:

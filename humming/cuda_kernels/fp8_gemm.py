@@ -42,7 +42,7 @@ import torch
 
 from ..device import DeviceLimits, device_index
 from ._decode import device_limits
-from ._fp8_launch import FP8_CCS, _launch, call_spec, fp8_spec
+from ._fp8_launch import FP8_CCS, Fp8Launch, _launch, call_spec, fp8_spec
 from ._fp8_layout import (
     GROUPED_W_FORMATS,
     SCALE_MODES,
@@ -72,6 +72,7 @@ __all__ = [
     "SCALE_MODES",
     "W_FORMATS",
     "DeviceLimits",
+    "Fp8Launch",
     "Fp8Tuning",
     "PreparedFp8",
     "call_spec",

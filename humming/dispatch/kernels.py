@@ -25,13 +25,20 @@ BACKENDS = {
 }
 
 
+_imported: dict = {}  # backend name -> module, once imported (every kernel call asks)
+
+
 def backend_module(name: str):
+    module = _imported.get(name)
+    if module is not None:
+        return module
     if name not in BACKENDS:
         raise ValueError(f"backend: expected one of {['auto', *BACKENDS]}, got {name!r}")
     try:
-        return importlib.import_module(BACKENDS[name])
+        module = _imported[name] = importlib.import_module(BACKENDS[name])
     except ImportError as err:  # the backend's own optional dependencies are missing
         raise RuntimeError(f"backend {name!r} cannot be imported: {err}") from err
+    return module
 
 
 def backend_unavailable(name: str) -> str | None:

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from .._env import getenv
+from ..deterministic import is_deterministic
 from .kernels import BACKENDS, DENSE_KERNELS, GROUPED_KERNELS, Kernel, backend_module
 
 __all__ = [
@@ -172,16 +174,10 @@ _warned: set = set()
 
 def _requested(backend: str) -> str:
     if backend == "auto":
-        backend = os.environ.get("HUMMING_BACKEND", "auto") or "auto"
+        backend = getenv("HUMMING_BACKEND", "auto") or "auto"
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {['auto', *BACKENDS]}, got {backend!r}")
     return backend
-
-
-def _deterministic() -> bool:
-    from ..deterministic import is_deterministic
-
-    return is_deterministic()
 
 
 def plan_linear(qweight, act, x, backend: str = "auto") -> Plan:
@@ -189,7 +185,10 @@ def plan_linear(qweight, act, x, backend: str = "auto") -> Plan:
     ``[M, K]`` (a QuantizedActivation's codes for pre-quantized input). Raises ``ValueError`` when the
     requested backend cannot run the call (naming why each of its kernels cannot)."""
     requested = _requested(backend)
-    return _cached(qweight, _call_key(act, x, requested, None), lambda: _decide(qweight, act, x, requested, None))
+    key = _call_key(act, x, requested, None)
+    plans = _plans.get(qweight)
+    plan = None if plans is None else plans.get(key)
+    return plan if plan is not None else _cached(qweight, key, lambda: _decide(qweight, act, x, requested, None))
 
 
 def plan_grouped(qweight, act, x, block_m: int, backend: str = "auto") -> Plan:
@@ -202,7 +201,7 @@ def _call_key(act, x, requested: str, block_m: int | None) -> tuple:
     """What a plan depends on besides the weight (``block_m`` None: a dense call)."""
     aligned = x.dim() == 2 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
     kind = "dense" if block_m is None else "grouped"
-    return (kind, requested, act, x.dtype, x.device, x.shape[0], aligned, block_m, _deterministic())
+    return (kind, requested, act, x.dtype, x.device, x.shape[0], aligned, block_m, is_deterministic())
 
 
 def unwarmed_error(err: Exception, qweight, act, x, backend: str, block_m: int | None = None) -> RuntimeError:
@@ -277,7 +276,7 @@ def _decide(qweight, act, x, requested: str, block_m: int | None) -> Plan:
         requested=requested,
         on_cuda=on_cuda,
         grouped=grouped,
-        deterministic=_deterministic(),
+        deterministic=is_deterministic(),
         table=_table_for(x.device) if on_cuda and not grouped else None,
     )
     if not order:
@@ -299,9 +298,9 @@ def _decide(qweight, act, x, requested: str, block_m: int | None) -> Plan:
 def _tuning(kernel: Kernel, qweight, act, x, grouped: bool):
     if grouped:
         return None
-    if _deterministic() and kernel.name == "triton.wna16":
+    if is_deterministic() and kernel.name == "triton.wna16":
         return importlib.import_module("humming.triton_kernels.wna16").deterministic_config(qweight, x)
-    if _deterministic() and kernel.name == "triton.scaled_mm":
+    if is_deterministic() and kernel.name == "triton.scaled_mm":
         return importlib.import_module("humming.triton_kernels.scaled_mm").deterministic_config(qweight, act, x)
     return kernel.tuning(qweight, act, x)
 

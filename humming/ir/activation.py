@@ -7,6 +7,7 @@ activation quantization are checked against :func:`quantize_activation`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,7 @@ class ActScheme:
     def element_format(self) -> NumberFormat:
         return get_format(self.format)
 
-    @property
+    @functools.cached_property  # read on every linear call; the instance is frozen
     def group_shape(self) -> tuple[int, int]:
         return {"token": (1, -1), "tensor": (-1, -1)}.get(self.group) or parse_group_size(self.group)
 

@@ -20,8 +20,9 @@ import triton.language as tl
 
 from ..ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
 from . import registry
+from ._launch import CompiledLaunches
 
-__all__ = ["quantize_activation", "quantize_activation_values", "supports"]
+__all__ = ["quantize_activation", "quantize_activation_values", "quantize_pass", "supports"]
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -146,6 +147,7 @@ def _act_quant_kernel(
     stride_xm,
     stride_cm,
     stride_sm,
+    stride_sk,
     INT: tl.constexpr,
     BITS: tl.constexpr,
     MBITS: tl.constexpr,
@@ -159,7 +161,8 @@ def _act_quant_kernel(
     BLOCK_K: tl.constexpr,
     VALUES: tl.constexpr = False,  # store e4m3 values (16-bit floats) instead of codes
 ):
-    """Quantize x [M, K] -> codes uint8 [M, K] and scales. Grid: (cdiv(M, BLOCK_M), spans along K)."""
+    """Quantize x [M, K] -> codes uint8 [M, K] and scales (span j of row r at r * stride_sm + j * stride_sk).
+    Grid: (cdiv(M, BLOCK_M), spans along K)."""
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -221,12 +224,13 @@ def _act_quant_kernel(
         s_col = pid_k
         if SCALE == "e8m0":  # 255: the e8m0 NaN
             e8m0_code = tl.where(non_finite, 255, e8m0_exp + 127)
-            tl.store(scales_ptr + rows64 * stride_sm + s_col, e8m0_code.to(tl.uint8), mask=row_mask)
+            tl.store(scales_ptr + rows64 * stride_sm + s_col * stride_sk, e8m0_code.to(tl.uint8), mask=row_mask)
         elif SCALE == "e4m3g":  # 0x7F: an e4m3 NaN
             e4m3_code = tl.where(non_finite, 0x7F, s_code)
-            tl.store(scales_ptr + rows64 * stride_sm + s_col, e4m3_code.to(tl.uint8), mask=row_mask)
+            tl.store(scales_ptr + rows64 * stride_sm + s_col * stride_sk, e4m3_code.to(tl.uint8), mask=row_mask)
         else:
-            tl.store(scales_ptr + rows64 * stride_sm + s_col, tl.where(non_finite, float("nan"), s), mask=row_mask)
+            scale = tl.where(non_finite, float("nan"), s)
+            tl.store(scales_ptr + rows64 * stride_sm + s_col * stride_sk, scale, mask=row_mask)
     elif SOURCE == "tensor":
         tl.store(scales_ptr, tl.max(s, axis=0), mask=(pid_m == 0) & (pid_k == 0))
 
@@ -281,7 +285,7 @@ def quantize_activation(
     :func:`humming.quantize_activation` (same codes, scales and global scale). A static per-tensor
     ``scale`` replaces the dynamic one."""
     scheme = get_act_scheme(act)
-    codes, scales, gscale = _quantize(x, scheme, scale, None)
+    codes, scales, gscale = _quantize(x, scheme, scale, None, 0)
     if _scale_kind(scheme) != "fp32":
         scales = scales.view(scheme.scale_dtype)
     return QuantizedActivation(scheme, codes, scales, gscale)
@@ -292,84 +296,147 @@ def quantize_activation_values(x: torch.Tensor, act: str | ActScheme) -> tuple[t
     stored as the e4m3 values they stand for in ``x``'s 16-bit dtype (bfloat16 for float32 ``x``), where
     every e4m3 value is exact. For kernels that multiply them on 16-bit tensor cores (the CUDA backend's
     fp8-activation route through its WnA16 kernels); ``values * scales`` is the dequantized activation."""
-    scheme = get_act_scheme(act)
-    if scheme.element_format.name != "e4m3" or _scale_kind(scheme) != "fp32":
-        raise ValueError(f"act: values are produced for e4m3 schemes with float32 scales, not {scheme.name}")
-    values_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
-    values, scales, _ = _quantize(x, scheme, None, values_dtype)
+    values, scales, _ = quantize_pass(x, act, values=True)(x)
     return values, scales
 
 
-def _quantize(x, scheme: ActScheme, scale, values_dtype):
-    reason = supports(x, scheme)
-    if reason:
-        raise ValueError(reason)
-    fmt = scheme.element_format
-    m, k = x.shape
-    bn, bk = scheme.group_shape
-    kind = _scale_kind(scheme)
-    dev = x.device
-    codes = torch.empty(m, k, dtype=values_dtype or torch.uint8, device=dev)
-    if scale is not None:
-        if kind != "fp32":
+def quantize_pass(x: torch.Tensor, act: str | ActScheme, *, values: bool = False, scales_rows: int = 0):
+    """A callable ``x -> (codes, scales, global_scale)``, :func:`quantize_activation`'s buffers (scales as
+    stored: float32, or the uint8 bytes of 8-bit scales) without the :class:`QuantizedActivation`, for
+    calls with x of ``x``'s dtype, shape and strides; everything but the launch is worked out (and checked)
+    here, once, so that kernels that quantize on every call pay for the launch only.
+
+    ``values``: the codes as :func:`quantize_activation_values` stores them. ``scales_rows`` (per-token or
+    per-group float32 scales): the scales transposed into ``[spans along K, scales_rows]``, row-major,
+    ``scales_rows >= M`` (columns ``M`` onwards are left unwritten), the layout of the CUDA FP8 GEMM's 1x128
+    activation scales."""
+    scheme = get_act_scheme(act)
+    values_dtype = None
+    if values:
+        if scheme.element_format.name != "e4m3" or _scale_kind(scheme) != "fp32":
+            raise ValueError(f"act: values are produced for e4m3 schemes with float32 scales, not {scheme.name}")
+        values_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    return _pass(x, scheme, False, values_dtype, scales_rows)
+
+
+#: The passes made ready, by what decides them (bounded: serving sees many M).
+_passes: dict = {}
+_MAX_PASSES = 4096
+
+
+def _quantize(x, scheme: ActScheme, scale, values_dtype, scales_rows: int):
+    return _pass(x, scheme, scale is not None, values_dtype, scales_rows)(x, scale)
+
+
+def _pass(x, scheme: ActScheme, static: bool, values_dtype, scales_rows: int) -> _Pass:
+    key = (x.dtype, x.shape, x.stride(), scheme, static, values_dtype, scales_rows)
+    quant = _passes.get(key)
+    if quant is None:
+        quant = _Pass(x, scheme, static, values_dtype, scales_rows)
+        if len(_passes) >= _MAX_PASSES:
+            _passes.clear()
+        _passes[key] = quant
+    return quant
+
+
+class _Pass:
+    """How one kind of call is quantized: x's dtype, shape and strides, the scheme, a static scale or not, the
+    codes' dtype (uint8, or 16-bit e4m3 values) and the scales' layout decide the buffers, the tiles, the
+    grids and the constexprs, worked out (and checked) once; a call allocates and launches (the absmax pass
+    first for tensor-wide scales), through :class:`~._launch.CompiledLaunches`."""
+
+    def __init__(self, x: torch.Tensor, scheme: ActScheme, static: bool, values_dtype, scales_rows: int) -> None:
+        reason = supports(x, scheme)
+        if reason:
+            raise ValueError(reason)
+        fmt = scheme.element_format
+        m, k = x.shape
+        bn, bk = scheme.group_shape
+        kind = _scale_kind(scheme)
+        if m == 0 or k == 0:
+            raise ValueError(f"x: expected a non-empty [M, K], got {tuple(x.shape)}")
+        if static and kind != "fp32":
             raise ValueError(f"scale: a static scale needs a float32-scale scheme, got {scheme.name}")
-        scales = scale.to(device=dev, dtype=torch.float32).reshape(1, 1).contiguous()
-        source, group_k, n_spans = "static", 0, 1
-    elif bn == -1:
-        scales = torch.empty(1, 1, dtype=torch.float32, device=dev)
-        source, group_k, n_spans = "tensor", 0, 1
-    else:
-        group_k = 0 if bk == -1 else bk
-        n_spans = 1 if bk == -1 else triton.cdiv(k, bk)
-        store_dtype = torch.float32 if kind == "fp32" else torch.uint8
-        scales = torch.empty(m, n_spans, dtype=store_dtype, device=dev)
-        source = "local"
-    gscale = torch.empty((), dtype=torch.float32, device=dev) if kind == "e4m3g" else None
-    if m == 0 or k == 0:
-        raise ValueError(f"x: expected a non-empty [M, K], got {tuple(x.shape)}")
+        if static:
+            source, group_k, n_spans = "static", 0, 1
+        elif bn == -1:
+            source, group_k, n_spans = "tensor", 0, 1
+        else:
+            source, group_k, n_spans = "local", 0 if bk == -1 else bk, 1 if bk == -1 else triton.cdiv(k, bk)
+        self.m, self.k = m, k
+        self.codes_dtype = values_dtype or torch.uint8
+        self.static = static
+        self.scales_shape, self.scale_strides = (1, 1), (1, 1)
+        self.scales_dtype = torch.float32 if kind == "fp32" else torch.uint8
+        if source == "local" and scales_rows:
+            if kind != "fp32" or scales_rows < m:
+                raise ValueError(f"scales_rows: expected >= M={m} rows of float32 scales, got {scales_rows} ({kind})")
+            self.scales_shape, self.scale_strides = (n_spans, scales_rows), (1, scales_rows)
+        elif source == "local":
+            self.scales_shape, self.scale_strides = (m, n_spans), (n_spans, 1)
+        self.global_scale = kind == "e4m3g"
+        self.absmax = source == "tensor" or kind == "e4m3g"  # the tensor-wide absmax pass first
+        self.absmax_grid = (triton.cdiv(m, 32), triton.cdiv(k, 128), 1)
 
-    amax = codes  # read only by the tensor-wide schemes, which zero it first (no memset per call otherwise)
-    if source == "tensor" or kind == "e4m3g":
-        amax = torch.zeros(1, dtype=torch.int32, device=dev)
-        grid = (triton.cdiv(m, 32), triton.cdiv(k, 128))
-        _absmax_kernel[grid](x, amax, m, k, x.stride(0), BLOCK_M=32, BLOCK_K=128)
+        num_warps = 4
+        if group_k:
+            block_k = group_k
+            block_m = max(1, min(triton.next_power_of_2(m), 4096 // block_k, 64))
+        elif source == "local":  # per-token: four rows per program, or for fewer rows one row in one pass
+            block_k, block_m, num_warps = per_token_tile(m, k)
+        else:
+            block_k = min(triton.next_power_of_2(k), 256)
+            block_m = max(1, min(triton.next_power_of_2(m), 16))
+        self.num_warps = num_warps
+        self.grid = (triton.cdiv(m, block_m), n_spans if source == "local" else triton.cdiv(k, block_k), 1)
+        self.constexprs = (
+            fmt.is_int,  # INT
+            fmt.bits,  # BITS
+            fmt.mantissa_bits,  # MBITS
+            fmt.bias,  # BIAS
+            fmt.max_value,  # MAXV
+            math.floor(math.log2(fmt.max_value)),  # EMAX_ELEM
+            "fp32" if source == "static" else kind,  # SCALE
+            source,  # SOURCE
+            group_k,  # GROUP_K
+            block_m,  # BLOCK_M
+            block_k,  # BLOCK_K
+            values_dtype is not None,  # VALUES
+        )
+        self.kernel = CompiledLaunches(_act_quant_kernel)
+        self.absmax_kernel = CompiledLaunches(_absmax_kernel)
 
-    num_warps = 4
-    if group_k:
-        block_k = group_k
-        block_m = max(1, min(triton.next_power_of_2(m), 4096 // block_k, 64))
-    elif source == "local":  # per-token: four rows per program, or for fewer rows one row in one pass
-        block_k, block_m, num_warps = per_token_tile(m, k)
-    else:
-        block_k = min(triton.next_power_of_2(k), 256)
-        block_m = max(1, min(triton.next_power_of_2(m), 16))
-    grid_k = n_spans if source == "local" else triton.cdiv(k, block_k)
-    _act_quant_kernel[(triton.cdiv(m, block_m), grid_k)](
-        x,
-        codes,
-        scales,
-        amax,
-        gscale if gscale is not None else amax,
-        m,
-        k,
-        x.stride(0),
-        codes.stride(0),
-        scales.stride(0),
-        INT=fmt.is_int,
-        BITS=fmt.bits,
-        MBITS=fmt.mantissa_bits,
-        BIAS=fmt.bias,
-        MAXV=fmt.max_value,
-        EMAX_ELEM=math.floor(math.log2(fmt.max_value)),
-        SCALE="fp32" if source == "static" else kind,
-        SOURCE=source,
-        GROUP_K=group_k,
-        BLOCK_M=block_m,
-        BLOCK_K=block_k,
-        VALUES=values_dtype is not None,
-        num_warps=num_warps,
-    )
-    return codes, scales, gscale
+    def __call__(self, x: torch.Tensor, scale: torch.Tensor | None = None):
+        m, k, dev = self.m, self.k, x.device
+        codes = torch.empty((m, k), dtype=self.codes_dtype, device=dev)
+        if self.static:
+            scales = scale.to(device=dev, dtype=torch.float32).reshape(1, 1).contiguous()
+        else:
+            scales = torch.empty(self.scales_shape, dtype=self.scales_dtype, device=dev)
+        gscale = torch.empty((), dtype=torch.float32, device=dev) if self.global_scale else None
+        # Launch keys: the device and the alignment of the pointers that are not fresh allocations (those are
+        # 16-byte aligned); every other argument is decided by the pass.
+        index, x_align = dev.index, x.data_ptr() % 16
+        amax = codes  # read only by the tensor-wide schemes, which zero it first (no memset per call otherwise)
+        if self.absmax:
+            amax = torch.zeros(1, dtype=torch.int32, device=dev)
+            args = (x, amax, m, k, x.stride(0), 32, 128)
+            self.absmax_kernel.launch((index, x_align), self.absmax_grid, args, 4, index)
+        args = (
+            x,
+            codes,
+            scales,
+            amax,
+            gscale if gscale is not None else amax,
+            m,
+            k,
+            x.stride(0),
+            k,
+            *self.scale_strides,
+            *self.constexprs,
+        )
+        self.kernel.launch((index, x_align, scales.data_ptr() % 16), self.grid, args, self.num_warps, index)
+        return codes, scales, gscale
 
 
 def per_token_tile(m: int, k: int) -> tuple[int, int, int]:

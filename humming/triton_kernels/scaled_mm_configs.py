@@ -9,6 +9,8 @@ moves a promotion boundary.
 
 from __future__ import annotations
 
+import functools
+
 from .configs import TileConfig, fit_smem
 
 __all__ = ["ScaledMMConfig", "min_block_k", "scaled_mm_config", "smem_estimate"]
@@ -62,6 +64,7 @@ def smem_estimate(cfg: ScaledMMConfig, operand_bits: int, weight_bits: int, fold
     return (cfg.num_stages - 1) * per_stage + (bm + bn) * bk * operand_bits // 8
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function that every call asks (tens of microseconds of Python)
 def scaled_mm_config(
     m: int,
     n: int,

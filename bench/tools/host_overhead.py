@@ -1,0 +1,229 @@
+"""Host (CPU) time of one eager ``humming.linear`` call per weight format and activation scheme, on a CPU-only
+machine: the GPU is faked at the lowest level, and everything above it runs for real.
+
+Faked (see :func:`fake_gpu`):
+
+- tensors are CPU tensors that report ``cuda:0`` (``torch.Tensor.device``); allocations asked on a CUDA
+  device are made on the CPU;
+- device properties are an H200's (sm_90, 132 SMs), so the dispatcher's tables and heuristics apply;
+- ``torch.cuda`` stream, device and capture queries return stream 0 of device 0, not capturing;
+- the CUDA driver (module loading, ``cuTensorMapEncodeTiled``, ``cuFuncSetAttribute``, ``cuLaunchKernel``) and
+  NVRTC: nothing is compiled or launched, the launches are counted;
+- Triton: its driver (device 0, stream 0, target sm_90) and its compiler: a kernel "compiles" into a
+  ``CompiledKernel`` whose launcher only counts.
+
+The figures are microseconds of Python and torch dispatch on this CPU, not GPU times: on a GPU each real
+launch, stream query and caching-allocator allocation costs a little more. Each combination also reports
+the launches and the aten ops of one call (views left out: the allocations, and torch ops that launch GPU
+kernels of their own).
+
+Usage: ``python bench/tools/host_overhead.py [--n 28672] [--k 8192] [--iters 2000] [--profile COMBO]``
+(preparing the weights at full size takes a minute or two of CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # real Triton JIT functions, not the interpreter
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # its default; set, so that Triton does not warn
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+COUNTS: collections.Counter = collections.Counter()
+_CUDA0, _CPU = torch.device("cuda", 0), torch.device("cpu")
+
+
+class _Stream:
+    """What ``torch.cuda.current_stream`` returns, for stream 0."""
+
+    cuda_stream = 0
+
+    def __init__(self, device_index: int) -> None:
+        self.device_index = device_index
+
+
+def _on_cpu(fn):
+    """``fn`` (a torch factory) with a CUDA ``device=`` made on the CPU."""
+
+    def factory(*args, device=None, **kwargs):
+        if device is not None and str(device).startswith("cuda"):
+            device = _CPU
+        return fn(*args, device=device, **kwargs)
+
+    return factory
+
+
+def fake_gpu() -> None:
+    """Install the fakes of the module docstring (for the rest of the process)."""
+    import torch.cuda
+    from cuda.bindings import driver
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaLauncher
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime import driver as triton_driver
+    from triton.runtime.jit import JITFunction
+
+    from humming import device
+    from humming.cuda_kernels import _driver, jit
+
+    torch.Tensor.device = property(lambda self: _CUDA0)
+    for name in ("empty", "zeros", "ones", "full", "randn", "arange", "tensor", "empty_strided"):
+        setattr(torch, name, _on_cpu(getattr(torch, name)))
+    torch.cuda._initialized = True
+    torch.cuda.is_available = lambda: True
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.is_current_stream_capturing = lambda: False
+    torch._C._cuda_getCurrentRawStream = lambda index: 0
+
+    def current_stream(device=None):
+        torch.cuda._lazy_init()
+        return _Stream(torch.cuda._utils._get_device_index(device, optional=True))
+
+    torch.cuda.current_stream = current_stream
+
+    info = device.DeviceInfo(0, "fake H200", (9, 0), device.DeviceLimits(132, 232448, 233472), 60 << 20)
+    device._info = lambda index: info
+
+    def counted(name, result):
+        def call(*args):
+            COUNTS[name] += 1
+            return result() if callable(result) else result
+
+        return call
+
+    ok = driver.CUresult.CUDA_SUCCESS
+    driver.cuInit = counted("cuInit", (ok,))
+    driver.cuDeviceGet = counted("cuDeviceGet", (ok, driver.CUdevice(0)))
+    driver.cuDevicePrimaryCtxRetain = counted("cuDevicePrimaryCtxRetain", (ok, driver.CUcontext()))
+    driver.cuCtxSetCurrent = counted("cuCtxSetCurrent", (ok,))
+    driver.cuModuleLoadData = counted("cuModuleLoadData", (ok, driver.CUmodule()))
+    driver.cuModuleGetFunction = counted("cuModuleGetFunction", (ok, driver.CUfunction()))
+    driver.cuFuncSetAttribute = counted("cuFuncSetAttribute", (ok,))
+    driver.cuLaunchKernel = counted("cuda launch", (ok,))
+    driver.cuTensorMapEncodeTiled = counted("cuTensorMapEncodeTiled", lambda: (ok, driver.CUtensorMap()))
+    _driver.compile_kernel = lambda spec, arch: jit.CompiledKernel(spec, arch, "", b"", "", "fake", 0.0)
+
+    class FakeTritonDriver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    triton_driver.set_active(FakeTritonDriver())
+
+    def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
+        launcher = object.__new__(CudaLauncher)  # its Python runs, its C launch only counts
+        launcher.launch = counted("triton launch", None)
+        launcher.gsan_enabled = launcher.launch_cooperative_grid = launcher.launch_pdl = False
+        launcher.num_ctas, launcher.arg_annotations, launcher.kernel_signature = 1, None, None
+        launcher.global_scratch_size = launcher.profile_scratch_size = 0
+        launcher.global_scratch_align = launcher.profile_scratch_align = 1
+        kernel = object.__new__(CompiledKernel)
+        kernel.module, kernel._module_pid = object(), None  # "loaded"; never unloaded
+        kernel.function, kernel.packed_metadata, kernel.name, kernel.src = 0, (), self.fn.__name__, None
+        kernel._run = launcher
+        self.device_caches[device][0][key] = kernel
+        return kernel
+
+    JITFunction._do_compile = compile_stub
+
+
+# ------------------------------------------------------------------------------------------- the layers
+def _weights(n: int, k: int) -> dict:
+    """The weights of each combination, random codes with plausible scales (the values never matter)."""
+    from humming.ir.weight import QuantizedWeight
+
+    words = lambda bits: torch.randint(-(2**31), 2**31 - 1, (n, k * bits // 32), dtype=torch.int32)
+    scales = lambda rows, cols, dtype=torch.float32: (torch.rand(rows, cols) + 0.5).to(dtype)
+    e8m0 = torch.full((n, k // 32), 120, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    int4 = QuantizedWeight((n, k), "int4", words(4), scales(n, k // 128, torch.bfloat16), (1, 128))
+    mxfp4 = QuantizedWeight((n, k), "e2m1", words(4), e8m0, (1, 32))
+    fp8_channel = QuantizedWeight((n, k), "e4m3", words(8), scales(n, 1), (1, -1))
+    fp8_block = QuantizedWeight((n, k), "e4m3", words(8), scales(n // 128, k // 128), (128, 128))
+    return {
+        "W4A16 int4 g128": (int4, None),
+        "MXFP4 x bf16": (mxfp4, None),
+        "W8A8 fp8 channel, act fp8": (fp8_channel, "fp8"),
+        "W8A8 fp8 block, act fp8_g128": (fp8_block, "fp8_g128"),
+        "W4A8 int4 x fp8": (int4, "fp8"),
+        "MXFP4 x fp8": (mxfp4, "fp8"),
+    }
+
+
+class _CountOps(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.__name__ not in ("detach.default", "alias.default"):
+            COUNTS[f"aten {func.__name__}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def measure(fn, iters: int) -> float:
+    """The mean host microseconds of ``fn()`` in the fastest of 7 rounds (other processes only add time)."""
+    rounds = []
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        rounds.append((time.perf_counter() - start) / iters * 1e6)
+    return min(rounds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=28672)
+    parser.add_argument("--k", type=int, default=8192)
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--profile", metavar="COMBO", help="cProfile this combination (a substring of its name)")
+    args = parser.parse_args()
+
+    import humming
+    from humming import cuda_kernels
+    from humming.dispatch.plan import plan_linear
+    from humming.ir.activation import get_act_scheme
+
+    combos = _weights(args.n, args.k)
+    for qw, act in combos.values():  # the layouts each kernel reads, made once on the CPU before faking
+        cuda_kernels.prepare(qw, act)
+    fake_gpu()
+
+    print(f"N={args.n} K={args.k}: host us per eager humming.linear call (CPU-side, GPU faked)")
+    print(f"{'combination':32} {'M':>3} {'backend':>7} {'us':>7}  kernel            launches  aten ops")
+    for name, (qw, act) in combos.items():
+        scheme = None if act is None else get_act_scheme(act)
+        for m in (1, 16):
+            x = torch.randn(m, args.k, dtype=torch.bfloat16)
+            # the dispatcher's choice, and the CUDA backend's where that choice is a Triton kernel
+            backends = ["auto"] + (["cuda"] if plan_linear(qw, scheme, x).backend != "cuda" else [])
+            for backend in backends:
+                call = lambda: humming.linear(x, qw, act=act, backend=backend)  # noqa: B023 (called in this loop)
+                call()  # plan, prepare, "compile"
+                COUNTS.clear()
+                with _CountOps():
+                    call()
+                launches = COUNTS["cuda launch"] + COUNTS["triton launch"]
+                ops = sum(v for key, v in COUNTS.items() if key.startswith("aten "))
+                kernel = plan_linear(qw, scheme, x, backend).kernel
+                us = measure(call, args.iters)
+                print(f"{name:32} {m:>3} {backend:>7} {us:7.1f}  {kernel:17} {launches:>8}  {ops:>8}")
+                if args.profile and args.profile in name and m == 16:
+                    profile = cProfile.Profile()
+                    profile.runcall(lambda: [call() for _ in range(args.iters)])  # noqa: B023
+                    pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The host side of an eager call (humming.linear's cost on the CPU, issue #13): what is made once per weight
+and call shape and then only read: environment reads, Triton's compiled kernels kept per launch key, TMA
+descriptor encoders, the CUDA launchers; the CPU harness of bench/tools/host_overhead.py; and on the GPU,
+repeated calls with fresh activations on every route, then a CUDA graph captured after them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from triton.compiler import CompiledKernel
+
+import humming
+from humming._env import getenv
+from humming.triton_kernels._launch import CompiledLaunches
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_getenv_sees_changes_at_once(monkeypatch):
+    monkeypatch.delenv("HUMMING_TEST_VARIABLE", raising=False)
+    assert getenv("HUMMING_TEST_VARIABLE") is None and getenv("HUMMING_TEST_VARIABLE", "auto") == "auto"
+    monkeypatch.setenv("HUMMING_TEST_VARIABLE", "triton")
+    assert getenv("HUMMING_TEST_VARIABLE", "auto") == "triton"
+    monkeypatch.setenv("HUMMING_TEST_VARIABLE", "")
+    assert getenv("HUMMING_TEST_VARIABLE", "auto") == ""
+
+
+class _Compiled(CompiledKernel):
+    """A compiled kernel whose launches are recorded."""
+
+    def __init__(self) -> None:
+        self.module, self.launches = None, []
+
+    def __getitem__(self, grid):
+        return lambda *args, stream: self.launches.append((grid, args, stream))
+
+
+class _JitFunction:
+    """A JIT function: ``fn[grid](*args, num_warps=...)`` "compiles" one kernel per call and launches it."""
+
+    def __init__(self) -> None:
+        self.runs = []
+
+    def __getitem__(self, grid):
+        def run(*args, num_warps):
+            self.runs.append((grid, args, num_warps))
+            return _Compiled()
+
+        return run
+
+
+def test_compiled_launches_go_to_the_kept_kernel(monkeypatch):
+    """The first launch of a key goes through the JIT function; later ones to the kernel it returned, on the
+    device's current stream; another key is another first launch."""
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    fn = _JitFunction()
+    launches = CompiledLaunches(fn)
+    launches.launch(("a",), (1, 2, 1), ("x", 1), 4, 0)
+    launches.launch(("a",), (3, 1, 1), ("y", 2), 4, 0)
+    launches.launch(("b",), (1, 1, 1), ("z", 3), 8, 1)
+    launches.launch(("b",), (1, 1, 1), ("w", 4), 8, 1)
+    assert [run[1] for run in fn.runs] == [("x", 1), ("z", 3)]
+    assert launches.compiled[("a",)].launches == [((3, 1, 1), ("y", 2), 1000)]
+    assert launches.compiled[("b",)].launches == [((1, 1, 1), ("w", 4), 1001)]
+
+
+def test_compiled_launches_keep_nothing_under_the_interpreter():
+    """An interpreted function returns no compiled kernel: every launch goes through it."""
+
+    class Interpreted:
+        calls = 0
+
+        def __getitem__(self, grid):
+            def run(*args, num_warps):
+                Interpreted.calls += 1
+
+            return run
+
+    launches = CompiledLaunches(Interpreted())
+    for _ in range(3):
+        launches.launch(("a",), (1, 1, 1), (), 4, 0)
+    assert Interpreted.calls == 3 and not launches.compiled
+
+
+def test_tensor_map_encoder_keeps_recent_descriptors(monkeypatch):
+    """One encoder per geometry; the driver is asked once per address (what it is asked: the old
+    tensor_map_2d's dims, strides and box), later calls of that address read the kept descriptor."""
+    driver = pytest.importorskip("cuda.bindings.driver")
+    from humming.cuda_kernels import _driver
+
+    asked = []
+
+    def encode(dtype, rank, address, dims, strides, box, elem, *rest):
+        asked.append((address, [int(d) for d in dims], [int(s) for s in strides], [int(b) for b in box]))
+        tmap = driver.CUtensorMap()
+        tmap.opaque = [address] + [0] * 15
+        return driver.CUresult.CUDA_SUCCESS, tmap
+
+    monkeypatch.setattr(driver, "cuTensorMapEncodeTiled", encode)
+    _driver.tensor_map.cache_clear()
+    encoder = _driver.tensor_map(torch.bfloat16, 40, 4096, 4104, 64, 128)
+    assert _driver.tensor_map(torch.bfloat16, 40, 4096, 4104, 64, 128) is encoder
+    first = encoder.encode(1 << 20)
+    assert encoder.encode(1 << 20) == first and int.from_bytes(first[:8], "little") == 1 << 20
+    encoder.encode(2 << 20)
+    assert asked == [(1 << 20, [4096, 40], [8208], [64, 128]), (2 << 20, [4096, 40], [8208], [64, 128])]
+    with pytest.raises(ValueError, match="box_inner"):
+        _driver.tensor_map(torch.uint8, 40, 4096, 4096, 64, 128)
+    _driver.tensor_map.cache_clear()
+
+
+def test_host_overhead_harness_runs():
+    """bench/tools/host_overhead.py at a small shape: a row per combination, M and backend, each with its
+    kernel and its launches (one CUDA / Triton launch, two with an activation pass)."""
+    pytest.importorskip("cuda.bindings.driver")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench/tools/host_overhead.py"), "--n", "256", "--k", "512", "--iters", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line.split() for line in run.stdout.splitlines() if line[:1].isalpha() and line.split()[-1].isdigit()]
+    assert len(rows) >= 12 and {row[0] for row in rows} == {"W4A16", "MXFP4", "W8A8", "W4A8"}, run.stdout
+    for row in rows:
+        assert int(row[-2]) == (1 if "act" not in row and "fp8" not in row else 2), row
+
+
+WEIGHTS = {
+    "int4-g128": dict(weight="int4", group_size=128),
+    "mxfp4": dict(weight="mxfp4"),
+    "e4m3-channel": dict(weight="e4m3", group_size=-1),
+    "e4m3-block": dict(weight="e4m3", group_size=(128, 128)),
+}
+ROUTES = [
+    ("int4-g128", None, "cuda"),
+    ("mxfp4", None, "cuda"),
+    ("int4-g128", "fp8", "cuda"),
+    ("int4-g128", "fp8_tensor", "cuda"),
+    ("mxfp4", "fp8", "cuda"),
+    ("e4m3-channel", "fp8", "cuda"),
+    ("e4m3-channel", "fp8_tensor", "cuda"),
+    ("e4m3-block", "fp8_g128", "cuda"),
+    ("e4m3-channel", "fp8", "auto"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weight,act,backend", ROUTES, ids=lambda v: str(v))
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+def test_repeated_calls_then_a_captured_graph(weight, act, backend, m, seed):
+    """Each route's launcher (made on the first call, then only read) on fresh activations, biases and
+    output dtypes call after call, against the reference; then a CUDA graph captured after those eager calls
+    replays on new inputs (the launchers, the kept Triton kernels and TMA descriptors hold no call's tensor)."""
+    n, k = 512, 1024
+    qw = humming.quantize(torch.randn(n, k, device="cuda") * 0.05, **WEIGHTS[weight])
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    for b, out_dtype in [(None, None), (bias, None), (None, torch.float32), (bias, None), (None, None)]:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = humming.linear(x, qw, b, act=act, out_dtype=out_dtype, backend=backend)
+        ref = humming.linear(x, qw, b, act=act, out_dtype=out_dtype, backend="reference")
+        assert out.dtype == ref.dtype
+        assert (out.float() - ref.float()).norm() <= 1e-2 * ref.float().norm(), (weight, act, m, seed)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    humming.linear(x, qw, bias, act=act, backend=backend)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = humming.linear(x, qw, bias, act=act, backend=backend)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = humming.linear(x, qw, bias, act=act, backend="reference")
+        assert (out.float() - ref.float()).norm() <= 1e-2 * ref.float().norm(), (weight, act, m, seed)
