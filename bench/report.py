@@ -109,6 +109,39 @@ def _ratios(m: int, systems: list[str], by: dict, auto: float | None) -> list[st
     ]
 
 
+def _summary(rows: list[dict]) -> list[str]:
+    """The headline ratios over every point: ``humming`` (the dispatcher) over the best single route, over
+    humming-kernels, and ``humming-compiled`` over ``humming``."""
+    by = {(r["case"], _shape(r), r["dtype"], r["m"], r["system"]): r.get("graph_us") for r in rows}
+    points = {key[:4] for key in by}
+    auto_best, vs_peer, compiled = [], [], []
+    for point in sorted(points):
+        auto = by.get((*point, "humming"))
+        if auto is None:
+            continue
+        routes = [t for (*p, s), t in by.items() if tuple(p) == point and s.startswith("humming:") and t]
+        if routes:
+            auto_best.append((auto / min(routes), point))
+        if by.get((*point, "humming-kernels")):
+            vs_peer.append((auto / by[(*point, "humming-kernels")], point))
+        if by.get((*point, COMPILED)):
+            compiled.append((by[(*point, COMPILED)] / auto, point))
+
+    def line(label: str, ratios: list, bound: float) -> str:
+        if not ratios:
+            return f"- {label}: no points"
+        worst = max(ratios)
+        within = sum(r <= bound for r, _ in ratios)
+        where = " ".join(str(v) for v in worst[1])
+        return f"- {label}: {within} of {len(ratios)} points at most {bound}; worst {worst[0]:.3f} ({where})"
+
+    return [
+        line("humming / best single route (CUDA-graph time)", auto_best, 1.03),
+        line("humming / humming-kernels", vs_peer, 0.95),
+        line("humming-compiled / humming", compiled, 1.02),
+    ]
+
+
 def readme(docs: dict[str, dict], folder: Path, plots: list[str]) -> str:
     title = next((d["header"]["device"]["name"] for d in docs.values()), folder.name)
     out = [f"# Benchmarks: {title}", ""]
@@ -132,6 +165,8 @@ def readme(docs: dict[str, dict], folder: Path, plots: list[str]) -> str:
             out += [f"- {h['not_measured']} points not measured (time budget {h['budget_s']} s)"]
         out += [f"- skipped {name}: {reason}" for name, reason in h["skipped"].items()]
         out += [f"- ![{p}]({p})" for p in plots if p.startswith(op + "_")]
+        if key == "graph_us":
+            out += _summary(rows)
         unit = "CUDA-graph us per call" if key == "graph_us" else "relative error vs the float32 product"
         for (case, shape, dtype), group in _groups(rows).items():
             out += ["", f"### {case}, {shape}, {dtype} ({unit})", "", *_table(group, key)]

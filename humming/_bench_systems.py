@@ -206,6 +206,9 @@ def _humming_compiled(group: Group, inp: Inputs) -> Prepared:
     qws = group.qweights()
 
     def build():
+        # One lambda's code serves every group: forget the previous groups' graphs (measured already), or
+        # dynamo's recompile limit for that code is reached after a few groups.
+        torch._dynamo.reset()
         return torch.compile(lambda x: [humming.linear(x, qw, act=group.act) for qw in qws], fullgraph=True)
 
     compiled = group.cached("compiled", build)

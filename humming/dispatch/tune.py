@@ -130,6 +130,27 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def merge_bench_timings(table: dict, bench: dict) -> list[dict]:
+    """``table``'s timings with the ``humming:<kernel>`` rows of a ``humming bench linear`` sweep (the
+    same measurement: each kernel with the tuning it would run) in place of those of the same weight, act,
+    shape, M and kernel. The sweep must come from the table's device."""
+    header = bench["header"]
+    if header["op"] != "linear" or header["device"]["name"] != table["device"]:
+        raise ValueError(
+            f"--add-bench: expected a linear sweep of {table['device']}, got op {header['op']!r} on "
+            f"{header['device']['name']}"
+        )
+    fields = ("case", "weight", "act", "n", "k", "m", "kernel", "graph_us", "eager_us")
+    added = {}
+    for row in bench["rows"]:
+        if row["system"].startswith("humming:") and "graph_us" in row:
+            key = (row["weight"], row["act"], row["n"], row["k"], row["m"], row["kernel"])
+            if key not in added or row["graph_us"] < added[key]["graph_us"]:  # bf16 and fp16 rows: the faster
+                added[key] = {f: row[f] for f in fields} | {"source": "bench"}
+    kept = [r for r in table["timings"] if (r["weight"], r["act"], r["n"], r["k"], r["m"], r["kernel"]) not in added]
+    return kept + list(added.values())
+
+
 def _entries(timings: list[dict]) -> list[dict]:
     """Per (weight, act, shape, M): the kernels ordered by measured time, with each one's time over the
     fastest (``slowdown``)."""
@@ -214,12 +235,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--from-timings", type=Path, default=None, help="rebuild the table from a tune JSON's raw timings (no GPU)"
     )
+    parser.add_argument(
+        "--add-bench",
+        type=Path,
+        default=None,
+        help="with --from-timings: also take the per-kernel rows of a `humming bench linear` JSON (same device)",
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.cases.split(",")) - set(CASES))
     if unknown:
         parser.error(f"--cases: unknown case(s) {unknown}; known: {', '.join(CASES)}")
     if args.from_timings is not None:
         table = json.loads(args.from_timings.read_text())
+        if args.add_bench is not None:
+            table["timings"] = merge_bench_timings(table, json.loads(args.add_bench.read_text()))
         table["entries"] = _entries(table["timings"])
     elif not torch.cuda.is_available():
         parser.error("tune measures kernels on a CUDA GPU; none is visible")
