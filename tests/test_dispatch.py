@@ -244,3 +244,40 @@ def test_unwarmed_error_names_the_warmup_call():
     assert "humming.warmup([weight], m_values=[5], act=None, act_dtype=torch.bfloat16, backend='auto')" in str(err)
     grouped = unwarmed_error(KernelNotReadyError("k"), qw, None, x, "cuda", block_m=16)
     assert "block_ms=[16], backend='cuda'" in str(grouped)
+
+
+def test_bench_timings_join_the_table():
+    """``humming tune --from-timings T --add-bench B``: a sweep's per-kernel rows replace the table's timings of
+    the same weight, act, shape, M and kernel (the faster of bf16 and fp16), add new ones, reorder the
+    entries; the humming and torch rows, and a sweep of another device, are not taken."""
+    from humming.dispatch.tune import _entries, merge_bench_timings
+
+    def timing(kernel, m, us, n=64):
+        return dict(case="c", weight="int4", act="none", n=n, k=128, m=m, kernel=kernel, graph_us=us, eager_us=us)
+
+    table = dict(device="NVIDIA H200", timings=[timing("cuda.decode", 16, 10.0), timing("triton.wna16", 16, 12.0)])
+
+    def row(system, kernel, m, us, dtype="bf16", n=64):
+        return timing(kernel, m, us, n) | dict(system=system, dtype=dtype)
+
+    bench = dict(
+        header=dict(op="linear", device=dict(name="NVIDIA H200")),
+        rows=[
+            row("humming:triton.wna16", "triton.wna16", 16, 9.0),
+            row("humming:triton.wna16", "triton.wna16", 16, 8.0, dtype="fp16"),
+            row("humming", "triton.wna16", 16, 1.0),
+            row("torch-bf16", "torch.nn.functional.linear", 16, 1.0),
+            row("humming:cuda.decode", "cuda.decode", 16, 20.0, n=32),
+        ],
+    )
+    merged = merge_bench_timings(table, bench)
+    assert sorted((t["n"], t["kernel"], t["graph_us"]) for t in merged) == [
+        (32, "cuda.decode", 20.0),
+        (64, "cuda.decode", 10.0),
+        (64, "triton.wna16", 8.0),
+    ]
+    (entry,) = [e for e in _entries(merged) if e["n"] == 64]
+    assert entry["order"] == ["triton.wna16", "cuda.decode"]
+    bench["header"]["device"]["name"] = "NVIDIA A100"
+    with pytest.raises(ValueError, match="--add-bench"):
+        merge_bench_timings(table, bench)
