@@ -11,7 +11,8 @@ one have expert id -1 and kernels skip them.
 - :func:`moe_align`: routing ``topk_ids [T, topk]`` -> :class:`MoeRouting` (torch ops only, no host sync).
 - :func:`grouped_linear`: ``[M_pad, K]`` rows times their block's expert -> ``[M_pad, N]``.
 - :func:`fused_moe`: align, gather, ``w13``, SiLU-and-multiply, ``w2``, weighted sum back to tokens.
-- :func:`topk_routing`: router logits -> ``(topk_weights, topk_ids)`` (softmax or sigmoid scores).
+- :func:`topk_routing`: router logits -> ``(topk_weights, topk_ids)``: softmax or sigmoid scores, DeepSeek-V3's
+  grouped top-k and correction bias, gpt-oss's softmax over the top k (a Triton kernel on CUDA tensors).
 
 Each is also a custom op (``torch.ops.humming.*``, :mod:`humming.ops`), which ``torch.compile`` sees as
 one node.
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from . import ops
+from ._routing import check_routing, route
 from .cuda_kernels.jit import KernelNotReadyError
 from .dispatch.kernels import GROUPED_KERNELS
 from .dispatch.plan import plan_grouped, unwarmed_error
@@ -410,50 +412,103 @@ def _fused_moe_fake(x, topk_weights, topk_ids, *args):
 ops.register("fused_moe", _fused_moe_op, _fused_moe_fake)
 
 
-_SCORINGS = ("softmax", "sigmoid")
-
-
 def topk_routing(
-    router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", renormalize: bool = False
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = False,
+    num_groups: int | None = None,
+    topk_groups: int | None = None,
+    correction_bias: torch.Tensor | None = None,
+    routed_scaling: float = 1.0,
+    order: str = "score_then_topk",
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick each token's ``top_k`` experts from ``router_logits`` (float ``[T, E]``).
+    """Pick each token's ``top_k`` experts from ``router_logits`` and weight them (the routing of Mixtral,
+    Qwen-MoE, DeepSeek-V3, Kimi-K2 and gpt-oss; defined step by step in :mod:`humming._routing`).
 
-    ``scoring``: ``"softmax"`` (over the experts, Mixtral / Qwen-MoE) or ``"sigmoid"`` (each expert apart,
-    DeepSeek-V3 style without group limits); ``renormalize`` rescales the picked scores to sum to 1 per token.
-    Scores are computed in float32; ties go to the lower expert id (``torch.topk``). Torch ops only, no host
-    sync (CUDA-graph capturable). Returns ``(topk_weights float32 [T, top_k], topk_ids int32 [T, top_k])``,
-    what :func:`fused_moe` takes.
+    Args:
+        router_logits: float ``[T, E]``; everything is computed in float32.
+        top_k: experts per token.
+        scoring: ``"softmax"`` over the experts (Mixtral, Qwen-MoE) or ``"sigmoid"`` of each logit
+            (DeepSeek-V3, Kimi-K2).
+        renormalize: divide the picked weights by their sum.
+        num_groups, topk_groups: grouped top-k (DeepSeek-V3: 8 and 4), both or neither. The experts form
+            ``num_groups`` groups of consecutive ids; a group's score is the sum of its two highest ranking
+            keys, and only the experts of the ``topk_groups`` best groups can be picked.
+        correction_bias: float ``[E]`` added to the scores to rank the experts, not to the weights
+            (DeepSeek-V3's ``e_score_correction_bias``).
+        routed_scaling: multiplies the weights (after ``renormalize``).
+        order: ``"score_then_topk"`` (scores over every expert, then the top k) or ``"topk_then_softmax"``
+            (gpt-oss: the k highest logits, then a softmax over those k; softmax scoring, without groups or
+            bias).
+        backend: ``"auto"`` (the Triton kernel on CUDA tensors, within its limits: E up to 1024 once
+            padded to powers of two per group, ``top_k`` up to 32; else the reference), ``"reference"``
+            (torch ops, the definition) or ``"triton"``.
+    Returns:
+        ``(topk_weights float32 [T, top_k], topk_ids int32 [T, top_k])``, best first: what :func:`fused_moe`
+        takes. Ties rank the lower expert id first; a NaN ranks below every number. No host sync on any
+        backend (CUDA-graph capturable).
     """
-    if not isinstance(router_logits, torch.Tensor) or not router_logits.is_floating_point():
-        raise ValueError(
-            f"router_logits: expected a float tensor, got {getattr(router_logits, 'dtype', router_logits)}"
-        )
-    if router_logits.dim() != 2:
-        raise ValueError(f"router_logits: expected shape [T, E], got {tuple(router_logits.shape)}")
-    e = router_logits.shape[1]
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
-        raise ValueError(f"top_k: expected an int in [1, {e}] (E = router_logits.shape[1]), got {top_k!r}")
-    if scoring not in _SCORINGS:
-        raise ValueError(f"scoring: expected one of {_SCORINGS}, got {scoring!r}")
-    if not isinstance(renormalize, bool):
-        raise ValueError(f"renormalize: expected a bool, got {renormalize!r}")
+    spec = check_routing(
+        router_logits,
+        top_k,
+        scoring,
+        renormalize,
+        num_groups,
+        topk_groups,
+        correction_bias,
+        routed_scaling,
+        order,
+        backend,
+    )
     if ops.eager(router_logits):
-        return _topk(router_logits, top_k, scoring, renormalize)
-    return torch.ops.humming.topk_routing(router_logits, top_k, scoring, renormalize)
+        return route(router_logits, correction_bias, spec, backend)
+    return torch.ops.humming.topk_routing(
+        router_logits,
+        top_k,
+        scoring,
+        renormalize,
+        num_groups,
+        topk_groups,
+        correction_bias,
+        spec.routed_scaling,
+        order,
+        backend,
+    )
 
 
-def _topk(router_logits, top_k: int, scoring: str, renormalize: bool):
-    logits = router_logits.float()
-    scores = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
-    weights, ids = scores.topk(top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(-1, keepdim=True)
-    return weights, ids.to(torch.int32)
+def _topk_routing_op(
+    router_logits,
+    top_k,
+    scoring,
+    renormalize,
+    num_groups=None,
+    topk_groups=None,
+    correction_bias=None,
+    routed_scaling=1.0,
+    order="score_then_topk",
+    backend="auto",
+):  # the schema's defaults too: a Python implementation gets only the arguments a caller passes
+    spec = check_routing(
+        router_logits,
+        top_k,
+        scoring,
+        renormalize,
+        num_groups,
+        topk_groups,
+        correction_bias,
+        routed_scaling,
+        order,
+        backend,
+    )
+    return route(router_logits, correction_bias, spec, backend)
 
 
-def _topk_fake(router_logits, top_k, scoring, renormalize):
+def _topk_routing_fake(router_logits, top_k, *args):
     shape = (router_logits.shape[0], top_k)
     return router_logits.new_empty(shape, dtype=torch.float32), router_logits.new_empty(shape, dtype=torch.int32)
 
 
-ops.register("topk_routing", _topk, _topk_fake)
+ops.register("topk_routing", _topk_routing_op, _topk_routing_fake)

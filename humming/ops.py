@@ -56,7 +56,9 @@ _SCHEMAS = {
     f"Tensor? w13_bias, {_weight_schema('w2_')}, Tensor? w2_bias, str activation, str? act, int block_m, "
     "str backend) -> Tensor",
     "moe_align": "moe_align(Tensor topk_ids, int num_experts, int block_m) -> (Tensor, Tensor, Tensor, Tensor)",
-    "topk_routing": "topk_routing(Tensor router_logits, int top_k, str scoring, bool renormalize) -> (Tensor, Tensor)",
+    "topk_routing": "topk_routing(Tensor router_logits, int top_k, str scoring, bool renormalize, "
+    "int? num_groups=None, int? topk_groups=None, Tensor? correction_bias=None, float routed_scaling=1., "
+    "str order='score_then_topk', str backend='auto') -> (Tensor, Tensor)",
     "quantize_activation": "quantize_activation(Tensor x, str act, Tensor? scale, str backend) "
     "-> (Tensor, Tensor, Tensor)",
 }

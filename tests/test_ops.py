@@ -110,6 +110,27 @@ def test_opcheck_moe(seed):
     torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
 
 
+#: topk_routing's keyword arguments: DeepSeek-V3's grouped, biased sigmoid routing; gpt-oss's
+ROUTINGS = {
+    "deepseek": {
+        "scoring": "sigmoid",
+        "renormalize": True,
+        "num_groups": 4,
+        "topk_groups": 2,
+        "correction_bias": torch.linspace(-0.05, 0.05, 16),
+        "routed_scaling": 2.5,
+    },
+    "gpt-oss": {"scoring": "softmax", "renormalize": False, "order": "topk_then_softmax"},
+}
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_opcheck_topk_routing(routing, backend, seed):
+    kwargs = {**ROUTINGS[routing], "backend": backend}
+    torch.library.opcheck(torch.ops.humming.topk_routing.default, (torch.randn(3, 16), 4), kwargs)
+
+
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("act", ["fp8", "int8_tensor", "nvfp4", "mxfp4"])
 def test_opcheck_quantize_activation(seed, act, backend):
@@ -240,6 +261,17 @@ def test_compile_moe_align_and_grouped_linear(seed, no_recompile):
         x = _dynamic(torch.randn(t, 64, dtype=torch.bfloat16))
         ids = _dynamic(torch.randint(0, 4, (t, 2), dtype=torch.int32))
         assert torch.equal(f(x, ids), step(x, ids))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_compile_topk_routing(routing, backend, seed, no_recompile):
+    kwargs = {**ROUTINGS[routing], "backend": backend}
+    f = torch.compile(lambda logits: moe.topk_routing(logits, 4, **kwargs), fullgraph=True)
+    for t in (1, 5, 9):
+        logits = _dynamic(torch.randn(t, 16))
+        for got, expect in zip(f(logits), moe.topk_routing(logits, 4, **kwargs)):
+            assert torch.equal(got, expect)
 
 
 def test_topk_routing():

@@ -53,11 +53,12 @@ FULL_ARCHS = (90,)
 class CompileSpec:
     """One specialisation of a kernel to compile ahead of time.
 
-    ``pointers`` maps pointer arguments to Triton types (``"*bf16"``); arguments in neither ``pointers``
-    nor ``constexprs`` are ``i32``. Pointers and the ``aligned`` arguments are declared multiples of 16,
-    as Triton's launcher specialises them on real shapes. ``mma``: ``"none"`` (no dot), ``"any"``
-    (some tensor-core instruction), ``"best"`` (wgmma on sm_90, tcgen05 on sm_100, mma.sync elsewhere).
-    ``min_arch``: the oldest architecture it targets (bf16 tensor cores need sm_80).
+    ``pointers`` maps pointer arguments to Triton types (``"*bf16"``), ``scalars`` other scalar arguments
+    (``"fp32"``); arguments in none of ``pointers``, ``scalars`` and ``constexprs`` are ``i32``. Pointers and
+    the ``aligned`` arguments are declared multiples of 16, as Triton's launcher specialises them on real
+    shapes. ``mma``: ``"none"`` (no dot), ``"any"`` (some tensor-core instruction), ``"best"`` (wgmma on
+    sm_90, tcgen05 on sm_100, mma.sync elsewhere). ``min_arch``: the oldest architecture it targets (bf16
+    tensor cores need sm_80).
     """
 
     name: str
@@ -69,6 +70,7 @@ class CompileSpec:
     mma: str = "none"
     min_arch: int = 75
     aligned: tuple[str, ...] = field(default_factory=tuple)
+    scalars: dict[str, str] = field(default_factory=dict)
 
     @property
     def family(self) -> str:
@@ -82,7 +84,7 @@ class CompileSpec:
             if arg in self.constexprs:
                 sig[arg] = "constexpr"
             else:
-                sig[arg] = self.pointers.get(arg, "i32")
+                sig[arg] = self.pointers.get(arg) or self.scalars.get(arg, "i32")
         return sig
 
     def attrs(self) -> dict[tuple[int, ...], list]:
