@@ -10,7 +10,9 @@ one have expert id -1 and kernels skip them.
 
 - :func:`moe_align`: routing ``topk_ids [T, topk]`` -> :class:`MoeRouting` (torch ops only, no host sync).
 - :func:`grouped_linear`: ``[M_pad, K]`` rows times their block's expert -> ``[M_pad, N]``.
-- :func:`fused_moe`: align, gather, ``w13``, SiLU-and-multiply, ``w2``, weighted sum back to tokens.
+- :func:`fused_moe`: align, gather, ``w13``, the gated activation (SiLU, GELU, gpt-oss's clamped SwiGLU;
+  gate and up rows concatenated or interleaved), ``w2``, weighted sum back to tokens; an ``expert_map`` runs
+  the experts of one expert-parallel rank.
 - :func:`topk_routing`: router logits -> ``(topk_weights, topk_ids)``: softmax or sigmoid scores, DeepSeek-V3's
   grouped top-k and correction bias, gpt-oss's softmax over the top k (a Triton kernel on CUDA tensors).
 
@@ -29,17 +31,18 @@ span rows of skipped blocks). The CUDA backend's grouped sm_90a GEMMs run int4/u
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import torch
 
-from . import ops
+from . import _moe_layer, ops
 from ._routing import check_routing, route
 from .cuda_kernels.jit import KernelNotReadyError
-from .dispatch.kernels import GROUPED_KERNELS
-from .dispatch.plan import plan_grouped, unwarmed_error
+from .dispatch.kernels import GROUPED_KERNELS, backend_unavailable
+from .dispatch.plan import plan_grouped, requested_backend, unwarmed_error
 from .dispatch.support import combination_error
-from .ir.activation import ActScheme, get_act_scheme
+from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from .ir.weight import QuantizedWeight, expert_weight
 from .linear import poison_non_finite_rows
 
@@ -56,8 +59,6 @@ __all__ = [
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: fused_moe's activations: (gate, up) in float32 -> the input of w2
-_ACTIVATIONS = {"silu": lambda gate, up: torch.nn.functional.silu(gate) * up}
 
 
 @dataclass(frozen=True)
@@ -115,18 +116,27 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRout
         raise ValueError(f"num_experts: expected a positive int, got {num_experts!r}")
     block_m = _check_block_m(block_m)
     if ops.eager(topk_ids):
+        _check_range("topk_ids", topk_ids, 0, num_experts)
         return _align(topk_ids, num_experts, block_m)
     src_slots, expert_ids, num_rows, slot_rows = torch.ops.humming.moe_align(topk_ids, num_experts, block_m)
     return MoeRouting(src_slots, expert_ids, block_m, num_rows, slot_rows)
 
 
+def _check_range(name: str, values: torch.Tensor, low: int, high: int) -> None:
+    """``ValueError`` unless every value lies in ``[low, high)``: on CPU tensors only (on a GPU it would read
+    them back to the host, a sync; there, values out of range are dropped by whoever reads them)."""
+    if values.device.type != "cpu" or not values.numel():
+        return
+    flat = values.reshape(-1)
+    if int(flat.min()) < low or int(flat.max()) >= high:
+        bad = flat[(flat < low) | (flat >= high)][0]
+        raise ValueError(f"{name}: values must lie in [{low}, {high}), found {int(bad)}")
+
+
 def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRouting:
-    """:func:`moe_align` once its arguments are checked."""
+    """:func:`moe_align` once its arguments are checked; slots with ids out of range get no row."""
     device = topk_ids.device
     ids = topk_ids.reshape(-1).long()
-    if device.type == "cpu" and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
-        bad = ids[(ids < 0) | (ids >= num_experts)][0]
-        raise ValueError(f"topk_ids: values must lie in [0, {num_experts}), found {int(bad)}")
     m_pad = padded_rows(ids.numel(), num_experts, block_m)
     # Expert num_experts is a bucket for dropped (out of range) slots: it gets no rows.
     key = torch.where((ids >= 0) & (ids < num_experts), ids, num_experts)
@@ -152,6 +162,7 @@ def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRouting
 
 
 def _moe_align_op(topk_ids, num_experts, block_m):
+    _check_range("topk_ids", topk_ids, 0, num_experts)
     r = _align(topk_ids, num_experts, block_m)
     return r.src_slots, r.expert_ids, r.num_rows, r.slot_rows
 
@@ -253,21 +264,19 @@ def grouped_linear(
 def run_grouped(x, qweight, expert_ids, block_m: int, bias, act: ActScheme | None, out_dtype, backend: str):
     """What :func:`grouped_linear` runs once its arguments are checked (``torch.ops.humming.grouped_linear``
     too): plan, launch, non-finite rows. Checks the expert ids of CPU tensors here, where they are data (not
-    while ``torch.compile`` traces)."""
-    e = qweight.num_experts
-    if (
-        expert_ids.device.type == "cpu"
-        and expert_ids.numel()
-        and not (int(expert_ids.min()) >= -1 and int(expert_ids.max()) < e)
-    ):
-        raise ValueError(f"expert_ids: values must lie in [-1, {e})")
-    plan = plan_grouped(qweight, act, x, block_m, backend)
+    while ``torch.compile`` traces). ``x`` may also be a :class:`QuantizedActivation` of scheme ``act``
+    (:func:`fused_moe` quantizes the input of ``w2`` in its activation pass)."""
+    _check_range("expert_ids", expert_ids, -1, qweight.num_experts)
+    prequantized = isinstance(x, QuantizedActivation)
+    x_data = x.codes if prequantized else x
+    plan = plan_grouped(qweight, act, x_data, block_m, backend)
     try:
         out = GROUPED_KERNELS[plan.kernel].run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning)
     except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
-        raise unwarmed_error(err, qweight, act, x, backend, block_m) from None
-    # NaN / Inf activations: NaN output rows (see humming.linear.poison_non_finite_rows), skipped rows kept
-    if act is not None and x.shape[0] and (plan.backend == "reference" or act.group_shape[0] != 1):
+        raise unwarmed_error(err, qweight, act, x_data, backend, block_m) from None
+    # NaN / Inf activations: NaN output rows (see humming.linear.poison_non_finite_rows), skipped rows kept;
+    # quantized activations carry them in NaN scales
+    if act is not None and not prequantized and x.shape[0] and (plan.backend == "reference" or act.group_shape[0] != 1):
         routed = (expert_ids >= 0).repeat_interleave(block_m)[:, None]
         out = torch.where(routed, poison_non_finite_rows(x, out), out)
     return out
@@ -302,20 +311,35 @@ def fused_moe(
     topk_ids: torch.Tensor,
     *,
     activation: str = "silu",
+    alpha: float | None = None,
+    limit: float | None = None,
+    gate_up_layout: str = "concat",
+    expert_map: torch.Tensor | None = None,
     act=None,
     block_m: int | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """A mixture-of-experts MLP: ``sum_j topk_weights[t, j] * w2_e(silu(gate) * up)`` with
+    """A mixture-of-experts MLP: ``sum_j topk_weights[t, j] * w2_e(act_fn(gate, up))`` with
     ``[gate, up] = w13_e(x[t])``, ``e = topk_ids[t, j]``.
 
     Args:
         x: ``[T, K]`` float16 / bfloat16 (float32 on the reference backend).
-        w13: ``[E, 2I, K]``: gate rows first, then up rows (vLLM's convention: gate = the first I outputs).
-        w2: ``[E, K, I]``. Their ``bias`` fields, if set, are added.
+        w13: ``[E, 2I, K]``, gate and up rows as ``gate_up_layout`` says.
+        w2: ``[E, K, I]``. Their ``bias`` fields (``[E, 2I]``, ``[E, K]``), if set, are added.
         topk_weights: float ``[T, topk]``; topk_ids: integer ``[T, topk]`` (see :func:`moe_align`).
-        activation: ``"silu"`` (SwiGLU).
-        act, backend: as :func:`grouped_linear`, for both GEMMs.
+        activation: ``"silu"`` (SwiGLU), ``"gelu"`` (exact erf GELU, vLLM's ``"gelu"``), ``"gelu_tanh"``
+            (tanh approximation) or ``"swiglu_oai"`` (gpt-oss: ``clamp(gate, max=limit)`` times
+            ``sigmoid(alpha * gate)`` times ``clamp(up, -limit, limit) + 1``); computed in float32, rounded
+            to ``x``'s dtype. ``alpha``, ``limit``: swiglu_oai's only (``None``: 1.702 and 7.0).
+        gate_up_layout: ``"concat"`` (gate rows ``[0, I)``, then up rows: vLLM's and transformers'
+            convention) or ``"interleaved"`` (gate rows even, up rows odd: gpt-oss checkpoints).
+        expert_map: expert parallelism (vLLM's): an integer ``[E_global]`` tensor on ``x``'s device giving
+            each global expert id its index in ``w13`` / ``w2``, or -1 where the expert is not on this rank;
+            ``topk_ids`` are then global ids in ``[0, E_global)``, and slots of experts not here add nothing
+            (the rank's partial sum, to be reduced across ranks). Mapped on the device, no host sync; values
+            are checked on CPU only (on a GPU, ids or map values out of range drop their slots).
+        act, backend: as :func:`grouped_linear`, for both GEMMs. With a per-token or per-group ``act``,
+            the activation pass of the Triton path writes ``w2``'s quantized input itself.
         block_m: the routing block; ``None`` -> :func:`default_block_m`.
     Returns:
         ``[T, K]`` in ``x``'s dtype; the weighted sum accumulates in fp32 and is rounded once.
@@ -323,8 +347,7 @@ def fused_moe(
     w13 = _check_experts("w13", w13)
     w2 = _check_experts("w2", w2)
     e, two_i, k = w13.shape
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {tuple(_ACTIVATIONS)}, got {activation!r}")
+    activation = _moe_layer.check_activation(activation, alpha, limit, gate_up_layout)
     if two_i % 2:
         raise ValueError(f"w13: expected [E, 2I, K] (gate and up rows), got an odd N={two_i}")
     inter = two_i // 2
@@ -345,13 +368,16 @@ def fused_moe(
             f"topk_weights: expected shape {tuple(topk_ids.shape)} on {x.device} (as topk_ids), "
             f"got {tuple(topk_weights.shape)} on {topk_weights.device}"
         )
+    if expert_map is not None:
+        _check_expert_map(expert_map, e, x.device)
     block_m = _check_block_m(block_m) if block_m is not None else None
     act = None if act is None else get_act_scheme(act)
     reason = combination_error(w13.format, act) or combination_error(w2.format, act)
     if reason:
         raise ValueError(reason)
     if ops.eager(x):
-        return run_fused_moe(x, w13, w13.bias, w2, w2.bias, topk_weights, topk_ids, activation, act, block_m, backend)
+        args = (topk_weights, topk_ids, expert_map, activation, act, block_m, backend)
+        return run_fused_moe(x, w13, w13.bias, w2, w2.bias, *args)
     return torch.ops.humming.fused_moe(
         x,
         topk_weights,
@@ -360,49 +386,104 @@ def fused_moe(
         w13.bias,
         *ops.weight_args(w2),
         w2.bias,
-        activation,
+        expert_map,
+        activation.name,
+        activation.alpha,
+        activation.limit,
+        activation.gate_up_layout,
         ops.act_name(act),
         0 if block_m is None else block_m,
         backend,
     )
 
 
+def _check_expert_map(expert_map, num_local: int, device: torch.device) -> None:
+    """What can be checked of an expert map without reading it (its values: :func:`run_fused_moe`)."""
+    if not isinstance(expert_map, torch.Tensor):
+        raise ValueError(f"expert_map: expected a torch.Tensor, got {type(expert_map).__name__}")
+    if expert_map.dtype.is_floating_point or expert_map.dtype.is_complex or expert_map.dtype == torch.bool:
+        raise ValueError(f"expert_map: expected an integer dtype, got {expert_map.dtype}")
+    if expert_map.dim() != 1 or expert_map.shape[0] < num_local:
+        raise ValueError(
+            f"expert_map: expected shape [E_global] with E_global >= {num_local} (the experts of w13), "
+            f"got {tuple(expert_map.shape)}"
+        )
+    if expert_map.device != device:
+        raise ValueError(f"expert_map is on {expert_map.device} but x is on {device}")
+
+
+def _local_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor, num_local: int) -> torch.Tensor:
+    """Global ``topk_ids`` -> indices in ``w13`` / ``w2`` through ``expert_map``; -1 for experts not on this
+    rank and for ids or map values out of range (unchecked on a GPU), whose slots :func:`_align` drops."""
+    ids = topk_ids.long()
+    local = expert_map.long()[ids.clamp(0, expert_map.shape[0] - 1)]
+    keep = (ids >= 0) & (ids < expert_map.shape[0]) & (local >= 0) & (local < num_local)
+    return torch.where(keep, local, -1)
+
+
+def _on_triton(x: torch.Tensor, backend: str) -> bool:
+    """Whether fused_moe's activation and combine run as Triton kernels (else in torch): on CUDA tensors
+    unless the reference is asked for, and on any device with ``backend="triton"``."""
+    requested = requested_backend(backend)
+    if requested == "triton":
+        return True
+    return requested != "reference" and x.device.type == "cuda" and backend_unavailable("triton") is None
+
+
 def run_fused_moe(
-    x, w13, w13_bias, w2, w2_bias, topk_weights, topk_ids, activation: str, act, block_m: int | None, backend: str
+    x,
+    w13,
+    w13_bias,
+    w2,
+    w2_bias,
+    topk_weights,
+    topk_ids,
+    expert_map,
+    activation: _moe_layer.Activation,
+    act: ActScheme | None,
+    block_m: int | None,
+    backend: str,
 ):
     """What :func:`fused_moe` runs once its arguments are checked (``torch.ops.humming.fused_moe`` too);
-    the biases are passed apart from the weights, as the ops take them."""
-    e, two_i, k = w13.shape
-    inter = two_i // 2
+    the biases are passed apart from the weights, as the ops take them. Checks the ids and the expert map of
+    CPU tensors here, where they are data."""
+    e, _, k = w13.shape
+    if expert_map is None:
+        _check_range("topk_ids", topk_ids, 0, e)
+        ids = topk_ids
+    else:
+        _check_range("topk_ids", topk_ids, 0, expert_map.shape[0])
+        _check_range("expert_map", expert_map, -1, e)
+        ids = _local_ids(topk_ids, expert_map, e)
     if x.shape[0] == 0:
         return torch.empty(0, k, dtype=x.dtype, device=x.device)
     topk = topk_ids.shape[1]
     block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
-    routing = _align(topk_ids, e, block_m)
+    routing = _align(ids, e, block_m)
     slots = routing.src_slots.long()
     used = slots >= 0
     token = torch.where(used, slots // topk, 0)
     xg = torch.where(used[:, None], x[token], 0)  # padding rows are zero (finite; their results are dropped)
     h = run_grouped(xg, w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend)
-    hidden = _ACTIVATIONS[activation](h[:, :inter].float(), h[:, inter:].float()).to(x.dtype)
+    if _on_triton(x, backend):
+        kernels = importlib.import_module("humming.triton_kernels.moe_layer")
+        fuse = act is not None and kernels.act_unsupported(act) is None  # w2's quantization in the same pass
+        hidden = kernels.activate(h, activation, act if fuse else None, routing.num_rows)
+        y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
+        return kernels.combine(y, routing.slot_rows, topk_weights, x.dtype)
+    hidden = _moe_layer.activate(h, activation, x.dtype)
     y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
-    # Combine by gathering each token's topk rows and summing them in a fixed order: deterministic, and no
-    # atomics (a scatter-add would pile every padding row onto one token). Dropped slots (ids out of range)
-    # gather row 0 and are masked with where, not multiplied by zero (rows may be NaN).
-    slot_rows = routing.slot_rows.long()
-    kept = (slot_rows >= 0).view(-1, topk, 1)
-    picked = y[slot_rows.clamp_min(0)].view(-1, topk, k).float() * topk_weights.float().unsqueeze(-1)
-    return torch.where(kept, picked, 0.0).sum(1).to(x.dtype)
+    return _moe_layer.combine(y, routing.slot_rows, topk_weights, x.dtype)
 
 
 def _fused_moe_op(x, topk_weights, topk_ids, *args):
-    w13, w13_bias, w2, w2_bias = args[:7], args[7], args[8:15], args[15]
-    activation, act, block_m, backend = args[16:]
+    w13, w13_bias, w2, w2_bias, expert_map = args[:7], args[7], args[8:15], args[15], args[16]
+    name, alpha, limit, gate_up_layout, act, block_m, backend = args[17:]
     w13, w2 = ops.weight_from_args(*w13), ops.weight_from_args(*w2)
+    activation = _moe_layer.Activation(name, alpha, limit, gate_up_layout)
     act = None if act is None else get_act_scheme(act)
-    return run_fused_moe(
-        x, w13, w13_bias, w2, w2_bias, topk_weights, topk_ids, activation, act, block_m or None, backend
-    )
+    args = (topk_weights, topk_ids, expert_map, activation, act, block_m or None, backend)
+    return run_fused_moe(x, w13, w13_bias, w2, w2_bias, *args)
 
 
 def _fused_moe_fake(x, topk_weights, topk_ids, *args):

@@ -73,6 +73,21 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+def gated(h: torch.Tensor, activation: str, layout: str, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """``fused_moe``'s activations from their formulas, for float64 references: ``h [..., 2I] -> [..., I]``,
+    gate and up columns concatenated or interleaved; swiglu_oai as gpt-oss's ``swiglu`` (gpt_oss/torch/model.py)."""
+    inter = h.shape[-1] // 2
+    gate, up = (h[..., 0::2], h[..., 1::2]) if layout == "interleaved" else (h[..., :inter], h[..., inter:])
+    if activation == "silu":
+        return gate / (1 + torch.exp(-gate)) * up
+    if activation == "gelu":
+        return 0.5 * gate * (1 + torch.erf(gate / 2**0.5)) * up
+    if activation == "gelu_tanh":
+        return 0.5 * gate * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate**3))) * up
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return gate * torch.sigmoid(alpha * gate) * (up + 1)
+
+
 def e4m3_codes(rows: int, k: int, device="cuda") -> torch.Tensor:
     """uint8 ``[rows, k]`` e4m3 codes, uniform over the 254 non-NaN codes (0x7F and 0xFF are skipped): FP8
     operands built directly in the IR, so that a check depends on nothing but the kernel and torch's exact

@@ -380,7 +380,7 @@ def _fused(**changes):
 
 
 for field, values in {
-    "activation": ["gelu", None],
+    "activation": ["relu", None],
     "w13": [_w(32, 64), _experts(n=31, k=64)],
     "w2": [_w(64, 16), _experts(n=64, k=8)],
     "topk_weights": [torch.ones(4, 3), torch.ones(4, 2, dtype=torch.int32)],

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import gated
 from hypothesis import HealthCheck, event, given, note, reject, settings
 from hypothesis import strategies as st
 
@@ -185,6 +186,8 @@ class MoeCase:
     x_dtype: torch.dtype
     out_dtype: torch.dtype | None
     bias: bool
+    activation: str
+    layout: str
     seed: int
 
 
@@ -203,6 +206,8 @@ def moe_cases(draw, dims: dict) -> MoeCase:
         x_dtype=x_dtype,
         out_dtype=draw(st.sampled_from(OUT_DTYPES)),
         bias=draw(st.booleans()),
+        activation=draw(st.sampled_from(["silu", "gelu", "gelu_tanh", "swiglu_oai"])),
+        layout=draw(st.sampled_from(["concat", "interleaved"])),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
 
@@ -395,6 +400,7 @@ def _check_fused(data, backend: str, device: str, dims: dict) -> None:
     x = _randn((case.tokens, k), gen, device, case.x_dtype)
     ids = _routing(case, gen, device)
     topk_weights = torch.softmax(torch.randn(case.tokens, case.topk, generator=gen), -1).to(device)
+    activation = dict(activation=case.activation, gate_up_layout=case.layout)
     what = f"fused_moe backend={backend} {w13.describe()} x={tuple(x.shape)} {case}"
     note(what)
 
@@ -407,20 +413,20 @@ def _check_fused(data, backend: str, device: str, dims: dict) -> None:
         event("refused as declared")
         note(f"{backend} declares: {declared}")
         with pytest.raises(ValueError, match="cannot run this call"):
-            moe.fused_moe(x, w13, w2, topk_weights, ids, block_m=case.block_m, backend=backend)
+            moe.fused_moe(x, w13, w2, topk_weights, ids, block_m=case.block_m, backend=backend, **activation)
         return
 
     event(f"ran: {w13.format.kind} {w13.layout}{' zeros' if w13.has_zeros else ''}")
     _poison_allocator(device, 4 * case.tokens * case.topk * max(k, 2 * inter))
-    out = moe.fused_moe(x, w13, w2, topk_weights, ids, block_m=case.block_m, backend=backend)
+    out = moe.fused_moe(x, w13, w2, topk_weights, ids, block_m=case.block_m, backend=backend, **activation)
     assert out.shape == (case.tokens, k) and out.dtype == case.x_dtype
 
-    # Per token and routed expert: h = W13 x + b13, hidden = silu(gate) * up, y = W2 hidden + b2, summed with
-    # the routing weights; all in float64.
+    # Per token and routed expert: h = W13 x + b13, hidden = the gated activation of h, y = W2 hidden + b2,
+    # summed with the routing weights; all in float64.
     ids_l = ids.long()
     h = torch.einsum("tjnk,tk->tjn", humming.dequantize(w13, torch.float64)[ids_l], x.double())
     h = h + (0 if b13 is None else b13.double()[ids_l])
-    hidden = torch.nn.functional.silu(h[..., :inter]) * h[..., inter:]
+    hidden = gated(h, case.activation, case.layout)
     y = torch.einsum("tjki,tji->tjk", humming.dequantize(w2, torch.float64)[ids_l], hidden)
     y = y + (0 if b2 is None else b2.double()[ids_l])
     ref = (topk_weights.double().unsqueeze(-1) * y).sum(1)

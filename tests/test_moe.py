@@ -2,11 +2,12 @@
 
 References are independent of the code under test: routing against a plain Python grouping of the slots;
 grouped GEMMs against ``humming.dequantize`` of each expert in float64 (rows of blocks whose expert is -1
-are not compared: they are unspecified); ``fused_moe`` against a per-token loop in float64. Outputs of the
-Triton kernel are poisoned with NaN before the call; skipped blocks must keep the poison. Tolerances
-(``||out - ref|| / ||ref||``): fp32 accumulation and one output rounding, 2e-6 for fp32 outputs, 2e-3 for
-fp16, 1e-2 for bf16 (weights rounded to x's dtype, as the tensor-core kernel does, so the reference uses
-``dequantize(qw, x.dtype)``); ``fused_moe`` rounds twice more (the first GEMM's output and the SiLU product,
+are not compared: they are unspecified); ``fused_moe`` against a per-token, per-slot loop in float64 (each
+activation from its formula, both gate / up layouts, expert maps). Outputs of the Triton kernel are
+poisoned with NaN before the call; skipped blocks must keep the poison. Tolerances (``||out - ref|| /
+||ref||``): fp32 accumulation and one output rounding, 2e-6 for fp32 outputs, 2e-3 for fp16, 1e-2 for bf16
+(weights rounded to x's dtype, as the tensor-core kernel does, so the reference uses
+``dequantize(qw, x.dtype)``); ``fused_moe`` rounds twice more (the first GEMM's output and the activation,
 to x's dtype) and runs against fp32 weights: 3e-2 for bf16, 5e-3 for fp16.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import capture, rel_err
+from helpers import capture, gated, rel_err
 
 import humming
 from humming import moe
@@ -326,18 +327,21 @@ def test_dispatch_backend_that_cannot_run_the_grouped_call() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ fused_moe
-def _fused_ref(x, w13, w2, weights, ids, act=None) -> torch.Tensor:
-    """A per-token loop in float64 over fp32-dequantized experts (activations quantized per token)."""
+def _fused_ref(x, w13, w2, weights, ids, act=None, activation="silu", layout="concat", expert_map=None, **params):
+    """A per-token, per-slot loop in float64 over fp32-dequantized experts (activations quantized per token):
+    w13, the activation, w2, the weighted sum. With ``expert_map``, ``ids`` are global and slots of experts
+    not on this rank (-1) are left out."""
     q = lambda v: v if act is None else humming.dequantize_activation(humming.quantize_activation(v, act))
     out = torch.zeros(x.shape[0], w2.N, dtype=torch.float64, device=x.device)
-    inter = w2.K
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
-            e = int(ids[t, j])
+            e = int(ids[t, j]) if expert_map is None else int(expert_map[int(ids[t, j])])
+            if e < 0:
+                continue
             a, b = moe.expert_weight(w13, e), moe.expert_weight(w2, e)
             h = q(x[t : t + 1]).double() @ humming.dequantize(a).double().T
             h = h + (0 if a.bias is None else a.bias.double())
-            hidden = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+            hidden = gated(h, activation, layout, **params)
             y = q(hidden.float()).double() @ humming.dequantize(b).double().T
             y = y + (0 if b.bias is None else b.bias.double())
             out[t] += float(weights[t, j]) * y[0]
@@ -366,6 +370,130 @@ def test_fused_moe_matches_token_loop(backend, name, act, x_dtype, t, topk, e, b
     assert out.shape == (t, k) and out.dtype == x_dtype
     err = rel_err(out, _fused_ref(x, w13, w2, weights, ids, act))
     assert err <= MOE_TOL[x_dtype], f"rel err {err:.2e} > {MOE_TOL[x_dtype]:.0e}"
+
+
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swiglu_oai")
+
+
+@pytest.mark.parametrize("act", [None, "fp8", "int8"])
+@pytest.mark.parametrize("layout", ["concat", "interleaved"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_fused_moe_activations(activation: str, layout: str, act, seed: int, device: str) -> None:
+    """Every activation and gate / up layout, 16-bit and quantized activations (the Triton path quantizes
+    w2's input in its activation pass), per-expert biases, an expert without tokens."""
+    e, k, inter, t, topk = 4, 64, 32, 5, 2
+    w13 = _quantize("int4-g32", e, 2 * inter, k, device, bias=True)
+    w2 = _quantize("int4-g32", e, k, inter, device, bias=True)
+    x = (torch.randn(t, k, device=device) / 2).bfloat16()  # h of std ~4: swiglu_oai clamps a few elements at 7
+    ids = _routing(t, topk, e, device, empty=1)
+    weights = torch.softmax(torch.randn(t, topk, device=device), -1)
+    ref = _fused_ref(x, w13, w2, weights, ids, act, activation, layout)
+    kwargs = dict(activation=activation, gate_up_layout=layout, act=act, block_m=16)
+    for backend in ("triton", "reference"):
+        out = moe.fused_moe(x, w13, w2, weights, ids, backend=backend, **kwargs)
+        assert out.shape == (t, k) and out.dtype == torch.bfloat16
+        err = rel_err(out, ref)
+        assert err <= MOE_TOL[torch.bfloat16], f"{backend}: rel err {err:.2e} (seed {seed})"
+
+
+def test_fused_moe_swiglu_oai_parameters(seed: int, device: str) -> None:
+    """alpha and limit reach the activation: a small limit clamps most of h, and the result follows it."""
+    e, k, inter, t = 3, 64, 32, 4
+    w13, w2 = _quantize("int4-g32", e, 2 * inter, k, device), _quantize("int4-g32", e, k, inter, device)
+    x = torch.randn(t, k, device=device).bfloat16()
+    ids, weights = _routing(t, 2, e, device), torch.rand(t, 2, device=device)
+    ref = _fused_ref(x, w13, w2, weights, ids, None, "swiglu_oai", "interleaved", alpha=1.0, limit=0.5)
+    kwargs = dict(activation="swiglu_oai", gate_up_layout="interleaved", alpha=1.0, limit=0.5, block_m=16)
+    for backend in ("triton", "reference"):
+        out = moe.fused_moe(x, w13, w2, weights, ids, backend=backend, **kwargs)
+        assert rel_err(out, ref) <= MOE_TOL[torch.bfloat16], backend
+    default = moe.fused_moe(x, w13, w2, weights, ids, activation="swiglu_oai", backend="reference")
+    assert rel_err(default, ref) > 0.1  # the defaults (1.702, 7.0) give another result
+
+
+@pytest.mark.parametrize("topk", [1, 2, 4])
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_fused_moe_expert_map(backend: str, topk: int, seed: int, device: str) -> None:
+    """Expert parallelism: 8 global experts, 3 on this rank (global 5, 1, 6 at local 0, 1, 2). Fewer tokens
+    than experts; the output is the reference restricted to the local experts, with their biases; a token
+    routed to no local expert gets zeros."""
+    e_global, k, inter, t = 8, 128, 32, 3
+    expert_map = torch.full((e_global,), -1, dtype=torch.int32, device=device)
+    expert_map[torch.tensor([5, 1, 6])] = torch.arange(3, dtype=torch.int32, device=device)
+    w13 = _quantize("int4-g32", 3, 2 * inter, k, device, bias=True)
+    w2 = _quantize("int4-g32", 3, k, inter, device, bias=True)
+    x = torch.randn(t, k, device=device).bfloat16()
+    ids = torch.stack([torch.randperm(e_global, device=device)[:topk] for _ in range(t)]).to(torch.int32)
+    ids[0] = torch.tensor([0, 2, 3, 4][:topk], device=device)  # no local expert
+    weights = torch.softmax(torch.randn(t, topk, device=device), -1)
+    out = moe.fused_moe(x, w13, w2, weights, ids, expert_map=expert_map.long(), block_m=16, backend=backend)
+    ref = _fused_ref(x, w13, w2, weights, ids, expert_map=expert_map)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert rel_err(out, ref) <= MOE_TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("act", [None, "fp8"])
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_fused_moe_expert_map_nothing_local(backend: str, act, device: str) -> None:
+    """No slot on this rank: nothing to compute, zeros out (the grouped rows are all padding)."""
+    w13, w2 = _quantize("int4-g32", 2, 64, 64, device, bias=True), _quantize("int4-g32", 2, 64, 32, device)
+    expert_map = torch.tensor([-1, 0, -1, 1], device=device)
+    ids = torch.tensor([[0, 2], [2, 0], [0, 2]], dtype=torch.int32, device=device)
+    x = torch.randn(3, 64, device=device).bfloat16()
+    out = moe.fused_moe(
+        x, w13, w2, torch.rand(3, 2, device=device), ids, expert_map=expert_map, act=act, backend=backend
+    )
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_fused_moe_expert_map_equals_dropping_slots(seed: int, device: str) -> None:
+    """A slot of an expert off this rank adds exactly nothing: the same output as the local experts alone,
+    routed with those slots' weights set to zero (and every expert mapped to itself)."""
+    e, k, inter, t, topk = 4, 128, 32, 6, 2
+    w13, w2 = _quantize("int4-g32", e, 2 * inter, k, device), _quantize("int4-g32", e, k, inter, device)
+    x = torch.randn(t, k, device=device).bfloat16()
+    ids = _routing(t, topk, 6, device)  # global ids in [0, 6); experts 4 and 5 live on another rank
+    weights = torch.rand(t, topk, device=device) + 0.5
+    expert_map = torch.tensor([0, 1, 2, 3, -1, -1], dtype=torch.int32, device=device)
+    out = moe.fused_moe(x, w13, w2, weights, ids, expert_map=expert_map, block_m=16, backend="triton")
+    local = ids < 4
+    same = moe.fused_moe(x, w13, w2, weights * local, ids.clamp(max=3), block_m=16, backend="triton")
+    assert torch.equal(out, same)
+
+
+def test_fused_moe_quantizes_w2_input_in_the_activation_pass(monkeypatch, seed: int, device: str) -> None:
+    """With a per-token act on the Triton path, only w13's input goes through the quantization pass: the
+    activation pass hands w2 its codes and scales."""
+    from humming.triton_kernels import act_quant
+
+    calls = []
+    quantize = act_quant.quantize_activation
+    monkeypatch.setattr(act_quant, "quantize_activation", lambda x, act, **kw: calls.append(act) or quantize(x, act))
+    e, k, inter = 3, 64, 32
+    w13, w2 = _quantize("int4-g32", e, 2 * inter, k, device), _quantize("int4-g32", e, k, inter, device)
+    x, ids = torch.randn(4, k, device=device).bfloat16(), _routing(4, 2, e, device)
+    weights = torch.rand(4, 2, device=device)
+    out = moe.fused_moe(x, w13, w2, weights, ids, act="fp8", block_m=16, backend="triton")
+    assert len(calls) == 1
+    assert rel_err(out, _fused_ref(x, w13, w2, weights, ids, "fp8")) <= MOE_TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("act", [None, "fp8", "int8"])
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_fused_moe_non_finite_tokens(backend: str, act, seed: int, device: str) -> None:
+    """A token with NaN or Inf activations gets a non-finite output row; every other token's row is bit for
+    bit the one it gets when those are zeros."""
+    e, k, inter, t = 4, 64, 32, 5
+    w13, w2 = _quantize("int4-g32", e, 2 * inter, k, device), _quantize("int4-g32", e, k, inter, device)
+    x = torch.randn(t, k, device=device).bfloat16()
+    x[1, 3], x[3, 10] = float("nan"), float("inf")
+    ids, weights = _routing(t, 2, e, device), torch.rand(t, 2, device=device)
+    kwargs = dict(act=act, block_m=16, backend=backend)
+    out = moe.fused_moe(x, w13, w2, weights, ids, **kwargs)
+    clean = moe.fused_moe(torch.where(torch.isfinite(x), x, 0), w13, w2, weights, ids, **kwargs)
+    bad = torch.tensor([False, True, False, True, False], device=device)
+    assert not torch.isfinite(out[bad]).any()
+    assert torch.equal(out[~bad], clean[~bad])
 
 
 def test_fused_moe_no_tokens() -> None:
@@ -453,7 +581,21 @@ def _moe_args():
         (lambda x, a, b, w, i: ((x, a, b, w[:, :1], i), {}), r"topk_weights: expected shape \(2, 2\)"),
         (lambda x, a, b, w, i: ((x, a, b, w, i.float()), {}), "topk_ids: expected an integer"),
         (lambda x, a, b, w, i: ((x, a, b, w, i + 2), {}), r"topk_ids: values must lie in \[0, 3\)"),
-        (lambda x, a, b, w, i: ((x, a, b, w, i), {"activation": "gelu"}), "activation: expected one of"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"activation": "relu"}), "activation: expected one of"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"gate_up_layout": "split"}), "gate_up_layout: expected one of"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"alpha": 1.0}), "alpha: parameters of activation='swiglu_oai'"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"activation": "gelu", "limit": 7}), "limit: parameters of"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"activation": "swiglu_oai", "limit": 0.0}), "limit: expected a pos"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"activation": "swiglu_oai", "alpha": float("nan")}), "alpha: exp"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"activation": "swiglu_oai", "alpha": True}), "alpha: expected"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"expert_map": [0, 1, 2]}), "expert_map: expected a torch.Tensor"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"expert_map": torch.zeros(3)}), "expert_map: expected an integer"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"expert_map": torch.zeros(2, 3, dtype=torch.int32)}), "E_global"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"expert_map": torch.arange(2)}), r"E_global >= 3"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"expert_map": torch.arange(3, device="meta")}), "expert_map is on"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"expert_map": torch.tensor([0, 1, 3])}), r"expert_map: .* \[-1, 3\)"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"expert_map": torch.tensor([0, -2, 1])}), r"found -2"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i + 2), {"expert_map": torch.arange(4)}), r"topk_ids: .* \[0, 4\)"),
         (lambda x, a, b, w, i: ((x, a, b, w, i), {"block_m": 20}), "block_m"),
     ],
     ids=[
@@ -466,6 +608,20 @@ def _moe_args():
         "ids-dtype",
         "ids-range",
         "activation",
+        "gate-up-layout",
+        "alpha-not-swiglu",
+        "limit-not-swiglu",
+        "limit-zero",
+        "alpha-nan",
+        "alpha-bool",
+        "map-list",
+        "map-float",
+        "map-2d",
+        "map-short",
+        "map-device",
+        "map-value-large",
+        "map-value-negative",
+        "map-ids-range",
         "block-m",
     ],
 )
@@ -529,3 +685,44 @@ def test_fused_moe_gpu_realistic(name: str, t: int, seed: int) -> None:
     out = moe.fused_moe(x, w13, w2, weights, ids)
     ref = moe.fused_moe(x.float(), w13, w2, weights, ids, backend="reference")
     assert rel_err(out, ref.double()) <= MOE_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16, 256])
+@pytest.mark.parametrize("act", [None, "fp8"])
+@pytest.mark.parametrize("mapped", [False, True], ids=["whole", "rank-of-4"])
+def test_fused_moe_gpu_gpt_oss(mapped: bool, act, t: int, seed: int) -> None:
+    """gpt-oss-20b's MoE layer (32 experts, top-4, K = I = 2880, interleaved clamped SwiGLU, biases, MXFP4
+    experts), whole or as one expert-parallel rank of four (8 local experts, global ids): auto against the
+    reference backend."""
+    e_global, topk, k, inter = 32, 4, 2880, 2880
+    e = 8 if mapped else e_global
+    w13 = _quantize("mxfp4", e, 2 * inter, k, "cuda", bias=True)
+    w2 = _quantize("mxfp4", e, k, inter, "cuda", bias=True)
+    expert_map = None
+    if mapped:
+        expert_map = torch.full((e_global,), -1, dtype=torch.int32, device="cuda")
+        expert_map[8:16] = torch.arange(8, dtype=torch.int32, device="cuda")
+    x = (torch.randn(t, k, device="cuda") / 16).bfloat16()  # h of a few units, around the clamp at 7
+    ids = _routing(t, topk, e_global, "cuda")
+    weights = torch.softmax(torch.randn(t, topk, device="cuda"), -1)
+    kwargs = dict(activation="swiglu_oai", gate_up_layout="interleaved", expert_map=expert_map, act=act)
+    out = moe.fused_moe(x, w13, w2, weights, ids, **kwargs)
+    ref = moe.fused_moe(x.float(), w13, w2, weights, ids, backend="reference", **kwargs)
+    assert rel_err(out, ref.double()) <= MOE_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+@pytest.mark.parametrize("t", [1, 256])
+def test_fused_moe_gpu_gelu(activation: str, t: int, seed: int) -> None:
+    """GeGLU experts at E = 64, topk = 8, K = 2048, I = 768, int4 and fp8-activated e4m3 (CUDA or Triton)."""
+    e, topk, k, inter = 64, 8, 2048, 768
+    x = (torch.randn(t, k, device="cuda") / 16).bfloat16()
+    ids = _routing(t, topk, e, "cuda")
+    weights = torch.softmax(torch.randn(t, topk, device="cuda"), -1)
+    for name, act in (("int4-g128", None), ("e4m3-channel", "fp8")):
+        w13, w2 = _quantize(name, e, 2 * inter, k, "cuda"), _quantize(name, e, k, inter, "cuda")
+        out = moe.fused_moe(x, w13, w2, weights, ids, activation=activation, act=act)
+        ref = moe.fused_moe(x.float(), w13, w2, weights, ids, activation=activation, act=act, backend="reference")
+        assert rel_err(out, ref.double()) <= MOE_TOL[torch.bfloat16], name

@@ -102,6 +102,25 @@ def test_fused_moe_module(seed):
         FusedMoE(layer.w13, layer.w2, 5)
 
 
+def test_fused_moe_module_options(seed):
+    """gpt-oss's activation on interleaved rows, as one expert-parallel rank (4 of 6 experts): the router
+    logits cover every expert, the map moves with the module and stays out of the state_dict."""
+    e, k, inter = 4, 64, 32
+    expert_map = torch.tensor([0, -1, 1, 2, -1, 3])
+    options = dict(activation="swiglu_oai", limit=5.0, gate_up_layout="interleaved", expert_map=expert_map)
+    layer = FusedMoE.from_float(torch.randn(e, 2 * inter, k), torch.randn(e, k, inter), 2, "int4", 32, **options)
+    x, logits = torch.randn(5, k, dtype=torch.bfloat16), torch.randn(5, 6)
+    weights, ids = moe.topk_routing(logits, 2)
+    expect = moe.fused_moe(x, layer.w13, layer.w2, weights, ids, **options)
+    assert torch.equal(layer(x, logits), expect)
+    assert "expert_map" not in layer.state_dict() and "activation=swiglu_oai (interleaved)" in repr(layer)
+    assert layer.to("meta").expert_map.device.type == "meta"
+    with pytest.raises(ValueError, match="alpha: parameters of activation='swiglu_oai'"):
+        FusedMoE(layer.w13, layer.w2, 2, alpha=1.0)
+    with pytest.raises(ValueError, match=r"top_k: expected an int in \[1, 6\]"):
+        FusedMoE(layer.w13, layer.w2, 7, expert_map=expert_map)
+
+
 def test_compile_quantized_model(seed):
     model = quantize_model(Block(), "int4", progress=False)
     torch._dynamo.reset()

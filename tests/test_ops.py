@@ -106,8 +106,19 @@ def test_opcheck_moe(seed):
     xg = torch.randn(routing.m_pad, 64, dtype=torch.bfloat16)
     args = (xg, routing.expert_ids, 16, *ops.weight_args(w13), None, "fp8", torch.bfloat16, "reference")
     torch.library.opcheck(torch.ops.humming.grouped_linear.default, args)
-    args = (x, weights, ids, *ops.weight_args(w13), None, *ops.weight_args(w2), None, "silu", None, 16, "reference")
+    w13_args, w2_args = ops.weight_args(w13), ops.weight_args(w2)
+    silu = ("silu", None, None, "concat")
+    args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, None, 16, "reference")
     torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
+    # gpt-oss's activation on interleaved rows, biases, an expert map (global ids over 6 experts, 4 here);
+    # the Triton path too (activation pass and combine, under the interpreter on CPU)
+    bias13, bias2 = torch.randn(4, 64), torch.randn(4, 64)
+    expert_map = torch.tensor([0, -1, 1, 2, -1, 3], dtype=torch.int32)
+    gids = torch.randint(0, 6, (5, 2), dtype=torch.int32)
+    swiglu = ("swiglu_oai", 1.702, 7.0, "interleaved")
+    for act, backend in ((None, "reference"), ("fp8", "reference"), (None, "triton")):
+        args = (x, weights, gids, *w13_args, bias13, *w2_args, bias2, expert_map, *swiglu, act, 16, backend)
+        torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
 
 
 #: topk_routing's keyword arguments: DeepSeek-V3's grouped, biased sigmoid routing; gpt-oss's
@@ -234,17 +245,30 @@ def test_compile_triton(seed, no_recompile):
         assert torch.equal(f(x), humming.linear(x, qw, backend="triton"))
 
 
-@pytest.mark.parametrize("act", [None, "fp8"])
-def test_compile_fused_moe(act, seed, no_recompile):
+@pytest.mark.parametrize(
+    ("act", "activation", "layout", "mapped", "backend"),
+    [
+        (None, "silu", "concat", False, "reference"),
+        ("fp8", "silu", "concat", False, "reference"),
+        ("fp8", "swiglu_oai", "interleaved", True, "reference"),
+        (None, "gelu_tanh", "concat", True, "triton"),
+    ],
+    ids=lambda v: str(v),
+)
+def test_compile_fused_moe(act, activation, layout, mapped, backend, seed, no_recompile):
+    """One graph for every T (the activation's parameters and the expert map go through the op)."""
     w13, w2 = _moe_weights()
+    expert_map = torch.tensor([2, -1, 0, 3, 1, -1], dtype=torch.int32) if mapped else None
+    num_routed = 6 if mapped else 4
+    kwargs = dict(activation=activation, gate_up_layout=layout, act=act, block_m=16, backend=backend)
 
     def layer(x, logits):
         weights, ids = moe.topk_routing(logits, 2, renormalize=True)
-        return moe.fused_moe(x, w13, w2, weights, ids, act=act, block_m=16, backend="reference")
+        return moe.fused_moe(x, w13, w2, weights, ids, expert_map=expert_map, **kwargs)
 
     f = torch.compile(layer, fullgraph=True)
     for t in (1, 6, 19):
-        x, logits = _dynamic(torch.randn(t, 64, dtype=torch.bfloat16)), _dynamic(torch.randn(t, 4))
+        x, logits = _dynamic(torch.randn(t, 64, dtype=torch.bfloat16)), _dynamic(torch.randn(t, num_routed))
         assert torch.equal(f(x, logits), layer(x, logits))
 
 
@@ -336,17 +360,22 @@ def test_gpu_capture_of_an_unwarmed_call_names_the_warmup(seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("act", [None, "fp8"])
-def test_gpu_fused_moe_graph(act, seed):
+@pytest.mark.parametrize(("act", "mapped"), [(None, False), ("fp8", False), ("fp8", True)])
+def test_gpu_fused_moe_graph(act, mapped, seed):
+    """Compiled and graphed equal eager; mapped: gpt-oss's activation as one rank (8 of 12 experts)."""
     e, k, inter, t = 8, 512, 256, 6
     w13 = humming.quantize(torch.randn(e, 2 * inter, k, device="cuda"), "int4", group_size=128)
     w2 = humming.quantize(torch.randn(e, k, inter, device="cuda"), "int4", group_size=128)
     x = torch.randn(t, k, dtype=torch.bfloat16, device="cuda")
-    logits = torch.randn(t, e, device="cuda")
+    options = {}
+    if mapped:
+        expert_map = torch.tensor([0, 1, -1, 2, 3, -1, 4, 5, -1, 6, 7, -1], dtype=torch.int32, device="cuda")
+        options = dict(activation="swiglu_oai", gate_up_layout="interleaved", expert_map=expert_map)
+    logits = torch.randn(t, 12 if mapped else e, device="cuda")
 
     def layer(x, logits):
         weights, ids = moe.topk_routing(logits, 2)
-        return moe.fused_moe(x, w13, w2, weights, ids, act=act, block_m=16)
+        return moe.fused_moe(x, w13, w2, weights, ids, act=act, block_m=16, **options)
 
     m_pad = moe.padded_rows(t * 2, e, 16)
     humming.warmup([w13, w2], m_values=[m_pad], act=act, block_ms=[16], progress=False)

@@ -252,17 +252,19 @@ def grouped_linear(
     """``x [M_pad, K]`` grouped by expert -> ``[M_pad, N]`` of ``out_dtype``: row ``r`` is ``x[r] @
     dequantize(qweight)[e]^T + bias[e]`` with ``e = expert_ids[r // block_m]`` (int32, ``M_pad // block_m``
     entries); segments whose id is -1 are skipped (their rows unspecified). Ids outside [-1, E) are not
-    checked (that would need a host sync) and fault. ``bias`` is ``[E, N]`` or ``None``."""
-    reason = supports_grouped(qweight, act, x, block_m)
+    checked (that would need a host sync) and fault. ``bias`` is ``[E, N]`` or ``None``. With ``act``, ``x``
+    may be a ``QuantizedActivation`` of that scheme (the FP8 GEMM then skips its quantization pass)."""
+    codes = getattr(x, "codes", x)
+    reason = supports_grouped(qweight, act, codes, block_m)
     if reason is not None:
         raise ValueError(f"humming CUDA backend: {reason}")
-    m, e, n = x.shape[0], qweight.num_experts, qweight.N
+    m, e, n, device = codes.shape[0], qweight.num_experts, qweight.N, codes.device
     if m % block_m or expert_ids.shape != (m // block_m,):
         raise ValueError(f"expert_ids: expected shape ({m // block_m},) for M_pad={m}, block_m={block_m}")
-    if expert_ids.dtype != torch.int32 or expert_ids.device != x.device:
-        raise ValueError(f"expert_ids: expected int32 on {x.device}, got {expert_ids.dtype} on {expert_ids.device}")
-    if bias is not None and (tuple(bias.shape) != (e, n) or bias.device != x.device):
-        raise ValueError(f"bias: expected shape ({e}, {n}) on {x.device}, got {tuple(bias.shape)} on {bias.device}")
+    if expert_ids.dtype != torch.int32 or expert_ids.device != device:
+        raise ValueError(f"expert_ids: expected int32 on {device}, got {expert_ids.dtype} on {expert_ids.device}")
+    if bias is not None and (tuple(bias.shape) != (e, n) or bias.device != device):
+        raise ValueError(f"bias: expected shape ({e}, {n}) on {device}, got {tuple(bias.shape)} on {bias.device}")
     bias = bias.contiguous() if bias is not None else None
     if act is not None:
         return fp8_gemm.run_grouped(fp8_gemm.prepare(qweight), x, act, expert_ids, block_m, bias, out_dtype)

@@ -47,6 +47,7 @@ __all__ = [
     "load_tables",
     "plan_grouped",
     "plan_linear",
+    "requested_backend",
 ]
 
 log = logging.getLogger("humming.dispatch")
@@ -172,7 +173,8 @@ _plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {ca
 _warned: set = set()
 
 
-def _requested(backend: str) -> str:
+def requested_backend(backend: str) -> str:
+    """The backend a call asks for: ``backend``, with ``HUMMING_BACKEND`` in place of ``"auto"`` when set."""
     if backend == "auto":
         backend = getenv("HUMMING_BACKEND", "auto") or "auto"
     if backend != "auto" and backend not in BACKENDS:
@@ -184,7 +186,7 @@ def plan_linear(qweight, act, x, backend: str = "auto") -> Plan:
     """The plan of ``humming.linear(x, qweight, act=act, backend=backend)``; ``x`` is the 2-D activation
     ``[M, K]`` (a QuantizedActivation's codes for pre-quantized input). Raises ``ValueError`` when the
     requested backend cannot run the call (naming why each of its kernels cannot)."""
-    requested = _requested(backend)
+    requested = requested_backend(backend)
     key = _call_key(act, x, requested, None)
     plans = _plans.get(qweight)
     plan = None if plans is None else plans.get(key)
@@ -193,7 +195,7 @@ def plan_linear(qweight, act, x, backend: str = "auto") -> Plan:
 
 def plan_grouped(qweight, act, x, block_m: int, backend: str = "auto") -> Plan:
     """The plan of ``humming.moe.grouped_linear(x, qweight, ..., block_m, act=act, backend=backend)``."""
-    requested = _requested(backend)
+    requested = requested_backend(backend)
     return _cached(qweight, _call_key(act, x, requested, block_m), lambda: _decide(qweight, act, x, requested, block_m))
 
 
@@ -207,7 +209,7 @@ def _call_key(act, x, requested: str, block_m: int | None) -> tuple:
 def unwarmed_error(err: Exception, qweight, act, x, backend: str, block_m: int | None = None) -> RuntimeError:
     """``err`` (a kernel that could not load during a CUDA graph capture) with the warmup call that readies
     this call's kernels."""
-    key = _call_key(act, x, _requested(backend), block_m)
+    key = _call_key(act, x, requested_backend(backend), block_m)
     return type(err)(f"{err}. {_unwarmed(qweight, key)}")
 
 

@@ -46,16 +46,21 @@ def linear(x, qweight, bias, act, out_dtype):
 
 
 def grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype):
-    """``x [M_pad, K]``: each block's rows times its expert (``humming.moe.grouped_linear``), one expert at
-    a time; rows of blocks with expert -1 are zero. Reads the routing on the host (not capturable)."""
+    """``x [M_pad, K]`` (float, or a QuantizedActivation): each block's rows times its expert
+    (``humming.moe.grouped_linear``), one expert at a time; rows of blocks with expert -1 are zero. Reads the
+    routing on the host (not capturable)."""
 
     row_expert = expert_ids.long().repeat_interleave(block_m)
     used = row_expert >= 0
-    xf = x.to(torch.float32)
-    if act is not None:  # one quantization of every row in use: per-tensor scales span all experts
-        xq = dequantize_activation(quantize_activation(_finite(x[used]), act))
-        xf = torch.zeros_like(xf).index_put_((used,), xq)
-    out = torch.zeros(x.shape[0], qweight.N, dtype=out_dtype, device=x.device)
+    if isinstance(x, QuantizedActivation):  # quantized beforehand; rows of unused blocks are never read
+        xf = dequantize_activation(x)
+    elif act is not None:  # one quantization of every row in use: per-tensor scales span all experts
+        xf = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        if used.any():  # none with an expert map that puts no slot on this rank
+            xf[used] = dequantize_activation(quantize_activation(_finite(x[used]), act))
+    else:
+        xf = x.to(torch.float32)
+    out = torch.zeros(xf.shape[0], qweight.N, dtype=out_dtype, device=xf.device)
     for e in row_expert[used].unique().tolist():
         rows = (row_expert == e).nonzero()[:, 0]
         out[rows] = linear(xf[rows], expert_weight(qweight, e), None if bias is None else bias[e], None, out_dtype)

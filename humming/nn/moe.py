@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._moe_layer import check_activation
 from ..ir.activation import ActScheme, get_act_scheme
 from ..ir.quantize import quantize
 from ..ir.weight import QuantizedWeight
@@ -15,14 +16,18 @@ __all__ = ["FusedMoE", "QuantizedExperts"]
 
 
 class FusedMoE(QuantizedModule):
-    """``sum_j w_j * w2_e(silu(gate) * up)`` over each token's ``top_k`` experts (:func:`humming.moe.fused_moe`),
-    the experts picked by :func:`humming.moe.topk_routing` from the router logits.
+    """``sum_j w_j * w2_e(act_fn(gate, up))`` over each token's ``top_k`` experts
+    (:func:`humming.moe.fused_moe`), the experts picked by :func:`humming.moe.topk_routing` from the router
+    logits.
 
     Args:
-        w13: ``[E, 2I, K]`` (gate rows, then up rows); w2: ``[E, K, I]``.
+        w13: ``[E, 2I, K]`` (gate and up rows as ``gate_up_layout`` says); w2: ``[E, K, I]``.
         top_k: experts per token.
         scoring: ``"softmax"`` or ``"sigmoid"``; renormalize: rescale the picked weights to sum to 1.
-        act, block_m, backend: as :func:`humming.moe.fused_moe`.
+        activation, alpha, limit, gate_up_layout, act, block_m, backend: as :func:`humming.moe.fused_moe`.
+        expert_map: expert parallelism, as :func:`humming.moe.fused_moe`: integer ``[E_global]``, each global
+            expert's index in ``w13`` / ``w2`` or -1; the router logits are then ``[..., E_global]``. Held as
+            a buffer (moves with ``.to(device)``; not in the ``state_dict``).
     """
 
     def __init__(
@@ -33,6 +38,11 @@ class FusedMoE(QuantizedModule):
         *,
         scoring: str = "softmax",
         renormalize: bool = False,
+        activation: str = "silu",
+        alpha: float | None = None,
+        limit: float | None = None,
+        gate_up_layout: str = "concat",
+        expert_map: torch.Tensor | None = None,
         act: str | ActScheme | None = None,
         block_m: int | None = None,
         backend: str = "auto",
@@ -43,9 +53,19 @@ class FusedMoE(QuantizedModule):
         if w13.num_experts is None or w2.num_experts is None:
             raise ValueError(f"w13, w2: expected expert-stacked weights [E, N, K], got {w13.shape} and {w2.shape}")
         self.num_experts = w13.num_experts
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= self.num_experts:
-            raise ValueError(f"top_k: expected an int in [1, {self.num_experts}], got {top_k!r}")
+        routed = self.num_experts
+        if expert_map is not None:
+            if not isinstance(expert_map, torch.Tensor) or expert_map.dim() != 1:
+                raise ValueError(
+                    f"expert_map: expected a 1-D tensor [E_global], got {getattr(expert_map, 'shape', expert_map)!r}"
+                )
+            routed = expert_map.shape[0]
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= routed:
+            raise ValueError(f"top_k: expected an int in [1, {routed}], got {top_k!r}")
         self.top_k, self.scoring, self.renormalize = top_k, scoring, renormalize
+        check_activation(activation, alpha, limit, gate_up_layout)
+        self.activation, self.alpha, self.limit, self.gate_up_layout = activation, alpha, limit, gate_up_layout
+        self.register_buffer("expert_map", expert_map, persistent=False)
         self.act = None if act is None else get_act_scheme(act)
         self.block_m, self.backend = block_m, backend
 
@@ -72,12 +92,30 @@ class FusedMoE(QuantizedModule):
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         logits = router_logits.reshape(-1, router_logits.shape[-1])
         weights, ids = topk_routing(logits, self.top_k, scoring=self.scoring, renormalize=self.renormalize)
-        y = fused_moe(x, self.w13, self.w2, weights, ids, act=self.act, block_m=self.block_m, backend=self.backend)
+        y = fused_moe(
+            x,
+            self.w13,
+            self.w2,
+            weights,
+            ids,
+            activation=self.activation,
+            alpha=self.alpha,
+            limit=self.limit,
+            gate_up_layout=self.gate_up_layout,
+            expert_map=self.expert_map,
+            act=self.act,
+            block_m=self.block_m,
+            backend=self.backend,
+        )
         return y.reshape(hidden_states.shape)
 
     def extra_repr(self) -> str:
         act = "None" if self.act is None else self.act.name
-        return f"experts={self.num_experts}, top_k={self.top_k}, {self.w13.describe()}, act={act}"
+        local = "" if self.expert_map is None else f" (of {self.expert_map.shape[0]})"
+        return (
+            f"experts={self.num_experts}{local}, top_k={self.top_k}, {self.w13.describe()}, "
+            f"activation={self.activation} ({self.gate_up_layout}), act={act}"
+        )
 
 
 class QuantizedExperts(QuantizedModule):

@@ -5,6 +5,8 @@
 - MoE grouped GEMM (``humming.moe``): the same two kernels with an expert-id path,
   :func:`.wna16.grouped_linear` (WnA16) and :func:`.scaled_mm.grouped_linear` (per-token / per-group
   activation scales only; per-tensor schemes and NVFP4's global scale run on the reference).
+- ``fused_moe``'s steps around the grouped GEMMs: :mod:`.moe_layer` (the activation pass, which can
+  quantize ``w2``'s input, and the weighted combine).
 
 Without a GPU the kernels run under Triton's CPU interpreter when ``TRITON_INTERPRET=1`` (see
 :mod:`.interpreter`); :mod:`.registry` lists every kernel for the all-architecture compile check.
@@ -69,8 +71,9 @@ def supports_grouped(qweight: QuantizedWeight, act, x: torch.Tensor, block_m: in
 
 
 def grouped_linear(x, qweight: QuantizedWeight, expert_ids, block_m: int, bias, act, out_dtype) -> torch.Tensor:
-    """MoE grouped GEMM ``[M_pad, K] -> [M_pad, N]`` (``humming.moe.grouped_linear``)."""
-    reason = supports_grouped(qweight, act, x, block_m)
+    """MoE grouped GEMM ``[M_pad, K] -> [M_pad, N]`` (``humming.moe.grouped_linear``); ``x`` may be a
+    QuantizedActivation (the scaled GEMM then skips its quantization pass)."""
+    reason = supports_grouped(qweight, act, getattr(x, "codes", x), block_m)
     if reason:
         raise ValueError(f"triton: {reason}")
     if act is not None:

@@ -22,7 +22,17 @@ from ..ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act
 from . import registry
 from ._launch import CompiledLaunches
 
-__all__ = ["quantize_activation", "quantize_activation_values", "quantize_pass", "supports"]
+__all__ = [
+    "per_token_tile",
+    "quantize_activation",
+    "quantize_activation_values",
+    "quantize_chunk",
+    "quantize_pass",
+    "scale_kind",
+    "scheme_unsupported",
+    "span_scale",
+    "supports",
+]
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -87,7 +97,7 @@ def _decode_e4m3(code):
 
 
 @triton.jit
-def _quantize_chunk(
+def quantize_chunk(
     x,
     s,
     e8m0_exp,
@@ -118,6 +128,25 @@ def _quantize_chunk(
         zero = (s == 0) & (x == x)
     code = _encode(q, up, INT, BITS, MBITS, BIAS, MAXV)
     return tl.where(zero, 0, code)
+
+
+@triton.jit
+def span_scale(amax, INT: tl.constexpr, MAXV: tl.constexpr, EMAX_ELEM: tl.constexpr, SCALE: tl.constexpr):
+    """``(s, e8m0_exp)`` of spans whose absmax is ``amax`` (float32 [BM]): for SCALE == "fp32" the float32
+    scale ``s`` (``e8m0_exp`` zero), for SCALE == "e8m0" the int32 exponent of the e8m0 scale (``s`` zero)."""
+    if SCALE == "fp32":
+        # float32(float64(amax) / max) (no double rounding: the quotient of these operands is never within
+        # 2^-53 of a float32 midpoint); integer grids round the scale up so that no code clips.
+        s = tl.math.div_rn(amax, tl.full(amax.shape, MAXV, tl.float32))
+        if INT:
+            below = s.to(tl.float64) * MAXV < amax.to(tl.float64)  # exact: 24 x 8 significant bits
+            s = tl.where(below, (s.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), s)
+        e8m0_exp = tl.zeros(amax.shape, dtype=tl.int32)
+    else:
+        # OCP MX: 2^(floor(log2(amax)) - emax(element)), at least 2^-127 (exact for every fp16/bf16/fp32 amax).
+        e8m0_exp = tl.minimum(tl.maximum(_floor_log2(amax) - EMAX_ELEM, -127), 127)
+        s = tl.zeros(amax.shape, dtype=tl.float32)
+    return s, e8m0_exp
 
 
 @triton.jit
@@ -199,16 +228,8 @@ def _act_quant_kernel(
     s = tl.zeros([BLOCK_M], dtype=tl.float32)
     if SOURCE == "static":
         s = tl.load(scales_ptr) + tl.zeros([BLOCK_M], dtype=tl.float32)
-    elif SCALE == "fp32":
-        # float32(float64(amax) / max) (no double rounding: the quotient of these operands is never within
-        # 2^-53 of a float32 midpoint); integer grids round the scale up so that no code clips.
-        s = tl.math.div_rn(amax, tl.full([BLOCK_M], MAXV, tl.float32))
-        if INT:
-            below = s.to(tl.float64) * MAXV < amax.to(tl.float64)  # exact: 24 x 8 significant bits
-            s = tl.where(below, (s.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), s)
-    elif SCALE == "e8m0":
-        # OCP MX: 2^(floor(log2(amax)) - emax(element)), at least 2^-127 (exact for every fp16/bf16/fp32 amax).
-        e8m0_exp = tl.minimum(tl.maximum(_floor_log2(amax) - EMAX_ELEM, -127), 127)
+    elif SCALE == "fp32" or SCALE == "e8m0":
+        s, e8m0_exp = span_scale(amax, INT, MAXV, EMAX_ELEM, SCALE)
     else:
         # NVFP4: global scale = tensor amax / (max element * 448, the largest e4m3 scale)
         tensor_amax = tl.load(amax_ptr).to(tl.float32, bitcast=True) + tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -238,7 +259,7 @@ def _act_quant_kernel(
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = row_mask[:, None] & (cols[None, :] < k_hi)
         x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        code = _quantize_chunk(x, s[:, None], e8m0_exp[:, None], INT, BITS, MBITS, BIAS, MAXV, SCALE)
+        code = quantize_chunk(x, s[:, None], e8m0_exp[:, None], INT, BITS, MBITS, BIAS, MAXV, SCALE)
         if VALUES:  # the e4m3 value of each code, in codes_ptr's 16-bit float type (exact)
             value = _decode_e4m3(code).to(codes_ptr.dtype.element_ty)
             tl.store(codes_ptr + rows64[:, None] * stride_cm + cols[None, :], value, mask=mask)
@@ -248,27 +269,34 @@ def _act_quant_kernel(
 
 def supports(x: torch.Tensor, act: str | ActScheme) -> str | None:
     """``None`` if :func:`quantize_activation` runs ``x`` with ``act``, else the reason."""
-    scheme = get_act_scheme(act)
+    reason = scheme_unsupported(get_act_scheme(act))
+    if reason is None and (x.dim() != 2 or x.dtype not in _X_DTYPES or x.stride(-1) != 1):
+        return f"x: expected a 2-D float16/bfloat16/float32 tensor with contiguous rows, got {x.dtype} {tuple(x.shape)}"
+    return reason
+
+
+def scheme_unsupported(scheme: ActScheme) -> str | None:
+    """``None`` if the kernel quantizes with ``scheme`` (whatever the activations), else the reason."""
     fmt = scheme.element_format
     if fmt.kind not in ("int", "float") or (fmt.is_int and not fmt.signed):
         return f"act {scheme.name}: element format {fmt.name} is not supported (signed int or eXmY only)"
-    if x.dim() != 2 or x.dtype not in _X_DTYPES or x.stride(-1) != 1:
-        return f"x: expected a 2-D float16/bfloat16/float32 tensor with contiguous rows, got {x.dtype} {tuple(x.shape)}"
-    scale_kind = _scale_kind(scheme)
-    if scale_kind is None:
+    kind = scale_kind(scheme)
+    if kind is None:
         return (
             f"act {scheme.name}: scale dtype {scheme.scale_dtype} with global_scale={scheme.global_scale} is not "
             "supported (float32; e8m0; e4m3 with a global scale)"
         )
     bn, bk = scheme.group_shape
-    if bn == -1 and scale_kind != "fp32":
+    if bn == -1 and kind != "fp32":
         return f"act {scheme.name}: per-tensor scales must be float32"
     if bk != -1 and (bn != 1 or bk & (bk - 1) or bk < 16):
         return f"act {scheme.name}: groups along K must be a power of two >= 16, got {scheme.group_shape}"
     return None
 
 
-def _scale_kind(scheme: ActScheme) -> str | None:
+def scale_kind(scheme: ActScheme) -> str | None:
+    """How the kernel computes ``scheme``'s scales: ``"fp32"``, ``"e8m0"``, ``"e4m3g"`` (e4m3 under a float32
+    global scale), or ``None`` (not supported)."""
     if scheme.scale_dtype == torch.float32 and not scheme.global_scale:
         return "fp32"
     if scheme.scale_dtype == torch.float8_e8m0fnu and not scheme.global_scale:
@@ -286,7 +314,7 @@ def quantize_activation(
     ``scale`` replaces the dynamic one."""
     scheme = get_act_scheme(act)
     codes, scales, gscale = _quantize(x, scheme, scale, None, 0)
-    if _scale_kind(scheme) != "fp32":
+    if scale_kind(scheme) != "fp32":
         scales = scales.view(scheme.scale_dtype)
     return QuantizedActivation(scheme, codes, scales, gscale)
 
@@ -313,7 +341,7 @@ def quantize_pass(x: torch.Tensor, act: str | ActScheme, *, values: bool = False
     scheme = get_act_scheme(act)
     values_dtype = None
     if values:
-        if scheme.element_format.name != "e4m3" or _scale_kind(scheme) != "fp32":
+        if scheme.element_format.name != "e4m3" or scale_kind(scheme) != "fp32":
             raise ValueError(f"act: values are produced for e4m3 schemes with float32 scales, not {scheme.name}")
         values_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
     return _pass(x, scheme, False, values_dtype, scales_rows)
@@ -352,7 +380,7 @@ class _Pass:
         fmt = scheme.element_format
         m, k = x.shape
         bn, bk = scheme.group_shape
-        kind = _scale_kind(scheme)
+        kind = scale_kind(scheme)
         if m == 0 or k == 0:
             raise ValueError(f"x: expected a non-empty [M, K], got {tuple(x.shape)}")
         if static and kind != "fp32":
@@ -463,7 +491,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
     ]
     for scheme in ACT_SCHEMES.values():
         fmt = scheme.element_format
-        kind = _scale_kind(scheme)
+        kind = scale_kind(scheme)
         bn, bk = scheme.group_shape
         source = "tensor" if bn == -1 else "local"
         # The launch's tiles (quantize_activation): groups, per-token rows (M >= 1024 and decode), per-tensor;

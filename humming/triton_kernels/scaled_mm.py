@@ -164,7 +164,7 @@ def deterministic_config(qweight: QuantizedWeight, act: ActScheme, x: torch.Tens
 
 
 def grouped_linear(
-    x: torch.Tensor,
+    x: torch.Tensor | QuantizedActivation,
     qweight: QuantizedWeight,
     expert_ids: torch.Tensor,
     block_m: int,
@@ -174,19 +174,24 @@ def grouped_linear(
     config: ScaledMMConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """MoE grouped scaled GEMM: ``x [M_pad, K]`` quantized per token (or 1 x g group) by ``act``, row ``r``
-    times expert ``expert_ids[r // block_m]`` of ``qweight [E, N, K]`` (+ ``bias [E, N]``) -> ``[M_pad, N]``;
-    blocks of expert -1 are skipped (their rows of ``out`` are left as they are). The tile's ``block_m``
-    is cut to the largest of 16, 32, 64, 128 that divides the routing ``block_m``."""
-    reason = supports_grouped(qweight, act, x, block_m)
+    """MoE grouped scaled GEMM: ``x [M_pad, K]`` quantized per token (or 1 x g group) by ``act`` (or a
+    :class:`~humming.QuantizedActivation` of that scheme), row ``r`` times expert ``expert_ids[r // block_m]``
+    of ``qweight [E, N, K]`` (+ ``bias [E, N]``) -> ``[M_pad, N]``; blocks of expert -1 are skipped (their
+    rows of ``out`` are left as they are). The tile's ``block_m`` is cut to the largest of 16, 32, 64, 128
+    that divides the routing ``block_m``."""
+    prequantized = isinstance(x, QuantizedActivation)
+    if prequantized and x.scheme != act:
+        raise ValueError(f"triton scaled_mm: x is quantized with {x.scheme.name}, but act={getattr(act, 'name', act)}")
+    codes = x.codes if prequantized else x
+    reason = supports_grouped(qweight, act, codes, block_m)
     if reason:
         raise ValueError(f"triton scaled_mm: {reason}")
-    if x.shape[0] == 0:
-        return torch.empty(0, qweight.N, dtype=out_dtype, device=x.device)
-    qa = act_quant.quantize_activation(x, act)  # per-token / per-group: rows are independent
+    if codes.shape[0] == 0:
+        return torch.empty(0, qweight.N, dtype=out_dtype, device=codes.device)
+    qa = x if prequantized else act_quant.quantize_activation(x, act)  # per-token / per-group: rows independent
     if config is None:
-        plan = compute_plan(qweight, act, act_group_k(act, qa.scales), device_capability(x.device))
-        config = grouped_call_config(plan, qweight, block_m, x.shape[0], x.device)
+        plan = compute_plan(qweight, act, act_group_k(act, qa.scales), device_capability(codes.device))
+        config = grouped_call_config(plan, qweight, block_m, codes.shape[0], codes.device)
     if block_m % config.block_m or config.block_m < MIN_GROUPED_BLOCK_M:
         raise ValueError(f"triton scaled_mm: config block_m={config.block_m} must divide block_m={block_m}, >= 16")
     bias = None if bias is None else bias.contiguous()
