@@ -175,7 +175,7 @@ def test_unavailable_reason_names_the_missing_package(monkeypatch):
 
 
 def test_probe_does_not_import_cuda_core():
-    """A start whose kernels all come from the disk cache never imports cuda-core (it costs 0.25 s)."""
+    """A start whose kernels all come from the disk cache never imports cuda-core (a slow import)."""
     import subprocess
 
     probe = (

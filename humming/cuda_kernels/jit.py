@@ -139,7 +139,7 @@ _import_lock = threading.Lock()
 def compiler_unavailable_reason() -> str | None:
     """``None`` when cuda-core and NVRTC can compile, else why not (what is missing or fails to load).
 
-    Checked once per process without importing cuda-core (a quarter of a second): a start whose kernels
+    Checked once per process without importing cuda-core (a slow import): a start whose kernels
     all come from the disk cache never needs it. NVRTC itself is loaded (cheap) to check it works.
     """
     with _import_lock:

@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.cases.split(",")) - set(CASES))
     if unknown:
         parser.error(f"--cases: unknown case(s) {unknown}; known: {', '.join(CASES)}")
+    if args.add_bench is not None and args.from_timings is None:
+        parser.error("--add-bench: needs --from-timings (the table whose timings it joins)")
     if args.from_timings is not None:
         table = json.loads(args.from_timings.read_text())
         if args.add_bench is not None:

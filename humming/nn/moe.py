@@ -15,6 +15,15 @@ from .linear import resolve_group_size
 __all__ = ["FusedMoE", "QuantizedExperts"]
 
 
+def _hold_experts(module: QuantizedModule, w13: QuantizedWeight, w2: QuantizedWeight) -> None:
+    """Register an MoE module's two expert-stacked weights and its expert count."""
+    module._set_weight("w13_", w13)
+    module._set_weight("w2_", w2)
+    if w13.num_experts is None or w2.num_experts is None:
+        raise ValueError(f"w13, w2: expected expert-stacked weights [E, N, K], got {w13.shape} and {w2.shape}")
+    module.num_experts = w13.num_experts
+
+
 class FusedMoE(QuantizedModule):
     """``sum_j w_j * w2_e(act_fn(gate, up))`` over each token's ``top_k`` experts
     (:func:`humming.moe.fused_moe`), the experts picked by :func:`humming.moe.topk_routing` from the router
@@ -48,11 +57,7 @@ class FusedMoE(QuantizedModule):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        self._set_weight("w13_", w13)
-        self._set_weight("w2_", w2)
-        if w13.num_experts is None or w2.num_experts is None:
-            raise ValueError(f"w13, w2: expected expert-stacked weights [E, N, K], got {w13.shape} and {w2.shape}")
-        self.num_experts = w13.num_experts
+        _hold_experts(self, w13, w2)
         routed = self.num_experts
         if expert_map is not None:
             if not isinstance(expert_map, torch.Tensor) or expert_map.dim() != 1:
@@ -139,11 +144,7 @@ class QuantizedExperts(QuantizedModule):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        self._set_weight("w13_", w13)
-        self._set_weight("w2_", w2)
-        if w13.num_experts is None or w2.num_experts is None:
-            raise ValueError(f"w13, w2: expected expert-stacked weights [E, N, K], got {w13.shape} and {w2.shape}")
-        self.num_experts = w13.num_experts
+        _hold_experts(self, w13, w2)
         self.act = None if act is None else get_act_scheme(act)
         self.block_m, self.backend = block_m, backend
 
