@@ -154,7 +154,9 @@ def _fake_quantize_activation(x, act, scale, backend):
 def _quantize_activation_op(x, act, scale, backend):
     qa = _quantize_activation_impl(x, get_act_scheme(act), scale, backend)
     gs = qa.global_scale if qa.global_scale is not None else torch.ones((), device=x.device)
-    return qa.codes, qa.scales, gs.reshape(())
+    # A custom op's outputs may not alias its inputs: a static scale comes back as a view of ``scale``.
+    scales = qa.scales.clone() if scale is not None else qa.scales
+    return qa.codes, scales, gs.reshape(())
 
 
 register("quantize_activation", _quantize_activation_op, _fake_quantize_activation)
