@@ -88,14 +88,6 @@ def gated(h: torch.Tensor, activation: str, layout: str, alpha: float = 1.702, l
     return gate * torch.sigmoid(alpha * gate) * (up + 1)
 
 
-def e4m3_codes(rows: int, k: int, device="cuda") -> torch.Tensor:
-    """uint8 ``[rows, k]`` e4m3 codes, uniform over the 254 non-NaN codes (0x7F and 0xFF are skipped): FP8
-    operands built directly in the IR, so that a check depends on nothing but the kernel and torch's exact
-    e4m3 decoding."""
-    codes = torch.randint(0, 254, (rows, k), dtype=torch.int32, device=device)
-    return (codes + (codes >= 0x7F).to(torch.int32)).to(torch.uint8)
-
-
 def assert_rel_close(
     out: torch.Tensor, ref: torch.Tensor, tol: float = 1e-2, *, precision: torch.dtype, seed: int | None = None
 ) -> None:
