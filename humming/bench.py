@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 
@@ -126,8 +127,9 @@ def sweep(
 ) -> dict:
     """Measure (or with ``check_only``, check) every system named in ``systems`` (default: all of
     ``registry(op)``) on every case, shape, dtype and M; returns ``{"header", "rows"}`` and writes it to
-    ``out`` after each (case, shape, dtype) and at the end. Points past ``budget_s`` seconds are counted in
-    ``header["not_measured"]``, not timed. Timing needs a CUDA GPU; ``check_only`` runs anywhere.
+    ``out`` after each (case, shape, dtype) (op ``moe``: after each M) and at the end. Points past
+    ``budget_s`` seconds are counted in ``header["not_measured"]``, not timed. Timing needs a CUDA GPU;
+    ``check_only`` runs anywhere.
 
     Op ``moe``: ``models`` (:data:`MODELS` presets, each in its own cases, or ``cases`` when given) and
     the ``shapes`` (``w13`` shapes of SwiGLU layers, in ``cases``), each part of ``parts`` under each
@@ -172,7 +174,8 @@ def sweep(
         else:
             header["skipped"][name] = reason
 
-    run = _Run(doc, device, check_only, time.time() + budget_s, copy_bytes_per_s, worker, rounds)
+    save = (lambda: None) if out is None else partial(_write, out, doc)
+    run = _Run(doc, device, check_only, time.time() + budget_s, copy_bytes_per_s, worker, rounds, save)
     if op == "linear":
         jobs = [(case, shape, dtype) for case in cases for shape in shapes for dtype in dtypes]
         points = len(jobs) * len(chosen) * len(m_values)
@@ -190,30 +193,28 @@ def sweep(
                 run.moe_job(*job, chosen, m_values, routings, parts, bar)
             if device == "cuda":
                 torch.cuda.empty_cache()
-            if out is not None:
-                _write(out, doc)
+            save()
     finally:
         bar.close()
         if worker is not None:
             worker.close()
-    if out is not None:
-        _write(out, doc)
+    save()
     return doc
 
 
 class _Run:
     """What one sweep shares across groups: the rows' device and roof, the deadlines (the sweep's ``final`` one
     and the current job's), the torch baselines measured so far (they do not depend on the case) and the
-    humming-kernels worker."""
+    humming-kernels worker; ``save()`` writes the sweep's document so far."""
 
-    def __init__(self, doc, device, check_only, deadline, roof, worker, rounds: int):
+    def __init__(self, doc, device, check_only, deadline, roof, worker, rounds: int, save):
         self.header, self.device, self.check_only = doc["header"], device, check_only
         self.rows = doc["rows"]
         self.final = self.deadline = deadline
-        self.roof, self.worker, self.rounds = roof, worker, rounds
+        self.roof, self.worker, self.rounds, self.save = roof, worker, rounds, save
         self.shared: dict = {}
 
-    def _runs(self, systems: list[System], case: str, where: str, part: str | None = None) -> list[System]:
+    def _runs(self, systems: list[System], case: str, part: str | None = None) -> list[System]:
         """The systems that run ``case`` (and ``part``); a system left out for its case is noted in the header."""
         runs = []
         for s in systems:
@@ -230,7 +231,7 @@ class _Run:
         bar.set_postfix_str(f"{case} {shape} {_dtype_name(dtype)}")
         if self.device == "cuda" and not self.check_only and time.time() < self.deadline:
             _warm(group, m_values)
-        runs = self._runs(systems, case, group.where)
+        runs = self._runs(systems, case)
         bar.update((len(systems) - len(runs)) * len(m_values))
         self.rows += self.local_rows(group, [s for s in runs if s.prepare is not None], m_values, bar)
         for system in runs:
@@ -247,7 +248,7 @@ class _Run:
                 warm(experts, m_values, groups[0].act)
             except Exception as err:  # the timed calls compile what is missing (or record why they cannot)
                 tqdm.write(f"humming bench: warmup of {model.name} {case}: {type(err).__name__}: {err}", sys.stderr)
-        runs = {g.part: self._runs(systems, case, g.where, g.part) for g in groups}
+        runs = {g.part: self._runs(systems, case, g.part) for g in groups}
         for m in coarse_to_fine(m_values):
             for group in groups:
                 part_runs = runs[group.part]
@@ -257,6 +258,7 @@ class _Run:
                     if system.prepare is None:
                         self.rows += self.peer_rows(group, system, [m], bar)
                 group.release(m)
+            self.save()
 
     def row(self, group: Group, system: System, inp: Inputs, kernel, result: dict) -> dict:
         from .dispatch.plan import act_key, weight_key
