@@ -546,8 +546,8 @@ def _summarize(doc: dict, out, check_only: bool) -> int:
     failed = [r for r in rows if check_only and not r.get("rel_err", math.inf) < CHECK_TOLERANCE and "error" not in r]
     for r in errors + failed:
         what = r.get("error") or f"rel_err {r['rel_err']:.3g} >= {CHECK_TOLERANCE}"
-        where = " ".join(str(r[key]) for key in ("model", "part", "routing") if key in r)
-        print(f"{r['system']} {r['case']} {where or ''}{r['n']}x{r['k']} M={r['m']} {r['dtype']}: {what}")
+        where = "".join(f"{r[key]} " for key in ("model", "part", "routing") if key in r)
+        print(f"{r['system']} {r['case']} {where}{r['n']}x{r['k']} M={r['m']} {r['dtype']}: {what}")
     where = f", wrote {out}" if out else ""
     print(f"{len(rows)} rows ({len(errors)} errors), {header['not_measured']} points not measured{where}")
     return 1 if check_only and (errors or failed) else 0
