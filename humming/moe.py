@@ -49,6 +49,8 @@ from .ir.weight import QuantizedWeight, expert_weight
 from .linear import poison_non_finite_rows
 
 __all__ = [
+    "MoeCall",
+    "MoeLaunch",
     "MoeRouting",
     "default_block_m",
     "expert_weight",
@@ -734,3 +736,6 @@ def _topk_routing_fake(router_logits, top_k, *args):
 
 
 ops.register("topk_routing", _topk_routing_op, _topk_routing_fake)
+
+# MoeCall builds on the functions above (it imports them from this module)
+from ._moe_call import MoeCall, MoeLaunch  # noqa: E402

@@ -417,3 +417,26 @@ def test_gpu_fused_moe_graph(act, mapped, seed):
     graph, y = capture(lambda: layer(x, logits))
     graph.replay()
     torch.testing.assert_close(y, expect, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [None, "fp8"])
+def test_gpu_fused_moe_capture_after_warmup_alone(act, seed):
+    """humming.warmup of a FusedMoE's MoeCall readies every kernel of the layer (routing, grouped GEMMs, the
+    activation pass with w2's quantization, the combine): a capture with no eager call before it succeeds,
+    and its replay gives the eager result."""
+    from humming.nn import FusedMoE
+
+    e, k, inter, t = 8, 512, 256, 6
+    w13, w2 = torch.randn(e, 2 * inter, k, device="cuda"), torch.randn(e, k, inter, device="cuda")
+    routing = dict(scoring="sigmoid", renormalize=True, num_groups=4, topk_groups=2)
+    bias = torch.rand(e, device="cuda")
+    layer = FusedMoE.from_float(w13, w2, 2, "int4", 128, act=act, correction_bias=bias, **routing)
+    humming.warmup([layer.moe_call()], m_values=[t], progress=False)
+    x = torch.randn(t, k, dtype=torch.bfloat16, device="cuda")
+    logits = torch.randn(t, e, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer(x, logits)
+    graph.replay()
+    torch.testing.assert_close(y, layer(x, logits), rtol=0, atol=0)

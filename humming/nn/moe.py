@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from .._moe_layer import check_activation
-from .._routing import check_routing
+from .._routing import check_routing, layer_backend
 from ..ir.activation import ActScheme, get_act_scheme
 from ..ir.quantize import quantize
 from ..ir.weight import QuantizedWeight
-from ..moe import fused_moe, topk_routing
+from ..moe import MoeCall, fused_moe, topk_routing
 from ._buffers import QuantizedModule
 from .linear import resolve_group_size
 
@@ -35,6 +35,12 @@ def _with_bias(name: str, qw: QuantizedWeight, bias) -> QuantizedWeight:
     if bias.device != qw.device:
         raise ValueError(f"{name} is on {bias.device} but the experts are on {qw.device}")
     return qw.replace(bias=bias)
+
+
+def _options(module) -> dict:
+    """The fused_moe keyword arguments an MoE module holds, but the expert map."""
+    names = ("activation", "alpha", "limit", "gate_up_layout", "act", "block_m", "backend")
+    return {name: getattr(module, name) for name in names}
 
 
 class FusedMoE(QuantizedModule):
@@ -102,7 +108,7 @@ class FusedMoE(QuantizedModule):
         device = correction_bias.device if isinstance(correction_bias, torch.Tensor) else "meta"
         logits = torch.empty(0, routed, device=device)
         routing = (top_k, scoring, renormalize, num_groups, topk_groups, correction_bias, routed_scaling, order)
-        spec = check_routing(logits, *routing, _routing_backend(backend))
+        spec = check_routing(logits, *routing, layer_backend(backend))
         self.top_k, self.scoring, self.renormalize, self.order = top_k, scoring, renormalize, order
         self.num_groups, self.topk_groups, self.routed_scaling = num_groups, topk_groups, spec.routed_scaling
         self.register_buffer("correction_bias", correction_bias)
@@ -142,26 +148,14 @@ class FusedMoE(QuantizedModule):
             correction_bias=self.correction_bias,
             routed_scaling=self.routed_scaling,
             order=self.order,
-            backend=_routing_backend(self.backend),
+            backend=layer_backend(self.backend),
         )
 
     def experts(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """The experts on a routing made elsewhere: ``hidden_states [T, K]``, float ``topk_weights`` and
         integer ``topk_ids`` ``[T, top_k]`` (global ids with an expert map) -> ``[T, K]``."""
         return fused_moe(
-            hidden_states,
-            self.w13,
-            self.w2,
-            topk_weights,
-            topk_ids,
-            activation=self.activation,
-            alpha=self.alpha,
-            limit=self.limit,
-            gate_up_layout=self.gate_up_layout,
-            expert_map=self.expert_map,
-            act=self.act,
-            block_m=self.block_m,
-            backend=self.backend,
+            hidden_states, self.w13, self.w2, topk_weights, topk_ids, expert_map=self.expert_map, **_options(self)
         )
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
@@ -171,6 +165,20 @@ class FusedMoE(QuantizedModule):
         weights, ids = self.route(router_logits.reshape(-1, router_logits.shape[-1]))
         return self.experts(x, weights, ids).reshape(hidden_states.shape)
 
+    def moe_call(self) -> MoeCall:
+        """This layer as a :class:`humming.moe.MoeCall` (for :func:`humming.warmup`)."""
+        routing = dict(
+            scoring=self.scoring,
+            renormalize=self.renormalize,
+            num_groups=self.num_groups,
+            topk_groups=self.topk_groups,
+            correction_bias=self.correction_bias,
+            routed_scaling=self.routed_scaling,
+            order=self.order,
+            backend=layer_backend(self.backend),
+        )
+        return MoeCall(self.w13, self.w2, self.top_k, expert_map=self.expert_map, routing=routing, **_options(self))
+
     def extra_repr(self) -> str:
         act = "None" if self.act is None else self.act.name
         local = "" if self.expert_map is None else f" (of {self.expert_map.shape[0]})"
@@ -179,11 +187,6 @@ class FusedMoE(QuantizedModule):
             f"experts={self.num_experts}{local}, top_k={self.top_k} ({self.scoring}{groups}), "
             f"{self.w13.describe()}, activation={self.activation} ({self.gate_up_layout}), act={act}"
         )
-
-
-def _routing_backend(backend: str) -> str:
-    """The routing backend of a module's ``backend``: ``"reference"`` and ``"triton"`` as they are, else auto."""
-    return backend if backend in ("reference", "triton") else "auto"
 
 
 class QuantizedExperts(QuantizedModule):
@@ -226,21 +229,14 @@ class QuantizedExperts(QuantizedModule):
     def w2(self) -> QuantizedWeight:
         return self._weights["w2_"]
 
+    def moe_call(self, top_k: int) -> MoeCall:
+        """These experts at ``top_k`` experts per token as a :class:`humming.moe.MoeCall` (for
+        :func:`humming.warmup`); the routing is the caller's."""
+        return MoeCall(self.w13, self.w2, top_k, **_options(self))
+
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-        return fused_moe(
-            hidden_states,
-            self.w13,
-            self.w2,
-            top_k_weights.to(torch.float32),
-            top_k_index.to(torch.int32),
-            activation=self.activation,
-            alpha=self.alpha,
-            limit=self.limit,
-            gate_up_layout=self.gate_up_layout,
-            act=self.act,
-            block_m=self.block_m,
-            backend=self.backend,
-        )
+        weights, ids = top_k_weights.to(torch.float32), top_k_index.to(torch.int32)
+        return fused_moe(hidden_states, self.w13, self.w2, weights, ids, **_options(self))
 
     def extra_repr(self) -> str:
         act = "None" if self.act is None else self.act.name
