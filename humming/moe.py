@@ -17,6 +17,8 @@ one have expert id -1 and kernels skip them.
   the experts of one expert-parallel rank.
 - :func:`topk_routing`: router logits -> ``(topk_weights, topk_ids)``: softmax or sigmoid scores, DeepSeek-V3's
   grouped top-k and correction bias, gpt-oss's softmax over the top k (a Triton kernel on CUDA tensors).
+- :class:`MoeCall`: a fused_moe layer described once, for :func:`humming.warmup` (the kernels a call
+  launches, and the call on random inputs).
 
 Each is also a custom op (``torch.ops.humming.*``, :mod:`humming.ops`), which ``torch.compile`` sees as
 one node.

@@ -66,9 +66,11 @@ def from_pretrained(
     Every format :func:`humming.load_checkpoint` reads (GPTQ, AWQ, compressed-tensors, FP8, ModelOpt,
     bitsandbytes NF4...). Quantized linears become :class:`QuantizedLinear` with the activation scheme the
     checkpoint names (:func:`humming.loaders.activation_schemes`; static ``input_scale`` included);
-    quantized experts (per-expert ``experts.{e}.gate_proj / up_proj / down_proj`` or ``w1 / w3 / w2``)
-    become :class:`QuantizedExperts` where the model's module of that name is a transformers experts module
-    with fused 3-D ``gate_up_proj`` / ``down_proj`` and SiLU (Mixtral-style, Qwen2/3-MoE, OLMoE...).
+    quantized experts (per-expert ``experts.{e}.gate_proj / up_proj / down_proj`` or ``w1 / w3 / w2``, or
+    gpt-oss's fused ``gate_up_proj`` / ``down_proj``) become :class:`QuantizedExperts` where the model's
+    module of that name is a transformers experts module with fused 3-D ``gate_up_proj`` / ``down_proj``,
+    running the module's activation (SiLU, GELU, gpt-oss's clamped SwiGLU from its config) in its gate / up
+    layout, with the checkpoint's biases (Qwen2/3-MoE, OLMoE, DeepSeek-V3, gpt-oss...).
 
     Args:
         path: the checkpoint folder (``config.json``, ``*.safetensors``).
