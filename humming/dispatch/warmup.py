@@ -115,10 +115,8 @@ def _device(layer) -> torch.device:
 
 
 def _moe_cuda_jobs(call: MoeCall, m: int, act_dtype, device) -> list:
-    """The CUDA compile jobs of the grouped GEMMs a fused_moe call at ``m`` tokens plans on CUDA."""
-    from .. import cuda_kernels
-    from ..device import device_index
-
+    """The CUDA compile jobs of the grouped GEMMs a fused_moe call at ``m`` tokens plans on CUDA (what the
+    call's own run would otherwise compile one at a time)."""
     block_m, m_pad = call.grouped_shape(m)
     act = None if call.act is None else get_act_scheme(call.act)
     jobs = []
@@ -126,17 +124,7 @@ def _moe_cuda_jobs(call: MoeCall, m: int, act_dtype, device) -> list:
         if launch.step in ("w13", "w2") and launch.kernel.startswith("cuda."):
             qw = call.w13 if launch.step == "w13" else call.w2
             bias_dtype = None if qw.bias is None else qw.bias.dtype
-            jobs += cuda_kernels.warmup_jobs(
-                "grouped",
-                qw,
-                act,
-                m_pad,
-                act_dtype=act_dtype,
-                out_dtype=act_dtype,
-                bias_dtype=bias_dtype,
-                device=device_index(device),
-                block_m=block_m,
-            )
+            jobs += _ready(qw, act, m_pad, block_m, act_dtype, act_dtype, bias_dtype, call.backend, device)
     return jobs
 
 

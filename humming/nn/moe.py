@@ -138,18 +138,7 @@ class FusedMoE(QuantizedModule):
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``router_logits [T, E_routed]`` -> ``(topk_weights float32, topk_ids int32)`` ``[T, top_k]``."""
-        return topk_routing(
-            router_logits,
-            self.top_k,
-            scoring=self.scoring,
-            renormalize=self.renormalize,
-            num_groups=self.num_groups,
-            topk_groups=self.topk_groups,
-            correction_bias=self.correction_bias,
-            routed_scaling=self.routed_scaling,
-            order=self.order,
-            backend=layer_backend(self.backend),
-        )
+        return topk_routing(router_logits, self.top_k, **self._routing())
 
     def experts(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """The experts on a routing made elsewhere: ``hidden_states [T, K]``, float ``topk_weights`` and
@@ -167,17 +156,13 @@ class FusedMoE(QuantizedModule):
 
     def moe_call(self) -> MoeCall:
         """This layer as a :class:`humming.moe.MoeCall` (for :func:`humming.warmup`)."""
-        routing = dict(
-            scoring=self.scoring,
-            renormalize=self.renormalize,
-            num_groups=self.num_groups,
-            topk_groups=self.topk_groups,
-            correction_bias=self.correction_bias,
-            routed_scaling=self.routed_scaling,
-            order=self.order,
-            backend=layer_backend(self.backend),
-        )
+        routing = self._routing()
         return MoeCall(self.w13, self.w2, self.top_k, expert_map=self.expert_map, routing=routing, **_options(self))
+
+    def _routing(self) -> dict:
+        """topk_routing's keyword arguments."""
+        names = ("scoring", "renormalize", "num_groups", "topk_groups", "correction_bias", "routed_scaling", "order")
+        return {name: getattr(self, name) for name in names} | {"backend": layer_backend(self.backend)}
 
     def extra_repr(self) -> str:
         act = "None" if self.act is None else self.act.name
