@@ -7,6 +7,7 @@ combine kernels are keyed on their row counts, so each ``T`` is run)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from dataclasses import dataclass
@@ -18,14 +19,20 @@ from ._routing import check_routing, layer_backend, triton_unsupported
 from .dispatch.plan import plan_grouped
 from .ir.activation import ActScheme, get_act_scheme
 from .ir.weight import QuantizedWeight
-from .moe import _check_expert_map, _check_experts, _on_triton, default_block_m, fused_moe, padded_rows, topk_routing
 
 __all__ = ["MoeCall", "MoeLaunch"]
 
-#: topk_routing's keyword arguments and their defaults (what :attr:`MoeCall.routing` may hold)
-_ROUTING_DEFAULTS = {
-    name: p.default for name, p in inspect.signature(topk_routing).parameters.items() if p.kind == p.KEYWORD_ONLY
-}
+
+def _moe():
+    """:mod:`humming.moe`, imported when first needed: it imports this module (at its end)."""
+    return importlib.import_module("humming.moe")
+
+
+@functools.cache
+def _routing_defaults() -> dict:
+    """topk_routing's keyword arguments and their defaults (what :attr:`MoeCall.routing` may hold)."""
+    params = inspect.signature(_moe().topk_routing).parameters.values()
+    return {p.name: p.default for p in params if p.kind == p.KEYWORD_ONLY}
 
 
 @dataclass(frozen=True)
@@ -62,11 +69,12 @@ class MoeCall:
     routing: dict | None = None
 
     def __post_init__(self) -> None:
-        w13, w2 = _check_experts("w13", self.w13), _check_experts("w2", self.w2)
+        moe = _moe()
+        w13, w2 = moe._check_experts("w13", self.w13), moe._check_experts("w2", self.w2)
         if w2.shape != (w13.shape[0], w13.shape[2], w13.shape[1] // 2):
             raise ValueError(f"w2: expected shape {(w13.shape[0], w13.shape[2], w13.shape[1] // 2)}, got {w2.shape}")
         if self.expert_map is not None:
-            _check_expert_map(self.expert_map, w13.num_experts, w13.device)
+            moe._check_expert_map(self.expert_map, w13.num_experts, w13.device)
         routed = self.num_routed
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= routed:
             raise ValueError(f"top_k: expected an int in [1, {routed}], got {self.top_k!r}")
@@ -74,9 +82,9 @@ class MoeCall:
         if self.act is not None:
             get_act_scheme(self.act)
         if self.routing is not None:
-            if not isinstance(self.routing, dict) or set(self.routing) - set(_ROUTING_DEFAULTS):
+            if not isinstance(self.routing, dict) or set(self.routing) - set(_routing_defaults()):
                 raise ValueError(
-                    f"routing: expected a dict of topk_routing's keyword arguments {sorted(_ROUTING_DEFAULTS)}, "
+                    f"routing: expected a dict of topk_routing's keyword arguments {sorted(_routing_defaults())}, "
                     f"got {self.routing!r}"
                 )
             self._routing_spec(torch.empty(0, routed, device="meta"))
@@ -91,7 +99,7 @@ class MoeCall:
         return {"backend": layer_backend(self.backend)} | self.routing
 
     def _routing_spec(self, logits: torch.Tensor):
-        r = _ROUTING_DEFAULTS | self._routing_kwargs()
+        r = _routing_defaults() | self._routing_kwargs()
         bias = r["correction_bias"]
         if bias is not None and logits.device.type == "meta":
             bias = bias.to("meta")
@@ -101,8 +109,8 @@ class MoeCall:
     def grouped_shape(self, num_tokens: int) -> tuple[int, int]:
         """``(block_m, M_pad)`` of a call at ``num_tokens`` tokens: the grouped GEMMs' routing block and rows."""
         slots, e = num_tokens * self.top_k, self.w13.num_experts
-        block_m = self.block_m or default_block_m(slots, e)
-        return block_m, padded_rows(slots, e, block_m)
+        block_m = self.block_m or _moe().default_block_m(slots, e)
+        return block_m, _moe().padded_rows(slots, e, block_m)
 
     def launches(
         self, num_tokens: int, x_dtype: torch.dtype = torch.bfloat16, logits_dtype: torch.dtype = torch.float32
@@ -131,7 +139,7 @@ class MoeCall:
         activation = Activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
         hidden = torch.empty(m_pad, self.w2.K, dtype=x_dtype, device=device)
         detail = f"{activation.name} {activation.gate_up_layout} rows={m_pad}"
-        on_triton = _on_triton(hidden, self.backend)
+        on_triton = _moe()._on_triton(hidden, self.backend)
         if on_triton:
             kernels = importlib.import_module("humming.triton_kernels.moe_layer")
             if act is not None and kernels.act_unsupported(act) is None:  # w2's input quantized in this pass
@@ -150,7 +158,7 @@ class MoeCall:
         if self.routing is None:
             weights, ids = logits.float().softmax(-1).topk(self.top_k)
             return weights, ids.to(torch.int32)
-        return topk_routing(logits, self.top_k, **self._routing_kwargs())
+        return _moe().topk_routing(logits, self.top_k, **self._routing_kwargs())
 
     def run(
         self, num_tokens: int, x_dtype: torch.dtype = torch.bfloat16, logits_dtype: torch.dtype = torch.float32
@@ -158,7 +166,7 @@ class MoeCall:
         """The call on random inputs at ``num_tokens`` tokens: :meth:`route`, then fused_moe -> ``[T, K]``."""
         x = torch.randn(num_tokens, self.w13.K, dtype=x_dtype, device=self.w13.device)
         weights, ids = self.route(num_tokens, logits_dtype)
-        return fused_moe(
+        return _moe().fused_moe(
             x,
             self.w13,
             self.w2,
