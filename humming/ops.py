@@ -4,7 +4,7 @@ entry point as one node.
 | op | wraps |
 |---|---|
 | ``linear`` | :func:`humming.linear` (16-bit or pre-quantized activations) |
-| ``grouped_linear`` / ``fused_moe`` / ``moe_align`` / ``topk_routing`` | :mod:`humming.moe` |
+| ``grouped_linear`` / ``grouped_linear_masked`` / ``fused_moe`` / ``moe_align`` / ``topk_routing`` | :mod:`.moe` |
 | ``quantize_activation`` | :func:`quantize_activation` |
 
 A custom op takes tensors, ints and strings, not a :class:`QuantizedWeight`: a weight travels as its
@@ -52,6 +52,8 @@ _SCHEMAS = {
     "str? act, ScalarType out_dtype, str backend) -> Tensor",
     "grouped_linear": f"grouped_linear(Tensor x, Tensor expert_ids, int block_m, {_weight_schema()}, Tensor? bias, "
     "str? act, ScalarType out_dtype, str backend) -> Tensor",
+    "grouped_linear_masked": f"grouped_linear_masked(Tensor x, Tensor masked_m, int expected_m, {_weight_schema()}, "
+    "Tensor? bias, str? act, ScalarType out_dtype, str backend) -> Tensor",
     "fused_moe": f"fused_moe(Tensor x, Tensor topk_weights, Tensor topk_ids, {_weight_schema('w13_')}, "
     f"Tensor? w13_bias, {_weight_schema('w2_')}, Tensor? w2_bias, Tensor? expert_map, str activation, "
     "float? alpha, float? limit, str gate_up_layout, str? act, int block_m, str backend) -> Tensor",
