@@ -393,6 +393,22 @@ def test_gpu_capture_of_an_unwarmed_call_names_the_warmup(seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gpu_dense_capture_after_warmup_alone(case, seed):
+    """humming.warmup alone readies a dense call's every kernel (the activation quantization pass before a
+    CUDA GEMM included): a capture with no eager call before it succeeds and replays to the eager output."""
+    qw = _weight(case, n=256, k=512, device="cuda")
+    humming.warmup([qw], m_values=(3,), act=case.act, progress=False)
+    x = torch.randn(3, 512, dtype=torch.bfloat16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = humming.linear(x, qw, act=case.act)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.testing.assert_close(y, humming.linear(x, qw, act=case.act), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("act", "mapped"), [(None, False), ("fp8", False), ("fp8", True)])
 def test_gpu_fused_moe_graph(act, mapped, seed):
     """Compiled and graphed equal eager; mapped: gpt-oss's activation as one rank (8 of 12 experts)."""

@@ -1,8 +1,9 @@
 """``humming.warmup``: compile ahead of time every kernel the dispatcher would pick for a set of layers.
 
 For each layer and token count it asks the one decision (:mod:`.plan`) which kernel runs, then makes that
-kernel ready: CUDA kernels compile through NVRTC in parallel (and load); Triton kernels compile by running
-the call once on random inputs. A fused MoE layer (:class:`humming.moe.MoeCall`) lists its launches
+kernel ready: CUDA kernels compile through NVRTC in parallel (and load), then every call runs once on random
+inputs, which compiles its Triton kernels (the kernel itself, or the activation quantization pass before a
+CUDA GEMM) and builds its cached launcher. A fused MoE layer (:class:`humming.moe.MoeCall`) lists its launches
 (:meth:`~humming.moe.MoeCall.launches`: routing, the two grouped GEMMs, the activation pass, the combine):
 the CUDA GEMMs among them compile with the rest, then the whole call runs once per token count, which
 readies its Triton kernels with the launch keys of that shape. Serving, and CUDA graph capture, then never
@@ -87,12 +88,14 @@ def warmup(
     if not layers:
         return None
     device = next(iter(devices))
-    cuda_jobs = []
+    cuda_jobs, runs = [], []
     calls = [layer for layer in layers if isinstance(layer, MoeCall)]
     for qw in (layer for layer in layers if isinstance(layer, QuantizedWeight)):
         for m in m_values:
             for block_m in block_ms if qw.num_experts is not None else (None,):
-                cuda_jobs += _ready(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device)
+                jobs, run = _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device)
+                cuda_jobs += jobs
+                runs.append(run)
     for call in calls:
         for m in m_values:
             cuda_jobs += _moe_cuda_jobs(call, m, act_dtype, device)
@@ -102,6 +105,8 @@ def warmup(
         from ..device import device_index
 
         report = cuda_kernels.compile_and_load(cuda_jobs, device_index(device), progress, max_workers)
+    for run in runs:
+        run()
     for call in calls:
         for m in m_values:
             call.run(m, act_dtype)
@@ -124,7 +129,7 @@ def _moe_cuda_jobs(call: MoeCall, m: int, act_dtype, device) -> list:
         if launch.step in ("w13", "w2") and launch.kernel.startswith("cuda."):
             qw = call.w13 if launch.step == "w13" else call.w2
             bias_dtype = None if qw.bias is None else qw.bias.dtype
-            jobs += _ready(qw, act, m_pad, block_m, act_dtype, act_dtype, bias_dtype, call.backend, device)
+            jobs += _plan_call(qw, act, m_pad, block_m, act_dtype, act_dtype, bias_dtype, call.backend, device)[0]
     return jobs
 
 
@@ -145,20 +150,33 @@ def _counts(name: str, values) -> tuple[int, ...]:
     return counts
 
 
-def _ready(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device) -> list:
-    """The CUDA compile jobs of the kernel planned for this call; a Triton or reference kernel runs once."""
+def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device):
+    """The CUDA compile jobs of the kernel planned for this call, and a callable that runs the call once
+    through that plan once the jobs are loaded (a no-op for the reference, which compiles nothing)."""
     rows = m if block_m is None else -(-m // block_m) * block_m
     x = torch.randn(rows, qw.K, dtype=act_dtype, device=device)
-    if block_m is None:
-        plan = plan_linear(qw, act, x, backend)
-    else:
-        plan = plan_grouped(qw, act, x, block_m, backend)
+    grouped = block_m is not None
+    plan = plan_grouped(qw, act, x, block_m, backend) if grouped else plan_linear(qw, act, x, backend)
+
+    def run():  # its inputs made when it runs: many layers' calls are planned before any runs
+        x = torch.randn(rows, qw.K, dtype=act_dtype, device=device)
+        bias_shape = (qw.num_experts, qw.N) if grouped else (qw.N,)
+        bias = None if bias_dtype is None else torch.randn(bias_shape, dtype=bias_dtype, device=device)
+        if grouped:
+            ids = torch.zeros(rows // block_m, dtype=torch.int32, device=device)
+            GROUPED_KERNELS[plan.kernel].run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning)
+        else:
+            DENSE_KERNELS[plan.kernel].run(x, qw, bias, act, out_dtype, plan.tuning)
+
+    if plan.backend == "reference":  # nothing to compile
+        return [], lambda: None
+    jobs = []
     if plan.backend == "cuda":
         from .. import cuda_kernels
         from ..device import device_index
 
-        kernel = "grouped" if block_m is not None else plan.kernel.split(".", 1)[1]
-        return cuda_kernels.warmup_jobs(
+        kernel = "grouped" if grouped else plan.kernel.split(".", 1)[1]
+        jobs = cuda_kernels.warmup_jobs(
             kernel,
             qw,
             act,
@@ -169,12 +187,4 @@ def _ready(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, devic
             device=device_index(device),
             block_m=block_m,
         )
-    if plan.backend == "triton":
-        if block_m is None:
-            bias = None if bias_dtype is None else torch.randn(qw.N, dtype=bias_dtype, device=device)
-            DENSE_KERNELS[plan.kernel].run(x, qw, bias, act, out_dtype, plan.tuning)
-        else:
-            bias = None if bias_dtype is None else torch.randn(qw.num_experts, qw.N, dtype=bias_dtype, device=device)
-            ids = torch.zeros(rows // block_m, dtype=torch.int32, device=device)
-            GROUPED_KERNELS[plan.kernel].run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning)
-    return []
+    return jobs, run
