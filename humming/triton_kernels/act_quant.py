@@ -23,6 +23,7 @@ from . import registry
 from ._launch import CompiledLaunches
 
 __all__ = [
+    "element_constexprs",
     "per_token_tile",
     "quantize_activation",
     "quantize_activation_values",
@@ -308,6 +309,18 @@ def scheme_unsupported(scheme: ActScheme) -> str | None:
     return None
 
 
+def element_constexprs(fmt) -> dict[str, object]:
+    """The element format's constexprs of the quantizing kernels (``INT`` ... ``EMAX_ELEM``, in their order)."""
+    return {
+        "INT": fmt.is_int,
+        "BITS": fmt.bits,
+        "MBITS": fmt.mantissa_bits,
+        "BIAS": fmt.bias,
+        "MAXV": fmt.max_value,
+        "EMAX_ELEM": math.floor(math.log2(fmt.max_value)),
+    }
+
+
 def scale_kind(scheme: ActScheme) -> str | None:
     """How the kernel computes ``scheme``'s scales: ``"fp32"``, ``"e8m0"``, ``"e4m3g"`` (e4m3 under a float32
     global scale), or ``None`` (not supported)."""
@@ -437,12 +450,7 @@ class _Pass:
         self.num_warps = num_warps
         self.grid = (triton.cdiv(m, block_m), n_spans if source == "local" else triton.cdiv(k, block_k), 1)
         self.constexprs = (
-            fmt.is_int,  # INT
-            fmt.bits,  # BITS
-            fmt.mantissa_bits,  # MBITS
-            fmt.bias,  # BIAS
-            fmt.max_value,  # MAXV
-            math.floor(math.log2(fmt.max_value)),  # EMAX_ELEM
+            *element_constexprs(fmt).values(),  # INT ... EMAX_ELEM
             "fp32" if source == "static" else kind,  # SCALE
             source,  # SOURCE
             group_k,  # GROUP_K
@@ -543,12 +551,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "perm_ptr": "*i32" if perm else "*u8",
                 },
                 constexprs={
-                    "INT": fmt.is_int,
-                    "BITS": fmt.bits,
-                    "MBITS": fmt.mantissa_bits,
-                    "BIAS": fmt.bias,
-                    "MAXV": fmt.max_value,
-                    "EMAX_ELEM": math.floor(math.log2(fmt.max_value)),
+                    **element_constexprs(fmt),
                     "SCALE": kind,
                     "SOURCE": source,
                     "GROUP_K": 0 if bk == -1 else bk,

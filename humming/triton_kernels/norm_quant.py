@@ -10,8 +10,6 @@ need the whole tensor's normalized absmax before the first code: they are refuse
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -19,7 +17,14 @@ import triton.language as tl
 from ..ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
 from . import registry
 from ._launch import CompiledLaunches
-from .act_quant import per_token_tile, quantize_chunk, scale_kind, scheme_unsupported, span_scale
+from .act_quant import (
+    element_constexprs,
+    per_token_tile,
+    quantize_chunk,
+    scale_kind,
+    scheme_unsupported,
+    span_scale,
+)
 from .interpreter import cast
 
 __all__ = ["rmsnorm_quantize", "supports"]
@@ -223,12 +228,7 @@ def rmsnorm_quantize(
     block_k, block_m, num_warps = per_token_tile(m, k)
     block_k = max(block_k, group_k)
     constexprs = (
-        fmt.is_int,  # INT
-        fmt.bits,  # BITS
-        fmt.mantissa_bits,  # MBITS
-        fmt.bias,  # BIAS
-        fmt.max_value,  # MAXV
-        math.floor(math.log2(fmt.max_value)),  # EMAX_ELEM
+        *element_constexprs(fmt).values(),  # INT ... EMAX_ELEM
         "fp32" if scale is not None else kind,  # SCALE
         scale is not None,  # STATIC
         group_k,  # GROUP_K
@@ -302,12 +302,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "scales_ptr": "*fp32" if kind == "fp32" else "*u8",
                 },
                 constexprs={
-                    "INT": fmt.is_int,
-                    "BITS": fmt.bits,
-                    "MBITS": fmt.mantissa_bits,
-                    "BIAS": fmt.bias,
-                    "MAXV": fmt.max_value,
-                    "EMAX_ELEM": math.floor(math.log2(fmt.max_value)),
+                    **element_constexprs(fmt),
                     "SCALE": "fp32" if static else kind,
                     "STATIC": static,
                     "GROUP_K": 0 if bk == -1 or static else bk,
