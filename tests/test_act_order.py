@@ -10,12 +10,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import act_order_dequantized
 
 import humming
 from humming.dispatch.plan import explain
+from humming.ir import pack_codes, unpacked_codes
 from humming.ir.act_order import act_order_perm, sort_act_order
 from humming.triton_kernels import scaled_mm
 from humming.triton_kernels.act_quant import quantize_activation as triton_quantize_activation
@@ -130,3 +133,29 @@ def test_prepare_sorts_once(seed):
     prepared = humming.prepare(qw, backend="triton", act="fp8")
     assert prepared.g_idx is None and humming.prepare(qw, backend="triton", act="fp8") is prepared
     assert humming.prepare(qw, backend="triton") is qw  # WnA16 reads g_idx in place
+
+
+def test_real_gptq_weight_in_desc_act_layout(seed):
+    """AutoGPTQ's own codes and scales (tests/data, desc_act=False) with their columns scattered into a desc_act
+    layout (``g_idx[perm[j]] = j // 128``): the Triton route against the producer's reference dequantization."""
+    from safetensors.torch import load_file
+
+    folder = Path(__file__).parent / "data" / "checkpoints" / "autogptq_w4_g128_sym"
+    name = "model.layers.0.self_attn.q_proj"
+    qw = humming.load_checkpoint(folder, modules=[name])[name]
+    w_ref = load_file(str(folder / "reference.safetensors"))[f"{name}.weight"].double()  # [384, 256]
+    k = qw.K
+    perm = torch.randperm(k)
+    codes = torch.empty_like(unpacked_codes(qw))
+    codes[:, perm] = unpacked_codes(qw)
+    g_idx = torch.empty(k, dtype=torch.int32)
+    g_idx[perm] = (torch.arange(k) // 128).int()
+    act_order = qw.replace(qweight=pack_codes(codes, qw.bits), g_idx=g_idx)
+    assert torch.equal(humming.dequantize(act_order)[:, perm], humming.dequantize(qw))
+    x = torch.randn(3, k, dtype=torch.float16)
+    for act in ("fp8", "fp8_g128", "int8"):
+        y = humming.linear(x, act_order, act=act, out_dtype=torch.float32, backend="triton")
+        a = act_order_dequantized(x, act, act_order_perm(act_order))
+        ref = a @ w_ref[:, torch.argsort(perm)].T
+        assert not torch.isnan(y).any()
+        assert float((y.double() - ref).norm() / ref.norm()) < 1e-3, f"{act} seed={seed}"  # fp16 reference weights
