@@ -141,9 +141,9 @@ def test_real_gptq_weight_in_desc_act_layout(seed):
     from safetensors.torch import load_file
 
     folder = Path(__file__).parent / "data" / "checkpoints" / "autogptq_w4_g128_sym"
-    name = "model.layers.0.self_attn.q_proj"
+    name = "model.layers.0.self_attn.k_proj"
     qw = humming.load_checkpoint(folder, modules=[name])[name]
-    w_ref = load_file(str(folder / "reference.safetensors"))[f"{name}.weight"].double()  # [384, 256]
+    w_ref = load_file(str(folder / "reference.safetensors"))[f"{name}.weight"].double()  # [96, 256]
     k = qw.K
     perm = torch.randperm(k)
     codes = torch.empty_like(unpacked_codes(qw))
