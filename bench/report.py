@@ -4,21 +4,32 @@ Usage: python bench/report.py bench/results/h200   (reads every *.json there wit
 
 Tables: one per (op, case, shape, dtype), a row per M, a column per system (CUDA-graph us per call), then
 humming (auto) over the floor, the fastest single humming route and auto over it, and the speed-up of
-humming over torch-bf16 and humming-kernels (their time / humming's: above 1, humming is faster). A
-check-only JSON gets the same tables of relative errors. Plots (matplotlib, the ``bench`` extra):
-``<op>_time.png`` (us vs M) and ``<op>_ratio.png`` (time / floor vs M), a panel per (case, dtype) and
-shape, log-x.
+humming over torch (torch-bf16; moe: torch-grouped-mm) and humming-kernels (their time / humming's: above
+1, humming is faster). Op moe: per model, case and dtype, a table per routing and grouped GEMM, and one
+of the whole layer (its CUDA-graph and eager time, their difference, and its time over its two grouped
+GEMMs'), after the issue's targets over all points. A check-only JSON gets the same tables of relative
+errors. Plots (matplotlib, the ``bench`` extra): ``<op>_time.png`` (us vs M) and ``<op>_ratio.png`` (time
+/ floor vs M), a panel per (case, dtype) and shape (moe: per model, case, dtype and routing, and part),
+log-x.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
 README = "README.md"
 #: The system whose rows are humming.linear under torch.compile (its ratio to the eager humming rows)
 COMPILED = "humming-compiled"
+PEER = "humming-kernels"
+#: The torch baseline of each op's "vs torch" column
+TORCH = {"linear": "torch-bf16", "moe": "torch-grouped-mm"}
+#: The issue's MoE targets: the layer within this factor of its two grouped GEMMs; eager within this many us
+#: of the CUDA-graph time at M up to EAGER_M
+LAYER_BOUND = 1.15
+EAGER_US, EAGER_M = 30.0, 16
 
 
 def load(folder: Path) -> dict[str, dict]:
@@ -64,12 +75,12 @@ def _fmt(v) -> str:
     return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
 
 
-def _table(rows: list[dict], key: str) -> list[str]:
+def _table(rows: list[dict], key: str, baseline: str = TORCH["linear"]) -> list[str]:
     systems = _systems(rows)
     by = {(r["m"], r["system"]): r for r in rows}
     ms = sorted({r["m"] for r in rows})
     timed = key == "graph_us"
-    extra = ["humming / floor", "best route", "humming / best", "vs torch-bf16", "vs humming-kernels"] if timed else []
+    extra = ["humming / floor", "best route", "humming / best", f"vs {baseline}", f"vs {PEER}"] if timed else []
     compiled = timed and COMPILED in systems
     extra += ["compiled / humming"] if compiled else []
     head = ["M", "floor us", *systems, "humming kernel", *extra]
@@ -82,7 +93,7 @@ def _table(rows: list[dict], key: str) -> list[str]:
         auto = by.get((m, "humming"), {})
         cells.append(auto.get("kernel") or "")
         if timed:
-            cells += _ratios(m, systems, by, auto.get(key))
+            cells += _ratios(m, systems, by, auto.get(key), baseline)
         if compiled:
             cells.append(_over(by.get((m, COMPILED), {}).get(key), auto.get(key)))
         lines.append("| " + " | ".join(cells) + " |")
@@ -93,13 +104,13 @@ def _over(a, b) -> str:
     return _fmt(a / b) if a is not None and b else ""
 
 
-def _ratios(m: int, systems: list[str], by: dict, auto: float | None) -> list[str]:
+def _ratios(m: int, systems: list[str], by: dict, auto: float | None, baseline: str) -> list[str]:
     routes = [(by[(m, s)].get("graph_us"), s) for s in systems if s.startswith("humming:") and (m, s) in by]
     routes = [(t, s) for t, s in routes if t is not None]
     best_t, best = min(routes) if routes else (None, "")
     floor = by.get((m, "humming"), {}).get("floor_us")
-    torch_t = by.get((m, "torch-bf16"), {}).get("graph_us")
-    peer_t = by.get((m, "humming-kernels"), {}).get("graph_us")
+    torch_t = by.get((m, baseline), {}).get("graph_us")
+    peer_t = by.get((m, PEER), {}).get("graph_us")
     return [
         _over(auto, floor),
         best.removeprefix("humming:"),
@@ -127,19 +138,123 @@ def _summary(rows: list[dict]) -> list[str]:
         if by.get((*point, COMPILED)):
             compiled.append((by[(*point, COMPILED)] / auto, point))
 
-    def line(label: str, ratios: list, bound: float) -> str:
-        if not ratios:
-            return f"- {label}: no points"
-        worst = max(ratios)
-        within = sum(r <= bound for r, _ in ratios)
-        where = " ".join(str(v) for v in worst[1])
-        return f"- {label}: {within} of {len(ratios)} points at most {bound}; worst {worst[0]:.3f} ({where})"
-
     return [
-        line("humming / best single route (CUDA-graph time)", auto_best, 1.03),
-        line("humming / humming-kernels", vs_peer, 0.95),
-        line("humming-compiled / humming", compiled, 1.02),
+        _bound_line("humming / best single route (CUDA-graph time)", auto_best, 1.03),
+        _bound_line("humming / humming-kernels", vs_peer, 0.95),
+        _bound_line("humming-compiled / humming", compiled, 1.02),
     ]
+
+
+def _bound_line(label: str, values: list[tuple[float, tuple]], bound: float, unit: str = "") -> str:
+    """How many of ``values`` (``(value, point)``) are at most ``bound``, and the worst."""
+    if not values:
+        return f"- {label}: no points"
+    worst = max(values)
+    within = sum(v <= bound for v, _ in values)
+    where = " ".join(str(v) for v in worst[1])
+    return f"- {label}: {within} of {len(values)} points at most {bound:g}{unit}; worst {worst[0]:.3f}{unit} ({where})"
+
+
+# ---------------------------------------------------------------------------------------------------- moe
+PARTS = ("grouped_w13", "grouped_w2", "layer")
+
+
+def _by_model(op: str, rows: list[dict]) -> bool:
+    """Whether a sweep's rows are MoE rows per model, part and routing (a MoE sweep of shapes, written before
+    models, gets the tables of op linear)."""
+    return op == "moe" and all("model" in r for r in rows)
+
+
+def _moe_point(row: dict) -> tuple:
+    return (row["model"], row["case"], row["dtype"], row["routing"], f"M={row['m']}")
+
+
+def _moe_summary(rows: list[dict]) -> list[str]:
+    """The issue's targets over every point: humming's grouped GEMMs over humming-kernels', the layer over its
+    two grouped GEMMs, and eager over CUDA-graph time at small M."""
+    by = {(*_moe_point(r), r["part"], r["system"]): r for r in rows if "graph_us" in r}
+    vs_peer, layer, eager = [], [], []
+    for (*point, part, system), r in by.items():
+        point = tuple(point)
+        if system != "humming":
+            continue
+        peer = by.get((*point, part, PEER))
+        if peer is not None and part != "layer":
+            vs_peer.append((r["graph_us"] / peer["graph_us"], (*point, part)))
+        if part == "layer":
+            gemms = [by.get((*point, p, "humming")) for p in PARTS[:2]]
+            if all(gemms):
+                layer.append((r["graph_us"] / sum(g["graph_us"] for g in gemms), point))
+        if r["m"] <= EAGER_M:
+            eager.append((r["eager_us"] - r["graph_us"], (*point, part)))
+    return [
+        _geomean_line("humming grouped GEMM / humming-kernels (CUDA-graph time)", vs_peer),
+        _bound_line("layer / (its two grouped GEMMs), humming", layer, LAYER_BOUND),
+        _bound_line(f"eager - CUDA-graph time, humming rows at M <= {EAGER_M}", eager, EAGER_US, " us"),
+    ]
+
+
+def _geomean_line(label: str, ratios: list[tuple[float, tuple]]) -> str:
+    if not ratios:
+        return f"- {label}: no points"
+    mean = math.exp(sum(math.log(r) for r, _ in ratios) / len(ratios))
+    best, worst = min(ratios), max(ratios)
+    return (
+        f"- {label}: geometric mean {mean:.3f} over {len(ratios)} points; best {best[0]:.3f} "
+        f"({' '.join(map(str, best[1]))}), worst {worst[0]:.3f} ({' '.join(map(str, worst[1]))})"
+    )
+
+
+def _moe_groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """(model, case, dtype, routing, part) -> rows, in the order the sweep wrote them."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["case"], r["dtype"], r["routing"], r["part"]), []).append(r)
+    return groups
+
+
+def _layer_table(layer: list[dict], gemms: list[dict]) -> list[str]:
+    """The whole layer (humming's fused_moe) per M: CUDA-graph and eager time, their difference, its time over
+    humming's two grouped GEMMs' and over the floor."""
+    head = ["M", "floor us", "graph us", "eager us", "eager - graph us", "w13 + w2 us", "layer / (w13 + w2)"]
+    head += ["layer / floor", "kernels"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    gemm = {(r["m"], r["part"]): r.get("graph_us") for r in gemms if r["system"] == "humming"}
+    for r in sorted((r for r in layer if r["system"] == "humming"), key=lambda r: r["m"]):
+        if "error" in r:
+            lines.append(f"| {r['m']} | {_fmt(r['floor_us'])} | err |" + " |" * (len(head) - 3))
+            continue
+        parts = [gemm.get((r["m"], p)) for p in PARTS[:2]]
+        both = sum(parts) if all(parts) else None
+        graph, eager = r["graph_us"], r["eager_us"]
+        cells = [str(r["m"]), _fmt(r["floor_us"]), _fmt(graph), _fmt(eager), _fmt(eager - graph), _fmt(both)]
+        cells += [_over(graph, both), _over(graph, r["floor_us"]), r.get("kernel") or ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _moe_sections(rows: list[dict], key: str) -> list[str]:
+    unit = "CUDA-graph us per call" if key == "graph_us" else "relative error vs the float32 product"
+    groups = _moe_groups(rows)
+    out = []
+    for model, case, dtype in dict.fromkeys(k[:3] for k in groups):
+        first = next(r for k, g in groups.items() if k[:3] == (model, case, dtype) for r in g)
+        dims = f"E={first['experts']}, top-{first['topk']}"
+        out += ["", f"### {model}: {case}, {dtype} ({dims})"]
+        for routing in dict.fromkeys(k[3] for k in groups if k[:3] == (model, case, dtype)):
+            for part in PARTS:
+                group = groups.get((model, case, dtype, routing, part))
+                if not group:
+                    continue
+                shape = f"{group[0]['n']}x{group[0]['k']}"
+                if part == "layer" and key == "graph_us":
+                    gemms = [r for p in PARTS[:2] for r in groups.get((model, case, dtype, routing, p), [])]
+                    out += ["", f"#### {routing} routing, whole layer (fused_moe, w13 {shape})", ""]
+                    out += _layer_table(group, gemms)
+                else:
+                    out += ["", f"#### {routing} routing, {part} ({shape}; {unit})", ""]
+                    out += _table(group, key, TORCH["moe"])
+    return out
 
 
 def readme(docs: dict[str, dict], folder: Path, plots: list[str]) -> str:
@@ -161,10 +276,17 @@ def readme(docs: dict[str, dict], folder: Path, plots: list[str]) -> str:
         out += [f"- {h['date']}, {h['device']['name']}; {versions}", f"- `{h['command']}`", f"- timing: {h['timing']}"]
         out += [f"- {h['floor']} (roof {h['roofs']['copy_bytes_per_s']:.3g} B/s: {h['roofs']['source']})"]
         out += [f"- {h['shared']}"]
+        out += [f"- {name}: {h[name]}" for name in ("parts", "routings", "order") if name in h]
         if h["not_measured"]:
             out += [f"- {h['not_measured']} points not measured (time budget {h['budget_s']} s)"]
         out += [f"- skipped {name}: {reason}" for name, reason in h["skipped"].items()]
+        out += [f"- not run: {what}: {reason}" for what, reason in h.get("unsupported", {}).items()]
         out += [f"- ![{p}]({p})" for p in plots if p.startswith(op + "_")]
+        if _by_model(op, rows):
+            out += _moe_summary(rows) if key == "graph_us" else []
+            out += _moe_sections(rows, key)
+            out.append("")
+            continue
         if key == "graph_us":
             out += _summary(rows)
         unit = "CUDA-graph us per call" if key == "graph_us" else "relative error vs the float32 product"
@@ -186,15 +308,19 @@ def plot(docs: dict[str, dict], folder: Path) -> list[str]:
         rows = [r for r in doc["rows"] if "graph_us" in r]
         if not rows:
             continue
-        groups = _groups(rows)
-        panels = list(dict.fromkeys((c, d) for c, _, d in groups)), list(dict.fromkeys(s for _, s, _ in groups))
+        if _by_model(op, rows):  # a row of panels per (model, case, dtype, routing), a column per part
+            groups = {(k[:4], k[4]): g for k, g in _moe_groups(rows).items()}
+        else:  # a row per (case, dtype), a column per shape
+            groups = {((c, d), s): g for (c, s, d), g in _groups(rows).items()}
+        panels = list(dict.fromkeys(k[0] for k in groups)), list(dict.fromkeys(k[1] for k in groups))
         for kind in ("time", "ratio"):
             fig, axes = plt.subplots(
                 len(panels[0]), len(panels[1]), figsize=(5 * len(panels[1]), 3.6 * len(panels[0])), squeeze=False
             )
-            for i, (case, dtype) in enumerate(panels[0]):
-                for j, shape in enumerate(panels[1]):
-                    _panel(axes[i][j], groups.get((case, shape, dtype), []), kind, f"{case} {shape} {dtype}")
+            for i, row_key in enumerate(panels[0]):
+                for j, col_key in enumerate(panels[1]):
+                    title = " ".join(map(str, (*row_key, col_key)))
+                    _panel(axes[i][j], groups.get((row_key, col_key), []), kind, title)
             fig.tight_layout()
             name = f"{op}_{kind}.png"
             fig.savefig(folder / name, dpi=80)

@@ -1,4 +1,5 @@
-"""pytest-benchmark suite: one benchmark group per (op, case, shape, M, dtype), comparing every system of
+"""pytest-benchmark suite: one benchmark group per (op, case, shape, M, dtype) (op moe: per model and part of its
+layer, random routing), comparing every system of
 ``humming.bench.registry`` (humming's dispatcher, each of its kernels, torch, gemlite when installed) on the
 same inputs, after checking each result against the float32 product of the unquantized weight.
 
@@ -27,12 +28,13 @@ GPU = torch.cuda.is_available()
 if not GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton decorates humming's kernels
 
-from humming.bench import CHECK_TOLERANCE, COPY_BYTES_PER_S, Group, Shape, registry, rel_err  # noqa: E402
+from humming._bench_moe import Experts, MoeGroup  # noqa: E402
+from humming.bench import CHECK_TOLERANCE, COPY_BYTES_PER_S, PARTS, Group, MoeModel, Shape, registry, rel_err  # noqa: E402
 from humming.timing import capture_graph, time_calls  # noqa: E402
 
 CALLS_PER_ROUND = 20
 
-#: (op, cases, shapes, M values): decode and prefill points of the standard sweep on the GPU ...
+#: (op, cases, shapes (op moe: models), M values): decode and prefill points of the standard sweep on the GPU ...
 GPU_POINTS = [
     (
         "linear",
@@ -41,12 +43,12 @@ GPU_POINTS = [
         [1, 16],
     ),
     ("linear", ["w4a16-int4-g128", "w8a8-fp8-channel"], [Shape(8192, 8192)], [1024]),
-    ("moe", ["w4a16-int4-g128", "w8a8-fp8-block"], [Shape(2816, 2048, 64, 6)], [16, 256]),
+    ("moe", ["w4a16-int4-g128", "w8a8-fp8-block"], [MoeModel.from_shape(Shape(2816, 2048, 64, 6), ())], [16, 256]),
 ]
 #: ... and tiny ones on the CPU.
 CPU_POINTS = [
     ("linear", ["w4a16-int4-g128", "w8a8-fp8-channel"], [Shape(64, 64)], [3]),
-    ("moe", ["w4a16-int4-g128"], [Shape(64, 64, 4, 2)], [3]),
+    ("moe", ["w4a16-int4-g128"], [MoeModel.from_shape(Shape(64, 64, 4, 2), ())], [3]),
 ]
 
 
@@ -58,35 +60,47 @@ def _params() -> list:
     params = []
     for kind, points in (("gpu", GPU_POINTS), ("cpu", CPU_POINTS)):
         for op, cases, shapes, m_values in points:
-            for case, shape, m, system in itertools.product(cases, shapes, m_values, registry(op)):
-                name = f"{op}-{case}-{shape}-M{m}-{system}"
-                params.append(pytest.param(op, case, shape, m, system, marks=marks[kind], id=name))
+            wheres = shapes if op == "linear" else [(model, part) for model in shapes for part in PARTS]
+            for case, where, m, system in itertools.product(cases, wheres, m_values, registry(op)):
+                label = where if op == "linear" else f"{where[0].name}-{where[1]}"
+                name = f"{op}-{case}-{label}-M{m}-{system}"
+                params.append(pytest.param(op, case, where, m, system, marks=marks[kind], id=name))
     return params
 
 
-@functools.lru_cache(maxsize=1)  # the parameters run group by group: one group's weights at a time
-def _group(op: str, case: str, shape: Shape) -> Group:
-    return Group(op, case, shape, torch.bfloat16, "cuda" if GPU else "cpu")
+@functools.lru_cache(maxsize=1)  # the parameters run case by case: one case's weights at a time
+def _experts(model: MoeModel, case: str) -> Experts:
+    return Experts(model, case, torch.bfloat16, "cuda" if GPU else "cpu")
 
 
-@pytest.mark.parametrize(("op", "case", "shape", "m", "system_name"), _params())
-def test_bench(benchmark, op, case, shape, m, system_name):
+@functools.lru_cache(maxsize=1)  # the parameters run group by group: one group's inputs at a time
+def _group(op: str, case: str, where) -> Group:
+    if op == "linear":
+        return Group(op, case, where, torch.bfloat16, "cuda" if GPU else "cpu")
+    model, part = where
+    return MoeGroup(_experts(model, case), part, "random")
+
+
+@pytest.mark.parametrize(("op", "case", "where", "m", "system_name"), _params())
+def test_bench(benchmark, op, case, where, m, system_name):
     system = registry(op)[system_name]
     if system.prepare is None:
         pytest.skip("humming-kernels runs in a worker process: python -m humming bench compares it")
     reason = system.unavailable() or (None if system.cases is None or case in system.cases else "not this case")
     if reason is None and system.m_values is not None and m not in system.m_values:
         reason = f"runs at M in {system.m_values}"
+    if reason is None and op == "moe" and system.parts is not None and where[1] not in system.parts:
+        reason = f"runs the parts {system.parts}"
     if reason:
         pytest.skip(reason)
-    group = _group(op, case, shape)
+    group = _group(op, case, where)
     inp = group.inputs(m)
     prepared = system.prepare(group, inp)
     if isinstance(prepared, str):
         pytest.skip(prepared)
     err = rel_err(prepared.canonical(prepared.calls[0]()), group.reference(inp))
     assert err < CHECK_TOLERANCE, f"{system_name}: rel err {err:.3g} against the float32 product"
-    benchmark.group = f"{op} {case} {shape} M={m} bf16"
+    benchmark.group = f"{op} {case} {group.label} M={m} bf16"
     benchmark.extra_info.update(
         kernel=prepared.kernel, rel_err=err, floor_us=group.floor_bytes(inp) / COPY_BYTES_PER_S * 1e6
     )

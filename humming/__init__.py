@@ -1,6 +1,6 @@
 """humming: one weight IR and one kernel library for quantized LLM inference."""
 
-from . import moe, nn, ops
+from . import moe, nn, norm, ops
 from .deterministic import is_deterministic, set_deterministic
 from .dispatch.plan import Plan, explain, prepare
 from .dispatch.warmup import warmup
@@ -26,6 +26,7 @@ from .ir import (
 )
 from .linear import linear
 from .loaders import load_checkpoint
+from .norm import rmsnorm, rmsnorm_quantize
 
 __version__ = "0.1.0"
 
@@ -51,10 +52,13 @@ __all__ = [
     "load_checkpoint",
     "moe",
     "nn",
+    "norm",
     "ops",
     "prepare",
     "quantize",
     "quantize_activation",
+    "rmsnorm",
+    "rmsnorm_quantize",
     "save",
     "set_deterministic",
     "shard",

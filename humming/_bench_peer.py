@@ -13,10 +13,14 @@ by its heuristics for each M):
 - dense: ``HummingLayer(shape_n=N, shape_k=K, weight_config, input_config, torch_dtype)``,
   ``load_from_unquantized(w)`` (its own quantizer), ``transform()``, then ``layer(x)``; with an 8-bit
   ``input_config`` the call quantizes ``x`` itself (dynamic per-token, or per-128 group).
-- MoE: the same layer with ``num_experts=E`` on ``w [E, N, K]``, called as its grouped-contiguous GEMM:
+- MoE: the same layer with ``num_experts=E`` on ``w [E, N, K]`` (``has_bias=True`` and the bias loaded
+  beside the weight for a model with biases), called as its grouped-contiguous GEMM:
   ``layer(x_sorted, expert_layout=offsets, compute_config='{"gemm_type": "grouped_contiguous"}',
   top_k=topk)``, ``x_sorted`` = the routed rows sorted by expert (unpadded), ``offsets`` = int64
-  ``[E + 1]`` first row of each expert (its own test data generator's layout).
+  ``[E + 1]`` first row of each expert (its own test data generator's layout). The input of a layer's
+  second GEMM has one row per routed slot: ``top_k=1`` over the flattened routing.
+
+Cases without an entry in :data:`CONFIGS` are not supported by humming-kernels (the sweep notes them).
 
 Protocol: one JSON request per line on the worker's stdin; the worker answers with lines that start
 with :data:`MARK` (one per M, then ``{"done": true}``); any other output (compiler logs) goes to stderr.
@@ -34,7 +38,7 @@ from functools import partial
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["CONFIGS", "DISTRIBUTION", "Worker", "find_site", "serve"]
+__all__ = ["CONFIGS", "DISTRIBUTION", "Worker", "find_site", "grouped_inputs", "serve"]
 
 DISTRIBUTION = "humming-kernels"
 MARK = "@@humming-bench "
@@ -43,6 +47,7 @@ MARK = "@@humming-bench "
 #: input_config None keeps 16-bit activations (the layer's torch_dtype).
 CONFIGS = {
     "w4a16-int4-g128": ({"dtype": "int4", "group_size": 128}, None),
+    "w4a16-int4-g32": ({"dtype": "int4", "group_size": 32}, None),
     "w4a16-uint4-g128-zp": ({"dtype": "uint4", "group_size": 128, "has_zero_point": True}, None),
     "w8a16-int8-channel": ({"dtype": "int8", "group_size": 0}, None),
     "w8a16-e4m3-channel": ({"dtype": "float8e4m3", "group_size": 0}, None),
@@ -132,30 +137,55 @@ def _send(answer: dict) -> None:
 
 def serve() -> None:
     """The worker's loop. A request: ``{"case", "n", "k", "experts", "topk", "dtype" ("bfloat16" /
-    "float16"), "m_values", "deadline" (time.time()), "check_only"}``; answers per M: ``{"m", "graph_us",
-    "eager_us"}``, ``{"m", "rel_err"}`` (check only), ``{"m", "error"}`` or ``{"m", "skipped"}``."""
+    "float16"), "m_values", "deadline" (time.time()), "check_only"}``, and for a MoE part ``"seed"`` (of
+    the weight), ``"routing"``, ``"per_slot"`` and ``"bias"`` (see :func:`grouped_inputs`); answers per M:
+    ``{"m", "graph_us", "eager_us"}``, ``{"m", "rel_err"}`` (check only), ``{"m", "error"}`` or ``{"m",
+    "skipped"}``. The layers of the last two weights are kept (a MoE sweep asks for one M at a time, for
+    each part and routing in turn)."""
+    layers: dict = {}
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            for answer in _measure(request):
+            for answer in _measure(request, layers):
                 _send(answer)
         except Exception as err:  # the layer did not build: one answer for the whole request
             _send({"error": f"{type(err).__name__}: {err}"[:500]})
         _send({"done": True})
 
 
-def _measure(request: dict) -> Iterator[dict]:
+def grouped_inputs(request: dict, m: int, device) -> dict:
+    """A MoE request's inputs at ``m`` tokens, as the sweep's other systems get them: ``x`` (``[M, K]``, or
+    ``[M * topk, K]`` with ``per_slot``), ``ids`` (``[M, topk]``, or ``[M * topk, 1]``), ``rows`` (sorted by
+    expert), ``order`` (their slots), ``offsets`` (int64 ``[E + 1]``) and ``top_k`` (``ids``' width)."""
+    import torch
+
+    from . import _bench_inputs as inputs
+
+    dtype = getattr(torch, request["dtype"])
+    experts, topk, per_slot = request["experts"], request["topk"], request.get("per_slot", False)
+    ids = inputs.routing(m, experts, topk, device, request.get("routing", "random"))
+    if per_slot:
+        ids = ids.reshape(-1, 1)
+    x = inputs.activations(ids.numel() if per_slot else m, request["k"], dtype, device)
+    order, counts = inputs.sorted_routing(ids, experts)
+    offsets = torch.nn.functional.pad(counts.cumsum(0), (1, 0))
+    return dict(x=x, ids=ids, rows=x[order // ids.shape[1]], order=order, offsets=offsets, top_k=ids.shape[1])
+
+
+def _build(request: dict):
+    """``(layers, w, bias)``: humming-kernels layers (copies past the L2) of the request's weight."""
     import torch
 
     from humming.layer import HummingLayer  # humming-kernels: this process put its directory first
 
     from . import _bench_inputs as inputs
-    from .timing import copies_past_l2, time_calls
+    from .timing import copies_past_l2
 
     dtype = getattr(torch, request["dtype"])
-    n, k, experts, topk = request["n"], request["k"], request["experts"], request["topk"]
+    n, k, experts, seed = request["n"], request["k"], request["experts"], request.get("seed", 0)
     weight_config, input_config = CONFIGS[request["case"]]
-    w = inputs.weight(n, k, experts, dtype, "cuda")
+    w = inputs.weight(n, k, experts, dtype, "cuda", seed)
+    bias = inputs.bias(n, experts, dtype, "cuda", seed) if request.get("bias") else None
 
     def build():
         layer = HummingLayer(
@@ -164,37 +194,53 @@ def _measure(request: dict) -> Iterator[dict]:
             weight_config=dict(weight_config),
             input_config=dict(input_config) if input_config else None,
             num_experts=experts,
+            has_bias=bias is not None,
             torch_dtype=dtype,
         ).cuda()
         layer.load_from_unquantized(w)
+        if bias is not None:
+            layer.load_from_tensors({"bias": bias})
         layer.transform()
         return layer
 
     layers = [build()]
     nbytes = sum(t.nbytes for t in layers[0].state_dict().values())
     layers += [build() for _ in range(copies_past_l2(nbytes) - 1)]
+    return layers, w if request["check_only"] else None, bias
+
+
+def _measure(request: dict, cache: dict) -> Iterator[dict]:
+    import torch
+
+    from . import _bench_inputs as inputs
+    from .timing import time_calls
+
+    key = tuple(request.get(name) for name in ("case", "n", "k", "experts", "dtype", "seed", "bias"))
+    if key not in cache:
+        while len(cache) >= 2:
+            del cache[next(iter(cache))]
+        cache[key] = _build(request)
+    layers, w, bias = cache[key]
+    dtype = getattr(torch, request["dtype"])
+    k, experts = request["k"], request["experts"]
     grouped = json.dumps({"gemm_type": "grouped_contiguous"})
     for m in request["m_values"]:
         if time.time() > request["deadline"]:
             yield {"m": m, "skipped": "time budget"}
             continue
         try:
-            x = inputs.activations(m, k, dtype, "cuda")
             if experts:
-                ids = inputs.routing(m, experts, topk, "cuda")
-                order, counts = inputs.sorted_routing(ids, experts)
-                rows = x[order // topk]
-                offsets = torch.nn.functional.pad(counts.cumsum(0), (1, 0))
-                calls = [
-                    partial(layer, rows, expert_layout=offsets, compute_config=grouped, top_k=topk) for layer in layers
-                ]
+                got = grouped_inputs(request, m, "cuda")
+                kwargs = dict(expert_layout=got["offsets"], compute_config=grouped, top_k=got["top_k"])
+                calls = [partial(layer, got["rows"], **kwargs) for layer in layers]
             else:
+                x = inputs.activations(m, k, dtype, "cuda")
                 calls = [partial(layer, x) for layer in layers]
             if request["check_only"]:
                 out = calls[0]()
                 if experts:  # back to slot order
-                    out = torch.empty_like(out).index_copy_(0, order, out)
-                    ref = inputs.moe_reference(x, w, ids)
+                    out = torch.empty_like(out).index_copy_(0, got["order"], out)
+                    ref = inputs.moe_reference(got["x"], w, got["ids"], bias)
                 else:
                     ref = x.float() @ w.float().T
                 yield {"m": m, "rel_err": inputs.rel_err(out, ref)}

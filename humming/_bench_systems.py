@@ -20,11 +20,7 @@ Systems, op ``linear`` (``x [M, K] @ W^T``):
 - ``gemlite``: gemlite's layers (W4A16 int4 g128 from humming's codes, W8A16 int8, MXFP4 x 16-bit);
 - ``humming-kernels``: upstream Humming (:mod:`humming._bench_peer`), its own quantizer and configs.
 
-Op ``moe`` (one MoE up-projection: ``E`` experts ``[N, K]``, top-k routing; rows grouped beforehand):
-
-- ``humming``: ``humming.moe.grouped_linear`` on ``moe_align``'s padded rows; ``humming:<kernel>`` per
-  grouped kernel; ``torch-grouped-mm``: ``torch._grouped_mm`` (16-bit) on the rows sorted by expert;
-  ``humming-kernels``: its grouped-contiguous GEMM on the same sorted rows.
+Op ``moe``: :mod:`humming._bench_moe` (model presets, the parts of their MoE layers, the systems).
 """
 
 from __future__ import annotations
@@ -38,11 +34,25 @@ import torch
 
 from . import _bench_inputs as inputs
 from ._bench_peer import CONFIGS as PEER_CONFIGS
-from .dispatch.kernels import DENSE_KERNELS, GROUPED_KERNELS
+from .dispatch.kernels import DENSE_KERNELS
 from .dispatch.tune import CASES
 from .ir.activation import get_act_scheme
 
-__all__ = ["OPS", "PEER", "Group", "Inputs", "Prepared", "Shape", "System", "registry"]
+__all__ = [
+    "OPS",
+    "PEER",
+    "Group",
+    "Inputs",
+    "Prepared",
+    "Shape",
+    "System",
+    "copies",
+    "e4m3_rows",
+    "missing_torch",
+    "nbytes",
+    "registry",
+    "weight_copies",
+]
 
 OPS = ("linear", "moe")
 PEER = "humming-kernels"
@@ -63,11 +73,14 @@ class Shape:
 
 @dataclass(frozen=True)
 class Inputs:
-    """One M's inputs: activations ``x [M, K]`` and, for op ``moe``, expert ids ``[M, topk]``."""
+    """One M's inputs: activations ``x [M, K]`` and, for op ``moe``, expert ids ``[M, topk]`` and the
+    layer's combine weights ``[M, topk]``. ``x`` may have a row per routed slot instead (``[M * topk, K]``,
+    ``ids`` then ``[M * topk, 1]``: the input of a MoE layer's second GEMM); ``m`` counts tokens."""
 
     m: int
     x: torch.Tensor
     ids: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -83,90 +96,82 @@ class Prepared:
 
 
 class Group:
-    """One (op, case, shape, dtype) on one device; see the module doc."""
+    """One (op, case, shape, dtype) on one device; see the module doc (op ``moe``: its subclass
+    :class:`humming._bench_moe.MoeGroup`)."""
 
     def __init__(self, op: str, case: str, shape: Shape, dtype: torch.dtype, device: str):
         qargs, act = CASES[case]
         self.op, self.case, self.shape, self.dtype, self.device = op, case, shape, dtype, device
         self.qargs = qargs
         self.act = None if act is None else get_act_scheme(act)
-        self.w = inputs.weight(shape.n, shape.k, shape.experts, dtype, device)
         self._cache: dict = {}
 
+    @property
+    def w(self) -> torch.Tensor:
+        """The unquantized 16-bit weight every system starts from (drawn on first use)."""
+        shape = self.shape
+        return self.cached("w", lambda: inputs.weight(shape.n, shape.k, shape.experts, self.dtype, self.device))
+
     def cached(self, key, build: Callable[[], object]):
+        """``build()``, once per ``key``: a name, or ``(name, M)`` for what belongs to one M (see :meth:`release`)."""
         if key not in self._cache:
             self._cache[key] = build()
         return self._cache[key]
 
-    def copies(self, build: Callable[[], object], nbytes: Callable[[object], int]) -> list:
-        """``build()`` as many times as it takes to exceed the L2 twice (once on the CPU)."""
-        first = build()
-        if self.device != "cuda":
-            return [first]
-        from .timing import copies_past_l2
+    def release(self, m: int) -> None:
+        """Forget what was cached for M = ``m``: a sweep holds one M's inputs and grouped rows at a time."""
+        self._cache = {key: v for key, v in self._cache.items() if not (isinstance(key, tuple) and key[1:] == (m,))}
 
-        return [first] + [build() for _ in range(copies_past_l2(nbytes(first)) - 1)]
+    @property
+    def label(self) -> str:
+        """Names the group's shape (what the torch baselines' rows are shared by) in rows and messages."""
+        return str(self.shape)
+
+    @property
+    def where(self) -> str:
+        """Names where the group's calls come from, in the sweep's ``unsupported`` notes."""
+        return self.label
+
+    def fields(self) -> dict:
+        """Row fields beyond the case, shape, M, dtype and system (op ``moe``: model, routing, part)."""
+        return {}
+
+    def copies(self, build: Callable[[], object], size: Callable[[object], int], first=None) -> list:
+        return copies(self.device, build, size, first)
 
     def qweights(self) -> list:
         """humming's quantized weights (copies), shared by the ``humming`` systems."""
         import humming
 
-        return self.cached("qweights", lambda: self.copies(lambda: humming.quantize(self.w, **self.qargs), _nbytes))
+        return self.cached("qweights", lambda: self.copies(lambda: humming.quantize(self.w, **self.qargs), nbytes))
 
     def inputs(self, m: int) -> Inputs:
-        def build() -> Inputs:
-            x = inputs.activations(m, self.shape.k, self.dtype, self.device)
-            ids = None if self.op == "linear" else inputs.routing(m, self.shape.experts, self.shape.topk, self.device)
-            return Inputs(m, x, ids)
-
-        return self.cached(("inputs", m), build)
+        x = lambda: inputs.activations(m, self.shape.k, self.dtype, self.device)
+        return self.cached(("inputs", m), lambda: Inputs(m, x()))
 
     def reference(self, inp: Inputs) -> torch.Tensor:
-        """float32 ``x @ W^T`` of the unquantized weight (op ``moe``: per slot)."""
-        if self.op == "linear":
-            return inp.x.float() @ self.w.float().T
-        return inputs.moe_reference(inp.x, self.w, inp.ids)
+        """float32 ``x @ W^T`` of the unquantized weight."""
+        return inp.x.float() @ self.w.float().T
 
     def floor_bytes(self, inp: Inputs) -> int:
-        """Bytes a call must move: humming's quantized weight (op ``moe``: the experts hit), the activations
-        read and the output written."""
-        weight = _nbytes(self.qweights()[0])
-        rows = inp.m
-        if self.op == "moe":
-            weight = weight // self.shape.experts * inp.ids.unique().numel()
-            rows *= self.shape.topk
-        return weight + rows * (self.shape.k + self.shape.n) * self.w.element_size()
-
-    def grouped(self, inp: Inputs):
-        """humming's grouped layout for ``inp``: ``(rows [M_pad, K], routing, block_m)``."""
-
-        def build():
-            from .moe import default_block_m, moe_align
-
-            block_m = default_block_m(inp.ids.numel(), self.shape.experts)
-            routing = moe_align(inp.ids, self.shape.experts, block_m)
-            rows = inp.x[routing.src_slots.clamp_min(0).long() // self.shape.topk]
-            return rows, routing, block_m
-
-        return self.cached(("grouped", inp.m), build)
-
-    def sorted_rows(self, inp: Inputs):
-        """The unpadded grouped layout: ``(rows [M * topk, K] sorted by expert, slot order, rows per expert)``."""
-
-        def build():
-            order, counts = inputs.sorted_routing(inp.ids, self.shape.experts)
-            return inp.x[order // self.shape.topk], order, counts
-
-        return self.cached(("sorted", inp.m), build)
+        """Bytes a call must move: humming's quantized weight, the activations read and the output written."""
+        return nbytes(self.qweights()[0]) + inp.m * (self.shape.k + self.shape.n) * self.dtype.itemsize
 
 
-def _nbytes(t) -> int:
+def copies(device: str, build: Callable[[], object], size: Callable[[object], int], first=None) -> list:
+    """``build()`` as many times as it takes to exceed the L2 twice (once on the CPU); ``size(copy)``: its
+    bytes; ``first``: an existing first copy (then only the others are built)."""
+    first = build() if first is None else first
+    if device != "cuda":
+        return [first]
+    from .timing import copies_past_l2
+
+    return [first] + [build() for _ in range(copies_past_l2(size(first)) - 1)]
+
+
+def nbytes(t) -> int:
     """Bytes of a tensor or a QuantizedWeight (both have ``nbytes``)."""
     return t.nbytes
-
-
-def _unsorted(order: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda out: torch.empty_like(out).index_copy_(0, order, out)
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,8 @@ class System:
     """A way to compute one op. ``prepare`` is ``None`` for the humming-kernels system (its worker measures
     it); ``cases``: the cases it runs (``None``: all); ``m_values``: the M it runs (``None``: all);
     ``shared``: its rows do not depend on the case (a torch baseline, measured once per shape, M and dtype);
-    ``unavailable()``: ``None``, or why it cannot run in this process (a package that is not installed)."""
+    ``unavailable()``: ``None``, or why it cannot run in this process (a package that is not installed);
+    ``parts``: op ``moe``, the parts of the layer it runs (``None``: all)."""
 
     name: str
     package: str
@@ -183,6 +189,7 @@ class System:
     shared: bool = False
     unavailable: Callable[[], str | None] = lambda: None
     m_values: tuple[int, ...] | None = None
+    parts: tuple[str, ...] | None = None
 
 
 # ---------------------------------------------------------------------------------------------- humming
@@ -218,17 +225,6 @@ def _humming_compiled(group: Group, inp: Inputs) -> Prepared:
     return Prepared([partial(compiled, x)], kernel, lambda outs: outs[0], ops_per_call=len(qws))
 
 
-def _humming_moe(group: Group, inp: Inputs) -> Prepared:
-    from .dispatch.plan import plan_grouped
-    from .moe import grouped_linear
-
-    qws = group.qweights()
-    rows, routing, block_m = group.grouped(inp)
-    kernel = plan_grouped(qws[0], group.act, rows, block_m).kernel
-    calls = [partial(grouped_linear, rows, qw, routing.expert_ids, block_m, act=group.act) for qw in qws]
-    return Prepared(calls, kernel, lambda out: out[routing.slot_rows.long()])
-
-
 def _dense_kernel(name: str) -> Callable[[Group, Inputs], Prepared | str]:
     def prepare(group: Group, inp: Inputs) -> Prepared | str:
         kernel, qws = DENSE_KERNELS[name], group.qweights()
@@ -241,38 +237,26 @@ def _dense_kernel(name: str) -> Callable[[Group, Inputs], Prepared | str]:
     return prepare
 
 
-def _grouped_kernel(name: str) -> Callable[[Group, Inputs], Prepared | str]:
-    def prepare(group: Group, inp: Inputs) -> Prepared | str:
-        kernel, qws = GROUPED_KERNELS[name], group.qweights()
-        rows, routing, block_m = group.grouped(inp)
-        reason = kernel.unsupported(qws[0], group.act, rows, block_m)
-        if reason is not None:
-            return reason
-        run = partial(kernel.run, rows)
-        calls = [partial(run, qw, routing.expert_ids, block_m, None, group.act, group.dtype, None) for qw in qws]
-        return Prepared(calls, name, lambda out: out[routing.slot_rows.long()])
-
-    return prepare
-
-
 # ------------------------------------------------------------------------------------------------ torch
-def _weight_copies(group: Group) -> list[torch.Tensor]:
-    return group.cached("w", lambda: group.copies(group.w.clone, _nbytes))
+def weight_copies(group: Group) -> list[torch.Tensor]:
+    """``group.w`` and as many clones as it takes to exceed the L2 twice (none for a large weight)."""
+
+    return group.cached("w copies", lambda: group.copies(group.w.clone, nbytes, first=group.w))
 
 
 def _torch_linear(group: Group, inp: Inputs) -> Prepared:
-    calls = [partial(torch.nn.functional.linear, inp.x, w) for w in _weight_copies(group)]
+    calls = [partial(torch.nn.functional.linear, inp.x, w) for w in weight_copies(group)]
     return Prepared(calls, "torch.nn.functional.linear")
 
 
-def _e4m3_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def e4m3_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-wise e4m3 codes of ``t [R, C]`` and their float32 scales ``[R, 1]`` (absmax / 448)."""
     scale = t.abs().amax(-1, keepdim=True).float().clamp_min(1e-12) / 448
     return (t / scale).to(torch.float8_e4m3fn), scale
 
 
 def _quantized_mm(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    xq, x_scale = _e4m3_rows(x)
+    xq, x_scale = e4m3_rows(x)
     return torch._scaled_mm(xq, wq.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=out_dtype)
 
 
@@ -280,14 +264,14 @@ def _fp8_weights(group: Group) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """e4m3 weight copies with per-channel scales ``[1, N]`` (the row-wise layout ``_scaled_mm`` takes)."""
 
     def build():
-        codes, scale = _e4m3_rows(group.w)
+        codes, scale = e4m3_rows(group.w)
         return codes, scale.T.contiguous()
 
     return group.cached("fp8", lambda: group.copies(build, lambda c: c[0].nbytes))
 
 
 def _torch_scaled_mm(group: Group, inp: Inputs) -> Prepared:
-    xq, x_scale = group.cached(("xq", inp.m), lambda: _e4m3_rows(inp.x))
+    xq, x_scale = group.cached(("xq", inp.m), lambda: e4m3_rows(inp.x))
     mm = partial(torch._scaled_mm, xq, scale_a=x_scale, out_dtype=group.dtype)
     return Prepared([partial(mm, wq.t(), scale_b=s) for wq, s in _fp8_weights(group)], "torch._scaled_mm")
 
@@ -297,14 +281,7 @@ def _torch_scaled_mm_quant(group: Group, inp: Inputs) -> Prepared:
     return Prepared(calls, "torch._scaled_mm")
 
 
-def _torch_grouped(group: Group, inp: Inputs) -> Prepared:
-    rows, order, counts = group.sorted_rows(inp)
-    offsets = counts.cumsum(0).to(torch.int32)
-    calls = [partial(torch._grouped_mm, rows, w.transpose(-2, -1), offs=offsets) for w in _weight_copies(group)]
-    return Prepared(calls, "torch._grouped_mm", _unsorted(order))
-
-
-def _missing_torch(name: str) -> Callable[[], str | None]:
+def missing_torch(name: str) -> Callable[[], str | None]:
     return lambda: None if hasattr(torch, name) else f"torch {torch.__version__} has no torch.{name}"
 
 
@@ -352,23 +329,21 @@ def registry(op: str) -> dict[str, System]:
         found += [System(f"humming:{k}", "humming", _dense_kernel(k)) for k in DENSE_KERNELS if k != "reference"]
         found += [
             System("torch-bf16", "torch", _torch_linear, shared=True),
-            System("torch-scaled-mm", "torch", _torch_scaled_mm, shared=True, unavailable=_missing_torch("_scaled_mm")),
+            System("torch-scaled-mm", "torch", _torch_scaled_mm, shared=True, unavailable=missing_torch("_scaled_mm")),
             System(
                 "torch-scaled-mm+quant",
                 "torch",
                 _torch_scaled_mm_quant,
                 shared=True,
-                unavailable=_missing_torch("_scaled_mm"),
+                unavailable=missing_torch("_scaled_mm"),
             ),
             System("gemlite", "gemlite", _gemlite, GEMLITE_CASES, unavailable=_not_installed("gemlite", "gemlite")),
         ]
+        found.append(System(PEER, PEER, None, tuple(PEER_CONFIGS)))
     elif op == "moe":
-        found = [System("humming", "humming", _humming_moe)]
-        found += [System(f"humming:{k}", "humming", _grouped_kernel(k)) for k in GROUPED_KERNELS if k != "reference"]
-        found.append(
-            System("torch-grouped-mm", "torch", _torch_grouped, shared=True, unavailable=_missing_torch("_grouped_mm"))
-        )
+        from ._bench_moe import systems
+
+        found = systems()
     else:
         raise ValueError(f"op: expected one of {OPS}, got {op!r}")
-    found.append(System(PEER, PEER, None, tuple(PEER_CONFIGS)))
     return {s.name: s for s in found}

@@ -31,7 +31,17 @@ import torch
 
 from .dispatch.kernels import backend_unavailable
 
-__all__ = ["BACKENDS", "ORDERS", "SCORINGS", "RoutingSpec", "check_routing", "reference", "route"]
+__all__ = [
+    "BACKENDS",
+    "ORDERS",
+    "SCORINGS",
+    "RoutingSpec",
+    "check_routing",
+    "layer_backend",
+    "reference",
+    "route",
+    "triton_unsupported",
+]
 
 SCORINGS = ("softmax", "sigmoid")
 #: ``"score_then_topk"``: Mixtral, Qwen-MoE, DeepSeek-V3 (scores over every expert, then the top k);
@@ -154,18 +164,33 @@ def check_routing(
     )
 
 
+def triton_unsupported(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec, backend: str) -> str | None:
+    """``None`` when :func:`route` runs a checked call on the Triton kernel (``backend="triton"``, or
+    ``"auto"`` on CUDA tensors, within the kernel's limits), else why not."""
+    if backend == "reference" or (backend == "auto" and router_logits.device.type != "cuda"):
+        return f"backend {backend!r} on {router_logits.device} routes with the reference"
+    reason = backend_unavailable("triton")
+    if reason is None:
+        kernel = importlib.import_module("humming.triton_kernels.routing")
+        reason = kernel.supports(router_logits, correction_bias, spec)
+    return reason
+
+
+def layer_backend(backend: str) -> str:
+    """The routing backend of an MoE layer whose GEMMs run on ``backend``: ``"reference"`` and ``"triton"``
+    as they are, else ``"auto"``."""
+    return backend if backend in ("reference", "triton") else "auto"
+
+
 def route(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec, backend: str):
     """Run a checked call: the Triton kernel for ``backend="triton"``, and for ``"auto"`` on CUDA tensors
     where it runs the call; else the reference."""
-    if backend == "triton" or (backend == "auto" and router_logits.device.type == "cuda"):
-        reason = backend_unavailable("triton")
-        if reason is None:
-            kernel = importlib.import_module("humming.triton_kernels.routing")
-            reason = kernel.supports(router_logits, correction_bias, spec)
-            if reason is None:
-                return kernel.topk_routing(router_logits, correction_bias, spec)
-        if backend == "triton":
-            raise ValueError(f"backend: 'triton' cannot run this routing call: {reason}")
+    reason = triton_unsupported(router_logits, correction_bias, spec, backend)
+    if reason is None:
+        kernel = importlib.import_module("humming.triton_kernels.routing")
+        return kernel.topk_routing(router_logits, correction_bias, spec)
+    if backend == "triton":
+        raise ValueError(f"backend: 'triton' cannot run this routing call: {reason}")
     return reference(router_logits, correction_bias, spec)
 
 

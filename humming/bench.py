@@ -1,7 +1,7 @@
 """``python -m humming bench``: time humming's kernels against torch, gemlite and humming-kernels on the same inputs.
 
     python -m humming bench linear --out bench/results/h200/linear.json   # the standard dense sweep
-    python -m humming bench moe --m 1,16,256 --budget-s 120 --out moe.json
+    python -m humming bench moe --models deepseek-v3 --m 1,16,256 --budget-s 120 --out moe.json
     python -m humming bench linear --shapes 64x64 --m 1,5 --check-only  # CPU: every system's result
 
 For every case (``humming.dispatch.tune.CASES``), shape, 16-bit dtype and M, each system of
@@ -10,7 +10,13 @@ call (:mod:`humming.timing`, weights rotated past the L2) and the floor, the byt
 over the device's copy bandwidth. ``humming`` rows name the kernel the dispatcher picked; one
 ``humming:<kernel>`` row per kernel that supports the call shows the best single route beside it.
 ``check_only`` (any device, no GPU needed) computes each system's output once and records its relative
-error against the float32 product of the unquantized weight instead of timing it. The JSON holds a
+error against the float32 product of the unquantized weight instead of timing it.
+
+Op ``moe`` (:mod:`humming._bench_moe`) sweeps models (``--models``, presets of real serving shapes, or
+``--shapes``) in their formats, and for each M (in :func:`~humming._bench_moe.coarse_to_fine` order) the
+parts of the layer (the two grouped GEMMs and the whole ``fused_moe``) under two routings (uniformly random
+and skewed); each (model, case, dtype) gets an equal share of the budget left, so that a sweep cut short
+still covers every model. The JSON holds a
 header (device, roofs, package versions, date, systems skipped and why) and the rows;
 ``bench/report.py`` turns it into tables and plots.
 """
@@ -26,6 +32,7 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 
@@ -33,15 +40,20 @@ import torch
 from tqdm import tqdm
 
 from . import _bench_peer
-from ._bench_inputs import rel_err
+from ._bench_inputs import ROUTINGS, rel_err
+from ._bench_moe import MODELS, PARTS, Experts, MoeGroup, MoeModel, coarse_to_fine, warm
 from ._bench_systems import OPS, PEER, Group, Inputs, Shape, System, registry
 from .dispatch.tune import CASES
 
 __all__ = [
     "COPY_BYTES_PER_S",
     "DEFAULTS",
+    "MODELS",
     "OPS",
+    "PARTS",
+    "ROUTINGS",
     "Group",
+    "MoeModel",
     "Shape",
     "main",
     "parse_shapes",
@@ -56,7 +68,7 @@ COPY_BYTES_PER_S = 4.3e12
 #: round-to-nearest 4-bit weights stay near 0.1-0.2 on these Gaussian inputs; a wrong layout gives ~1.4.
 CHECK_TOLERANCE = 0.35
 
-#: op -> the standard sweep (CLI defaults): cases, shapes, M values.
+#: op -> the standard sweep (CLI defaults): cases, shapes (op moe: models, each in its own cases), M values.
 DEFAULTS = {
     "linear": dict(
         cases="w4a16-int4-g128,mxfp4-a16,w8a8-fp8-channel,w4a8-int4-g128-fp8,w8a8-fp8-block",
@@ -64,9 +76,9 @@ DEFAULTS = {
         m=",".join(str(1 << i) for i in range(14)),
     ),
     "moe": dict(
-        cases="w4a16-int4-g128,w8a8-fp8-channel,w8a8-fp8-block,w4a8-int4-g128-fp8",
-        shapes="64x2816x2048/6,8x28672x4096/2",  # DeepSeek-V2-Lite-like and Mixtral-like w13
-        m="1,16,64,256,1024,4096",
+        models=",".join(MODELS),
+        cases="w4a16-int4-g128,w8a8-fp8-block",  # of --shapes
+        m=",".join(str(1 << i) for i in range(14)),
     ),
 }
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -102,6 +114,9 @@ def sweep(
     systems: Sequence[str] | None = None,
     budget_s: float = math.inf,
     *,
+    models: Sequence[MoeModel] = (),
+    routings: Sequence[str] = ROUTINGS,
+    parts: Sequence[str] = PARTS,
     out: str | os.PathLike | None = None,
     check_only: bool = False,
     peer_site: str | None = None,
@@ -112,10 +127,15 @@ def sweep(
 ) -> dict:
     """Measure (or with ``check_only``, check) every system named in ``systems`` (default: all of
     ``registry(op)``) on every case, shape, dtype and M; returns ``{"header", "rows"}`` and writes it to
-    ``out`` after each (case, shape, dtype) and at the end. Points past ``budget_s`` seconds are counted in
-    ``header["not_measured"]``, not timed. Timing needs a CUDA GPU; ``check_only`` runs anywhere."""
+    ``out`` after each (case, shape, dtype) (op ``moe``: after each M) and at the end. Points past
+    ``budget_s`` seconds are counted in ``header["not_measured"]``, not timed. Timing needs a CUDA GPU;
+    ``check_only`` runs anywhere.
+
+    Op ``moe``: ``models`` (:data:`MODELS` presets, each in its own cases, or ``cases`` when given) and
+    the ``shapes`` (``w13`` shapes of SwiGLU layers, in ``cases``), each part of ``parts`` under each
+    routing of ``routings``."""
     known = registry(op)
-    unknown = [c for c in cases if c not in CASES]
+    unknown = [c for c in cases if c not in CASES] + [c for m in models for c in m.cases if c not in CASES]
     if unknown:
         raise ValueError(f"cases: unknown {unknown}; known: {sorted(CASES)}")
     names = list(known) if systems is None else list(systems)
@@ -126,6 +146,12 @@ def sweep(
         raise ValueError(f"m_values: expected positive token counts, got {list(m_values)!r}")
     if any((s.experts is None) != (op == "linear") for s in shapes):
         raise ValueError(f"shapes: op {op!r} expects {'N x K' if op == 'linear' else 'E x N x K / topk'} shapes")
+    if op == "linear" and models:
+        raise ValueError("models: MoE models are for op 'moe'")
+    if not set(routings) <= set(ROUTINGS) or not routings:
+        raise ValueError(f"routings: expected some of {ROUTINGS}, got {list(routings)}")
+    if not set(parts) <= set(PARTS) or not parts:
+        raise ValueError(f"parts: expected some of {PARTS}, got {list(parts)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not check_only and device != "cuda":
         raise ValueError("check_only: timing needs a CUDA GPU (none is visible); --check-only runs anywhere")
@@ -148,55 +174,98 @@ def sweep(
         else:
             header["skipped"][name] = reason
 
-    run = _Run(doc, device, check_only, time.time() + budget_s, copy_bytes_per_s, worker, rounds)
-    jobs = [(case, shape, dtype) for case in cases for shape in shapes for dtype in dtypes]
-    bar = tqdm(
-        total=len(jobs) * len(chosen) * len(m_values),
-        desc=f"humming bench {op}",
-        unit="point",
-        file=sys.stderr,
-        disable=not progress,
-    )
+    save = (lambda: None) if out is None else partial(_write, out, doc)
+    run = _Run(doc, device, check_only, time.time() + budget_s, copy_bytes_per_s, worker, rounds, save)
+    if op == "linear":
+        jobs = [(case, shape, dtype) for case in cases for shape in shapes for dtype in dtypes]
+        points = len(jobs) * len(chosen) * len(m_values)
+    else:
+        models = list(models) + [MoeModel.from_shape(s, cases or DEFAULTS["moe"]["cases"].split(",")) for s in shapes]
+        jobs = [(model, case, dtype) for model in models for case in (cases or model.cases) for dtype in dtypes]
+        points = len(jobs) * len(chosen) * len(m_values) * len(parts) * len(routings)
+    bar = tqdm(total=points, desc=f"humming bench {op}", unit="point", file=sys.stderr, disable=not progress)
     try:
-        for case, shape, dtype in jobs:
-            group = Group(op, case, shape, dtype, device)
-            bar.set_postfix_str(f"{case} {shape} {_dtype_name(dtype)}")
-            if device == "cuda" and not check_only and time.time() < run.deadline:
-                _warm(group, m_values)
-            runs_case = [s for s in chosen if s.cases is None or case in s.cases]
-            bar.update((len(chosen) - len(runs_case)) * len(m_values))
-            doc["rows"] += run.local_rows(group, [s for s in runs_case if s.prepare is not None], m_values, bar)
-            for system in runs_case:
-                if system.prepare is None:
-                    doc["rows"] += run.peer_rows(group, system, m_values, bar)
-            del group
+        for i, job in enumerate(jobs):
+            if op == "linear":
+                run.linear_job(*job, chosen, m_values, bar)
+            else:
+                run.deadline = min(run.final, time.time() + (run.final - time.time()) / (len(jobs) - i))
+                run.moe_job(*job, chosen, m_values, routings, parts, bar)
             if device == "cuda":
                 torch.cuda.empty_cache()
-            if out is not None:
-                _write(out, doc)
+            save()
     finally:
         bar.close()
         if worker is not None:
             worker.close()
-    if out is not None:
-        _write(out, doc)
+    save()
     return doc
 
 
 class _Run:
-    """What one sweep shares across groups: the rows' device and roof, the deadline, the torch baselines
-    measured so far (they do not depend on the case) and the humming-kernels worker."""
+    """What one sweep shares across groups: the rows' device and roof, the deadlines (the sweep's ``final`` one
+    and the current job's), the torch baselines measured so far (they do not depend on the case) and the
+    humming-kernels worker; ``save()`` writes the sweep's document so far."""
 
-    def __init__(self, doc, device, check_only, deadline, roof, worker, rounds: int):
+    def __init__(self, doc, device, check_only, deadline, roof, worker, rounds: int, save):
         self.header, self.device, self.check_only = doc["header"], device, check_only
-        self.deadline, self.roof, self.worker, self.rounds = deadline, roof, worker, rounds
+        self.rows = doc["rows"]
+        self.final = self.deadline = deadline
+        self.roof, self.worker, self.rounds, self.save = roof, worker, rounds, save
         self.shared: dict = {}
+
+    def _runs(self, systems: list[System], case: str, part: str | None = None) -> list[System]:
+        """The systems that run ``case`` (and ``part``); a system left out for its case is noted in the header."""
+        runs = []
+        for s in systems:
+            if part is not None and s.parts is not None and part not in s.parts:
+                continue
+            if s.cases is not None and case not in s.cases:
+                self.header["unsupported"][f"{s.name} {case}"] = f"not supported by {s.package}"
+                continue
+            runs.append(s)
+        return runs
+
+    def linear_job(self, case: str, shape: Shape, dtype: torch.dtype, systems: list[System], m_values, bar) -> None:
+        group = Group("linear", case, shape, dtype, self.device)
+        bar.set_postfix_str(f"{case} {shape} {_dtype_name(dtype)}")
+        if self.device == "cuda" and not self.check_only and time.time() < self.deadline:
+            _warm(group, m_values)
+        runs = self._runs(systems, case)
+        bar.update((len(systems) - len(runs)) * len(m_values))
+        self.rows += self.local_rows(group, [s for s in runs if s.prepare is not None], m_values, bar)
+        for system in runs:
+            if system.prepare is None:
+                self.rows += self.peer_rows(group, system, m_values, bar)
+
+    def moe_job(self, model: MoeModel, case: str, dtype, systems: list[System], m_values, routings, parts, bar):
+        """Every part and routing of one (model, case, dtype) at each M, M by M (:func:`coarse_to_fine`)."""
+        experts = Experts(model, case, dtype, self.device)
+        groups = [MoeGroup(experts, part, routing) for part in parts for routing in routings]
+        bar.set_postfix_str(f"{model.name} {case} {_dtype_name(dtype)}")
+        if self.device == "cuda" and not self.check_only and time.time() < self.deadline:
+            try:
+                warm(experts, m_values, groups[0].act)
+            except Exception as err:  # the timed calls compile what is missing (or record why they cannot)
+                tqdm.write(f"humming bench: warmup of {model.name} {case}: {type(err).__name__}: {err}", sys.stderr)
+        runs = {g.part: self._runs(systems, case, g.part) for g in groups}
+        for m in coarse_to_fine(m_values):
+            for group in groups:
+                part_runs = runs[group.part]
+                bar.update(len(systems) - len(part_runs))
+                self.rows += self.local_rows(group, [s for s in part_runs if s.prepare is not None], [m], bar)
+                for system in part_runs:
+                    if system.prepare is None:
+                        self.rows += self.peer_rows(group, system, [m], bar)
+                group.release(m)
+            self.save()
 
     def row(self, group: Group, system: System, inp: Inputs, kernel, result: dict) -> dict:
         from .dispatch.plan import act_key, weight_key
 
         row = dict(
             op=group.op,
+            **group.fields(),
             case=group.case,
             weight=weight_key(group.qweights()[0]),
             act=act_key(group.act),
@@ -229,7 +298,7 @@ class _Run:
             for system in systems:
                 if system.m_values is not None and m not in system.m_values:
                     continue
-                key = (system.name, str(group.shape), m, group.dtype)
+                key = (system.name, group.label, m, group.dtype)
                 if key in self.shared:
                     done[system.name] = self.shared[key]
                     continue
@@ -238,7 +307,9 @@ class _Run:
                 except Exception as err:  # recorded in the row; the sweep goes on
                     done[system.name] = (None, _error(err))
                     continue
-                if not isinstance(prepared, str):  # a string: this system does not run this call
+                if isinstance(prepared, str):  # this system does not run this call: why, once per case and place
+                    self.header["unsupported"].setdefault(f"{system.name} {group.case} {group.where}", prepared)
+                else:
                     pending[system.name] = (prepared.kernel, prepared)
             for name, (kernel, result) in self._measure_all(group, inp, pending).items():
                 done[name] = (kernel, result)
@@ -246,7 +317,7 @@ class _Run:
                 if system.name not in done:
                     continue
                 if system.shared:
-                    self.shared[(system.name, str(group.shape), m, group.dtype)] = done[system.name]
+                    self.shared[(system.name, group.label, m, group.dtype)] = done[system.name]
                 rows.append(self.row(group, system, inp, *done[system.name]))
         return rows
 
@@ -293,6 +364,7 @@ class _Run:
             m_values=list(m_values),
             deadline=self.deadline,
             check_only=self.check_only,
+            **(group.peer_fields() if isinstance(group, MoeGroup) else {}),
         )
         rows, answered = [], set()
         for answer in self.worker.measure(request):
@@ -320,17 +392,8 @@ def _warm(group: Group, m_values) -> None:
     other route compiles its own, outside the timed region)."""
     import humming
 
-    qw = group.qweights()[:1]
     try:
-        if group.op == "linear":
-            humming.warmup(qw, list(m_values), group.act, act_dtype=group.dtype, progress=False)
-            return
-        by_block: dict[int, list[int]] = {}
-        for m in m_values:
-            rows, _, block_m = group.grouped(group.inputs(m))
-            by_block.setdefault(block_m, []).append(rows.shape[0])
-        for block_m, rows in by_block.items():
-            humming.warmup(qw, rows, group.act, act_dtype=group.dtype, block_ms=(block_m,), progress=False)
+        humming.warmup(group.qweights()[:1], list(m_values), group.act, act_dtype=group.dtype, progress=False)
     except Exception as err:  # the timed calls compile what is missing (or record why they cannot)
         tqdm.write(f"humming bench: warmup of {group.case} {group.shape}: {type(err).__name__}: {err}", sys.stderr)
 
@@ -368,20 +431,34 @@ def _header(op, device, check_only, budget_s, roof, command) -> dict:
         else "humming.timing.time_calls: median us per call over weight copies that exceed twice the L2 (cold "
         "weights); graph_us = CUDA-graph replay, eager_us = the same calls launched from Python"
     )
+    if op == "linear":
+        floor = "humming's quantized weight + activations read + output written"
+        shared = "torch baselines do not depend on the case: measured once per shape, M and dtype"
+    else:
+        floor = "humming's quantized weights of the distinct experts the routing hits (layer: of w13 and w2)"
+        shared = "torch baselines do not depend on the case: measured once per model, part, routing, M and dtype"
+    moe = dict(
+        parts="grouped_w13: x [M, H] routed to w13 [E, 2I, H]; grouped_w2: one hidden row [I] per routed slot "
+        "to w2 [E, H, I]; layer: humming.moe.fused_moe from top-k ids and weights to the combined [M, H]",
+        routings="random: torch.cuda.manual_seed(M); torch.randn(M, E, device='cuda').topk(topk).indices; skewed: "
+        "the same scores plus a fixed N(0, 1) offset per expert (a few hot experts take most slots)",
+        order="M values in coarse-to-fine order; each (model, case, dtype) gets an equal share of the budget left",
+    )
     return dict(
         op=op,
         device=described,
         roofs=dict(copy_bytes_per_s=roof, source="the H200's measured device-to-device copy bandwidth"),
-        floor="floor_us = bytes / copy_bytes_per_s; bytes = humming's quantized weight (moe: the experts hit) "
-        "+ activations read + output written",
+        floor=f"floor_us = bytes / copy_bytes_per_s; bytes = {floor}",
         timing=timing,
-        shared="torch baselines do not depend on the case: measured once per shape, M and dtype",
+        shared=shared,
+        **(moe if op == "moe" else {}),
         versions=versions,
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         command=command,
         budget_s=None if math.isinf(budget_s) else budget_s,
         not_measured=0,
         skipped={},
+        unsupported={},
     )
 
 
@@ -404,8 +481,14 @@ def _ints(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="humming bench", description=__doc__.splitlines()[0])
     parser.add_argument("op", choices=OPS)
-    parser.add_argument("--cases", help="comma-separated, of humming.dispatch.tune.CASES (default: the standard set)")
-    parser.add_argument("--shapes", help="linear: NxK,...; moe: ExNxK/TOPK,... (default: the standard set)")
+    parser.add_argument(
+        "--cases", help="comma-separated, of humming.dispatch.tune.CASES (default: the standard set; moe: each model's)"
+    )
+    parser.add_argument("--shapes", help="linear: NxK,... (default: the standard set); moe: ExNxK/TOPK,... of w13")
+    models_help = f"moe: comma-separated, of {', '.join(MODELS)} (default: all, unless --shapes)"
+    parser.add_argument("--models", help=models_help)
+    parser.add_argument("--routings", default=",".join(ROUTINGS), help="moe: comma-separated, of random, skewed")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"moe: comma-separated, of {', '.join(PARTS)}")
     parser.add_argument("--m", type=_ints, help="comma-separated M values (moe: tokens)")
     parser.add_argument("--dtypes", default="bf16", help="comma-separated, of bf16, fp16 (default bf16)")
     parser.add_argument("--systems", help="comma-separated system names (default: all of the op)")
@@ -422,15 +505,26 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [d for d in args.dtypes.split(",") if d not in _DTYPES]
     if unknown:
         parser.error(f"--dtypes: expected some of {list(_DTYPES)}, got {unknown}")
+    if args.op == "linear" and args.models:
+        parser.error("--models: MoE models are for op moe")
+    models = args.models or (defaults["models"] if args.op == "moe" and not args.shapes else "")
+    unknown = [name for name in models.split(",") if name and name not in MODELS]
+    if unknown:
+        parser.error(f"--models: expected some of {list(MODELS)}, got {unknown}")
+    cases = args.cases or (defaults["cases"] if args.op == "linear" else "")
+    shapes = args.shapes or (defaults["shapes"] if args.op == "linear" else "")
     try:
         doc = sweep(
             args.op,
-            (args.cases or defaults["cases"]).split(","),
-            parse_shapes(args.op, args.shapes or defaults["shapes"]),
+            cases.split(",") if cases else [],
+            parse_shapes(args.op, shapes) if shapes else [],
             args.m or _ints(defaults["m"]),
             [_DTYPES[d] for d in args.dtypes.split(",")],
             args.systems.split(",") if args.systems else None,
             args.budget_s,
+            models=[MODELS[name] for name in models.split(",") if name],
+            routings=args.routings.split(","),
+            parts=args.parts.split(","),
             out=args.out,
             check_only=args.check_only,
             peer_site=args.peer_site,
@@ -452,7 +546,8 @@ def _summarize(doc: dict, out, check_only: bool) -> int:
     failed = [r for r in rows if check_only and not r.get("rel_err", math.inf) < CHECK_TOLERANCE and "error" not in r]
     for r in errors + failed:
         what = r.get("error") or f"rel_err {r['rel_err']:.3g} >= {CHECK_TOLERANCE}"
-        print(f"{r['system']} {r['case']} {r['n']}x{r['k']} M={r['m']} {r['dtype']}: {what}")
+        where = "".join(f"{r[key]} " for key in ("model", "part", "routing") if key in r)
+        print(f"{r['system']} {r['case']} {where}{r['n']}x{r['k']} M={r['m']} {r['dtype']}: {what}")
     where = f", wrote {out}" if out else ""
     print(f"{len(rows)} rows ({len(errors)} errors), {header['not_measured']} points not measured{where}")
     return 1 if check_only and (errors or failed) else 0

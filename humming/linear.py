@@ -35,7 +35,8 @@ def linear(
         qweight: a 2-D :class:`QuantizedWeight` ``[N, K]``.
         bias: ``[N]``; defaults to ``qweight.bias``.
         act: activation quantization scheme (``"fp8"``, ``"int8"``, ``"nvfp4"``... see
-            ``humming.ACT_SCHEMES``); ``None`` keeps activations in 16 bits (WnA16).
+            ``humming.ACT_SCHEMES``); ``None`` keeps activations in 16 bits (WnA16). With an act-order
+            weight, ``x`` is quantized in the weight's group order (:mod:`humming.ir.act_order`).
         out_dtype: float16, bfloat16 or float32; defaults to ``x``'s dtype (bfloat16 for quantized x).
         backend: ``"auto"``, ``"reference"``, ``"triton"`` or ``"cuda"``; the ``HUMMING_BACKEND``
             environment variable replaces ``"auto"``. On CPU tensors ``"auto"`` runs the reference.

@@ -4,8 +4,9 @@ entry point as one node.
 | op | wraps |
 |---|---|
 | ``linear`` | :func:`humming.linear` (16-bit or pre-quantized activations) |
-| ``grouped_linear`` / ``fused_moe`` / ``moe_align`` / ``topk_routing`` | :mod:`humming.moe` |
+| ``grouped_linear`` / ``grouped_linear_masked`` / ``fused_moe`` / ``moe_align`` / ``topk_routing`` | :mod:`.moe` |
 | ``quantize_activation`` | :func:`quantize_activation` |
+| ``rmsnorm_quantize`` | :func:`humming.rmsnorm_quantize` |
 
 A custom op takes tensors, ints and strings, not a :class:`QuantizedWeight`: a weight travels as its
 tensors plus a *handle* and a *meta* string (:func:`weight_args`). The handle is an int assigned once per
@@ -27,7 +28,16 @@ from .ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_
 from .ir.activation import quantize_activation as reference_quantize_activation
 from .ir.weight import QuantizedWeight, weight_by_handle
 
-__all__ = ["LIBRARY", "act_name", "eager", "quantize_activation", "register", "weight_args", "weight_from_args"]
+__all__ = [
+    "LIBRARY",
+    "act_name",
+    "act_scales_shape",
+    "eager",
+    "quantize_activation",
+    "register",
+    "weight_args",
+    "weight_from_args",
+]
 
 #: Every op of the ``humming`` namespace is defined on this library (kept alive for the process).
 LIBRARY = torch.library.Library("humming", "DEF")
@@ -52,6 +62,8 @@ _SCHEMAS = {
     "str? act, ScalarType out_dtype, str backend) -> Tensor",
     "grouped_linear": f"grouped_linear(Tensor x, Tensor expert_ids, int block_m, {_weight_schema()}, Tensor? bias, "
     "str? act, ScalarType out_dtype, str backend) -> Tensor",
+    "grouped_linear_masked": f"grouped_linear_masked(Tensor x, Tensor masked_m, int expected_m, {_weight_schema()}, "
+    "Tensor? bias, str? act, ScalarType out_dtype, str backend) -> Tensor",
     "fused_moe": f"fused_moe(Tensor x, Tensor topk_weights, Tensor topk_ids, {_weight_schema('w13_')}, "
     f"Tensor? w13_bias, {_weight_schema('w2_')}, Tensor? w2_bias, Tensor? expert_map, str activation, "
     "float? alpha, float? limit, str gate_up_layout, str? act, int block_m, str backend) -> Tensor",
@@ -61,6 +73,8 @@ _SCHEMAS = {
     "str order='score_then_topk', str backend='auto') -> (Tensor, Tensor)",
     "quantize_activation": "quantize_activation(Tensor x, str act, Tensor? scale, str backend) "
     "-> (Tensor, Tensor, Tensor)",
+    "rmsnorm_quantize": "rmsnorm_quantize(Tensor x, Tensor weight, float eps, str act, Tensor? residual, "
+    "Tensor? scale, str backend) -> (Tensor, Tensor, Tensor, Tensor)",
 }
 for _schema in _SCHEMAS.values():
     LIBRARY.define(_schema)
@@ -133,7 +147,9 @@ def _quantize_activation_impl(x, scheme: ActScheme, scale, backend: str) -> Quan
     return reference_quantize_activation(x, scheme, scale=scale)
 
 
-def _act_scales_shape(scheme: ActScheme, m, k, static: bool) -> tuple:
+def act_scales_shape(scheme: ActScheme, m, k, static: bool) -> tuple:
+    """The shape of ``scheme``'s scales for activations ``[m, k]`` (sizes may be symbolic); ``static``: a
+    static per-tensor scale was given."""
     if static or scheme.group == "tensor":
         return (1, 1)
     if scheme.group == "token":
@@ -146,7 +162,7 @@ def _fake_quantize_activation(x, act, scale, backend):
     m, k = x.shape
     return (
         x.new_empty((m, k), dtype=torch.uint8),
-        x.new_empty(_act_scales_shape(scheme, m, k, scale is not None), dtype=scheme.scale_dtype),
+        x.new_empty(act_scales_shape(scheme, m, k, scale is not None), dtype=scheme.scale_dtype),
         x.new_empty((), dtype=torch.float32),
     )
 

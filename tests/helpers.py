@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import humming
 from humming import dequantize, quantize
 from humming.cuda_kernels import jit
 from humming.cuda_kernels._warmup import warmup_specs
@@ -88,6 +89,19 @@ def gated(h: torch.Tensor, activation: str, layout: str, alpha: float = 1.702, l
         return 0.5 * gate * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate**3))) * up
     gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
     return gate * torch.sigmoid(alpha * gate) * (up + 1)
+
+
+def act_order_dequantized(
+    x2d: torch.Tensor, act: str, perm: torch.Tensor | None, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """``x2d [M, K]`` quantized with ``act`` and dequantized to ``dtype``, as ``humming.linear`` defines it for
+    a weight whose act-order column order is ``perm`` (``None``: not act-order): ``x2d[:, perm]`` quantized,
+    the values put back in ``x2d``'s column order (humming/ir/act_order.py)."""
+    if perm is None:
+        return humming.dequantize_activation(humming.quantize_activation(x2d, act), dtype)
+    out = torch.empty(x2d.shape, dtype=dtype, device=x2d.device)
+    out[:, perm] = humming.dequantize_activation(humming.quantize_activation(x2d[:, perm], act), dtype)
+    return out
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

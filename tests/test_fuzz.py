@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import gated
+from helpers import act_order_dequantized, gated
 from hypothesis import HealthCheck, event, given, note, reject, settings
 from hypothesis import strategies as st
 
@@ -39,6 +39,7 @@ import humming
 from humming import moe
 from humming.dispatch.plan import plan_grouped, plan_linear
 from humming.dispatch.support import combination_error
+from humming.ir.act_order import act_order_perm
 from humming.ir.quantize import GLOBAL_SCALE_DTYPES
 from humming.ir.weight import SCALE_DTYPES, cdiv
 
@@ -252,10 +253,11 @@ def _poison_allocator(device: str, numel: int) -> None:
         torch.full((4 * numel + 4096,), 255, dtype=torch.uint8, device=device)
 
 
-def _dequantized_act(x2d: torch.Tensor, act: str | None) -> torch.Tensor:
+def _dequantized_act(x2d: torch.Tensor, act: str | None, perm: torch.Tensor | None = None) -> torch.Tensor:
+    """``x2d`` as the GEMM sees it, float64; ``perm``: quantized in an act-order weight's column order."""
     if act is None:
         return x2d.double()
-    return humming.dequantize_activation(humming.quantize_activation(x2d, act), torch.float64)
+    return act_order_dequantized(x2d, act, perm, torch.float64)
 
 
 def _assert_close(out: torch.Tensor, ref: torch.Tensor, size: torch.Tensor | None, tol: float, what: str) -> None:
@@ -314,7 +316,7 @@ def _check_linear(data, backend: str, device: str, dims: dict) -> None:
     assert out.dtype == out_dtype and out.device == x.device
     assert out.shape == ((x2d.shape[0], n) if prequantized else (*lead, n))
 
-    a = _dequantized_act(x2d, act)
+    a = _dequantized_act(x2d, act, None if prequantized else act_order_perm(qw))
     w = humming.dequantize(qw, torch.float64)
     ref, size = a @ w.T, a.abs() @ w.abs().T
     if bias is not None:

@@ -30,6 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import humming
+from humming.ir.formats import get_format
 from humming.loaders import MissingTensorError, ShapeMismatchError, UnexpectedTensorError, UnsupportedFormatError
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed (pip install -e '.[hf]')")
@@ -278,6 +279,96 @@ def test_moe_experts(tmp_path, seed):
         err = _rel(model(ids).logits, ref(ids).logits)
     # the same float32 products; transformers sums the experts in another order
     assert err <= 1e-5, f"seed {seed}: {err:.2e}"
+
+
+def _gpt_oss_checkpoint(path: Path, seed: int) -> tuple[dict[str, torch.Tensor], object]:
+    """A 1-layer gpt-oss with MXFP4 experts (``*_blocks`` / ``*_scales`` / ``*_bias``, interleaved gate / up
+    rows) and a non-default ``swiglu_limit``; returns the experts' float32 weights ``[E, out, in]`` and biases
+    by tensor name, and the config."""
+    from humming.loaders.gpt_oss import pack_gpt_oss
+
+    config = transformers.GptOssConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+        swiglu_limit=2.0,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = transformers.GptOssForCausalLM(config)
+    state = {k: v for k, v in model.state_dict().items() if ".experts." not in k}
+    dense = {}
+    p = "model.layers.0.mlp.experts"
+    for proj, (n, k) in (("gate_up_proj", (64, 64)), ("down_proj", (64, 32))):
+        codes = torch.randint(0, 16, (4, n, k), dtype=torch.uint8)
+        exps = torch.randint(122, 128, (4, n, k // 32), dtype=torch.uint8)
+        blocks, scales = pack_gpt_oss(codes, exps)
+        bias = torch.randn(4, n).bfloat16()
+        e2m1 = get_format("e2m1").decode(codes)
+        dense[f"{p}.{proj}"] = torch.ldexp(e2m1, exps.repeat_interleave(32, -1).float() - 127)
+        dense[f"{p}.{proj}_bias"] = bias.float()
+        state.update({f"{p}.{proj}_blocks": blocks, f"{p}.{proj}_scales": scales, f"{p}.{proj}_bias": bias})
+    save_file({k: v.contiguous() for k, v in state.items()}, path / "model.safetensors")
+    qconfig = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"]}
+    config_dict = config.to_dict() | {"quantization_config": qconfig, "architectures": ["GptOssForCausalLM"]}
+    (path / "config.json").write_text(json.dumps(config_dict))
+    return dense, config
+
+
+def test_gpt_oss_experts(tmp_path, seed):
+    """gpt-oss's fused MXFP4 experts become a QuantizedExperts running its clamped SwiGLU (alpha and limit from
+    the config) on interleaved gate / up rows, with the experts' biases; the logits match transformers'
+    GptOssForCausalLM holding the dequantized experts."""
+    dense, config = _gpt_oss_checkpoint(tmp_path, seed)
+    model = from_pretrained(tmp_path, dtype=torch.float32)
+    experts = model.model.layers[0].mlp.experts
+    assert isinstance(experts, QuantizedExperts) and experts.w13.shape == (4, 64, 64)
+    assert (experts.activation, experts.alpha, experts.limit) == ("swiglu_oai", 1.702, 2.0)
+    assert experts.gate_up_layout == "interleaved" and experts.w13.bias is not None
+    ref = transformers.GptOssForCausalLM._from_config(config, dtype=torch.float32).eval()
+    state = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".experts." not in k}
+    p = "model.layers.0.mlp.experts"
+    for proj in ("gate_up_proj", "down_proj"):  # transformers holds them [E, in, out]
+        state[f"{p}.{proj}"] = dense[f"{p}.{proj}"].transpose(1, 2)
+        state[f"{p}.{proj}_bias"] = dense[f"{p}.{proj}_bias"]
+    ref.load_state_dict(state, strict=True)
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        err = _rel(model(ids).logits, ref(ids).logits)
+    assert err <= 1e-5, f"seed {seed}: {err:.2e}"
+
+
+def test_expert_activation_of_transformers_modules():
+    """The activation read from an experts module: the default gate's act_fn in the module's gate / up layout;
+    experts without a gate, with an unknown act_fn or a gate of their own are refused with the reason."""
+    from torch import nn
+
+    from humming.nn.hf import _expert_activation
+
+    activations = transformers.activations
+
+    def experts(act_fn=None, gate=None, **flags):
+        cls = type("SomeExperts", (nn.Module,), {} if gate is None else {"_apply_gate": gate})
+        module = cls()
+        module.act_fn = act_fn
+        module.__dict__.update(flags)
+        return module
+
+    assert _expert_activation(experts(nn.SiLU())) == dict(activation="silu", gate_up_layout="concat")
+    assert _expert_activation(experts(activations.GELUActivation()))["activation"] == "gelu"
+    assert _expert_activation(experts(nn.GELU(approximate="tanh")))["activation"] == "gelu_tanh"
+    assert _expert_activation(experts(activations.NewGELUActivation()))["activation"] == "gelu_tanh"
+    assert _expert_activation(experts(nn.SiLU(), is_concatenated=False))["gate_up_layout"] == "interleaved"
+    assert _expert_activation(experts(nn.SiLU(), has_gate=False)) == "experts without a gate (up_proj only)"
+    assert _expert_activation(experts(nn.ReLU())) == "act_fn ReLU"
+    assert _expert_activation(experts(nn.SiLU(), gate=lambda self, h: h)) == "its own gate SomeExperts._apply_gate"
 
 
 # -------------------------------------------------------------------------------------------------- errors

@@ -12,7 +12,7 @@ from torch import nn
 
 import humming
 from humming import moe
-from humming.nn import FusedMoE, QuantizedLinear, quantize_model
+from humming.nn import FusedMoE, QuantizedExperts, QuantizedLinear, quantize_model
 
 
 class Block(nn.Module):
@@ -119,6 +119,96 @@ def test_fused_moe_module_options(seed):
         FusedMoE(layer.w13, layer.w2, 2, alpha=1.0)
     with pytest.raises(ValueError, match=r"top_k: expected an int in \[1, 6\]"):
         FusedMoE(layer.w13, layer.w2, 7, expert_map=expert_map)
+
+
+#: FusedMoE's routing options over 8 experts, as topk_routing's keyword arguments
+MODULE_ROUTINGS = {
+    "mixtral": dict(renormalize=True),
+    "deepseek": dict(
+        scoring="sigmoid", renormalize=True, num_groups=4, topk_groups=2, correction_bias=True, routed_scaling=2.5
+    ),
+    "sigmoid-bias": dict(scoring="sigmoid", correction_bias=True),
+    "gpt-oss": dict(order="topk_then_softmax"),
+}
+
+
+@pytest.mark.parametrize("routing", MODULE_ROUTINGS)
+def test_fused_moe_module_routing(routing, seed):
+    """Each routing option reaches topk_routing: the module's output is fused_moe on topk_routing's choice,
+    bit for bit; route() and experts() are those two steps; the correction bias is in the state_dict."""
+    e, k, inter, t = 8, 64, 32, 5
+    kwargs = dict(MODULE_ROUTINGS[routing])
+    if kwargs.get("correction_bias"):
+        kwargs["correction_bias"] = torch.rand(e) / 4
+    layer = FusedMoE.from_float(torch.randn(e, 2 * inter, k), torch.randn(e, k, inter), 2, "int4", 32, **kwargs)
+    x, logits = torch.randn(t, k, dtype=torch.bfloat16), torch.randn(t, e)
+    weights, ids = moe.topk_routing(logits, 2, **kwargs)
+    expect = moe.fused_moe(x, layer.w13, layer.w2, weights, ids)
+    assert torch.equal(layer(x, logits), expect)
+    got_weights, got_ids = layer.route(logits)
+    assert torch.equal(got_weights, weights) and torch.equal(got_ids, ids)
+    assert torch.equal(layer.experts(x, weights, ids), expect)
+    assert ("correction_bias" in layer.state_dict()) == ("correction_bias" in kwargs)
+
+
+@pytest.mark.parametrize(
+    ("activation", "params"),
+    [("silu", {}), ("gelu", {}), ("gelu_tanh", {}), ("swiglu_oai", {}), ("swiglu_oai", dict(alpha=1.0, limit=3.0))],
+    ids=["silu", "gelu", "gelu_tanh", "swiglu_oai", "swiglu_oai-1-3"],
+)
+@pytest.mark.parametrize("layout", ["concat", "interleaved"])
+def test_fused_moe_module_activation_and_biases(activation, params, layout, seed):
+    """Each activation and gate / up layout, with per-expert biases given to the module (in place of the
+    weights' own, held in the state_dict): the output is fused_moe's with those biases on the weights."""
+    e, k, inter = 4, 64, 32
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k), "int4", group_size=32)
+    w2 = humming.quantize(torch.randn(e, k, inter), "int4", group_size=32)
+    b13, b2 = torch.randn(e, 2 * inter), torch.randn(e, k)
+    options = dict(activation=activation, gate_up_layout=layout, **params)
+    layer = FusedMoE(w13, w2, 2, w13_bias=b13, w2_bias=b2, **options)
+    x, logits = (torch.randn(5, k) / 2).bfloat16(), torch.randn(5, e)
+    weights, ids = moe.topk_routing(logits, 2)
+    expect = moe.fused_moe(x, w13.replace(bias=b13), w2.replace(bias=b2), weights, ids, **options)
+    assert torch.equal(layer(x, logits), expect)
+    assert torch.equal(layer.state_dict()["w13_bias"], b13) and torch.equal(layer.state_dict()["w2_bias"], b2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(num_groups=3, topk_groups=1), "num_groups: expected a positive int that divides E=4"),
+        (dict(num_groups=2), "num_groups, topk_groups: give both or neither"),
+        (dict(correction_bias=torch.zeros(3)), r"correction_bias: expected shape \(4,\)"),
+        (dict(routed_scaling=0.0), "routed_scaling: expected a positive finite number"),
+        (dict(order="topk_then_softmax", scoring="sigmoid"), "scoring: order='topk_then_softmax'"),
+        (dict(scoring="tanh"), "scoring: expected one of"),
+        (dict(w13_bias=torch.zeros(4, 32)), r"w13_bias: expected a float tensor of shape \(4, 64\)"),
+        (dict(w2_bias=torch.zeros(4, 64, device="meta")), "w2_bias is on meta"),
+        (dict(activation="relu"), "activation: expected one of"),
+    ],
+    ids=["groups", "groups-half", "bias-shape", "scaling", "order", "scoring", "w13-bias", "w2-bias-device", "act"],
+)
+def test_fused_moe_module_rejects(kwargs, match):
+    w13 = humming.quantize(torch.randn(4, 64, 64), "int4", group_size=32)
+    w2 = humming.quantize(torch.randn(4, 64, 32), "int4", group_size=32)
+    with pytest.raises(ValueError, match=match):
+        FusedMoE(w13, w2, 2, **kwargs)
+
+
+@pytest.mark.parametrize("layout", ["concat", "interleaved"])
+def test_quantized_experts_activation(layout, seed):
+    """QuantizedExperts (transformers' experts interface) runs the activation and layout it is given."""
+    e, k, inter = 4, 64, 32
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k), "int4", group_size=32, bias=torch.randn(e, 2 * inter))
+    w2 = humming.quantize(torch.randn(e, k, inter), "int4", group_size=32)
+    options = dict(activation="swiglu_oai", limit=3.0, gate_up_layout=layout)
+    experts = QuantizedExperts(w13, w2, **options)
+    x, (weights, ids) = torch.randn(5, k).bfloat16(), moe.topk_routing(torch.randn(5, e), 2)
+    assert torch.equal(
+        experts(x, ids.long(), weights.bfloat16()),
+        moe.fused_moe(x, w13, w2, weights.bfloat16().float(), ids, **options),
+    )
+    assert f"activation=swiglu_oai ({layout})" in repr(experts)
 
 
 def test_compile_quantized_model(seed):

@@ -121,6 +121,20 @@ def test_opcheck_moe(seed):
         torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
 
 
+@pytest.mark.parametrize(("act", "max_m"), [(None, 32), ("fp8", 16), (None, 20)])
+def test_opcheck_grouped_linear_masked(act, max_m, seed):
+    """The masked grouped GEMM's op: 16-bit and per-token fp8 activations, a max_m that is padded. The
+    reference backend, whose skipped rows are zeros: the Triton kernels leave them unwritten (unspecified),
+    which opcheck's comparison of whole outputs cannot allow (test_compile_grouped_linear_masked_dynamic_max_m
+    runs the op on Triton)."""
+    w13, _ = _moe_weights()
+    x = torch.randn(4, max_m, 64, dtype=torch.bfloat16)
+    masked_m = torch.tensor([0, 3, max_m, 17 % max_m], dtype=torch.int32)
+    for expected_m in (0, 100):
+        args = (x, masked_m, expected_m, *ops.weight_args(w13), torch.randn(4, 64), act, torch.bfloat16, "reference")
+        torch.library.opcheck(torch.ops.humming.grouped_linear_masked.default, args)
+
+
 #: topk_routing's keyword arguments: DeepSeek-V3's grouped, biased sigmoid routing; gpt-oss's
 ROUTINGS = {
     "deepseek": {
@@ -287,6 +301,25 @@ def test_compile_moe_align_and_grouped_linear(seed, no_recompile):
         assert torch.equal(f(x, ids), step(x, ids))
 
 
+@pytest.mark.parametrize(("act", "backend"), [(None, "triton"), ("fp8", "reference")])
+def test_compile_grouped_linear_masked_dynamic_max_m(act, backend, seed, no_recompile):
+    """One graph for every max_m (the block size is chosen inside the op), the output equal to eager."""
+    w13, _ = _moe_weights()
+
+    def f(x, masked_m):
+        return moe.grouped_linear_masked(x, w13, masked_m, act=act, backend=backend)
+
+    g = torch.compile(f, fullgraph=True)
+    for max_m in (16, 48, 20):
+        x = torch.randn(4, max_m, 64, dtype=torch.bfloat16)
+        torch._dynamo.mark_dynamic(x, 1)
+        masked_m = torch.randint(0, max_m + 1, (4,), dtype=torch.int32)
+        valid = torch.arange(max_m)[None, :] < masked_m[:, None]
+        got, expect = g(x, masked_m), f(x, masked_m)
+        assert got.shape == (4, max_m, 64)
+        assert torch.equal(got[valid], expect[valid])
+
+
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("routing", ROUTINGS)
 def test_compile_topk_routing(routing, backend, seed, no_recompile):
@@ -360,6 +393,22 @@ def test_gpu_capture_of_an_unwarmed_call_names_the_warmup(seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gpu_dense_capture_after_warmup_alone(case, seed):
+    """humming.warmup alone readies a dense call's every kernel (the activation quantization pass before a
+    CUDA GEMM included): a capture with no eager call before it succeeds and replays to the eager output."""
+    qw = _weight(case, n=256, k=512, device="cuda")
+    humming.warmup([qw], m_values=(3,), act=case.act, progress=False)
+    x = torch.randn(3, 512, dtype=torch.bfloat16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = humming.linear(x, qw, act=case.act)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.testing.assert_close(y, humming.linear(x, qw, act=case.act), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("act", "mapped"), [(None, False), ("fp8", False), ("fp8", True)])
 def test_gpu_fused_moe_graph(act, mapped, seed):
     """Compiled and graphed equal eager; mapped: gpt-oss's activation as one rank (8 of 12 experts)."""
@@ -384,3 +433,26 @@ def test_gpu_fused_moe_graph(act, mapped, seed):
     graph, y = capture(lambda: layer(x, logits))
     graph.replay()
     torch.testing.assert_close(y, expect, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [None, "fp8"])
+def test_gpu_fused_moe_capture_after_warmup_alone(act, seed):
+    """humming.warmup of a FusedMoE's MoeCall readies every kernel of the layer (routing, grouped GEMMs, the
+    activation pass with w2's quantization, the combine): a capture with no eager call before it succeeds,
+    and its replay gives the eager result."""
+    from humming.nn import FusedMoE
+
+    e, k, inter, t = 8, 512, 256, 6
+    w13, w2 = torch.randn(e, 2 * inter, k, device="cuda"), torch.randn(e, k, inter, device="cuda")
+    routing = dict(scoring="sigmoid", renormalize=True, num_groups=4, topk_groups=2)
+    bias = torch.rand(e, device="cuda")
+    layer = FusedMoE.from_float(w13, w2, 2, "int4", 128, act=act, correction_bias=bias, **routing)
+    humming.warmup([layer.moe_call()], m_values=[t], progress=False)
+    x = torch.randn(t, k, dtype=torch.bfloat16, device="cuda")
+    logits = torch.randn(t, e, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer(x, logits)
+    graph.replay()
+    torch.testing.assert_close(y, layer(x, logits), rtol=0, atol=0)

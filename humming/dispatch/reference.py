@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ir.act_order import act_order_perm
 from ..ir.activation import QuantizedActivation, dequantize_activation, quantize_activation
 from ..ir.quantize import dequantize
 from ..ir.weight import expert_weight
@@ -32,11 +33,17 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x, qweight, bias, act, out_dtype):
-    """``x`` [M, K] (float, or a QuantizedActivation) -> ``[M, N]`` in ``out_dtype``."""
+    """``x`` [M, K] (float, or a QuantizedActivation) -> ``[M, N]`` in ``out_dtype``. With an act-order weight,
+    float ``x`` is quantized in the weight's group order (:mod:`humming.ir.act_order`)."""
     if isinstance(x, QuantizedActivation):
         xf = dequantize_activation(x)
     elif act is not None:
-        xf = dequantize_activation(quantize_activation(_finite(x), act))
+        perm = act_order_perm(qweight)
+        if perm is None:
+            xf = dequantize_activation(quantize_activation(_finite(x), act))
+        else:  # quantized as x[:, perm], then put back in x's column order
+            xf = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+            xf[:, perm] = dequantize_activation(quantize_activation(_finite(x)[:, perm], act))
     else:
         xf = x.to(torch.float32)
     out = xf @ dequantize(qweight, torch.float32).T

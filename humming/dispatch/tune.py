@@ -23,6 +23,7 @@ __all__ = ["CASES", "main", "tune"]
 #: name -> (humming.quantize arguments, activation scheme): the formats serving runs.
 CASES = {
     "w4a16-int4-g128": (dict(weight="int4", group_size=128), None),
+    "w4a16-int4-g32": (dict(weight="int4", group_size=32), None),
     "w4a16-uint4-g128-zp": (dict(weight="int4", group_size=128, zero_point=True), None),
     "w8a16-int8-channel": (dict(weight="int8", group_size=-1), None),
     "w8a16-e4m3-channel": (dict(weight="e4m3", group_size=-1), None),

@@ -1,8 +1,13 @@
 """``humming.warmup``: compile ahead of time every kernel the dispatcher would pick for a set of layers.
 
 For each layer and token count it asks the one decision (:mod:`.plan`) which kernel runs, then makes that
-kernel ready: CUDA kernels compile through NVRTC in parallel (and load); Triton kernels compile by running
-the call once on random inputs. Serving, and CUDA graph capture, then never compile.
+kernel ready: CUDA kernels compile through NVRTC in parallel (and load), then every call runs once on random
+inputs, which compiles its Triton kernels (the kernel itself, or the activation quantization pass before a
+CUDA GEMM) and builds its cached launcher. A fused MoE layer (:class:`humming.moe.MoeCall`) lists its launches
+(:meth:`~humming.moe.MoeCall.launches`: routing, the two grouped GEMMs, the activation pass, the combine):
+the CUDA GEMMs among them compile with the rest, then the whole call runs once per token count, which
+readies its Triton kernels with the launch keys of that shape. Serving, and CUDA graph capture, then never
+compile.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import torch
 
 from ..ir.activation import get_act_scheme
 from ..ir.weight import QuantizedWeight
+from ..moe import MoeCall
 from .kernels import DENSE_KERNELS, GROUPED_KERNELS, backend_module
 from .plan import plan_grouped, plan_linear
 
@@ -32,27 +38,33 @@ def warmup(
     progress: bool = True,
     max_workers: int | None = None,
 ):
-    """Make ready every kernel ``humming.linear`` (dense layers) or ``humming.moe.grouped_linear``
+    """Make ready every kernel ``humming.linear`` (dense layers), ``humming.moe.grouped_linear``
     (expert-stacked layers, once per routing ``block_m`` of ``block_ms``, ``m_values`` read as grouped row
-    counts) would run for these layers at the token counts ``m_values``.
+    counts) or ``humming.moe.fused_moe`` (:class:`humming.moe.MoeCall` layers, ``m_values`` read as token
+    counts: routing, grouped GEMMs, activation pass, combine) would run for these layers at the token counts
+    ``m_values``.
 
     Args:
-        layers: ``QuantizedWeight`` objects on one CUDA device.
-        act: the activation scheme they run with (``None``: 16-bit activations).
-        act_dtype, out_dtype, bias_dtype: what the calls will pass (kernels are specialised on them).
+        layers: ``QuantizedWeight`` and ``MoeCall`` objects (``FusedMoE.moe_call()``,
+            ``QuantizedExperts.moe_call(top_k)``) on one CUDA device.
+        act: the activation scheme the weights run with (``None``: 16-bit activations); an ``MoeCall``
+            holds its own.
+        act_dtype, out_dtype, bias_dtype: what the calls will pass (kernels are specialised on them); an
+            ``MoeCall`` runs on ``act_dtype`` activations (its outputs too) with its weights' biases, and
+            routes router logits of float32 and of ``act_dtype``.
     Returns:
         The CUDA kernels' :class:`~humming.cuda_kernels.WarmupReport` (origin and seconds of each), or
         ``None`` when no CUDA kernel is involved.
     """
-    if isinstance(layers, QuantizedWeight) or not hasattr(layers, "__iter__"):
-        raise TypeError(f"layers: expected an iterable of QuantizedWeight, got {type(layers).__name__}")
+    if isinstance(layers, QuantizedWeight | MoeCall) or not hasattr(layers, "__iter__"):
+        raise TypeError(f"layers: expected an iterable of QuantizedWeight or MoeCall, got {type(layers).__name__}")
     layers = list(layers)
-    for i, qw in enumerate(layers):
-        if not isinstance(qw, QuantizedWeight):
-            raise TypeError(f"layers[{i}]: expected a QuantizedWeight, got {type(qw).__name__}")
-        if qw.device.type != "cuda":
-            raise ValueError(f"layers[{i}]: is on {qw.device}; warmup compiles kernels for weights on a GPU")
-    devices = {qw.device for qw in layers}
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, QuantizedWeight | MoeCall):
+            raise TypeError(f"layers[{i}]: expected a QuantizedWeight or an MoeCall, got {type(layer).__name__}")
+        if _device(layer).type != "cuda":
+            raise ValueError(f"layers[{i}]: is on {_device(layer)}; warmup compiles kernels for weights on a GPU")
+    devices = {_device(layer) for layer in layers}
     if len(devices) > 1:
         raise ValueError(f"layers: expected weights on one CUDA device, got {sorted(map(str, devices))}")
     m_values = _counts("m_values", m_values)
@@ -76,17 +88,49 @@ def warmup(
     if not layers:
         return None
     device = next(iter(devices))
-    cuda_jobs = []
-    for qw in layers:
+    cuda_jobs, runs = [], []
+    calls = [layer for layer in layers if isinstance(layer, MoeCall)]
+    for qw in (layer for layer in layers if isinstance(layer, QuantizedWeight)):
         for m in m_values:
             for block_m in block_ms if qw.num_experts is not None else (None,):
-                cuda_jobs += _ready(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device)
-    if not cuda_jobs:
-        return None
-    from .. import cuda_kernels
-    from ..device import device_index
+                jobs, run = _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device)
+                cuda_jobs += jobs
+                runs.append(run)
+    for call in calls:
+        for m in m_values:
+            cuda_jobs += _moe_cuda_jobs(call, m, act_dtype, device)
+    report = None
+    if cuda_jobs:
+        from .. import cuda_kernels
+        from ..device import device_index
 
-    return cuda_kernels.compile_and_load(cuda_jobs, device_index(device), progress, max_workers)
+        report = cuda_kernels.compile_and_load(cuda_jobs, device_index(device), progress, max_workers)
+    for run in runs:
+        run()
+    for call in calls:
+        for m in m_values:
+            call.run(m, act_dtype)
+            if call.routing is not None and act_dtype != torch.float32:
+                call.route(m, act_dtype)
+    return report
+
+
+def _device(layer) -> torch.device:
+    return layer.w13.device if isinstance(layer, MoeCall) else layer.device
+
+
+def _moe_cuda_jobs(call: MoeCall, m: int, act_dtype, device) -> list:
+    """The CUDA compile jobs of the grouped GEMMs a fused_moe call at ``m`` tokens plans on CUDA (what the
+    call's own run would otherwise compile one at a time)."""
+    block_m, m_pad = call.grouped_shape(m)
+    act = None if call.act is None else get_act_scheme(call.act)
+    jobs = []
+    for launch in call.launches(m, act_dtype):
+        if launch.step in ("w13", "w2") and launch.kernel.startswith("cuda."):
+            qw = call.w13 if launch.step == "w13" else call.w2
+            bias_dtype = None if qw.bias is None else qw.bias.dtype
+            jobs += _plan_call(qw, act, m_pad, block_m, act_dtype, act_dtype, bias_dtype, call.backend, device)[0]
+    return jobs
 
 
 def _counts(name: str, values) -> tuple[int, ...]:
@@ -106,20 +150,33 @@ def _counts(name: str, values) -> tuple[int, ...]:
     return counts
 
 
-def _ready(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device) -> list:
-    """The CUDA compile jobs of the kernel planned for this call; a Triton or reference kernel runs once."""
+def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device):
+    """The CUDA compile jobs of the kernel planned for this call, and a callable that runs the call once
+    through that plan once the jobs are loaded (a no-op for the reference, which compiles nothing)."""
     rows = m if block_m is None else -(-m // block_m) * block_m
     x = torch.randn(rows, qw.K, dtype=act_dtype, device=device)
-    if block_m is None:
-        plan = plan_linear(qw, act, x, backend)
-    else:
-        plan = plan_grouped(qw, act, x, block_m, backend)
+    grouped = block_m is not None
+    plan = plan_grouped(qw, act, x, block_m, backend) if grouped else plan_linear(qw, act, x, backend)
+
+    def run():  # its inputs made when it runs: many layers' calls are planned before any runs
+        x = torch.randn(rows, qw.K, dtype=act_dtype, device=device)
+        bias_shape = (qw.num_experts, qw.N) if grouped else (qw.N,)
+        bias = None if bias_dtype is None else torch.randn(bias_shape, dtype=bias_dtype, device=device)
+        if grouped:
+            ids = torch.zeros(rows // block_m, dtype=torch.int32, device=device)
+            GROUPED_KERNELS[plan.kernel].run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning)
+        else:
+            DENSE_KERNELS[plan.kernel].run(x, qw, bias, act, out_dtype, plan.tuning)
+
+    if plan.backend == "reference":  # nothing to compile
+        return [], lambda: None
+    jobs = []
     if plan.backend == "cuda":
         from .. import cuda_kernels
         from ..device import device_index
 
-        kernel = "grouped" if block_m is not None else plan.kernel.split(".", 1)[1]
-        return cuda_kernels.warmup_jobs(
+        kernel = "grouped" if grouped else plan.kernel.split(".", 1)[1]
+        jobs = cuda_kernels.warmup_jobs(
             kernel,
             qw,
             act,
@@ -130,12 +187,4 @@ def _ready(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, devic
             device=device_index(device),
             block_m=block_m,
         )
-    if plan.backend == "triton":
-        if block_m is None:
-            bias = None if bias_dtype is None else torch.randn(qw.N, dtype=bias_dtype, device=device)
-            DENSE_KERNELS[plan.kernel].run(x, qw, bias, act, out_dtype, plan.tuning)
-        else:
-            bias = None if bias_dtype is None else torch.randn(qw.num_experts, qw.N, dtype=bias_dtype, device=device)
-            ids = torch.zeros(rows // block_m, dtype=torch.int32, device=device)
-            GROUPED_KERNELS[plan.kernel].run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning)
-    return []
+    return jobs, run

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .._moe_layer import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..ir.concat import concat
 from ..ir.weight import QuantizedWeight
 from ..loaders.activations import ActivationSpec, expert_activation
@@ -27,9 +28,18 @@ from .moe import QuantizedExperts
 
 __all__ = ["from_pretrained"]
 
-# checkpoint names of an expert's projections: (gate, up, down)
-_EXPERT_PROJS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
-_SILU = ("SiLU", "SiLUActivation")
+# checkpoint names of the experts' projections: per expert (gate, up, down), or fused (gpt-oss: gate_up, down)
+_EXPERT_PROJS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"), ("gate_up_proj", "down_proj"))
+#: fused_moe's activation of each act_fn of transformers' default expert gate ``act_fn(gate) * up``
+_ACT_FNS = {
+    "SiLU": "silu",
+    "SiLUActivation": "silu",
+    "GELUActivation": "gelu",
+    "GELUTanh": "gelu_tanh",
+    "NewGELUActivation": "gelu_tanh",
+}
+#: experts modules whose gate is gpt-oss's clamped SwiGLU (alpha and limit from the config)
+_CLAMPED_SWIGLU = ("GptOssExperts",)
 
 
 def _transformers():
@@ -56,9 +66,11 @@ def from_pretrained(
     Every format :func:`humming.load_checkpoint` reads (GPTQ, AWQ, compressed-tensors, FP8, ModelOpt,
     bitsandbytes NF4...). Quantized linears become :class:`QuantizedLinear` with the activation scheme the
     checkpoint names (:func:`humming.loaders.activation_schemes`; static ``input_scale`` included);
-    quantized experts (per-expert ``experts.{e}.gate_proj / up_proj / down_proj`` or ``w1 / w3 / w2``)
-    become :class:`QuantizedExperts` where the model's module of that name is a transformers experts module
-    with fused 3-D ``gate_up_proj`` / ``down_proj`` and SiLU (Mixtral-style, Qwen2/3-MoE, OLMoE...).
+    quantized experts (per-expert ``experts.{e}.gate_proj / up_proj / down_proj`` or ``w1 / w3 / w2``, or
+    gpt-oss's fused ``gate_up_proj`` / ``down_proj``) become :class:`QuantizedExperts` where the model's
+    module of that name is a transformers experts module with fused 3-D ``gate_up_proj`` / ``down_proj``,
+    running the module's activation (SiLU, GELU, gpt-oss's clamped SwiGLU from its config) in its gate / up
+    layout, with the checkpoint's biases (Qwen2/3-MoE, OLMoE, DeepSeek-V3, gpt-oss...).
 
     Args:
         path: the checkpoint folder (``config.json``, ``*.safetensors``).
@@ -191,7 +203,9 @@ def _submodule(model: nn.Module, name: str) -> nn.Module | None:
 
 
 def _experts(model, name, projs, dtype, device, backend) -> QuantizedExperts:
-    """A :class:`QuantizedExperts` for the transformers experts module ``name`` from its stacked projections."""
+    """A :class:`QuantizedExperts` for the transformers experts module ``name`` from its quantized
+    projections: per expert (``gate_proj`` / ``up_proj`` / ``down_proj``, concatenated here: gate rows, then
+    up) or fused (``gate_up_proj`` / ``down_proj``, gpt-oss: rows in the module's own gate / up layout)."""
     module = _submodule(model, name)
     names = next((p for p in _EXPERT_PROJS if set(p) == set(projs)), None)
     if module is None or names is None:
@@ -200,27 +214,60 @@ def _experts(model, name, projs, dtype, device, backend) -> QuantizedExperts:
             f"{name} with {' / '.join(p[0] for p in _EXPERT_PROJS)}-style projections"
         )
     gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
-    act_fn = type(getattr(module, "act_fn", None)).__name__
     fused = isinstance(gate_up, nn.Parameter) and isinstance(down, nn.Parameter) and gate_up.dim() == down.dim() == 3
-    plain = not getattr(module, "is_transposed", False) and getattr(module, "is_concatenated", True)
-    has_bias = any(getattr(module, b, None) is not None for b in ("gate_up_proj_bias", "down_proj_bias"))
-    if not fused or not plain or has_bias or act_fn not in _SILU:
+    activation = _expert_activation(module)
+    if not fused or isinstance(activation, str):
+        why = activation if isinstance(activation, str) else "no fused 3-D gate_up_proj / down_proj parameters"
         raise UnsupportedFormatError(
             f"{name}: {type(module).__name__} is not an experts module humming can replace (it needs fused 3-D "
-            f"gate_up_proj [E, 2I, H] and down_proj [E, H, I], concatenated gate/up, no bias, SiLU; got "
-            f"act_fn {act_fn})"
+            f"gate_up_proj and down_proj and a gated activation humming runs): {why}"
         )
-    (gate, spec), (up, _), (w2, down_spec) = (projs[p] for p in names)
-    if {spec.act, down_spec.act, projs[names[1]][1].act} != {spec.act}:
+    if len(names) == 3:
+        (gate, spec), (up, up_spec), (w2, down_spec) = (projs[p] for p in names)
+        w13 = concat([gate, up], dim=1)  # [E, 2I, K]: gate rows, then up rows
+        activation["gate_up_layout"] = "concat"
+        specs = (spec, up_spec, down_spec)
+    else:
+        (w13, spec), (w2, down_spec) = (projs[p] for p in names)
+        specs = (spec, down_spec)
+    if {s.act for s in specs} != {spec.act}:
         raise UnsupportedFormatError(f"{name}: the expert projections have different activation schemes")
-    w13 = concat([gate, up], dim=1)  # [E, 2I, K]: gate rows, then up rows
-    if tuple(w13.shape) != tuple(gate_up.shape) or tuple(w2.shape) != tuple(down.shape):
+    transposed = getattr(module, "is_transposed", False)  # parameters [E, in, out]
+    want = [tuple(w.shape[i] for i in ((0, 2, 1) if transposed else (0, 1, 2))) for w in (w13, w2)]
+    if want != [tuple(gate_up.shape), tuple(down.shape)]:
         raise ShapeMismatchError(
-            f"{name}: the checkpoint's experts are gate_up {tuple(w13.shape)}, down {tuple(w2.shape)}; the model's "
-            f"are {tuple(gate_up.shape)}, {tuple(down.shape)}"
+            f"{name}: the checkpoint's experts are gate_up {tuple(w13.shape)}, down {tuple(w2.shape)} [E, out, in]; "
+            f"the model's are {tuple(gate_up.shape)}, {tuple(down.shape)}{' [E, in, out]' if transposed else ''}"
         )
+    for proj, w in (("gate_up_proj", w13), ("down_proj", w2)):
+        if getattr(module, f"{proj}_bias", None) is not None and w.bias is None:
+            raise MissingTensorError(f"{name}: the model's experts have a {proj}_bias, the checkpoint has none")
     w13, w2 = (w if w.bias is None else w.replace(bias=w.bias.to(device, dtype)) for w in (w13, w2))
-    return QuantizedExperts(w13, w2, act=spec.act, backend=backend)
+    return QuantizedExperts(w13, w2, **activation, act=spec.act, backend=backend)
+
+
+def _expert_activation(module) -> dict | str:
+    """The ``QuantizedExperts`` activation arguments of a transformers experts module, or why it has none
+    humming runs: the default gate (``act_fn(gate) * up``: SiLU, exact or tanh GELU) in the module's gate /
+    up layout, or gpt-oss's clamped SwiGLU with its config's ``swiglu_alpha`` / ``swiglu_limit``."""
+    if not getattr(module, "has_gate", True):
+        return "experts without a gate (up_proj only)"
+    layout = "concat" if getattr(module, "is_concatenated", True) else "interleaved"
+    gate = getattr(type(module), "_apply_gate", None)
+    if type(module).__name__ in _CLAMPED_SWIGLU:
+        config = getattr(module, "config", None)
+        alpha = getattr(config, "swiglu_alpha", SWIGLU_OAI_ALPHA)
+        limit = getattr(config, "swiglu_limit", SWIGLU_OAI_LIMIT)
+        return dict(activation="swiglu_oai", alpha=alpha, limit=limit, gate_up_layout=layout)
+    if gate is not None and gate.__name__ != "_default_apply_gate":
+        return f"its own gate {type(module).__name__}._apply_gate"
+    act_fn = getattr(module, "act_fn", None)
+    name = type(act_fn).__name__
+    if name == "GELU":  # torch.nn.GELU
+        name = "GELUTanh" if getattr(act_fn, "approximate", "none") == "tanh" else "GELUActivation"
+    if name not in _ACT_FNS:
+        return f"act_fn {name}"
+    return dict(activation=_ACT_FNS[name], gate_up_layout=layout)
 
 
 def _load_unquantized(model, files, keys, replaced, device, strict) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from .._moe_layer import check_activation
+from .._routing import check_routing, layer_backend
 from ..ir.activation import ActScheme, get_act_scheme
 from ..ir.quantize import quantize
 from ..ir.weight import QuantizedWeight
-from ..moe import fused_moe, topk_routing
+from ..moe import MoeCall, fused_moe, topk_routing
 from ._buffers import QuantizedModule
 from .linear import resolve_group_size
 
@@ -24,19 +25,46 @@ def _hold_experts(module: QuantizedModule, w13: QuantizedWeight, w2: QuantizedWe
     module.num_experts = w13.num_experts
 
 
+def _with_bias(name: str, qw: QuantizedWeight, bias) -> QuantizedWeight:
+    """``qw`` with per-expert ``bias`` ``[E, N]`` in place of its own (``None``: ``qw`` as it is)."""
+    if bias is None:
+        return qw
+    e, n = qw.shape[0], qw.shape[1]
+    if not isinstance(bias, torch.Tensor) or not bias.is_floating_point() or tuple(bias.shape) != (e, n):
+        raise ValueError(f"{name}: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
+    if bias.device != qw.device:
+        raise ValueError(f"{name} is on {bias.device} but the experts are on {qw.device}")
+    return qw.replace(bias=bias)
+
+
+def _options(module) -> dict:
+    """The fused_moe keyword arguments an MoE module holds, but the expert map."""
+    names = ("activation", "alpha", "limit", "gate_up_layout", "act", "block_m", "backend")
+    return {name: getattr(module, name) for name in names}
+
+
 class FusedMoE(QuantizedModule):
     """``sum_j w_j * w2_e(act_fn(gate, up))`` over each token's ``top_k`` experts
-    (:func:`humming.moe.fused_moe`), the experts picked by :func:`humming.moe.topk_routing` from the router
-    logits.
+    (:func:`humming.moe.fused_moe`), the experts and their weights ``w_j`` picked by
+    :func:`humming.moe.topk_routing` from the router logits.
 
     Args:
         w13: ``[E, 2I, K]`` (gate and up rows as ``gate_up_layout`` says); w2: ``[E, K, I]``.
         top_k: experts per token.
-        scoring: ``"softmax"`` or ``"sigmoid"``; renormalize: rescale the picked weights to sum to 1.
-        activation, alpha, limit, gate_up_layout, act, block_m, backend: as :func:`humming.moe.fused_moe`.
+        scoring, renormalize, num_groups, topk_groups, correction_bias, routed_scaling, order: the routing,
+            as :func:`humming.moe.topk_routing` (DeepSeek-V3: ``scoring="sigmoid", renormalize=True,
+            num_groups=8, topk_groups=4, correction_bias=..., routed_scaling=2.5``; gpt-oss:
+            ``order="topk_then_softmax"``). ``correction_bias`` ``[E_routed]`` is held as a buffer (in the
+            ``state_dict``).
+        activation, alpha, limit, gate_up_layout, act, block_m, backend: as :func:`humming.moe.fused_moe`
+            (``backend`` ``"reference"`` or ``"triton"`` routes on that backend too).
+        w13_bias, w2_bias: per-expert biases ``[E, 2I]`` and ``[E, K]``, in place of the weights' own.
         expert_map: expert parallelism, as :func:`humming.moe.fused_moe`: integer ``[E_global]``, each global
             expert's index in ``w13`` / ``w2`` or -1; the router logits are then ``[..., E_global]``. Held as
             a buffer (moves with ``.to(device)``; not in the ``state_dict``).
+
+    ``forward(hidden_states, router_logits)`` routes and runs the experts; engines that route themselves call
+    :meth:`experts` with the top-k weights and ids (:meth:`route` gives the module's own).
     """
 
     def __init__(
@@ -47,16 +75,25 @@ class FusedMoE(QuantizedModule):
         *,
         scoring: str = "softmax",
         renormalize: bool = False,
+        num_groups: int | None = None,
+        topk_groups: int | None = None,
+        correction_bias: torch.Tensor | None = None,
+        routed_scaling: float = 1.0,
+        order: str = "score_then_topk",
         activation: str = "silu",
         alpha: float | None = None,
         limit: float | None = None,
         gate_up_layout: str = "concat",
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
         expert_map: torch.Tensor | None = None,
         act: str | ActScheme | None = None,
         block_m: int | None = None,
         backend: str = "auto",
     ) -> None:
         super().__init__()
+        if isinstance(w13, QuantizedWeight) and isinstance(w2, QuantizedWeight):
+            w13, w2 = _with_bias("w13_bias", w13, w13_bias), _with_bias("w2_bias", w2, w2_bias)
         _hold_experts(self, w13, w2)
         routed = self.num_experts
         if expert_map is not None:
@@ -67,7 +104,14 @@ class FusedMoE(QuantizedModule):
             routed = expert_map.shape[0]
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= routed:
             raise ValueError(f"top_k: expected an int in [1, {routed}], got {top_k!r}")
-        self.top_k, self.scoring, self.renormalize = top_k, scoring, renormalize
+        # every routing argument checked now, on logits of no tokens (no data read)
+        device = correction_bias.device if isinstance(correction_bias, torch.Tensor) else "meta"
+        logits = torch.empty(0, routed, device=device)
+        routing = (top_k, scoring, renormalize, num_groups, topk_groups, correction_bias, routed_scaling, order)
+        spec = check_routing(logits, *routing, layer_backend(backend))
+        self.top_k, self.scoring, self.renormalize, self.order = top_k, scoring, renormalize, order
+        self.num_groups, self.topk_groups, self.routed_scaling = num_groups, topk_groups, spec.routed_scaling
+        self.register_buffer("correction_bias", correction_bias)
         check_activation(activation, alpha, limit, gate_up_layout)
         self.activation, self.alpha, self.limit, self.gate_up_layout = activation, alpha, limit, gate_up_layout
         self.register_buffer("expert_map", expert_map, persistent=False)
@@ -92,46 +136,54 @@ class FusedMoE(QuantizedModule):
         q = lambda w: quantize(w.detach(), weight, group_size=group_size)
         return cls(q(w13), q(w2), top_k, **kwargs)
 
-    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """``hidden_states [..., K]``, ``router_logits [..., E]`` -> ``[..., K]`` in ``hidden_states``' dtype."""
-        x = hidden_states.reshape(-1, hidden_states.shape[-1])
-        logits = router_logits.reshape(-1, router_logits.shape[-1])
-        weights, ids = topk_routing(logits, self.top_k, scoring=self.scoring, renormalize=self.renormalize)
-        y = fused_moe(
-            x,
-            self.w13,
-            self.w2,
-            weights,
-            ids,
-            activation=self.activation,
-            alpha=self.alpha,
-            limit=self.limit,
-            gate_up_layout=self.gate_up_layout,
-            expert_map=self.expert_map,
-            act=self.act,
-            block_m=self.block_m,
-            backend=self.backend,
+    def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``router_logits [T, E_routed]`` -> ``(topk_weights float32, topk_ids int32)`` ``[T, top_k]``."""
+        return topk_routing(router_logits, self.top_k, **self._routing())
+
+    def experts(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """The experts on a routing made elsewhere: ``hidden_states [T, K]``, float ``topk_weights`` and
+        integer ``topk_ids`` ``[T, top_k]`` (global ids with an expert map) -> ``[T, K]``."""
+        return fused_moe(
+            hidden_states, self.w13, self.w2, topk_weights, topk_ids, expert_map=self.expert_map, **_options(self)
         )
-        return y.reshape(hidden_states.shape)
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """``hidden_states [..., K]``, ``router_logits [..., E_routed]`` -> ``[..., K]`` in ``hidden_states``'
+        dtype."""
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        weights, ids = self.route(router_logits.reshape(-1, router_logits.shape[-1]))
+        return self.experts(x, weights, ids).reshape(hidden_states.shape)
+
+    def moe_call(self) -> MoeCall:
+        """This layer as a :class:`humming.moe.MoeCall` (for :func:`humming.warmup`)."""
+        routing = self._routing()
+        return MoeCall(self.w13, self.w2, self.top_k, expert_map=self.expert_map, routing=routing, **_options(self))
+
+    def _routing(self) -> dict:
+        """topk_routing's keyword arguments."""
+        names = ("scoring", "renormalize", "num_groups", "topk_groups", "correction_bias", "routed_scaling", "order")
+        return {name: getattr(self, name) for name in names} | {"backend": layer_backend(self.backend)}
 
     def extra_repr(self) -> str:
         act = "None" if self.act is None else self.act.name
         local = "" if self.expert_map is None else f" (of {self.expert_map.shape[0]})"
+        groups = "" if self.num_groups is None else f" groups {self.topk_groups}/{self.num_groups}"
         return (
-            f"experts={self.num_experts}{local}, top_k={self.top_k}, {self.w13.describe()}, "
-            f"activation={self.activation} ({self.gate_up_layout}), act={act}"
+            f"experts={self.num_experts}{local}, top_k={self.top_k} ({self.scoring}{groups}), "
+            f"{self.w13.describe()}, activation={self.activation} ({self.gate_up_layout}), act={act}"
         )
 
 
 class QuantizedExperts(QuantizedModule):
     """The experts of a MoE block with the routing done by the caller: ``forward(hidden_states [T, K],
-    top_k_index [T, k], top_k_weights [T, k]) -> [T, K]``, ``sum_j w_j * w2_e(silu(gate) * up)``, the
-    interface of transformers' ``*Experts`` modules (Mixtral, Qwen2/3-MoE, OLMoE...), which
+    top_k_index [T, k], top_k_weights [T, k]) -> [T, K]``, ``sum_j w_j * w2_e(act_fn(gate, up))``, the
+    interface of transformers' ``*Experts`` modules (Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss...), which
     :func:`humming.nn.from_pretrained` puts it in place of.
 
     Args:
-        w13: ``[E, 2I, K]`` (gate rows, then up rows); w2: ``[E, K, I]``.
-        act, block_m, backend: as :func:`humming.moe.fused_moe`.
+        w13: ``[E, 2I, K]`` (gate and up rows as ``gate_up_layout`` says); w2: ``[E, K, I]``; their ``bias``
+            fields, if set, are the per-expert biases.
+        activation, alpha, limit, gate_up_layout, act, block_m, backend: as :func:`humming.moe.fused_moe`.
     """
 
     def __init__(
@@ -139,12 +191,18 @@ class QuantizedExperts(QuantizedModule):
         w13: QuantizedWeight,
         w2: QuantizedWeight,
         *,
+        activation: str = "silu",
+        alpha: float | None = None,
+        limit: float | None = None,
+        gate_up_layout: str = "concat",
         act: str | ActScheme | None = None,
         block_m: int | None = None,
         backend: str = "auto",
     ) -> None:
         super().__init__()
         _hold_experts(self, w13, w2)
+        check_activation(activation, alpha, limit, gate_up_layout)
+        self.activation, self.alpha, self.limit, self.gate_up_layout = activation, alpha, limit, gate_up_layout
         self.act = None if act is None else get_act_scheme(act)
         self.block_m, self.backend = block_m, backend
 
@@ -156,13 +214,18 @@ class QuantizedExperts(QuantizedModule):
     def w2(self) -> QuantizedWeight:
         return self._weights["w2_"]
 
+    def moe_call(self, top_k: int) -> MoeCall:
+        """These experts at ``top_k`` experts per token as a :class:`humming.moe.MoeCall` (for
+        :func:`humming.warmup`); the routing is the caller's."""
+        return MoeCall(self.w13, self.w2, top_k, **_options(self))
+
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-        ids = top_k_index.to(torch.int32)
-        weights = top_k_weights.to(torch.float32)
-        return fused_moe(
-            hidden_states, self.w13, self.w2, weights, ids, act=self.act, block_m=self.block_m, backend=self.backend
-        )
+        weights, ids = top_k_weights.to(torch.float32), top_k_index.to(torch.int32)
+        return fused_moe(hidden_states, self.w13, self.w2, weights, ids, **_options(self))
 
     def extra_repr(self) -> str:
         act = "None" if self.act is None else self.act.name
-        return f"experts={self.num_experts}, {self.w13.describe()}, act={act}"
+        return (
+            f"experts={self.num_experts}, {self.w13.describe()}, activation={self.activation} "
+            f"({self.gate_up_layout}), act={act}"
+        )

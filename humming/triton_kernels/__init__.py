@@ -23,7 +23,7 @@ from ..ir.weight import QuantizedWeight
 from . import wna16
 from .interpreter import INTERPRET
 
-__all__ = ["grouped_linear", "is_available", "linear", "supports", "supports_grouped"]
+__all__ = ["grouped_linear", "is_available", "linear", "prepare", "supports", "supports_grouped"]
 
 _MIN_CAPABILITY = (7, 5)
 
@@ -43,6 +43,18 @@ def is_available() -> str | None:
 def _scaled_mm():
     """The quantized-activation GEMM module, imported on first use: weight-only callers never import it."""
     return importlib.import_module("humming.triton_kernels.scaled_mm")
+
+
+def prepare(qweight: QuantizedWeight, act=None) -> QuantizedWeight:
+    """The weight the Triton kernels read: ``qweight`` itself (the IR, in place), except a dense act-order
+    weight with quantized activations, which the scaled GEMM reads sorted by group (sorted here once per
+    weight object, then cached; ``qweight`` where its groups cannot be sorted: the reference runs it)."""
+    if act is None or qweight.g_idx is None or qweight.num_experts is not None:
+        return qweight
+    from ._act_order import act_order_layout
+
+    layout = act_order_layout(qweight)
+    return qweight if isinstance(layout, str) else layout.weight
 
 
 def _unsupported_before_kernels(x: torch.Tensor) -> str | None:

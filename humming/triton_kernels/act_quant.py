@@ -23,6 +23,7 @@ from . import registry
 from ._launch import CompiledLaunches
 
 __all__ = [
+    "element_constexprs",
     "per_token_tile",
     "quantize_activation",
     "quantize_activation_values",
@@ -165,12 +166,22 @@ def _absmax_kernel(x_ptr, amax_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOC
 
 
 @triton.jit
+def _source_cols(perm_ptr, cols, k_hi, PERM: tl.constexpr):
+    """The columns of x that columns ``cols`` of the codes quantize: ``perm_ptr[cols]`` with PERM, else
+    ``cols`` (columns at or past ``k_hi`` are masked by the caller)."""
+    if PERM:
+        return tl.load(perm_ptr + cols, mask=cols < k_hi, other=0)
+    return cols
+
+
+@triton.jit
 def _act_quant_kernel(
     x_ptr,
     codes_ptr,
     scales_ptr,
     amax_ptr,
     gscale_ptr,
+    perm_ptr,
     M,
     K,
     stride_xm,
@@ -189,9 +200,10 @@ def _act_quant_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     VALUES: tl.constexpr = False,  # store e4m3 values (16-bit floats) instead of codes
+    PERM: tl.constexpr = False,  # column j of the codes quantizes column perm_ptr[j] of x (act order)
 ):
-    """Quantize x [M, K] -> codes uint8 [M, K] and scales (span j of row r at r * stride_sm + j * stride_sk).
-    Grid: (cdiv(M, BLOCK_M), spans along K)."""
+    """Quantize x [M, K] -> codes uint8 [M, K] and scales (span j of row r at r * stride_sm + j * stride_sk);
+    with PERM, x's columns gathered by perm_ptr (int32 [K]) first. Grid: (cdiv(M, BLOCK_M), spans along K)."""
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -215,7 +227,9 @@ def _act_quant_kernel(
         for k0 in range(k_lo, k_hi, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             mask = row_mask[:, None] & (cols[None, :] < k_hi)
-            x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+            # A row's absmax does not depend on the column order: only groups gather their columns.
+            src = _source_cols(perm_ptr, cols, k_hi, PERM and GROUP_K > 0)
+            x = tl.load(x_ptr + rows64[:, None] * stride_xm + src[None, :], mask=mask, other=0.0)
             mag = tl.abs(x.to(tl.float32))
             non_finite = non_finite | (tl.max((mag < float("inf")) == 0, axis=1) != 0)
             amax = tl.maximum(amax, tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1))
@@ -258,7 +272,8 @@ def _act_quant_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = row_mask[:, None] & (cols[None, :] < k_hi)
-        x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        src = _source_cols(perm_ptr, cols, k_hi, PERM)
+        x = tl.load(x_ptr + rows64[:, None] * stride_xm + src[None, :], mask=mask, other=0.0).to(tl.float32)
         code = quantize_chunk(x, s[:, None], e8m0_exp[:, None], INT, BITS, MBITS, BIAS, MAXV, SCALE)
         if VALUES:  # the e4m3 value of each code, in codes_ptr's 16-bit float type (exact)
             value = _decode_e4m3(code).to(codes_ptr.dtype.element_ty)
@@ -294,6 +309,18 @@ def scheme_unsupported(scheme: ActScheme) -> str | None:
     return None
 
 
+def element_constexprs(fmt) -> dict[str, object]:
+    """The element format's constexprs of the quantizing kernels (``INT`` ... ``EMAX_ELEM``, in their order)."""
+    return {
+        "INT": fmt.is_int,
+        "BITS": fmt.bits,
+        "MBITS": fmt.mantissa_bits,
+        "BIAS": fmt.bias,
+        "MAXV": fmt.max_value,
+        "EMAX_ELEM": math.floor(math.log2(fmt.max_value)),
+    }
+
+
 def scale_kind(scheme: ActScheme) -> str | None:
     """How the kernel computes ``scheme``'s scales: ``"fp32"``, ``"e8m0"``, ``"e4m3g"`` (e4m3 under a float32
     global scale), or ``None`` (not supported)."""
@@ -307,13 +334,19 @@ def scale_kind(scheme: ActScheme) -> str | None:
 
 
 def quantize_activation(
-    x: torch.Tensor, act: str | ActScheme, *, scale: torch.Tensor | None = None
+    x: torch.Tensor, act: str | ActScheme, *, scale: torch.Tensor | None = None, perm: torch.Tensor | None = None
 ) -> QuantizedActivation:
     """Quantize ``x`` [M, K] (fp16/bf16/fp32, rows contiguous) with scheme ``act``; the Triton twin of
     :func:`humming.quantize_activation` (same codes, scales and global scale). A static per-tensor
-    ``scale`` replaces the dynamic one."""
+    ``scale`` replaces the dynamic one. ``perm`` (int32 ``[K]``, a permutation of the columns: an act-order
+    weight's :func:`~humming.ir.act_order.act_order_perm`) quantizes ``x[:, perm]``, gathered in the same
+    pass: bit-exact with ``humming.quantize_activation(x[:, perm], act)``."""
     scheme = get_act_scheme(act)
-    codes, scales, gscale = _quantize(x, scheme, scale, None, 0)
+    if perm is not None and (perm.dtype != torch.int32 or tuple(perm.shape) != (x.shape[-1],)):
+        raise ValueError(f"perm: expected an int32 tensor [K={x.shape[-1]}], got {perm.dtype} {tuple(perm.shape)}")
+    if perm is not None and perm.device != x.device:
+        raise ValueError(f"perm: on {perm.device}, but x is on {x.device}")
+    codes, scales, gscale = _pass(x, scheme, scale is not None, None, 0, perm is not None)(x, scale, perm)
     if scale_kind(scheme) != "fp32":
         scales = scales.view(scheme.scale_dtype)
     return QuantizedActivation(scheme, codes, scales, gscale)
@@ -352,15 +385,11 @@ _passes: dict = {}
 _MAX_PASSES = 4096
 
 
-def _quantize(x, scheme: ActScheme, scale, values_dtype, scales_rows: int):
-    return _pass(x, scheme, scale is not None, values_dtype, scales_rows)(x, scale)
-
-
-def _pass(x, scheme: ActScheme, static: bool, values_dtype, scales_rows: int) -> _Pass:
-    key = (x.dtype, x.shape, x.stride(), scheme, static, values_dtype, scales_rows)
+def _pass(x, scheme: ActScheme, static: bool, values_dtype, scales_rows: int, perm: bool = False) -> _Pass:
+    key = (x.dtype, x.shape, x.stride(), scheme, static, values_dtype, scales_rows, perm)
     quant = _passes.get(key)
     if quant is None:
-        quant = _Pass(x, scheme, static, values_dtype, scales_rows)
+        quant = _Pass(x, scheme, static, values_dtype, scales_rows, perm)
         if len(_passes) >= _MAX_PASSES:
             _passes.clear()
         _passes[key] = quant
@@ -369,11 +398,14 @@ def _pass(x, scheme: ActScheme, static: bool, values_dtype, scales_rows: int) ->
 
 class _Pass:
     """How one kind of call is quantized: x's dtype, shape and strides, the scheme, a static scale or not, the
-    codes' dtype (uint8, or 16-bit e4m3 values) and the scales' layout decide the buffers, the tiles, the
+    codes' dtype (uint8, or 16-bit e4m3 values), the scales' layout and a column permutation or not decide
+    the buffers, the tiles, the
     grids and the constexprs, worked out (and checked) once; a call allocates and launches (the absmax pass
     first for tensor-wide scales), through :class:`~._launch.CompiledLaunches`."""
 
-    def __init__(self, x: torch.Tensor, scheme: ActScheme, static: bool, values_dtype, scales_rows: int) -> None:
+    def __init__(
+        self, x: torch.Tensor, scheme: ActScheme, static: bool, values_dtype, scales_rows: int, perm: bool
+    ) -> None:
         reason = supports(x, scheme)
         if reason:
             raise ValueError(reason)
@@ -418,23 +450,19 @@ class _Pass:
         self.num_warps = num_warps
         self.grid = (triton.cdiv(m, block_m), n_spans if source == "local" else triton.cdiv(k, block_k), 1)
         self.constexprs = (
-            fmt.is_int,  # INT
-            fmt.bits,  # BITS
-            fmt.mantissa_bits,  # MBITS
-            fmt.bias,  # BIAS
-            fmt.max_value,  # MAXV
-            math.floor(math.log2(fmt.max_value)),  # EMAX_ELEM
+            *element_constexprs(fmt).values(),  # INT ... EMAX_ELEM
             "fp32" if source == "static" else kind,  # SCALE
             source,  # SOURCE
             group_k,  # GROUP_K
             block_m,  # BLOCK_M
             block_k,  # BLOCK_K
             values_dtype is not None,  # VALUES
+            perm,  # PERM
         )
         self.kernel = CompiledLaunches(_act_quant_kernel)
         self.absmax_kernel = CompiledLaunches(_absmax_kernel)
 
-    def __call__(self, x: torch.Tensor, scale: torch.Tensor | None = None):
+    def __call__(self, x: torch.Tensor, scale: torch.Tensor | None = None, perm: torch.Tensor | None = None):
         m, k, dev = self.m, self.k, x.device
         codes = torch.empty((m, k), dtype=self.codes_dtype, device=dev)
         if self.static:
@@ -456,6 +484,7 @@ class _Pass:
             scales,
             amax,
             gscale if gscale is not None else amax,
+            perm if perm is not None else amax,
             m,
             k,
             x.stride(0),
@@ -463,7 +492,9 @@ class _Pass:
             *self.scale_strides,
             *self.constexprs,
         )
-        self.kernel.launch((index, x_align, scales.data_ptr() % 16), self.grid, args, self.num_warps, index)
+        perm_align = 0 if perm is None else perm.data_ptr() % 16
+        key = (index, x_align, scales.data_ptr() % 16, perm_align)
+        self.kernel.launch(key, self.grid, args, self.num_warps, index)
         return codes, scales, gscale
 
 
@@ -496,13 +527,17 @@ def _compile_specs() -> list[registry.CompileSpec]:
         source = "tensor" if bn == -1 else "local"
         # The launch's tiles (quantize_activation): groups, per-token rows (M >= 1024 and decode), per-tensor;
         # (block_m, block_k, warps, name suffix, values): fp8 per-token decode rows also as bf16 values.
-        tiles = [(4096 // bk, bk, 4, "", False)]
+        # (block_m, block_k, warps, name suffix, values, perm): fp8 per-token decode rows also as bf16 values;
+        # the act-order gather (perm) for the per-token, per-tensor and 1x128 schemes of the scaled GEMM.
+        tiles = [(4096 // bk, bk, 4, "", False, False)]
         if bk == -1 and source == "tensor":
-            tiles = [(16, 256, 4, "", False)]
+            tiles = [(16, 256, 4, "", False, False)]
         elif bk == -1:
-            tiles = [(4, 1024, 4, "", False), (1, 8192, 16, "-decode", False)]
+            tiles = [(4, 1024, 4, "", False, False), (1, 8192, 16, "-decode", False, False)]
             if scheme.name == "fp8":
-                tiles.append((1, 8192, 16, "-decode-values", True))
+                tiles.append((1, 8192, 16, "-decode-values", True, False))
+        if scheme.name in ("int8", "fp8", "fp8_tensor", "fp8_g128"):
+            tiles += [(*tile[:3], tile[3] + "-perm", False, True) for tile in tiles if not tile[4]]
         specs += [
             registry.CompileSpec(
                 name=f"act_quant-{scheme.name}-bf16{suffix}",
@@ -513,25 +548,22 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "scales_ptr": "*fp32" if kind == "fp32" else "*u8",
                     "amax_ptr": "*i32" if source == "tensor" or kind == "e4m3g" else ("*bf16" if values else "*u8"),
                     "gscale_ptr": "*fp32",
+                    "perm_ptr": "*i32" if perm else "*u8",
                 },
                 constexprs={
-                    "INT": fmt.is_int,
-                    "BITS": fmt.bits,
-                    "MBITS": fmt.mantissa_bits,
-                    "BIAS": fmt.bias,
-                    "MAXV": fmt.max_value,
-                    "EMAX_ELEM": math.floor(math.log2(fmt.max_value)),
+                    **element_constexprs(fmt),
                     "SCALE": kind,
                     "SOURCE": source,
                     "GROUP_K": 0 if bk == -1 else bk,
                     "BLOCK_M": block_m,
                     "BLOCK_K": block_k,
                     "VALUES": values,
+                    "PERM": perm,
                 },
                 num_warps=num_warps,
                 aligned=("K", "stride_xm", "stride_cm"),
             )
-            for block_m, block_k, num_warps, suffix, values in tiles
+            for block_m, block_k, num_warps, suffix, values, perm in tiles
         ]
     return specs
 

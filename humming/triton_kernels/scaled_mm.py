@@ -34,6 +34,7 @@ import torch
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
 from . import act_quant, registry
+from ._act_order import act_order_layout
 from ._scaled_mm_launch import compile_specs, kernel_spec, launch
 from ._scaled_mm_plan import (
     ACT_SCALE_DTYPES,
@@ -65,7 +66,8 @@ _X_DTYPES = (torch.float16, torch.bfloat16)
 _SUPPORTED = (
     "supported: act int8/int4 with int/uint weights (W8A8, W4A8-int, W4A4-int); act fp8 e4m3/e5m2 (per-token, "
     "per-tensor, 1x128, MXFP8) with int/uint, eXmY and nf4 weights (W8A8-fp8, W4A8); act NVFP4/MXFP4 with e2m1 "
-    "and int<=4 weights (W4A4); any weight scale layout without act-order (g_idx) or float zero points"
+    "and int<=4 weights (W4A4); any weight scale layout without float zero points; act-order (g_idx) weights whose "
+    "groups sort into group_size consecutive columns each (GPTQ desc_act), in the dense GEMM"
 )
 
 
@@ -77,6 +79,16 @@ def supports(qweight: QuantizedWeight, act: ActScheme | str | None, x: torch.Ten
     scheme = get_act_scheme(act)
     if qweight.num_experts is not None:
         return f"expert-stacked weights {qweight.shape} are not supported by the dense GEMM"
+    if qweight.g_idx is not None:
+        layout = act_order_layout(qweight)
+        if isinstance(layout, str):
+            return f"{layout}; {_SUPPORTED}"
+        if x.dtype == torch.uint8 and scheme.group_shape[1] != -1:
+            return (
+                f"act {scheme.name}: activations quantized beforehand in groups along K of x's column order; an "
+                "act-order weight's K runs in group order (pass x unquantized: it is then quantized in that order)"
+            )
+        qweight = layout.weight
     return _unsupported(qweight, scheme, x)
 
 
@@ -124,7 +136,10 @@ def linear(
     ``out_dtype`` (fp16 / bf16 / fp32).
 
     ``x2d``: fp16/bf16 ``[M, K]`` (quantized here by :mod:`.act_quant`, one extra pass) or a
-    :class:`~humming.QuantizedActivation` (``act`` may then be None). ``config`` overrides the tiles of
+    :class:`~humming.QuantizedActivation` (``act`` may then be None). An act-order weight runs sorted by group
+    (:mod:`._act_order`, once per weight): ``x2d``'s columns are gathered by that order as they are quantized
+    (:mod:`humming.ir.act_order`: groups along K span the gathered columns), a QuantizedActivation's codes
+    (per-token or per-tensor scales) are gathered by it. ``config`` overrides the tiles of
     :func:`~.scaled_mm_configs.scaled_mm_config` (benchmarks); it never changes the promotion step. ``out``:
     an optional contiguous ``[M, N]`` tensor of ``out_dtype`` to write into.
     """
@@ -148,8 +163,14 @@ def linear(
         raise ValueError(f"triton scaled_mm: x is on {codes.device}; CPU tensors need TRITON_INTERPRET=1")
     if m == 0:
         return torch.empty(0, n, dtype=out_dtype, device=codes.device)
+    perm = None
+    if qweight.g_idx is not None:
+        layout = act_order_layout(qweight)
+        qweight, perm = layout.weight, layout.perm
     if not isinstance(x2d, QuantizedActivation):
-        qa = act_quant.quantize_activation(x2d, scheme)
+        qa = act_quant.quantize_activation(x2d, scheme, perm=perm)
+    elif perm is not None:  # scales constant along K (supports): the codes' columns in the weight's order
+        qa = QuantizedActivation(qa.scheme, qa.codes.index_select(1, perm), qa.scales, qa.global_scale)
     return launch(qa, qweight, bias, out_dtype, config, out)
 
 

@@ -1,0 +1,187 @@
+""":class:`MoeCall`: a :func:`humming.moe.fused_moe` layer described once (experts, ``top_k``, activation,
+routing), for :func:`humming.warmup`. :meth:`MoeCall.launches` lists the kernels a call at ``T`` tokens
+launches, decided by the same functions the call runs (the dispatcher's grouped plans, the Triton routing's
+and activation pass's own checks); :meth:`MoeCall.run` makes that call on random inputs, which is how warmup
+readies every Triton kernel with the exact launch keys a later call of that shape uses (the activation and
+combine kernels are keyed on their row counts, so each ``T`` is run)."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from ._moe_layer import Activation, check_activation
+from ._routing import check_routing, layer_backend, triton_unsupported
+from .dispatch.plan import plan_grouped
+from .ir.activation import ActScheme, get_act_scheme
+from .ir.weight import QuantizedWeight
+
+__all__ = ["MoeCall", "MoeLaunch"]
+
+
+def _moe():
+    """:mod:`humming.moe`, imported when first needed: it imports this module (at its end)."""
+    return importlib.import_module("humming.moe")
+
+
+@functools.cache
+def _routing_defaults() -> dict:
+    """topk_routing's keyword arguments and their defaults (what :attr:`MoeCall.routing` may hold)."""
+    params = inspect.signature(_moe().topk_routing).parameters.values()
+    return {p.name: p.default for p in params if p.kind == p.KEYWORD_ONLY}
+
+
+@dataclass(frozen=True)
+class MoeLaunch:
+    """One kernel launch of a fused_moe call: its ``step`` (``"routing"``, ``"w13 input"``, ``"w13"``,
+    ``"activation"``, ``"w2 input"``, ``"w2"``, ``"combine"``), the ``kernel`` (``"triton.topk_routing"``,
+    ``"triton.act_quant"``, a grouped plan's kernel such as ``"cuda.grouped"`` / ``"triton.grouped"`` /
+    ``"reference"``, ``"triton.moe_act"``, ``"triton.moe_combine"``, or ``"torch"`` for torch ops) and what
+    it is specialised on."""
+
+    step: str
+    kernel: str
+    detail: str
+
+
+@dataclass(frozen=True, eq=False)
+class MoeCall:
+    """A fused_moe layer: the arguments of :func:`humming.moe.fused_moe` other than its tensors, plus
+    ``top_k`` and ``routing``, the keyword arguments of :func:`humming.moe.topk_routing` when the layer routes
+    from router logits (``None``: the caller routes; ``{}``: a softmax top-k; its ``backend`` defaults to
+    ``"reference"`` / ``"triton"`` where the layer's is, else ``"auto"``). Checked on construction."""
+
+    w13: QuantizedWeight
+    w2: QuantizedWeight
+    top_k: int
+    activation: str = "silu"
+    alpha: float | None = None
+    limit: float | None = None
+    gate_up_layout: str = "concat"
+    expert_map: torch.Tensor | None = None
+    act: str | ActScheme | None = None
+    block_m: int | None = None
+    backend: str = "auto"
+    routing: dict | None = None
+
+    def __post_init__(self) -> None:
+        moe = _moe()
+        w13, w2 = moe._check_experts("w13", self.w13), moe._check_experts("w2", self.w2)
+        if w2.shape != (w13.shape[0], w13.shape[2], w13.shape[1] // 2):
+            raise ValueError(f"w2: expected shape {(w13.shape[0], w13.shape[2], w13.shape[1] // 2)}, got {w2.shape}")
+        if self.expert_map is not None:
+            moe._check_expert_map(self.expert_map, w13.num_experts, w13.device)
+        routed = self.num_routed
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= routed:
+            raise ValueError(f"top_k: expected an int in [1, {routed}], got {self.top_k!r}")
+        check_activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
+        if self.act is not None:
+            get_act_scheme(self.act)
+        if self.routing is not None:
+            if not isinstance(self.routing, dict) or set(self.routing) - set(_routing_defaults()):
+                raise ValueError(
+                    f"routing: expected a dict of topk_routing's keyword arguments {sorted(_routing_defaults())}, "
+                    f"got {self.routing!r}"
+                )
+            self._routing_spec(torch.empty(0, routed, device="meta"))
+
+    @property
+    def num_routed(self) -> int:
+        """The experts the router picks from: ``E_global`` with an expert map, else ``E``."""
+        return self.w13.num_experts if self.expert_map is None else self.expert_map.shape[0]
+
+    def _routing_kwargs(self) -> dict:
+        """topk_routing's keyword arguments: ``routing``'s, the routing backend following the layer's."""
+        return {"backend": layer_backend(self.backend)} | self.routing
+
+    def _routing_spec(self, logits: torch.Tensor):
+        r = _routing_defaults() | self._routing_kwargs()
+        bias = r["correction_bias"]
+        if bias is not None and logits.device.type == "meta":
+            bias = bias.to("meta")
+        args = (r["scoring"], r["renormalize"], r["num_groups"], r["topk_groups"], bias, r["routed_scaling"])
+        return check_routing(logits, self.top_k, *args, r["order"], r["backend"]), bias, r["backend"]
+
+    def grouped_shape(self, num_tokens: int) -> tuple[int, int]:
+        """``(block_m, M_pad)`` of a call at ``num_tokens`` tokens: the grouped GEMMs' routing block and rows."""
+        slots, e = num_tokens * self.top_k, self.w13.num_experts
+        block_m = self.block_m or _moe().default_block_m(slots, e)
+        return block_m, _moe().padded_rows(slots, e, block_m)
+
+    def launches(
+        self, num_tokens: int, x_dtype: torch.dtype = torch.bfloat16, logits_dtype: torch.dtype = torch.float32
+    ) -> list[MoeLaunch]:
+        """The kernels a call at ``num_tokens`` tokens of ``x_dtype`` (router logits of ``logits_dtype``)
+        launches, in order. Makes the grouped GEMMs' plans (cached, as the call would)."""
+        device, act = self.w13.device, None if self.act is None else get_act_scheme(self.act)
+        launches = []
+        if self.routing is not None:
+            logits = torch.empty(num_tokens, self.num_routed, dtype=logits_dtype, device=device)
+            spec, bias, backend = self._routing_spec(logits)
+            triton = triton_unsupported(logits, bias, spec, backend) is None
+            detail = f"E={spec.num_experts} top_k={spec.top_k} {spec.scoring} {spec.order} logits {logits_dtype}"
+            launches.append(MoeLaunch("routing", "triton.topk_routing" if triton else "reference", detail))
+        block_m, m_pad = self.grouped_shape(num_tokens)
+
+        def gemm(step: str, qw: QuantizedWeight, x: torch.Tensor) -> None:
+            plan = plan_grouped(qw, act, x, block_m, self.backend)
+            if act is not None and x.dtype != torch.uint8 and plan.backend != "reference":
+                # the CUDA and Triton scaled GEMMs quantize their 16-bit input in a Triton pass first
+                launches.append(MoeLaunch(f"{step} input", "triton.act_quant", f"{act.name} rows={m_pad}"))
+            detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act={_name(act)}"
+            launches.append(MoeLaunch(step, plan.kernel, detail))
+
+        gemm("w13", self.w13, torch.empty(m_pad, self.w13.K, dtype=x_dtype, device=device))
+        activation = Activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
+        hidden = torch.empty(m_pad, self.w2.K, dtype=x_dtype, device=device)
+        detail = f"{activation.name} {activation.gate_up_layout} rows={m_pad}"
+        on_triton = _moe()._on_triton(hidden, self.backend)
+        if on_triton:
+            kernels = importlib.import_module("humming.triton_kernels.moe_layer")
+            if act is not None and kernels.act_unsupported(act) is None:  # w2's input quantized in this pass
+                hidden = torch.empty(m_pad, self.w2.K, dtype=torch.uint8, device=device)
+                detail += f" -> {act.name} codes"
+        launches.append(MoeLaunch("activation", "triton.moe_act" if on_triton else "torch", detail))
+        gemm("w2", self.w2, hidden)
+        detail = f"top_k={self.top_k} tokens={num_tokens}"
+        launches.append(MoeLaunch("combine", "triton.moe_combine" if on_triton else "torch", detail))
+        return launches
+
+    def route(self, num_tokens: int, logits_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(topk_weights, topk_ids)`` of random router logits of ``logits_dtype`` through ``routing``
+        (without routing: the top k of a softmax, in torch)."""
+        logits = torch.randn(num_tokens, self.num_routed, dtype=logits_dtype, device=self.w13.device)
+        if self.routing is None:
+            weights, ids = logits.float().softmax(-1).topk(self.top_k)
+            return weights, ids.to(torch.int32)
+        return _moe().topk_routing(logits, self.top_k, **self._routing_kwargs())
+
+    def run(
+        self, num_tokens: int, x_dtype: torch.dtype = torch.bfloat16, logits_dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """The call on random inputs at ``num_tokens`` tokens: :meth:`route`, then fused_moe -> ``[T, K]``."""
+        x = torch.randn(num_tokens, self.w13.K, dtype=x_dtype, device=self.w13.device)
+        weights, ids = self.route(num_tokens, logits_dtype)
+        return _moe().fused_moe(
+            x,
+            self.w13,
+            self.w2,
+            weights,
+            ids,
+            activation=self.activation,
+            alpha=self.alpha,
+            limit=self.limit,
+            gate_up_layout=self.gate_up_layout,
+            expert_map=self.expert_map,
+            act=self.act,
+            block_m=self.block_m,
+            backend=self.backend,
+        )
+
+
+def _name(act: ActScheme | None) -> str:
+    return "None" if act is None else act.name

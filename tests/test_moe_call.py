@@ -1,0 +1,136 @@
+"""``humming.moe.MoeCall``: what ``humming.warmup`` makes ready for a fused_moe layer. Its list of launches
+(routing, the two grouped GEMMs, the activation pass with or without w2's quantization, the combine) must
+name every kernel the call launches: checked against the Triton kernels a real call launches (under the
+interpreter on CPU) and against the dispatcher's plans."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming
+from humming import moe
+from humming.nn import FusedMoE, QuantizedExperts
+
+pytest.importorskip("humming.triton_kernels.moe_layer")
+from humming.triton_kernels._launch import CompiledLaunches
+
+E, K, INTER = 8, 64, 32
+DEEPSEEK = dict(scoring="sigmoid", renormalize=True, num_groups=4, topk_groups=2, routed_scaling=2.5)
+#: the Triton kernel function behind each launch name of MoeCall.launches
+TRITON_FUNCTIONS = {
+    "triton.topk_routing": "_topk_routing_kernel",
+    "triton.act_quant": "_act_quant_kernel",
+    "triton.moe_act": "_moe_act_kernel",
+    "triton.moe_combine": "_combine_kernel",
+}
+
+
+def _experts(bias: bool = False, e: int = E):
+    b = (lambda n: torch.randn(e, n)) if bias else (lambda n: None)
+    w13 = humming.quantize(torch.randn(e, 2 * INTER, K), "int4", group_size=32, bias=b(2 * INTER))
+    w2 = humming.quantize(torch.randn(e, K, INTER), "int4", group_size=32, bias=b(K))
+    return w13, w2
+
+
+@pytest.mark.parametrize("act", [None, "fp8", "mxfp4"])
+def test_launches_on_triton(act, seed):
+    """backend="triton": Triton routing, grouped GEMMs, activation pass (writing w2's codes with a per-token or
+    per-group act) and combine; the GEMM launches are the dispatcher's plans at the call's rows."""
+    w13, w2 = _experts()
+    routing = DEEPSEEK | dict(correction_bias=torch.rand(E))
+    call = moe.MoeCall(
+        w13, w2, 2, activation="swiglu_oai", gate_up_layout="interleaved", act=act, backend="triton", routing=routing
+    )
+    launches = {la.step: la for la in call.launches(5)}
+    quantized = act is not None
+    assert [(step, la.kernel) for step, la in launches.items()] == [
+        ("routing", "triton.topk_routing"),
+        *([("w13 input", "triton.act_quant")] if quantized else []),  # w2's input comes quantized
+        ("w13", "triton.grouped"),
+        ("activation", "triton.moe_act"),
+        ("w2", "triton.grouped"),
+        ("combine", "triton.moe_combine"),
+    ]
+    block_m, m_pad = call.grouped_shape(5)
+    assert (block_m, m_pad) == (16, moe.padded_rows(10, E, 16))
+    assert f"rows={m_pad}" in launches["w13"].detail and "swiglu_oai interleaved" in launches["activation"].detail
+    assert launches["activation"].detail.endswith(f"-> {act} codes") == quantized
+    assert f"x {torch.uint8 if quantized else torch.bfloat16} act" in launches["w2"].detail
+
+
+def test_launches_on_cpu_auto(seed):
+    """ "auto" on CPU tensors: the reference routing and GEMMs, the activation and combine in torch."""
+    w13, w2 = _experts()
+    call = moe.MoeCall(w13, w2, 2, routing={})
+    assert [(la.step, la.kernel) for la in call.launches(3)] == [
+        ("routing", "reference"),
+        ("w13", "reference"),
+        ("activation", "torch"),
+        ("w2", "reference"),
+        ("combine", "torch"),
+    ]
+    assert [la.step for la in moe.MoeCall(w13, w2, 2).launches(3)] == ["w13", "activation", "w2", "combine"]
+
+
+@pytest.mark.parametrize(("act", "t"), [(None, 3), ("fp8", 1)])
+def test_launches_name_every_triton_kernel_the_call_runs(act, t, monkeypatch, seed):
+    """Running the call (what warmup does) launches exactly the Triton kernels of routing, activation and
+    combine that MoeCall.launches lists, and makes the grouped GEMM plans it lists."""
+    launched = []
+    launch = CompiledLaunches.launch
+    monkeypatch.setattr(
+        CompiledLaunches, "launch", lambda self, *a: launched.append(self.fn.__name__) or launch(self, *a)
+    )
+    w13, w2 = _experts(bias=True, e=2)  # few experts: few grouped rows for the interpreter
+    call = moe.MoeCall(w13, w2, 2, act=act, backend="triton", routing=dict(renormalize=True))
+    listed = [TRITON_FUNCTIONS[la.kernel] for la in call.launches(t) if la.kernel in TRITON_FUNCTIONS]
+    out = call.run(t)
+    assert out.shape == (t, K) and torch.isfinite(out).all()
+    assert launched == listed
+
+
+def test_modules_describe_their_calls(seed):
+    """FusedMoE.moe_call() carries its routing (the correction bias itself) and options; QuantizedExperts'
+    routing is the caller's. The call runs the module's computation."""
+    w13, w2 = _experts()
+    bias = torch.rand(E)
+    layer = FusedMoE(w13, w2, 2, correction_bias=bias, activation="gelu", **DEEPSEEK)
+    call = layer.moe_call()
+    assert call.routing["correction_bias"] is layer.correction_bias and call.routing["num_groups"] == 4
+    assert call.activation == "gelu" and call.top_k == 2 and call.w13 is layer.w13
+    torch.manual_seed(seed)
+    out = call.run(4)
+    torch.manual_seed(seed)
+    x = torch.randn(4, K, dtype=torch.bfloat16)
+    logits = torch.randn(4, E)
+    assert torch.equal(out, layer(x, logits))
+    experts = QuantizedExperts(w13, w2, activation="gelu_tanh").moe_call(3)
+    assert experts.routing is None and experts.top_k == 3 and experts.activation == "gelu_tanh"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(top_k=9), r"top_k: expected an int in \[1, 8\]"),
+        (dict(top_k=2, routing=dict(topk=2)), "routing: expected a dict of topk_routing's keyword arguments"),
+        (dict(top_k=2, routing=dict(num_groups=3, topk_groups=1)), "num_groups: expected a positive int"),
+        (dict(top_k=2, activation="relu"), "activation: expected one of"),
+        (dict(top_k=2, alpha=1.0), "alpha: parameters of activation='swiglu_oai'"),
+        (dict(top_k=2, act="fp9"), "act: unknown activation scheme"),
+        (dict(top_k=2, expert_map=torch.arange(4)), r"expert_map: .* E_global >= 8"),
+    ],
+    ids=["top-k", "routing-key", "routing-groups", "activation", "alpha", "act", "map"],
+)
+def test_moe_call_rejects(kwargs, match):
+    w13, w2 = _experts()
+    with pytest.raises(ValueError, match=match):
+        moe.MoeCall(w13, w2, **kwargs)
+
+
+def test_warmup_refuses_cpu_moe_calls():
+    w13, w2 = _experts()
+    with pytest.raises(ValueError, match=r"layers\[0\]: is on cpu"):
+        humming.warmup([moe.MoeCall(w13, w2, 2)])
+    with pytest.raises(TypeError, match=r"layers: expected an iterable of QuantizedWeight or MoeCall"):
+        humming.warmup(moe.MoeCall(w13, w2, 2))
