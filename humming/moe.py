@@ -535,6 +535,8 @@ def fused_moe(
     gate_up_layout: str = "concat",
     expert_map: torch.Tensor | None = None,
     act=None,
+    w13_act_scale: torch.Tensor | None = None,
+    w2_act_scale: torch.Tensor | None = None,
     block_m: int | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
@@ -561,6 +563,9 @@ def fused_moe(
             (``grouped_linear``'s ``rows``): a dynamic tensor-wide scale of its input spans the ``T`` tokens,
             those of ``w2``'s input the grouped rows in use. With a per-token or per-group ``act``, the
             activation pass of the Triton path writes ``w2``'s quantized input itself.
+        w13_act_scale, w2_act_scale: static per-tensor scales of the two GEMMs' inputs (one element each;
+            ``x / scale`` is quantized, as a checkpoint's ``input_scale``) for an ``act`` with float32 scales
+            and no global scale; ``None``: dynamic scales.
         block_m: the routing block; ``None`` -> :func:`default_block_m`.
     Returns:
         ``[T, K]`` in ``x``'s dtype; the weighted sum accumulates in fp32 and is rounded once.
@@ -596,8 +601,12 @@ def fused_moe(
     reason = combination_error(w13.format, act) or combination_error(w2.format, act)
     if reason:
         raise ValueError(reason)
+    scales = tuple(
+        _check_act_scale(name, scale, act, x.device)
+        for name, scale in (("w13_act_scale", w13_act_scale), ("w2_act_scale", w2_act_scale))
+    )
     if ops.eager(x):
-        args = (topk_weights, topk_ids, expert_map, activation, act, block_m, backend)
+        args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m, backend)
         return run_fused_moe(x, w13, w13.bias, w2, w2.bias, *args)
     return torch.ops.humming.fused_moe(
         x,
@@ -613,9 +622,23 @@ def fused_moe(
         activation.limit,
         activation.gate_up_layout,
         ops.act_name(act),
+        *scales,
         0 if block_m is None else block_m,
         backend,
     )
+
+
+def _check_act_scale(name: str, scale, act: ActScheme | None, device: torch.device) -> torch.Tensor | None:
+    """A static activation scale as the op takes it (float32 ``[1, 1]``), or ``None``."""
+    if scale is None:
+        return None
+    if act is None or act.scale_dtype != torch.float32 or act.global_scale:
+        raise ValueError(f"{name}: a static scale needs an act with float32 scales (fp8, int8...), got act={act}")
+    if not isinstance(scale, torch.Tensor) or scale.numel() != 1 or not scale.is_floating_point():
+        raise ValueError(f"{name}: expected a one-element float tensor, got {scale!r}")
+    if scale.device != device:
+        raise ValueError(f"{name} is on {scale.device} but x is on {device}")
+    return scale.to(torch.float32).reshape(1, 1)
 
 
 def _check_expert_map(expert_map, num_local: int, device: torch.device) -> None:
@@ -662,12 +685,15 @@ def run_fused_moe(
     expert_map,
     activation: _moe_layer.Activation,
     act: ActScheme | None,
+    w13_act_scale: torch.Tensor | None,
+    w2_act_scale: torch.Tensor | None,
     block_m: int | None,
     backend: str,
 ):
     """What :func:`fused_moe` runs once its arguments are checked (``torch.ops.humming.fused_moe`` too);
     the biases are passed apart from the weights, as the ops take them. Checks the ids and the expert map of
-    CPU tensors here, where they are data."""
+    CPU tensors here, where they are data. A static scale quantizes its GEMM's input beforehand (the
+    Triton quantizer on the Triton path, else the reference)."""
     e, _, k = w13.shape
     if expert_map is None:
         _check_range("topk_ids", topk_ids, 0, e)
@@ -680,27 +706,33 @@ def run_fused_moe(
         return torch.empty(0, k, dtype=x.dtype, device=x.device)
     block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
     routing = _align(ids, e, block_m)
+    on_triton = _on_triton(x, backend)
+    quant = "triton" if on_triton else "reference"
+    static = lambda v, scale: v if scale is None else ops.quantize_activation(v, act, scale=scale, backend=quant)
     # w13 reads each routed row's token through the index (padding rows read zeros: finite, then dropped)
     rows = routing.token_rows(topk_ids.shape[1])
-    h = run_grouped(x, w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend, rows)
-    if _on_triton(x, backend):
+    h = run_grouped(static(x, w13_act_scale), w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend, rows)
+    if on_triton:
         kernels = importlib.import_module("humming.triton_kernels.moe_layer")
-        fuse = act is not None and kernels.act_unsupported(act) is None  # w2's quantization in the same pass
+        # w2's quantization in the activation pass, where its scales are per token or per group
+        fuse = act is not None and w2_act_scale is None and kernels.act_unsupported(act) is None
         hidden = kernels.activate(h, activation, act if fuse else None, routing.num_rows)
+        hidden = static(hidden, w2_act_scale)
         y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
         return kernels.combine(y, routing.slot_rows, topk_weights, x.dtype)
-    hidden = _moe_layer.activate(h, activation, x.dtype)
+    hidden = static(_moe_layer.activate(h, activation, x.dtype), w2_act_scale)
     y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
     return _moe_layer.combine(y, routing.slot_rows, topk_weights, x.dtype)
 
 
 def _fused_moe_op(x, topk_weights, topk_ids, *args):
     w13, w13_bias, w2, w2_bias, expert_map = args[:7], args[7], args[8:15], args[15], args[16]
-    name, alpha, limit, gate_up_layout, act, block_m, backend = args[17:]
+    name, alpha, limit, gate_up_layout, act, w13_act_scale, w2_act_scale, block_m, backend = args[17:]
     w13, w2 = ops.weight_from_args(*w13), ops.weight_from_args(*w2)
     activation = _moe_layer.Activation(name, alpha, limit, gate_up_layout)
     act = None if act is None else get_act_scheme(act)
-    args = (topk_weights, topk_ids, expert_map, activation, act, block_m or None, backend)
+    scales = (w13_act_scale, w2_act_scale)
+    args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m or None, backend)
     return run_fused_moe(x, w13, w13_bias, w2, w2_bias, *args)
 
 

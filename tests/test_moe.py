@@ -502,16 +502,28 @@ def test_grouped_linear_gather_non_finite_tokens(act, seed: int, device: str) ->
 
 
 # ------------------------------------------------------------------------------------------------ fused_moe
-def _fused_ref(x, w13, w2, weights, ids, act=None, activation="silu", layout="concat", expert_map=None, **params):
+def _fused_ref(
+    x,
+    w13,
+    w2,
+    weights,
+    ids,
+    act=None,
+    activation="silu",
+    layout="concat",
+    expert_map=None,
+    scales=(None, None),
+    **params,
+):
     """A per-slot loop in float64 over fp32-dequantized experts: w13, the activation, w2, the weighted sum.
     With ``act``, w13's input is quantized over the ``T`` tokens and w2's (rounded to x's dtype, as the layer
     hands it over) over the hidden rows of every routed slot: each row alone for per-token and per-group
     schemes, one tensor-wide scale over those rows otherwise, which is the kernels' over their rows in use
     when w13 has no bias (padding rows are then zeros). With ``expert_map``, ``ids`` are global and slots of
-    experts not on this rank (-1) are left out."""
-    q = lambda v: v if act is None else humming.dequantize_activation(humming.quantize_activation(v, act))
+    experts not on this rank (-1) are left out. ``scales``: static scales of w13's and w2's inputs."""
+    q = lambda v, s: v if act is None else humming.dequantize_activation(humming.quantize_activation(v, act, scale=s))
     out = torch.zeros(x.shape[0], w2.N, dtype=torch.float64, device=x.device)
-    xq = q(x).double()
+    xq = q(x, scales[0]).double()
     slots, hidden = [], []
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
@@ -525,7 +537,7 @@ def _fused_ref(x, w13, w2, weights, ids, act=None, activation="silu", layout="co
     if not slots:
         return out
     hidden = torch.cat(hidden).to(x.dtype if act else torch.float32)  # quantized as the layer rounds it
-    for (t, j, e), h in zip(slots, q(hidden).double()):
+    for (t, j, e), h in zip(slots, q(hidden, scales[1]).double()):
         b = moe.expert_weight(w2, e)
         y = h @ humming.dequantize(b).double().T + (0 if b.bias is None else b.bias.double())
         out[t] += float(weights[t, j]) * y
@@ -581,6 +593,27 @@ def test_fused_moe_tensor_wide_and_fp4_acts(backend: str, act: str, mapped: bool
         ref, out = ref[1:], out[1:]
     err = rel_err(out, ref)
     assert err <= MOE_TOL[torch.bfloat16], f"seed {seed}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("act", ["fp8_tensor", "fp8", "int8"])
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_fused_moe_static_act_scales(backend: str, act: str, seed: int, device: str) -> None:
+    """Static scales of both GEMMs' inputs (a checkpoint's ``input_scale``): the codes are ``x / scale``,
+    saturating beyond it, for per-tensor and per-token schemes alike; w2's input is quantized after the
+    activation pass (its per-token quantization is then not fused)."""
+    e, k, inter, t = 4, 64, 32, 5
+    w13 = _quantize("int4-g32", e, 2 * inter, k, device, bias=True)
+    w2 = _quantize("int4-g32", e, k, inter, device, bias=True)
+    x = torch.randn(t, k, device=device).bfloat16()
+    ids, weights = _routing(t, 2, e, device, empty=1), torch.softmax(torch.randn(t, 2, device=device), -1)
+    maxv = 448.0 if act.startswith("fp8") else 127.0
+    scales = (x.float().abs().amax() / maxv * 0.8, torch.tensor(4.0 / maxv, device=device))  # a few saturate
+    kwargs = dict(act=act, w13_act_scale=scales[0], w2_act_scale=scales[1], block_m=16, backend=backend)
+    out = moe.fused_moe(x, w13, w2, weights, ids, **kwargs)
+    err = rel_err(out, _fused_ref(x, w13, w2, weights, ids, act, scales=scales))
+    assert err <= MOE_TOL[torch.bfloat16], f"seed {seed}: rel err {err:.2e}"
+    dynamic = moe.fused_moe(x, w13, w2, weights, ids, act=act, block_m=16, backend=backend)
+    assert not torch.equal(out, dynamic)
 
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swiglu_oai")
@@ -811,6 +844,10 @@ def _moe_args():
         (lambda x, a, b, w, i: ((x, a, b, w, i), {"expert_map": torch.tensor([0, -2, 1])}), r"found -2"),
         (lambda x, a, b, w, i: ((x, a, b, w, i + 2), {"expert_map": torch.arange(4)}), r"topk_ids: .* \[0, 4\)"),
         (lambda x, a, b, w, i: ((x, a, b, w, i), {"block_m": 20}), "block_m"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"w13_act_scale": torch.ones(1)}), "w13_act_scale: a static"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"act": "mxfp4", "w2_act_scale": torch.ones(1)}), "w2_act_scale"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"act": "fp8", "w2_act_scale": torch.ones(2)}), "one-element"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"act": "fp8", "w13_act_scale": 0.5}), "one-element float"),
     ],
     ids=[
         "dense-w13",
@@ -837,6 +874,10 @@ def _moe_args():
         "map-value-negative",
         "map-ids-range",
         "block-m",
+        "scale-no-act",
+        "scale-mxfp4",
+        "scale-two",
+        "scale-float",
     ],
 )
 def test_fused_moe_rejects(change, match: str) -> None:

@@ -120,7 +120,11 @@ def test_opcheck_moe(seed):
         torch.library.opcheck(torch.ops.humming.grouped_linear.default, args)
     w13_args, w2_args = ops.weight_args(w13), ops.weight_args(w2)
     silu = ("silu", None, None, "concat")
-    args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, None, 16, "reference")
+    args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, None, None, None, 16, "reference")
+    torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
+    # static scales of both GEMMs' inputs
+    scales = (torch.tensor([[0.02]]), torch.tensor([[0.01]]))
+    args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, "fp8", *scales, 16, "reference")
     torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
     # gpt-oss's activation on interleaved rows, biases, an expert map (global ids over 6 experts, 4 here);
     # the Triton path too (activation pass and combine, under the interpreter on CPU)
@@ -129,7 +133,7 @@ def test_opcheck_moe(seed):
     gids = torch.randint(0, 6, (5, 2), dtype=torch.int32)
     swiglu = ("swiglu_oai", 1.702, 7.0, "interleaved")
     for act, backend in ((None, "reference"), ("fp8", "reference"), (None, "triton")):
-        args = (x, weights, gids, *w13_args, bias13, *w2_args, bias2, expert_map, *swiglu, act, 16, backend)
+        args = (x, weights, gids, *w13_args, bias13, *w2_args, bias2, expert_map, *swiglu, act, None, None, 16, backend)
         torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
 
 
