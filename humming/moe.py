@@ -231,6 +231,25 @@ def _check_rows(rows, device: torch.device) -> None:
         raise ValueError(f"rows is on {rows.device} but x is on {device}")
 
 
+def _expert_bias(bias, qweight: QuantizedWeight) -> torch.Tensor | None:
+    """A grouped GEMM's bias: ``[E, N]`` floats on the weight's device, or ``qweight.bias`` when None."""
+    if bias is None:
+        return qweight.bias
+    e, n, _ = qweight.shape
+    if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (e, n) or not bias.is_floating_point():
+        raise ValueError(f"bias: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
+    if bias.device != qweight.device:
+        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
+    return bias
+
+
+def _out_dtype(out_dtype, default: torch.dtype) -> torch.dtype:
+    out_dtype = out_dtype or default
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
+    return out_dtype
+
+
 def grouped_linear(
     x: torch.Tensor | QuantizedActivation,
     qweight: QuantizedWeight,
@@ -265,7 +284,7 @@ def grouped_linear(
         ``[M_pad, N]`` in ``out_dtype`` (default ``x``'s dtype).
     """
     qweight = _check_experts("qweight", qweight)
-    e, n, k = qweight.shape
+    k = qweight.K
     prequantized = isinstance(x, QuantizedActivation)
     if prequantized:
         if act is not None and get_act_scheme(act) != x.scheme:
@@ -293,15 +312,8 @@ def grouped_linear(
         )
     if expert_ids.device != x_data.device:
         raise ValueError(f"expert_ids is on {expert_ids.device} but x is on {x_data.device}")
-    if bias is None:
-        bias = qweight.bias
-    elif not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (e, n) or not bias.is_floating_point():
-        raise ValueError(f"bias: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
-    elif bias.device != qweight.device:
-        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
-    out_dtype = out_dtype or (torch.bfloat16 if prequantized else x.dtype)
-    if out_dtype not in _OUT_DTYPES:
-        raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
+    bias = _expert_bias(bias, qweight)
+    out_dtype = _out_dtype(out_dtype, torch.bfloat16 if prequantized else x.dtype)
     act = None if act is None else get_act_scheme(act)
     reason = combination_error(qweight.format, act)
     if reason:
@@ -423,7 +435,7 @@ def grouped_linear_masked(
         are unspecified (the kernels skip their blocks; garbage there never reaches a valid row).
     """
     qweight = _check_experts("qweight", qweight)
-    e, n, k = qweight.shape
+    e, _, k = qweight.shape
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 3 or x.shape[0] != e or x.shape[2] != k:
@@ -439,15 +451,8 @@ def grouped_linear_masked(
         raise ValueError(f"masked_m: expected an int32 tensor of shape ({e},) (E), got {got!r}")
     if masked_m.device != x.device:
         raise ValueError(f"masked_m is on {masked_m.device} but x is on {x.device}")
-    if bias is None:
-        bias = qweight.bias
-    elif not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (e, n) or not bias.is_floating_point():
-        raise ValueError(f"bias: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
-    elif bias.device != qweight.device:
-        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
-    out_dtype = out_dtype or x.dtype
-    if out_dtype not in _OUT_DTYPES:
-        raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
+    bias = _expert_bias(bias, qweight)
+    out_dtype = _out_dtype(out_dtype, x.dtype)
     if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m < 1):
         raise ValueError(f"expected_m: expected None or a positive int, got {expected_m!r}")
     act = None if act is None else get_act_scheme(act)
