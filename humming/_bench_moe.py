@@ -15,7 +15,8 @@ quantized ones quantized expert by expert (no float32 or float64 temporary of a 
 
 Systems (rows):
 
-- ``humming``: grouped parts, ``humming.moe.grouped_linear`` on ``moe_align``'s padded rows (``kernel``:
+- ``humming``: grouped parts, ``humming.moe.grouped_linear`` on ``moe_align``'s padded rows, ``w13``'s
+  read from the tokens through the routing's row index as :func:`humming.moe.fused_moe` does (``kernel``:
   what the dispatcher picked); ``layer``, ``fused_moe`` (``kernel``: the two GEMMs' kernels);
 - ``humming:<kernel>``: grouped parts, each grouped kernel but the reference where it supports the call;
 - ``torch-grouped-mm``: ``torch._grouped_mm`` on the 16-bit weights, the routed rows sorted by expert (no
@@ -341,7 +342,11 @@ def _humming(group: MoeGroup, inp: Inputs) -> Prepared:
     qws = group.qweights()
     rows, routing, block_m = group.grouped(inp)
     kernel = plan_grouped(qws[0], group.act, rows, block_m).kernel
-    calls = [partial(grouped_linear, rows, qw, routing.expert_ids, block_m, act=group.act) for qw in qws]
+    if group.part == "grouped_w13":  # as fused_moe: the tokens read in place through the routing's row index
+        call = partial(grouped_linear, inp.x, rows=routing.token_rows(inp.ids.shape[1]))
+    else:  # w2's input is already in grouped order (the activation pass writes it so)
+        call = partial(grouped_linear, rows)
+    calls = [partial(call, qweight=qw, expert_ids=routing.expert_ids, block_m=block_m, act=group.act) for qw in qws]
     return Prepared(calls, kernel, _slot_order(routing))
 
 
@@ -375,8 +380,11 @@ def _grouped_kernel(name: str) -> Callable[[MoeGroup, Inputs], Prepared | str]:
         reason = kernel.unsupported(qws[0], group.act, rows, block_m)
         if reason is not None:
             return reason
-        run = partial(kernel.run, rows)
-        calls = [partial(run, qw, routing.expert_ids, block_m, qw.bias, group.act, group.dtype, None) for qw in qws]
+        run, gather = partial(kernel.run, rows), {}
+        if group.part == "grouped_w13" and kernel.gathers:  # as humming's row: the tokens through the index
+            run, gather = partial(kernel.run, inp.x), {"rows": routing.token_rows(inp.ids.shape[1])}
+        args = (routing.expert_ids, block_m)
+        calls = [partial(run, qw, *args, qw.bias, group.act, group.dtype, None, **gather) for qw in qws]
         return Prepared(calls, name, _slot_order(routing))
 
     return prepare

@@ -16,6 +16,7 @@ import torch
 
 from ._moe_layer import Activation, check_activation
 from ._routing import check_routing, layer_backend, triton_unsupported
+from .dispatch.kernels import GROUPED_KERNELS
 from .dispatch.plan import plan_grouped
 from .ir.activation import ActScheme, get_act_scheme
 from .ir.weight import QuantizedWeight
@@ -127,15 +128,21 @@ class MoeCall:
             launches.append(MoeLaunch("routing", "triton.topk_routing" if triton else "reference", detail))
         block_m, m_pad = self.grouped_shape(num_tokens)
 
-        def gemm(step: str, qw: QuantizedWeight, x: torch.Tensor) -> None:
-            plan = plan_grouped(qw, act, x, block_m, self.backend)
+        def gemm(step: str, qw: QuantizedWeight, x: torch.Tensor, gather: bool = False) -> None:
+            """``x``: the GEMM's input, the ``T`` tokens where it gathers them (w13) else the grouped rows."""
+            plan = plan_grouped(qw, act, x, block_m, self.backend, m_pad if gather else None)
+            gathers = gather and GROUPED_KERNELS[plan.kernel].gathers
+            if gather and not gathers:  # a kernel that reads grouped rows: the tokens copied into that order
+                launches.append(MoeLaunch(f"{step} input", "torch", f"gather rows={m_pad}"))
             if act is not None and x.dtype != torch.uint8 and plan.backend != "reference":
-                # the CUDA and Triton scaled GEMMs quantize their 16-bit input in a Triton pass first
-                launches.append(MoeLaunch(f"{step} input", "triton.act_quant", f"{act.name} rows={m_pad}"))
-            detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act={_name(act)}"
+                # the CUDA and Triton scaled GEMMs quantize their 16-bit input in a Triton pass first (a gathering
+                # kernel quantizes the T tokens)
+                rows = x.shape[0] if gathers else m_pad
+                launches.append(MoeLaunch(f"{step} input", "triton.act_quant", f"{act.name} rows={rows}"))
+            detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act={_name(act)}" + (" gathered" if gathers else "")
             launches.append(MoeLaunch(step, plan.kernel, detail))
 
-        gemm("w13", self.w13, torch.empty(m_pad, self.w13.K, dtype=x_dtype, device=device))
+        gemm("w13", self.w13, torch.empty(num_tokens, self.w13.K, dtype=x_dtype, device=device), gather=True)
         activation = Activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
         hidden = torch.empty(m_pad, self.w2.K, dtype=x_dtype, device=device)
         detail = f"{activation.name} {activation.gate_up_layout} rows={m_pad}"

@@ -1,6 +1,7 @@
-"""The steps of :func:`humming.moe.fused_moe` around its two grouped GEMMs, in torch: the activation between
-them and the weighted combine after. These are the definitions; :mod:`humming.triton_kernels.moe_layer`
-holds their Triton twins, tested against them.
+"""The steps of :func:`humming.moe.fused_moe` around its two grouped GEMMs, in torch: the gather of token
+rows into grouped order before them, the activation between them and the weighted combine after. These are
+the definitions; :mod:`humming.triton_kernels.moe_layer` holds Triton twins of the last two, tested against
+them, and the Triton grouped GEMMs do the gather as they load their activations.
 
 Activations take the ``w13`` output ``h [M, 2I]``, split into ``gate`` and ``up`` by the weights' row layout
 (``"concat"``: gate rows ``[0, I)`` then up rows, vLLM's and transformers' convention; ``"interleaved"``:
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .ir.activation import QuantizedActivation
+
 __all__ = [
     "ACTIVATIONS",
     "GATE_UP_LAYOUTS",
@@ -24,6 +27,7 @@ __all__ = [
     "activate",
     "check_activation",
     "combine",
+    "gather_rows",
     "split_gate_up",
 ]
 
@@ -115,3 +119,22 @@ def combine(y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor
         term = y[rows[:, j].clamp_min(0)].float() * topk_weights[:, j : j + 1].float()
         out += torch.where(rows[:, j : j + 1] >= 0, term, 0.0)
     return out.to(dtype)
+
+
+def gather_rows(x, rows: torch.Tensor):
+    """Token rows in grouped order: row ``r`` of the result is ``x[rows[r]]``, and zeros where ``rows[r]`` is
+    -1 (a padding row). ``x``: float ``[T, K]``, or a :class:`QuantizedActivation` of ``T`` rows, whose codes
+    and per-row scales are gathered alike (zero bytes for padding rows: codes and scales that decode to 0 and
+    finite numbers) and whose per-tensor or static scale and global scale stay as they are.
+    ``rows``: int32 ``[M_pad]`` with values in ``[-1, T)``."""
+    used = rows[:, None] >= 0
+    src = torch.where(rows >= 0, rows, 0).long()
+    if not isinstance(x, QuantizedActivation):
+        if x.shape[0] == 0:  # every row is padding
+            return x.new_zeros(rows.shape[0], x.shape[1])
+        return torch.where(used, x[src], 0)
+    pick = lambda t: torch.where(used, t.view(torch.uint8)[src], 0).view(t.dtype)  # bytes: float8 scales too
+    scales = x.scales
+    if x.scheme.group_shape[0] == 1 and scales.shape[0] == x.codes.shape[0]:  # a scale row per token
+        scales = pick(scales.contiguous())
+    return QuantizedActivation(x.scheme, pick(x.codes), scales, x.global_scale)

@@ -9,10 +9,13 @@ anything back to the host and the whole layer can be captured in a CUDA graph; b
 one have expert id -1 and kernels skip them.
 
 - :func:`moe_align`: routing ``topk_ids [T, topk]`` -> :class:`MoeRouting` (torch ops only, no host sync).
-- :func:`grouped_linear`: ``[M_pad, K]`` rows times their block's expert -> ``[M_pad, N]``.
+- :func:`grouped_linear`: ``[M_pad, K]`` rows times their block's expert -> ``[M_pad, N]``; with ``rows``
+  (:meth:`MoeRouting.token_rows`) the ``[T, K]`` tokens are read through that index instead, so that the
+  routed rows are never copied into grouped order.
 - :func:`grouped_linear_masked`: the masked layout of DeepEP's low-latency dispatch, ``[E, max_m, K]`` with
   ``masked_m[e]`` valid rows per expert -> ``[E, max_m, N]``, on the same grouped GEMMs.
-- :func:`fused_moe`: align, gather, ``w13``, the gated activation (SiLU, GELU, gpt-oss's clamped SwiGLU;
+- :func:`fused_moe`: align, ``w13`` on the gathered tokens, the gated activation (SiLU, GELU, gpt-oss's
+  clamped SwiGLU;
   gate and up rows concatenated or interleaved), ``w2``, weighted sum back to tokens; an ``expert_map`` runs
   the experts of one expert-parallel rank.
 - :func:`topk_routing`: router logits -> ``(topk_weights, topk_ids)``: softmax or sigmoid scores, DeepSeek-V3's
@@ -26,11 +29,16 @@ one node.
 Backends: ``"auto"`` tries CUDA, Triton, then the reference (``humming/dispatch/plan.py``). The
 reference runs every weight format and ``act`` scheme that :func:`humming.linear` does. The Triton grouped
 kernels (the dense WnA16 and scaled GEMMs with an expert-id path) need ``block_m`` a multiple of 16 and run
-every WnA16 format (``act=None``) and the scaled GEMM's combinations with per-token or per-group activation
-scales (fp8, fp8_g128, int8, int4, mxfp4, mxfp8; not per-tensor scales nor NVFP4's global scale, which would
-span rows of skipped blocks). The CUDA backend's grouped sm_90a GEMMs run int4/uint4/int8/uint8 WnA16
-(``block_m`` a multiple of 16) and, with ``act="fp8"`` or ``"fp8_g128"``, e4m3 experts (per-channel or
-128x128 block scales: the DeepSeek-V3 recipe) and int4 experts (W4A8); N % 128 == 0.
+every WnA16 format (``act=None``) and every weight x activation combination of the dense scaled GEMM:
+per-token, per-group, per-tensor (dynamic or static) scales, NVFP4 and MXFP4; both gather token rows in the
+kernel. The CUDA backend's grouped sm_90a GEMMs run int4/uint4/int8/uint8 WnA16 (``block_m`` a multiple of
+16) and, with ``act="fp8"`` or ``"fp8_g128"``, e4m3 experts (per-channel or 128x128 block scales: the
+DeepSeek-V3 recipe) and int4 experts (W4A8); N % 128 == 0; they read grouped rows, so a gather is copied
+into grouped order for them first.
+
+A dynamic tensor-wide activation scale (``fp8_tensor``, ``int8_tensor``, NVFP4's global scale) spans the
+rows of the blocks in use (expert id >= 0) of a grouped ``x``, and every token of a gathered one (``rows``:
+the ``T`` tokens are quantized once, routed or not).
 """
 
 from __future__ import annotations
@@ -48,7 +56,6 @@ from .dispatch.plan import plan_grouped, requested_backend, unwarmed_error
 from .dispatch.support import combination_error
 from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from .ir.weight import QuantizedWeight, expert_weight
-from .linear import poison_non_finite_rows
 
 __all__ = [
     "MoeCall",
@@ -90,6 +97,11 @@ class MoeRouting:
     @property
     def m_pad(self) -> int:
         return self.src_slots.shape[0]
+
+    def token_rows(self, topk: int) -> torch.Tensor:
+        """int32 ``[M_pad]``: the token of each grouped row (``src_slots // topk``), -1 for padding rows:
+        :func:`grouped_linear`'s ``rows``, which reads the ``[T, K]`` tokens in place."""
+        return torch.where(self.src_slots >= 0, self.src_slots // topk, -1)
 
 
 def _check_block_m(block_m) -> int:
@@ -209,97 +221,171 @@ def _check_x(name: str, x, k: int, device: torch.device) -> None:
         raise ValueError(f"{name} is on {x.device} but the weight is on {device}; move one with .to()")
 
 
+def _check_rows(rows, device: torch.device) -> None:
+    """What can be checked of a gather index without reading it (its values: :func:`run_grouped`)."""
+    if not isinstance(rows, torch.Tensor) or rows.dtype != torch.int32:
+        raise ValueError(f"rows: expected an int32 tensor, got {getattr(rows, 'dtype', type(rows).__name__)}")
+    if rows.dim() != 1:
+        raise ValueError(f"rows: expected shape [M_pad], got {tuple(rows.shape)}")
+    if rows.device != device:
+        raise ValueError(f"rows is on {rows.device} but x is on {device}")
+
+
+def _expert_bias(bias, qweight: QuantizedWeight) -> torch.Tensor | None:
+    """A grouped GEMM's bias: ``[E, N]`` floats on the weight's device, or ``qweight.bias`` when None."""
+    if bias is None:
+        return qweight.bias
+    e, n, _ = qweight.shape
+    if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (e, n) or not bias.is_floating_point():
+        raise ValueError(f"bias: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
+    if bias.device != qweight.device:
+        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
+    return bias
+
+
+def _out_dtype(out_dtype, default: torch.dtype) -> torch.dtype:
+    out_dtype = out_dtype or default
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
+    return out_dtype
+
+
 def grouped_linear(
-    x: torch.Tensor,
+    x: torch.Tensor | QuantizedActivation,
     qweight: QuantizedWeight,
     expert_ids: torch.Tensor,
     block_m: int,
     bias: torch.Tensor | None = None,
     *,
+    rows: torch.Tensor | None = None,
     act=None,
     out_dtype: torch.dtype | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Grouped GEMM: row ``r`` of ``x`` times expert ``expert_ids[r // block_m]`` of ``qweight``.
+    """Grouped GEMM: row ``r`` (of ``x``, or token ``rows[r]``) times expert ``expert_ids[r // block_m]``.
 
     Args:
-        x: ``[M_pad, K]`` float16 / bfloat16 (float32 on the reference backend), ``M_pad % block_m == 0``.
+        x: ``[M_pad, K]`` float16 / bfloat16 (float32 on the reference backend), ``M_pad % block_m == 0``;
+            with ``rows``, the ``[T, K]`` tokens. Or a :class:`~humming.QuantizedActivation` of those rows,
+            quantized beforehand (``humming.quantize_activation``, a static ``scale`` included).
         qweight: expert-stacked ``[E, N, K]``.
         expert_ids: int32 ``[M_pad // block_m]`` on ``x``'s device, values in ``[-1, E)`` (checked on CPU
             only; on a GPU that would be a host sync). Rows of blocks with expert -1 are unspecified.
         block_m: rows per routing block, a positive multiple of 8 (:func:`moe_align`'s).
         bias: ``[E, N]``; defaults to ``qweight.bias``.
-        act, out_dtype, backend: as :func:`humming.linear`. Dynamic per-tensor activation scales are taken
-            over the rows of blocks in use (expert id >= 0).
+        rows: the gather, int32 ``[M_pad]`` on ``x``'s device (:meth:`MoeRouting.token_rows`): output row
+            ``r`` is token ``rows[r]``, or a padding row (unspecified) where it is -1; values in ``[-1, T)``,
+            checked on CPU only. The Triton kernels read the tokens through it; other backends get
+            ``x[rows]`` copied first.
+        act, out_dtype, backend: as :func:`humming.linear` (``act`` may be omitted for a quantized ``x``;
+            ``out_dtype`` then defaults to bfloat16). Dynamic tensor-wide activation scales span the rows of
+            blocks in use (expert id >= 0), or with ``rows`` the ``T`` tokens.
     Returns:
         ``[M_pad, N]`` in ``out_dtype`` (default ``x``'s dtype).
     """
     qweight = _check_experts("qweight", qweight)
-    e, n, k = qweight.shape
-    _check_x("x", x, k, qweight.device)
+    k = qweight.K
+    prequantized = isinstance(x, QuantizedActivation)
+    if prequantized:
+        if act is not None and get_act_scheme(act) != x.scheme:
+            raise ValueError(f"act: x is already quantized with {x.scheme.name}, but act={act!r}")
+        act = x.scheme
+        x_data = x.codes
+        if x_data.shape[1] != k:
+            raise ValueError(f"x: expected shape [M, {k}] (K of the weight), got {tuple(x_data.shape)}")
+        if x_data.device != qweight.device:
+            raise ValueError(f"x is on {x_data.device} but the weight is on {qweight.device}; move one with .to()")
+    else:
+        _check_x("x", x, k, qweight.device)
+        x_data = x
     block_m = _check_block_m(block_m)
-    m_pad = x.shape[0]
+    if rows is not None:
+        _check_rows(rows, x_data.device)
+    m_pad = x_data.shape[0] if rows is None else rows.shape[0]
     if m_pad % block_m:
-        raise ValueError(f"x: its {m_pad} rows are not a multiple of block_m={block_m}")
+        raise ValueError(f"{'x' if rows is None else 'rows'}: its {m_pad} rows are not a multiple of block_m={block_m}")
     if not isinstance(expert_ids, torch.Tensor) or expert_ids.dtype != torch.int32:
         raise ValueError(f"expert_ids: expected an int32 tensor, got {getattr(expert_ids, 'dtype', type(expert_ids))}")
     if tuple(expert_ids.shape) != (m_pad // block_m,):
         raise ValueError(
             f"expert_ids: expected shape ({m_pad // block_m},) = M_pad // block_m, got {tuple(expert_ids.shape)}"
         )
-    if expert_ids.device != x.device:
-        raise ValueError(f"expert_ids is on {expert_ids.device} but x is on {x.device}")
-    if bias is None:
-        bias = qweight.bias
-    elif not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (e, n) or not bias.is_floating_point():
-        raise ValueError(f"bias: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
-    elif bias.device != qweight.device:
-        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
-    out_dtype = out_dtype or x.dtype
-    if out_dtype not in _OUT_DTYPES:
-        raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
+    if expert_ids.device != x_data.device:
+        raise ValueError(f"expert_ids is on {expert_ids.device} but x is on {x_data.device}")
+    bias = _expert_bias(bias, qweight)
+    out_dtype = _out_dtype(out_dtype, torch.bfloat16 if prequantized else x.dtype)
     act = None if act is None else get_act_scheme(act)
     reason = combination_error(qweight.format, act)
     if reason:
         raise ValueError(reason)
-    if ops.eager(x):
-        return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend)
-    weight = ops.weight_args(qweight)
+    if ops.eager(x_data):
+        return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend, rows)
     return torch.ops.humming.grouped_linear(
-        x, expert_ids, block_m, *weight, bias, ops.act_name(act), out_dtype, backend
+        x_data,
+        x.scales if prequantized else None,
+        x.global_scale if prequantized else None,
+        expert_ids,
+        block_m,
+        rows,
+        *ops.weight_args(qweight),
+        bias,
+        ops.act_name(act),
+        out_dtype,
+        backend,
     )
 
 
-def run_grouped(x, qweight, expert_ids, block_m: int, bias, act: ActScheme | None, out_dtype, backend: str):
+def run_grouped(
+    x, qweight, expert_ids, block_m: int, bias, act: ActScheme | None, out_dtype, backend: str, rows=None
+) -> torch.Tensor:
     """What :func:`grouped_linear` runs once its arguments are checked (``torch.ops.humming.grouped_linear``
-    too): plan, launch, non-finite rows. Checks the expert ids of CPU tensors here, where they are data (not
-    while ``torch.compile`` traces). ``x`` may also be a :class:`QuantizedActivation` of scheme ``act``
+    too): plan, launch (copying the gathered rows into grouped order for a kernel that does not gather),
+    non-finite rows. Checks the expert ids and rows of CPU tensors here, where they are data (not while
+    ``torch.compile`` traces). ``x`` may also be a :class:`QuantizedActivation` of scheme ``act``
     (:func:`fused_moe` quantizes the input of ``w2`` in its activation pass)."""
     _check_range("expert_ids", expert_ids, -1, qweight.num_experts)
     prequantized = isinstance(x, QuantizedActivation)
     x_data = x.codes if prequantized else x
-    plan = plan_grouped(qweight, act, x_data, block_m, backend)
+    if rows is not None:
+        _check_range("rows", rows, -1, x_data.shape[0])
+    m_pad = None if rows is None else rows.shape[0]
+    plan = plan_grouped(qweight, act, x_data, block_m, backend, m_pad)
+    kernel = GROUPED_KERNELS[plan.kernel]
+    gather = {}
+    if rows is not None and kernel.gathers:
+        gather = {"rows": rows}
+    elif rows is not None:
+        # Copied into grouped order. Exact for the kernels that do not gather (CUDA's): they take row-wise
+        # activation scales only, for which quantizing the gathered rows equals gathering the quantized tokens.
+        x = _moe_layer.gather_rows(x, rows)
     try:
-        out = GROUPED_KERNELS[plan.kernel].run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning)
+        out = kernel.run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning, **gather)
     except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
-        raise unwarmed_error(err, qweight, act, x_data, backend, block_m) from None
+        raise unwarmed_error(err, qweight, act, x_data, backend, block_m, m_pad) from None
     # NaN / Inf activations: NaN output rows (see humming.linear.poison_non_finite_rows), skipped rows kept;
     # quantized activations carry them in NaN scales
-    if act is not None and not prequantized and x.shape[0] and (plan.backend == "reference" or act.group_shape[0] != 1):
-        routed = (expert_ids >= 0).repeat_interleave(block_m)[:, None]
-        out = torch.where(routed, poison_non_finite_rows(x, out), out)
+    tensor_wide = act is not None and act.group_shape[0] != 1
+    if act is not None and not prequantized and x_data.shape[0] and (plan.backend == "reference" or tensor_wide):
+        bad = ~torch.isfinite(x_data).all(dim=-1)
+        if rows is not None:
+            bad = (rows >= 0) & bad[torch.where(rows >= 0, rows, 0).long()]
+        routed = (expert_ids >= 0).repeat_interleave(block_m)
+        out = out.masked_fill((bad & routed)[:, None], float("nan"))
     return out
 
 
-def _grouped_op(x, expert_ids, block_m, *args):
+def _grouped_op(x, x_scales, x_global_scale, expert_ids, block_m, rows, *args):
     *weight, bias, act, out_dtype, backend = args
     qweight = ops.weight_from_args(*weight)
     act = None if act is None else get_act_scheme(act)
-    return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend)
+    if x_scales is not None:
+        x = QuantizedActivation(act, x, x_scales, x_global_scale)
+    return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend, rows)
 
 
-def _grouped_fake(x, expert_ids, block_m, qweight, *args):
-    return x.new_empty((x.shape[0], qweight.shape[-2]), dtype=args[-2])
+def _grouped_fake(x, x_scales, x_global_scale, expert_ids, block_m, rows, qweight, *args):
+    m_pad = x.shape[0] if rows is None else rows.shape[0]
+    return x.new_empty((m_pad, qweight.shape[-2]), dtype=args[-2])
 
 
 ops.register("grouped_linear", _grouped_op, _grouped_fake)
@@ -349,7 +435,7 @@ def grouped_linear_masked(
         are unspecified (the kernels skip their blocks; garbage there never reaches a valid row).
     """
     qweight = _check_experts("qweight", qweight)
-    e, n, k = qweight.shape
+    e, _, k = qweight.shape
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 3 or x.shape[0] != e or x.shape[2] != k:
@@ -365,15 +451,8 @@ def grouped_linear_masked(
         raise ValueError(f"masked_m: expected an int32 tensor of shape ({e},) (E), got {got!r}")
     if masked_m.device != x.device:
         raise ValueError(f"masked_m is on {masked_m.device} but x is on {x.device}")
-    if bias is None:
-        bias = qweight.bias
-    elif not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (e, n) or not bias.is_floating_point():
-        raise ValueError(f"bias: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
-    elif bias.device != qweight.device:
-        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
-    out_dtype = out_dtype or x.dtype
-    if out_dtype not in _OUT_DTYPES:
-        raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
+    bias = _expert_bias(bias, qweight)
+    out_dtype = _out_dtype(out_dtype, x.dtype)
     if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m < 1):
         raise ValueError(f"expected_m: expected None or a positive int, got {expected_m!r}")
     act = None if act is None else get_act_scheme(act)
@@ -461,6 +540,8 @@ def fused_moe(
     gate_up_layout: str = "concat",
     expert_map: torch.Tensor | None = None,
     act=None,
+    w13_act_scale: torch.Tensor | None = None,
+    w2_act_scale: torch.Tensor | None = None,
     block_m: int | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
@@ -483,8 +564,13 @@ def fused_moe(
             ``topk_ids`` are then global ids in ``[0, E_global)``, and slots of experts not here add nothing
             (the rank's partial sum, to be reduced across ranks). Mapped on the device, no host sync; values
             are checked on CPU only (on a GPU, ids or map values out of range drop their slots).
-        act, backend: as :func:`grouped_linear`, for both GEMMs. With a per-token or per-group ``act``,
-            the activation pass of the Triton path writes ``w2``'s quantized input itself.
+        act, backend: as :func:`grouped_linear`, for both GEMMs. ``w13`` gathers the tokens
+            (``grouped_linear``'s ``rows``): a dynamic tensor-wide scale of its input spans the ``T`` tokens,
+            those of ``w2``'s input the grouped rows in use. With a per-token or per-group ``act``, the
+            activation pass of the Triton path writes ``w2``'s quantized input itself.
+        w13_act_scale, w2_act_scale: static per-tensor scales of the two GEMMs' inputs (one element each;
+            ``x / scale`` is quantized, as a checkpoint's ``input_scale``) for an ``act`` with float32 scales
+            and no global scale; ``None``: dynamic scales.
         block_m: the routing block; ``None`` -> :func:`default_block_m`.
     Returns:
         ``[T, K]`` in ``x``'s dtype; the weighted sum accumulates in fp32 and is rounded once.
@@ -520,8 +606,12 @@ def fused_moe(
     reason = combination_error(w13.format, act) or combination_error(w2.format, act)
     if reason:
         raise ValueError(reason)
+    scales = tuple(
+        _check_act_scale(name, scale, act, x.device)
+        for name, scale in (("w13_act_scale", w13_act_scale), ("w2_act_scale", w2_act_scale))
+    )
     if ops.eager(x):
-        args = (topk_weights, topk_ids, expert_map, activation, act, block_m, backend)
+        args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m, backend)
         return run_fused_moe(x, w13, w13.bias, w2, w2.bias, *args)
     return torch.ops.humming.fused_moe(
         x,
@@ -537,9 +627,23 @@ def fused_moe(
         activation.limit,
         activation.gate_up_layout,
         ops.act_name(act),
+        *scales,
         0 if block_m is None else block_m,
         backend,
     )
+
+
+def _check_act_scale(name: str, scale, act: ActScheme | None, device: torch.device) -> torch.Tensor | None:
+    """A static activation scale as the op takes it (float32 ``[1, 1]``), or ``None``."""
+    if scale is None:
+        return None
+    if act is None or act.scale_dtype != torch.float32 or act.global_scale:
+        raise ValueError(f"{name}: a static scale needs an act with float32 scales (fp8, int8...), got act={act}")
+    if not isinstance(scale, torch.Tensor) or scale.numel() != 1 or not scale.is_floating_point():
+        raise ValueError(f"{name}: expected a one-element float tensor, got {scale!r}")
+    if scale.device != device:
+        raise ValueError(f"{name} is on {scale.device} but x is on {device}")
+    return scale.to(torch.float32).reshape(1, 1)
 
 
 def _check_expert_map(expert_map, num_local: int, device: torch.device) -> None:
@@ -586,12 +690,15 @@ def run_fused_moe(
     expert_map,
     activation: _moe_layer.Activation,
     act: ActScheme | None,
+    w13_act_scale: torch.Tensor | None,
+    w2_act_scale: torch.Tensor | None,
     block_m: int | None,
     backend: str,
 ):
     """What :func:`fused_moe` runs once its arguments are checked (``torch.ops.humming.fused_moe`` too);
     the biases are passed apart from the weights, as the ops take them. Checks the ids and the expert map of
-    CPU tensors here, where they are data."""
+    CPU tensors here, where they are data. A static scale quantizes its GEMM's input beforehand (the
+    Triton quantizer on the Triton path, else the reference)."""
     e, _, k = w13.shape
     if expert_map is None:
         _check_range("topk_ids", topk_ids, 0, e)
@@ -602,32 +709,35 @@ def run_fused_moe(
         ids = _local_ids(topk_ids, expert_map, e)
     if x.shape[0] == 0:
         return torch.empty(0, k, dtype=x.dtype, device=x.device)
-    topk = topk_ids.shape[1]
     block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
     routing = _align(ids, e, block_m)
-    slots = routing.src_slots.long()
-    used = slots >= 0
-    token = torch.where(used, slots // topk, 0)
-    xg = torch.where(used[:, None], x[token], 0)  # padding rows are zero (finite; their results are dropped)
-    h = run_grouped(xg, w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend)
-    if _on_triton(x, backend):
+    on_triton = _on_triton(x, backend)
+    quant = "triton" if on_triton else "reference"
+    static = lambda v, scale: v if scale is None else ops.quantize_activation(v, act, scale=scale, backend=quant)
+    # w13 reads each routed row's token through the index (padding rows read zeros: finite, then dropped)
+    rows = routing.token_rows(topk_ids.shape[1])
+    h = run_grouped(static(x, w13_act_scale), w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend, rows)
+    if on_triton:
         kernels = importlib.import_module("humming.triton_kernels.moe_layer")
-        fuse = act is not None and kernels.act_unsupported(act) is None  # w2's quantization in the same pass
+        # w2's quantization in the activation pass, where its scales are per token or per group
+        fuse = act is not None and w2_act_scale is None and kernels.act_unsupported(act) is None
         hidden = kernels.activate(h, activation, act if fuse else None, routing.num_rows)
+        hidden = static(hidden, w2_act_scale)
         y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
         return kernels.combine(y, routing.slot_rows, topk_weights, x.dtype)
-    hidden = _moe_layer.activate(h, activation, x.dtype)
+    hidden = static(_moe_layer.activate(h, activation, x.dtype), w2_act_scale)
     y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
     return _moe_layer.combine(y, routing.slot_rows, topk_weights, x.dtype)
 
 
 def _fused_moe_op(x, topk_weights, topk_ids, *args):
     w13, w13_bias, w2, w2_bias, expert_map = args[:7], args[7], args[8:15], args[15], args[16]
-    name, alpha, limit, gate_up_layout, act, block_m, backend = args[17:]
+    name, alpha, limit, gate_up_layout, act, w13_act_scale, w2_act_scale, block_m, backend = args[17:]
     w13, w2 = ops.weight_from_args(*w13), ops.weight_from_args(*w2)
     activation = _moe_layer.Activation(name, alpha, limit, gate_up_layout)
     act = None if act is None else get_act_scheme(act)
-    args = (topk_weights, topk_ids, expert_map, activation, act, block_m or None, backend)
+    scales = (w13_act_scale, w2_act_scale)
+    args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m or None, backend)
     return run_fused_moe(x, w13, w13_bias, w2, w2_bias, *args)
 
 

@@ -4,7 +4,8 @@ entry point as one node.
 | op | wraps |
 |---|---|
 | ``linear`` | :func:`humming.linear` (16-bit or pre-quantized activations) |
-| ``grouped_linear`` / ``grouped_linear_masked`` / ``fused_moe`` / ``moe_align`` / ``topk_routing`` | :mod:`.moe` |
+| ``grouped_linear`` | :func:`humming.moe.grouped_linear` (16-bit or pre-quantized activations, gathered or not) |
+| ``grouped_linear_masked`` / ``fused_moe`` / ``moe_align`` / ``topk_routing`` | :mod:`.moe` |
 | ``quantize_activation`` | :func:`quantize_activation` |
 | ``rmsnorm_quantize`` | :func:`humming.rmsnorm_quantize` |
 
@@ -60,13 +61,15 @@ def _weight_schema(prefix: str = "") -> str:
 _SCHEMAS = {
     "linear": f"linear(Tensor x, Tensor? x_scales, Tensor? x_global_scale, {_weight_schema()}, Tensor? bias, "
     "str? act, ScalarType out_dtype, str backend) -> Tensor",
-    "grouped_linear": f"grouped_linear(Tensor x, Tensor expert_ids, int block_m, {_weight_schema()}, Tensor? bias, "
-    "str? act, ScalarType out_dtype, str backend) -> Tensor",
+    "grouped_linear": "grouped_linear(Tensor x, Tensor? x_scales, Tensor? x_global_scale, Tensor expert_ids, "
+    f"int block_m, Tensor? rows, {_weight_schema()}, Tensor? bias, str? act, ScalarType out_dtype, str backend) "
+    "-> Tensor",
     "grouped_linear_masked": f"grouped_linear_masked(Tensor x, Tensor masked_m, int expected_m, {_weight_schema()}, "
     "Tensor? bias, str? act, ScalarType out_dtype, str backend) -> Tensor",
     "fused_moe": f"fused_moe(Tensor x, Tensor topk_weights, Tensor topk_ids, {_weight_schema('w13_')}, "
     f"Tensor? w13_bias, {_weight_schema('w2_')}, Tensor? w2_bias, Tensor? expert_map, str activation, "
-    "float? alpha, float? limit, str gate_up_layout, str? act, int block_m, str backend) -> Tensor",
+    "float? alpha, float? limit, str gate_up_layout, str? act, Tensor? w13_act_scale, Tensor? w2_act_scale, "
+    "int block_m, str backend) -> Tensor",
     "moe_align": "moe_align(Tensor topk_ids, int num_experts, int block_m) -> (Tensor, Tensor, Tensor, Tensor)",
     "topk_routing": "topk_routing(Tensor router_logits, int top_k, str scoring, bool renormalize, "
     "int? num_groups=None, int? topk_groups=None, Tensor? correction_bias=None, float routed_scaling=1., "

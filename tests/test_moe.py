@@ -13,15 +13,19 @@ to x's dtype) and runs against fp32 weights: 3e-2 for bf16, 5e-3 for fp16.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import capture, gated, rel_err
 
 import humming
-from humming import moe
+from humming import _moe_layer, moe
 
 wna16 = pytest.importorskip("humming.triton_kernels.wna16")
+from humming.dispatch.support import combination_error  # noqa: E402
 from humming.ir.activation import get_act_scheme  # noqa: E402
+from humming.ir.formats import get_format  # noqa: E402
 from humming.triton_kernels import scaled_mm  # noqa: E402
 from humming.triton_kernels.configs import TileConfig  # noqa: E402
 
@@ -326,25 +330,218 @@ def test_dispatch_backend_that_cannot_run_the_grouped_call() -> None:
         moe.grouped_linear(torch.randn(16, 64).bfloat16(), qw, torch.zeros(1, dtype=torch.int32), 16, backend="cuda")
 
 
+# ------------------------------------------------------------------------------------------- gathered rows
+def _gather_case(t: int, topk: int, e: int, k: int, block_m: int, device, empty: int = 1):
+    """Tokens ``x [T, K]`` (bf16) and their routing: ``(x, expert_ids, rows)``."""
+    r = moe.moe_align(_routing(t, topk, e, device, min(empty, e - topk)), e, block_m)
+    return torch.randn(t, k, device=device).bfloat16(), r.expert_ids, r.token_rows(topk)
+
+
+def _gather_ref(x, qw, expert_ids, rows, block_m, bias, act, scale=None):
+    """float64 ``[M_pad, N]`` of the gathered rows in use, and their mask (rows of used blocks that are not
+    padding): the ``T`` tokens quantized once by ``humming.quantize_activation`` (static ``scale`` if given),
+    row ``r`` = token ``rows[r]``, times its expert dequantized (rounded to x's dtype without ``act``, as the
+    WnA16 kernel's tensor cores take it)."""
+    xq = x if act is None else humming.dequantize_activation(humming.quantize_activation(x, act, scale=scale))
+    used = rows >= 0
+    xg = torch.zeros(rows.shape[0], x.shape[1], dtype=torch.float64, device=x.device)
+    xg[used] = xq[rows[used].long()].double()
+    ref, in_block = _grouped_ref(xg, qw, expert_ids, block_m, bias, x.dtype if act is None else torch.float32)
+    return ref, in_block & used, in_block
+
+
+#: acts of the gather tests: (name, scheme, static per-tensor scale)
+GATHER_ACTS = {
+    "none": (None, False),
+    "fp8": ("fp8", False),
+    "fp8_g128": ("fp8_g128", False),
+    "fp8_tensor": ("fp8_tensor", False),
+    "fp8_tensor-static": ("fp8_tensor", True),
+    "int8": ("int8", False),
+    "nvfp4": ("nvfp4", False),
+    "mxfp4": ("mxfp4", False),
+}
+_GATHER_FORMATS = {"int4-g128": "int4", "uint4-zp-g128": "int4", "e4m3-channel": "e4m3", "mxfp4": "e2m1"}
+GATHER_CASES = [  # every weight x act combination humming computes
+    (name, act)
+    for name, fmt in _GATHER_FORMATS.items()
+    for act, (scheme, _) in GATHER_ACTS.items()
+    if scheme is None or combination_error(get_format(fmt), get_act_scheme(scheme)) is None
+]
+
+
+def _triton_grouped(x, qw, expert_ids, block_m, bias, act, out, rows):
+    """The Triton grouped GEMM of ``act`` (WnA16 or scaled), into ``out``."""
+    if act is None:
+        return wna16.grouped_linear(x, qw, expert_ids, block_m, bias, out.dtype, out=out, rows=rows)
+    scheme = x.scheme if isinstance(x, humming.QuantizedActivation) else get_act_scheme(act)
+    return scaled_mm.grouped_linear(x, qw, expert_ids, block_m, bias, scheme, out.dtype, None, out, rows=rows)
+
+
+@pytest.mark.parametrize(("name", "act"), GATHER_CASES, ids=lambda v: v)
+def test_triton_grouped_gather_matches_reference(name: str, act: str, seed: int, device: str) -> None:
+    """Token rows read through ``rows`` (codes and scales of the T tokens quantized once; a static per-tensor
+    scale given as a QuantizedActivation) against float64 of the gathered rows; blocks of expert -1 keep the
+    NaN poison. fp32 outputs of exact products: the fp32 accumulation's error only."""
+    scheme, static = GATHER_ACTS[act]
+    e, n, k, block_m = 3, 32, 128, 16
+    qw = _quantize(name, e, n, k, device)
+    bias = torch.randn(e, n, device=device)
+    x, expert_ids, rows = _gather_case(5, 2, e, k, block_m, device)
+    scale = x.float().abs().amax() / 300 if static else None  # some codes saturate at 448
+    xin = humming.quantize_activation(x, scheme, scale=scale) if static else x
+    out = torch.full((rows.shape[0], n), float("nan"), dtype=torch.float32, device=device)
+    assert _triton_grouped(xin, qw, expert_ids, block_m, bias, scheme, out, rows).data_ptr() == out.data_ptr()
+    ref, used, in_block = _gather_ref(x, qw, expert_ids, rows, block_m, bias, scheme, scale)
+    assert torch.isnan(out[~in_block]).all(), "a block of expert -1 was written"
+    err = rel_err(out[used], ref[used])
+    assert err <= TOL[torch.float32], f"seed {seed}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize(("t", "topk", "e", "empty"), [(5, 1, 4, 1), (2, 2, 8, 0), (3, 8, 8, 0)], ids=str)
+@pytest.mark.parametrize(("name", "act"), [("uint4-zp-g128", None), ("e4m3-channel", "fp8_tensor")], ids=str)
+def test_triton_grouped_gather_routings(name, act, t: int, topk: int, e: int, empty: int, seed, device) -> None:
+    """top-k 1 with an expert without tokens, fewer tokens than experts, top-k 8 over 8 experts (every token
+    in every expert), blocks of 32 rows cut into tiles of 16: padding rows read nothing, skipped blocks are
+    not written."""
+    n, k, block_m = 32, 128, 32
+    qw = _quantize(name, e, n, k, device)
+    x, expert_ids, rows = _gather_case(t, topk, e, k, block_m, device, empty)
+    out = torch.full((rows.shape[0], n), float("nan"), dtype=torch.float32, device=device)
+    _triton_grouped(x, qw, expert_ids, block_m, None, act, out, rows)
+    ref, used, in_block = _gather_ref(x, qw, expert_ids, rows, block_m, None, act)
+    assert (rows >= 0).sum() == t * topk and (~used & in_block).any()  # padding rows in used blocks
+    assert torch.isnan(out[~in_block]).all()
+    assert rel_err(out[used], ref[used]) <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("act", ["fp8_tensor", "int8_tensor", "nvfp4"])
+def test_triton_grouped_tensor_scale_spans_used_blocks(act: str, seed: int, device: str) -> None:
+    """Without a gather, a dynamic tensor-wide scale spans the rows of blocks in use only: huge values in a
+    skipped block change nothing, and the result is that of the reference backend."""
+    qw = _quantize("int4-g128", 3, 32, 128, device)
+    x = torch.randn(64, 128, device=device).bfloat16()
+    x[48:] = 1e4  # the skipped block
+    expert_ids = torch.tensor([2, 0, 0, -1], dtype=torch.int32, device=device)
+    out = torch.full((64, 32), float("nan"), dtype=torch.float32, device=device)
+    scaled_mm.grouped_linear(x, qw, expert_ids, 16, None, get_act_scheme(act), torch.float32, None, out)
+    xq = humming.dequantize_activation(humming.quantize_activation(x[:48], act))
+    ref, used = _grouped_ref(
+        torch.cat([xq, torch.zeros(16, 128, device=device)]), qw, expert_ids, 16, None, torch.float32
+    )
+    assert torch.isnan(out[~used]).all()
+    assert rel_err(out[used], ref[used]) <= TOL[torch.float32]
+    reference = moe.grouped_linear(x, qw, expert_ids, 16, act=act, out_dtype=torch.float32, backend="reference")
+    assert rel_err(out[used], reference[used].double()) <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize(
+    ("act", "prequantized"),
+    [(None, False), *((act, pre) for act in ("fp8", "nvfp4", "fp8_tensor") for pre in (False, True))],
+    ids=str,
+)
+def test_grouped_linear_gather_backends_agree(act, prequantized: bool, seed: int, device: str) -> None:
+    """The public entry point with ``rows``: Triton, the reference (the definition) and a kernel that cannot
+    gather (the rows copied into grouped order first, as for CUDA's) agree, on 16-bit tokens and on tokens
+    quantized beforehand (float8 scales gathered as bytes)."""
+    e, n, k, block_m = 3, 32, 64, 16
+    qw = _quantize("int4-g32", e, n, k, device, bias=True)
+    x, expert_ids, rows = _gather_case(4, 2, e, k, block_m, device)
+    xin = humming.quantize_activation(x, act) if prequantized else x
+    kwargs = dict(rows=rows, act=act, out_dtype=torch.float32)
+    used = (expert_ids >= 0).repeat_interleave(block_m) & (rows >= 0)
+    ref = moe.grouped_linear(xin, qw, expert_ids, block_m, backend="reference", **kwargs)
+    out = moe.grouped_linear(xin, qw, expert_ids, block_m, backend="triton", **kwargs)
+    tol = TOL[torch.float32] if act is not None else TOL[torch.bfloat16]  # the reference keeps fp32 weights
+    assert rel_err(out[used], ref[used].double()) <= tol
+    copied = []
+    kernel = moe.GROUPED_KERNELS["reference"]
+    run = lambda x, *args, **gather: copied.append((x, gather)) or kernel.run(x, *args, **gather)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(moe.GROUPED_KERNELS, "reference", dataclasses.replace(kernel, gathers=False, run=run))
+        out = moe.grouped_linear(xin, qw, expert_ids, block_m, backend="reference", **kwargs)
+    ((grouped, gather),) = copied
+    assert not gather and getattr(grouped, "codes", grouped).shape[0] == rows.shape[0]
+    assert torch.equal(out[used], ref[used])
+
+
+def test_gather_rows_definition(seed: int, device: str) -> None:
+    """``gather_rows``: token rows in grouped order, zeros for padding rows; a quantized activation's codes and
+    per-row scales alike (bit for bit, float8 scales too), its per-tensor and global scales kept."""
+    x = torch.randn(3, 64, device=device).bfloat16()
+    rows = torch.tensor([2, -1, 0, 0, -1, 1], dtype=torch.int32, device=device)
+    want = torch.stack([x[2], torch.zeros_like(x[0]), x[0], x[0], torch.zeros_like(x[0]), x[1]])
+    assert torch.equal(_moe_layer.gather_rows(x, rows), want)
+    assert _moe_layer.gather_rows(x[:0], torch.full((4,), -1, dtype=torch.int32, device=device)).abs().sum() == 0
+    for act in ("fp8", "nvfp4", "mxfp4", "fp8_tensor"):
+        qa = humming.quantize_activation(x, act)
+        got = _moe_layer.gather_rows(qa, rows)
+        assert got.scales.dtype == qa.scales.dtype and got.global_scale is qa.global_scale
+        values = humming.dequantize_activation(got)
+        assert torch.equal(
+            values, torch.where(rows[:, None] >= 0, humming.dequantize_activation(qa)[rows.clamp(0).long()], 0)
+        )
+
+
+@pytest.mark.parametrize("act", [None, "fp8_tensor"])
+def test_grouped_linear_gather_non_finite_tokens(act, seed: int, device: str) -> None:
+    """A token holding NaN or Inf gives non-finite values in every row that reads it (NaN with quantized
+    activations), on Triton and the reference; the other rows are those of the zeroed token."""
+    e, n, k, block_m = 2, 32, 64, 16
+    qw = _quantize("int4-g32", e, n, k, device)
+    x, expert_ids, rows = _gather_case(3, 2, e, k, block_m, device, empty=0)
+    x[1, 5] = float("inf")
+    reads = (rows == 1) & (expert_ids >= 0).repeat_interleave(block_m)
+    for backend in ("triton", "reference"):
+        out = moe.grouped_linear(x, qw, expert_ids, block_m, rows=rows, act=act, backend=backend)
+        clean = moe.grouped_linear(
+            torch.where(torch.isfinite(x), x, 0), qw, expert_ids, block_m, rows=rows, act=act, backend=backend
+        )
+        assert not torch.isfinite(out[reads]).any(), backend
+        keep = (rows >= 0) & ~reads & (expert_ids >= 0).repeat_interleave(block_m)
+        assert torch.equal(out[keep], clean[keep]), backend
+
+
 # ------------------------------------------------------------------------------------------------ fused_moe
-def _fused_ref(x, w13, w2, weights, ids, act=None, activation="silu", layout="concat", expert_map=None, **params):
-    """A per-token, per-slot loop in float64 over fp32-dequantized experts (activations quantized per token):
-    w13, the activation, w2, the weighted sum. With ``expert_map``, ``ids`` are global and slots of experts
-    not on this rank (-1) are left out."""
-    q = lambda v: v if act is None else humming.dequantize_activation(humming.quantize_activation(v, act))
+def _fused_ref(
+    x,
+    w13,
+    w2,
+    weights,
+    ids,
+    act=None,
+    activation="silu",
+    layout="concat",
+    expert_map=None,
+    scales=(None, None),
+    **params,
+):
+    """A per-slot loop in float64 over fp32-dequantized experts: w13, the activation, w2, the weighted sum.
+    With ``act``, w13's input is quantized over the ``T`` tokens and w2's (rounded to x's dtype, as the layer
+    hands it over) over the hidden rows of every routed slot: each row alone for per-token and per-group
+    schemes, one tensor-wide scale over those rows otherwise, which is the kernels' over their rows in use
+    when w13 has no bias (padding rows are then zeros). With ``expert_map``, ``ids`` are global and slots of
+    experts not on this rank (-1) are left out. ``scales``: static scales of w13's and w2's inputs."""
+    q = lambda v, s: v if act is None else humming.dequantize_activation(humming.quantize_activation(v, act, scale=s))
     out = torch.zeros(x.shape[0], w2.N, dtype=torch.float64, device=x.device)
+    xq = q(x, scales[0]).double()
+    slots, hidden = [], []
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
             e = int(ids[t, j]) if expert_map is None else int(expert_map[int(ids[t, j])])
             if e < 0:
                 continue
-            a, b = moe.expert_weight(w13, e), moe.expert_weight(w2, e)
-            h = q(x[t : t + 1]).double() @ humming.dequantize(a).double().T
-            h = h + (0 if a.bias is None else a.bias.double())
-            hidden = gated(h, activation, layout, **params)
-            y = q(hidden.float()).double() @ humming.dequantize(b).double().T
-            y = y + (0 if b.bias is None else b.bias.double())
-            out[t] += float(weights[t, j]) * y[0]
+            a = moe.expert_weight(w13, e)
+            h = xq[t : t + 1] @ humming.dequantize(a).double().T + (0 if a.bias is None else a.bias.double())
+            slots.append((t, j, e))
+            hidden.append(gated(h, activation, layout, **params))
+    if not slots:
+        return out
+    hidden = torch.cat(hidden).to(x.dtype if act else torch.float32)  # quantized as the layer rounds it
+    for (t, j, e), h in zip(slots, q(hidden, scales[1]).double()):
+        b = moe.expert_weight(w2, e)
+        y = h @ humming.dequantize(b).double().T + (0 if b.bias is None else b.bias.double())
+        out[t] += float(weights[t, j]) * y
     return out
 
 
@@ -370,6 +567,54 @@ def test_fused_moe_matches_token_loop(backend, name, act, x_dtype, t, topk, e, b
     assert out.shape == (t, k) and out.dtype == x_dtype
     err = rel_err(out, _fused_ref(x, w13, w2, weights, ids, act))
     assert err <= MOE_TOL[x_dtype], f"rel err {err:.2e} > {MOE_TOL[x_dtype]:.0e}"
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["whole", "rank"])
+@pytest.mark.parametrize("act", ["fp8_tensor", "int8_tensor", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_fused_moe_tensor_wide_and_fp4_acts(backend: str, act: str, mapped: bool, seed: int, device: str) -> None:
+    """Per-tensor, NVFP4 and MXFP4 activations through both GEMMs (w13 gathering its tokens). w13's dynamic
+    tensor-wide scale spans the T tokens, routed here or not: as one expert-parallel rank, token 0 (30 times
+    larger than the others) goes to no local expert and still sets the scale of every other token."""
+    e, k, inter, t, topk = 4, 64, 32, 5, 2
+    w13, w2 = _quantize("int4-g32", e, 2 * inter, k, device), _quantize("int4-g32", e, k, inter, device)
+    x = torch.randn(t, k, device=device)
+    x[0] *= 30
+    x = x.bfloat16()
+    ids = _routing(t, topk, e, device)
+    expert_map = None
+    if mapped:  # global experts 0..3 on another rank, 4..7 here; token 0 routed to the other rank only
+        expert_map = torch.tensor([-1] * e + list(range(e)), dtype=torch.int32, device=device)
+        ids = torch.where(torch.arange(t, device=device)[:, None] == 0, ids, ids + e)
+    weights = torch.softmax(torch.randn(t, topk, device=device), -1)
+    out = moe.fused_moe(x, w13, w2, weights, ids, expert_map=expert_map, act=act, block_m=16, backend=backend)
+    ref = _fused_ref(x, w13, w2, weights, ids, act, expert_map=expert_map)
+    if mapped:
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+        ref, out = ref[1:], out[1:]
+    err = rel_err(out, ref)
+    assert err <= MOE_TOL[torch.bfloat16], f"seed {seed}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("act", ["fp8_tensor", "fp8", "int8"])
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_fused_moe_static_act_scales(backend: str, act: str, seed: int, device: str) -> None:
+    """Static scales of both GEMMs' inputs (a checkpoint's ``input_scale``): the codes are ``x / scale``,
+    saturating beyond it, for per-tensor and per-token schemes alike; w2's input is quantized after the
+    activation pass (its per-token quantization is then not fused)."""
+    e, k, inter, t = 4, 64, 32, 5
+    w13 = _quantize("int4-g32", e, 2 * inter, k, device, bias=True)
+    w2 = _quantize("int4-g32", e, k, inter, device, bias=True)
+    x = torch.randn(t, k, device=device).bfloat16()
+    ids, weights = _routing(t, 2, e, device, empty=1), torch.softmax(torch.randn(t, 2, device=device), -1)
+    maxv = 448.0 if act.startswith("fp8") else 127.0
+    scales = (x.float().abs().amax() / maxv * 0.8, torch.tensor(4.0 / maxv, device=device))  # a few saturate
+    kwargs = dict(act=act, w13_act_scale=scales[0], w2_act_scale=scales[1], block_m=16, backend=backend)
+    out = moe.fused_moe(x, w13, w2, weights, ids, **kwargs)
+    err = rel_err(out, _fused_ref(x, w13, w2, weights, ids, act, scales=scales))
+    assert err <= MOE_TOL[torch.bfloat16], f"seed {seed}: rel err {err:.2e}"
+    dynamic = moe.fused_moe(x, w13, w2, weights, ids, act=act, block_m=16, backend=backend)
+    assert not torch.equal(out, dynamic)
 
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swiglu_oai")
@@ -506,6 +751,9 @@ def test_default_block_m() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- bad input
+_TRITON_INT8 = {"backend": "triton", "act": "int8"}
+
+
 def _ok():
     qw = _quantize("int4-g32", 2, 32, 64, "cpu")
     return torch.randn(32, 64).bfloat16(), qw, torch.tensor([0, 1], dtype=torch.int32)
@@ -525,7 +773,7 @@ def _ok():
         (lambda x, qw, ids: (x, moe.expert_weight(qw, 0), ids, 16, {}), "expected an expert-stacked weight"),
         (lambda x, qw, ids: (x, qw, ids, 16, {"bias": torch.randn(32)}), r"bias: expected .* \(2, 32\)"),
         (lambda x, qw, ids: (x, qw, ids, 16, {"out_dtype": torch.int8}), "out_dtype"),
-        (lambda x, qw, ids: (x, qw, ids, 16, {"backend": "triton", "act": "fp8_tensor"}), "per-token or per-group"),
+        (lambda x, qw, ids: (x, _quantize("int4-g32", 2, 32, 64, "cpu", True), ids, 16, _TRITON_INT8), "act-order"),
         (lambda x, qw, ids: (x, qw, torch.tensor([0, 1, 1, -1], dtype=torch.int32), 8, {"backend": "triton"}), "of 16"),
         (lambda x, qw, ids: (x, qw, ids, 16, {"backend": "tpu"}), "backend: expected one of"),
     ],
@@ -597,6 +845,10 @@ def _moe_args():
         (lambda x, a, b, w, i: ((x, a, b, w, i), {"expert_map": torch.tensor([0, -2, 1])}), r"found -2"),
         (lambda x, a, b, w, i: ((x, a, b, w, i + 2), {"expert_map": torch.arange(4)}), r"topk_ids: .* \[0, 4\)"),
         (lambda x, a, b, w, i: ((x, a, b, w, i), {"block_m": 20}), "block_m"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"w13_act_scale": torch.ones(1)}), "w13_act_scale: a static"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"act": "mxfp4", "w2_act_scale": torch.ones(1)}), "w2_act_scale"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"act": "fp8", "w2_act_scale": torch.ones(2)}), "one-element"),
+        (lambda x, a, b, w, i: ((x, a, b, w, i), {"act": "fp8", "w13_act_scale": 0.5}), "one-element float"),
     ],
     ids=[
         "dense-w13",
@@ -623,6 +875,10 @@ def _moe_args():
         "map-value-negative",
         "map-ids-range",
         "block-m",
+        "scale-no-act",
+        "scale-mxfp4",
+        "scale-two",
+        "scale-float",
     ],
 )
 def test_fused_moe_rejects(change, match: str) -> None:

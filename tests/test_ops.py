@@ -104,11 +104,27 @@ def test_opcheck_moe(seed):
     torch.library.opcheck(torch.ops.humming.moe_align.default, (ids, 4, 16))
     routing = moe.moe_align(ids, 4, 16)
     xg = torch.randn(routing.m_pad, 64, dtype=torch.bfloat16)
-    args = (xg, routing.expert_ids, 16, *ops.weight_args(w13), None, "fp8", torch.bfloat16, "reference")
-    torch.library.opcheck(torch.ops.humming.grouped_linear.default, args)
+    grouped = lambda x, x_scales, rows, act, backend: (
+        (x, x_scales, None, routing.expert_ids, 16, rows, *ops.weight_args(w13), None, act, torch.bfloat16, backend)
+    )
+    torch.library.opcheck(torch.ops.humming.grouped_linear.default, grouped(xg, None, None, "fp8", "reference"))
+    # gathering the tokens through rows: 16-bit, per-tensor and pre-quantized ones, on both backends that
+    # gather. One slot per expert fills every block (M_pad = 4 blocks of 16), so that no output row is unwritten.
+    routing = moe.moe_align(torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), 4, 16)
+    rows = routing.token_rows(2)
+    qa = humming.quantize_activation(x[:2], "int8")
+    for backend in ("reference", "triton"):
+        for act in (None, "fp8_tensor"):
+            torch.library.opcheck(torch.ops.humming.grouped_linear.default, grouped(x[:2], None, rows, act, backend))
+        args = grouped(qa.codes, qa.scales, rows, "int8", backend)
+        torch.library.opcheck(torch.ops.humming.grouped_linear.default, args)
     w13_args, w2_args = ops.weight_args(w13), ops.weight_args(w2)
     silu = ("silu", None, None, "concat")
-    args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, None, 16, "reference")
+    args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, None, None, None, 16, "reference")
+    torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
+    # static scales of both GEMMs' inputs
+    scales = (torch.tensor([[0.02]]), torch.tensor([[0.01]]))
+    args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, "fp8", *scales, 16, "reference")
     torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
     # gpt-oss's activation on interleaved rows, biases, an expert map (global ids over 6 experts, 4 here);
     # the Triton path too (activation pass and combine, under the interpreter on CPU)
@@ -117,7 +133,7 @@ def test_opcheck_moe(seed):
     gids = torch.randint(0, 6, (5, 2), dtype=torch.int32)
     swiglu = ("swiglu_oai", 1.702, 7.0, "interleaved")
     for act, backend in ((None, "reference"), ("fp8", "reference"), (None, "triton")):
-        args = (x, weights, gids, *w13_args, bias13, *w2_args, bias2, expert_map, *swiglu, act, 16, backend)
+        args = (x, weights, gids, *w13_args, bias13, *w2_args, bias2, expert_map, *swiglu, act, None, None, 16, backend)
         torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
 
 
@@ -318,6 +334,26 @@ def test_compile_grouped_linear_masked_dynamic_max_m(act, backend, seed, no_reco
         got, expect = g(x, masked_m), f(x, masked_m)
         assert got.shape == (4, max_m, 64)
         assert torch.equal(got[valid], expect[valid])
+
+
+@pytest.mark.parametrize(("act", "backend"), [(None, "triton"), ("fp8_tensor", "triton"), ("nvfp4", "reference")])
+def test_compile_grouped_linear_gather(act, backend, seed, no_recompile):
+    """The gather (``rows``) through the op: one graph for every T, the tokens never copied into grouped
+    order by the graph."""
+    w13, _ = _moe_weights()
+
+    def step(x, ids):
+        routing = moe.moe_align(ids, 4, 16)
+        rows = routing.token_rows(2)
+        return moe.grouped_linear(x, w13, routing.expert_ids, 16, rows=rows, act=act, backend=backend)
+
+    f = torch.compile(step, fullgraph=True)
+    for t in (1, 6):
+        x = _dynamic(torch.randn(t, 64, dtype=torch.bfloat16))
+        ids = _dynamic(torch.randint(0, 4, (t, 2), dtype=torch.int32))
+        routing = moe.moe_align(ids, 4, 16)
+        used = (routing.src_slots >= 0)[:, None]
+        assert torch.equal(torch.where(used, f(x, ids), 0), torch.where(used, step(x, ids), 0))
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])

@@ -52,7 +52,9 @@ def backend_unavailable(name: str) -> str | None:
 @dataclass(frozen=True)
 class Kernel:
     """One kernel of one backend. ``layout`` names the prepared weight layout it reads (``"ir"``: the
-    QuantizedWeight as it is, nothing to prepare)."""
+    QuantizedWeight as it is, nothing to prepare). ``gathers``: a grouped kernel whose ``run`` takes
+    ``rows=`` (token rows read through an index, ``humming.moe.grouped_linear``'s gather); the caller copies
+    the rows into grouped order for the others."""
 
     name: str
     backend: str
@@ -60,6 +62,7 @@ class Kernel:
     unsupported: Callable[..., str | None]
     run: Callable[..., torch.Tensor]
     tuning: Callable[..., object] = lambda *args: None
+    gathers: bool = False
 
 
 def _cuda(kernel: str, layout: str) -> Kernel:
@@ -119,18 +122,19 @@ DENSE_KERNELS: dict[str, Kernel] = {
 }
 
 
-def _grouped(backend: str, layout: str) -> Kernel:
+def _grouped(backend: str, layout: str, gathers: bool = False) -> Kernel:
     def unsupported(qw, act, x, block_m):
         return backend_unavailable(backend) or backend_module(backend).supports_grouped(qw, act, x, block_m)
 
-    def run(x, qw, expert_ids, block_m, bias, act, out_dtype, tuning):
-        return backend_module(backend).grouped_linear(x, qw, expert_ids, block_m, bias, act, out_dtype)
+    def run(x, qw, expert_ids, block_m, bias, act, out_dtype, tuning, **gather):
+        return backend_module(backend).grouped_linear(x, qw, expert_ids, block_m, bias, act, out_dtype, **gather)
 
-    return Kernel(f"{backend}.grouped" if backend != "reference" else "reference", backend, layout, unsupported, run)
+    name = f"{backend}.grouped" if backend != "reference" else "reference"
+    return Kernel(name, backend, layout, unsupported, run, gathers=gathers)
 
 
 #: Grouped (MoE) kernels by name: ``unsupported(qw, act, x, block_m)``,
-#: ``run(x, qw, expert_ids, block_m, bias, act, out_dtype, tuning)``.
+#: ``run(x, qw, expert_ids, block_m, bias, act, out_dtype, tuning)`` (plus ``rows=`` where ``gathers``).
 GROUPED_KERNELS: dict[str, Kernel] = {
-    k.name: k for k in (_grouped("cuda", "fragment"), _grouped("triton", "ir"), _grouped("reference", "ir"))
+    k.name: k for k in (_grouped("cuda", "fragment"), _grouped("triton", "ir", True), _grouped("reference", "ir", True))
 }

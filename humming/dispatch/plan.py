@@ -193,23 +193,29 @@ def plan_linear(qweight, act, x, backend: str = "auto") -> Plan:
     return plan if plan is not None else _cached(qweight, key, lambda: _decide(qweight, act, x, requested, None))
 
 
-def plan_grouped(qweight, act, x, block_m: int, backend: str = "auto") -> Plan:
-    """The plan of ``humming.moe.grouped_linear(x, qweight, ..., block_m, act=act, backend=backend)``."""
+def plan_grouped(qweight, act, x, block_m: int, backend: str = "auto", m_pad: int | None = None) -> Plan:
+    """The plan of ``humming.moe.grouped_linear(x, qweight, ..., block_m, act=act, backend=backend)``;
+    ``m_pad``: the grouped rows of a call that gathers them from ``x`` (``rows=``), else ``x``'s rows."""
     requested = requested_backend(backend)
-    return _cached(qweight, _call_key(act, x, requested, block_m), lambda: _decide(qweight, act, x, requested, block_m))
+    key = _call_key(act, x, requested, block_m, m_pad)
+    return _cached(qweight, key, lambda: _decide(qweight, act, x, requested, block_m))
 
 
-def _call_key(act, x, requested: str, block_m: int | None) -> tuple:
-    """What a plan depends on besides the weight (``block_m`` None: a dense call)."""
+def _call_key(act, x, requested: str, block_m: int | None, m: int | None = None) -> tuple:
+    """What a plan depends on besides the weight (``block_m`` None: a dense call; ``m``: the rows of the call,
+    when they are not ``x``'s)."""
     aligned = x.dim() == 2 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
     kind = "dense" if block_m is None else "grouped"
-    return (kind, requested, act, x.dtype, x.device, x.shape[0], aligned, block_m, is_deterministic())
+    m = x.shape[0] if m is None else m
+    return (kind, requested, act, x.dtype, x.device, m, aligned, block_m, is_deterministic())
 
 
-def unwarmed_error(err: Exception, qweight, act, x, backend: str, block_m: int | None = None) -> RuntimeError:
+def unwarmed_error(
+    err: Exception, qweight, act, x, backend: str, block_m: int | None = None, m_pad: int | None = None
+) -> RuntimeError:
     """``err`` (a kernel that could not load during a CUDA graph capture) with the warmup call that readies
-    this call's kernels."""
-    key = _call_key(act, x, requested_backend(backend), block_m)
+    this call's kernels (``m_pad``: as :func:`plan_grouped`'s)."""
+    key = _call_key(act, x, requested_backend(backend), block_m, m_pad)
     return type(err)(f"{err}. {_unwarmed(qweight, key)}")
 
 

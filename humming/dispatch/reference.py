@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .._moe_layer import gather_rows
 from ..ir.act_order import act_order_perm
 from ..ir.activation import QuantizedActivation, dequantize_activation, quantize_activation
 from ..ir.quantize import dequantize
@@ -52,11 +53,18 @@ def linear(x, qweight, bias, act, out_dtype):
     return out.to(out_dtype)
 
 
-def grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype):
+def grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows=None):
     """``x [M_pad, K]`` (float, or a QuantizedActivation): each block's rows times its expert
     (``humming.moe.grouped_linear``), one expert at a time; rows of blocks with expert -1 are zero. Reads the
-    routing on the host (not capturable)."""
+    routing on the host (not capturable).
 
+    With ``rows`` (int32 ``[M_pad]``), ``x`` holds ``T`` token rows: with ``act`` they are quantized once,
+    all ``T`` of them (a tensor-wide scale spans every token, routed or not), then row ``r`` is token
+    ``rows[r]`` (zeros for -1, :func:`humming._moe_layer.gather_rows`)."""
+    if rows is not None:
+        if act is not None and not isinstance(x, QuantizedActivation) and x.shape[0]:
+            x = quantize_activation(_finite(x), act)
+        x = gather_rows(x, rows)
     row_expert = expert_ids.long().repeat_interleave(block_m)
     used = row_expert >= 0
     if isinstance(x, QuantizedActivation):  # quantized beforehand; rows of unused blocks are never read

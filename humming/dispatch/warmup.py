@@ -164,7 +164,11 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
         bias = None if bias_dtype is None else torch.randn(bias_shape, dtype=bias_dtype, device=device)
         if grouped:
             ids = torch.zeros(rows // block_m, dtype=torch.int32, device=device)
-            GROUPED_KERNELS[plan.kernel].run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning)
+            kernel = GROUPED_KERNELS[plan.kernel]
+            kernel.run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning)
+            if kernel.gathers:  # and reading token rows through an index (fused_moe's w13): another specialisation
+                index = torch.arange(rows, dtype=torch.int32, device=device)
+                kernel.run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning, rows=index)
         else:
             DENSE_KERNELS[plan.kernel].run(x, qw, bias, act, out_dtype, plan.tuning)
 

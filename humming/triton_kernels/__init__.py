@@ -3,8 +3,9 @@
 - Weight-only (``act=None``, WnA16): :mod:`.wna16`, every weight format and layout of the IR.
 - Quantized activations (W8A8, W4A8, W4A4): :mod:`.scaled_mm`, imported on first use.
 - MoE grouped GEMM (``humming.moe``): the same two kernels with an expert-id path,
-  :func:`.wna16.grouped_linear` (WnA16) and :func:`.scaled_mm.grouped_linear` (per-token / per-group
-  activation scales only; per-tensor schemes and NVFP4's global scale run on the reference).
+  :func:`.wna16.grouped_linear` (WnA16) and :func:`.scaled_mm.grouped_linear` (every activation scheme of
+  the dense path); both can read token rows through a row index (``rows``), so the routed activations are
+  never copied into grouped order.
 - ``fused_moe``'s steps around the grouped GEMMs: :mod:`.moe_layer` (the activation pass, which can
   quantize ``w2``'s input, and the weighted combine).
 
@@ -82,15 +83,18 @@ def supports_grouped(qweight: QuantizedWeight, act, x: torch.Tensor, block_m: in
     return _scaled_mm().supports_grouped(qweight, act, x, block_m)
 
 
-def grouped_linear(x, qweight: QuantizedWeight, expert_ids, block_m: int, bias, act, out_dtype) -> torch.Tensor:
+def grouped_linear(
+    x, qweight: QuantizedWeight, expert_ids, block_m: int, bias, act, out_dtype, rows=None
+) -> torch.Tensor:
     """MoE grouped GEMM ``[M_pad, K] -> [M_pad, N]`` (``humming.moe.grouped_linear``); ``x`` may be a
-    QuantizedActivation (the scaled GEMM then skips its quantization pass)."""
+    QuantizedActivation (the scaled GEMM then skips its quantization pass); with ``rows`` (int32 ``[M_pad]``)
+    ``x`` is ``[T, K]`` and row ``r`` reads ``x[rows[r]]``."""
     reason = supports_grouped(qweight, act, getattr(x, "codes", x), block_m)
     if reason:
         raise ValueError(f"triton: {reason}")
     if act is not None:
-        return _scaled_mm().grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype)
-    return wna16.grouped_linear(x, qweight, expert_ids, block_m, bias, out_dtype)
+        return _scaled_mm().grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows=rows)
+    return wna16.grouped_linear(x, qweight, expert_ids, block_m, bias, out_dtype, rows=rows)
 
 
 def linear(x2d, qweight: QuantizedWeight, bias, act, out_dtype: torch.dtype) -> torch.Tensor:

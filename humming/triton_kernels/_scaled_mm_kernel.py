@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._tiles import store_tile, tile_ids
+from ._tiles import route_tile, store_tile, tile_ids
 from ._weight_tile import (
     WeightArgs,
     WeightSpec,
@@ -26,11 +26,12 @@ __all__ = ["_scaled_mm_kernel"]
 
 
 @triton.jit
-def _scale_vec(ptr, stride, offs, limit, col, PER_ROW: tl.constexpr, GROUP: tl.constexpr, S_KIND: tl.constexpr):
-    """fp32 scales [B] of rows ``offs`` at scale column ``col``: row groups of ``GROUP`` (0 = one for all)."""
+def _scale_vec(ptr, stride, offs, ok, col, PER_ROW: tl.constexpr, GROUP: tl.constexpr, S_KIND: tl.constexpr):
+    """fp32 scales [B] of rows ``offs`` (those where ``ok``; the others 0) at scale column ``col``: row groups
+    of ``GROUP`` (0 = one for all)."""
     if PER_ROW:
         g = offs // GROUP if GROUP > 1 else offs
-        s = tl.load(ptr + g.to(tl.int64) * stride + col, mask=offs < limit, other=0)
+        s = tl.load(ptr + g.to(tl.int64) * stride + col, mask=ok, other=0)
     else:
         s = tl.load(ptr + col + offs * 0)
     return decode_scale(s, S_KIND)
@@ -97,6 +98,7 @@ def _scaled_mm_kernel(
     bias_ptr,
     out_ptr,
     expert_ptr,
+    rows_ptr,
     M,
     N,
     K,
@@ -145,29 +147,28 @@ def _scaled_mm_kernel(
     HAS_ZP: tl.constexpr,
     HAS_GS: tl.constexpr,
     GROUPED: tl.constexpr,  # MoE: rows use expert expert_ptr[row // route_bm] (as wna16's grouped kernel)
+    GATHER: tl.constexpr,  # MoE: output row r reads activation row rows_ptr[r] (codes and scales; -1: zeros)
 ):
     pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
+    expert, offs_m, src, src_ok = route_tile(expert_ptr, rows_ptr, pid_m, M, route_bm, BM, GROUPED, GATHER)
     if GROUPED:
-        expert = tl.load(expert_ptr + (pid_m * BM) // route_bm)
         if expert < 0:
             return
-        e = expert.to(tl.int64)
-        qw_ptr += e * stride_qe
-        qb_ptr += e * stride_qe * 4
-        s_ptr += e * stride_se
-        z_ptr += e * stride_ze
-        gs_ptr += e * stride_gse
-        bias_ptr += e * stride_be
+        qw_ptr += expert * stride_qe
+        qb_ptr += expert * stride_qe * 4
+        s_ptr += expert * stride_se
+        z_ptr += expert * stride_ze
+        gs_ptr += expert * stride_gse
+        bias_ptr += expert * stride_be
     # No act-order here (supports() refuses g_idx): the gidx slot is a dummy that the spec never reads.
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, z_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
     spec: tl.constexpr = WeightSpec(
         W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN, S_KIND, GN, GK, HAS_ZP, HAS_GS, False
     )
 
-    offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    m_ok = offs_m[:, None] < M
-    a_rows = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am
+    m_ok = src_ok[:, None]  # activation rows to read (codes and per-row scales): src, in x's row order
+    a_rows = a_ptr + src[:, None] * stride_am
     W_PER_ROW: tl.constexpr = GN > 0
     W_GN: tl.constexpr = GN if GN > 0 else 1
     PROMOTE: tl.constexpr = A_SCALE == "promote" or W_SCALE == "promote"
@@ -201,7 +202,7 @@ def _scaled_mm_kernel(
             b_op = tl.load(b_cols + offs_kb[:, None], mask=n_ok & (offs_kb[:, None] < (K + 1) // 2), other=0)
             offs_ks = k0 // 32 + tl.arange(0, BK // 32)
             ks_ok = offs_ks[None, :] < tl.cdiv(K, 32)
-            a_sc_rows = as_ptr + offs_m.to(tl.int64)[:, None] * stride_asm
+            a_sc_rows = as_ptr + src[:, None] * stride_asm
             a_sc = tl.load(a_sc_rows + offs_ks[None, :], mask=m_ok & ks_ok, other=127)
             w_sc_rows = s_ptr + offs_n.to(tl.int64)[:, None] * stride_sn
             w_sc = tl.load(w_sc_rows + offs_ks[None, :], mask=(offs_n[:, None] < N) & ks_ok, other=127)
@@ -218,7 +219,7 @@ def _scaled_mm_kernel(
                 a_val = decode_codes(a_raw.to(tl.int32), lut_ptr, A_KIND, A_BITS, A_EBITS, A_MBITS, A_BIAS, 0)
                 if A_SCALE == "fold":
                     a_s = tl.load(
-                        as_ptr + offs_m.to(tl.int64)[:, None] * stride_asm + (offs_k // A_GK)[None, :],
+                        as_ptr + src[:, None] * stride_asm + (offs_k // A_GK)[None, :],
                         mask=m_ok & (offs_k[None, :] < K),
                         other=0,
                     )
@@ -237,12 +238,13 @@ def _scaled_mm_kernel(
                 # Each K step's partial product joins the fp32 accumulator with its scales.
                 part = _mma(a_op, b_op, tl.zeros((BM, BN), dtype=ACC_DTYPE), MMA, BK).to(tl.float32)
                 if A_SCALE == "promote":
-                    part = part * _scale_vec(as_ptr, stride_asm, offs_m, M, k0 // A_GK, A_PER_ROW, 1, A_S_KIND)[:, None]
+                    a_s = _scale_vec(as_ptr, stride_asm, src, src_ok, k0 // A_GK, A_PER_ROW, 1, A_S_KIND)
+                    part = part * a_s[:, None]
                 if W_SCALE == "promote":
                     # fp32(scale) * global before the accumulator (here and in the epilogue), as dequantize
                     # rounds it: a scale near 2^127 times the accumulator could overflow where the product of
                     # the two scales does not.
-                    w_s = _scale_vec(s_ptr, stride_sn, offs_n, N, k0 // GK, W_PER_ROW, W_GN, S_KIND)
+                    w_s = _scale_vec(s_ptr, stride_sn, offs_n, offs_n < N, k0 // GK, W_PER_ROW, W_GN, S_KIND)
                     part = part * with_global_scale(w_s, weight, spec)[None, :]
                 acc += part
             else:
@@ -250,9 +252,9 @@ def _scaled_mm_kernel(
 
     acc = acc.to(tl.float32)
     if A_SCALE == "end":
-        acc = acc * _scale_vec(as_ptr, stride_asm, offs_m, M, 0, A_PER_ROW, 1, A_S_KIND)[:, None]
+        acc = acc * _scale_vec(as_ptr, stride_asm, src, src_ok, 0, A_PER_ROW, 1, A_S_KIND)[:, None]
     if W_SCALE == "end":
-        w_s = _scale_vec(s_ptr, stride_sn, offs_n, N, 0, W_PER_ROW, W_GN, S_KIND)
+        w_s = _scale_vec(s_ptr, stride_sn, offs_n, offs_n < N, 0, W_PER_ROW, W_GN, S_KIND)
         acc = acc * with_global_scale(w_s, weight, spec)[None, :]
     if A_HAS_GS:
         acc = acc * tl.load(ags_ptr)

@@ -35,12 +35,15 @@ def launch(
     out: torch.Tensor | None,
     expert_ids: torch.Tensor | None = None,
     route_bm: int = 1,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One launch of the scaled GEMM on quantized activations ``qa`` (arguments checked by the caller):
     ``[M, N]`` of ``out_dtype``, into ``out`` when given. ``config``: the tile (``None``: the plan's default);
-    ``expert_ids`` / ``route_bm``: the grouped kernel, row ``r`` times expert ``expert_ids[r // route_bm]``."""
+    ``expert_ids`` / ``route_bm``: the grouped kernel, row ``r`` times expert ``expert_ids[r // route_bm]``;
+    ``rows`` (int32 ``[M]``, grouped only): row ``r`` reads the codes and scales of ``qa``'s row ``rows[r]``
+    (-1: a padding row, zeros)."""
     scheme = qa.scheme
-    m, k = qa.codes.shape
+    m, k = qa.codes.shape if rows is None else (rows.shape[0], qa.codes.shape[1])
     n = qweight.N
     device = qa.codes.device
     a_gk = act_group_k(scheme, qa.scales)
@@ -74,6 +77,7 @@ def launch(
         t["qw"] if bias is None else bias,
         dest,
         expert_ids if grouped else t["qw"],
+        rows if rows is not None else t["qw"],
         m,
         n,
         k,
@@ -102,6 +106,7 @@ def launch(
         num_stages=cfg.num_stages,
         **_weight_constexprs(qweight),
         GROUPED=grouped,
+        GATHER=rows is not None,
     )
     if split:
         finish_split_k(dest, out, bias, expert_ids, route_bm)
@@ -135,24 +140,32 @@ def compile_specs() -> list[registry.CompileSpec]:
         ("mxfp4-fp32", quantize(w, "mxfp4"), "mxfp4", (7, 5), 75, torch.float16),
         ("mxfp4-native", quantize(w, "mxfp4"), "mxfp4", (10, 0), 100, torch.bfloat16),
         ("mxfp4-native", quantize(w, "mxfp4"), "mxfp8", (10, 0), 100, torch.bfloat16),
-        (
-            "grouped-e4m3-channel",
-            quantize(torch.ones(2, 256, 512), "e4m3", -1, scale_dtype=torch.float32),
-            "fp8",
-            (9, 0),
-            89,
-            torch.bfloat16,
-        ),
+    )
+    # MoE: grouped rows, and token rows gathered through ``rows`` (codes and per-row scales; per-tensor and
+    # NVFP4 global scales): per-token / per-tensor in the epilogue, promoted 1x128 groups, folded e4m3 / e8m0
+    # groups, int8 MMAs, and Blackwell's dot_scaled
+    experts = lambda fmt, *args, **kw: quantize(torch.ones(2, 256, 512), fmt, *args, **kw)
+    e4m3_experts = experts("e4m3", -1, scale_dtype=torch.float32)
+    cases += (
+        ("grouped-e4m3-channel", e4m3_experts, "fp8", (9, 0), 89, torch.bfloat16),
+        ("grouped-gather-e4m3-channel", e4m3_experts, "fp8", (9, 0), 89, torch.bfloat16),
+        ("grouped-gather-e4m3-channel", e4m3_experts, "fp8_tensor", (9, 0), 89, torch.bfloat16),
+        ("grouped-gather-fp8-block128", experts("fp8_block"), "fp8_g128", (9, 0), 89, torch.bfloat16),
+        ("grouped-gather-uint4-zp-g128", experts("int4", 128, True), "int8", (8, 0), 80, torch.bfloat16),
+        ("grouped-gather-nvfp4", experts("nvfp4"), "nvfp4", (8, 0), 75, torch.float16),
+        ("grouped-gather-mxfp4", experts("mxfp4"), "mxfp4", (8, 0), 80, torch.bfloat16),
+        ("grouped-gather-mxfp4-native", experts("mxfp4"), "mxfp4", (10, 0), 100, torch.bfloat16),
     )
     specs = []
     for label, qw, act, capability, min_arch, out_dtype in cases:
         scheme = get_act_scheme(act)
         plan = compute_plan(qw, scheme, act_group_k(scheme), capability)
         buckets = _BUCKETS_8BIT if plan.operand_bits == 8 else _BUCKETS_16BIT
+        gather = label.startswith("grouped-gather-")
         for cfg in (buckets[0][1].replace(split_k=4), buckets[-1][1]):  # small M: the split-K epilogue
             if plan.k_step:
                 cfg = cfg.replace(block_k=min(cfg.block_k, plan.k_step))
-            specs.append(kernel_spec(f"{label}-{act}", qw, scheme, plan, out_dtype, cfg, min_arch))
+            specs.append(kernel_spec(f"{label}-{act}", qw, scheme, plan, out_dtype, cfg, min_arch, gather))
     return specs
 
 
@@ -164,9 +177,11 @@ def kernel_spec(
     out_dtype: torch.dtype,
     cfg: ScaledMMConfig,
     min_arch: int = 75,
+    gather: bool = False,
 ) -> registry.CompileSpec:
     """The :class:`~.registry.CompileSpec` of the kernel :func:`linear` (or :func:`grouped_linear`, for an
-    expert-stacked ``qw``) launches for ``qw`` with activations ``scheme`` under ``plan`` and tile ``cfg``."""
+    expert-stacked ``qw``; ``gather``: reading token rows through ``rows``) launches for ``qw`` with
+    activations ``scheme`` under ``plan`` and tile ``cfg`` (a static scale compiles as a per-tensor one)."""
     a_scale_type = "*fp32" if scheme.scale_dtype == torch.float32 else "*u8"
     # int8: Triton has no tcgen05 int8 path (mma.sync on sm_100); fp32: FMA, no tensor cores.
     mma_check = "best" if cfg.block_m >= 64 and plan.mma != "int8" else "any"
@@ -184,6 +199,7 @@ def kernel_spec(
             "bias_ptr": "*fp32",
             "out_ptr": "*fp32" if cfg.split_k > 1 else "*" + triton_type(out_dtype),  # split-K: the fp32 workspace
             "expert_ptr": "*i32",
+            "rows_ptr": "*i32",
         },
         constexprs={
             "BM": cfg.block_m,
@@ -196,6 +212,7 @@ def kernel_spec(
             **plan_constexprs(plan, scheme, act_group_k(scheme), per_row=scheme.group_shape[0] == 1),
             **_weight_constexprs(qw),
             "GROUPED": qw.num_experts is not None,
+            "GATHER": gather,
         },
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .interpreter import cast
 
-__all__ = ["store_tile", "tile_ids"]
+__all__ = ["route_tile", "store_tile", "tile_ids"]
 
 
 @triton.jit
@@ -29,6 +29,39 @@ def tile_ids(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
     return pid_m, pid_n
+
+
+@triton.jit
+def route_tile(
+    expert_ptr,
+    rows_ptr,
+    pid_m,
+    M,
+    route_bm,
+    BM: tl.constexpr,
+    GROUPED: tl.constexpr,
+    GATHER: tl.constexpr,
+):
+    """What row tile ``pid_m`` reads: ``(expert, offs_m, src, src_ok)``.
+
+    ``offs_m`` [BM]: the output rows. ``expert`` (int64): the MoE expert of the tile, ``expert_ptr[first row //
+    route_bm]`` (``BM`` divides ``route_bm``, so one tile has one expert; -1: a skipped block), 0 for a dense
+    GEMM. ``src`` [BM] (int64): the activation row of each output row, ``rows_ptr[offs_m]`` with ``GATHER``
+    (the MoE gather: tokens are read in place, never copied into grouped order), else ``offs_m``; ``src_ok``
+    [BM]: rows to load (in range, not padding: a gathered -1), the others read as zeros."""
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    m_ok = offs_m < M
+    if GROUPED:
+        expert = tl.load(expert_ptr + (pid_m * BM) // route_bm).to(tl.int64)
+    else:
+        expert = 0
+    if GATHER:
+        src = tl.load(rows_ptr + offs_m, mask=m_ok, other=-1).to(tl.int64)
+        src_ok = src >= 0
+    else:
+        src = offs_m.to(tl.int64)
+        src_ok = m_ok
+    return expert, offs_m, src, src_ok
 
 
 @triton.jit

@@ -75,8 +75,10 @@ class CompileSpec:
     @property
     def family(self) -> str:
         """The kernel this specialises (``wna16``, ``scaled_mm-grouped``...): the name up to the first '-',
-        plus ``-grouped`` for the MoE variant, which compiles a different path."""
-        return self.name.split("-")[0] + ("-grouped" if "-grouped-" in self.name else "")
+        plus ``-grouped`` for the MoE variant and ``-gather`` for its gathering one, which compile different
+        paths."""
+        base = self.name.split("-")[0] + ("-grouped" if "-grouped-" in self.name else "")
+        return base + ("-gather" if "-gather-" in self.name else "")
 
     def signature(self) -> dict[str, str]:
         sig = {}

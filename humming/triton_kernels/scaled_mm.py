@@ -93,12 +93,9 @@ def supports(qweight: QuantizedWeight, act: ActScheme | str | None, x: torch.Ten
 
 
 def supports_grouped(qweight: QuantizedWeight, act: ActScheme, x: torch.Tensor, block_m: int) -> str | None:
-    """``None`` if :func:`grouped_linear` runs this MoE call, else the reason. Activation scales must be per
-    token or per group (a dynamic per-tensor scale would span the unspecified rows of skipped blocks)."""
+    """``None`` if :func:`grouped_linear` runs this MoE call, else the reason."""
     if qweight.num_experts is None:
         return f"the grouped GEMM needs an expert-stacked weight [E, N, K], got {qweight.shape}"
-    if act.group_shape[0] != 1 or act.global_scale:
-        return f"act {act.name}: the grouped scaled GEMM takes per-token or per-group activation scales only"
     if block_m % MIN_GROUPED_BLOCK_M:
         return f"block_m={block_m}: the grouped scaled GEMM needs a multiple of {MIN_GROUPED_BLOCK_M}"
     return _unsupported(qweight, act, x)
@@ -194,12 +191,18 @@ def grouped_linear(
     out_dtype: torch.dtype,
     config: ScaledMMConfig | None = None,
     out: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """MoE grouped scaled GEMM: ``x [M_pad, K]`` quantized per token (or 1 x g group) by ``act`` (or a
+    """MoE grouped scaled GEMM: ``x [M_pad, K]`` quantized by ``act`` (or a
     :class:`~humming.QuantizedActivation` of that scheme), row ``r`` times expert ``expert_ids[r // block_m]``
     of ``qweight [E, N, K]`` (+ ``bias [E, N]``) -> ``[M_pad, N]``; blocks of expert -1 are skipped (their
     rows of ``out`` are left as they are). The tile's ``block_m`` is cut to the largest of 16, 32, 64, 128
-    that divides the routing ``block_m``."""
+    that divides the routing ``block_m``.
+
+    With ``rows`` (int32 ``[M_pad]``, -1 for padding rows), ``x`` holds ``T`` token rows, quantized once
+    (a dynamic per-tensor scale, or NVFP4's global scale, spans the ``T`` rows), and row ``r`` reads the codes
+    and scales of token ``rows[r]`` in the kernel. Without it, a tensor-wide scale spans the rows of the
+    blocks in use (expert id >= 0): the others are unspecified."""
     prequantized = isinstance(x, QuantizedActivation)
     if prequantized and x.scheme != act:
         raise ValueError(f"triton scaled_mm: x is quantized with {x.scheme.name}, but act={getattr(act, 'name', act)}")
@@ -207,16 +210,25 @@ def grouped_linear(
     reason = supports_grouped(qweight, act, codes, block_m)
     if reason:
         raise ValueError(f"triton scaled_mm: {reason}")
-    if codes.shape[0] == 0:
-        return torch.empty(0, qweight.N, dtype=out_dtype, device=codes.device)
-    qa = x if prequantized else act_quant.quantize_activation(x, act)  # per-token / per-group: rows independent
+    m_pad = codes.shape[0] if rows is None else rows.shape[0]
+    if m_pad == 0 or codes.shape[0] == 0:  # no rows, or only padding rows (unspecified)
+        return torch.empty(m_pad, qweight.N, dtype=out_dtype, device=codes.device) if out is None else out
+    if prequantized:
+        qa = x
+    elif rows is None and (act.group_shape[0] != 1 or act.global_scale):
+        # a tensor-wide scale over the rows in use only: the rows of skipped blocks read as zeros
+        routed = (expert_ids >= 0).repeat_interleave(block_m)[:, None]
+        qa = act_quant.quantize_activation(torch.where(routed, x, 0), act)
+    else:
+        qa = act_quant.quantize_activation(x, act)
     if config is None:
         plan = compute_plan(qweight, act, act_group_k(act, qa.scales), device_capability(codes.device))
-        config = grouped_call_config(plan, qweight, block_m, codes.shape[0], codes.device)
+        config = grouped_call_config(plan, qweight, block_m, m_pad, codes.device)
     if block_m % config.block_m or config.block_m < MIN_GROUPED_BLOCK_M:
         raise ValueError(f"triton scaled_mm: config block_m={config.block_m} must divide block_m={block_m}, >= 16")
     bias = None if bias is None else bias.contiguous()
-    return launch(qa, qweight, bias, out_dtype, config, out, expert_ids.contiguous(), block_m)
+    rows = None if rows is None else rows.contiguous()
+    return launch(qa, qweight, bias, out_dtype, config, out, expert_ids.contiguous(), block_m, rows)
 
 
 registry.register("scaled_mm", compile_specs)

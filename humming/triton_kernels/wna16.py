@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ..ir.weight import QuantizedWeight
 from . import dequant, registry
-from ._tiles import store_tile, tile_ids
+from ._tiles import route_tile, store_tile, tile_ids
 from ._weight_tile import (
     WeightArgs,
     WeightSpec,
@@ -65,6 +65,7 @@ def _wna16_kernel(
     bias_ptr,
     out_ptr,
     expert_ptr,
+    rows_ptr,
     M,
     N,
     K,
@@ -100,31 +101,31 @@ def _wna16_kernel(
     ACT_ORDER: tl.constexpr,
     EVEN_K: tl.constexpr,
     GROUPED: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     """The tiled kernel; with ``GROUPED`` the MoE grouped GEMM: row ``r`` of ``x`` uses expert
     ``expert_ptr[r // route_bm]`` (``BM`` divides ``route_bm``, so one tile has one expert), tiles of
-    expert -1 return at once, and every per-expert tensor is offset by ``expert * stride_*e``."""
+    expert -1 return at once, and every per-expert tensor is offset by ``expert * stride_*e``. With
+    ``GATHER`` output row ``r`` reads row ``rows_ptr[r]`` of ``x`` (-1: a padding row, read as zeros)."""
     pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
+    expert, offs_m, src, src_ok = route_tile(expert_ptr, rows_ptr, pid_m, M, route_bm, BM, GROUPED, GATHER)
     if GROUPED:
-        expert = tl.load(expert_ptr + (pid_m * BM) // route_bm)
         if expert < 0:
             return
-        e = expert.to(tl.int64)
-        qw_ptr += e * stride_qe
-        s_ptr += e * stride_se
-        z_ptr += e * stride_ze
-        gs_ptr += e * stride_gse
-        gidx_ptr += e * stride_gie
-        bias_ptr += e * stride_be
+        qw_ptr += expert * stride_qe
+        s_ptr += expert * stride_se
+        z_ptr += expert * stride_ze
+        gs_ptr += expert * stride_gse
+        gidx_ptr += expert * stride_gie
+        bias_ptr += expert * stride_be
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
     spec: tl.constexpr = WeightSpec(
         W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN, S_KIND, GN, GK, HAS_ZP, HAS_GS, ACT_ORDER
     )
 
-    offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    m_ok = offs_m[:, None] < M
+    x_rows = x_ptr + src[:, None] * stride_xm
+    m_ok = src_ok[:, None]
 
     k_tiles = tl.cdiv(K, BK)
     per_split = tl.cdiv(k_tiles, SPLIT_K)
@@ -344,11 +345,13 @@ def grouped_linear(
     out_dtype: torch.dtype | None = None,
     config: TileConfig | None = None,
     out: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MoE grouped GEMM: row ``r`` of ``x [M_pad, K]`` times expert ``expert_ids[r // block_m]`` of
     ``qweight [E, N, K]`` (+ ``bias [E, N]``) -> ``[M_pad, N]``; blocks of expert -1 are skipped (their
-    rows of ``out`` are left as they are). Arguments are those of :func:`humming.moe.grouped_linear`,
-    already checked there.
+    rows of ``out`` are left as they are). With ``rows`` (int32 ``[M_pad]``, -1 for padding rows), ``x`` is
+    ``[T, K]`` and row ``r`` reads ``x[rows[r]]`` in the kernel (no gathered copy). Arguments are those of
+    :func:`humming.moe.grouped_linear`, already checked there.
 
     The tile's ``block_m`` divides the routing ``block_m`` (:func:`~.configs.grouped_tile`), so each tile
     reads one expert id; ``config`` overrides the tile (its ``block_m`` must divide the routing one).
@@ -356,10 +359,10 @@ def grouped_linear(
     reason = supports_grouped(qweight, x, block_m)
     if reason:
         raise ValueError(f"triton wna16: {reason}")
-    m, n = x.shape[0], qweight.N
+    m, n = x.shape[0] if rows is None else rows.shape[0], qweight.N
     out_dtype = out_dtype or x.dtype
     out = _out_buffer(out, m, n, out_dtype, x.device)
-    if m == 0:
+    if m == 0 or x.shape[0] == 0:  # no rows, or only padding rows (unspecified)
         return out
     cfg = config or grouped_config(
         m, n, qweight.K, qweight.bits, block_m, *device_limits(x.device), _group_k(qweight), qweight.g_idx is not None
@@ -367,7 +370,8 @@ def grouped_linear(
     if block_m % cfg.block_m or cfg.block_m < MIN_GROUPED_BLOCK_M:
         raise ValueError(f"triton wna16: config block_m={cfg.block_m} must divide block_m={block_m} and be >= 16")
     bias = None if bias is None else bias.contiguous()
-    return _launch(x, qweight, bias, out, cfg, expert_ids.contiguous(), block_m)
+    rows = None if rows is None else rows.contiguous()
+    return _launch(x, qweight, bias, out, cfg, expert_ids.contiguous(), block_m, rows)
 
 
 def grouped_config(
@@ -387,10 +391,10 @@ def grouped_config(
     return grouped_tile(dense, block_m, m_pad, n, k, sm_count)
 
 
-def _launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1) -> torch.Tensor:
-    """One launch of the tiled (or GEMV) kernel into ``out``; split-K accumulates in an fp32 workspace."""
-    m, k = x.shape
-    n = qweight.N
+def _launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1, rows=None) -> torch.Tensor:
+    """One launch of the tiled (or GEMV) kernel into ``out`` (``[M, N]``: ``x``'s rows, or ``rows``' count
+    when the grouped kernel gathers them); split-K accumulates in an fp32 workspace."""
+    m, n, k = out.shape[0], qweight.N, x.shape[1]
     t = kernel_tensors(qweight)
     grouped = expert_ids is not None
     split = cfg.split_k > 1
@@ -405,7 +409,9 @@ def _launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: i
         extra = {
             "GROUP_M": cfg.group_m,
             "GROUPED": grouped,
+            "GATHER": rows is not None,
             "expert_ptr": expert_ids if grouped else t["qw"],
+            "rows_ptr": rows if rows is not None else t["qw"],
             "stride_qe": e_stride("qw", 3) if grouped else 0,
             "stride_se": e_stride("s", 3) if grouped else 0,
             "stride_ze": e_stride("z", 3) if grouped else 0,
@@ -471,27 +477,28 @@ def _compile_specs() -> list[registry.CompileSpec]:
         ("int3-g32", quantize(w, "int3", 32, scale_dtype=torch.float16), torch.float16, small.replace(block_k=64), 75),
         ("nf4-g64", quantize(w, "nf4", 64, scale_dtype=torch.float16), torch.float16, large, 75),
     )
+    specs = [kernel_spec(label, qw, dtype, cfg, min_arch) for label, qw, dtype, cfg, min_arch in cases]
+    # MoE: the grouped kernel on grouped rows, and gathering token rows (fused_moe's w13) at decode and prefill
     experts = quantize(torch.ones(2, 256, 512), "int4", 128, True)  # uint4 + zero points, E = 2
-    cases += (
-        (
-            "grouped-uint4-zp-g128",
-            experts,
-            torch.bfloat16,
-            grouped_config(4096, 2816, 2048, 4, 16, 132, 232448, 128),
-            80,
-        ),
-    )
-    return [kernel_spec(label, qw, dtype, cfg, min_arch) for label, qw, dtype, cfg, min_arch in cases]
+    mxfp4_experts = quantize(torch.ones(2, 256, 512), "mxfp4")
+    decode, prefill = (grouped_config(4096, 2816, 2048, 4, bm, 132, 232448, 128) for bm in (16, 128))
+    specs += [
+        kernel_spec("grouped-uint4-zp-g128", experts, torch.bfloat16, decode, 80),
+        kernel_spec("grouped-gather-uint4-zp-g128", experts, torch.bfloat16, decode, 80, gather=True),
+        kernel_spec("grouped-gather-mxfp4", mxfp4_experts, torch.float16, prefill, 75, gather=True),
+    ]
+    return specs
 
 
 def kernel_spec(
-    label: str, qw: QuantizedWeight, x_dtype: torch.dtype, cfg: TileConfig, min_arch: int = 75
+    label: str, qw: QuantizedWeight, x_dtype: torch.dtype, cfg: TileConfig, min_arch: int = 75, gather: bool = False
 ) -> registry.CompileSpec:
     """The :class:`~.registry.CompileSpec` of the kernel that :func:`linear` (or :func:`grouped_linear`, for
-    an expert-stacked ``qw``) launches for ``qw`` with ``x_dtype`` activations and tile ``cfg``."""
+    an expert-stacked ``qw``; ``gather``: reading token rows through ``rows``) launches for ``qw`` with
+    ``x_dtype`` activations and tile ``cfg``."""
     spec = weight_spec(qw)
     is_gemv = cfg.block_m <= 4
-    tiled = {"GROUP_M": cfg.group_m, "GROUPED": qw.num_experts is not None}
+    tiled = {"GROUP_M": cfg.group_m, "GROUPED": qw.num_experts is not None, "GATHER": gather}
     return registry.CompileSpec(
         name=f"wna16{'_gemv' if is_gemv else ''}-{label}-{triton_type(x_dtype)}-{cfg.name()}",
         kernel=_wna16_gemv_kernel if is_gemv else _wna16_kernel,
@@ -500,7 +507,7 @@ def kernel_spec(
             "x_ptr": "*" + triton_type(x_dtype),
             "bias_ptr": "*fp32",
             "out_ptr": "*fp32" if cfg.split_k > 1 else "*" + triton_type(x_dtype),  # split-K: the fp32 workspace
-            **({} if is_gemv else {"expert_ptr": "*i32"}),
+            **({} if is_gemv else {"expert_ptr": "*i32", "rows_ptr": "*i32"}),
         },
         constexprs={
             "BM": cfg.block_m,
