@@ -51,10 +51,11 @@ class MoeLaunch:
 
 @dataclass(frozen=True, eq=False)
 class MoeCall:
-    """A fused_moe layer: the arguments of :func:`humming.moe.fused_moe` other than its tensors, plus
-    ``top_k`` and ``routing``, the keyword arguments of :func:`humming.moe.topk_routing` when the layer routes
-    from router logits (``None``: the caller routes; ``{}``: a softmax top-k; its ``backend`` defaults to
-    ``"reference"`` / ``"triton"`` where the layer's is, else ``"auto"``). Checked on construction."""
+    """A fused_moe layer: the arguments of :func:`humming.moe.fused_moe` other than its activations and
+    routing (the weights and the static activation scales included), plus ``top_k`` and ``routing``, the
+    keyword arguments of :func:`humming.moe.topk_routing` when the layer routes from router logits (``None``:
+    the caller routes; ``{}``: a softmax top-k; its ``backend`` defaults to ``"reference"`` / ``"triton"``
+    where the layer's is, else ``"auto"``). Checked on construction."""
 
     w13: QuantizedWeight
     w2: QuantizedWeight
@@ -65,6 +66,8 @@ class MoeCall:
     gate_up_layout: str = "concat"
     expert_map: torch.Tensor | None = None
     act: str | ActScheme | None = None
+    w13_act_scale: torch.Tensor | None = None
+    w2_act_scale: torch.Tensor | None = None
     block_m: int | None = None
     backend: str = "auto"
     routing: dict | None = None
@@ -80,8 +83,9 @@ class MoeCall:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= routed:
             raise ValueError(f"top_k: expected an int in [1, {routed}], got {self.top_k!r}")
         check_activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
-        if self.act is not None:
-            get_act_scheme(self.act)
+        act = None if self.act is None else get_act_scheme(self.act)
+        for name in ("w13_act_scale", "w2_act_scale"):
+            moe._check_act_scale(name, getattr(self, name), act, w13.device)
         if self.routing is not None:
             if not isinstance(self.routing, dict) or set(self.routing) - set(_routing_defaults()):
                 raise ValueError(
@@ -127,9 +131,17 @@ class MoeCall:
             detail = f"E={spec.num_experts} top_k={spec.top_k} {spec.scoring} {spec.order} logits {logits_dtype}"
             launches.append(MoeLaunch("routing", "triton.topk_routing" if triton else "reference", detail))
         block_m, m_pad = self.grouped_shape(num_tokens)
+        x = torch.empty(num_tokens, self.w13.K, dtype=x_dtype, device=device)
+        on_triton = _moe()._on_triton(x, self.backend)
 
-        def gemm(step: str, qw: QuantizedWeight, x: torch.Tensor, gather: bool = False) -> None:
-            """``x``: the GEMM's input, the ``T`` tokens where it gathers them (w13) else the grouped rows."""
+        def gemm(step: str, qw: QuantizedWeight, x: torch.Tensor, scale, gather: bool = False) -> None:
+            """``x``: the GEMM's input, the ``T`` tokens where it gathers them (w13) else the grouped rows;
+            ``scale``: its static activation scale, which quantizes ``x`` before the GEMM (the Triton
+            quantizer where the activation pass is Triton's, else torch's reference)."""
+            if scale is not None:
+                kernel = "triton.act_quant" if on_triton else "torch"
+                launches.append(MoeLaunch(f"{step} input", kernel, f"{act.name} static rows={x.shape[0]}"))
+                x = torch.empty(x.shape, dtype=torch.uint8, device=device)
             plan = plan_grouped(qw, act, x, block_m, self.backend, m_pad if gather else None)
             gathers = gather and GROUPED_KERNELS[plan.kernel].gathers
             if gather and not gathers:  # a kernel that reads grouped rows: the tokens copied into that order
@@ -142,18 +154,18 @@ class MoeCall:
             detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act={_name(act)}" + (" gathered" if gathers else "")
             launches.append(MoeLaunch(step, plan.kernel, detail))
 
-        gemm("w13", self.w13, torch.empty(num_tokens, self.w13.K, dtype=x_dtype, device=device), gather=True)
+        gemm("w13", self.w13, x, self.w13_act_scale, gather=True)
         activation = Activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
         hidden = torch.empty(m_pad, self.w2.K, dtype=x_dtype, device=device)
         detail = f"{activation.name} {activation.gate_up_layout} rows={m_pad}"
-        on_triton = _moe()._on_triton(hidden, self.backend)
         if on_triton:
             kernels = importlib.import_module("humming.triton_kernels.moe_layer")
-            if act is not None and kernels.act_unsupported(act) is None:  # w2's input quantized in this pass
+            # w2's input quantized in this pass, unless its scale is static
+            if act is not None and self.w2_act_scale is None and kernels.act_unsupported(act) is None:
                 hidden = torch.empty(m_pad, self.w2.K, dtype=torch.uint8, device=device)
                 detail += f" -> {act.name} codes"
         launches.append(MoeLaunch("activation", "triton.moe_act" if on_triton else "torch", detail))
-        gemm("w2", self.w2, hidden)
+        gemm("w2", self.w2, hidden, self.w2_act_scale)
         detail = f"top_k={self.top_k} tokens={num_tokens}"
         launches.append(MoeLaunch("combine", "triton.moe_combine" if on_triton else "torch", detail))
         return launches
@@ -185,6 +197,8 @@ class MoeCall:
             gate_up_layout=self.gate_up_layout,
             expert_map=self.expert_map,
             act=self.act,
+            w13_act_scale=self.w13_act_scale,
+            w2_act_scale=self.w2_act_scale,
             block_m=self.block_m,
             backend=self.backend,
         )

@@ -212,9 +212,19 @@ def test_compiled_fullgraph(name, loaded, seed):
 
 
 # ----------------------------------------------------------------------------------------------------- MoE
-def _moe_checkpoint(path: Path, seed: int) -> dict[str, torch.Tensor]:
-    """A 1-layer Qwen3-MoE in compressed-tensors pack-quantized int4 (group 32) for the experts; returns the
-    experts' dequantized float32 weights by per-expert module name."""
+#: MoE_INPUT_SCALES[proj](e): the static input_scale of expert e's projection in the FP8 MoE checkpoint (gate
+#: and up equal, as vLLM requires; different across experts)
+MOE_INPUT_SCALES = {
+    "gate_proj": lambda e: 0.01 * (e + 1),
+    "up_proj": lambda e: 0.01 * (e + 1),
+    "down_proj": lambda e: 0.05 / (e + 1),
+}
+
+
+def _moe_checkpoint(path: Path, seed: int, fp8_static: bool = False) -> dict[str, torch.Tensor]:
+    """A 1-layer Qwen3-MoE in compressed-tensors pack-quantized int4 (group 32) for the experts, or with
+    ``fp8_static`` float-quantized FP8 experts (per-channel weight scales) with static per-tensor input scales
+    (``MOE_INPUT_SCALES``); returns the experts' dequantized float32 weights by per-expert module name."""
     from humming.loaders.compressed_tensors import pack_int_quantized
 
     config = transformers.Qwen3MoeConfig(
@@ -239,17 +249,30 @@ def _moe_checkpoint(path: Path, seed: int) -> dict[str, torch.Tensor]:
     for e in range(config.num_experts):
         for proj, (n, k) in (("gate_proj", (32, 64)), ("up_proj", (32, 64)), ("down_proj", (64, 32))):
             name = f"model.layers.0.mlp.experts.{e}.{proj}"
+            if fp8_static:
+                codes = (torch.randn(n, k) * 64).to(torch.float8_e4m3fn)
+                scales = (torch.rand(n, 1) * 0.002 + 0.001).to(torch.bfloat16)
+                dense[name] = codes.float() * scales.float()
+                state.update({f"{name}.weight": codes, f"{name}.weight_scale": scales})
+                state[f"{name}.input_scale"] = torch.tensor([MOE_INPUT_SCALES[proj](e)])
+                continue
             q = torch.randint(-8, 8, (n, k))
             scales = (torch.rand(n, k // 32) * 0.02 + 0.01).to(torch.bfloat16)
             dense[name] = (q.float() * scales.float().repeat_interleave(32, 1)).float()
             state.update({f"{name}.{t}": v for t, v in pack_int_quantized(q, scales, None, bits=4).items()})
     save_file({k: v.contiguous() for k, v in state.items()}, path / "model.safetensors")
-    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
+    group = {"targets": ["re:.*experts.*"]}
+    if fp8_static:
+        group["weights"] = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}
+        group["input_activations"] = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor"}
+        group["input_activations"]["dynamic"] = False
+    else:
+        group["weights"] = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
     qconfig = {
         "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
+        "format": "float-quantized" if fp8_static else "pack-quantized",
         "quantization_status": "compressed",
-        "config_groups": {"group_0": {"targets": ["re:.*experts.*"], "weights": weights}},
+        "config_groups": {"group_0": group},
         "ignore": ["lm_head"],
     }
     config_dict = config.to_dict() | {"quantization_config": qconfig, "architectures": ["Qwen3MoeForCausalLM"]}
@@ -279,6 +302,50 @@ def test_moe_experts(tmp_path, seed):
         err = _rel(model(ids).logits, ref(ids).logits)
     # the same float32 products; transformers sums the experts in another order
     assert err <= 1e-5, f"seed {seed}: {err:.2e}"
+
+
+def test_moe_experts_static_input_scales(tmp_path, seed):
+    """An FP8 MoE checkpoint with static per-expert input scales (compressed-tensors, strategy "tensor",
+    dynamic false): QuantizedExperts runs fp8_tensor with one scale per GEMM input, the max over the experts
+    (and over gate and up for w13), as vLLM does; activation_schemes says the same. The module is fused_moe
+    with those scales, bit for bit, on the checkpoint's exact weights."""
+    dense = _moe_checkpoint(tmp_path, seed, fp8_static=True)
+    model = from_pretrained(tmp_path, dtype=torch.bfloat16)
+    experts = model.model.layers[0].mlp.experts
+    assert isinstance(experts, QuantizedExperts) and experts.act.name == "fp8_tensor"
+    w13_scale = max(MOE_INPUT_SCALES[p](e) for p in ("gate_proj", "up_proj") for e in range(4))
+    w2_scale = max(MOE_INPUT_SCALES["down_proj"](e) for e in range(4))
+    scale = lambda v: torch.tensor([[v]], dtype=torch.float32)
+    assert torch.equal(experts.w13_act_scale, scale(w13_scale)) and torch.equal(experts.w2_act_scale, scale(w2_scale))
+    p = "model.layers.0.mlp.experts"
+    w13 = torch.stack([torch.cat([dense[f"{p}.{e}.gate_proj"], dense[f"{p}.{e}.up_proj"]]) for e in range(4)])
+    assert torch.equal(humming.dequantize(experts.w13), w13)
+    assert torch.equal(humming.dequantize(experts.w2), torch.stack([dense[f"{p}.{e}.down_proj"] for e in range(4)]))
+    acts = humming.loaders.activation_schemes(tmp_path)
+    gate_scale = max(MOE_INPUT_SCALES["gate_proj"](e) for e in range(4))
+    assert acts[f"{p}.gate_proj"][0] == "fp8_tensor" and float(acts[f"{p}.gate_proj"][1]) == pytest.approx(gate_scale)
+    assert float(acts[f"{p}.down_proj"][1]) == pytest.approx(w2_scale)
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    weights, ids = humming.moe.topk_routing(torch.randn(5, 4), 2)
+    statics = dict(w13_act_scale=scale(w13_scale), w2_act_scale=scale(w2_scale))
+    expect = humming.moe.fused_moe(x, experts.w13, experts.w2, weights, ids, act="fp8_tensor", **statics)
+    assert torch.isfinite(expect).all() and torch.equal(experts(x, ids, weights), expect)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(0, 128, (1, 6))).logits).all()
+
+
+def test_merged_static_scales_on_all_or_none():
+    """Modules run as one (stacked experts; gate and up) take one static scale: on every module or none."""
+    from humming.loaders.activations import ActivationSpec, merged_activation
+
+    static, dynamic = ActivationSpec("fp8_tensor", "a.input_scale"), ActivationSpec("fp8_tensor")
+    merged = merged_activation("m", [static, ActivationSpec("fp8_tensor", ("b.input_scale", "c.input_scale"))])
+    assert merged == ActivationSpec("fp8_tensor", ("a.input_scale", "b.input_scale", "c.input_scale"))
+    assert merged_activation("m", [dynamic, dynamic]) == dynamic
+    with pytest.raises(UnsupportedFormatError, match="m: 1 of 2 modules have static activation scales"):
+        merged_activation("m", [static, dynamic])
+    with pytest.raises(UnsupportedFormatError, match="m: modules with different activation schemes"):
+        merged_activation("m", [dynamic, ActivationSpec("fp8")])
 
 
 def _gpt_oss_checkpoint(path: Path, seed: int) -> tuple[dict[str, torch.Tensor], object]:

@@ -59,6 +59,30 @@ def test_launches_on_triton(act, seed):
     assert f"x {torch.uint8 if quantized else torch.bfloat16} act" in launches["w2"].detail
 
 
+@pytest.mark.parametrize("backend", ["triton", "auto"])
+def test_launches_with_static_scales(backend, seed):
+    """Static activation scales quantize each GEMM's input before it (Triton's quantizer where the activation
+    pass is Triton's, else torch's reference): the T tokens for w13, the grouped rows for w2, which the
+    activation pass then leaves unquantized."""
+    w13, w2 = _experts()
+    scales = dict(w13_act_scale=torch.tensor(0.02), w2_act_scale=torch.tensor(4.0))
+    call = moe.MoeCall(w13, w2, 2, act="fp8", backend=backend, **scales)
+    launches = call.launches(5)
+    quant, gemm = ("triton.act_quant", "triton.grouped") if backend == "triton" else ("torch", "reference")
+    activation, combine = ("triton.moe_act", "triton.moe_combine") if backend == "triton" else ("torch", "torch")
+    assert [(la.step, la.kernel) for la in launches] == [
+        ("w13 input", quant),
+        ("w13", gemm),
+        ("activation", activation),
+        ("w2 input", quant),
+        ("w2", gemm),
+        ("combine", combine),
+    ]
+    m_pad = call.grouped_shape(5)[1]
+    assert launches[0].detail == "fp8 static rows=5" and launches[3].detail == f"fp8 static rows={m_pad}"
+    assert "codes" not in launches[2].detail and all(f"x {torch.uint8}" in launches[i].detail for i in (1, 4))
+
+
 def test_launches_on_cpu_auto(seed):
     """ "auto" on CPU tensors: the reference routing and GEMMs, the activation and combine in torch."""
     w13, w2 = _experts()
@@ -73,17 +97,19 @@ def test_launches_on_cpu_auto(seed):
     assert [la.step for la in moe.MoeCall(w13, w2, 2).launches(3)] == ["w13", "activation", "w2", "combine"]
 
 
-@pytest.mark.parametrize(("act", "t"), [(None, 3), ("fp8", 1)])
-def test_launches_name_every_triton_kernel_the_call_runs(act, t, monkeypatch, seed):
+@pytest.mark.parametrize(("act", "t", "static"), [(None, 3, False), ("fp8", 1, False), ("fp8", 2, True)])
+def test_launches_name_every_triton_kernel_the_call_runs(act, t, static, monkeypatch, seed):
     """Running the call (what warmup does) launches exactly the Triton kernels of routing, activation and
-    combine that MoeCall.launches lists, and makes the grouped GEMM plans it lists."""
+    combine that MoeCall.launches lists, and makes the grouped GEMM plans it lists; static activation scales
+    (``static``) quantize the GEMMs' inputs in passes of their own."""
     launched = []
     launch = CompiledLaunches.launch
     monkeypatch.setattr(
         CompiledLaunches, "launch", lambda self, *a: launched.append(self.fn.__name__) or launch(self, *a)
     )
     w13, w2 = _experts(bias=True, e=2)  # few experts: few grouped rows for the interpreter
-    call = moe.MoeCall(w13, w2, 2, act=act, backend="triton", routing=dict(renormalize=True))
+    scales = dict(w13_act_scale=torch.tensor(0.02), w2_act_scale=torch.tensor(4.0)) if static else {}
+    call = moe.MoeCall(w13, w2, 2, act=act, backend="triton", routing=dict(renormalize=True), **scales)
     listed = [TRITON_FUNCTIONS[la.kernel] for la in call.launches(t) if la.kernel in TRITON_FUNCTIONS]
     out = call.run(t)
     assert out.shape == (t, K) and torch.isfinite(out).all()
@@ -107,6 +133,16 @@ def test_modules_describe_their_calls(seed):
     assert torch.equal(out, layer(x, logits))
     experts = QuantizedExperts(w13, w2, activation="gelu_tanh").moe_call(3)
     assert experts.routing is None and experts.top_k == 3 and experts.activation == "gelu_tanh"
+    assert experts.w13_act_scale is None and experts.w2_act_scale is None
+    static = FusedMoE(w13, w2, 2, act="fp8", w13_act_scale=torch.tensor(0.02), w2_act_scale=torch.tensor(4.0))
+    call = static.moe_call()
+    assert call.w13_act_scale is static.w13_act_scale and call.w2_act_scale is static.w2_act_scale
+    torch.manual_seed(seed)
+    out = call.run(3)
+    torch.manual_seed(seed)
+    assert torch.equal(out, static(torch.randn(3, K, dtype=torch.bfloat16), torch.randn(3, E)))
+    experts = QuantizedExperts(w13, w2, act="fp8", w2_act_scale=torch.tensor(4.0)).moe_call(2)
+    assert experts.w13_act_scale is None and experts.w2_act_scale.item() == 4.0
 
 
 @pytest.mark.parametrize(
@@ -119,8 +155,10 @@ def test_modules_describe_their_calls(seed):
         (dict(top_k=2, alpha=1.0), "alpha: parameters of activation='swiglu_oai'"),
         (dict(top_k=2, act="fp9"), "act: unknown activation scheme"),
         (dict(top_k=2, expert_map=torch.arange(4)), r"expert_map: .* E_global >= 8"),
+        (dict(top_k=2, w13_act_scale=torch.tensor(0.1)), "w13_act_scale: a static scale needs an act"),
+        (dict(top_k=2, act="fp8", w2_act_scale=torch.ones(2)), "w2_act_scale: expected a one-element float tensor"),
     ],
-    ids=["top-k", "routing-key", "routing-groups", "activation", "alpha", "act", "map"],
+    ids=["top-k", "routing-key", "routing-groups", "activation", "alpha", "act", "map", "static-act", "static-shape"],
 )
 def test_moe_call_rejects(kwargs, match):
     w13, w2 = _experts()

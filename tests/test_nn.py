@@ -185,14 +185,26 @@ def test_fused_moe_module_activation_and_biases(activation, params, layout, seed
         (dict(w13_bias=torch.zeros(4, 32)), r"w13_bias: expected a float tensor of shape \(4, 64\)"),
         (dict(w2_bias=torch.zeros(4, 64, device="meta")), "w2_bias is on meta"),
         (dict(activation="relu"), "activation: expected one of"),
+        (dict(w13_act_scale=torch.tensor(0.1)), "w13_act_scale: a static scale needs a per-token or per-tensor act"),
+        (
+            dict(act="mxfp4", w2_act_scale=torch.tensor(0.1)),
+            "w2_act_scale: a static scale needs a per-token or per-tensor act, got act='mxfp4'",
+        ),
+        (dict(act="fp8", w13_act_scale=torch.ones(2)), "w13_act_scale: expected a one-element tensor"),
     ],
-    ids=["groups", "groups-half", "bias-shape", "scaling", "order", "scoring", "w13-bias", "w2-bias-device", "act"],
+    ids=[
+        *("groups", "groups-half", "bias-shape", "scaling", "order", "scoring", "w13-bias", "w2-bias-device", "act"),
+        *("static-no-act", "static-mxfp4", "static-two-elements"),
+    ],
 )
 def test_fused_moe_module_rejects(kwargs, match):
     w13 = humming.quantize(torch.randn(4, 64, 64), "int4", group_size=32)
     w2 = humming.quantize(torch.randn(4, 64, 32), "int4", group_size=32)
     with pytest.raises(ValueError, match=match):
         FusedMoE(w13, w2, 2, **kwargs)
+    if "act_scale" in match:  # the experts module checks its scales the same way
+        with pytest.raises(ValueError, match=match):
+            QuantizedExperts(w13, w2, **kwargs)
 
 
 @pytest.mark.parametrize("layout", ["concat", "interleaved"])
@@ -266,3 +278,65 @@ def test_static_activation_scale(seed):
         QuantizedLinear(humming.quantize(torch.randn(64, 128), "nvfp4"), act="nvfp4", act_scale=scale)
     with pytest.raises(ValueError, match=r"act_scale: expected a one-element tensor"):
         QuantizedLinear(qw, act="fp8", act_scale=torch.ones(2))
+
+
+def _static_moe(backend: str, scales: str, factor: float = 1.0) -> FusedMoE:
+    """An int4 FusedMoE (4 experts, K=64, I=32, top 2) on fp8 activations with static scales of the inputs of
+    ``w13``, ``w2`` or both (``scales``; 0.02 and 4.0 times ``factor``), on ``backend``."""
+    e, k, inter = 4, 64, 32
+    options = dict(act="fp8", backend=backend)
+    options["w13_act_scale"] = torch.tensor(0.02 * factor) if scales in ("w13", "both") else None
+    options["w2_act_scale"] = torch.tensor(4.0 * factor) if scales in ("w2", "both") else None
+    w13, w2 = torch.randn(e, 2 * inter, k), torch.randn(e, k, inter)
+    return FusedMoE.from_float(w13, w2, 2, "int4", 32, **options)
+
+
+@pytest.mark.parametrize("scales", ["both", "w13", "w2"])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_moe_modules_static_act_scales(backend, scales, seed):
+    """w13_act_scale / w2_act_scale (checkpoints' static input scales): FusedMoE (from_float passes them on)
+    and QuantizedExperts are fused_moe with those scales, bit for bit; the scales are float32 buffers in the
+    state_dict (a round trip carries them: checked on the reference backend), kept float32 through dtype
+    casts."""
+    layer = _static_moe(backend, scales)
+    s13, s2 = layer.w13_act_scale, layer.w2_act_scale
+    assert all(s is None or (s.dtype == torch.float32 and s.shape == (1, 1)) for s in (s13, s2))
+    x, logits = torch.randn(5, 64, dtype=torch.bfloat16), torch.randn(5, 4)
+    weights, ids = moe.topk_routing(logits, 2, backend=backend)
+    options = dict(act="fp8", w13_act_scale=s13, w2_act_scale=s2)
+    expect = moe.fused_moe(x, layer.w13, layer.w2, weights, ids, **options, backend=backend)
+    assert torch.isfinite(expect).all()
+    assert torch.equal(layer(x, logits), expect)
+    experts = QuantizedExperts(layer.w13, layer.w2, **options, backend=backend)
+    assert torch.equal(experts(x, ids.long(), weights), expect)
+    static = {"both": "act=fp8 static", "w13": "act=fp8 static w13", "w2": "act=fp8 static w2"}[scales]
+    assert repr(layer).endswith(static + ")") and repr(experts).endswith(static + ")")
+    state = layer.state_dict()
+    given = {name for name, s in (("w13_act_scale", s13), ("w2_act_scale", s2)) if s is not None}
+    assert {name for name in ("w13_act_scale", "w2_act_scale") if name in state} == given
+    other = _static_moe("reference", scales, factor=2.0)
+    other.load_state_dict(state)
+    other.half()
+    assert all(s is None or s.dtype == torch.float32 for s in (other.w13_act_scale, other.w2_act_scale))
+    expect = moe.fused_moe(x, layer.w13, layer.w2, weights, ids, **options, backend="reference")
+    assert torch.equal(other(x, logits), expect)
+    dynamic = moe.fused_moe(x, layer.w13, layer.w2, weights, ids, act="fp8", backend="reference")
+    assert not torch.equal(dynamic, expect)  # the scales are used
+
+
+def test_compile_fused_moe_static_act_scales(seed):
+    """FusedMoE with static activation scales compiles to one graph (the scales are buffers the graph reads),
+    for any token count, and equals eager."""
+    layer = _static_moe("auto", "both")
+    torch._dynamo.reset()
+    f = torch.compile(layer, fullgraph=True)
+    with (
+        torch._dynamo.config.patch(error_on_recompile=True),
+        torch.fx.experimental._config.patch(backed_size_oblivious=True),
+    ):
+        for t in (2, 7):
+            x, logits = torch.randn(t, 64, dtype=torch.bfloat16), torch.randn(t, 4)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(logits, 0)
+            assert torch.equal(f(x, logits), layer(x, logits))
+    torch._dynamo.reset()

@@ -13,6 +13,9 @@ reads what the producer meant. Per format:
 - ``fp8`` (``activation_scheme``): block weights -> ``fp8_g128`` (dynamic 1x128 groups, as DeepSeek-V3); other
   weights -> ``fp8`` per token when dynamic, ``fp8_tensor`` with the static ``input_scale`` when static.
 
+Stacked experts run on one scale per GEMM input: their per-expert static ``input_scale`` tensors are all kept
+(:class:`ActivationSpec`'s ``scale_tensor`` a tuple) and :func:`static_scale` takes their max.
+
 NVFP4 activations keep a per-tensor second-level scale: ModelOpt's ``input_scale`` and compressed-tensors'
 ``input_global_scale`` are calibrated static values, while humming's ``nvfp4`` scheme computes it from each
 call's absmax (at least as accurate: no block scale saturates). Asymmetric (zero-point) activations are
@@ -21,21 +24,61 @@ refused.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+import torch
 
 from .errors import MissingTensorError, UnsupportedFormatError
 
-__all__ = ["ActivationSpec", "compressed_tensors_activation", "expert_activation", "reader_activation"]
+__all__ = [
+    "ActivationSpec",
+    "compressed_tensors_activation",
+    "expert_activation",
+    "merged_activation",
+    "reader_activation",
+    "static_scale",
+]
 
 
 @dataclass(frozen=True)
 class ActivationSpec:
     """A module's activation settings: ``act`` (a name in ``humming.ACT_SCHEMES``, ``None`` for 16-bit
     activations) and ``scale_tensor``, the checkpoint tensor holding a static per-tensor scale (``x / scale``
-    is quantized), or ``None`` for scales computed per call."""
+    is quantized; a tuple of them for modules merged into one, such as stacked experts, the scale being their
+    max: :func:`static_scale`), or ``None`` for scales computed per call."""
 
     act: str | None = None
-    scale_tensor: str | None = None
+    scale_tensor: str | tuple[str, ...] | None = None
+
+
+def static_scale(files, spec: ActivationSpec, device="cpu") -> torch.Tensor | None:
+    """The static activation scale ``spec`` names, float32 on ``device``, or ``None``. Several scale tensors
+    (merged modules): their max, one element, as vLLM takes for its MoE layers (the kernels take one
+    per-tensor scale per GEMM input, and the largest lets no module's calibrated range clip)."""
+    if spec.scale_tensor is None:
+        return None
+    if isinstance(spec.scale_tensor, str):
+        return files.get(spec.scale_tensor).to(device, torch.float32)
+    scales = [files.get(key).to(device, torch.float32).reshape(()) for key in spec.scale_tensor]
+    return torch.stack(scales).amax().reshape(1)
+
+
+def merged_activation(name: str, specs: Iterable[ActivationSpec]) -> ActivationSpec:
+    """The activation settings of modules that run as one (stacked experts; an expert's gate and up
+    projections, which read the same input): one scheme, and static scales on all or none of them, every
+    scale tensor kept (:func:`static_scale` takes their max)."""
+    specs = list(specs)
+    acts = {s.act for s in specs}
+    if len(acts) > 1:
+        raise UnsupportedFormatError(f"{name}: modules with different activation schemes {sorted(map(str, acts))}")
+    static = [s.scale_tensor for s in specs if s.scale_tensor is not None]
+    if static and len(static) != len(specs):
+        raise UnsupportedFormatError(
+            f"{name}: {len(static)} of {len(specs)} modules have static activation scales, the others scale per call"
+        )
+    keys = tuple(key for tensors in static for key in ((tensors,) if isinstance(tensors, str) else tensors))
+    return ActivationSpec(acts.pop() if acts else None, keys or None)
 
 
 WEIGHT_ONLY = ActivationSpec()
@@ -86,16 +129,9 @@ def compressed_tensors_activation(module: str, ia: dict | None, files) -> Activa
 
 
 def expert_activation(reader, name: str, parts: list[str | None]) -> ActivationSpec:
-    """The activation settings of one output module (a single module, or stacked experts: every expert must
-    agree, and static scales are per expert, which a stacked weight cannot carry)."""
-    specs = {reader_activation(reader, p) for p in parts if p is not None}
+    """The activation settings of one output module: a single module's, or those of stacked experts merged
+    (:func:`merged_activation`: one scheme, static scales on every expert or none)."""
+    specs = [reader_activation(reader, p) for p in parts if p is not None]
     if len(parts) == 1 and len(specs) == 1:
-        return specs.pop()
-    acts = {s.act for s in specs}
-    if len(acts) > 1:
-        raise UnsupportedFormatError(f"{name}: experts with different activation schemes {sorted(map(str, acts))}")
-    if any(s.scale_tensor is not None for s in specs):
-        raise UnsupportedFormatError(
-            f"{name}: static per-expert activation scales; humming's MoE quantizes activations per call"
-        )
-    return ActivationSpec(acts.pop() if acts else None)
+        return specs[0]
+    return merged_activation(name, specs)

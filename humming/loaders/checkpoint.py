@@ -14,7 +14,7 @@ from humming.ir.weight import QuantizedWeight
 
 from ..ir.concat import stack
 from ._files import CheckpointFiles, TensorFiles
-from .activations import expert_activation
+from .activations import expert_activation, static_scale
 from .awq import AWQReader
 from .bnb import BitsAndBytesReader
 from .compressed_tensors import CompressedTensorsReader
@@ -181,12 +181,12 @@ def activation_schemes(
 ) -> dict[str, tuple[str | None, torch.Tensor | None]]:
     """``{module: (act, static_scale)}`` for the modules :func:`humming.load_checkpoint` returns (same names,
     experts stacked): ``act`` for ``humming.linear(act=...)``, ``static_scale`` a one-element float32 tensor
-    on ``device`` (quantize ``x / static_scale``) or ``None``. Raises ``UnsupportedFormatError`` for
-    activation settings humming cannot run."""
+    on ``device`` (quantize ``x / static_scale``; for stacked experts the max of theirs, see
+    :func:`~.activations.static_scale`) or ``None``. Raises ``UnsupportedFormatError`` for activation settings
+    humming cannot run."""
     files, reader = open_checkpoint(path)
     out = {}
     for name, parts in iter_modules(reader, modules):
         spec = expert_activation(reader, name, parts)
-        scale = None if spec.scale_tensor is None else files.get(spec.scale_tensor).to(device, torch.float32)
-        out[name] = (spec.act, scale)
+        out[name] = (spec.act, static_scale(files, spec, device))
     return out

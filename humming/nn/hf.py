@@ -20,7 +20,7 @@ from torch import nn
 from .._moe_layer import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..ir.concat import concat
 from ..ir.weight import QuantizedWeight
-from ..loaders.activations import ActivationSpec, expert_activation
+from ..loaders.activations import ActivationSpec, expert_activation, merged_activation, static_scale
 from ..loaders.checkpoint import iter_modules, load_module, open_checkpoint
 from ..loaders.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError, UnsupportedFormatError
 from .linear import QuantizedLinear
@@ -70,7 +70,8 @@ def from_pretrained(
     gpt-oss's fused ``gate_up_proj`` / ``down_proj``) become :class:`QuantizedExperts` where the model's
     module of that name is a transformers experts module with fused 3-D ``gate_up_proj`` / ``down_proj``,
     running the module's activation (SiLU, GELU, gpt-oss's clamped SwiGLU from its config) in its gate / up
-    layout, with the checkpoint's biases (Qwen2/3-MoE, OLMoE, DeepSeek-V3, gpt-oss...).
+    layout, with the checkpoint's biases and static input scales (one per GEMM input: the max over the
+    experts, as vLLM) (Qwen2/3-MoE, OLMoE, DeepSeek-V3, gpt-oss...).
 
     Args:
         path: the checkpoint folder (``config.json``, ``*.safetensors``).
@@ -184,13 +185,12 @@ def _replace_modules(model, quantized, files, dtype, device, backend) -> list[st
             raise MissingTensorError(f"{name}: the model's Linear has a bias, the checkpoint has no {name}.bias")
         if qw.bias is not None:
             qw = qw.replace(bias=qw.bias.to(device, dtype))
-        scale = None if spec.scale_tensor is None else files.get(spec.scale_tensor)
-        layer = QuantizedLinear(qw, act=spec.act, act_scale=scale, backend=backend)
+        layer = QuantizedLinear(qw, act=spec.act, act_scale=static_scale(files, spec), backend=backend)
         setattr(model.get_submodule(parent_name), child, layer)
         replaced.append(name)
     for name, projs in experts.items():
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, _experts(model, name, projs, dtype, device, backend))
+        setattr(model.get_submodule(parent_name), child, _experts(model, name, projs, files, dtype, device, backend))
         replaced.append(name)
     return replaced
 
@@ -202,10 +202,13 @@ def _submodule(model: nn.Module, name: str) -> nn.Module | None:
         return None
 
 
-def _experts(model, name, projs, dtype, device, backend) -> QuantizedExperts:
+def _experts(model, name, projs, files, dtype, device, backend) -> QuantizedExperts:
     """A :class:`QuantizedExperts` for the transformers experts module ``name`` from its quantized
     projections: per expert (``gate_proj`` / ``up_proj`` / ``down_proj``, concatenated here: gate rows, then
-    up) or fused (``gate_up_proj`` / ``down_proj``, gpt-oss: rows in the module's own gate / up layout)."""
+    up) or fused (``gate_up_proj`` / ``down_proj``, gpt-oss: rows in the module's own gate / up layout).
+    Static input scales (compressed-tensors / ModelOpt / FP8 checkpoints' per-expert ``input_scale``) become
+    one per-tensor scale per GEMM input, as vLLM takes them: the max over the experts (and over gate and up,
+    which read the same input) for w13, over the experts for w2."""
     module = _submodule(model, name)
     names = next((p for p in _EXPERT_PROJS if set(p) == set(projs)), None)
     if module is None or names is None:
@@ -232,6 +235,7 @@ def _experts(model, name, projs, dtype, device, backend) -> QuantizedExperts:
         specs = (spec, down_spec)
     if {s.act for s in specs} != {spec.act}:
         raise UnsupportedFormatError(f"{name}: the expert projections have different activation schemes")
+    w13_spec = merged_activation(f"{name} gate / up", specs[:-1])
     transposed = getattr(module, "is_transposed", False)  # parameters [E, in, out]
     want = [tuple(w.shape[i] for i in ((0, 2, 1) if transposed else (0, 1, 2))) for w in (w13, w2)]
     if want != [tuple(gate_up.shape), tuple(down.shape)]:
@@ -243,7 +247,8 @@ def _experts(model, name, projs, dtype, device, backend) -> QuantizedExperts:
         if getattr(module, f"{proj}_bias", None) is not None and w.bias is None:
             raise MissingTensorError(f"{name}: the model's experts have a {proj}_bias, the checkpoint has none")
     w13, w2 = (w if w.bias is None else w.replace(bias=w.bias.to(device, dtype)) for w in (w13, w2))
-    return QuantizedExperts(w13, w2, **activation, act=spec.act, backend=backend)
+    scales = dict(w13_act_scale=static_scale(files, w13_spec), w2_act_scale=static_scale(files, down_spec))
+    return QuantizedExperts(w13, w2, **activation, act=spec.act, **scales, backend=backend)
 
 
 def _expert_activation(module) -> dict | str:

@@ -51,13 +51,7 @@ class QuantizedLinear(QuantizedModule):
             raise ValueError(f"qweight: expected a 2-D weight [N, K], got an expert-stacked weight {qweight.shape}")
         self.in_features, self.out_features = qweight.K, qweight.N
         self.act = None if act is None else get_act_scheme(act)
-        if act_scale is not None:
-            if self.act is None or self.act.scale_dtype != torch.float32 or self.act.global_scale:
-                raise ValueError(f"act_scale: a static scale needs a per-token or per-tensor act, got act={act!r}")
-            if not isinstance(act_scale, torch.Tensor) or act_scale.numel() != 1:
-                raise ValueError(f"act_scale: expected a one-element tensor, got {act_scale!r}")
-            act_scale = act_scale.detach().to(qweight.device, torch.float32).reshape(1, 1)
-        self.register_buffer("act_scale", act_scale)
+        self._set_act_scale("act_scale", act_scale, self.act, qweight.device)
         self.out_dtype = out_dtype
         self.backend = backend
 
@@ -97,14 +91,6 @@ class QuantizedLinear(QuantizedModule):
         qa = quantize_activation(x.reshape(-1, self.in_features), self.act, scale=self.act_scale, backend=quant_backend)
         y = linear(qa, self.weight, out_dtype=self.out_dtype or x.dtype, backend=self.backend)
         return y.reshape(*x.shape[:-1], self.out_features)
-
-    def _apply(self, fn, recurse=True):
-        """A static activation scale stays float32 through dtype casts, as the weight's scales do."""
-        scale = self.act_scale
-        super()._apply(fn, recurse)
-        if scale is not None and self.act_scale.dtype != torch.float32:
-            self.act_scale = scale.to(self.act_scale.device)
-        return self
 
     def extra_repr(self) -> str:
         act = "None" if self.act is None else self.act.name + ("" if self.act_scale is None else " static")

@@ -37,10 +37,27 @@ def _with_bias(name: str, qw: QuantizedWeight, bias) -> QuantizedWeight:
     return qw.replace(bias=bias)
 
 
+def _hold_act(module: QuantizedModule, act, w13_act_scale, w2_act_scale) -> None:
+    """Set an MoE module's activation scheme and register its static activation scales as buffers
+    ``w13_act_scale`` / ``w2_act_scale`` (in the ``state_dict``; ``None`` where the scale is per call)."""
+    module.act = None if act is None else get_act_scheme(act)
+    for name, scale in (("w13_act_scale", w13_act_scale), ("w2_act_scale", w2_act_scale)):
+        module._set_act_scale(name, scale, module.act, module.w13.device)
+
+
+def _act_repr(module) -> str:
+    """``act=...`` of an MoE module's repr: the scheme, then ``static`` where both GEMMs' input scales are
+    static (``static w13`` / ``static w2`` where one is)."""
+    if module.act is None:
+        return "act=None"
+    static = [name for name in ("w13", "w2") if getattr(module, f"{name}_act_scale") is not None]
+    return f"act={module.act.name}" + {0: "", 1: f" static {''.join(static)}", 2: " static"}[len(static)]
+
+
 def _options(module) -> dict:
     """The fused_moe keyword arguments an MoE module holds, but the expert map."""
-    names = ("activation", "alpha", "limit", "gate_up_layout", "act", "block_m", "backend")
-    return {name: getattr(module, name) for name in names}
+    names = ("activation", "alpha", "limit", "gate_up_layout", "act", "w13_act_scale", "w2_act_scale")
+    return {name: getattr(module, name) for name in (*names, "block_m", "backend")}
 
 
 class FusedMoE(QuantizedModule):
@@ -58,6 +75,10 @@ class FusedMoE(QuantizedModule):
             ``state_dict``).
         activation, alpha, limit, gate_up_layout, act, block_m, backend: as :func:`humming.moe.fused_moe`
             (``backend`` ``"reference"`` or ``"triton"`` routes on that backend too).
+        w13_act_scale, w2_act_scale: static per-tensor scales of the two GEMMs' inputs (one element each;
+            ``x / scale`` is quantized, as a checkpoint's ``input_scale``) for a per-token or per-tensor
+            ``act``, as :func:`humming.moe.fused_moe`; held as float32 buffers (in the ``state_dict``).
+            ``None``: scales per call.
         w13_bias, w2_bias: per-expert biases ``[E, 2I]`` and ``[E, K]``, in place of the weights' own.
         expert_map: expert parallelism, as :func:`humming.moe.fused_moe`: integer ``[E_global]``, each global
             expert's index in ``w13`` / ``w2`` or -1; the router logits are then ``[..., E_global]``. Held as
@@ -88,6 +109,8 @@ class FusedMoE(QuantizedModule):
         w2_bias: torch.Tensor | None = None,
         expert_map: torch.Tensor | None = None,
         act: str | ActScheme | None = None,
+        w13_act_scale: torch.Tensor | None = None,
+        w2_act_scale: torch.Tensor | None = None,
         block_m: int | None = None,
         backend: str = "auto",
     ) -> None:
@@ -115,7 +138,7 @@ class FusedMoE(QuantizedModule):
         check_activation(activation, alpha, limit, gate_up_layout)
         self.activation, self.alpha, self.limit, self.gate_up_layout = activation, alpha, limit, gate_up_layout
         self.register_buffer("expert_map", expert_map, persistent=False)
-        self.act = None if act is None else get_act_scheme(act)
+        _hold_act(self, act, w13_act_scale, w2_act_scale)
         self.block_m, self.backend = block_m, backend
 
     @property
@@ -165,12 +188,11 @@ class FusedMoE(QuantizedModule):
         return {name: getattr(self, name) for name in names} | {"backend": layer_backend(self.backend)}
 
     def extra_repr(self) -> str:
-        act = "None" if self.act is None else self.act.name
         local = "" if self.expert_map is None else f" (of {self.expert_map.shape[0]})"
         groups = "" if self.num_groups is None else f" groups {self.topk_groups}/{self.num_groups}"
         return (
             f"experts={self.num_experts}{local}, top_k={self.top_k} ({self.scoring}{groups}), "
-            f"{self.w13.describe()}, activation={self.activation} ({self.gate_up_layout}), act={act}"
+            f"{self.w13.describe()}, activation={self.activation} ({self.gate_up_layout}), {_act_repr(self)}"
         )
 
 
@@ -184,6 +206,7 @@ class QuantizedExperts(QuantizedModule):
         w13: ``[E, 2I, K]`` (gate and up rows as ``gate_up_layout`` says); w2: ``[E, K, I]``; their ``bias``
             fields, if set, are the per-expert biases.
         activation, alpha, limit, gate_up_layout, act, block_m, backend: as :func:`humming.moe.fused_moe`.
+        w13_act_scale, w2_act_scale: static activation scales, as :class:`FusedMoE`'s.
     """
 
     def __init__(
@@ -196,6 +219,8 @@ class QuantizedExperts(QuantizedModule):
         limit: float | None = None,
         gate_up_layout: str = "concat",
         act: str | ActScheme | None = None,
+        w13_act_scale: torch.Tensor | None = None,
+        w2_act_scale: torch.Tensor | None = None,
         block_m: int | None = None,
         backend: str = "auto",
     ) -> None:
@@ -203,7 +228,7 @@ class QuantizedExperts(QuantizedModule):
         _hold_experts(self, w13, w2)
         check_activation(activation, alpha, limit, gate_up_layout)
         self.activation, self.alpha, self.limit, self.gate_up_layout = activation, alpha, limit, gate_up_layout
-        self.act = None if act is None else get_act_scheme(act)
+        _hold_act(self, act, w13_act_scale, w2_act_scale)
         self.block_m, self.backend = block_m, backend
 
     @property
@@ -224,8 +249,7 @@ class QuantizedExperts(QuantizedModule):
         return fused_moe(hidden_states, self.w13, self.w2, weights, ids, **_options(self))
 
     def extra_repr(self) -> str:
-        act = "None" if self.act is None else self.act.name
         return (
             f"experts={self.num_experts}, {self.w13.describe()}, activation={self.activation} "
-            f"({self.gate_up_layout}), act={act}"
+            f"({self.gate_up_layout}), {_act_repr(self)}"
         )
