@@ -48,9 +48,9 @@ __all__ = [
     "System",
     "copies",
     "e4m3_rows",
+    "linear_systems",
     "missing_torch",
     "nbytes",
-    "registry",
     "weight_copies",
 ]
 
@@ -320,30 +320,23 @@ def _not_installed(module: str, package: str) -> Callable[[], str | None]:
     return lambda: None if importlib.util.find_spec(module) else f"{package} is not installed"
 
 
-# ----------------------------------------------------------------------------------------------- registry
-def registry(op: str) -> dict[str, System]:
-    """The systems of ``op`` by name, in the order rows are written."""
-    if op == "linear":
-        found = [System("humming", "humming", _humming_linear)]
-        found.append(System("humming-compiled", "humming", _humming_compiled, m_values=COMPILED_M))
-        found += [System(f"humming:{k}", "humming", _dense_kernel(k)) for k in DENSE_KERNELS if k != "reference"]
-        found += [
-            System("torch-bf16", "torch", _torch_linear, shared=True),
-            System("torch-scaled-mm", "torch", _torch_scaled_mm, shared=True, unavailable=missing_torch("_scaled_mm")),
-            System(
-                "torch-scaled-mm+quant",
-                "torch",
-                _torch_scaled_mm_quant,
-                shared=True,
-                unavailable=missing_torch("_scaled_mm"),
-            ),
-            System("gemlite", "gemlite", _gemlite, GEMLITE_CASES, unavailable=_not_installed("gemlite", "gemlite")),
-        ]
-        found.append(System(PEER, PEER, None, tuple(PEER_CONFIGS)))
-    elif op == "moe":
-        from ._bench_moe import systems
-
-        found = systems()
-    else:
-        raise ValueError(f"op: expected one of {OPS}, got {op!r}")
-    return {s.name: s for s in found}
+# ------------------------------------------------------------------------------------------------ systems
+def linear_systems() -> list[System]:
+    """The systems of the ``linear`` op, in the order rows are written (``moe``'s: :mod:`humming._bench_moe`)."""
+    found = [System("humming", "humming", _humming_linear)]
+    found.append(System("humming-compiled", "humming", _humming_compiled, m_values=COMPILED_M))
+    found += [System(f"humming:{k}", "humming", _dense_kernel(k)) for k in DENSE_KERNELS if k != "reference"]
+    found += [
+        System("torch-bf16", "torch", _torch_linear, shared=True),
+        System("torch-scaled-mm", "torch", _torch_scaled_mm, shared=True, unavailable=missing_torch("_scaled_mm")),
+        System(
+            "torch-scaled-mm+quant",
+            "torch",
+            _torch_scaled_mm_quant,
+            shared=True,
+            unavailable=missing_torch("_scaled_mm"),
+        ),
+        System("gemlite", "gemlite", _gemlite, GEMLITE_CASES, unavailable=_not_installed("gemlite", "gemlite")),
+    ]
+    found.append(System(PEER, PEER, None, tuple(PEER_CONFIGS)))
+    return found

@@ -5,9 +5,9 @@
     python -m humming bench linear --shapes 64x64 --m 1,5 --check-only  # CPU: every system's result
 
 For every case (``humming.dispatch.tune.CASES``), shape, 16-bit dtype and M, each system of
-:func:`registry` (:mod:`humming._bench_systems`) that runs the call gets one row: its CUDA-graph and eager time per
-call (:mod:`humming.timing`, weights rotated past the L2) and the floor, the bytes the call must move
-over the device's copy bandwidth. ``humming`` rows name the kernel the dispatcher picked; one
+:func:`registry` (:mod:`humming._bench_systems`, :mod:`humming._bench_moe`) that runs the call gets one row: its
+CUDA-graph and eager time per call (:mod:`humming.timing`, weights rotated past the L2) and the floor, the
+bytes the call must move over the device's copy bandwidth. ``humming`` rows name the kernel the dispatcher picked; one
 ``humming:<kernel>`` row per kernel that supports the call shows the best single route beside it.
 ``check_only`` (any device, no GPU needed) computes each system's output once and records its relative
 error against the float32 product of the unquantized weight instead of timing it.
@@ -41,8 +41,8 @@ from tqdm import tqdm
 
 from . import _bench_peer
 from ._bench_inputs import ROUTINGS, rel_err
-from ._bench_moe import MODELS, PARTS, Experts, MoeGroup, MoeModel, coarse_to_fine, warm
-from ._bench_systems import OPS, PEER, Group, Inputs, Shape, System, registry
+from ._bench_moe import MODELS, PARTS, Experts, MoeGroup, MoeModel, coarse_to_fine, systems, warm
+from ._bench_systems import OPS, PEER, Group, Inputs, Shape, System, linear_systems
 from .dispatch.tune import CASES
 
 __all__ = [
@@ -84,6 +84,13 @@ DEFAULTS = {
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: Interleaved timing rounds per point (see ``_Run.local_rows``; ``--rounds``).
 ROUNDS = 3
+
+
+def registry(op: str) -> dict[str, System]:
+    """The systems of ``op`` (one of :data:`OPS`) by name, in the order rows are written."""
+    if op not in OPS:
+        raise ValueError(f"op: expected one of {OPS}, got {op!r}")
+    return {s.name: s for s in (linear_systems() if op == "linear" else systems())}
 
 
 def parse_shapes(op: str, text: str) -> list[Shape]:

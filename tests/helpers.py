@@ -1,5 +1,5 @@
 """Helpers shared by the test modules: NVRTC compilation into a fresh cache, the CUDA binary tools that read
-cubins, and the norm-wise comparison of a kernel's output with its float reference. Test modules import it
+cubins, the bit-exact and norm-wise comparisons of a kernel's output with its reference. Test modules import it
 as ``helpers``: pytest's rootdir-relative imports put tests/ on sys.path."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import pytest
 import torch
 
 import humming
+from humming import dequantize, quantize
 from humming.cuda_kernels import jit
 from humming.cuda_kernels._warmup import warmup_specs
+from humming.ir.activation import dequantize_activation, quantize_activation
 from humming.timing import capture_graph
 
 #: Skips a test where NVRTC cannot compile (no cuda-python / NVRTC library), saying why.
@@ -102,12 +104,25 @@ def act_order_dequantized(
     return out
 
 
-def e4m3_codes(rows: int, k: int, device="cuda") -> torch.Tensor:
-    """uint8 ``[rows, k]`` e4m3 codes, uniform over the 254 non-NaN codes (0x7F and 0xFF are skipped): FP8
-    operands built directly in the IR, so that a check depends on nothing but the kernel and torch's exact
-    e4m3 decoding."""
-    codes = torch.randint(0, 254, (rows, k), dtype=torch.int32, device=device)
-    return (codes + (codes >= 0x7F).to(torch.int32)).to(torch.uint8)
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def assert_bit_exact(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
+    """``out`` is ``ref`` bit for bit (so ``-0.0`` is not ``0.0``), of the same shape and dtype, for results
+    whose math is exact; NaN must stand where ``ref`` has NaN (any payload). A failure names how many elements
+    differ and the first one."""
+    prefix = f"{what}: " if what else ""
+    assert out.shape == ref.shape and out.dtype == ref.dtype, (
+        f"{prefix}{tuple(out.shape)} {out.dtype} vs {tuple(ref.shape)} {ref.dtype}"
+    )
+    nan = torch.isnan(ref.float()) if ref.is_floating_point() else torch.zeros_like(ref, dtype=torch.bool)
+    got_nan = torch.isnan(out.float()) if out.is_floating_point() else nan
+    assert torch.equal(got_nan, nan), f"{prefix}NaN positions differ"
+    ints = _INT_OF_SIZE[out.element_size()]
+    bad = (out.contiguous().view(ints) != ref.contiguous().view(ints)) & ~nan
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(f"{prefix}{int(bad.sum())} elements differ; first at {idx}: {out[idx]} vs {ref[idx]}")
 
 
 def assert_rel_close(
@@ -130,3 +145,39 @@ def assert_rel_close(
         + f"relative error {float(err):.3e} >= {tol:.1e}; worst (row, column) = {worst}:"
         f" {out[worst].item()} vs {ref[worst].item()}"
     )
+
+
+def fp4_problem(scheme: str, m: int, n: int, k: int, seed: int):
+    """The FP4 GEMM tests' operands (sm_120a and sm_100a): a ``[n, k]`` weight quantized to ``scheme`` and
+    ``[m, k]`` activations quantized to the same scheme; magnitudes vary per 16 along K so that every scale matters."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def data(rows: int) -> torch.Tensor:
+        base = torch.randn(rows, k, generator=gen, dtype=torch.float64)
+        spread = torch.exp2(torch.randint(-6, 7, (rows, -(-k // 16)), generator=gen).to(torch.float64))
+        return (base * spread.repeat_interleave(16, 1)[:, :k]).to(torch.float32)
+
+    qw = quantize(data(n), scheme)
+    qa = quantize_activation(data(m), scheme)
+    return qw, qa
+
+
+def fp4_reference(qw, qa, bias) -> torch.Tensor:
+    """float64 ``dequant(x) @ dequant(W)^T + bias``: the IR's definition of an FP4 GEMM."""
+    ref = dequantize_activation(qa, torch.float64) @ dequantize(qw, torch.float64).T
+    return ref if bias is None else ref + bias.to(torch.float64)
+
+
+def assert_fp4_matches_reference(got: torch.Tensor, qw, qa, bias) -> None:
+    """An emulated kernel result (float64, NaN where never written) against the dequantized matmul.
+
+    The reference rounds scale * global_scale to fp32 once per element (docs/ir.md); the kernels apply the
+    global scales after the sum. Both are exact otherwise, so the two differ by at most ~2^-23 of the sum of
+    |terms|; a wrong lane, byte or nibble mapping is off by O(1) of it, and NaN never passes.
+    """
+    ref = fp4_reference(qw, qa, bias)
+    magnitude = dequantize_activation(qa, torch.float64).abs() @ dequantize(qw, torch.float64).abs().T
+    err = (got - ref).abs()
+    bad = ~(err <= 2.5e-7 * magnitude + 1e-12)
+    worst = divmod(int(torch.nan_to_num(err / (magnitude + 1e-30), nan=float("inf")).argmax()), ref.shape[1])
+    assert not bad.any(), f"{int(bad.sum())} elements off; worst relative to |x| @ |w|^T at (m, n) = {worst}"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_bit_exact
 from safetensors.torch import load_file, save_file
 
 import humming
@@ -33,10 +34,6 @@ def test_all_fixtures_are_listed():
     assert sorted(EXPECTED) == FIXTURES
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
 @pytest.mark.parametrize("name", FIXTURES)
 def test_fixture_bit_exact(name):
     ref = load_file(DATA / name / "reference.safetensors")
@@ -47,8 +44,7 @@ def test_fixture_bit_exact(name):
         qw = qws[key.removesuffix(".weight")]
         assert qw.shape == tuple(expected.shape)
         out = humming.dequantize(qw, expected.dtype)
-        diff = _bits(out) != _bits(expected)
-        assert not diff.any(), f"{key}: {int(diff.sum())} elements differ, first at {diff.nonzero()[0].tolist()}"
+        assert_bit_exact(out, expected, key)
 
 
 def test_fixture_signed_zeros_kept():

@@ -59,3 +59,12 @@ def test_every_kernel_compiles(arch: int, compiled: dict) -> None:
     if arch in registry.BEST_MMA:
         best = [r for r in results if registry.BEST_MMA[arch] in r["mma_ops"]]
         assert best, f"sm_{arch}: no kernel uses {registry.BEST_MMA[arch]}"
+
+
+def test_split_k_specs_declare_the_fp32_workspace() -> None:
+    """Split-K launches pass the fp32 workspace as ``out_ptr`` (``store_tile`` adds into it with fp32
+    atomics), so their specs must compile that signature, not the output dtype's."""
+    split = [s for s in registry.compile_specs() if s.constexprs.get("SPLIT_K", 1) > 1 and "out_ptr" in s.pointers]
+    assert split, "no split-K specialisation is registered"
+    wrong = [f"{s.name}: out_ptr {s.pointers['out_ptr']}" for s in split if s.pointers["out_ptr"] != "*fp32"]
+    assert not wrong, "\n".join(wrong)

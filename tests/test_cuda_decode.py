@@ -148,8 +148,9 @@ def test_tuning_is_a_pure_function_of_the_problem():
         (16, 256, 4, False),  # split-K tile grid
     ],
 )
-def test_heuristic_picks_stream_k_where_it_measured_faster(m, n, bits, stream_k):
-    """The H200's measured choice between stream-K and the tile grid, for each kind of problem."""
+def test_heuristic_chooses_between_stream_k_and_the_tile_grid(m, n, bits, stream_k):
+    """The choice between stream-K and the tile grid for each kind of problem on the H200's limits (the
+    rule and its reasons: :func:`~humming.cuda_kernels._decode.choose_decode_tuning`)."""
     assert bool(_decode.choose_decode_tuning(m, n, 8192, bits, *H200).stream_k) == stream_k
 
 

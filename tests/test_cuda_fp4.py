@@ -22,7 +22,7 @@ import re
 
 import pytest
 import torch
-from helpers import compile_fresh, cubin_tool, needs_nvrtc
+from helpers import assert_fp4_matches_reference, compile_fresh, cubin_tool, fp4_problem, fp4_reference, needs_nvrtc
 
 from humming import dequantize, quantize
 from humming.cuda_kernels import fp4_gemm, jit
@@ -247,25 +247,6 @@ def _emulate(prep: fp4_gemm.PreparedFp4, qa, bias: torch.Tensor | None, tuning) 
     return out
 
 
-def _problem(scheme: str, m: int, n: int, k: int, seed: int):
-    """x, a weight and its activation scheme; magnitudes vary per 16 along K so that every scale matters."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def data(rows: int) -> torch.Tensor:
-        base = torch.randn(rows, k, generator=gen, dtype=torch.float64)
-        spread = torch.exp2(torch.randint(-6, 7, (rows, -(-k // 16)), generator=gen).to(torch.float64))
-        return (base * spread.repeat_interleave(16, 1)[:, :k]).to(torch.float32)
-
-    qw = quantize(data(n), scheme)
-    qa = quantize_activation(data(m), scheme)
-    return qw, qa
-
-
-def _reference(qw, qa, bias) -> torch.Tensor:
-    ref = dequantize_activation(qa, torch.float64) @ dequantize(qw, torch.float64).T
-    return ref if bias is None else ref + bias.to(torch.float64)
-
-
 EMULATION_CASES = [
     # (scheme, M, N, K, bias), each run with every tuning of its M range: N and K off the tile sizes, M past a block
     ("nvfp4", 5, 136, 200, True),
@@ -285,32 +266,17 @@ EMULATION_CASES = [
     ids=lambda v: f"{v.block_m}x{v.block_n}w{v.threads // 32}" if isinstance(v, fp4_gemm.Fp4Tuning) else None,
 )
 def test_emulated_kernel_matches_dequantized_matmul(scheme, m, n, k, with_bias, tuning):
-    qw, qa = _problem(scheme, m, n, k, seed=m * 1000 + n + k)
+    qw, qa = fp4_problem(scheme, m, n, k, seed=m * 1000 + n + k)
     assert fp4_gemm.weight_unsupported(qw) is None
     bias = torch.randn(n, generator=torch.Generator().manual_seed(k)) if with_bias else None
     got = _emulate(fp4_gemm.prepare(qw, "sm_120a"), qa, bias, tuning)
-    assert_matches_reference(got, qw, qa, bias)
-
-
-def assert_matches_reference(got: torch.Tensor, qw, qa, bias) -> None:
-    """An emulated kernel result (float64, NaN where never written) against the dequantized matmul.
-
-    The reference rounds scale * global_scale to fp32 once per element (docs/ir.md); the kernels apply the
-    global scales after the sum. Both are exact otherwise, so the two differ by at most ~2^-23 of the sum of
-    |terms|; a wrong lane, byte or nibble mapping is off by O(1) of it, and NaN never passes.
-    """
-    ref = _reference(qw, qa, bias)
-    magnitude = dequantize_activation(qa, torch.float64).abs() @ dequantize(qw, torch.float64).abs().T
-    err = (got - ref).abs()
-    bad = ~(err <= 2.5e-7 * magnitude + 1e-12)
-    worst = divmod(int(torch.nan_to_num(err / (magnitude + 1e-30), nan=float("inf")).argmax()), ref.shape[1])
-    assert not bad.any(), f"{int(bad.sum())} elements off; worst relative to |x| @ |w|^T at (m, n) = {worst}"
+    assert_fp4_matches_reference(got, qw, qa, bias)
 
 
 def test_emulated_mma_catches_a_wrong_scale_lane():
     """The emulation is sensitive to the layouts: moving the A scales to the accumulator's row lanes (a
     plausible mistake) breaks the match."""
-    qw, qa = _problem("nvfp4", 16, 8, 64, seed=1)
+    qw, qa = fp4_problem("nvfp4", 16, 8, 64, seed=1)
     prep = fp4_gemm.prepare(qw, "sm_120a")
     x_codes, x_scales, _ = fp4_gemm.activation_buffers(qa, prep.kp, 16)
     s_x, s_xs = _load_stage(x_codes, x_scales, 0, 16, 0, 8)
@@ -326,7 +292,7 @@ def test_emulated_mma_catches_a_wrong_scale_lane():
 def test_pack_codes_is_canonical_packing():
     """Activation codes are packed exactly as humming packs weights (docs/ir.md), so both operands share
     one nibble order."""
-    _, qa = _problem("nvfp4", 4, 4, 96, seed=3)
+    _, qa = fp4_problem("nvfp4", 4, 4, 96, seed=3)
     qw_act = quantize(dequantize_activation(qa), "nvfp4")
     from humming.ir.quantize import unpacked_codes
 
@@ -428,7 +394,7 @@ def test_gpu_matches_float64_reference(scheme, m, n, k, out_dtype):
     qa = quantize_activation(x, scheme)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     got = fp4_gemm.linear(qa, qw, bias, get_act_scheme(scheme), out_dtype)
-    ref = _reference(qw, qa, bias)
+    ref = fp4_reference(qw, qa, bias)
     magnitude = dequantize_activation(qa, torch.float64).abs() @ dequantize(qw, torch.float64).abs().T
     err = (got.to(torch.float64) - ref).abs()
     tol = 1e-5 * magnitude + (8e-3 if out_dtype == torch.bfloat16 else 0.0) * ref.abs()  # fp32 sums, bf16 out

@@ -26,8 +26,7 @@ import sys
 
 import pytest
 import torch
-from helpers import compile_fresh, cubin_tool
-from test_cuda_fp4 import _problem, assert_matches_reference
+from helpers import assert_fp4_matches_reference, compile_fresh, cubin_tool, fp4_problem
 
 from humming.cuda_kernels import _fp4_layout, _fp4_tuning, fp4_gemm, jit
 from humming.ir.formats import get_format
@@ -330,11 +329,11 @@ EMULATION_CASES = [
 
 @pytest.mark.parametrize(("scheme", "m", "n", "k", "with_bias", "block_t"), EMULATION_CASES)
 def test_emulated_kernel_matches_dequantized_matmul(scheme, m, n, k, with_bias, block_t):
-    qw, qa = _problem(scheme, m, n, k, seed=m * 1000 + n + k)
+    qw, qa = fp4_problem(scheme, m, n, k, seed=m * 1000 + n + k)
     assert fp4_gemm.weight_unsupported(qw) is None
     bias = torch.randn(n, generator=torch.Generator().manual_seed(k)) if with_bias else None
     got = _emulate(fp4_gemm.prepare(qw, "sm_100a"), qa, bias, _tuning(qw.group_shape[1], block_t))
-    assert_matches_reference(got, qw, qa, bias)
+    assert_fp4_matches_reference(got, qw, qa, bias)
 
 
 def test_the_ring_wraps_in_the_emulation():
@@ -351,22 +350,22 @@ def test_emulation_catches_a_row_major_scale_atom(monkeypatch):
         atoms = right(raw, vec, block_rows)  # [A, KA, (i, j, byte)] -> [A, KA, (j, i, byte)]
         return atoms.reshape(*atoms.shape[:2], 32, 4, 4).transpose(2, 3).reshape(atoms.shape).contiguous()
 
-    qw, qa = _problem("nvfp4", 40, 128, 128, seed=5)
+    qw, qa = fp4_problem("nvfp4", 40, 128, 128, seed=5)
     monkeypatch.setattr(_fp4_layout, "sf_atoms", row_major)
     got = _emulate(fp4_gemm.prepare(qw, "sm_100a"), qa, None, _tuning(16, 64))
     with pytest.raises(AssertionError, match="elements off"):
-        assert_matches_reference(got, qw, qa, None)
+        assert_fp4_matches_reference(got, qw, qa, None)
 
 
 def test_emulation_catches_a_wrong_mxfp4_scale_id(monkeypatch):
     """MXFP4 packs the scales of two k64 steps in one word; scale-factor ids that stay 0 for the second step
     (instruction descriptor bits 29-30 / 4-5) read the first step's scales."""
-    qw, qa = _problem("mxfp4", 8, 128, 256, seed=6)
+    qw, qa = fp4_problem("mxfp4", 8, 128, 256, seed=6)
     prep = fp4_gemm.prepare(qw, "sm_100a")
     monkeypatch.setattr(sys.modules[__name__], "sf_id", lambda j, vec: 0)
     bad = _emulate(prep, qa, None, _tuning(32, 32))
     with pytest.raises(AssertionError, match="elements off"):
-        assert_matches_reference(bad, qw, qa, None)
+        assert_fp4_matches_reference(bad, qw, qa, None)
 
 
 def test_descriptor_fields():

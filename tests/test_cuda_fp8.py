@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import assert_rel_close, capture, compile_fresh, cubin_tool, e4m3_codes, needs_nvrtc
+from helpers import assert_rel_close, capture, compile_fresh, cubin_tool, needs_nvrtc
 
 import humming
+from humming._fp8_inputs import random_activation, random_weight, reference
 from humming.cuda_kernels import _fp8_launch, _fp8_layout, fp8_gemm, jit
 from humming.ir.activation import get_act_scheme
-from humming.ir.layout import parse_group_size
 
 H200 = fp8_gemm.DeviceLimits(sm_count=132, smem_per_block=232448, smem_per_sm=233472)
 
@@ -136,10 +136,10 @@ def test_split_k_heuristic_fills_the_empty_block_slots():
             t = fp8_gemm.choose_split_tuning(m, n, k, H200, w)
             assert t == fp8_gemm.choose_split_tuning(m, n, k, H200, w)  # pure
             assert dataclasses.replace(t, splits=1) == fp8_gemm.choose_tile_tuning(m, n, k, H200, w), (m, n, k, w)
-            picked = fp8_gemm.choose_tuning(m, n, k, H200, w)  # split-K measured faster for 4-bit weights
+            picked = fp8_gemm.choose_tuning(m, n, k, H200, w)  # 4-bit tiles are cheap to read: splits fill the grid
             assert picked == (t if w != "e4m3" else dataclasses.replace(t, splits=1)), (m, n, k, w)
             assert (-(-n // t.block_n) * -(-m // t.block_m), t.splits) == (tiles, splits), (m, n, k, w)
-    for m in (1, 16, 128, 4096):  # e4m3 weights keep one split (split-K measured slower on the H200)
+    for m in (1, 16, 128, 4096):  # e4m3 weights keep one split: reducing fp32 splits costs more than they fill
         assert fp8_gemm.choose_tuning(m, 8192, 8192, H200).splits == 1
 
 
@@ -490,6 +490,27 @@ def test_mxfp4_that_cannot_be_folded_exactly_is_refused():
         assert "e8m0 scales in groups of 32 (MXFP4)" in fp8_gemm.weight_unsupported(qw)
 
 
+@pytest.mark.parametrize(
+    ("fmt", "group", "act"),
+    [
+        ("e4m3", -1, "fp8"),
+        ("e4m3", (128, 128), "fp8_g128"),
+        ("e4m3", "tensor", "fp8_tensor"),
+        ("int4", 128, "fp8"),
+        ("mxfp4", 32, "fp8"),
+    ],
+)
+def test_operand_builders_define_the_ir_product(fmt, group, act, seed):
+    """The shared operands (humming._fp8_inputs) are valid IR and their float64 product is the IR's own,
+    ``dequantize_activation(x) @ dequantize(W)^T + bias``, within the fp32 rounding of the activations'
+    ``code * scale`` (1e-6 relative)."""
+    qw = random_weight(40, 300, group, "cpu", torch.float32, fmt)
+    qa = random_activation(7, 300, act, "cpu")
+    assert qa.codes.ne(0x7F).all() and qa.codes.ne(0xFF).all()
+    ir = humming.dequantize_activation(qa, torch.float64) @ humming.dequantize(qw, torch.float64).T
+    assert_rel_close(reference(qa, qw, qw.bias), ir + qw.bias.to(torch.float64), 1e-6, precision=torch.float64)
+
+
 def test_unsupported_combinations_say_why():
     x = torch.empty(4, 256, dtype=torch.bfloat16)
     e4m3 = humming.quantize(torch.randn(64, 256), weight="e4m3", group_size=-1)
@@ -574,54 +595,13 @@ def _ids(case: Case) -> str:
     return f"{case.w}-m{case.m}-n{case.n}-k{case.k}-w{group}-{case.act}-{str(case.out)[6:]}-b{bias}"
 
 
-# Operands are built directly in the IR (random non-NaN e4m3 codes, random scales): the check depends on
-# nothing but the kernel and torch's exact e4m3 decoding. bench/tools/fp8_inputs.py holds the same builders
-# for the compute-sanitizer driver.
-
-
-def _expand(scales: torch.Tensor, block: tuple[int, int], rows: int, k: int) -> torch.Tensor:
-    return scales.to(torch.float64).repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :k]
-
-
 def _problem(case: Case):
-    """(weight, activations, bias, float64 reference) for ``case`` on the GPU."""
-    if case.w in ("int4", "mxfp4"):  # nibbles, element k in bits 4k..4k+3 of the row's little-endian stream
-        nibbles = torch.nn.functional.pad(torch.randint(0, 16, (case.n, case.k), device="cuda"), (0, -case.k % 8))
-        qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
-    else:
-        qweight = torch.nn.functional.pad(e4m3_codes(case.n, case.k), (0, -case.k % 4)).view(torch.int32)
-    if case.w == "mxfp4":  # e8m0 exponents 2^-14 .. 2^-3: 12 binades, the most the kernel folds
-        exps = torch.randint(127 - 14, 127 - 2, (case.n, -(-case.k // 32)), dtype=torch.uint8, device="cuda")
-        qw = humming.QuantizedWeight((case.n, case.k), "e2m1", qweight, exps.view(torch.float8_e8m0fnu), (1, 32))
-    else:
-        probe = humming.QuantizedWeight((case.n, case.k), case.w, qweight, None, parse_group_size(case.weight))
-        qw = probe.replace(scales=(1 + torch.rand(probe.scale_grid, device="cuda")) * 2e-3)
-    scheme = get_act_scheme(case.act)
-    m, k = case.m, case.k
-    grid = {"token": (m, 1), "tensor": (1, 1)}.get(scheme.group) or (m, -(-k // scheme.group))
-    qa = humming.QuantizedActivation(scheme, e4m3_codes(m, k), (1 + torch.rand(grid, device="cuda")) * 1e-2)
+    """(weight, activations, bias, float64 reference) for ``case`` on the GPU: operands built directly in the
+    IR (:mod:`humming._fp8_inputs`), so that the check depends on nothing but the kernel."""
+    qw = random_weight(case.n, case.k, case.weight, "cuda", fmt=case.w)
+    qa = random_activation(case.m, case.k, case.act, "cuda")
     bias = None if case.bias is None else torch.randn(case.n, device="cuda", dtype=case.bias)
-    return qw, qa, bias, _reference(qa, qw, bias)
-
-
-def _reference(qa, qw, bias) -> torch.Tensor:
-    """float64 ``dequant(x) @ dequant(W)^T + bias`` of the operands the kernel consumed."""
-    m, k = qa.codes.shape
-    x_block = {"token": (1, k), "tensor": (m, k)}.get(qa.scheme.group) or (1, qa.scheme.group)
-    xd = qa.codes.view(torch.float8_e4m3fn).to(torch.float64) * _expand(qa.scales, x_block, m, k)
-    if qw.format.name == "e2m1":  # MXFP4: the IR's definition
-        return _with_bias(xd @ humming.dequantize(qw, torch.float64).T, bias)
-    if qw.format.name == "int4":
-        packed = qw.qweight.view(torch.uint8).to(torch.int64)
-        nibbles = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)[:, :k]
-        w_values = (nibbles - 16 * (nibbles >= 8)).to(torch.float64)
-    else:
-        w_values = qw.qweight.view(torch.uint8)[:, :k].view(torch.float8_e4m3fn).to(torch.float64)
-    return _with_bias(xd @ (w_values * _expand(qw.scales, qw.block_shape, qw.N, k)).T, bias)
-
-
-def _with_bias(ref: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return ref if bias is None else ref + bias.to(torch.float64)
+    return qw, qa, bias, reference(qa, qw, bias)
 
 
 @pytest.mark.gpu
@@ -646,7 +626,7 @@ def test_linear_quantizes_with_the_triton_pass(act_name, seed, fp8_sm90):
     out = fp8_gemm.linear(x, qw, bias, act, torch.bfloat16)
     qa = quantize_activation(x, act)
     assert torch.equal(out, fp8_gemm.run(fp8_gemm.prepare(qw), qa, act, bias, torch.bfloat16))
-    assert_rel_close(out, _reference(qa, qw, bias), precision=torch.float64, seed=seed)
+    assert_rel_close(out, reference(qa, qw, bias), precision=torch.float64, seed=seed)
 
 
 @pytest.mark.gpu
@@ -676,7 +656,7 @@ def test_mxfp4_runs_through_humming_linear(seed, fp8_sm90):
     assert humming.explain(qw, 45, act="fp8").backend == "cuda"
     out = humming.linear(x, qw, bias, act="fp8", backend="cuda")
     assert torch.equal(out, humming.linear(x, qw, bias, act="fp8"))
-    assert_rel_close(out, _reference(quantize_activation(x, act), qw, bias), precision=torch.float64, seed=seed)
+    assert_rel_close(out, reference(quantize_activation(x, act), qw, bias), precision=torch.float64, seed=seed)
 
 
 @pytest.mark.gpu

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import assert_rel_close, capture, e4m3_codes
+from helpers import assert_rel_close, capture
 
 import humming
+from humming._fp8_inputs import random_codes
 from humming.cuda_kernels import fp8_gemm
 from humming.cuda_kernels._warmup import warmup_specs
 from humming.ir.activation import get_act_scheme
@@ -60,7 +61,7 @@ def _weight(c: Case):
         nibbles = torch.randint(0, 16, (c.e * c.n, c.k), device="cuda")
         qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
     else:
-        qweight = e4m3_codes(c.e * c.n, c.k).view(torch.int32)
+        qweight = random_codes(c.e * c.n, c.k, "cuda").view(torch.int32)
     qweight = qweight.view(c.e, c.n, -1)
     probe = humming.QuantizedWeight((c.e, c.n, c.k), c.w, qweight, None, parse_group_size(c.weight))
     return probe.replace(scales=(1 + torch.rand(c.e, *probe.scale_grid, device="cuda")) * 2e-3)
@@ -134,7 +135,7 @@ def _activations(c: Case, valid: torch.Tensor):
     """Random e4m3 activations ``[M_pad, K]`` whose padding rows hold NaN codes and infinite scales."""
     scheme = get_act_scheme(c.act)
     m = valid.shape[0]
-    codes = e4m3_codes(m, c.k)
+    codes = random_codes(m, c.k, "cuda")
     codes[~valid] = 0x7F
     grid = (m, 1) if scheme.group == "token" else (m, -(-c.k // scheme.group))
     scales = (1 + torch.rand(grid, device="cuda")) * 1e-2

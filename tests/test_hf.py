@@ -6,7 +6,7 @@ Tolerances, all norm-wise relative errors of float32 logits (``|a - b| / |b|``) 
 
 - ``REF16``, the reference model with the producer's own 16-bit weights (reference.safetensors): the producer
   rounded each exact dequantized weight once to fp16 / bf16, so each weight differs from humming's exact
-  float32 value by at most ``u`` relative (``u`` = 2^-11 for fp16, 2^-8 for bf16; measured about u / 1.5).
+  float32 value by at most ``u`` relative (``u`` = 2^-11 for fp16, 2^-8 for bf16).
   Whole-model logits of weight-only formats and every quantized linear fed the reference model's own input
   (all formats) are within ``u``. Whole-model logits of formats with quantized activations are not compared
   with REF16: requantizing activations that differ by ``u`` moves the codes next to a rounding boundary by a
@@ -14,7 +14,7 @@ Tolerances, all norm-wise relative errors of float32 logits (``|a - b| / |b|``) 
 - ``REF32``, the same reference model holding float32 weights whose rounding to 16 bits is bit for bit the
   producer's (checked), with the activation scheme of the checkpoint applied to each quantized linear's input
   by humming's reference quantizer (int8 per token, fp8 per 1x128 group, nvfp4): the same arithmetic, so
-  logits and greedy tokens are equal (tolerance 1e-6 for a different float32 summation order; measured 0).
+  logits and greedy tokens are equal (tolerance 1e-6 for a different float32 summation order).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def test_greedy_generation(name, loaded, seed):
 @pytest.mark.parametrize("name", ["awq_w4_g128", "ct_w4a16_g128_sym"])
 def test_checkpoint_dtype(name, loaded, seed):
     """In the checkpoint's own dtype (fp16 / bf16), against transformers' model in that dtype holding the
-    producer's weights: both round every intermediate result to the dtype, so within 4 u (measured 2 u)."""
+    producer's weights: both round every intermediate result to the dtype, so within 4 u."""
     path = DATA / name
     refs = _references(path)
     dtype = next(iter(refs.values())).dtype

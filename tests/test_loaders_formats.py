@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import assert_bit_exact
 from safetensors.torch import save_file
 
 import humming
@@ -38,13 +39,6 @@ def reference(values, scales, zeros=None, g_idx=None, group=None, dtype=torch.bf
     s = scales.to(torch.float32)[..., g_idx.long()]
     z = zeros.to(torch.float32)[..., g_idx.long()] if zeros is not None else 0.0
     return ((values.to(torch.float32) - z) * s).to(dtype)
-
-
-def assert_bits_equal(actual, expected):
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype
-    view = {2: torch.int16, 4: torch.int32}[actual.element_size()]
-    diff = actual.view(view) != expected.view(view)
-    assert not diff.any(), f"{int(diff.sum())} elements differ, first at {diff.nonzero()[0].tolist()}"
 
 
 def act_order_g_idx(k, group, gen):
@@ -109,7 +103,7 @@ def test_gptq_round_trip(tmp_path, case):
     assert qw.format.name == (f"int{bits}" if case.sym else f"uint{bits}")
     assert (qw.g_idx is not None) == case.act_order
     expected = reference(codes, scales, zeros, g_idx=g_idx, group=case.group, dtype=torch.float16)
-    assert_bits_equal(humming.dequantize(qw, torch.float16), expected)
+    assert_bit_exact(humming.dequantize(qw, torch.float16), expected)
 
 
 def test_gptq_v1_zero_point_zero_overflow(tmp_path):
@@ -126,7 +120,7 @@ def test_gptq_v1_zero_point_zero_overflow(tmp_path):
     expected_zeros = torch.full((n, 1), 5)
     expected_zeros[2:8, 0] = 16
     assert torch.equal(qw.zeros.to(torch.int64), expected_zeros)
-    assert_bits_equal(
+    assert_bit_exact(
         humming.dequantize(qw, torch.float16), reference(codes, scales, expected_zeros, dtype=torch.float16)
     )
 
@@ -180,7 +174,7 @@ def test_awq_round_trip(tmp_path, n, k, group):
     assert list(qws) == ["model.layers.0.self_attn.v_proj"]
     qw = qws["model.layers.0.self_attn.v_proj"]
     assert qw.format.name == "uint4" and qw.zeros.dtype == torch.uint8
-    assert_bits_equal(
+    assert_bit_exact(
         humming.dequantize(qw, torch.float16), reference(codes, scales, zeros, group=group, dtype=torch.float16)
     )
 
@@ -235,7 +229,7 @@ def test_ct_pack_quantized_round_trip(tmp_path, bits, sym, strategy, padded):
     ]
     assert qw.format.name == (f"int{bits}" if sym else f"uint{bits}")
     expected = reference(q, scales, zp, group=group if strategy == "group" else -1)
-    assert_bits_equal(humming.dequantize(qw, torch.bfloat16), expected)
+    assert_bit_exact(humming.dequantize(qw, torch.bfloat16), expected)
 
 
 def test_ct_pack_quantized_act_order(tmp_path):
@@ -248,7 +242,7 @@ def test_ct_pack_quantized_act_order(tmp_path):
     config = ct_config(int_weights(4, "group", group, actorder="group"), "pack-quantized")
     qw = load_checkpoint(write_checkpoint(tmp_path, config, {"m.q_proj": tensors}))["m.q_proj"]
     assert torch.equal(qw.g_idx, g_idx)
-    assert_bits_equal(humming.dequantize(qw, torch.bfloat16), reference(q, scales, g_idx=g_idx))
+    assert_bit_exact(humming.dequantize(qw, torch.bfloat16), reference(q, scales, g_idx=g_idx))
 
 
 @pytest.mark.parametrize("fmt", ["int-quantized", "naive-quantized"])
@@ -264,7 +258,7 @@ def test_ct_int_quantized(tmp_path, bits, sym, fmt):
     config = ct_config(int_weights(bits, "channel", sym=sym), fmt)
     qw = load_checkpoint(write_checkpoint(tmp_path, config, {"m.o_proj": tensors}))["m.o_proj"]
     assert qw.format.name == (f"int{bits}" if sym else f"uint{bits}")
-    assert_bits_equal(humming.dequantize(qw, torch.bfloat16), reference(q, scales, zp))
+    assert_bit_exact(humming.dequantize(qw, torch.bfloat16), reference(q, scales, zp))
 
 
 FP8_CASES = [("tensor", None, (1, 1)), ("channel", None, None), ("block", [128, 128], None), ("block", [64, 32], None)]
@@ -287,7 +281,7 @@ def test_ct_float_quantized(tmp_path, strategy, block, _):
     )["m.k_proj"]
     bn, bk = block or {"tensor": (n, k), "channel": (1, k)}[strategy]
     s = scales.float().repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
-    assert_bits_equal(humming.dequantize(qw, torch.bfloat16), (weight.float() * s).bfloat16())
+    assert_bit_exact(humming.dequantize(qw, torch.bfloat16), (weight.float() * s).bfloat16())
 
 
 E2M1 = get_format("e2m1")
@@ -310,7 +304,7 @@ def test_ct_nvfp4(tmp_path):
     qw = load_checkpoint(write_checkpoint(tmp_path, ct_config(weights, "nvfp4-pack-quantized"), {"m": tensors}))["m"]
     assert qw.global_scale.item() == 1 / 2048
     expected = (E2M1.decode(codes) * (scales.float() / global_scale).repeat_interleave(16, 1)).bfloat16()
-    assert_bits_equal(humming.dequantize(qw, torch.bfloat16), expected)  # -0.0 for code 8, as compressed-tensors
+    assert_bit_exact(humming.dequantize(qw, torch.bfloat16), expected)  # -0.0 for code 8, as compressed-tensors
 
 
 def test_ct_mxfp4(tmp_path):
@@ -322,7 +316,7 @@ def test_ct_mxfp4(tmp_path):
     weights = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32}
     qw = load_checkpoint(write_checkpoint(tmp_path, ct_config(weights, "mxfp4-pack-quantized"), {"m": tensors}))["m"]
     expected = torch.ldexp(E2M1.decode(codes), exps.repeat_interleave(32, 1).float() - 127).bfloat16()
-    assert_bits_equal(humming.dequantize(qw, torch.bfloat16), expected)
+    assert_bit_exact(humming.dequantize(qw, torch.bfloat16), expected)
 
 
 def test_ct_mixed_precision_and_ignore(tmp_path):
@@ -376,7 +370,7 @@ def test_fp8_deepseek_block(tmp_path):
     s = scale_inv.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
     qw = qws["model.layers.0.self_attn.kv_a_proj"]
     assert qw.group_shape == (128, 128)
-    assert_bits_equal(humming.dequantize(qw, torch.bfloat16), (weight.float() * s).bfloat16())
+    assert_bit_exact(humming.dequantize(qw, torch.bfloat16), (weight.float() * s).bfloat16())
 
 
 def test_fp8_per_tensor(tmp_path):
@@ -387,7 +381,7 @@ def test_fp8_per_tensor(tmp_path):
         write_checkpoint(tmp_path, qconfig, {"m": {"weight": weight, "weight_scale": scale, "input_scale": scale}})
     )["m"]
     assert qw.group_shape == (-1, -1)
-    assert_bits_equal(humming.dequantize(qw, torch.float16), (weight.float() * scale).half())
+    assert_bit_exact(humming.dequantize(qw, torch.float16), (weight.float() * scale).half())
 
 
 def test_modelopt_nvfp4_positive_zero_and_exclude(tmp_path):
@@ -405,7 +399,7 @@ def test_modelopt_nvfp4_positive_zero_and_exclude(tmp_path):
     values = E2M1.decode(codes).abs().where(codes == 8, E2M1.decode(codes))  # ModelOpt: code 8 is +0.0
     expected = (values * (scales.float() * scale_2).repeat_interleave(16, 1)).bfloat16()
     out = humming.dequantize(qws["model.layers.0.mlp.up_proj"], torch.bfloat16)
-    assert_bits_equal(out, expected)
+    assert_bit_exact(out, expected)
     assert not out[0, :4].signbit().any()
 
 
@@ -416,7 +410,7 @@ def test_modelopt_fp8(tmp_path):
     qws = load_checkpoint(
         write_checkpoint(tmp_path, {}, {"m": {"weight": weight, "weight_scale": scale}}, hf_quant_config=hf)
     )
-    assert_bits_equal(humming.dequantize(qws["m"], torch.bfloat16), (weight.float() * 0.5).bfloat16())
+    assert_bit_exact(humming.dequantize(qws["m"], torch.bfloat16), (weight.float() * 0.5).bfloat16())
 
 
 # ----------------------------------------------------------------------------------------- MoE
@@ -432,7 +426,7 @@ def test_gpt_oss_mxfp4_experts(tmp_path):
     qw = load_checkpoint(write_checkpoint(tmp_path, qconfig, modules))["model.layers.0.mlp.experts.gate_up_proj"]
     assert qw.shape == (e, n, k) and torch.equal(qw.bias, bias)
     expected = torch.ldexp(E2M1.decode(codes), exps.repeat_interleave(32, -1).float() - 127).bfloat16()
-    assert_bits_equal(humming.dequantize(qw, torch.bfloat16), expected)
+    assert_bit_exact(humming.dequantize(qw, torch.bfloat16), expected)
 
 
 def test_moe_per_expert_modules_are_stacked(tmp_path):
@@ -453,7 +447,7 @@ def test_moe_per_expert_modules_are_stacked(tmp_path):
     assert list(qws) == ["model.layers.0.mlp.experts.down_proj"]
     qw = qws["model.layers.0.mlp.experts.down_proj"]
     assert qw.shape == (e, n, k) and qw.format.name == "uint4"
-    assert_bits_equal(humming.dequantize(qw, torch.float16), torch.stack(expected))
+    assert_bit_exact(humming.dequantize(qw, torch.float16), torch.stack(expected))
 
 
 # ---------------------------------------------------------------------------------- bitsandbytes
@@ -484,7 +478,7 @@ def test_bnb_nf4(tmp_path, double_quant):
     assert list(qws) == ["m.gate_proj"]
     values = get_format("nf4").decode(codes)
     expected = (values * absmax.reshape(n, k // block).repeat_interleave(block, 1)).bfloat16()
-    assert_bits_equal(humming.dequantize(qws["m.gate_proj"], torch.bfloat16), expected)
+    assert_bit_exact(humming.dequantize(qws["m.gate_proj"], torch.bfloat16), expected)
 
 
 def test_modelopt_mixed_precision_from_config_json(tmp_path):
@@ -519,4 +513,4 @@ def test_ct_zero_zero_points_become_signed(tmp_path):
     config = ct_config(int_weights(4, "group", 32, sym=False), "pack-quantized")
     qw = load_checkpoint(write_checkpoint(tmp_path, config, {"m": tensors}))["m"]
     assert qw.format.name == "int4" and qw.zeros is None
-    assert_bits_equal(humming.dequantize(qw, torch.bfloat16), reference(q, scales, group=32))
+    assert_bit_exact(humming.dequantize(qw, torch.bfloat16), reference(q, scales, group=32))

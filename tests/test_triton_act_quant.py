@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import assert_bit_exact
 
 import humming
 from humming.triton_kernels.act_quant import quantize_activation, quantize_activation_values, quantize_pass, supports
@@ -44,19 +45,9 @@ def _inputs(case: Case, device: str) -> torch.Tensor:
     return x.to(case.dtype).to(device)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.element_size() == 1 else t
-
-
 def _assert_same(got: humming.QuantizedActivation, ref: humming.QuantizedActivation, what: str) -> None:
-    assert got.scales.dtype == ref.scales.dtype and got.scales.shape == ref.scales.shape, what
-    bad = (_bits(got.scales) != _bits(ref.scales)).nonzero()
-    assert bad.numel() == 0, f"{what}: {len(bad)} scales differ, first at {bad[0].tolist()}"
-    bad = (got.codes != ref.codes).nonzero()
-    assert bad.numel() == 0, (
-        f"{what}: {len(bad)} codes differ, first at {bad[0].tolist()}: "
-        f"{got.codes[tuple(bad[0])].item()} vs {ref.codes[tuple(bad[0])].item()}"
-    )
+    assert_bit_exact(got.scales, ref.scales, f"{what} scales")
+    assert_bit_exact(got.codes, ref.codes, f"{what} codes")
     if ref.global_scale is None:
         assert got.global_scale is None, what
     else:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import assert_bit_exact
 
 import humming
 from humming.ir.formats import FORMATS
@@ -18,17 +19,6 @@ from humming.ir.packing import pack_codes
 triton_dequant = pytest.importorskip("humming.triton_kernels.dequant")
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def assert_bit_exact(out: torch.Tensor, ref: torch.Tensor) -> None:
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    nan = torch.isnan(ref)
-    assert torch.equal(torch.isnan(out), nan), "NaN positions differ"
-    ints = {2: torch.int16, 4: torch.int32}[out.element_size()]
-    bad = (out.view(ints) != ref.view(ints)) & ~nan
-    if bad.any():
-        idx = tuple(int(i) for i in bad.nonzero()[0])
-        raise AssertionError(f"{int(bad.sum())} elements differ; first at {idx}: {out[idx]} vs {ref[idx]}")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ Two checks, for sm_90 (H100 / H200: 232448 bytes per block) and sm_80 (A100: 166
   3-bit codes with int8 MMA and NVFP4 x NVFP4 (folded scale tiles). 5/6/7-bit fields load the same two
   words as 3-bit ones, narrower whole-word formats load fewer bytes, and zero points, act-order gathers and
   the activation dtype did not change ``metadata.shared`` in the calibration; the buckets 200 and 512 share
-  a tile; a tile chosen for both architectures compiles for sm_90 only (see :func:`_jobs`). About 25
-  compiles, ~40 s on 2 cores.
+  a tile; a tile chosen for both architectures compiles for sm_90 only (see :func:`_jobs`): about 25
+  compiles, few enough for CI's 2 cores.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 
 import torch
-from fp8_inputs import random_activation, random_weight, reference  # bench/tools/, this script's folder
 
+from humming._fp8_inputs import random_activation, random_weight, reference
 from humming.cuda_kernels import fp8_gemm
 
 CASES = [  # weight format, m, n, k, weight group, act, tuning (None: the heuristic's)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device import DeviceLimits, device_info
+from ..device import DeviceLimits, device_index, device_info
 from ._driver import current_stream, get_kernel
 from ._layout import (
     CPP_DTYPE,
@@ -38,6 +38,7 @@ from ._layout import (
     PreparedWeight,
     WeightLayout,
     aligned_rows,
+    check_out,
     weight_unsupported,
     x_scale_args,
 )
@@ -380,8 +381,8 @@ class DecodeLaunch:
         new tensor."""
         m, n = self.m, self.n
         result = out
-        if out is not None and (tuple(out.shape) != (m, n) or out.dtype != self.out_dtype or out.stride(1) != 1):
-            raise ValueError(f"out: expected a [{m}, {n}] {self.out_dtype} tensor with unit column stride")
+        if out is not None:
+            check_out(out, m, n, self.out_dtype)
         if self.split:
             acc = torch.zeros((m, n), dtype=torch.float32, device=self.torch_device)
         elif out is None:
@@ -425,7 +426,7 @@ def run_decode(
     ``None``. Split-K and stream-K tunings sum partial results with fp32 atomics, in an order that varies
     between calls.
     """
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    device = device_index(x.device)
     x = aligned_rows(x)
     bias_dtype = None if bias is None else bias.dtype
     launch = DecodeLaunch(prep, x.shape[0], x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device)

@@ -9,6 +9,7 @@ import ctypes
 
 import torch
 
+from ..device import device_index
 from ..ir.weight import cdiv
 from ._fp4_layout import SCALE_VECS, activation_buffers, sm100_activation_buffers
 from ._fp4_tuning import Fp4Tuning, Sm100Layout, Sm100Tuning, choose_sm100_tuning, choose_tuning
@@ -97,15 +98,18 @@ def mma_probe(regs: torch.Tensor, vec: int) -> torch.Tensor:
     """Run one m16n8k64 block-scaled MMA: ``regs`` int32 ``[32, 8]`` on an sm_120 device (lane l: a0..a3,
     b0, b1, scale-A word, scale-B word) -> fp32 ``[32, 4]`` (lane l: c0..c3). Checks the hardware against the
     PTX ISA fragment and scale tables (tests/test_cuda_fp4.py)."""
-    from ._driver import get_kernel
-
-    device_index = regs.device.index if regs.device.index is not None else torch.cuda.current_device()
     regs = regs.to(torch.int32).contiguous()
     d = torch.full((32, 4), float("nan"), dtype=torch.float32, device=regs.device)
-    params = _ProbeParams(regs.data_ptr(), d.data_ptr())
-    kernel = get_kernel(probe_spec(vec), device_index)
-    kernel.launch((1, 1, 1), 0, params, torch.cuda.current_stream(device_index).cuda_stream)
+    _launch_probe(probe_spec(vec), _ProbeParams(regs.data_ptr(), d.data_ptr()), regs.device)
     return d
+
+
+def _launch_probe(spec: KernelSpec, params: ctypes.Structure, device: torch.device) -> None:
+    """One block of a probe kernel on ``device``'s current stream."""
+    from ._driver import current_stream, get_kernel
+
+    index = device_index(device)
+    get_kernel(spec, index).launch((1, 1, 1), 0, params, current_stream(index))
 
 
 class _Sm100ProbeParams(ctypes.Structure):
@@ -143,15 +147,11 @@ def sm100_mma_probe(a, b, sfa, sfb, vec: int, sf_id: int) -> torch.Tensor:
     (64 elements a row), one scale atom each (uint8 ``[512]``, :func:`sf_atoms` layout), scale-factor id
     ``sf_id`` -> fp32 D ``[128, 32]``. Checks the hardware against the descriptors and layouts the sm_100a
     GEMM uses (tests/test_cuda_fp4_sm100.py)."""
-    from ._driver import get_kernel
-
-    device_index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     a, b, sfa, sfb = (t.to(torch.uint8).contiguous() for t in (a, b, sfa, sfb))
     d = torch.full((128, 32), float("nan"), dtype=torch.float32, device=a.device)
     params = _Sm100ProbeParams(a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), d.data_ptr())
     params.ab_desc, params.sf_desc, params.idesc, params.sf_id = AB_DESC, SF_DESC, instr_desc(vec, 32), sf_id
-    kernel = get_kernel(sm100_probe_spec(vec), device_index)
-    kernel.launch((1, 1, 1), 0, params, torch.cuda.current_stream(device_index).cuda_stream)
+    _launch_probe(sm100_probe_spec(vec), params, a.device)
     return d
 
 
@@ -201,12 +201,12 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _launch_sm120(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: str, device_index: int) -> None:
-    from ._driver import get_kernel
+def _launch_sm120(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: str, index: int) -> None:
+    from ._driver import current_stream, get_kernel
 
     m = out.shape[0]
     tuning = choose_tuning(m, prep.n, sm_count)
-    kernel = get_kernel(fp4_spec(prep.vec, out_code, bias_code, tuning), device_index)
+    kernel = get_kernel(fp4_spec(prep.vec, out_code, bias_code, tuning), index)
     x_codes, x_scales, x_global = activation_buffers(qa, prep.kp, prep.vec)
     params = _Params()
     params.x, params.w = x_codes.data_ptr(), prep.codes.data_ptr()
@@ -215,15 +215,15 @@ def _launch_sm120(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: 
     params.bias, params.out = _ptr(bias), out.data_ptr()
     params.M, params.N, params.Kp, params.out_stride = m, prep.n, prep.kp, out.stride(0)
     grid = (cdiv(prep.n, tuning.block_n), cdiv(m, tuning.block_m), 1)
-    kernel.launch(grid, 0, params, torch.cuda.current_stream(device_index).cuda_stream)
+    kernel.launch(grid, 0, params, current_stream(index))
 
 
-def _launch_sm100(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: str, device_index: int) -> None:
-    from ._driver import get_kernel, tensor_map_2d
+def _launch_sm100(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: str, index: int) -> None:
+    from ._driver import current_stream, get_kernel, tensor_map_2d
 
     m = out.shape[0]
     tuning = choose_sm100_tuning(m, prep.n, sm_count, prep.vec)
-    kernel = get_kernel(sm100_spec(prep.vec, out_code, bias_code, tuning), device_index)
+    kernel = get_kernel(sm100_spec(prep.vec, out_code, bias_code, tuning), index)
     x_codes, x_sf, x_global = sm100_activation_buffers(qa, prep.kp, prep.vec, tuning.block_t)
     if "w" not in prep.maps:
         prep.maps["w"] = tensor_map_2d(prep.codes, 128, 128)
@@ -237,4 +237,4 @@ def _launch_sm100(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: 
     params.M, params.N, params.Kp, params.out_stride = m, prep.n, prep.kp, out.stride(0)
     grid = (cdiv(prep.n, 128), cdiv(m, tuning.block_t), 1)
     smem = Sm100Layout(prep.vec, tuning.block_t, tuning.stages).smem_bytes
-    kernel.launch(grid, smem, params, torch.cuda.current_stream(device_index).cuda_stream)
+    kernel.launch(grid, smem, params, current_stream(index))

@@ -20,7 +20,7 @@ import torch
 from ..device import device_index
 from ._decode import device_limits
 from ._driver import current_stream, get_kernel, tensor_map
-from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, x_scale_args
+from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
@@ -305,8 +305,8 @@ class GemmLaunch:
         m, n = self.m, self.n
         if out is None:
             out = torch.empty((m, n), dtype=self.out_dtype, device=self.torch_device)
-        elif tuple(out.shape) != (m, n) or out.dtype != self.out_dtype or out.stride(1) != 1:
-            raise ValueError(f"out: expected a [{m}, {n}] {self.out_dtype} tensor with unit column stride")
+        else:
+            check_out(out, m, n, self.out_dtype)
         if m == 0:
             return out
         params = _Params.from_buffer_copy(self.template)

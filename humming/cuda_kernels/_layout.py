@@ -39,6 +39,7 @@ __all__ = [
     "PreparedWeight",
     "WeightLayout",
     "aligned_rows",
+    "check_out",
     "prepare_weight",
     "rows_aligned",
     "tile_group",
@@ -96,6 +97,16 @@ def x_scale_args(x_scale: torch.Tensor | None, m: int) -> tuple[int | None, int]
             f"{tuple(x_scale.shape)}"
         )
     return x_scale.data_ptr(), 1 if x_scale.numel() == m and m > 1 else 0
+
+
+def check_out(out: torch.Tensor, m: int, n: int, dtype: torch.dtype) -> None:
+    """Raise ValueError unless ``out`` is what the weight-only kernels write: ``[m, n]`` of ``dtype`` with unit
+    column stride."""
+    if tuple(out.shape) != (m, n) or out.dtype != dtype or out.stride(1) != 1:
+        raise ValueError(
+            f"out: expected a [{m}, {n}] {dtype} tensor with unit column stride, got {out.dtype}"
+            f" {tuple(out.shape)} with strides {out.stride()}"
+        )
 
 
 def rows_aligned(x: torch.Tensor) -> bool:

@@ -16,9 +16,9 @@ import operator
 
 import torch
 
+from .._moe_call import MoeCall
 from ..ir.activation import get_act_scheme
 from ..ir.weight import QuantizedWeight
-from ..moe import MoeCall
 from .kernels import DENSE_KERNELS, GROUPED_KERNELS, backend_module
 from .plan import plan_grouped, plan_linear
 

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["msb_mask", "pack_codes", "packed_words", "unpack_codes"]
+__all__ = ["cdiv", "msb_mask", "pack_codes", "packed_words", "unpack_codes"]
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for sizes (``b > 0``): how many ``b``-sized tiles, groups or words cover ``a``."""
+    return -(-a // b)
 
 
 def packed_words(k: int, bits: int) -> int:

@@ -9,10 +9,14 @@ saying why when a part would not be exact; a K split that is not word-aligned re
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from .packing import pack_codes, packed_words, unpack_codes
-from .weight import QuantizedWeight, cdiv
+from .packing import cdiv, pack_codes, packed_words, unpack_codes
+
+if TYPE_CHECKING:  # annotations only: weight.py imports this module for QuantizedWeight.shard
+    from .weight import QuantizedWeight
 
 __all__ = ["deinterleave_rows", "shard"]
 

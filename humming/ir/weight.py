@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from .formats import NumberFormat, get_format
-from .packing import packed_words
+from .packing import cdiv, packed_words
+from .shard import shard as _shard
 
 __all__ = ["SCALE_DTYPES", "QuantizedWeight", "cdiv", "expert_weight", "layout_name", "weight_by_handle"]
 
@@ -32,10 +33,6 @@ _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handle -> 
 def weight_by_handle(handle: int) -> QuantizedWeight | None:
     """The live weight whose :attr:`QuantizedWeight.handle` is ``handle``, or None once it is gone."""
     return _live.get(handle)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def layout_name(group_shape: tuple[int, int]) -> str:
@@ -166,9 +163,7 @@ class QuantizedWeight:
     def shard(self, dim: int, rank: int, world_size: int) -> QuantizedWeight:
         """Rank ``rank``'s equal part along ``dim`` (0 = N, column-parallel; 1 = K, row-parallel; with a
         leading expert dim, 0 = experts); raises ``ValueError`` when a split cannot be exact."""
-        from .shard import shard  # shard.py builds on this module
-
-        return shard(self, dim, rank, world_size)
+        return _shard(self, dim, rank, world_size)
 
     def describe(self) -> str:
         """A short name such as ``int4 g128 bf16-scales`` or ``uint4 g128 zp act-order``."""

@@ -7,8 +7,8 @@ parallelism. Errors are ``CheckpointError`` subclasses (``humming.loaders.errors
 
 from ..ir.concat import concat, stack
 from ..ir.shard import deinterleave_rows, shard
-from .activations import ActivationSpec, activation_schemes
-from .checkpoint import load_checkpoint
+from .activations import ActivationSpec
+from .checkpoint import activation_schemes, load_checkpoint
 from .errors import (
     CheckpointError,
     MissingTensorError,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -34,8 +33,8 @@ from .errors import MissingTensorError, UnsupportedFormatError
 
 __all__ = [
     "ActivationSpec",
-    "activation_schemes",
     "compressed_tensors_activation",
+    "expert_activation",
     "merged_activation",
     "reader_activation",
     "static_scale",
@@ -127,24 +126,6 @@ def compressed_tensors_activation(module: str, ia: dict | None, files) -> Activa
         if group == 32 and dynamic is True:
             return ActivationSpec("mxfp4")
     raise UnsupportedFormatError(f"{desc}: no humming activation scheme matches")
-
-
-def activation_schemes(
-    path: str | Path, *, device="cpu", modules: Iterable[str] | None = None
-) -> dict[str, tuple[str | None, torch.Tensor | None]]:
-    """``{module: (act, static_scale)}`` for the modules :func:`humming.load_checkpoint` returns (same names,
-    experts stacked): ``act`` for ``humming.linear(act=...)``, ``static_scale`` a one-element float32 tensor
-    on ``device`` (quantize ``x / static_scale``; for stacked experts the max of theirs, see
-    :func:`static_scale`) or ``None``. Raises ``UnsupportedFormatError`` for activation settings humming
-    cannot run."""
-    from .checkpoint import iter_modules, open_checkpoint
-
-    files, reader = open_checkpoint(path)
-    out = {}
-    for name, parts in iter_modules(reader, modules):
-        spec = expert_activation(reader, name, parts)
-        out[name] = (spec.act, static_scale(files, spec, device))
-    return out
 
 
 def expert_activation(reader, name: str, parts: list[str | None]) -> ActivationSpec:

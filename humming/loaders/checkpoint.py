@@ -1,4 +1,5 @@
-"""``load_checkpoint``: a Hugging Face-style quantized checkpoint folder -> ``{module: QuantizedWeight}``."""
+"""``load_checkpoint``: a Hugging Face-style quantized checkpoint folder -> ``{module: QuantizedWeight}``;
+``activation_schemes``: the activation scheme each of those modules' producer configured."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import torch
+
 from humming.ir.weight import QuantizedWeight
 
 from ..ir.concat import stack
 from ._files import CheckpointFiles, TensorFiles
+from .activations import expert_activation, static_scale
 from .awq import AWQReader
 from .bnb import BitsAndBytesReader
 from .compressed_tensors import CompressedTensorsReader
@@ -20,7 +24,15 @@ from .gpt_oss import GptOssReader
 from .gptq import GPTQReader
 from .modelopt import ModelOptReader
 
-__all__ = ["READERS", "iter_modules", "load_checkpoint", "load_module", "open_checkpoint", "open_reader"]
+__all__ = [
+    "READERS",
+    "activation_schemes",
+    "iter_modules",
+    "load_checkpoint",
+    "load_module",
+    "open_checkpoint",
+    "open_reader",
+]
 
 #: ``quant_method`` -> reader class.
 READERS = {
@@ -161,4 +173,20 @@ def load_checkpoint(
     out = {}
     for name, parts in iter_modules(reader, modules):
         out[name] = load_module(reader, name, parts).to(device)
+    return out
+
+
+def activation_schemes(
+    path: str | Path, *, device="cpu", modules: Iterable[str] | None = None
+) -> dict[str, tuple[str | None, torch.Tensor | None]]:
+    """``{module: (act, static_scale)}`` for the modules :func:`humming.load_checkpoint` returns (same names,
+    experts stacked): ``act`` for ``humming.linear(act=...)``, ``static_scale`` a one-element float32 tensor
+    on ``device`` (quantize ``x / static_scale``; for stacked experts the max of theirs, see
+    :func:`~.activations.static_scale`) or ``None``. Raises ``UnsupportedFormatError`` for activation settings
+    humming cannot run."""
+    files, reader = open_checkpoint(path)
+    out = {}
+    for name, parts in iter_modules(reader, modules):
+        spec = expert_activation(reader, name, parts)
+        out[name] = (spec.act, static_scale(files, spec, device))
     return out

@@ -197,7 +197,7 @@ def kernel_spec(
             "as_ptr": a_scale_type,
             "ags_ptr": "*fp32",
             "bias_ptr": "*fp32",
-            "out_ptr": "*" + triton_type(out_dtype),
+            "out_ptr": "*fp32" if cfg.split_k > 1 else "*" + triton_type(out_dtype),  # split-K: the fp32 workspace
             "expert_ptr": "*i32",
             "rows_ptr": "*i32",
         },

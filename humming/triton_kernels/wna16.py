@@ -506,7 +506,7 @@ def kernel_spec(
             **pointer_types(qw),
             "x_ptr": "*" + triton_type(x_dtype),
             "bias_ptr": "*fp32",
-            "out_ptr": "*" + triton_type(x_dtype),
+            "out_ptr": "*fp32" if cfg.split_k > 1 else "*" + triton_type(x_dtype),  # split-K: the fp32 workspace
             **({} if is_gemv else {"expert_ptr": "*i32", "rows_ptr": "*i32"}),
         },
         constexprs={

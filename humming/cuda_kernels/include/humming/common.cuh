@@ -4,11 +4,13 @@
 
 namespace humming {
 
-// Asynchronous global -> shared copies (sm_80+), completed with commit / wait groups.
+// The 32-bit shared-window address of a generic pointer into shared memory: the operand form of every
+// PTX instruction that names shared memory (cp.async, ldmatrix, mbarrier, TMA, tcgen05, descriptors).
 __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
+// Asynchronous global -> shared copies (sm_80+), completed with commit / wait groups.
 // `dst` is a shared-memory address (smem_addr).
 __device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));

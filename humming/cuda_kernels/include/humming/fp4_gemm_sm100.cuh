@@ -98,7 +98,7 @@ template <int kVec, int kBlockT, int kStages, DType O, DType B>
 __device__ __forceinline__ void run(const Params& p) {
   using L = Layout<kVec, kBlockT, kStages>;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t base = (sm90::smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t full = base + L::kBars, empty = full + 8 * kStages, acc_full = empty + 8 * kStages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = blockIdx.x * kBlockN, t_block = blockIdx.y;
@@ -118,7 +118,7 @@ __device__ __forceinline__ void run(const Params& p) {
   sm100::fence_before_sync();
   __syncthreads();
   sm100::fence_after_sync();
-  uint8_t* const smem = smem_raw + (base - sm90::smem_u32(smem_raw));  // generic pointer to `base`
+  uint8_t* const smem = smem_raw + (base - smem_addr(smem_raw));  // generic pointer to `base`
   const uint32_t tmem = *reinterpret_cast<volatile uint32_t*>(smem + L::kTmemSlot);
 
   if (warp == 0 && lane == 0) {

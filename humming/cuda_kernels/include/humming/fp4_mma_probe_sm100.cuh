@@ -47,24 +47,24 @@ __device__ __forceinline__ void mma_probe(const ProbeParams& p) {
     s_sf[i] = p.sfa[i];
     s_sf[kAtomBytes + i] = p.sfb[i];
   }
-  const uint32_t bar_addr = sm90::smem_u32(&bar);
+  const uint32_t bar_addr = smem_addr(&bar);
   if (threadIdx.x == 0) {
     sm90::mbar_init(bar_addr, 1);
     sm90::fence_mbar_init();
   }
   sm90::fence_proxy_async();  // the generic-proxy writes above, before the tensor core reads them
-  if (warp == 0) sm100::tmem_alloc<256>(sm90::smem_u32(&tmem_slot));
+  if (warp == 0) sm100::tmem_alloc<256>(smem_addr(&tmem_slot));
   sm100::fence_before_sync();
   __syncthreads();
   sm100::fence_after_sync();
   const uint32_t tmem = *reinterpret_cast<volatile uint32_t*>(&tmem_slot);
   if (threadIdx.x == 0) {
-    const uint32_t sfa = tmem + 128, sfb = tmem + 132, sf = sm90::smem_u32(s_sf);
+    const uint32_t sfa = tmem + 128, sfb = tmem + 132, sf = smem_addr(s_sf);
     sm100::cp_32x128b_warpx4(sfa, p.sf_desc | (sf >> 4));
     sm100::cp_32x128b_warpx4(sfb, p.sf_desc | ((sf + kAtomBytes) >> 4));
     const uint32_t idesc = p.idesc | (p.sf_id << 29) | (p.sf_id << 4);
-    sm100::mma_block_scaled<kVec>(tmem, p.ab_desc | (sm90::smem_u32(s_a) >> 4),
-                                  p.ab_desc | (sm90::smem_u32(s_b) >> 4), idesc, sfa, sfb, 0);
+    sm100::mma_block_scaled<kVec>(tmem, p.ab_desc | (smem_addr(s_a) >> 4),
+                                  p.ab_desc | (smem_addr(s_b) >> 4), idesc, sfa, sfb, 0);
     sm100::commit(bar_addr);
   }
   sm90::mbar_wait(bar_addr, 0);

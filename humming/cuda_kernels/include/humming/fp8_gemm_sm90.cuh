@@ -148,7 +148,7 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(!kSplitK || (!kTmaStore && !kGrouped && O == DType::f32), "split-K adds fp32 with plain stores");
 
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t out_base = base + L::kOut;
   const uint32_t bar_base = base + L::kBars;
   auto w_tile = [&](int s) { return base + s * L::kStageBytes; };

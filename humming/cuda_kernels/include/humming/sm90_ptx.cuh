@@ -1,7 +1,7 @@
 // PTX wrappers for the Hopper (sm_90a) kernels, shared by the WnA16 GEMM, the FP8 GEMM and the sm_100a FP4
-// GEMM's TMA side: shared-memory addresses, mbarriers, TMA (bulk tensor copies), wgmma fences and descriptors,
-// wgmma on e4m3 operands and on 16-bit operands with A in registers, stmatrix, register reallocation.
-// Namespaced humming::sm90.
+// GEMM's TMA side: mbarriers, TMA (bulk tensor copies), wgmma fences and descriptors, wgmma on e4m3 operands
+// and on 16-bit operands with A in registers, stmatrix, register reallocation. Namespaced humming::sm90.
+// Shared-memory operands are 32-bit shared-window addresses, taken with smem_addr (common.cuh).
 #include "humming/types.cuh"
 
 namespace humming {
@@ -12,12 +12,6 @@ namespace sm90 {
 struct alignas(64) TensorMap {
   uint64_t opaque[16];
 };
-
-__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
-  uint32_t addr;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(addr) : "l"(ptr));
-  return addr;
-}
 
 // ---- mbarriers (one 8-byte barrier in shared memory, addressed by its shared-window offset) ----
 

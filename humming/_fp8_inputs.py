@@ -1,9 +1,9 @@
-"""Random FP8 GEMM operands built directly in humming's IR, and the float64 product they define (for
-cuda_fp8_sanitize.py).
+"""Random FP8 GEMM operands built directly in humming's IR, and the float64 product they define: the inputs
+of the FP8 GEMM checks (tests/test_cuda_fp8*.py, bench/tools/cuda_fp8_sanitize.py).
 
 Codes are drawn uniformly from every e4m3 code except NaN (0x7F, 0xFF), scales uniformly from [s, 2s):
 no quantizer runs, so a check depends on nothing but the kernel and torch's exact fp8 -> float
-conversion. tests/test_cuda_fp8.py builds its operands the same way.
+conversion.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from humming.ir.activation import QuantizedActivation, get_act_scheme
-from humming.ir.layout import parse_group_size
-from humming.ir.quantize import dequantize
-from humming.ir.weight import QuantizedWeight
+from .ir.activation import QuantizedActivation, get_act_scheme
+from .ir.layout import parse_group_size
+from .ir.quantize import dequantize
+from .ir.weight import QuantizedWeight
 
 __all__ = ["random_activation", "random_codes", "random_weight", "reference", "reference_weight"]
 
