@@ -102,10 +102,7 @@ def _rmsnorm_quantize_impl(x, weight, eps, scheme: ActScheme, residual, scale, b
 
 def _op(x, weight, eps, act, residual, scale, backend):
     qa, new_residual = _rmsnorm_quantize_impl(x, weight, eps, get_act_scheme(act), residual, scale, backend)
-    gs = qa.global_scale if qa.global_scale is not None else torch.ones((), device=x.device)
-    # A custom op's outputs may not alias its inputs: a static scale comes back as a view of ``scale``.
-    scales = qa.scales.clone() if scale is not None else qa.scales
-    return qa.codes, scales, gs.reshape(()), x.new_empty(0) if new_residual is None else new_residual
+    return *ops.activation_outputs(qa, scale), x.new_empty(0) if new_residual is None else new_residual
 
 
 def _fake(x, weight, eps, act, residual, scale, backend):

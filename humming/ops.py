@@ -33,6 +33,7 @@ __all__ = [
     "LIBRARY",
     "act_name",
     "act_scales_shape",
+    "activation_outputs",
     "eager",
     "quantize_activation",
     "register",
@@ -170,12 +171,17 @@ def _fake_quantize_activation(x, act, scale, backend):
     )
 
 
-def _quantize_activation_op(x, act, scale, backend):
-    qa = _quantize_activation_impl(x, get_act_scheme(act), scale, backend)
-    gs = qa.global_scale if qa.global_scale is not None else torch.ones((), device=x.device)
-    # A custom op's outputs may not alias its inputs: a static scale comes back as a view of ``scale``.
+def activation_outputs(qa: QuantizedActivation, scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A custom op's ``(codes, scales, global scale)`` outputs for ``qa``, quantized with the static ``scale``
+    (or None): a missing global scale is a one, and a static scale (``qa.scales`` is a view of it) is copied,
+    since an op's outputs may not alias its inputs."""
+    gs = qa.global_scale if qa.global_scale is not None else torch.ones((), device=qa.codes.device)
     scales = qa.scales.clone() if scale is not None else qa.scales
     return qa.codes, scales, gs.reshape(())
+
+
+def _quantize_activation_op(x, act, scale, backend):
+    return activation_outputs(_quantize_activation_impl(x, get_act_scheme(act), scale, backend), scale)
 
 
 register("quantize_activation", _quantize_activation_op, _fake_quantize_activation)
