@@ -341,10 +341,11 @@ def _humming(group: MoeGroup, inp: Inputs) -> Prepared:
         return _humming_layer(group, inp)
     qws = group.qweights()
     rows, routing, block_m = group.grouped(inp)
-    kernel = plan_grouped(qws[0], group.act, rows, block_m).kernel
     if group.part == "grouped_w13":  # as fused_moe: the tokens read in place through the routing's row index
+        kernel = plan_grouped(qws[0], group.act, inp.x, block_m, m_pad=rows.shape[0]).kernel
         call = partial(grouped_linear, inp.x, rows=routing.token_rows(inp.ids.shape[1]))
     else:  # w2's input is already in grouped order (the activation pass writes it so)
+        kernel = plan_grouped(qws[0], group.act, rows, block_m).kernel
         call = partial(grouped_linear, rows)
     calls = [partial(call, qweight=qw, expert_ids=routing.expert_ids, block_m=block_m, act=group.act) for qw in qws]
     return Prepared(calls, kernel, _slot_order(routing))
@@ -359,7 +360,9 @@ def _humming_layer(group: MoeGroup, inp: Inputs) -> Prepared:
     w13s, w2s = group.qweights("w13"), group.qweights("w2")
     rows, _, block_m = group.grouped(inp)
     hidden = rows.new_empty(rows.shape[0], model.inter)
-    kernels = [plan_grouped(qws[0], group.act, x, block_m).kernel for qws, x in ((w13s, rows), (w2s, hidden))]
+    # the plans fused_moe makes: w13 on the tokens it gathers into the grouped rows, w2 on the grouped rows
+    w13_plan = plan_grouped(w13s[0], group.act, inp.x, block_m, m_pad=rows.shape[0])
+    kernels = [w13_plan.kernel, plan_grouped(w2s[0], group.act, hidden, block_m).kernel]
     layer = partial(
         fused_moe,
         activation=model.activation,
