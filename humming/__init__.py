@@ -3,7 +3,6 @@
 from . import moe, nn, norm, ops
 from .deterministic import is_deterministic, set_deterministic
 from .dispatch.plan import Plan, explain, prepare
-from .dispatch.warmup import warmup
 from .ir import (
     ACT_SCHEMES,
     FORMATS,
@@ -27,6 +26,7 @@ from .ir import (
 from .linear import linear
 from .loaders import load_checkpoint
 from .norm import rmsnorm, rmsnorm_quantize
+from .warmup import warmup
 
 __version__ = "0.1.0"
 

@@ -53,9 +53,9 @@ from ._bench_systems import (
     nbytes,
     weight_copies,
 )
-from ._moe_layer import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, activate, check_activation
 from .dispatch.kernels import GROUPED_KERNELS
 from .dispatch.tune import CASES
+from .reference.moe_layer import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, activate, check_activation
 
 __all__ = [
     "GROUPED",

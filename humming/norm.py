@@ -2,18 +2,8 @@
 a decoder layer's normed activations once, in the norm's own pass, and every ``humming.linear`` that reads
 them (q/k/v, gate/up) takes the :class:`~humming.QuantizedActivation` as it is: no separate quantization pass.
 
-:func:`rmsnorm` is the definition (torch); the Triton kernel (:mod:`humming.triton_kernels.norm_quant`) is
-bit-exact with ``quantize_activation(rmsnorm(...), act)``. The formula, for a row ``z`` of x (or of
-``dtype(x + residual)``, the residual add rounded to x's dtype as engines do) with K columns:
-
-- ``E``: the exponent with ``|z_k| < 2^E`` for every finite ``z_k`` (from the float32 bits of the absmax),
-  and ``P = 52 - ceil(log2 K)``;
-- ``mean_sq = (sum_k floor(z_k^2 * 2^(P - 2E))) * 2^(2E - P) / K`` in float64: each term is an integer below
-  ``2^P``, so the sum is exact in any order (what makes the kernel bit-exact); it is the exact mean of
-  squares to within ``2^-P`` of the largest square, far below float32 resolution;
-- ``inv_rms = float32(1 / sqrt(mean_sq + float32(eps)))`` (float64, correctly rounded operations);
-- ``y = dtype(float32(dtype(float32(z) * inv_rms)) * float32(weight))``: Llama / vLLM's rounding to x's dtype
-  before the weight multiplies.
+:func:`rmsnorm` is the definition (:mod:`humming.reference.norm` states the formula); the Triton kernel
+(:mod:`humming.triton_kernels.norm_quant`) is bit-exact with ``quantize_activation(rmsnorm(...), act)``.
 """
 
 from __future__ import annotations
@@ -23,38 +13,22 @@ import torch
 from . import ops
 from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from .ir.activation import quantize_activation as reference_quantize_activation
+from .reference import norm as reference
 
-__all__ = ["rms_inverse", "rmsnorm", "rmsnorm_quantize"]
+__all__ = ["rmsnorm", "rmsnorm_quantize"]
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def rms_inverse(z: torch.Tensor, eps: float) -> torch.Tensor:
-    """float32 ``[M, 1]``: ``1 / sqrt(mean(z^2) + eps)`` of each row of ``z`` ``[M, K]``, as the module
-    docstring defines it (exact sum of squares, float64 square root and division, one rounding to float32)."""
-    k = z.shape[-1]
-    p = 52 - (k - 1).bit_length()
-    mag = z.float().abs()
-    amax = torch.where(torch.isfinite(mag), mag, 0.0).amax(-1, keepdim=True)
-    e = ((amax.view(torch.int32) >> 23) & 0xFF) - 126
-    z64 = z.double()
-    total = torch.floor(torch.ldexp(z64 * z64, p - 2 * e)).sum(-1, keepdim=True)
-    mean_sq = torch.ldexp(total, 2 * e - p) / k
-    eps64 = torch.tensor(eps, dtype=torch.float32).double()
-    return (1.0 / torch.sqrt(mean_sq + eps64)).float()
 
 
 def rmsnorm(
     x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm of ``x`` ``[M, K]`` (float16 / bfloat16 / float32) with ``weight`` ``[K]``, in x's dtype (the
-    reference; formula in the module docstring). With ``residual`` (``[M, K]``, x's dtype): ``z = x +
-    residual`` rounded to x's dtype is normalized, and ``(rmsnorm(z), z)`` is returned, the new residual
+    reference; formula in :mod:`humming.reference.norm`). With ``residual`` (``[M, K]``, x's dtype): ``z = x
+    + residual`` rounded to x's dtype is normalized, and ``(rmsnorm(z), z)`` is returned, the new residual
     second (vLLM's ``fused_add_rms_norm``, without writing in place)."""
     _check(x, weight, eps, residual)
-    z = x if residual is None else (x.float() + residual.float()).to(x.dtype)
-    y = (z.float() * rms_inverse(z, eps)).to(x.dtype)
-    y = (y.float() * weight.float()).to(x.dtype)
+    y, z = reference.rmsnorm(x, weight, eps, residual)
     return y if residual is None else (y, z)
 
 

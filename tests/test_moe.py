@@ -20,9 +20,11 @@ import torch
 from helpers import capture, gated, rel_err
 
 import humming
-from humming import _moe_layer, moe
+from humming import moe
+from humming.reference import moe_layer as _moe_layer
 
 wna16 = pytest.importorskip("humming.triton_kernels.wna16")
+from humming.dispatch.kernels import GROUPED_KERNELS  # noqa: E402
 from humming.dispatch.support import combination_error  # noqa: E402
 from humming.ir.activation import get_act_scheme  # noqa: E402
 from humming.ir.formats import get_format  # noqa: E402
@@ -455,10 +457,10 @@ def test_grouped_linear_gather_backends_agree(act, prequantized: bool, seed: int
     tol = TOL[torch.float32] if act is not None else TOL[torch.bfloat16]  # the reference keeps fp32 weights
     assert rel_err(out[used], ref[used].double()) <= tol
     copied = []
-    kernel = moe.GROUPED_KERNELS["reference"]
+    kernel = GROUPED_KERNELS["reference"]
     run = lambda x, *args, **gather: copied.append((x, gather)) or kernel.run(x, *args, **gather)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(moe.GROUPED_KERNELS, "reference", dataclasses.replace(kernel, gathers=False, run=run))
+        mp.setitem(GROUPED_KERNELS, "reference", dataclasses.replace(kernel, gathers=False, run=run))
         out = moe.grouped_linear(xin, qw, expert_ids, block_m, backend="reference", **kwargs)
     ((grouped, gather),) = copied
     assert not gather and getattr(grouped, "codes", grouped).shape[0] == rows.shape[0]

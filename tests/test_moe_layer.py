@@ -1,5 +1,5 @@
 """``humming.triton_kernels.moe_layer`` (fused_moe's activation pass and combine) against the torch
-definitions in ``humming._moe_layer``.
+definitions in ``humming.reference.moe_layer``.
 
 - Activation pass: every activation, both gate / up layouts, fp16 / bf16 / fp32. Unquantized, within one
   rounding of the reference norm-wise (``||out - ref|| / ||ref|| <= eps`` of the dtype: the kernel's exp /
@@ -19,7 +19,8 @@ import pytest
 import torch
 from helpers import rel_err
 
-from humming import _moe_layer, ops
+from humming import ops
+from humming.reference import moe_layer as _moe_layer
 
 moe_layer = pytest.importorskip("humming.triton_kernels.moe_layer")
 # exp(-x) of a very negative x is inf by design (x / (1 + inf) = 0); the interpreter's numpy says so

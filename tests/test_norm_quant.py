@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import humming
-from humming.norm import rms_inverse
+from humming.reference.norm import rms_inverse
 from humming.triton_kernels import norm_quant
 
 _EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}

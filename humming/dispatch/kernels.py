@@ -21,7 +21,7 @@ __all__ = ["BACKENDS", "DENSE_KERNELS", "GROUPED_KERNELS", "Kernel", "backend_mo
 BACKENDS = {
     "cuda": "humming.cuda_kernels",
     "triton": "humming.triton_kernels",
-    "reference": "humming.dispatch.reference",
+    "reference": "humming.reference",
 }
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .._moe_layer import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..ir.concat import concat
 from ..ir.weight import QuantizedWeight
 from ..loaders.activations import ActivationSpec, expert_activation, merged_activation, static_scale
 from ..loaders.checkpoint import iter_modules, load_module, open_checkpoint
 from ..loaders.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError, UnsupportedFormatError
+from ..reference.moe_layer import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .linear import QuantizedLinear
 from .moe import QuantizedExperts
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from .._moe_layer import check_activation
-from .._routing import check_routing, layer_backend
 from ..ir.activation import ActScheme, get_act_scheme
 from ..ir.quantize import quantize
 from ..ir.weight import QuantizedWeight
 from ..moe import MoeCall, fused_moe, topk_routing
+from ..moe.routing import check_routing, layer_backend
+from ..reference.moe_layer import check_activation
 from ._buffers import QuantizedModule
 from .linear import resolve_group_size
 

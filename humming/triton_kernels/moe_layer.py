@@ -1,5 +1,5 @@
 """The steps of :func:`humming.moe.fused_moe` around its two grouped GEMMs, in Triton: the Triton twins of
-:mod:`humming._moe_layer` (the definitions, in torch).
+:mod:`humming.reference.moe_layer` (the definitions, in torch).
 
 - :func:`activate`: the ``w13`` output ``h [M_pad, 2I]`` -> the ``w2`` input ``[M_pad, I]``, one pass. Each
   element is activated in float32 and rounded to ``h``'s dtype, as the reference does; with ``act`` (a
@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._moe_layer import ACTIVATIONS, Activation
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
+from ..reference.moe_layer import ACTIVATIONS, Activation
 from . import registry
 from ._launch import CompiledLaunches
 from .act_quant import per_token_tile, quantize_chunk, scale_kind, scheme_unsupported, span_scale
@@ -52,7 +52,7 @@ def _load_gate_up(h_ptr, rows64, cols, mask, stride_hm, inter, INTERLEAVED: tl.c
 
 @triton.jit
 def _act(gate, up, ACTIVATION: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr):
-    """The activation of float32 ``gate`` and ``up`` (humming._moe_layer.activate's formulas)."""
+    """The activation of float32 ``gate`` and ``up`` (humming.reference.moe_layer.activate's formulas)."""
     if ACTIVATION == "silu":
         out = gate / (1.0 + tl.exp(-gate)) * up
     elif ACTIVATION == "gelu":
@@ -277,7 +277,7 @@ def activate(
 
 
 def combine(y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`humming._moe_layer.combine` in one kernel: ``y [M_pad, H]`` (rows contiguous), ``slot_rows``
+    """:func:`humming.reference.moe_layer.combine` in one kernel: ``y [M_pad, H]`` (rows contiguous), ``slot_rows``
     int32 ``[T * topk]``, float ``topk_weights [T, topk]`` -> ``[T, H]`` in ``dtype``."""
     _check("y", y, _DTYPES)
     t, topk = topk_weights.shape

@@ -2,7 +2,7 @@
 bit-exact with :func:`humming.rmsnorm` followed by :func:`humming.quantize_activation`.
 
 A program takes ``BLOCK_M`` rows and reads each row a few times (from L1/L2 after the first): the absmax
-that fixes the row's exponent ``E``, the exact sum of squares (:func:`humming.norm.rms_inverse` defines it),
+that fixes the row's exponent ``E``, the exact sum of squares (:func:`humming.reference.norm.rms_inverse` defines it),
 then, per-token, the normalized row's absmax, and the codes. Groups along K (1x128, MX) take their absmax
 and codes from the same read. Schemes whose scale spans rows (dynamic per-tensor, NVFP4's global scale) would
 need the whole tensor's normalized absmax before the first code: they are refused (:func:`supports`).
@@ -166,7 +166,7 @@ def _rmsnorm_quant_kernel(
 
 
 def sum_bits(k: int) -> int:
-    """``P`` of :func:`humming.norm.rms_inverse`: each of the ``k`` terms of the sum of squares is an integer
+    """``P`` of :func:`humming.reference.norm.rms_inverse`: each of the ``k`` terms of the sum of squares is an integer
     below ``2^P``, so their sum stays below ``2^52`` (exact in float64)."""
     return 52 - (k - 1).bit_length()
 

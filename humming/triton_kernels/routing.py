@@ -1,5 +1,5 @@
 """Top-k expert routing in Triton (:func:`humming.moe.topk_routing`): the ids of the reference
-(:func:`humming._routing.reference`, which defines the routing) exactly, its weights to float32 rounding.
+(:func:`humming.reference.routing.topk_routing`, which defines the routing) exactly, its weights to float32 rounding.
 
 One program routes one token: it holds the token's logits as a ``[BLOCK_G, BLOCK_S]`` tile (groups x
 experts of a group, each padded to a power of two; one group when there are no groups), so that a group's
@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._routing import RoutingSpec
+from ..reference.routing import RoutingSpec
 from . import registry
 from ._launch import CompiledLaunches
 from .interpreter import INTERPRET

@@ -1,77 +1,24 @@
-"""Top-k expert routing (:func:`humming.moe.topk_routing`): the checked call, the torch reference that
-defines it, and the choice between the reference and the Triton kernel
-(:mod:`humming.triton_kernels.routing`).
-
-The routing of a token, in float32:
-
-1. Scores: ``softmax`` over the experts or ``sigmoid`` of each logit (``order="score_then_topk"``); with
-   ``order="topk_then_softmax"`` nothing yet.
-2. Ranking keys: the scores plus ``correction_bias`` (DeepSeek-V3's load-balancing bias: it moves the
-   choice, not the weights). Without a bias and without groups, and with ``topk_then_softmax``, the keys
-   are the logits themselves: softmax and sigmoid are increasing, so they rank the experts alike, without
-   the ties that rounding makes between scores (saturated sigmoids, underflowing softmax terms).
-3. Groups (``num_groups > 1``): a group's score is the sum of its two highest keys (its one key for groups
-   of one expert); the ``topk_groups`` best groups are kept, the others' experts cannot be picked.
-4. The ``top_k`` highest keys among the experts that can be picked, best first.
-5. Weights: the picked experts' scores (without the bias); with ``topk_then_softmax`` the softmax over the
-   picked logits. ``renormalize`` divides them by their sum, then they are multiplied by ``routed_scaling``.
-
-Ties rank the lower expert (group) id first: the reference sorts stably (``torch.topk`` promises no order
-among ties, and on CPU does not keep this one). A NaN key ranks below every number.
-"""
+"""``humming.moe.topk_routing``: the checked call, the choice between the torch definition
+(:mod:`humming.reference.routing`) and the Triton kernel (:mod:`humming.triton_kernels.routing`), and its
+custom op."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import numbers
-from dataclasses import dataclass
 
 import torch
 
-from .dispatch.kernels import backend_unavailable
+from .. import ops
+from ..dispatch.kernels import backend_unavailable
+from ..reference import routing as reference
+from ..reference.routing import ORDERS, SCORINGS, RoutingSpec
 
-__all__ = [
-    "BACKENDS",
-    "ORDERS",
-    "SCORINGS",
-    "RoutingSpec",
-    "check_routing",
-    "layer_backend",
-    "reference",
-    "route",
-    "triton_unsupported",
-]
+__all__ = ["BACKENDS", "check_routing", "layer_backend", "route", "topk_routing", "triton_unsupported"]
 
-SCORINGS = ("softmax", "sigmoid")
-#: ``"score_then_topk"``: Mixtral, Qwen-MoE, DeepSeek-V3 (scores over every expert, then the top k);
-#: ``"topk_then_softmax"``: gpt-oss (the top k logits, then a softmax over those k).
-ORDERS = ("score_then_topk", "topk_then_softmax")
 BACKENDS = ("auto", "reference", "triton")
-
-
-@dataclass(frozen=True)
-class RoutingSpec:
-    """A checked routing call, everything but its tensors; ``num_groups == 1``: no groups."""
-
-    num_experts: int
-    top_k: int
-    scoring: str
-    order: str
-    renormalize: bool
-    num_groups: int
-    topk_groups: int
-    routed_scaling: float
-    has_bias: bool
-
-    @property
-    def group_size(self) -> int:
-        return self.num_experts // self.num_groups
-
-    @property
-    def keys_are_logits(self) -> bool:
-        """Whether the experts are ranked by their logits (step 2 of the module doc)."""
-        return self.order == "topk_then_softmax" or (not self.has_bias and self.num_groups == 1)
 
 
 def _is_int(value) -> bool:
@@ -81,17 +28,18 @@ def _is_int(value) -> bool:
 def check_routing(
     router_logits,
     top_k,
-    scoring,
-    renormalize,
-    num_groups,
-    topk_groups,
-    correction_bias,
-    routed_scaling,
-    order,
-    backend,
+    scoring="softmax",
+    renormalize=False,
+    num_groups=None,
+    topk_groups=None,
+    correction_bias=None,
+    routed_scaling=1.0,
+    order="score_then_topk",
+    backend="auto",
 ) -> RoutingSpec:
-    """The :class:`RoutingSpec` of a :func:`humming.moe.topk_routing` call; ``ValueError`` naming the
-    argument for anything it cannot run. Reads no tensor data (no host sync)."""
+    """The :class:`~humming.reference.routing.RoutingSpec` of a :func:`topk_routing` call (its arguments in the
+    op schema's order, with its defaults); ``ValueError`` naming the argument for anything it cannot run.
+    Reads no tensor data (no host sync)."""
     if not isinstance(router_logits, torch.Tensor) or not router_logits.is_floating_point():
         raise ValueError(
             f"router_logits: expected a float tensor, got {getattr(router_logits, 'dtype', router_logits)}"
@@ -191,49 +139,70 @@ def route(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec, backe
         return kernel.topk_routing(router_logits, correction_bias, spec)
     if backend == "triton":
         raise ValueError(f"backend: 'triton' cannot run this routing call: {reason}")
-    return reference(router_logits, correction_bias, spec)
+    return reference.topk_routing(router_logits, correction_bias, spec)
 
 
-def reference(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec):
-    """The definition (module doc), in torch ops on any device: ``(weights float32 [T, top_k], ids int32
-    [T, top_k])``."""
-    logits = router_logits.float()
-    t = logits.shape[0]
-    if spec.order == "topk_then_softmax":
-        scores = logits
-    else:
-        scores = logits.softmax(-1) if spec.scoring == "softmax" else logits.sigmoid()
-    if spec.keys_are_logits:
-        keys = logits
-    else:
-        keys = scores if correction_bias is None else scores + correction_bias.float()
-    keys = _rankable(keys)
-    pickable = None
-    if spec.num_groups > 1:
-        grouped = keys.view(t, spec.num_groups, spec.group_size)
-        group_scores = _rankable(grouped.topk(min(2, spec.group_size), -1).values.sum(-1))
-        kept = _ranked(group_scores)[:, : spec.topk_groups]
-        pickable = torch.zeros(t, spec.num_groups, dtype=torch.bool, device=keys.device).scatter_(1, kept, True)
-        pickable = pickable.repeat_interleave(spec.group_size, dim=1)
-    ids = _ranked(keys, pickable)[:, : spec.top_k]
-    weights = scores.gather(1, ids)
-    if spec.order == "topk_then_softmax":
-        weights = weights.softmax(-1)
-    if spec.renormalize:
-        weights = weights / weights.sum(-1, keepdim=True)
-    return weights * spec.routed_scaling, ids.to(torch.int32)
+def topk_routing(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = False,
+    num_groups: int | None = None,
+    topk_groups: int | None = None,
+    correction_bias: torch.Tensor | None = None,
+    routed_scaling: float = 1.0,
+    order: str = "score_then_topk",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick each token's ``top_k`` experts from ``router_logits`` and weight them (the routing of Mixtral,
+    Qwen-MoE, DeepSeek-V3, Kimi-K2 and gpt-oss; defined step by step in :mod:`humming.reference.routing`).
+
+    Args:
+        router_logits: float ``[T, E]``; everything is computed in float32.
+        top_k: experts per token.
+        scoring: ``"softmax"`` over the experts (Mixtral, Qwen-MoE) or ``"sigmoid"`` of each logit
+            (DeepSeek-V3, Kimi-K2).
+        renormalize: divide the picked weights by their sum.
+        num_groups, topk_groups: grouped top-k (DeepSeek-V3: 8 and 4), both or neither. The experts form
+            ``num_groups`` groups of consecutive ids; a group's score is the sum of its two highest ranking
+            keys, and only the experts of the ``topk_groups`` best groups can be picked.
+        correction_bias: float ``[E]`` added to the scores to rank the experts, not to the weights
+            (DeepSeek-V3's ``e_score_correction_bias``).
+        routed_scaling: multiplies the weights (after ``renormalize``).
+        order: ``"score_then_topk"`` (scores over every expert, then the top k) or ``"topk_then_softmax"``
+            (gpt-oss: the k highest logits, then a softmax over those k; softmax scoring, without groups or
+            bias).
+        backend: ``"auto"`` (the Triton kernel on CUDA tensors, within its limits: E up to 1024 once
+            padded to powers of two per group, ``top_k`` up to 32; else the reference), ``"reference"``
+            (torch ops, the definition) or ``"triton"``.
+    Returns:
+        ``(topk_weights float32 [T, top_k], topk_ids int32 [T, top_k])``, best first: what
+        :func:`humming.moe.fused_moe` takes. Ties rank the lower expert id first; a NaN ranks below every
+        number. No host sync on any backend (CUDA-graph capturable).
+    """
+    options = (scoring, renormalize, num_groups, topk_groups, correction_bias, routed_scaling, order, backend)
+    if ops.eager(router_logits):
+        return _topk_routing_op(router_logits, top_k, *options)
+    spec = check_routing(router_logits, top_k, *options)
+    return torch.ops.humming.topk_routing(router_logits, top_k, *options[:5], spec.routed_scaling, order, backend)
 
 
-def _rankable(keys: torch.Tensor) -> torch.Tensor:
-    """NaN keys ranked below every number (torch's sort puts them above)."""
-    return torch.where(keys.isnan(), float("-inf"), keys)
+def _topk_routing_op(router_logits, top_k, *options, **named):
+    """The op's implementation (and the eager call's): the schema's defaults stand for the options a caller
+    leaves out (a Python implementation gets only the arguments a caller passes)."""
+    spec = check_routing(router_logits, top_k, *options, **named)
+    bound = dict(zip(_OPTIONS, options)) | named
+    return route(router_logits, bound.get("correction_bias"), spec, bound.get("backend", "auto"))
 
 
-def _ranked(keys: torch.Tensor, pickable: torch.Tensor | None = None) -> torch.Tensor:
-    """Indices along the last dimension from the highest key down, the lower index first among equal keys
-    (stable sorts); indices not ``pickable`` after every pickable one."""
-    order = keys.sort(dim=-1, descending=True, stable=True).indices
-    if pickable is not None:
-        first = pickable.gather(-1, order).to(torch.uint8).sort(dim=-1, descending=True, stable=True).indices
-        order = order.gather(-1, first)
-    return order
+#: topk_routing's options in the op schema's order (after router_logits and top_k).
+_OPTIONS = tuple(inspect.signature(check_routing).parameters)[2:]
+
+
+def _topk_routing_fake(router_logits, top_k, *args, **kwargs):
+    shape = (router_logits.shape[0], top_k)
+    return router_logits.new_empty(shape, dtype=torch.float32), router_logits.new_empty(shape, dtype=torch.int32)
+
+
+ops.register("topk_routing", _topk_routing_op, _topk_routing_fake)

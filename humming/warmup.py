@@ -1,13 +1,13 @@
 """``humming.warmup``: compile ahead of time every kernel the dispatcher would pick for a set of layers.
 
-For each layer and token count it asks the one decision (:mod:`.plan`) which kernel runs, then makes that
-kernel ready: CUDA kernels compile through NVRTC in parallel (and load), then every call runs once on random
-inputs, which compiles its Triton kernels (the kernel itself, or the activation quantization pass before a
-CUDA GEMM) and builds its cached launcher. A fused MoE layer (:class:`humming.moe.MoeCall`) lists its launches
-(:meth:`~humming.moe.MoeCall.launches`: routing, the two grouped GEMMs, the activation pass, the combine):
-the CUDA GEMMs among them compile with the rest, then the whole call runs once per token count, which
-readies its Triton kernels with the launch keys of that shape. Serving, and CUDA graph capture, then never
-compile.
+For each layer and token count it asks the one decision (:mod:`humming.dispatch.plan`) which kernel runs,
+then makes that kernel ready: CUDA kernels compile through NVRTC in parallel (and load), then every call runs
+once on random inputs, which compiles its Triton kernels (the kernel itself, or the activation quantization
+pass before a CUDA GEMM) and builds its cached launcher. A fused MoE layer (:class:`humming.moe.MoeCall`)
+lists its launches (:meth:`~humming.moe.MoeCall.launches`: routing, the two grouped GEMMs, the activation
+pass, the combine): the CUDA GEMMs among them compile with the rest, then the whole call runs once per token
+count, which readies its Triton kernels with the launch keys of that shape. Serving, and CUDA graph capture,
+then never compile.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import operator
 
 import torch
 
-from .._moe_call import MoeCall
-from ..ir.activation import get_act_scheme
-from ..ir.weight import QuantizedWeight
-from .kernels import DENSE_KERNELS, GROUPED_KERNELS, backend_module
-from .plan import plan_grouped, plan_linear
+from .dispatch.kernels import DENSE_KERNELS, GROUPED_KERNELS, backend_module
+from .dispatch.plan import plan_grouped, plan_linear
+from .ir.activation import get_act_scheme
+from .ir.weight import QuantizedWeight
+from .moe.call import MoeCall
 
 __all__ = ["warmup"]
 
@@ -101,8 +101,8 @@ def warmup(
             cuda_jobs += _moe_cuda_jobs(call, m, act_dtype, device)
     report = None
     if cuda_jobs:
-        from .. import cuda_kernels
-        from ..device import device_index
+        from . import cuda_kernels
+        from .device import device_index
 
         report = cuda_kernels.compile_and_load(cuda_jobs, device_index(device), progress, max_workers)
     for run in runs:
@@ -176,8 +176,8 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
         return [], lambda: None
     jobs = []
     if plan.backend == "cuda":
-        from .. import cuda_kernels
-        from ..device import device_index
+        from . import cuda_kernels
+        from .device import device_index
 
         kernel = "grouped" if grouped else plan.kernel.split(".", 1)[1]
         jobs = cuda_kernels.warmup_jobs(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .ir.activation import QuantizedActivation
+from ..ir.activation import QuantizedActivation
 
 __all__ = [
     "ACTIVATIONS",

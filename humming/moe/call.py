@@ -14,25 +14,23 @@ from dataclasses import dataclass
 
 import torch
 
-from ._moe_layer import Activation, check_activation
-from ._routing import check_routing, layer_backend, triton_unsupported
-from .dispatch.kernels import GROUPED_KERNELS
-from .dispatch.plan import plan_grouped
-from .ir.activation import ActScheme, get_act_scheme
-from .ir.weight import QuantizedWeight
+from ..dispatch.kernels import GROUPED_KERNELS
+from ..dispatch.plan import plan_grouped
+from ..ir.activation import ActScheme, get_act_scheme
+from ..ir.weight import QuantizedWeight
+from ..reference.moe_layer import Activation, check_activation
+from ._checks import check_act_scale, check_expert_map, check_experts
+from .align import default_block_m, padded_rows
+from .fused import fused_moe, on_triton
+from .routing import check_routing, layer_backend, topk_routing, triton_unsupported
 
 __all__ = ["MoeCall", "MoeLaunch"]
-
-
-def _moe():
-    """:mod:`humming.moe`, imported when first needed: it imports this module (at its end)."""
-    return importlib.import_module("humming.moe")
 
 
 @functools.cache
 def _routing_defaults() -> dict:
     """topk_routing's keyword arguments and their defaults (what :attr:`MoeCall.routing` may hold)."""
-    params = inspect.signature(_moe().topk_routing).parameters.values()
+    params = inspect.signature(topk_routing).parameters.values()
     return {p.name: p.default for p in params if p.kind == p.KEYWORD_ONLY}
 
 
@@ -73,19 +71,18 @@ class MoeCall:
     routing: dict | None = None
 
     def __post_init__(self) -> None:
-        moe = _moe()
-        w13, w2 = moe._check_experts("w13", self.w13), moe._check_experts("w2", self.w2)
+        w13, w2 = check_experts("w13", self.w13), check_experts("w2", self.w2)
         if w2.shape != (w13.shape[0], w13.shape[2], w13.shape[1] // 2):
             raise ValueError(f"w2: expected shape {(w13.shape[0], w13.shape[2], w13.shape[1] // 2)}, got {w2.shape}")
         if self.expert_map is not None:
-            moe._check_expert_map(self.expert_map, w13.num_experts, w13.device)
+            check_expert_map(self.expert_map, w13.num_experts, w13.device)
         routed = self.num_routed
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= routed:
             raise ValueError(f"top_k: expected an int in [1, {routed}], got {self.top_k!r}")
         check_activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
         act = None if self.act is None else get_act_scheme(self.act)
         for name in ("w13_act_scale", "w2_act_scale"):
-            moe._check_act_scale(name, getattr(self, name), act, w13.device)
+            check_act_scale(name, getattr(self, name), act, w13.device)
         if self.routing is not None:
             if not isinstance(self.routing, dict) or set(self.routing) - set(_routing_defaults()):
                 raise ValueError(
@@ -108,14 +105,13 @@ class MoeCall:
         bias = r["correction_bias"]
         if bias is not None and logits.device.type == "meta":
             bias = bias.to("meta")
-        args = (r["scoring"], r["renormalize"], r["num_groups"], r["topk_groups"], bias, r["routed_scaling"])
-        return check_routing(logits, self.top_k, *args, r["order"], r["backend"]), bias, r["backend"]
+        return check_routing(logits, self.top_k, **(r | {"correction_bias": bias})), bias, r["backend"]
 
     def grouped_shape(self, num_tokens: int) -> tuple[int, int]:
         """``(block_m, M_pad)`` of a call at ``num_tokens`` tokens: the grouped GEMMs' routing block and rows."""
         slots, e = num_tokens * self.top_k, self.w13.num_experts
-        block_m = self.block_m or _moe().default_block_m(slots, e)
-        return block_m, _moe().padded_rows(slots, e, block_m)
+        block_m = self.block_m or default_block_m(slots, e)
+        return block_m, padded_rows(slots, e, block_m)
 
     def launches(
         self, num_tokens: int, x_dtype: torch.dtype = torch.bfloat16, logits_dtype: torch.dtype = torch.float32
@@ -132,14 +128,14 @@ class MoeCall:
             launches.append(MoeLaunch("routing", "triton.topk_routing" if triton else "reference", detail))
         block_m, m_pad = self.grouped_shape(num_tokens)
         x = torch.empty(num_tokens, self.w13.K, dtype=x_dtype, device=device)
-        on_triton = _moe()._on_triton(x, self.backend)
+        triton_layer = on_triton(x, self.backend)
 
         def gemm(step: str, qw: QuantizedWeight, x: torch.Tensor, scale, gather: bool = False) -> None:
             """``x``: the GEMM's input, the ``T`` tokens where it gathers them (w13) else the grouped rows;
             ``scale``: its static activation scale, which quantizes ``x`` before the GEMM (the Triton
             quantizer where the activation pass is Triton's, else torch's reference)."""
             if scale is not None:
-                kernel = "triton.act_quant" if on_triton else "torch"
+                kernel = "triton.act_quant" if triton_layer else "torch"
                 launches.append(MoeLaunch(f"{step} input", kernel, f"{act.name} static rows={x.shape[0]}"))
                 x = torch.empty(x.shape, dtype=torch.uint8, device=device)
             plan = plan_grouped(qw, act, x, block_m, self.backend, m_pad if gather else None)
@@ -158,16 +154,16 @@ class MoeCall:
         activation = Activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
         hidden = torch.empty(m_pad, self.w2.K, dtype=x_dtype, device=device)
         detail = f"{activation.name} {activation.gate_up_layout} rows={m_pad}"
-        if on_triton:
+        if triton_layer:
             kernels = importlib.import_module("humming.triton_kernels.moe_layer")
             # w2's input quantized in this pass, unless its scale is static
             if act is not None and self.w2_act_scale is None and kernels.act_unsupported(act) is None:
                 hidden = torch.empty(m_pad, self.w2.K, dtype=torch.uint8, device=device)
                 detail += f" -> {act.name} codes"
-        launches.append(MoeLaunch("activation", "triton.moe_act" if on_triton else "torch", detail))
+        launches.append(MoeLaunch("activation", "triton.moe_act" if triton_layer else "torch", detail))
         gemm("w2", self.w2, hidden, self.w2_act_scale)
         detail = f"top_k={self.top_k} tokens={num_tokens}"
-        launches.append(MoeLaunch("combine", "triton.moe_combine" if on_triton else "torch", detail))
+        launches.append(MoeLaunch("combine", "triton.moe_combine" if triton_layer else "torch", detail))
         return launches
 
     def route(self, num_tokens: int, logits_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,7 +173,7 @@ class MoeCall:
         if self.routing is None:
             weights, ids = logits.float().softmax(-1).topk(self.top_k)
             return weights, ids.to(torch.int32)
-        return _moe().topk_routing(logits, self.top_k, **self._routing_kwargs())
+        return topk_routing(logits, self.top_k, **self._routing_kwargs())
 
     def run(
         self, num_tokens: int, x_dtype: torch.dtype = torch.bfloat16, logits_dtype: torch.dtype = torch.float32
@@ -185,7 +181,7 @@ class MoeCall:
         """The call on random inputs at ``num_tokens`` tokens: :meth:`route`, then fused_moe -> ``[T, K]``."""
         x = torch.randn(num_tokens, self.w13.K, dtype=x_dtype, device=self.w13.device)
         weights, ids = self.route(num_tokens, logits_dtype)
-        return _moe().fused_moe(
+        return fused_moe(
             x,
             self.w13,
             self.w2,

@@ -1,0 +1,159 @@
+"""``humming.moe.grouped_linear``: the grouped GEMM on the contiguous grouped layout (the module doc of
+:mod:`humming.moe`), checked, planned by the dispatcher and launched, gathering token rows through ``rows``."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from ..cuda_kernels.jit import KernelNotReadyError
+from ..dispatch.kernels import GROUPED_KERNELS
+from ..dispatch.plan import plan_grouped, unwarmed_error
+from ..dispatch.support import combination_error
+from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
+from ..ir.weight import QuantizedWeight
+from ..reference.moe_layer import gather_rows
+from ._checks import check_block_m, check_experts, check_out_dtype, check_range, check_rows, check_x, expert_bias
+
+__all__ = ["grouped_linear", "run_grouped"]
+
+
+def grouped_linear(
+    x: torch.Tensor | QuantizedActivation,
+    qweight: QuantizedWeight,
+    expert_ids: torch.Tensor,
+    block_m: int,
+    bias: torch.Tensor | None = None,
+    *,
+    rows: torch.Tensor | None = None,
+    act=None,
+    out_dtype: torch.dtype | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Grouped GEMM: row ``r`` (of ``x``, or token ``rows[r]``) times expert ``expert_ids[r // block_m]``.
+
+    Args:
+        x: ``[M_pad, K]`` float16 / bfloat16 (float32 on the reference backend), ``M_pad % block_m == 0``;
+            with ``rows``, the ``[T, K]`` tokens. Or a :class:`~humming.QuantizedActivation` of those rows,
+            quantized beforehand (``humming.quantize_activation``, a static ``scale`` included).
+        qweight: expert-stacked ``[E, N, K]``.
+        expert_ids: int32 ``[M_pad // block_m]`` on ``x``'s device, values in ``[-1, E)`` (checked on CPU
+            only; on a GPU that would be a host sync). Rows of blocks with expert -1 are unspecified.
+        block_m: rows per routing block, a positive multiple of 8 (:func:`humming.moe.moe_align`'s).
+        bias: ``[E, N]``; defaults to ``qweight.bias``.
+        rows: the gather, int32 ``[M_pad]`` on ``x``'s device (:meth:`humming.moe.MoeRouting.token_rows`): output row
+            ``r`` is token ``rows[r]``, or a padding row (unspecified) where it is -1; values in ``[-1, T)``,
+            checked on CPU only. The Triton kernels read the tokens through it; other backends get
+            ``x[rows]`` copied first.
+        act, out_dtype, backend: as :func:`humming.linear` (``act`` may be omitted for a quantized ``x``;
+            ``out_dtype`` then defaults to bfloat16). Dynamic tensor-wide activation scales span the rows of
+            blocks in use (expert id >= 0), or with ``rows`` the ``T`` tokens.
+    Returns:
+        ``[M_pad, N]`` in ``out_dtype`` (default ``x``'s dtype).
+    """
+    qweight = check_experts("qweight", qweight)
+    k = qweight.K
+    prequantized = isinstance(x, QuantizedActivation)
+    if prequantized:
+        if act is not None and get_act_scheme(act) != x.scheme:
+            raise ValueError(f"act: x is already quantized with {x.scheme.name}, but act={act!r}")
+        act = x.scheme
+        x_data = x.codes
+        if x_data.shape[1] != k:
+            raise ValueError(f"x: expected shape [M, {k}] (K of the weight), got {tuple(x_data.shape)}")
+        if x_data.device != qweight.device:
+            raise ValueError(f"x is on {x_data.device} but the weight is on {qweight.device}; move one with .to()")
+    else:
+        check_x("x", x, k, qweight.device)
+        x_data = x
+    block_m = check_block_m(block_m)
+    if rows is not None:
+        check_rows(rows, x_data.device)
+    m_pad = x_data.shape[0] if rows is None else rows.shape[0]
+    if m_pad % block_m:
+        raise ValueError(f"{'x' if rows is None else 'rows'}: its {m_pad} rows are not a multiple of block_m={block_m}")
+    if not isinstance(expert_ids, torch.Tensor) or expert_ids.dtype != torch.int32:
+        raise ValueError(f"expert_ids: expected an int32 tensor, got {getattr(expert_ids, 'dtype', type(expert_ids))}")
+    if tuple(expert_ids.shape) != (m_pad // block_m,):
+        raise ValueError(
+            f"expert_ids: expected shape ({m_pad // block_m},) = M_pad // block_m, got {tuple(expert_ids.shape)}"
+        )
+    if expert_ids.device != x_data.device:
+        raise ValueError(f"expert_ids is on {expert_ids.device} but x is on {x_data.device}")
+    bias = expert_bias(bias, qweight)
+    out_dtype = check_out_dtype(out_dtype, torch.bfloat16 if prequantized else x.dtype)
+    act = None if act is None else get_act_scheme(act)
+    reason = combination_error(qweight.format, act)
+    if reason:
+        raise ValueError(reason)
+    if ops.eager(x_data):
+        return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend, rows)
+    return torch.ops.humming.grouped_linear(
+        x_data,
+        x.scales if prequantized else None,
+        x.global_scale if prequantized else None,
+        expert_ids,
+        block_m,
+        rows,
+        *ops.weight_args(qweight),
+        bias,
+        ops.act_name(act),
+        out_dtype,
+        backend,
+    )
+
+
+def run_grouped(
+    x, qweight, expert_ids, block_m: int, bias, act: ActScheme | None, out_dtype, backend: str, rows=None
+) -> torch.Tensor:
+    """What :func:`grouped_linear` runs once its arguments are checked (``torch.ops.humming.grouped_linear``
+    too): plan, launch (copying the gathered rows into grouped order for a kernel that does not gather),
+    non-finite rows. Checks the expert ids and rows of CPU tensors here, where they are data (not while
+    ``torch.compile`` traces). ``x`` may also be a :class:`QuantizedActivation` of scheme ``act``
+    (:func:`humming.moe.fused_moe` quantizes the input of ``w2`` in its activation pass)."""
+    check_range("expert_ids", expert_ids, -1, qweight.num_experts)
+    prequantized = isinstance(x, QuantizedActivation)
+    x_data = x.codes if prequantized else x
+    if rows is not None:
+        check_range("rows", rows, -1, x_data.shape[0])
+    m_pad = None if rows is None else rows.shape[0]
+    plan = plan_grouped(qweight, act, x_data, block_m, backend, m_pad)
+    kernel = GROUPED_KERNELS[plan.kernel]
+    gather = {}
+    if rows is not None and kernel.gathers:
+        gather = {"rows": rows}
+    elif rows is not None:
+        # Copied into grouped order. Exact for the kernels that do not gather (CUDA's): they take row-wise
+        # activation scales only, for which quantizing the gathered rows equals gathering the quantized tokens.
+        x = gather_rows(x, rows)
+    try:
+        out = kernel.run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning, **gather)
+    except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
+        raise unwarmed_error(err, qweight, act, x_data, backend, block_m, m_pad) from None
+    # NaN / Inf activations: NaN output rows (see humming.linear.poison_non_finite_rows), skipped rows kept;
+    # quantized activations carry them in NaN scales
+    tensor_wide = act is not None and act.group_shape[0] != 1
+    if act is not None and not prequantized and x_data.shape[0] and (plan.backend == "reference" or tensor_wide):
+        bad = ~torch.isfinite(x_data).all(dim=-1)
+        if rows is not None:
+            bad = (rows >= 0) & bad[torch.where(rows >= 0, rows, 0).long()]
+        routed = (expert_ids >= 0).repeat_interleave(block_m)
+        out = out.masked_fill((bad & routed)[:, None], float("nan"))
+    return out
+
+
+def _grouped_op(x, x_scales, x_global_scale, expert_ids, block_m, rows, *args):
+    *weight, bias, act, out_dtype, backend = args
+    qweight = ops.weight_from_args(*weight)
+    act = None if act is None else get_act_scheme(act)
+    if x_scales is not None:
+        x = QuantizedActivation(act, x, x_scales, x_global_scale)
+    return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend, rows)
+
+
+def _grouped_fake(x, x_scales, x_global_scale, expert_ids, block_m, rows, qweight, *args):
+    m_pad = x.shape[0] if rows is None else rows.shape[0]
+    return x.new_empty((m_pad, qweight.shape[-2]), dtype=args[-2])
+
+
+ops.register("grouped_linear", _grouped_op, _grouped_fake)
