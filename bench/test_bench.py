@@ -28,8 +28,8 @@ GPU = torch.cuda.is_available()
 if not GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton decorates humming's kernels
 
-from humming._bench_moe import Experts, MoeGroup  # noqa: E402
 from humming.bench import CHECK_TOLERANCE, COPY_BYTES_PER_S, PARTS, Group, MoeModel, Shape, registry, rel_err  # noqa: E402
+from humming.bench.moe import Experts, MoeGroup  # noqa: E402
 from humming.timing import capture_graph, time_calls  # noqa: E402
 
 CALLS_PER_ROUND = 20

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from humming import bench
-from humming._bench_moe import Experts, MoeGroup, coarse_to_fine, scaled_grouped_mm
-from humming._bench_peer import find_site, grouped_inputs
+from humming.bench.moe import Experts, MoeGroup, coarse_to_fine, scaled_grouped_mm
+from humming.bench.peer import find_site, grouped_inputs
 
 REPORT = Path(__file__).resolve().parents[1] / "bench" / "report.py"
 

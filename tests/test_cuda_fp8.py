@@ -11,9 +11,9 @@ import torch
 from helpers import assert_rel_close, capture, compile_fresh, cubin_tool, needs_nvrtc
 
 import humming
-from humming._fp8_inputs import random_activation, random_weight, reference
 from humming.cuda_kernels import _fp8_launch, _fp8_layout, fp8_gemm, jit
 from humming.ir.activation import get_act_scheme
+from humming.testing import random_activation, random_weight, reference
 
 H200 = fp8_gemm.DeviceLimits(sm_count=132, smem_per_block=232448, smem_per_sm=233472)
 
@@ -501,7 +501,7 @@ def test_mxfp4_that_cannot_be_folded_exactly_is_refused():
     ],
 )
 def test_operand_builders_define_the_ir_product(fmt, group, act, seed):
-    """The shared operands (humming._fp8_inputs) are valid IR and their float64 product is the IR's own,
+    """The shared operands (humming.testing) are valid IR and their float64 product is the IR's own,
     ``dequantize_activation(x) @ dequantize(W)^T + bias``, within the fp32 rounding of the activations'
     ``code * scale`` (1e-6 relative)."""
     qw = random_weight(40, 300, group, "cpu", torch.float32, fmt)
@@ -597,7 +597,7 @@ def _ids(case: Case) -> str:
 
 def _problem(case: Case):
     """(weight, activations, bias, float64 reference) for ``case`` on the GPU: operands built directly in the
-    IR (:mod:`humming._fp8_inputs`), so that the check depends on nothing but the kernel."""
+    IR (:mod:`humming.testing`), so that the check depends on nothing but the kernel."""
     qw = random_weight(case.n, case.k, case.weight, "cuda", fmt=case.w)
     qa = random_activation(case.m, case.k, case.act, "cuda")
     bias = None if case.bias is None else torch.randn(case.n, device="cuda", dtype=case.bias)

@@ -16,12 +16,12 @@ import torch
 from helpers import assert_rel_close, capture
 
 import humming
-from humming._fp8_inputs import random_codes
 from humming.cuda_kernels import fp8_gemm
 from humming.cuda_kernels._warmup import warmup_specs
 from humming.ir.activation import get_act_scheme
 from humming.ir.layout import parse_group_size
 from humming.moe import expert_weight
+from humming.testing import random_codes
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ from helpers import assert_rel_close
 
 import humming
 from humming import cuda_kernels
-from humming._bench_inputs import random_experts
+from humming.bench.inputs import random_experts
 from humming.cuda_kernels import _gemm_sm90
 from humming.cuda_kernels._layout import prepare_weight
 from humming.moe import expert_weight

@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-from humming._fp8_inputs import random_activation, random_weight, reference
 from humming.cuda_kernels import fp8_gemm
+from humming.testing import random_activation, random_weight, reference
 
 CASES = [  # weight format, m, n, k, weight group, act, tuning (None: the heuristic's)
     ("e4m3", 37, 333, 1000, -1, "fp8", None),

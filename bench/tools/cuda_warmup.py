@@ -18,7 +18,7 @@ import time
 import torch
 
 import humming
-from humming._bench_inputs import random_experts
+from humming.bench.inputs import random_experts
 
 LAYERS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 MOE = {"w13": (64, 2816, 2048), "w2": (64, 2048, 1408)}  # E, N, K

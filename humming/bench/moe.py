@@ -6,7 +6,7 @@ layout, biases) and the weight formats it is served in (``humming.dispatch.tune.
 case, dtype), :class:`Experts` holds both stacks: the 16-bit weights drawn expert by expert and humming's
 quantized ones quantized expert by expert (no float32 or float64 temporary of a whole stack: a DeepSeek-V3
 ``w13`` alone is 15 GB in bf16). A :class:`MoeGroup` is one part of the layer under one routing
-(``random`` or ``skewed``, :func:`humming._bench_inputs.routing`):
+(``random`` or ``skewed``, :func:`humming.bench.inputs.routing`):
 
 - ``grouped_w13``: the up-projection grouped GEMM, the tokens ``x [M, H]`` routed to ``w13``;
 - ``grouped_w2``: the down-projection grouped GEMM, one hidden row ``[I]`` per routed slot, to ``w2``;
@@ -24,7 +24,7 @@ Systems (rows):
 - ``torch-scaled-grouped-mm``: ``torch._scaled_grouped_mm`` on e4m3 weights (per-channel scales), the sorted
   rows quantized to e4m3 per row in the call (CUDA only);
 - ``humming-kernels``: upstream Humming's grouped-contiguous GEMM on the same sorted rows
-  (:mod:`humming._bench_peer`).
+  (:mod:`humming.bench.peer`).
 
 A row's floor is the bytes of humming's quantized experts that the routing hits (both stacks for the
 layer) over the copy bandwidth.
@@ -38,9 +38,12 @@ from functools import partial
 
 import torch
 
-from . import _bench_inputs as inputs
-from ._bench_peer import CONFIGS as PEER_CONFIGS
-from ._bench_systems import (
+from ..dispatch.kernels import GROUPED_KERNELS
+from ..dispatch.tune import CASES
+from ..reference.moe_layer import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, activate, check_activation
+from . import inputs
+from .peer import CONFIGS as PEER_CONFIGS
+from .systems import (
     PEER,
     Group,
     Inputs,
@@ -53,9 +56,6 @@ from ._bench_systems import (
     nbytes,
     weight_copies,
 )
-from .dispatch.kernels import GROUPED_KERNELS
-from .dispatch.tune import CASES
-from .reference.moe_layer import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, activate, check_activation
 
 __all__ = [
     "GROUPED",
@@ -73,7 +73,7 @@ __all__ = [
 #: The parts of a MoE layer that get rows (see the module doc); the first two are grouped GEMMs.
 PARTS = ("grouped_w13", "grouped_w2", "layer")
 GROUPED = PARTS[:2]
-#: Seeds of the two stacks' weights and biases (:func:`humming._bench_inputs.weight`).
+#: Seeds of the two stacks' weights and biases (:func:`humming.bench.inputs.weight`).
 _SEEDS = {"w13": 0, "w2": 1}
 
 
@@ -158,7 +158,7 @@ class Experts:
         return self.cached(("bias", stack), lambda: inputs.bias(*args))
 
     def qweights(self, stack: str) -> list:
-        """humming's quantized copies of ``stack`` (:func:`humming._bench_systems.copies`)."""
+        """humming's quantized copies of ``stack`` (:func:`humming.bench.systems.copies`)."""
         return self.cached(("q", stack), lambda: copies(self.device, lambda: self.quantize(stack), nbytes))
 
     def fp8_copies(self, stack: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -267,7 +267,7 @@ class MoeGroup(Group):
         """humming's grouped layout for ``inp``: ``(rows [M_pad, K], routing, block_m)``."""
 
         def build():
-            from .moe import default_block_m, moe_align
+            from ..moe import default_block_m, moe_align
 
             block_m = default_block_m(inp.ids.numel(), self.shape.experts)
             routing = moe_align(inp.ids, self.shape.experts, block_m)
@@ -307,7 +307,7 @@ def warm(experts: Experts, m_values, act) -> None:
     tokens (the routing's padded row counts, per ``block_m``)."""
     import humming
 
-    from .moe import default_block_m, padded_rows
+    from ..moe import default_block_m, padded_rows
 
     model = experts.model
     by_block: dict[int, list[int]] = {}
@@ -334,8 +334,8 @@ def _slot_order(routing) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _humming(group: MoeGroup, inp: Inputs) -> Prepared:
-    from .dispatch.plan import plan_grouped
-    from .moe import grouped_linear
+    from ..dispatch.plan import plan_grouped
+    from ..moe import grouped_linear
 
     if group.part == "layer":
         return _humming_layer(group, inp)
@@ -353,8 +353,8 @@ def _humming(group: MoeGroup, inp: Inputs) -> Prepared:
 
 def _humming_layer(group: MoeGroup, inp: Inputs) -> Prepared:
     """``fused_moe`` on each (w13, w2) copy pair; ``kernel``: the kernels its two GEMMs run."""
-    from .dispatch.plan import plan_grouped
-    from .moe import fused_moe
+    from ..dispatch.plan import plan_grouped
+    from ..moe import fused_moe
 
     model = group.model
     w13s, w2s = group.qweights("w13"), group.qweights("w2")

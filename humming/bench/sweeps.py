@@ -1,24 +1,23 @@
-"""``python -m humming bench``: time humming's kernels against torch, gemlite and humming-kernels on the same inputs.
+"""The sweeps of ``python -m humming bench`` and their command line:
 
     python -m humming bench linear --out bench/results/h200/linear.json   # the standard dense sweep
     python -m humming bench moe --models deepseek-v3 --m 1,16,256 --budget-s 120 --out moe.json
     python -m humming bench linear --shapes 64x64 --m 1,5 --check-only  # CPU: every system's result
 
 For every case (``humming.dispatch.tune.CASES``), shape, 16-bit dtype and M, each system of
-:func:`registry` (:mod:`humming._bench_systems`, :mod:`humming._bench_moe`) that runs the call gets one row: its
-CUDA-graph and eager time per call (:mod:`humming.timing`, weights rotated past the L2) and the floor, the
-bytes the call must move over the device's copy bandwidth. ``humming`` rows name the kernel the dispatcher picked; one
-``humming:<kernel>`` row per kernel that supports the call shows the best single route beside it.
-``check_only`` (any device, no GPU needed) computes each system's output once and records its relative
-error against the float32 product of the unquantized weight instead of timing it.
+:func:`registry` (:mod:`humming.bench.systems`, :mod:`humming.bench.moe`) that runs the call gets one row:
+its CUDA-graph and eager time per call (:mod:`humming.timing`, weights rotated past the L2) and the floor,
+the bytes the call must move over the device's copy bandwidth. ``humming`` rows name the kernel the
+dispatcher picked; one ``humming:<kernel>`` row per kernel that supports the call shows the best single
+route beside it. ``check_only`` (any device, no GPU needed) computes each system's output once and records
+its relative error against the float32 product of the unquantized weight instead of timing it.
 
-Op ``moe`` (:mod:`humming._bench_moe`) sweeps models (``--models``, presets of real serving shapes, or
-``--shapes``) in their formats, and for each M (in :func:`~humming._bench_moe.coarse_to_fine` order) the
+Op ``moe`` (:mod:`humming.bench.moe`) sweeps models (``--models``, presets of real serving shapes, or
+``--shapes``) in their formats, and for each M (in :func:`~humming.bench.moe.coarse_to_fine` order) the
 parts of the layer (the two grouped GEMMs and the whole ``fused_moe``) under two routings (uniformly random
 and skewed); each (model, case, dtype) gets an equal share of the budget left, so that a sweep cut short
-still covers every model. The JSON holds a
-header (device, roofs, package versions, date, systems skipped and why) and the rows;
-``bench/report.py`` turns it into tables and plots.
+still covers every model. The JSON holds a header (device, roofs, package versions, date, systems skipped
+and why) and the rows; ``bench/report.py`` turns it into tables and plots.
 """
 
 from __future__ import annotations
@@ -39,28 +38,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import _bench_peer
-from ._bench_inputs import ROUTINGS, rel_err
-from ._bench_moe import MODELS, PARTS, Experts, MoeGroup, MoeModel, coarse_to_fine, systems, warm
-from ._bench_systems import OPS, PEER, Group, Inputs, Shape, System, linear_systems
-from .dispatch.tune import CASES
+from ..dispatch.tune import CASES
+from . import peer
+from .inputs import ROUTINGS, rel_err
+from .moe import MODELS, PARTS, Experts, MoeGroup, MoeModel, coarse_to_fine, systems, warm
+from .systems import OPS, PEER, Group, Inputs, Shape, System, linear_systems
 
-__all__ = [
-    "COPY_BYTES_PER_S",
-    "DEFAULTS",
-    "MODELS",
-    "OPS",
-    "PARTS",
-    "ROUTINGS",
-    "Group",
-    "MoeModel",
-    "Shape",
-    "main",
-    "parse_shapes",
-    "registry",
-    "rel_err",
-    "sweep",
-]
+__all__ = ["CHECK_TOLERANCE", "COPY_BYTES_PER_S", "DEFAULTS", "ROUNDS", "main", "parse_shapes", "registry", "sweep"]
 
 #: The H200's measured device-to-device copy bandwidth (bytes read + written per second): the roof of the floor.
 COPY_BYTES_PER_S = 4.3e12
@@ -171,10 +155,10 @@ def sweep(
         system = known[name]
         reason = system.unavailable()
         if system.prepare is None and reason is None:  # humming-kernels, in its own process
-            found = _bench_peer.find_site(peer_site)
+            found = peer.find_site(peer_site)
             reason = found if isinstance(found, str) else None if device == "cuda" else "needs a CUDA GPU"
             if reason is None:
-                worker = _bench_peer.Worker(found[0])
+                worker = peer.Worker(found[0])
                 header["versions"][PEER] = found[1]
         if reason is None:
             chosen.append(system)
@@ -268,7 +252,7 @@ class _Run:
             self.save()
 
     def row(self, group: Group, system: System, inp: Inputs, kernel, result: dict) -> dict:
-        from .dispatch.plan import act_key, weight_key
+        from ..dispatch.plan import act_key, weight_key
 
         row = dict(
             op=group.op,
@@ -355,7 +339,7 @@ class _Run:
         if self.check_only:
             out = prepared.canonical(prepared.calls[0]())
             return {"rel_err": rel_err(out, group.reference(inp))}
-        from .timing import time_calls
+        from ..timing import time_calls
 
         timed = time_calls(prepared.calls)
         return {key: value / prepared.ops_per_call for key, value in timed.items()}
@@ -421,7 +405,7 @@ def _header(op, device, check_only, budget_s, roof, command) -> dict:
     import humming
 
     if device == "cuda":
-        from .device import device_info
+        from ..device import device_info
 
         info = device_info()
         described = dict(

@@ -3,9 +3,10 @@
 humming-kernels installs a top-level package that is also named ``humming``, so it cannot be imported
 beside this one. The sweep starts one worker (:class:`Worker`) whose ``sys.path`` puts the directory
 holding humming-kernels first and drops this package's root; the worker loads this file, and the two
-it needs (``timing.py``, ``_bench_inputs.py``), from this package's folder under a private name
-(``_humming_bench``), so that it times with :mod:`humming.timing` on the inputs the sweep's other
-systems get. This module imports humming-kernels only inside :func:`serve`, in the worker.
+it needs (``timing.py``, ``bench/inputs.py``), from this package's folder under a private name
+(``_humming_bench``, without running the packages' ``__init__.py``), so that it times with
+:mod:`humming.timing` on the inputs the sweep's other systems get. This module imports humming-kernels
+only inside :func:`serve`, in the worker.
 
 Calls (the package's own API and its own default configs: no tuning config is passed, so it picks one
 by its heuristics for each M):
@@ -67,10 +68,11 @@ import importlib, os, sys, types
 site, package = sys.argv[1], sys.argv[2]
 ours = os.path.realpath(os.path.dirname(package))
 sys.path[:] = [site] + [p for p in sys.path if p and os.path.realpath(p) != ours]
-alias = types.ModuleType("_humming_bench")
-alias.__path__ = [package]
-sys.modules["_humming_bench"] = alias
-importlib.import_module("_humming_bench._bench_peer").serve()
+for name, path in (("_humming_bench", package), ("_humming_bench.bench", os.path.join(package, "bench"))):
+    alias = types.ModuleType(name)  # empty packages: neither __init__.py runs
+    alias.__path__ = [path]
+    sys.modules[name] = alias
+importlib.import_module("_humming_bench.bench.peer").serve()
 """
 
 
@@ -104,7 +106,7 @@ class Worker:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if env.get("HUMMING_CACHE_DIR"):  # its JIT cache beside ours, not inside it
             env["HUMMING_CACHE_DIR"] = os.path.join(env["HUMMING_CACHE_DIR"], DISTRIBUTION)
-        package = str(Path(__file__).resolve().parent)
+        package = str(Path(__file__).resolve().parents[1])  # humming's folder
         cmd = [sys.executable, "-c", _BOOTSTRAP, self.site, package]
         return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
@@ -159,7 +161,7 @@ def grouped_inputs(request: dict, m: int, device) -> dict:
     expert), ``order`` (their slots), ``offsets`` (int64 ``[E + 1]``) and ``top_k`` (``ids``' width)."""
     import torch
 
-    from . import _bench_inputs as inputs
+    from . import inputs
 
     dtype = getattr(torch, request["dtype"])
     experts, topk, per_slot = request["experts"], request["topk"], request.get("per_slot", False)
@@ -178,8 +180,8 @@ def _build(request: dict):
 
     from humming.layer import HummingLayer  # humming-kernels: this process put its directory first
 
-    from . import _bench_inputs as inputs
-    from .timing import copies_past_l2
+    from ..timing import copies_past_l2
+    from . import inputs
 
     dtype = getattr(torch, request["dtype"])
     n, k, experts, seed = request["n"], request["k"], request["experts"], request.get("seed", 0)
@@ -212,8 +214,8 @@ def _build(request: dict):
 def _measure(request: dict, cache: dict) -> Iterator[dict]:
     import torch
 
-    from . import _bench_inputs as inputs
-    from .timing import time_calls
+    from ..timing import time_calls
+    from . import inputs
 
     key = tuple(request.get(name) for name in ("case", "n", "k", "experts", "dtype", "seed", "bias"))
     if key not in cache:

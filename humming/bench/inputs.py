@@ -1,6 +1,6 @@
 """The inputs every benchmarked system starts from, seeded, and the float32 products they are checked against.
 
-Imports torch only: the humming-kernels worker process (:mod:`humming._bench_peer`) loads this file beside
+Imports torch only: the humming-kernels worker process (:mod:`humming.bench.peer`) loads this file beside
 the other package's ``humming``, so that both processes build the same weight, activations and routing.
 """
 
@@ -61,8 +61,8 @@ def random_experts(fmt: str, e: int, n: int, k: int, device="cuda"):
     """An expert-stacked weight of random codes and scales at full size, without the float weight that
     quantizing would need (4x the memory): ``"int4"`` g128 or ``"e4m3"`` 128x128 blocks. Random e4m3 words
     hold NaN codes, so it is for repacking and timing, not for checking values."""
-    from .ir.formats import get_format
-    from .ir.weight import QuantizedWeight
+    from ..ir.formats import get_format
+    from ..ir.weight import QuantizedWeight
 
     shape = (e, n, k * get_format(fmt).bits // 32)
     words = torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32, device=device)

@@ -1,5 +1,6 @@
 """Random FP8 GEMM operands built directly in humming's IR, and the float64 product they define: the inputs
-of the FP8 GEMM checks (tests/test_cuda_fp8*.py, bench/tools/cuda_fp8_sanitize.py).
+of the FP8 GEMM checks (tests/test_cuda_fp8*.py, bench/tools/cuda_fp8_sanitize.py), for anyone who checks a
+kernel against humming's definition.
 
 Codes are drawn uniformly from every e4m3 code except NaN (0x7F, 0xFF), scales uniformly from [s, 2s):
 no quantizer runs, so a check depends on nothing but the kernel and torch's exact fp8 -> float

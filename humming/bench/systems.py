@@ -1,7 +1,7 @@
 """The systems ``python -m humming bench`` and bench/test_bench.py compare, on the same inputs.
 
 A :class:`Group` is one (op, case, shape, dtype): the seeded 16-bit weight every system starts from
-(:mod:`humming._bench_inputs`) and what systems build from it (cached for the group's M values). A
+(:mod:`humming.bench.inputs`) and what systems build from it (cached for the group's M values). A
 :class:`System` turns a group and one M's :class:`Inputs` into a :class:`Prepared`: one call per weight
 copy (the copies together exceed the L2, so timed calls read cold weights), the kernel that runs, and
 how to put the output in the order the float32 reference has. A system that cannot run a call returns
@@ -18,9 +18,9 @@ Systems, op ``linear`` (``x [M, K] @ W^T``):
 - ``torch-scaled-mm``: ``torch._scaled_mm`` on e4m3 weights (per-channel scales) and e4m3 activations
   quantized beforehand (per-token scales); ``torch-scaled-mm+quant`` quantizes the activations in the call;
 - ``gemlite``: gemlite's layers (W4A16 int4 g128 from humming's codes, W8A16 int8, MXFP4 x 16-bit);
-- ``humming-kernels``: upstream Humming (:mod:`humming._bench_peer`), its own quantizer and configs.
+- ``humming-kernels``: upstream Humming (:mod:`humming.bench.peer`), its own quantizer and configs.
 
-Op ``moe``: :mod:`humming._bench_moe` (model presets, the parts of their MoE layers, the systems).
+Op ``moe``: :mod:`humming.bench.moe` (model presets, the parts of their MoE layers, the systems).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from functools import partial
 
 import torch
 
-from . import _bench_inputs as inputs
-from ._bench_peer import CONFIGS as PEER_CONFIGS
-from .dispatch.kernels import DENSE_KERNELS
-from .dispatch.tune import CASES
-from .ir.activation import get_act_scheme
+from ..dispatch.kernels import DENSE_KERNELS
+from ..dispatch.tune import CASES
+from ..ir.activation import get_act_scheme
+from . import inputs
+from .peer import CONFIGS as PEER_CONFIGS
 
 __all__ = [
     "OPS",
@@ -97,7 +97,7 @@ class Prepared:
 
 class Group:
     """One (op, case, shape, dtype) on one device; see the module doc (op ``moe``: its subclass
-    :class:`humming._bench_moe.MoeGroup`)."""
+    :class:`humming.bench.moe.MoeGroup`)."""
 
     def __init__(self, op: str, case: str, shape: Shape, dtype: torch.dtype, device: str):
         qargs, act = CASES[case]
@@ -164,7 +164,7 @@ def copies(device: str, build: Callable[[], object], size: Callable[[object], in
     first = build() if first is None else first
     if device != "cuda":
         return [first]
-    from .timing import copies_past_l2
+    from ..timing import copies_past_l2
 
     return [first] + [build() for _ in range(copies_past_l2(size(first)) - 1)]
 
@@ -294,7 +294,7 @@ def _gemlite_layer(group: Group):
 
     kwargs = dict(device=group.device, dtype=group.dtype)
     if group.case == "w4a16-int4-g128":  # humming's own codes and scales: (u - 8) * s = the int4 value * s
-        from .ir.quantize import unpacked_codes
+        from ..ir.quantize import unpacked_codes
 
         qw = group.qweights()[0]
         codes = (qw.format.decode(unpacked_codes(qw)) + 8).to(torch.uint8)
@@ -322,7 +322,7 @@ def _not_installed(module: str, package: str) -> Callable[[], str | None]:
 
 # ------------------------------------------------------------------------------------------------ systems
 def linear_systems() -> list[System]:
-    """The systems of the ``linear`` op, in the order rows are written (``moe``'s: :mod:`humming._bench_moe`)."""
+    """The systems of the ``linear`` op, in the order rows are written (``moe``'s: :mod:`humming.bench.moe`)."""
     found = [System("humming", "humming", _humming_linear)]
     found.append(System("humming-compiled", "humming", _humming_compiled, m_values=COMPILED_M))
     found += [System(f"humming:{k}", "humming", _dense_kernel(k)) for k in DENSE_KERNELS if k != "reference"]
