@@ -8,7 +8,8 @@
 - :mod:`.norm`: the RMSNorm of ``humming.rmsnorm``.
 
 The number formats define themselves in the IR (``humming.dequantize``, ``humming.quantize_activation``).
-This wing imports only the IR; the kernels import from it the definitions they are the twins of.
+This wing imports only the IR (and the deterministic-mode flag); the kernels import from it the definitions
+they are the twins of.
 """
 
 from __future__ import annotations
