@@ -1,7 +1,9 @@
 """The one place that reads device properties: the dispatcher, every kernel's tuning and the tests ask here.
 
 Read once per device index (``functools.cache``): a property query costs microseconds, a decode kernel a
-few more, and the properties never change while the process runs.
+few more, and the properties never change while the process runs. :data:`KNOWN_LIMITS` holds the limits of
+the devices that code without such a device at hand is written against (the compile checks' representative
+problems).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["DeviceInfo", "DeviceLimits", "device_index", "device_info"]
+__all__ = ["CPU_LIMITS", "KNOWN_LIMITS", "DeviceInfo", "DeviceLimits", "device_index", "device_info", "device_limits"]
 
 
 class DeviceLimits(NamedTuple):
@@ -22,6 +24,14 @@ class DeviceLimits(NamedTuple):
     sm_count: int
     smem_per_block: int
     smem_per_sm: int
+
+
+#: What tile heuristics read for a CPU device (the Triton interpreter): no shared-memory limit (0) and one
+#: multiprocessor, which keeps split-K exercised on small shapes.
+CPU_LIMITS = DeviceLimits(sm_count=1, smem_per_block=0, smem_per_sm=0)
+#: Device name -> its limits as :func:`device_info` reads them, for code that works without the device at
+#: hand (the compile checks' representative problems).
+KNOWN_LIMITS = {"NVIDIA H200": DeviceLimits(sm_count=132, smem_per_block=232448, smem_per_sm=233472)}
 
 
 @dataclass(frozen=True)
@@ -78,3 +88,11 @@ def _info(index: int) -> DeviceInfo:
 def device_info(device: torch.device | str | int | None = None) -> DeviceInfo:
     """Properties of a CUDA device (an index, a ``torch.device``, or ``None`` for the current one)."""
     return _info(device_index(device))
+
+
+def device_limits(device: torch.device | str | int | None = None) -> DeviceLimits:
+    """The limits tile heuristics read (:attr:`DeviceInfo.limits`) of a CUDA device, or :data:`CPU_LIMITS`
+    for a CPU device (tensors the Triton interpreter runs)."""
+    if isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu":
+        return CPU_LIMITS
+    return device_info(device).limits

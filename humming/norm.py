@@ -64,7 +64,7 @@ def _rmsnorm_quantize_impl(x, weight, eps, scheme: ActScheme, residual, scale, b
         from .triton_kernels import norm_quant
 
         contiguous = (x.stride(-1) == 1) and (residual is None or residual.stride(-1) == 1) and weight.is_contiguous()
-        reason = norm_quant.supports(x, scheme, static=scale is not None) if contiguous else "x: rows not contiguous"
+        reason = norm_quant.unsupported(x, scheme, static=scale is not None) if contiguous else "x: rows not contiguous"
         if reason is None:
             return norm_quant.rmsnorm_quantize(x, weight, eps, scheme, residual=residual, scale=scale)
         if backend == "triton":

@@ -143,7 +143,7 @@ def _quantize_activation_impl(x, scheme: ActScheme, scale, backend: str) -> Quan
     if backend == "triton" or (backend == "auto" and x.device.type == "cuda"):
         from .triton_kernels import act_quant
 
-        reason = act_quant.supports(x, scheme)
+        reason = act_quant.unsupported(x, scheme)
         if reason is None:
             return act_quant.quantize_activation(x, scheme, scale=scale)
         if backend == "triton":

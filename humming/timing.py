@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["capture_graph", "copies_past_l2", "median_ms", "time_calls"]
+__all__ = ["capture_graph", "copies_past_l2", "copy_bandwidth", "median_ms", "time_calls"]
 
 
 def median_ms(fn: Callable[[], object], reps: int) -> float:
@@ -36,6 +36,18 @@ def copies_past_l2(bytes_per_copy: int, device=None, factor: float = 2.0) -> int
     from .device import device_info
 
     return max(1, math.ceil(factor * device_info(device).l2_bytes / max(bytes_per_copy, 1)))
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """The current GPU's device-to-device copy bandwidth, bytes read + written per second: the median replay
+    of a CUDA graph of one copy of ``nbytes`` (past the L2, so it reads and writes device memory)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    graph = capture_graph(lambda: dst.copy_(src))
+    seconds = median_ms(graph.replay, 10) * 1e-3
+    del graph
+    return 2 * nbytes / seconds
 
 
 def time_calls(calls: list[Callable[[], object]], target_ms: float = 2.0) -> dict[str, float]:

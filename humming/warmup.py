@@ -157,6 +157,7 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
     x = torch.randn(rows, qw.K, dtype=act_dtype, device=device)
     grouped = block_m is not None
     plan = plan_grouped(qw, act, x, block_m, backend) if grouped else plan_linear(qw, act, x, backend)
+    kernel = (GROUPED_KERNELS if grouped else DENSE_KERNELS)[plan.kernel]
 
     def run():  # its inputs made when it runs: many layers' calls are planned before any runs
         x = torch.randn(rows, qw.K, dtype=act_dtype, device=device)
@@ -164,31 +165,16 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
         bias = None if bias_dtype is None else torch.randn(bias_shape, dtype=bias_dtype, device=device)
         if grouped:
             ids = torch.zeros(rows // block_m, dtype=torch.int32, device=device)
-            kernel = GROUPED_KERNELS[plan.kernel]
             kernel.run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning)
             if kernel.gathers:  # and reading token rows through an index (fused_moe's w13): another specialisation
                 index = torch.arange(rows, dtype=torch.int32, device=device)
                 kernel.run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning, rows=index)
         else:
-            DENSE_KERNELS[plan.kernel].run(x, qw, bias, act, out_dtype, plan.tuning)
+            kernel.run(x, qw, bias, act, out_dtype, plan.tuning)
 
     if plan.backend == "reference":  # nothing to compile
         return [], lambda: None
-    jobs = []
-    if plan.backend == "cuda":
-        from . import cuda_kernels
-        from .device import device_index
+    from .device import device_index
 
-        kernel = "grouped" if grouped else plan.kernel.split(".", 1)[1]
-        jobs = cuda_kernels.warmup_jobs(
-            kernel,
-            qw,
-            act,
-            rows,
-            act_dtype=act_dtype,
-            out_dtype=out_dtype,
-            bias_dtype=bias_dtype,
-            device=device_index(device),
-            block_m=block_m,
-        )
-    return jobs, run
+    options = dict(act_dtype=act_dtype, out_dtype=out_dtype, bias_dtype=bias_dtype, block_m=block_m)
+    return kernel.warmup_jobs(qw, act, rows, device=device_index(device), **options), run

@@ -59,6 +59,18 @@ def cubin_tool(tool_name: str, args: list[str], kernel: jit.CompiledKernel, tmp_
     return subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True).stdout
 
 
+def backend_unsupported(qweight, act, x: torch.Tensor, backend: str) -> str | None:
+    """Why no kernel of ``backend`` runs ``humming.linear(x, qweight, act=act, backend=backend)`` (each
+    kernel's reason, as the dispatcher gives them), or ``None``."""
+    from humming.dispatch.plan import plan_linear
+
+    try:
+        plan_linear(qweight, act, x, backend)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def capture(fn):
     """``fn()`` captured in a CUDA graph by :func:`humming.timing.capture_graph` (one eager run on a side
     stream first, so that compilation, loading and workspaces happen outside the capture; one replay after):

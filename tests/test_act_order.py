@@ -49,7 +49,7 @@ def test_sort_act_order_refuses_uneven_groups(seed):
     g_idx = torch.randint(0, 4, (128,), dtype=torch.int32)  # groups of random sizes
     qw = humming.quantize(torch.randn(8, 128), "int4", group_size=32, g_idx=g_idx)
     assert "consecutive columns" in sort_act_order(qw)
-    reason = scaled_mm.supports(qw, humming.ACT_SCHEMES["fp8"], torch.zeros(2, 128, dtype=torch.bfloat16))
+    reason = scaled_mm.unsupported(qw, humming.ACT_SCHEMES["fp8"], torch.zeros(2, 128, dtype=torch.bfloat16))
     assert "consecutive columns" in reason
     with pytest.raises(ValueError, match="needs an act-order weight"):
         sort_act_order(humming.quantize(torch.randn(8, 128), "int4", group_size=32))
@@ -122,7 +122,7 @@ def test_prequantized_per_token_codes_are_gathered(act, seed):
     ref = humming.dequantize_activation(qa, torch.float64) @ humming.dequantize(qw, torch.float64).T
     assert not torch.isnan(y).any() and float((y.double() - ref).norm() / ref.norm()) < 1e-6, f"seed={seed}"
     grouped = humming.quantize_activation(x, "fp8_g128")
-    assert "groups along K of x's column order" in scaled_mm.supports(qw, grouped.scheme, grouped.codes)
+    assert "groups along K of x's column order" in scaled_mm.unsupported(qw, grouped.scheme, grouped.codes)
     y = humming.linear(grouped, qw, out_dtype=torch.float32)  # the reference (CPU, auto)
     ref = humming.dequantize_activation(grouped, torch.float64) @ humming.dequantize(qw, torch.float64).T
     assert float((y.double() - ref).norm() / ref.norm()) < 1e-6

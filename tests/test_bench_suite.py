@@ -35,7 +35,8 @@ def test_linear_check_only(tmp_path):
     _check(doc, {"humming", "humming:triton.wna16", "humming:triton.scaled_mm", "torch-bf16", "torch-scaled-mm"})
     assert json.loads(out.read_text()) == doc
     header = doc["header"]
-    assert header["roofs"]["copy_bytes_per_s"] == bench.COPY_BYTES_PER_S and header["date"] and header["versions"]
+    assert header["roofs"]["copy_bytes_per_s"] == bench.COPY_BYTES_PER_S["NVIDIA H200"] and header["date"]
+    assert "check only" in header["roofs"]["source"] and header["versions"]
     kernels = {r["kernel"] for r in doc["rows"] if r["system"] == "humming"}
     assert kernels == {"reference"}  # CPU tensors: what explain() says "auto" runs
 

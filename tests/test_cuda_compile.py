@@ -8,21 +8,21 @@ import re
 import pytest
 from helpers import compile_fresh, cubin_tool, needs_nvrtc
 
-from humming.cuda_kernels import _decode, _gemm_sm90, jit
+from humming.cuda_kernels import _decode_launch, _gemm_sm90, jit, wna16_decode
 from humming.cuda_kernels._layout import WeightLayout
 
 pytestmark = needs_nvrtc
 
 
 def _decode_specs() -> list[jit.KernelSpec]:
-    L, T = WeightLayout, _decode.DecodeTuning
+    L, T = WeightLayout, wna16_decode.DecodeTuning
     return [
-        _decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(1, 1, 8, 4, 1)),
-        _decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 3, 1)),
-        _decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 1, 8, 2, 1)),
-        _decode.decode_spec(L(8, -1, "bf16"), "f16", "f16", "f32", T(1, 1, 8, 4, 4)),
-        _decode.decode_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(1, 2, 8, 3, 1)),
-        _decode.decode_spec(L(4, 0, "e8m0_any", "e2m1"), "f16", "f32", "f16", T(2, 2, 8, 3, 1, 2)),
+        wna16_decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(1, 1, 8, 4, 1)),
+        wna16_decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 3, 1)),
+        wna16_decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 1, 8, 2, 1)),
+        wna16_decode.decode_spec(L(8, -1, "bf16"), "f16", "f16", "f32", T(1, 1, 8, 4, 4)),
+        wna16_decode.decode_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(1, 2, 8, 3, 1)),
+        wna16_decode.decode_spec(L(4, 0, "e8m0_any", "e2m1"), "f16", "f32", "f16", T(2, 2, 8, 3, 1, 2)),
     ]
 
 
@@ -113,7 +113,7 @@ def _mirrors():
     from humming.cuda_kernels import _fp4_launch, _fp8_launch
 
     return [  # (ctypes mirror, header, C++ type, arch)
-        (_decode._Params, "decode.cuh", "humming::decode::Params", "sm_80"),
+        (_decode_launch._Params, "decode.cuh", "humming::decode::Params", "sm_80"),
         (_gemm_sm90._Params, "gemm_sm90.cuh", "humming::gemm_sm90::Params", "sm_90a"),
         (_fp8_launch._Params, "fp8_gemm_sm90.cuh", "humming::fp8_sm90::Params", "sm_90a"),
         (_fp4_launch._Params, "fp4_gemm_sm120.cuh", "humming::fp4_sm120::Params", "sm_120a"),

@@ -6,11 +6,12 @@ import re
 
 import pytest
 import torch
-from helpers import assert_rel_close, capture, compile_fresh, cubin_tool
+from helpers import assert_rel_close, backend_unsupported, capture, compile_fresh, cubin_tool
 
 import humming
-from humming.cuda_kernels import _decode, jit
+from humming.cuda_kernels import _decode_launch, jit, wna16_decode
 from humming.cuda_kernels._layout import E2M1_BITS, PreparedWeight, WeightLayout, prepare_weight
+from humming.device import device_limits
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -125,15 +126,15 @@ def test_e2m1_word_layout_dequantizes_exactly(dtype, seed):
 
 def test_tuning_is_a_pure_function_of_the_problem():
     h200 = (132, 232448, 233472)
-    t = _decode.choose_decode_tuning(1, 8192, 8192, 4, *h200)
+    t = wna16_decode.choose_decode_tuning(1, 8192, 8192, 4, *h200)
     assert (t.mt, t.splits) == (1, 1)
-    assert _decode.choose_decode_tuning(16, 8192, 8192, 4, *h200).mt == 2
-    big = _decode.choose_decode_tuning(64, 8192, 8192, 8, *h200)
+    assert wna16_decode.choose_decode_tuning(16, 8192, 8192, 4, *h200).mt == 2
+    big = wna16_decode.choose_decode_tuning(64, 8192, 8192, 8, *h200)
     assert big.mt == 8 and big.smem_bytes(8) <= h200[1]
-    small = _decode.choose_decode_tuning(1, 256, 8192, 4, *h200)
+    small = wna16_decode.choose_decode_tuning(1, 256, 8192, 4, *h200)
     assert small.splits > 1
-    assert _decode.choose_decode_tuning(1, 256, 8192, 4, *h200) == small
-    sm86 = _decode.choose_decode_tuning(64, 8192, 8192, 8, 84, 101376, 102400)
+    assert wna16_decode.choose_decode_tuning(1, 256, 8192, 4, *h200) == small
+    sm86 = wna16_decode.choose_decode_tuning(64, 8192, 8192, 8, 84, 101376, 102400)
     assert sm86.smem_bytes(8) <= 101376
 
 
@@ -150,22 +151,22 @@ def test_tuning_is_a_pure_function_of_the_problem():
 )
 def test_heuristic_chooses_between_stream_k_and_the_tile_grid(m, n, bits, stream_k):
     """The choice between stream-K and the tile grid for each kind of problem on the H200's limits (the
-    rule and its reasons: :func:`~humming.cuda_kernels._decode.choose_decode_tuning`)."""
-    assert bool(_decode.choose_decode_tuning(m, n, 8192, bits, *H200).stream_k) == stream_k
+    rule and its reasons: :func:`~humming.cuda_kernels.wna16_decode.choose_decode_tuning`)."""
+    assert bool(wna16_decode.choose_decode_tuning(m, n, 8192, bits, *H200).stream_k) == stream_k
 
 
 def test_unsupported_combinations_say_why():
     x = torch.empty(4, 128, dtype=torch.bfloat16)
     qw = humming.quantize(torch.randn(32, 128), weight="int4", group_size=32)
-    assert "64 times a power of two" in _decode.decode_unsupported(qw, x)
-    assert "M <= 64" in _decode.decode_unsupported(
+    assert "64 times a power of two" in wna16_decode.decode_unsupported(qw, x)
+    assert "M <= 64" in wna16_decode.decode_unsupported(
         _quantize(32, 128, "int4-g64"), torch.empty(65, 128, dtype=torch.bfloat16)
     )
-    assert "float32" in _decode.decode_unsupported(_quantize(32, 128, "int4-g64"), x.float())
-    assert "K % 64" in _decode.decode_unsupported(humming.quantize(torch.randn(32, 96), weight="int4"), x)
+    assert "float32" in wna16_decode.decode_unsupported(_quantize(32, 128, "int4-g64"), x.float())
+    assert "K % 64" in wna16_decode.decode_unsupported(humming.quantize(torch.randn(32, 96), weight="int4"), x)
     nvfp4 = humming.quantize(torch.randn(32, 128), weight="nvfp4")
-    assert "MXFP4 (e8m0 scales per 32)" in _decode.decode_unsupported(nvfp4, x)
-    assert _decode.decode_unsupported(humming.quantize(torch.randn(32, 128), weight="mxfp4"), x) is None
+    assert "MXFP4 (e8m0 scales per 32)" in wna16_decode.decode_unsupported(nvfp4, x)
+    assert wna16_decode.decode_unsupported(humming.quantize(torch.randn(32, 128), weight="mxfp4"), x) is None
 
 
 def _reference(x, qw, bias):
@@ -198,7 +199,7 @@ def test_decode_matches_reference(n, k, scheme, ms, act, seed):
         x = torch.randn(m, k, device="cuda", dtype=act)
         for b in (None, bias):
             out = torch.full((m, n), float("nan"), device="cuda", dtype=act)
-            _decode.run_decode(prep, x, b, act, out=out)
+            wna16_decode.run_decode(prep, x, b, act, out=out)
             assert_rel_close(out, _reference(x, qw, b), precision=torch.float32)
 
 
@@ -222,7 +223,7 @@ def test_mxfp4_scales_far_apart_and_special_codes(act, special, seed):
     assert prep.layout.scale == ("e8m0" if special is None else "e8m0_any")
     x = torch.randn(5, k, device="cuda", dtype=act) * (2.0**-8 if act == torch.float16 else 1.0)
     out = torch.full((5, n), float("inf"), device="cuda", dtype=torch.float32)
-    _decode.run_decode(prep, x, None, torch.float32, out=out)
+    wna16_decode.run_decode(prep, x, None, torch.float32, out=out)
     ref = x.double() @ humming.dequantize(qw, torch.float64).T
     assert torch.equal(out.isnan(), ref.isnan())
     keep = torch.arange(n, device="cuda") != 37
@@ -240,7 +241,7 @@ def test_decode_float32_output_and_strided_x(seed):
     prep = prepare_weight(qw)
     x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16)[:, 512:1536]
     out = torch.full((8, 1024), float("nan"), device="cuda", dtype=torch.float32)
-    _decode.run_decode(prep, x, None, torch.float32, out=out)
+    wna16_decode.run_decode(prep, x, None, torch.float32, out=out)
     assert_rel_close(out, _reference(x, qw, None), 5e-3, precision=torch.float32)
 
 
@@ -252,31 +253,29 @@ def test_tunings_agree(tuning, seed):
     qw = _quantize(2048, 2048, "int4-g128", device="cuda")
     prep = prepare_weight(qw)
     x = torch.randn(8 * tuning[0], 2048, device="cuda", dtype=torch.bfloat16)
-    out = _decode.run_decode(prep, x, None, torch.float32, tuning=_decode.DecodeTuning(*tuning))
+    out = wna16_decode.run_decode(prep, x, None, torch.float32, tuning=wna16_decode.DecodeTuning(*tuning))
     assert_rel_close(out, _reference(x, qw, None), 5e-3, precision=torch.float32)
 
 
 @pytest.mark.gpu
 def test_linear_backend_cuda(seed):
-    from humming import cuda_kernels
-
     qw = _quantize(1024, 512, "int4-g128", device="cuda")
     x = torch.randn(2, 3, 512, device="cuda", dtype=torch.bfloat16)
-    assert cuda_kernels.supports(qw, None, x.reshape(-1, 512)) is None
+    assert backend_unsupported(qw, None, x.reshape(-1, 512), "cuda") is None
     out = humming.linear(x, qw, backend="cuda")
     assert_rel_close(out.reshape(6, -1), _reference(x.reshape(6, -1), qw, None), precision=torch.float32)
     wide = torch.empty(65, 512, device="cuda", dtype=torch.bfloat16)
     if torch.cuda.get_device_capability() != (9, 0):
-        assert "large-M GEMM" in cuda_kernels.supports(qw, None, wide)
+        assert "large-M GEMM" in backend_unsupported(qw, None, wide, "cuda")
     narrow = humming.quantize(torch.randn(48, 512, device="cuda"), weight="int4", group_size=128)
-    assert "N % 128" in cuda_kernels.supports(narrow, None, wide)
+    assert "N % 128" in backend_unsupported(narrow, None, wide, "cuda")
     mx = _quantize(1024, 512, "mxfp4", device="cuda")
     assert_rel_close(
         humming.linear(x, mx, backend="cuda").reshape(6, -1),
         _reference(x.reshape(6, -1), mx, None),
         precision=torch.float32,
     )
-    assert "integer codes" in cuda_kernels.supports(mx, None, wide)
+    assert "integer codes" in backend_unsupported(mx, None, wide, "cuda")
 
 
 @pytest.mark.gpu
@@ -288,19 +287,19 @@ def test_graph_capture_never_compiles(seed, tmp_path, monkeypatch):
     qw = _quantize(512, 1024, "uint4-g128-zp", device="cuda")
     x = torch.randn(3, 1024, device="cuda", dtype=torch.float16)
     prep = cuda_kernels.prepare(qw)
-    tuning = _decode.DecodeTuning(1, 1, 4, 3, 1)  # a tuning nothing else uses: not loaded yet
+    tuning = wna16_decode.DecodeTuning(1, 1, 4, 3, 1)  # a tuning nothing else uses: not loaded yet
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         graph = torch.cuda.CUDAGraph()
         with pytest.raises(jit.KernelNotReadyError, match="warmup"), torch.cuda.graph(graph, stream=stream):
-            _decode.run_decode(prep, x, None, torch.float16, tuning=tuning)
+            wna16_decode.run_decode(prep, x, None, torch.float16, tuning=tuning)
     report = humming.warmup([qw], m_values=(3,), act_dtype=torch.float16, progress=False)
     assert len(report.kernels) == 1
     out = torch.full((3, 512), float("nan"), device="cuda", dtype=torch.float16)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        cuda_kernels.linear(x, qw, None, None, torch.float16)
-        _decode.run_decode(prep, x, None, torch.float16, out=out)
+        humming.linear(x, qw, out_dtype=torch.float16, backend="cuda")
+        wna16_decode.run_decode(prep, x, None, torch.float16, out=out)
     graph.replay()
     torch.cuda.synchronize()
     assert_rel_close(out, _reference(x, qw, None), precision=torch.float32)
@@ -412,12 +411,12 @@ def test_stream_k_cursor_increments_match_seek(tg, r):
 def _stream_k_jobs() -> list[tuple]:
     """(spec, arch): the heuristic's stream-K kernels with the most registers per launch bound, for every
     decode arch, and the 8-token-tile one (one block per SM) for sm_90."""
-    L, T = WeightLayout, _decode.DecodeTuning
+    L, T = WeightLayout, wna16_decode.DecodeTuning
     every_arch = [
-        _decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(1, 2, 8, 3, 1, 2)),
-        _decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 3, 1, 2)),
+        wna16_decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(1, 2, 8, 3, 1, 2)),
+        wna16_decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 3, 1, 2)),
     ]
-    big = _decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 1, 8, 2, 1, 1))
+    big = wna16_decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 1, 8, 2, 1, 1))
     return [(spec, arch) for spec in every_arch for arch in spec.targets()] + [(big, "sm_90")]
 
 
@@ -430,7 +429,7 @@ def stream_k_kernels(tmp_path_factory):
 
 def test_stream_k_compiles_for_every_arch_without_local_memory(stream_k_kernels, tmp_path):
     assert {(k.spec.name, k.arch) for k in stream_k_kernels} == {(s.name, a) for s, a in _stream_k_jobs()}
-    assert {k.arch for k in stream_k_kernels} == {f"sm_{a}{b}" for a, b in _decode.DECODE_CCS}
+    assert {k.arch for k in stream_k_kernels} == {f"sm_{a}{b}" for a, b in wna16_decode.DECODE_CCS}
     for kernel in stream_k_kernels:
         name = f"{kernel.spec.name} {kernel.arch}"
         assert "_sk" in kernel.spec.name and "Schedule::stream_k" in kernel.spec.entry
@@ -449,25 +448,25 @@ def test_stream_k_compiles_for_every_arch_without_local_memory(stream_k_kernels,
 
 
 def test_stream_k_tuning_is_the_tile_tuning_on_a_persistent_grid():
-    tiles, stream_k = _decode.candidate_tunings(1, 28672, 8192, 4, *H200)
-    assert _decode.choose_decode_tuning(1, 28672, 8192, 4, *H200) == tiles  # one token tile: the tile grid
+    tiles, stream_k = wna16_decode.candidate_tunings(1, 28672, 8192, 4, *H200)
+    assert wna16_decode.choose_decode_tuning(1, 28672, 8192, 4, *H200) == tiles  # one token tile: the tile grid
     assert (tiles.stream_k, stream_k.stream_k, stream_k.splits) == (0, 2, 1)
     assert (tiles.mt, tiles.r, tiles.warps, tiles.stages) == (stream_k.mt, stream_k.r, stream_k.warps, stream_k.stages)
-    assert _decode.stream_k_grid(28672, 8192, stream_k, 132) == (264, 2112)
-    assert _decode.stream_k_grid(48, 128, stream_k, 132) == (1, 8)  # 3 tiles x 2 chunks: one block
-    big = _decode.candidate_tunings(64, 8192, 8192, 8, *H200)[1]
+    assert wna16_decode.stream_k_grid(28672, 8192, stream_k, 132) == (264, 2112)
+    assert wna16_decode.stream_k_grid(48, 128, stream_k, 132) == (1, 8)  # 3 tiles x 2 chunks: one block
+    big = wna16_decode.candidate_tunings(64, 8192, 8192, 8, *H200)[1]
     assert big.stream_k == 1  # 8 token tiles: one block per SM fits in shared memory
-    assert _decode.candidate_tunings(256 // 16, 256, 4096, 4, *H200)[0].splits > 1
-    assert _decode.candidate_tunings(256 // 16, 256, 4096, 4, *H200)[1].splits == 1
-    assert "_sk2" in _decode.decode_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", stream_k).name
+    assert wna16_decode.candidate_tunings(256 // 16, 256, 4096, 4, *H200)[0].splits > 1
+    assert wna16_decode.candidate_tunings(256 // 16, 256, 4096, 4, *H200)[1].splits == 1
+    assert "_sk2" in wna16_decode.decode_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", stream_k).name
     with pytest.raises(ValueError, match="stream_k"):
-        _decode.DecodeTuning(1, 1, 8, 3, 4, stream_k=2)
+        wna16_decode.DecodeTuning(1, 1, 8, 3, 4, stream_k=2)
     with pytest.raises(ValueError, match="stream_k"):
-        _decode.DecodeTuning(1, 3, 8, 3, 1, stream_k=2)
+        wna16_decode.DecodeTuning(1, 3, 8, 3, 1, stream_k=2)
 
 
-def _stream_k_tuning(m: int, n: int, k: int, bits: int) -> _decode.DecodeTuning:
-    return _decode.candidate_tunings(m, n, k, bits, *_decode.device_limits(torch.cuda.current_device()))[1]
+def _stream_k_tuning(m: int, n: int, k: int, bits: int) -> wna16_decode.DecodeTuning:
+    return wna16_decode.candidate_tunings(m, n, k, bits, *device_limits(torch.cuda.current_device()))[1]
 
 
 STREAM_K_CASES = [  # short shapes first
@@ -502,9 +501,10 @@ def test_stream_k_matches_reference(n, k, scheme, ms, act, seed):
         for b in (None, bias):
             ref = x.double() @ w64.T + (0 if b is None else b.double())
             out = torch.full((m, n), float("nan"), device="cuda", dtype=act)
-            _decode.run_decode(prep, x, b, act, tuning, out)
+            wna16_decode.run_decode(prep, x, b, act, tuning, out)
             assert_rel_close(out, ref.float(), precision=torch.float32)
-    workspace = _decode._WORKSPACES.by_stream[(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)]
+    stream = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
+    workspace = _decode_launch._WORKSPACES.by_stream[stream]
     assert int(workspace.count_nonzero()) == 0
 
 
@@ -524,7 +524,7 @@ def test_stream_k_tunings_agree(n, tuning, seed):
     prep = prepare_weight(qw)
     x = torch.randn(5, k, device="cuda", dtype=torch.bfloat16)
     out = torch.full((5, n), float("nan"), device="cuda", dtype=torch.float32)
-    _decode.run_decode(prep, x, None, torch.float32, _decode.DecodeTuning(*tuning), out)
+    wna16_decode.run_decode(prep, x, None, torch.float32, wna16_decode.DecodeTuning(*tuning), out)
     assert_rel_close(
         out, (x.double() @ humming.dequantize(qw, torch.float32).double().T).float(), 5e-3, precision=torch.float32
     )
@@ -537,33 +537,33 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
     from humming import cuda_kernels
 
     monkeypatch.setenv("HUMMING_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(_decode, "_WORKSPACES", _decode._Workspaces())
+    monkeypatch.setattr(_decode_launch, "_WORKSPACES", _decode_launch._Workspaces())
     n, k, m = 1024, 2048, 3
     qw = _quantize(n, k, "uint4-g128-zp", device="cuda")
     w64 = humming.dequantize(qw, torch.float32).double()
     prep = cuda_kernels.prepare(qw)
     tuning = _stream_k_tuning(m, n, k, 4)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    first = _decode.run_decode(prep, x, None, torch.float32, tuning)
+    first = wna16_decode.run_decode(prep, x, None, torch.float32, tuning)
     second = torch.full((m, n), float("nan"), device="cuda")
-    _decode.run_decode(prep, x, None, torch.float32, tuning, second)
+    wna16_decode.run_decode(prep, x, None, torch.float32, tuning, second)
     ref = (x.double() @ w64.T).float()
     assert_rel_close(first, ref, 5e-3, precision=torch.float32)
     assert (first - second).abs().max() <= 1e-5 * ref.abs().max(), "a second call sees the first's sums"
 
-    monkeypatch.setattr(_decode, "default_tuning", lambda *args: tuning)
+    monkeypatch.setattr(wna16_decode, "default_tuning", lambda *args: tuning)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     humming.warmup([qw], m_values=(m,), bias_dtype=torch.bfloat16, progress=False)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = cuda_kernels.linear(x, qw, bias, None, torch.bfloat16)
+        out = humming.linear(x, qw, bias, out_dtype=torch.bfloat16, backend="cuda")
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         assert_rel_close(out, (x.double() @ w64.T + bias.double()).float(), precision=torch.float32)
-    for workspace in _decode._WORKSPACES.captured:
+    for workspace in _decode_launch._WORKSPACES.captured:
         assert int(workspace.count_nonzero()) == 0
 
 
@@ -571,13 +571,13 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
 def test_stream_k_capture_without_reserved_workspace_replays_correctly(seed, monkeypatch):
     """torch's recipe (an eager call on a side stream, then capture on another) with no warmup: the capture
     takes a temporary workspace whose zero fill is captured, so every replay starts from zeros."""
-    monkeypatch.setattr(_decode, "_WORKSPACES", _decode._Workspaces())
+    monkeypatch.setattr(_decode_launch, "_WORKSPACES", _decode_launch._Workspaces())
     qw = _quantize(256, 512, "int4-g128", device="cuda")
     prep = prepare_weight(qw)
     x = torch.randn(2, 512, device="cuda", dtype=torch.bfloat16)
     tuning = _stream_k_tuning(2, 256, 512, 4)
     # the side-stream call compiles and loads the kernel and takes the side stream's workspace
-    graph, out = capture(lambda: _decode.run_decode(prep, x, None, torch.bfloat16, tuning))
+    graph, out = capture(lambda: wna16_decode.run_decode(prep, x, None, torch.bfloat16, tuning))
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         out.fill_(float("nan"))

@@ -22,10 +22,19 @@ import re
 
 import pytest
 import torch
-from helpers import assert_fp4_matches_reference, compile_fresh, cubin_tool, fp4_problem, fp4_reference, needs_nvrtc
+from helpers import (
+    assert_fp4_matches_reference,
+    backend_unsupported,
+    compile_fresh,
+    cubin_tool,
+    fp4_problem,
+    fp4_reference,
+    needs_nvrtc,
+)
 
 from humming import dequantize, quantize
 from humming.cuda_kernels import fp4_gemm, jit
+from humming.device import DeviceLimits
 from humming.ir.activation import dequantize_activation, get_act_scheme, quantize_activation
 from humming.ir.formats import get_format
 
@@ -308,9 +317,9 @@ def test_pack_codes_is_canonical_packing():
         ("int4", "nvfp4", "takes e2m1 weights"),
     ],
 )
-def test_supports_names_the_reason(weight, act, fragment):
+def test_unsupported_names_the_reason(weight, act, fragment):
     qw = quantize(torch.randn(16, 64), weight)
-    reason = fp4_gemm.supports(qw, get_act_scheme(act), torch.empty(2, 64))
+    reason = fp4_gemm.unsupported(qw, get_act_scheme(act), torch.empty(2, 64))
     assert reason is not None and fragment in reason, reason
 
 
@@ -325,24 +334,25 @@ def test_choose_tuning_fills_the_sms_then_takes_the_most_blocks():
 
 def test_warmup_jobs_follow_choose_tuning():
     qw = quantize(torch.randn(4096, 64), "mxfp4")
-    jobs = fp4_gemm.warmup_jobs(qw, get_act_scheme("mxfp4"), (1, 16, 64, 512), torch.bfloat16, None, 64, (12, 0))
+    limits = DeviceLimits(sm_count=64, smem_per_block=101376, smem_per_sm=102400)  # an sm_120 GPU of 64 SMs
+    jobs = fp4_gemm.warmup_jobs(qw, get_act_scheme("mxfp4"), (1, 16, 64, 512), torch.bfloat16, None, limits, (12, 0))
     assert all(arch == "sm_120a" for _, arch in jobs)
     expected = {fp4_gemm.choose_tuning(m, 4096, 64) for m in (1, 16, 64, 512)}
     assert [spec.name for spec, _ in jobs] == sorted(fp4_gemm.fp4_spec(32, "bf16", "bf16", t).name for t in expected)
-    assert fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1,), torch.bfloat16, None, 64, (12, 0)) == []
+    assert fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1,), torch.bfloat16, None, limits, (12, 0)) == []
 
 
-def test_supports_names_the_blackwell_architectures(fake_cuda_device):
+def test_unsupported_names_the_blackwell_architectures(fake_cuda_device):
     """Off Blackwell (here: an H200, compute capability 9.0) the reason says which architectures it needs."""
     qw = quantize(torch.randn(16, 64), "nvfp4")
     act = get_act_scheme("nvfp4")
-    assert "not a CUDA device" in fp4_gemm.supports(qw, act, torch.empty(2, 64))
+    assert "not a CUDA device" in fp4_gemm.unsupported(qw, act, torch.empty(2, 64))
 
     class OnCuda:
         device = torch.device("cuda", 0)
 
     fake_cuda_device((9, 0))
-    reason = fp4_gemm.supports(qw, act, OnCuda())
+    reason = fp4_gemm.unsupported(qw, act, OnCuda())
     assert "sm_100a" in reason and "sm_120a" in reason and "not (9, 0)" in reason, reason
     with pytest.raises(ValueError, match="sm_100a"):
         fp4_gemm.linear(OnCuda(), qw, None, act, torch.bfloat16)
@@ -365,15 +375,15 @@ def _blackwell() -> bool:
 @pytest.mark.skipif(not torch.cuda.is_available() or _blackwell(), reason="needs a CUDA GPU other than sm_100 / sm_120")
 def test_gpu_elsewhere_the_reason_names_sm_100a():
     """On any other GPU (the H200 here) the FP4 GEMM declines with the architectures it needs, and warmup skips it."""
-    from humming import cuda_kernels
+    from humming.device import device_limits
 
     qw = quantize(torch.randn(256, 256, device="cuda"), "nvfp4")
     x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
     act = get_act_scheme("nvfp4")
-    reason = fp4_gemm.supports(qw, act, x)
+    reason = fp4_gemm.unsupported(qw, act, x)
     assert reason is not None and "sm_100a" in reason and "sm_120a" in reason, reason
-    assert reason in cuda_kernels.supports(qw, act, x)
-    assert fp4_gemm.warmup_jobs(qw, act, (1, 16), torch.bfloat16, None, 132) == []
+    assert reason in backend_unsupported(qw, act, x, "cuda")
+    assert fp4_gemm.warmup_jobs(qw, act, (1, 16), torch.bfloat16, None, device_limits()) == []
 
 
 GPU_CASES = [

@@ -29,14 +29,17 @@ import torch
 from helpers import assert_fp4_matches_reference, compile_fresh, cubin_tool, fp4_problem
 
 from humming.cuda_kernels import _fp4_layout, _fp4_tuning, fp4_gemm, jit
+from humming.device import DeviceLimits
 from humming.ir.formats import get_format
 from humming.ir.weight import cdiv
 
 SCHEMES = {16: "nvfp4", 32: "mxfp4"}
+#: A B200 (compute capability 10.0): SMs, opt-in shared memory per block (227 KiB) and per SM.
+B200 = DeviceLimits(sm_count=148, smem_per_block=232448, smem_per_sm=233472)
 
 
 def _tuning(vec: int, block_t: int) -> fp4_gemm.Sm100Tuning:
-    return fp4_gemm.Sm100Tuning(block_t, _fp4_tuning._sm100_stages(vec, block_t))
+    return fp4_gemm.Sm100Tuning(block_t, _fp4_tuning._sm100_stages(vec, block_t, B200.smem_per_block))
 
 
 def _specs() -> list[jit.KernelSpec]:
@@ -400,15 +403,20 @@ def test_sf_atoms_layout():
 
 
 def test_choose_sm100_tuning():
-    assert fp4_gemm.choose_sm100_tuning(1, 4096, 148, 16).block_t == 32
-    assert fp4_gemm.choose_sm100_tuning(33, 4096, 148, 16).block_t == 64
-    assert fp4_gemm.choose_sm100_tuning(128, 4096, 148, 16).block_t == 128
-    assert fp4_gemm.choose_sm100_tuning(4096, 8192, 148, 16) == fp4_gemm.Sm100Tuning(256, 4)  # 64 x 16 blocks
-    assert fp4_gemm.choose_sm100_tuning(512, 4096, 148, 16).block_t == 128  # 32 x 2 blocks of 256 < 148
+    sms, smem = B200.sm_count, B200.smem_per_block
+    assert fp4_gemm.choose_sm100_tuning(1, 4096, sms, 16, smem).block_t == 32
+    assert fp4_gemm.choose_sm100_tuning(33, 4096, sms, 16, smem).block_t == 64
+    assert fp4_gemm.choose_sm100_tuning(128, 4096, sms, 16, smem).block_t == 128
+    assert fp4_gemm.choose_sm100_tuning(4096, 8192, sms, 16, smem) == fp4_gemm.Sm100Tuning(256, 4)  # 64 x 16 blocks
+    assert fp4_gemm.choose_sm100_tuning(512, 4096, sms, 16, smem).block_t == 128  # 32 x 2 blocks of 256 < 148
     for vec in SCHEMES:
         for block_t in fp4_gemm.SM100_BLOCK_T:
             lay = fp4_gemm.Sm100Layout(vec, block_t, _tuning(vec, block_t).stages)
-            assert lay.smem_bytes <= 232448 and lay.tmem_cols <= 512
+            assert lay.smem_bytes <= smem and lay.tmem_cols <= 512
+    # fewer stages in less shared memory, and an error where not even one fits
+    assert fp4_gemm.choose_sm100_tuning(4096, 8192, sms, 16, 101376).stages < 4
+    with pytest.raises(ValueError, match="smem_per_block=1024: no stage"):
+        fp4_gemm.choose_sm100_tuning(1, 4096, sms, 16, 1024)
 
 
 def test_warmup_jobs_on_sm_100():
@@ -416,15 +424,13 @@ def test_warmup_jobs_on_sm_100():
     from humming.ir.activation import get_act_scheme
 
     qw = quantize(torch.randn(4096, 64), "nvfp4")
-    jobs = fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1, 16, 64, 4096), torch.bfloat16, None, 148, (10, 0))
+    jobs = fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1, 16, 64, 4096), torch.bfloat16, None, B200, (10, 0))
     assert {arch for _, arch in jobs} == {"sm_100a"}
+    tuning = lambda m: fp4_gemm.choose_sm100_tuning(m, 4096, B200.sm_count, 16, B200.smem_per_block)
     assert [spec.name for spec, _ in jobs] == sorted(
-        {
-            fp4_gemm.sm100_spec(16, "bf16", "bf16", fp4_gemm.choose_sm100_tuning(m, 4096, 148, 16)).name
-            for m in (1, 16, 64, 4096)
-        }
+        {fp4_gemm.sm100_spec(16, "bf16", "bf16", tuning(m)).name for m in (1, 16, 64, 4096)}
     )
-    assert fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1,), torch.bfloat16, None, 132, (9, 0)) == []
+    assert fp4_gemm.warmup_jobs(qw, get_act_scheme("nvfp4"), (1,), torch.bfloat16, None, B200, (9, 0)) == []
 
 
 # ---------------------------------------------------------------------------------------------------------

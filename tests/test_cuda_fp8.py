@@ -236,12 +236,12 @@ def test_grouped_weight_is_the_experts_stacked_along_n(weight, group, seed):
 
 
 def test_grouped_unsupported_says_why():
-    from humming import cuda_kernels
+    from humming.cuda_kernels import grouped as cuda_grouped
 
     x = torch.empty(32, 300, dtype=torch.bfloat16)
     fp8, g128, tensor = get_act_scheme("fp8"), get_act_scheme("fp8_g128"), get_act_scheme("fp8_tensor")
     e4m3, block, int4 = _stacked("e4m3", -1), _stacked("e4m3", (128, 128)), _stacked("int4", 128)
-    for reason_of in (fp8_gemm.grouped_unsupported, cuda_kernels.supports_grouped):
+    for reason_of in (fp8_gemm.grouped_unsupported, cuda_grouped.grouped_unsupported):
         assert "not a CUDA device" in reason_of(e4m3, fp8, x, 16)  # every other check passes
         assert "not a CUDA device" in reason_of(block, g128, x, 16)
         assert "not a CUDA device" in reason_of(int4, fp8, x, 16)
@@ -257,7 +257,7 @@ def test_grouped_unsupported_says_why():
     dense = humming.quantize(torch.randn(256, 300), weight="e4m3", group_size=-1)
     assert "expert-stacked" in fp8_gemm.grouped_unsupported(dense, fp8, x, 16)
     with pytest.raises(ValueError, match=r"humming CUDA backend: .*padding rows"):
-        cuda_kernels.grouped_linear(x, e4m3, torch.zeros(2, dtype=torch.int32), 16, None, tensor, torch.bfloat16)
+        cuda_grouped.grouped_linear(x, e4m3, torch.zeros(2, dtype=torch.int32), 16, None, tensor, torch.bfloat16)
     with pytest.raises(ValueError, match="qw: the grouped FP8 GEMM takes e4m3 / int4 experts with N % 128"):
         fp8_gemm.prepare(_stacked("e4m3", -1, n=192))
 
@@ -463,7 +463,7 @@ def test_mxfp4_from_the_quantizer_is_taken():
     qw = humming.quantize(torch.randn(256, 512), weight="mxfp4")
     assert fp8_gemm.weight_unsupported(qw) is None
     x = torch.empty(4, 512, dtype=torch.bfloat16)
-    assert "not a CUDA device" in fp8_gemm.supports(qw, get_act_scheme("fp8"), x)  # passes the weight checks
+    assert "not a CUDA device" in fp8_gemm.unsupported(qw, get_act_scheme("fp8"), x)  # passes the weight checks
 
 
 def test_mxfp4_that_cannot_be_folded_exactly_is_refused():
@@ -483,7 +483,7 @@ def test_mxfp4_that_cannot_be_folded_exactly_is_refused():
     assert "e8m0 NaN" in fp8_gemm.weight_unsupported(_mx_weight(n, k, exps))
     x = torch.empty(4, 256, dtype=torch.bfloat16)
     narrow = _mx_weight(n, k, torch.full((n, k // 32), 120))
-    assert "per-token or per-tensor" in fp8_gemm.supports(narrow, get_act_scheme("fp8_g128"), x)
+    assert "per-token or per-tensor" in fp8_gemm.unsupported(narrow, get_act_scheme("fp8_g128"), x)
     nvfp4 = humming.quantize(torch.randn(64, 256), weight="nvfp4")
     bf16_scales = humming.quantize(torch.randn(64, 256), weight="e2m1", group_size=32, scale_dtype=torch.bfloat16)
     for qw in (nvfp4, bf16_scales):
@@ -520,15 +520,15 @@ def test_unsupported_combinations_say_why():
     int4_g64 = humming.quantize(torch.randn(64, 256), weight="int4", group_size=64)
     int4 = humming.quantize(torch.randn(64, 256), weight="int4", group_size=128)
     fp8, g128 = get_act_scheme("fp8"), get_act_scheme("fp8_g128")
-    assert "e4m3, int4 or MXFP4 (e2m1) weights" in fp8_gemm.supports(uint4, fp8, x)
-    assert "128-multiple group" in fp8_gemm.supports(int4_g64, fp8, x)
-    assert "per-token or per-tensor" in fp8_gemm.supports(int4, g128, x)
-    assert "fp8 activations" in fp8_gemm.supports(e4m3, None, x)
-    assert "1x128 activation groups" in fp8_gemm.supports(block, fp8, x)
-    assert "multiples of 128 x 128" in fp8_gemm.supports(block64, g128, x)
-    assert "per-token or per-tensor" in fp8_gemm.supports(e4m3, g128, x)
-    assert "e4m3 activations" in fp8_gemm.supports(e4m3, get_act_scheme("int8"), x)
-    assert "not a CUDA device" in fp8_gemm.supports(e4m3, fp8, x)
+    assert "e4m3, int4 or MXFP4 (e2m1) weights" in fp8_gemm.unsupported(uint4, fp8, x)
+    assert "128-multiple group" in fp8_gemm.unsupported(int4_g64, fp8, x)
+    assert "per-token or per-tensor" in fp8_gemm.unsupported(int4, g128, x)
+    assert "fp8 activations" in fp8_gemm.unsupported(e4m3, None, x)
+    assert "1x128 activation groups" in fp8_gemm.unsupported(block, fp8, x)
+    assert "multiples of 128 x 128" in fp8_gemm.unsupported(block64, g128, x)
+    assert "per-token or per-tensor" in fp8_gemm.unsupported(e4m3, g128, x)
+    assert "e4m3 activations" in fp8_gemm.unsupported(e4m3, get_act_scheme("int8"), x)
+    assert "not a CUDA device" in fp8_gemm.unsupported(e4m3, fp8, x)
     with pytest.raises(ValueError, match="humming FP8 GEMM"):
         fp8_gemm.linear(x, e4m3, None, fp8, torch.bfloat16)
 
@@ -608,7 +608,7 @@ def _problem(case: Case):
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_matches_float64_reference(case, seed, fp8_sm90):
     qw, qa, bias, ref = _problem(case)
-    assert fp8_gemm.supports(qw, qa.scheme, qa.codes, case.out) is None
+    assert fp8_gemm.unsupported(qw, qa.scheme, qa.codes, case.out) is None
     n_pad = -(-case.n // 8) * 8
     out = torch.full((case.m, n_pad), float("nan"), device="cuda", dtype=case.out)[:, : case.n]
     fp8_gemm.run(fp8_gemm.prepare(qw), qa, qa.scheme, bias, case.out, out=out)

@@ -214,7 +214,7 @@ def test_fused_moe_fp8_matches_the_reference_backend(compiled, seed):
 
 def test_warmup_then_cuda_graph_capture(seed, fp8_sm90):
     """``warmup`` compiles the grouped FP8 kernels of an expert-stacked layer, so capture never compiles."""
-    from humming import cuda_kernels
+    from humming.cuda_kernels import grouped as cuda_grouped
 
     c = Case(8, 1024, 512, 16, -1, "fp8", bias=torch.bfloat16)
     qw = _weight(c)
@@ -226,7 +226,7 @@ def test_warmup_then_cuda_graph_capture(seed, fp8_sm90):
     bias = torch.randn(c.e, c.n, device="cuda", dtype=torch.bfloat16)
 
     def call():
-        return cuda_kernels.grouped_linear(x, qw, expert_ids, 16, bias, get_act_scheme("fp8"), torch.bfloat16)
+        return cuda_grouped.grouped_linear(x, qw, expert_ids, 16, bias, get_act_scheme("fp8"), torch.bfloat16)
 
     graph, captured = capture(call)
     x.copy_(torch.randn_like(x))

@@ -1,5 +1,5 @@
 """Seeded fuzzer for the CUDA backend: random shapes, formats, layouts, dtypes and M through
-``humming.cuda_kernels.linear`` (so through both the decode kernel and the sm_90a GEMM), outputs poisoned
+``humming.linear(backend="cuda")`` (so through both the decode kernel and the sm_90a GEMM), outputs poisoned
 with NaN, against ``humming.dequantize`` + float32 matmul. A failure prints the case and its seed."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from helpers import backend_unsupported
 
 import humming
 
@@ -35,8 +36,6 @@ def _case(seed: int) -> dict:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_fuzz_linear(seed):
-    from humming import cuda_kernels
-
     case = _case(seed)
     torch.manual_seed(seed)
     if case["group"] > case["k"]:
@@ -52,11 +51,11 @@ def test_fuzz_linear(seed):
     x = torch.randn(case["m"], case["k"], device="cuda", dtype=case["act"])
     bias = torch.randn(case["n"], device="cuda", dtype=case["act"]) if case["bias"] else None
     out_dtype = case["out"] or case["act"]
-    reason = cuda_kernels.supports(qw, None, x)
+    reason = backend_unsupported(qw, None, x, "cuda")
     if reason is not None:
         pytest.skip(f"seed {seed}: {reason} ({case})")
     torch.empty(case["m"] * case["n"] * 4, device="cuda", dtype=torch.uint8).fill_(0xFF)  # NaN-filled pool
-    out = cuda_kernels.linear(x, qw, bias, None, out_dtype)
+    out = humming.linear(x, qw, bias, out_dtype=out_dtype, backend="cuda")
     ref = x.float() @ humming.dequantize(qw).T + (0 if bias is None else bias.float())
     assert not torch.isnan(out).any(), f"seed {seed}: unwritten outputs ({case})"
     err = ((out.float() - ref).norm() / ref.norm()).item()

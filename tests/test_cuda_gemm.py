@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, backend_unsupported
 
 import humming
 from humming.cuda_kernels import _gemm_sm90
@@ -50,11 +50,9 @@ def test_gemm_matches_reference(n, k, scheme, ms, act, seed):
 
 
 def test_gemm_through_linear_and_graph_capture(seed):
-    from humming import cuda_kernels
-
     qw = humming.quantize(torch.randn(1024, 1024, device="cuda"), weight="int4", group_size=128)
     x = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16)
-    assert cuda_kernels.supports(qw, None, x) is None
+    assert backend_unsupported(qw, None, x, "cuda") is None
     humming.warmup([qw], m_values=(300,), progress=False)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -8,9 +8,9 @@ import torch
 from helpers import assert_rel_close
 
 import humming
-from humming import cuda_kernels
 from humming.bench.inputs import random_experts
 from humming.cuda_kernels import _gemm_sm90
+from humming.cuda_kernels import grouped as cuda_grouped
 from humming.cuda_kernels._layout import prepare_weight
 from humming.moe import expert_weight
 
@@ -68,15 +68,15 @@ def test_prepare_unpacks_a_bounded_number_of_rows_at_a_time(qargs, monkeypatch, 
     assert torch.equal(prep.qweight, whole.qweight) and torch.equal(prep.scales, whole.scales)
 
 
-def test_supports_grouped_says_why_not():
+def test_grouped_unsupported_says_why_not():
     qw = humming.quantize(torch.randn(2, 256, 128), weight="int4", group_size=128)
     x = torch.randn(32, 128, dtype=torch.bfloat16)
-    assert "not a CUDA device" in cuda_kernels.supports_grouped(qw, None, x, 32)
+    assert "not a CUDA device" in cuda_grouped.grouped_unsupported(qw, None, x, 32)
     # act schemes go to the grouped FP8 GEMM, which refuses per-tensor activation scales
     tensor = humming.ir.activation.get_act_scheme("fp8_tensor")
-    assert "padding rows and skipped blocks" in cuda_kernels.supports_grouped(qw, tensor, x, 32)
+    assert "padding rows and skipped blocks" in cuda_grouped.grouped_unsupported(qw, tensor, x, 32)
     with pytest.raises(ValueError, match="not a CUDA device"):
-        cuda_kernels.grouped_linear(x, qw, torch.zeros(1, dtype=torch.int32), 32, None, None, torch.bfloat16)
+        cuda_grouped.grouped_linear(x, qw, torch.zeros(1, dtype=torch.int32), 32, None, None, torch.bfloat16)
 
 
 def test_tuning_checks():
@@ -161,7 +161,7 @@ def test_grouped_linear_after_warmup_in_a_cuda_graph(seed):
     x = torch.randn(m_pad, 512, device="cuda", dtype=torch.bfloat16)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = cuda_kernels.grouped_linear(x, qw, expert_ids, 16, None, None, torch.bfloat16)
+        out = cuda_grouped.grouped_linear(x, qw, expert_ids, 16, None, None, torch.bfloat16)
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()

@@ -1,17 +1,17 @@
 """fp8 activations through the CUDA WnA16 kernels: ``linear(x, int_weight, act="fp8" | "fp8_tensor")``
 quantizes x to e4m3 values held exactly in x's 16-bit dtype and runs the decode kernel / sm_90a GEMM with
-the activation scales in the epilogue (humming.cuda_kernels.kernel_unsupported says when)."""
+the activation scales in the epilogue (the kernels' ``unsupported`` say when)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, backend_unsupported
 
 import humming
-from humming import cuda_kernels
-from humming.cuda_kernels import _decode, _gemm_sm90, fp8_gemm
+from humming.cuda_kernels import _gemm_sm90, fp8_gemm, wna16_decode, wna16_sm90
 from humming.cuda_kernels._layout import prepare_weight, x_scale_args
+from humming.cuda_kernels._wna16 import wna8_weight_unsupported
 from humming.ir.activation import dequantize_activation, get_act_scheme, quantize_activation
 from humming.triton_kernels.act_quant import quantize_activation_values
 
@@ -26,13 +26,13 @@ WEIGHTS = {
 def test_scheme_and_weight_checks_say_why():
     int4 = humming.quantize(torch.randn(256, 256), weight="int4", group_size=128)
     mx = humming.quantize(torch.randn(256, 256), weight="mxfp4")
-    check = cuda_kernels.wna8_weight_unsupported
+    check = wna8_weight_unsupported
     assert check(int4, get_act_scheme("fp8")) is None and check(int4, get_act_scheme("fp8_tensor")) is None
     assert "per-token or per-tensor e4m3" in check(int4, get_act_scheme("fp8_g128"))
     assert "per-token or per-tensor e4m3" in check(int4, get_act_scheme("int8"))
     assert "integer weights, not e2m1" in check(mx, get_act_scheme("fp8"))
     x32 = torch.empty(4, 256)
-    reason = cuda_kernels.kernel_unsupported("decode", int4, get_act_scheme("fp8"), x32)
+    reason = wna16_decode.unsupported(int4, get_act_scheme("fp8"), x32)
     assert "as bfloat16 / float16 x" in reason
 
 
@@ -73,7 +73,7 @@ def test_linear_runs_the_wna16_kernels_on_e4m3_values(act, scheme, dtype, seed, 
     for m in (1, 5, 16, 33, 64) + ((100, 300) if hopper else ()):
         x = torch.randn(m, k, device="cuda", dtype=dtype) * torch.rand(m, 1, device="cuda", dtype=dtype) * 4
         for b in (None, bias):
-            assert cuda_kernels.supports(qw, get_act_scheme(act), x) is None
+            assert backend_unsupported(qw, get_act_scheme(act), x, "cuda") is None
             out = humming.linear(x, qw, b, act=act, backend="cuda")
             assert_rel_close(out, _reference(x, qw, act, b), precision=torch.float64)
 
@@ -85,15 +85,15 @@ def test_kernels_scale_poisoned_outputs(act, seed):
     NaN-poisoned output, float32 and bf16."""
     qw = humming.quantize(torch.randn(48 * 16, 2048, device="cuda"), weight="int4", group_size=128)
     prep = prepare_weight(qw)
-    tunings = [None, _decode.DecodeTuning(1, 1, 8, 3, 4), _decode.DecodeTuning(2, 2, 8, 3, 1, 2)]
+    tunings = [None, wna16_decode.DecodeTuning(1, 1, 8, 3, 4), wna16_decode.DecodeTuning(2, 2, 8, 3, 1, 2)]
     for m, tuning in [(3, tunings[0]), (7, tunings[1]), (13, tunings[2])]:
         x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
         values, scales = quantize_activation_values(x, act)
         for out_dtype in (torch.float32, torch.bfloat16):
             out = torch.full((m, qw.N), float("nan"), device="cuda", dtype=out_dtype)
             if tuning is not None and tuning.stream_k:
-                _decode.reserve_workspace(m, qw.N, tuning, torch.cuda.current_device())
-            _decode.run_decode(prep, values, None, out_dtype, tuning, out, x_scale=scales)
+                wna16_decode.reserve_workspace(m, qw.N, tuning, torch.cuda.current_device())
+            wna16_decode.run_decode(prep, values, None, out_dtype, tuning, out, x_scale=scales)
             assert_rel_close(out, _reference(x, qw, act, None), precision=torch.float64)
     if torch.cuda.get_device_capability() == (9, 0):
         x = torch.randn(200, 2048, device="cuda", dtype=torch.bfloat16)
@@ -111,7 +111,7 @@ def test_shapes_outside_the_wna16_kernels_keep_the_fp8_gemm(seed):
     qw = humming.quantize(torch.randn(320, 512, device="cuda"), weight="int4", group_size=128)
     x = torch.randn(100, 512, device="cuda", dtype=torch.bfloat16)
     act = get_act_scheme("fp8")
-    assert "N % 128" in cuda_kernels.kernel_unsupported("gemm_sm90", qw, act, x)
+    assert "N % 128" in wna16_sm90.unsupported(qw, act, x)
     assert humming.explain(qw, 100, act="fp8").kernel == "cuda.fp8_gemm"
     assert_rel_close(
         humming.linear(x, qw, act="fp8", backend="cuda"), _reference(x, qw, "fp8", None), precision=torch.float64

@@ -35,9 +35,9 @@ def _order(qw, act, m, **overrides):
 
 def test_heuristic_order_by_activation_and_m():
     qw = _weight()
-    assert _order(qw, None, 1) == (("cuda.gemm_sm90", "cuda.decode", "triton.wna16", "reference"), "heuristic")
-    assert _order(qw, "fp8", 16)[0][:2] == ("cuda.decode", "cuda.fp8_gemm")
-    assert _order(qw, "fp8", 17)[0][:2] == ("cuda.fp8_gemm", "cuda.gemm_sm90")  # the W4A8 route above M = 16
+    assert _order(qw, None, 1) == (("cuda.wna16_sm90", "cuda.wna16_decode", "triton.wna16", "reference"), "heuristic")
+    assert _order(qw, "fp8", 16)[0][:2] == ("cuda.wna16_decode", "cuda.fp8_gemm")
+    assert _order(qw, "fp8", 17)[0][:2] == ("cuda.fp8_gemm", "cuda.wna16_sm90")  # the W4A8 route above M = 16
     assert _order(humming.quantize(torch.randn(32, 64), "nvfp4"), "nvfp4", 64)[0][0] == "cuda.fp4_gemm"
 
 
@@ -66,11 +66,15 @@ def test_table_takes_the_nearest_measured_shape(tmp_path):
     entry = lambda n, k, kernel: dict(weight="int4+group", act="none", n=n, k=k, m_max=64, order=[kernel])
     table = _table(
         tmp_path,
-        [entry(28672, 8192, "cuda.gemm_sm90"), entry(2048, 7168, "triton.wna16"), entry(7168, 2048, "cuda.decode")],
+        [
+            entry(28672, 8192, "cuda.wna16_sm90"),
+            entry(2048, 7168, "triton.wna16"),
+            entry(7168, 2048, "cuda.wna16_decode"),
+        ],
     )
-    assert table.order("int4+group", "none", 64, 24576, 8192) == ("cuda.gemm_sm90",)
+    assert table.order("int4+group", "none", 64, 24576, 8192) == ("cuda.wna16_sm90",)
     assert table.order("int4+group", "none", 64, 1536, 6144) == ("triton.wna16",)
-    assert table.order("int4+group", "none", 64, 8192, 2048) == ("cuda.decode",)
+    assert table.order("int4+group", "none", 64, 8192, 2048) == ("cuda.wna16_decode",)
     assert table.order("int4+group", "none", 65, 8192, 2048) is None
 
 
@@ -141,7 +145,8 @@ def test_overrides_and_cpu(monkeypatch):
     with pytest.raises(ValueError, match="backend: expected one of"):
         dispatch.plan_linear(qw, None, x)
     monkeypatch.delenv("HUMMING_BACKEND")
-    with pytest.raises(ValueError, match=r"backend 'cuda' cannot run this call: cuda\.gemm_sm90: .*cuda\.decode: "):
+    cuda_reasons = r"backend 'cuda' cannot run this call: cuda\.wna16_sm90: .*cuda\.wna16_decode: "
+    with pytest.raises(ValueError, match=cuda_reasons):
         humming.linear(x, qw, backend="cuda")
 
 
@@ -265,7 +270,9 @@ def test_bench_timings_join_the_table():
     def timing(kernel, m, us, n=64):
         return dict(case="c", weight="int4", act="none", n=n, k=128, m=m, kernel=kernel, graph_us=us, eager_us=us)
 
-    table = dict(device="NVIDIA H200", timings=[timing("cuda.decode", 16, 10.0), timing("triton.wna16", 16, 12.0)])
+    table = dict(
+        device="NVIDIA H200", timings=[timing("cuda.wna16_decode", 16, 10.0), timing("triton.wna16", 16, 12.0)]
+    )
 
     def row(system, kernel, m, us, dtype="bf16", n=64):
         return timing(kernel, m, us, n) | dict(system=system, dtype=dtype)
@@ -277,17 +284,17 @@ def test_bench_timings_join_the_table():
             row("humming:triton.wna16", "triton.wna16", 16, 8.0, dtype="fp16"),
             row("humming", "triton.wna16", 16, 1.0),
             row("torch-bf16", "torch.nn.functional.linear", 16, 1.0),
-            row("humming:cuda.decode", "cuda.decode", 16, 20.0, n=32),
+            row("humming:cuda.wna16_decode", "cuda.wna16_decode", 16, 20.0, n=32),
         ],
     )
     merged = merge_bench_timings(table, bench)
     assert sorted((t["n"], t["kernel"], t["graph_us"]) for t in merged) == [
-        (32, "cuda.decode", 20.0),
-        (64, "cuda.decode", 10.0),
+        (32, "cuda.wna16_decode", 20.0),
+        (64, "cuda.wna16_decode", 10.0),
         (64, "triton.wna16", 8.0),
     ]
     (entry,) = [e for e in _entries(merged) if e["n"] == 64]
-    assert entry["order"] == ["triton.wna16", "cuda.decode"]
+    assert entry["order"] == ["triton.wna16", "cuda.wna16_decode"]
     bench["header"]["device"]["name"] = "NVIDIA A100"
     with pytest.raises(ValueError, match="--add-bench"):
         merge_bench_timings(table, bench)

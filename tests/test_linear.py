@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import rel_err
+from helpers import backend_unsupported, rel_err
 
 import humming
 from humming.ir.activation import ACT_SCHEMES, dequantize_activation, quantize_activation
@@ -207,14 +207,12 @@ def test_weight_errors():
 def test_non_finite_rows_propagate(act, backend, seed):
     """A NaN or Inf in a row of ``x`` makes that output row non-finite (as a bf16 matmul does) and leaves
     every other row bit for bit as it is when the non-finite elements are zeros (README, "Non-finite")."""
-    from humming.dispatch.kernels import backend_module
-
     qw = humming.quantize(torch.randn(24, 64), "int4", group_size=32)
     x = torch.randn(6, 64, dtype=torch.bfloat16)
     x[1, 5] = float("nan")
     x[3, 40] = float("inf")
     x[4, 0] = float("-inf")
-    reason = backend_module(backend).supports(qw, humming.ACT_SCHEMES[act], x)
+    reason = backend_unsupported(qw, humming.ACT_SCHEMES[act], x, backend)
     if reason:
         pytest.skip(f"{backend}: {reason}")
     out = humming.linear(x, qw, act=act, backend=backend)

@@ -135,7 +135,7 @@ def test_non_finite_row_gets_a_nan_scale(device):
 @pytest.mark.parametrize("act", ["fp8_tensor", "int8_tensor", "nvfp4"])
 def test_row_spanning_scales_run_on_the_reference(act, seed):
     x, w, _ = _inputs(Case(act, torch.bfloat16, 3, 64, False), "cpu")
-    reason = norm_quant.supports(x, act)
+    reason = norm_quant.unsupported(x, act)
     assert "spans rows" in reason
     with pytest.raises(ValueError, match=r"backend: 'triton' cannot run this call: act .* spans rows"):
         humming.rmsnorm_quantize(x, w, 1e-6, act, backend="triton")

@@ -13,7 +13,7 @@ import torch
 from helpers import assert_bit_exact
 
 import humming
-from humming.triton_kernels.act_quant import quantize_activation, quantize_activation_values, quantize_pass, supports
+from humming.triton_kernels.act_quant import quantize_activation, quantize_activation_values, quantize_pass, unsupported
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,8 @@ def test_pass_writes_transposed_scales(act, m, seed, device):
 
 def test_supports_reasons():
     x = torch.zeros(4, 32, dtype=torch.float16)
-    assert supports(x, "fp8") is None
-    assert "2-D" in supports(x[None], "fp8")
+    assert unsupported(x, "fp8") is None
+    assert "2-D" in unsupported(x[None], "fp8")
     with pytest.raises(ValueError, match="2-D"):
         quantize_activation(x.reshape(-1), "int8")
 

@@ -102,7 +102,7 @@ def _run(case: Case, m: int, n: int, k: int, device: str, seed: int, prequantize
     bias = torch.randn(n, device=device) if m % 2 else None
     out_dtype = _OUT_DTYPES[(m + k) % 3]
     scheme = humming.ACT_SCHEMES[case.act]
-    reason = scaled_mm.supports(qw, scheme, x)
+    reason = scaled_mm.unsupported(qw, scheme, x)
     assert reason is None, reason
     out = torch.full((m, n), float("nan"), dtype=out_dtype, device=device)
     if prequantized:
@@ -170,12 +170,12 @@ def test_unsupported_reasons():
     fp8 = humming.ACT_SCHEMES["fp8"]
     g_idx = (torch.arange(64, dtype=torch.int32) % 3) // 2  # act-order groups of 43 and 21 columns
     qw = humming.quantize(torch.randn(8, 64), "int4", group_size=32, g_idx=g_idx)
-    assert "g_idx" in scaled_mm.supports(qw, fp8, x)
+    assert "g_idx" in scaled_mm.unsupported(qw, fp8, x)
     qw = humming.quantize(torch.randn(8, 64), "int4", group_size=32, zero_point="float")
-    assert "float zero points" in scaled_mm.supports(qw, fp8, x)
+    assert "float zero points" in scaled_mm.unsupported(qw, fp8, x)
     qw = humming.quantize(torch.randn(8, 64), "int4", group_size=32)
-    assert "needs quantized activations" in scaled_mm.supports(qw, None, x)
-    reason = scaled_mm.supports(qw, fp8, x.float())
+    assert "needs quantized activations" in scaled_mm.unsupported(qw, None, x)
+    reason = scaled_mm.unsupported(qw, fp8, x.float())
     assert "float16 or bfloat16" in reason
     with pytest.raises(ValueError, match="supported: act int8"):
         scaled_mm.linear(x, qw, None, None, torch.bfloat16)

@@ -7,7 +7,7 @@ Two checks, for sm_90 (H100 / H200: 232448 bytes per block) and sm_80 (A100: 166
   points, ``e2m1``, ``e4m3`` and ``nf4`` reach the chooser as their bit width) x scale groups 32 / 64 /
   128 / per channel / act-order x M buckets 1, 16, 32, 64, 128, 200, 512, 4096 (and the grouped MoE
   tiles, and the scaled GEMM's operand widths, promotion steps and folds), the chosen tile's
-  :func:`~humming.triton_kernels.configs.smem_estimate` is within the limit;
+  :func:`~humming.triton_kernels.wna16_configs.smem_estimate` is within the limit;
 - the estimate is an upper bound, from compiled kernels: the worst cases of every M bucket compile ahead of
   time (in a subprocess with ``TRITON_INTERPRET`` unset, as tests/test_compile_triton.py) and
   ``compiled.metadata.shared`` is at most the estimate and the limit. The worst cases: 3-bit fields that
@@ -62,9 +62,9 @@ def _jobs() -> list[tuple[int, object, int]]:
     wgmma operand staging) in the calibration; split-K changes only the epilogue, so one split is enough."""
     from humming.ir.activation import get_act_scheme
     from humming.triton_kernels import scaled_mm, wna16
-    from humming.triton_kernels.configs import smem_estimate, wna16_config
     from humming.triton_kernels.scaled_mm_configs import scaled_mm_config
     from humming.triton_kernels.scaled_mm_configs import smem_estimate as scaled_estimate
+    from humming.triton_kernels.wna16_configs import smem_estimate, wna16_config
 
     jobs = {}
     for arch, limit in LIMITS.items():
@@ -140,7 +140,7 @@ def test_chosen_tiles_compile_within_the_limit(arch: int, compiled: dict) -> Non
 @pytest.mark.parametrize("arch", list(LIMITS), ids=lambda a: f"sm_{a}")
 def test_every_wna16_plan_fits(arch: int) -> None:
     from humming.triton_kernels import wna16
-    from humming.triton_kernels.configs import smem_estimate, wna16_config
+    from humming.triton_kernels.wna16_configs import smem_estimate, wna16_config
 
     limit, over = LIMITS[arch], []
     for bits in range(1, 9):
@@ -176,7 +176,7 @@ def test_every_scaled_mm_plan_fits(arch: int) -> None:
 
 def test_limit_shrinks_the_tile() -> None:
     """The tile of the issue (3-bit, M = 200) shrinks to fit; without a limit (the interpreter) it does not."""
-    from humming.triton_kernels.configs import smem_estimate, wna16_config
+    from humming.triton_kernels.wna16_configs import smem_estimate, wna16_config
 
     free = wna16_config(200, N, K, 3, SMS, 0, 0, True)
     fitted = wna16_config(200, N, K, 3, SMS, 0, LIMITS[90], True)
@@ -187,9 +187,10 @@ def test_limit_shrinks_the_tile() -> None:
 def test_launch_reads_the_device_limit(fake_cuda_device, monkeypatch) -> None:
     """``device_limits`` reads ``device_info(...).limits``, and the WnA16 and scaled callers pass its
     shared memory to the chooser (CPU tensors stand in for CUDA ones through a patched ``device_limits``)."""
+    from humming.device import device_limits
     from humming.ir.activation import get_act_scheme
     from humming.ir.quantize import quantize
-    from humming.triton_kernels import _scaled_mm_plan, configs, scaled_mm, wna16
+    from humming.triton_kernels import _scaled_mm_plan, scaled_mm, wna16, wna16_configs
     from humming.triton_kernels.scaled_mm_configs import smem_estimate as scaled_estimate
 
     qw = quantize(torch.ones(256, 512), "int3", 64, True, g_idx=torch.arange(512) % 8)
@@ -198,12 +199,12 @@ def test_launch_reads_the_device_limit(fake_cuda_device, monkeypatch) -> None:
     plan = scaled_mm.compute_plan(w3, get_act_scheme("int8"), 0, (9, 0))
     for smem in (232448, 166912, 101376):
         fake_cuda_device(sm_count=100, smem_per_block=smem)
-        limits = configs.device_limits(torch.device("cuda", 0))
-        assert limits == (100, smem)
+        limits = device_limits(torch.device("cuda", 0))
+        assert (limits.sm_count, limits.smem_per_block) == (100, smem)
         for module in (wna16, _scaled_mm_plan):  # the modules that choose tiles
             monkeypatch.setattr(module, "device_limits", lambda device, lim=limits: lim)
         for cfg in (wna16.default_config(qw, x), wna16.deterministic_config(qw, x)):
-            assert configs.smem_estimate(cfg, 3, 0, True) <= smem, (smem, cfg)
+            assert wna16_configs.smem_estimate(cfg, 3, 0, True) <= smem, (smem, cfg)
         cfg = scaled_mm.deterministic_config(w3, "int8", x)
         assert scaled_estimate(cfg, plan.operand_bits, 3, plan.folds) <= smem, (smem, cfg)
 

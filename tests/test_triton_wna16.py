@@ -20,7 +20,8 @@ from helpers import rel_err
 import humming
 
 wna16 = pytest.importorskip("humming.triton_kernels.wna16")
-from humming.triton_kernels.configs import TileConfig, wna16_config  # noqa: E402
+from humming.triton_kernels.configs import TileConfig  # noqa: E402
+from humming.triton_kernels.wna16_configs import wna16_config  # noqa: E402
 
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 

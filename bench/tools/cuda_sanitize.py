@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 import humming
-from humming.cuda_kernels import _decode, _gemm_sm90
+from humming.cuda_kernels import _gemm_sm90, wna16_decode
 from humming.cuda_kernels._layout import prepare_weight
 
 
@@ -17,16 +17,16 @@ def main() -> None:
     cases = [
         ("int4", 128, False, 5, 256, 512, None),  # one block per 16 rows, K split over warps
         ("uint4", 128, True, 16, 512, 1024, None),  # zero points, two token tiles, two row tiles
-        ("int8", -1, False, 3, 48, 2048, _decode.DecodeTuning(1, 1, 8, 3, 4)),  # split-K atomics
-        ("int4", 64, False, 9, 256, 1024, _decode.DecodeTuning(2, 4, 8, 3, 1)),  # four row tiles per warp
-        ("int4", 128, False, 16, 512, 1024, _decode.DecodeTuning(2, 1, 8, 3, 1, stream_k=2)),  # stream-K
+        ("int8", -1, False, 3, 48, 2048, wna16_decode.DecodeTuning(1, 1, 8, 3, 4)),  # split-K atomics
+        ("int4", 64, False, 9, 256, 1024, wna16_decode.DecodeTuning(2, 4, 8, 3, 1)),  # four row tiles per warp
+        ("int4", 128, False, 16, 512, 1024, wna16_decode.DecodeTuning(2, 1, 8, 3, 1, stream_k=2)),  # stream-K
     ]
     for weight, group, zp, m, n, k, tuning in cases:
         qw = humming.quantize(torch.randn(n, k, device="cuda"), weight=weight, group_size=group, zero_point=zp)
         prep = prepare_weight(qw)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(n, device="cuda")
-        out = _decode.run_decode(prep, x, bias, torch.bfloat16, tuning)
+        out = wna16_decode.run_decode(prep, x, bias, torch.bfloat16, tuning)
         ref = x.float() @ humming.dequantize(qw).T + bias
         torch.cuda.synchronize()
         err = ((out.float() - ref).norm() / ref.norm()).item()

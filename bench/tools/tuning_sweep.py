@@ -35,10 +35,10 @@ from humming.timing import copies_past_l2, time_calls
 SHAPES = ((28672, 8192), (8192, 8192), (7168, 2048), (2048, 7168))
 #: name -> (quantize arguments, act, kernel, M values)
 CASES = {
-    "w4a16-int4-g128": (dict(weight="int4", group_size=128), None, "gemm_sm90"),
-    "w4a16-uint4-g128-zp": (dict(weight="int4", group_size=128, zero_point=True), None, "gemm_sm90"),
-    "w4a16-int4-channel": (dict(weight="int4", group_size=-1), None, "gemm_sm90"),
-    "w8a16-int8-channel": (dict(weight="int8", group_size=-1), None, "gemm_sm90"),
+    "w4a16-int4-g128": (dict(weight="int4", group_size=128), None, "wna16_sm90"),
+    "w4a16-uint4-g128-zp": (dict(weight="int4", group_size=128, zero_point=True), None, "wna16_sm90"),
+    "w4a16-int4-channel": (dict(weight="int4", group_size=-1), None, "wna16_sm90"),
+    "w8a16-int8-channel": (dict(weight="int8", group_size=-1), None, "wna16_sm90"),
     "w4a8-int4-channel-fp8": (dict(weight="int4", group_size=-1), "fp8", "fp8_gemm"),
     "w4a8-int4-g128-fp8": (dict(weight="int4", group_size=128), "fp8", "fp8_gemm"),
     "w4a8-mxfp4-fp8": (dict(weight="mxfp4"), "fp8", "fp8_gemm"),
@@ -87,7 +87,7 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str) -> list[Fp8Tuning
 
 
 def _spec(kernel: str, qw, prep, tuning):
-    if kernel == "gemm_sm90":
+    if kernel == "wna16_sm90":
         return _gemm_sm90.gemm_spec(prep.layout, "bf16", "bf16", "bf16", tuning)
     return call_spec(prep.w_format, prep.scale_mode, None, torch.bfloat16, tuning)
 
@@ -128,14 +128,14 @@ def main() -> int:
             if reason is not None:
                 print(f"skipped {case} {n}x{k}: {reason}")
                 continue
-            prep = prepare(first) if kernel == "gemm_sm90" else fp8.prepare(first)
+            prep = prepare(first) if kernel == "wna16_sm90" else fp8.prepare(first)
             points = []
-            for m in GEMM_M if kernel == "gemm_sm90" else FP8_M:
+            for m in GEMM_M if kernel == "wna16_sm90" else FP8_M:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 if runner.unsupported(first, act, x) is not None:
                     continue
                 default = runner.tuning(first, act, x)
-                if kernel == "gemm_sm90":
+                if kernel == "wna16_sm90":
                     tunings = [default, *gemm_tunings(m, prep.layout, info.limits.smem_per_block)]
                 else:
                     default = choose_tuning(m, n, k, info.limits, prep.w_format)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .inputs import ROUTINGS, rel_err
 from .moe import MODELS, PARTS, MoeModel
-from .sweeps import CHECK_TOLERANCE, COPY_BYTES_PER_S, DEFAULTS, main, parse_shapes, registry, sweep
+from .sweeps import CHECK_TOLERANCE, COPY_BYTES_PER_S, DEFAULTS, copy_roof, main, parse_shapes, registry, sweep
 from .systems import OPS, Group, Shape
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Group",
     "MoeModel",
     "Shape",
+    "copy_roof",
     "main",
     "parse_shapes",
     "registry",

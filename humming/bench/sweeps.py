@@ -44,10 +44,23 @@ from .inputs import ROUTINGS, rel_err
 from .moe import MODELS, PARTS, Experts, MoeGroup, MoeModel, coarse_to_fine, systems, warm
 from .systems import OPS, PEER, Group, Inputs, Shape, System, linear_systems
 
-__all__ = ["CHECK_TOLERANCE", "COPY_BYTES_PER_S", "DEFAULTS", "ROUNDS", "main", "parse_shapes", "registry", "sweep"]
+__all__ = [
+    "CHECK_TOLERANCE",
+    "COPY_BYTES_PER_S",
+    "DEFAULTS",
+    "ROUNDS",
+    "copy_roof",
+    "main",
+    "parse_shapes",
+    "registry",
+    "sweep",
+]
 
-#: The H200's measured device-to-device copy bandwidth (bytes read + written per second): the roof of the floor.
-COPY_BYTES_PER_S = 4.3e12
+#: Device name -> its measured device-to-device copy bandwidth (bytes read + written per second): the roof of
+#: the floor (:func:`copy_roof`; a device without an entry has its own measured when a sweep starts).
+COPY_BYTES_PER_S = {"NVIDIA H200": 4.3e12}
+#: The device whose roof a check-only run without a GPU counts the floor against (it times nothing).
+_REFERENCE_DEVICE = "NVIDIA H200"
 #: Relative error (against the unquantized float32 product) above which check_only reports a failure:
 #: round-to-nearest 4-bit weights stay near 0.1-0.2 on these Gaussian inputs; a wrong layout gives ~1.4.
 CHECK_TOLERANCE = 0.35
@@ -111,7 +124,7 @@ def sweep(
     out: str | os.PathLike | None = None,
     check_only: bool = False,
     peer_site: str | None = None,
-    copy_bytes_per_s: float = COPY_BYTES_PER_S,
+    copy_bytes_per_s: float | None = None,
     command: str = "",
     progress: bool = True,
     rounds: int = ROUNDS,
@@ -147,7 +160,8 @@ def sweep(
     if not check_only and device != "cuda":
         raise ValueError("check_only: timing needs a CUDA GPU (none is visible); --check-only runs anywhere")
 
-    header = _header(op, device, check_only, budget_s, copy_bytes_per_s, command)
+    roof = copy_roof(device) if copy_bytes_per_s is None else (copy_bytes_per_s, "given (--copy-bw)")
+    header = _header(op, device, check_only, budget_s, roof, command)
     doc = {"header": header, "rows": []}
     chosen: list[System] = []
     worker = None
@@ -166,7 +180,7 @@ def sweep(
             header["skipped"][name] = reason
 
     save = (lambda: None) if out is None else partial(_write, out, doc)
-    run = _Run(doc, device, check_only, time.time() + budget_s, copy_bytes_per_s, worker, rounds, save)
+    run = _Run(doc, device, check_only, time.time() + budget_s, roof[0], worker, rounds, save)
     if op == "linear":
         jobs = [(case, shape, dtype) for case in cases for shape in shapes for dtype in dtypes]
         points = len(jobs) * len(chosen) * len(m_values)
@@ -438,7 +452,7 @@ def _header(op, device, check_only, budget_s, roof, command) -> dict:
     return dict(
         op=op,
         device=described,
-        roofs=dict(copy_bytes_per_s=roof, source="the H200's measured device-to-device copy bandwidth"),
+        roofs=dict(copy_bytes_per_s=roof[0], source=roof[1]),
         floor=f"floor_us = bytes / copy_bytes_per_s; bytes = {floor}",
         timing=timing,
         shared=shared,
@@ -451,6 +465,22 @@ def _header(op, device, check_only, budget_s, roof, command) -> dict:
         skipped={},
         unsupported={},
     )
+
+
+def copy_roof(device: str) -> tuple[float, str]:
+    """``(bytes per second, where it comes from)``: the roof of the floor on ``device`` (``"cuda"``: the current
+    GPU, ``"cpu"``: none). A GPU named in :data:`COPY_BYTES_PER_S` takes its measured bandwidth, another one
+    has its copy bandwidth measured now (:func:`humming.timing.copy_bandwidth`); without a GPU (check only,
+    nothing timed) the floor counts bytes against the reference device's roof."""
+    if device != "cuda":
+        return COPY_BYTES_PER_S[_REFERENCE_DEVICE], f"no GPU (check only): the {_REFERENCE_DEVICE}'s roof"
+    from ..device import device_info
+    from ..timing import copy_bandwidth
+
+    name = device_info().name
+    if name in COPY_BYTES_PER_S:
+        return COPY_BYTES_PER_S[name], f"the {name}'s measured device-to-device copy bandwidth"
+    return copy_bandwidth(), f"the {name}'s device-to-device copy bandwidth, measured as the sweep started"
 
 
 def _write(path, doc: dict) -> None:
@@ -488,7 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-only", action="store_true", help="compute each result once, check it, no timing")
     parser.add_argument("--peer-site", help="directory holding humming-kernels (default: $HUMMING_KERNELS_SITE)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved timing rounds per point")
-    parser.add_argument("--copy-bw", type=float, default=COPY_BYTES_PER_S, help="roof of the floor, bytes/s")
+    parser.add_argument(
+        "--copy-bw", type=float, default=None, help="roof of the floor, bytes/s (default: the device's, copy_roof)"
+    )
     args = parser.parse_args(argv)
     defaults = DEFAULTS[args.op]
     if args.out is None and not args.check_only:

@@ -9,7 +9,7 @@ import ctypes
 
 import torch
 
-from ..device import device_index
+from ..device import DeviceLimits, device_index
 from ..ir.weight import cdiv
 from ._fp4_layout import SCALE_VECS, activation_buffers, sm100_activation_buffers
 from ._fp4_tuning import Fp4Tuning, Sm100Layout, Sm100Tuning, choose_sm100_tuning, choose_tuning
@@ -201,11 +201,11 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _launch_sm120(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: str, index: int) -> None:
+def _launch_sm120(prep, qa, bias, out, limits: DeviceLimits, out_code: str, bias_code: str, index: int) -> None:
     from ._driver import current_stream, get_kernel
 
     m = out.shape[0]
-    tuning = choose_tuning(m, prep.n, sm_count)
+    tuning = choose_tuning(m, prep.n, limits.sm_count)
     kernel = get_kernel(fp4_spec(prep.vec, out_code, bias_code, tuning), index)
     x_codes, x_scales, x_global = activation_buffers(qa, prep.kp, prep.vec)
     params = _Params()
@@ -218,11 +218,11 @@ def _launch_sm120(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: 
     kernel.launch(grid, 0, params, current_stream(index))
 
 
-def _launch_sm100(prep, qa, bias, out, sm_count: int, out_code: str, bias_code: str, index: int) -> None:
+def _launch_sm100(prep, qa, bias, out, limits: DeviceLimits, out_code: str, bias_code: str, index: int) -> None:
     from ._driver import current_stream, get_kernel, tensor_map_2d
 
     m = out.shape[0]
-    tuning = choose_sm100_tuning(m, prep.n, sm_count, prep.vec)
+    tuning = choose_sm100_tuning(m, prep.n, limits.sm_count, prep.vec, limits.smem_per_block)
     kernel = get_kernel(sm100_spec(prep.vec, out_code, bias_code, tuning), index)
     x_codes, x_sf, x_global = sm100_activation_buffers(qa, prep.kp, prep.vec, tuning.block_t)
     if "w" not in prep.maps:

@@ -1,7 +1,7 @@
 """Tuning of the FP4 GEMMs (:mod:`humming.cuda_kernels.fp4_gemm`): the speed-only knobs of the sm_120a
 (:class:`Fp4Tuning`) and sm_100a (:class:`Sm100Tuning`) kernels, the sm_100a kernel's shared- and
 tensor-memory layout that bounds its stages (:class:`Sm100Layout`), and the heuristics that choose them,
-pure functions of M, N and the SM count."""
+pure functions of M, N and the device's limits (SM count; shared memory per block for sm_100a's stages)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,6 @@ def choose_tuning(m: int, n: int, sm_count: int) -> Fp4Tuning:
 
 #: Token block sizes of the sm_100a kernel (the UMMA's N; the weights fill its M = 128).
 SM100_BLOCK_T = (32, 64, 128, 256)
-_SM100_SMEM = 232448  # shared memory per block on compute capability 10.0 (227 KiB)
 _SM100_MAX_STAGES = 8
 
 
@@ -115,19 +114,21 @@ class Sm100Tuning:
     stages: int
 
 
-def _sm100_stages(vec: int, block_t: int) -> int:
-    """The most stages (up to 8) whose shared memory fits a block."""
+def _sm100_stages(vec: int, block_t: int, smem_per_block: int) -> int:
+    """The most stages (up to 8) whose shared memory fits ``smem_per_block`` bytes (the device's opt-in
+    maximum per block)."""
     for stages in range(_SM100_MAX_STAGES, 0, -1):
-        if Sm100Layout(vec, block_t, stages).smem_bytes <= _SM100_SMEM:
+        if Sm100Layout(vec, block_t, stages).smem_bytes <= smem_per_block:
             return stages
-    raise AssertionError(f"no stage fits for block_t={block_t}")
+    raise ValueError(f"smem_per_block={smem_per_block}: no stage of the sm_100a FP4 GEMM fits for block_t={block_t}")
 
 
-def choose_sm100_tuning(m: int, n: int, sm_count: int, vec: int) -> Sm100Tuning:
-    """Tuning for ``out[m, n]`` (pure function): up to 128 tokens, the smallest token block that holds them;
-    above, 256-token blocks when they still give every SM one, else 128."""
+def choose_sm100_tuning(m: int, n: int, sm_count: int, vec: int, smem_per_block: int) -> Sm100Tuning:
+    """Tuning for ``out[m, n]`` (pure function of the problem and the device's SM count and shared memory per
+    block): up to 128 tokens, the smallest token block that holds them; above, 256-token blocks when they
+    still give every SM one, else 128; as many stages as fit."""
     if m <= 128:
         block_t = next(t for t in SM100_BLOCK_T if t >= m)
     else:
         block_t = 256 if cdiv(n, 128) * cdiv(m, 256) >= sm_count else 128
-    return Sm100Tuning(block_t, _sm100_stages(vec, block_t))
+    return Sm100Tuning(block_t, _sm100_stages(vec, block_t, smem_per_block))

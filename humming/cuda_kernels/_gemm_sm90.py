@@ -1,4 +1,5 @@
-"""Hopper weight-only GEMM for large M (``include/humming/gemm_sm90.cuh``): specs, checks and launch.
+"""Hopper weight-only GEMM for large M (``include/humming/gemm_sm90.cuh``; :mod:`.wna16_sm90` is its entry
+point): tuning, specs, checks and launch.
 
 Layout: the shared fragment layout (``_layout``) with tile groups of 8 (N % 128 == 0). Compute: w =
 (q - z) * s rounded once to the activation dtype, bf16/fp16 wgmma with fp32 accumulation. Tuning:
@@ -17,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device import device_index
-from ._decode import device_limits
+from ..device import device_index, device_limits
 from ._driver import current_stream, get_kernel, tensor_map
 from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
 from .jit import KernelSpec, per_call_cache
@@ -225,7 +225,7 @@ def run_grouped_gemm(
     """
     m = x.shape[0]
     if tuning is None:
-        smem = device_limits(_device_index(x))[1]
+        smem = device_limits(_device_index(x)).smem_per_block
         tuning = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
     if block_m % tuning.bm:
         raise ValueError(f"tuning: the token tile bm={tuning.bm} must divide block_m={block_m}")
@@ -259,7 +259,7 @@ class GemmLaunch:
         block_m: int = 0,
     ) -> None:
         if tuning is None:
-            tuning = default_gemm_tuning(m, prep.layout, device_limits(device)[1])
+            tuning = default_gemm_tuning(m, prep.layout, device_limits(device).smem_per_block)
         grouped = block_m > 0
         bias_code = DTYPE_CODE[bias_dtype if bias_dtype is not None else x_dtype]
         spec = gemm_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped)

@@ -20,18 +20,19 @@ The ``gpu`` tests there have never run.
 - compute: the tensor core applies both operands' block scales and accumulates in fp32; the global scales
   multiply the result in the epilogue;
 - tuning (:class:`Fp4Tuning`, :class:`Sm100Tuning`): tiles per block and pipeline stages, pure functions of
-  M, N and the SM count. A tuning change never changes results beyond fp32 summation order.
+  M, N and the device's limits. A tuning change never changes results beyond fp32 summation order.
 
-The module holds the entry points and the support checks; the tuning heuristics live in ``_fp4_tuning``,
-the operand layouts and :func:`prepare` in ``_fp4_layout``, the kernel specs, descriptors and launches in
-``_fp4_launch``.
+The module holds the entry points, the support checks and the kernel object the dispatcher lists
+(:data:`KERNEL`, ``cuda.fp4_gemm``); the tuning heuristics live in ``_fp4_tuning``, the operand layouts and
+:func:`prepare` in ``_fp4_layout``, the kernel specs, descriptors and launches in ``_fp4_launch``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..device import device_index, device_info
+from ..device import DeviceLimits, device_index, device_info, device_limits
+from ..kernel import Kernel
 from ._fp4_launch import (
     AB_DESC,
     SF_DESC,
@@ -68,13 +69,14 @@ from ._fp4_tuning import (
     choose_tuning,
 )
 from ._layout import DTYPE_CODE
-from ._support import device_unsupported
+from ._support import device_unsupported, runtime_unavailable
 from .jit import KernelSpec
 
 __all__ = [
     "AB_DESC",
     "ARCHS",
     "FP4_CCS",
+    "KERNEL",
     "LARGE_M",
     "SCALE_VECS",
     "SF_DESC",
@@ -94,6 +96,7 @@ __all__ = [
     "mma_probe",
     "pack_codes",
     "prepare",
+    "prepare_for_device",
     "probe_spec",
     "run",
     "sf_atoms",
@@ -102,7 +105,7 @@ __all__ = [
     "sm100_probe_spec",
     "sm100_spec",
     "smem_desc",
-    "supports",
+    "unsupported",
     "warmup_jobs",
     "weight_unsupported",
 ]
@@ -123,7 +126,7 @@ def _act_unsupported(qw, act) -> str | None:
     return None
 
 
-def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> str | None:
+def unsupported(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> str | None:
     """``None`` when the FP4 kernel runs ``linear(x, qweight, act=act)``, else the reason it does not.
 
     ``x`` is the 2-D activation ``[M, K]`` (a float tensor, or the uint8 codes of a pre-quantized one).
@@ -152,11 +155,10 @@ def run(prep: PreparedFp4, x, act, bias: torch.Tensor | None, out_dtype: torch.d
     out = torch.empty(m, prep.n, dtype=out_dtype, device=device)
     if m == 0 or prep.n == 0:
         return out
-    sm_count = device_info(index).sm_count
     bias_code = DTYPE_CODE[bias.dtype] if bias is not None else DTYPE_CODE[out_dtype]
     bias = None if bias is None else bias.contiguous()
     launch = _launch_sm100 if prep.arch == "sm_100a" else _launch_sm120
-    launch(prep, qa, bias, out, sm_count, DTYPE_CODE[out_dtype], bias_code, index)
+    launch(prep, qa, bias, out, device_limits(index), DTYPE_CODE[out_dtype], bias_code, index)
     return out
 
 
@@ -166,12 +168,12 @@ def warmup_jobs(
     m_values,
     out_dtype: torch.dtype,
     bias_dtype: torch.dtype | None,
-    sm_count: int,
+    limits: DeviceLimits,
     cc: tuple[int, int] | None = None,
 ) -> list[tuple[KernelSpec, str]]:
     """``(spec, arch)`` of every kernel :func:`linear` runs for ``qweight`` and ``act`` at the token counts
-    ``m_values`` on a device of compute capability ``cc`` (default: the weight's device) with ``sm_count``
-    SMs; empty when the combination has no FP4 kernel."""
+    ``m_values`` on a device of compute capability ``cc`` (default: the weight's device) and ``limits``;
+    empty when the combination has no FP4 kernel."""
     if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in DTYPE_CODE:
         return []
     if cc is None:
@@ -180,23 +182,54 @@ def warmup_jobs(
         return []
     bias_code = DTYPE_CODE[bias_dtype] if bias_dtype is not None else DTYPE_CODE[out_dtype]
     vec, out, n = qweight.group_shape[1], DTYPE_CODE[out_dtype], qweight.N
+    sm_count, smem = limits.sm_count, limits.smem_per_block
     if ARCHS[cc] == "sm_100a":
-        specs = {sm100_spec(vec, out, bias_code, choose_sm100_tuning(m, n, sm_count, vec)) for m in m_values}
+        specs = {sm100_spec(vec, out, bias_code, choose_sm100_tuning(m, n, sm_count, vec, smem)) for m in m_values}
     else:
         specs = {fp4_spec(vec, out, bias_code, choose_tuning(m, n, sm_count)) for m in m_values}
     return [(spec, ARCHS[cc]) for spec in sorted(specs, key=lambda spec: spec.name)]
 
 
 def linear(x, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -> torch.Tensor:
-    """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`supports`),
+    """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`unsupported`),
     on the sm_100a kernel on compute capability 10.0 and the sm_120a kernel on 12.0.
 
     ``x`` is a float tensor (quantized with ``act`` by the Triton activation pass) or a
     ``QuantizedActivation`` of scheme ``act``.
     """
     codes = getattr(x, "codes", x)
-    reason = supports(qweight, act, codes, out_dtype)
+    reason = unsupported(qweight, act, codes, out_dtype)
     if reason is not None:
         raise ValueError(f"humming FP4 GEMM: {reason}")
     arch = ARCHS[device_info(codes.device).capability]
     return run(prepare(qweight, arch), x, act, bias, out_dtype)
+
+
+def prepare_for_device(qweight, act=None) -> PreparedFp4:
+    """``qweight`` in the layout of the FP4 kernel of its device's architecture (cached per weight object)."""
+    cc = device_info(qweight.device).capability
+    if cc not in ARCHS:
+        raise ValueError(f"act: no CUDA FP4 GEMM for compute capability {cc} (needs sm_100a / sm_120a)")
+    return prepare(qweight, ARCHS[cc])
+
+
+def _kernel_unsupported(qweight, act, x) -> str | None:
+    reason = runtime_unavailable()
+    if reason is None and (act is None or act.format != "e2m1"):
+        reason = "the FP4 GEMM takes FP4 (nvfp4 / mxfp4) activations"
+    return reason or unsupported(qweight, act, x)
+
+
+def _run(x, qweight, bias, act, out_dtype, tuning):
+    return linear(x, qweight, bias, act, out_dtype)
+
+
+def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
+    info = device_info(device)
+    return warmup_jobs(qweight, act, (m,), out_dtype, bias_dtype, info.limits, info.capability)
+
+
+#: ``cuda.fp4_gemm``: W4A4 NVFP4 / MXFP4 on sm_100a and sm_120a; its tuning is chosen at launch.
+KERNEL = Kernel(
+    "cuda.fp4_gemm", "cuda", "fp4_gemm", _kernel_unsupported, _run, warmup_jobs=_warmup_jobs, prepare=prepare_for_device
+)

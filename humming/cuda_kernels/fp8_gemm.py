@@ -32,16 +32,18 @@ token tile reading its ``block_m`` segment's expert id (-1: skipped, rows not wr
 (per token, or per 1x128 group) and each output column depends on one token only. Per-tensor activation
 scales are refused: one scale over ``M_pad`` rows would mix in the padding.
 
-The module holds the entry points and the support checks; the tuning heuristics live in ``_fp8_tuning``,
-the weight layout and :func:`prepare` in ``_fp8_layout``, the kernel specs and the launch in ``_fp8_launch``.
+The module holds the entry points, the support checks and the kernel object the dispatcher lists
+(:data:`KERNEL`, ``cuda.fp8_gemm``; its grouped variant runs in :mod:`.grouped`); the tuning heuristics live
+in ``_fp8_tuning``, the weight layout and :func:`prepare` in ``_fp8_layout``, the kernel specs and the launch
+in ``_fp8_launch``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..device import DeviceLimits, device_index
-from ._decode import device_limits
+from ..device import DeviceLimits, device_index, device_info, device_limits
+from ..kernel import Kernel
 from ._fp8_launch import FP8_CCS, Fp8Launch, _launch, call_spec, fp8_spec
 from ._fp8_layout import (
     GROUPED_W_FORMATS,
@@ -63,12 +65,13 @@ from ._fp8_tuning import (
     smem_bytes,
 )
 from ._layout import DTYPE_CODE
-from ._support import device_unsupported
+from ._support import cached_launch, device_unsupported, runtime_unavailable
 from .jit import KernelSpec
 
 __all__ = [
     "FP8_CCS",
     "GROUPED_W_FORMATS",
+    "KERNEL",
     "SCALE_MODES",
     "W_FORMATS",
     "DeviceLimits",
@@ -80,7 +83,6 @@ __all__ = [
     "choose_split_tuning",
     "choose_tile_tuning",
     "choose_tuning",
-    "device_limits",
     "fp8_spec",
     "grouped_unsupported",
     "grouped_warmup_jobs",
@@ -89,7 +91,7 @@ __all__ = [
     "run",
     "run_grouped",
     "smem_bytes",
-    "supports",
+    "unsupported",
     "warmup_jobs",
     "weight_unsupported",
 ]
@@ -110,7 +112,7 @@ def _act_unsupported(qw, act) -> str | None:
     return None
 
 
-def supports(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> str | None:
+def unsupported(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> str | None:
     """``None`` when the FP8 kernel runs ``linear(x, qweight, act=act)``, else the reason it does not.
 
     ``x`` is the 2-D activation ``[M, K]`` (a float tensor, or the uint8 codes of a pre-quantized one).
@@ -264,13 +266,55 @@ def run_grouped(
 
 
 def linear(x, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -> torch.Tensor:
-    """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`supports`).
+    """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`unsupported`).
 
     ``x`` is a float tensor (quantized with ``act`` by the Triton activation pass) or a
     ``QuantizedActivation`` of scheme ``act``.
     """
     codes = getattr(x, "codes", x)
-    reason = supports(qweight, act, codes, out_dtype)
+    reason = unsupported(qweight, act, codes, out_dtype)
     if reason is not None:
         raise ValueError(f"humming FP8 GEMM: {reason}")
     return run(prepare(qweight), x, act, bias, out_dtype)
+
+
+def _kernel_unsupported(qweight, act, x) -> str | None:
+    reason = runtime_unavailable()
+    if reason is None and (act is None or act.format == "e2m1"):
+        reason = "the FP8 GEMM takes 8-bit (fp8 / int8) activations"
+    return reason or unsupported(qweight, act, x)
+
+
+def _launcher(x: torch.Tensor, qweight, act, bias_dtype, out_dtype: torch.dtype, tuning):
+    """A callable ``(x, bias) -> out`` for calls shaped as ``x`` (:func:`~._support.cached_launch`)."""
+    m = x.shape[0]
+    index = device_index(x.device)
+    reason = unsupported(qweight, act, x, out_dtype)
+    if reason is not None:
+        raise ValueError(f"humming FP8 GEMM: {reason}")
+    prep = prepare(qweight)
+    if m:
+        tuning = choose_tuning(m, prep.n, prep.k, device_info(index).limits, prep.w_format)
+    return Fp8Launch(prep, act, x, bias_dtype, out_dtype, tuning, index)
+
+
+def _run(x, qweight, bias, act, out_dtype, tuning):
+    if not isinstance(x, torch.Tensor):  # a QuantizedActivation, which the kernel takes as it is
+        return linear(x, qweight, bias, act, out_dtype)
+    return cached_launch(KERNEL.name, _launcher, x, qweight, bias, act, out_dtype, tuning)
+
+
+def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
+    return warmup_jobs(qweight, act, (m,), out_dtype, bias_dtype, device_info(device).limits)
+
+
+#: ``cuda.fp8_gemm``: W8A8 / W4A8 on Hopper's fp8 wgmma; its tuning is chosen at launch.
+KERNEL = Kernel(
+    "cuda.fp8_gemm",
+    "cuda",
+    "fp8_gemm",
+    _kernel_unsupported,
+    _run,
+    warmup_jobs=_warmup_jobs,
+    prepare=lambda qweight, act=None: prepare(qweight),
+)

@@ -1,21 +1,27 @@
-"""Every kernel the dispatcher can pick: what it supports, the tuning it would run, and how to run it.
+"""Every kernel the dispatcher can pick. Each kernel module exports one :class:`~humming.kernel.Kernel`
+(``KERNEL``), which says what it supports, the tuning it would run, how to run it, what it compiles ahead
+of time and the weight layout it reads; this module lists them by name.
 
-A :class:`Kernel` is a thin adapter over one backend's entry points. ``unsupported(qw, act, x)`` (grouped
-kernels: ``(qw, act, x, block_m)``) answers for one call with ``None`` or the reason; ``tuning(qw, act, x)``
-returns the launch configuration the kernel's own pure heuristic picks (``None`` where the kernel decides
-at launch); ``run`` launches with that tuning. Backends are imported on first use, so that ``import
-humming`` never imports Triton or CUDA.
+Kernel modules are imported on first use, so that ``import humming`` never imports Triton or CUDA; a module
+that cannot be imported (a missing optional dependency) stands for a kernel whose ``unsupported`` says so.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Iterator, MutableMapping
 
-import torch
+from ..kernel import Kernel
 
-__all__ = ["BACKENDS", "DENSE_KERNELS", "GROUPED_KERNELS", "Kernel", "backend_module", "backend_unavailable"]
+__all__ = [
+    "BACKENDS",
+    "DENSE_KERNELS",
+    "GROUPED_KERNELS",
+    "Kernel",
+    "KernelList",
+    "backend_module",
+    "backend_unavailable",
+]
 
 #: backend name -> module
 BACKENDS = {
@@ -44,97 +50,84 @@ def backend_module(name: str):
 def backend_unavailable(name: str) -> str | None:
     """``None`` when backend ``name`` can run here, else why not (a missing package, no GPU...)."""
     try:
-        return backend_module(name).is_available()
+        return backend_module(name).unavailable()
     except RuntimeError as err:
         return str(err)
 
 
-@dataclass(frozen=True)
-class Kernel:
-    """One kernel of one backend. ``layout`` names the prepared weight layout it reads (``"ir"``: the
-    QuantizedWeight as it is, nothing to prepare). ``gathers``: a grouped kernel whose ``run`` takes
-    ``rows=`` (token rows read through an index, ``humming.moe.grouped_linear``'s gather); the caller copies
-    the rows into grouped order for the others."""
+class KernelList(MutableMapping):
+    """Kernels by name, in the order ``backend=`` tries them: each entry names its backend and the module
+    that exports the kernel as ``KERNEL``, imported the first time the kernel is looked up. A module that
+    cannot be imported gives a kernel whose ``unsupported`` is the import error. Entries may be replaced
+    (tests stand in their own kernels)."""
 
-    name: str
-    backend: str
-    layout: str
-    unsupported: Callable[..., str | None]
-    run: Callable[..., torch.Tensor]
-    tuning: Callable[..., object] = lambda *args: None
-    gathers: bool = False
+    def __init__(self, entries: dict[str, tuple[str, str]]) -> None:
+        self._entries = dict(entries)
+        self._kernels: dict[str, Kernel] = {}
 
+    def backend(self, name: str) -> str:
+        """The backend of kernel ``name``, without importing it."""
+        return self._entries[name][0]
 
-def _cuda(kernel: str, layout: str) -> Kernel:
-    def unsupported(qw, act, x):
-        return backend_unavailable("cuda") or backend_module("cuda").kernel_unsupported(kernel, qw, act, x)
+    def __getitem__(self, name: str) -> Kernel:
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            backend, module = self._entries[name]
+            try:
+                backend_module(backend)
+                kernel = importlib.import_module(module).KERNEL
+            except (ImportError, RuntimeError) as err:  # the backend's optional dependencies are missing
+                reason = str(err) if isinstance(err, RuntimeError) else f"backend {backend!r} cannot be imported: {err}"
+                kernel = _missing(name, backend, reason)
+            self._kernels[name] = kernel
+        return kernel
 
-    def run(x, qw, bias, act, out_dtype, tuning):
-        return backend_module("cuda").run(kernel, x, qw, bias, act, out_dtype, tuning)
+    def __setitem__(self, name: str, kernel: Kernel) -> None:
+        self._entries.setdefault(name, (kernel.backend, ""))
+        self._kernels[name] = kernel
 
-    def tuning(qw, act, x):
-        return backend_module("cuda").default_tuning(kernel, qw, getattr(x, "codes", x))
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+        self._kernels.pop(name, None)
 
-    return Kernel(f"cuda.{kernel}", "cuda", layout, unsupported, run, tuning)
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
 
+    def __len__(self) -> int:
+        return len(self._entries)
 
-def _triton_wna16_unsupported(qw, act, x):
-    if act is not None:
-        return "the WnA16 GEMM takes 16-bit activations (act=None)"
-    return backend_unavailable("triton") or backend_module("triton").supports(qw, None, x)
-
-
-def _triton_scaled_unsupported(qw, act, x):
-    if act is None:
-        return "the scaled GEMM needs quantized activations (act=...)"
-    return backend_unavailable("triton") or backend_module("triton").supports(qw, act, x)
-
-
-def _triton_wna16_run(x, qw, bias, act, out_dtype, tuning):
-    return importlib.import_module("humming.triton_kernels.wna16").linear(x, qw, bias, out_dtype, config=tuning)
-
-
-def _triton_wna16_tuning(qw, act, x):
-    return importlib.import_module("humming.triton_kernels.wna16").default_config(qw, x)
+    def __contains__(self, name) -> bool:
+        return name in self._entries
 
 
-def _triton_scaled_run(x, qw, bias, act, out_dtype, tuning):
-    scaled_mm = importlib.import_module("humming.triton_kernels.scaled_mm")
-    return scaled_mm.linear(x, qw, bias, act, out_dtype, config=tuning)
+def _missing(name: str, backend: str, reason: str) -> Kernel:
+    """A kernel whose module cannot be imported: unsupported for every call, with the reason."""
+
+    def run(*args, **kwargs):
+        raise RuntimeError(reason)
+
+    return Kernel(name, backend, "ir", lambda *args: reason, run)
 
 
-def _reference_run(x, qw, bias, act, out_dtype, tuning):
-    return backend_module("reference").linear(x, qw, bias, act, out_dtype)
-
-
-#: Dense kernels by name.
-DENSE_KERNELS: dict[str, Kernel] = {
-    k.name: k
-    for k in (
-        _cuda("gemm_sm90", "fragment"),
-        _cuda("decode", "fragment"),
-        _cuda("fp8_gemm", "fp8_gemm"),
-        _cuda("fp4_gemm", "fp4_gemm"),
-        Kernel("triton.wna16", "triton", "ir", _triton_wna16_unsupported, _triton_wna16_run, _triton_wna16_tuning),
-        Kernel("triton.scaled_mm", "triton", "ir", _triton_scaled_unsupported, _triton_scaled_run),
-        Kernel("reference", "reference", "ir", lambda qw, act, x: None, _reference_run),
-    )
-}
-
-
-def _grouped(backend: str, layout: str, gathers: bool = False) -> Kernel:
-    def unsupported(qw, act, x, block_m):
-        return backend_unavailable(backend) or backend_module(backend).supports_grouped(qw, act, x, block_m)
-
-    def run(x, qw, expert_ids, block_m, bias, act, out_dtype, tuning, **gather):
-        return backend_module(backend).grouped_linear(x, qw, expert_ids, block_m, bias, act, out_dtype, **gather)
-
-    name = f"{backend}.grouped" if backend != "reference" else "reference"
-    return Kernel(name, backend, layout, unsupported, run, gathers=gathers)
-
+#: Dense kernels by name (``unsupported(qw, act, x)``, ``run(x, qw, bias, act, out_dtype, tuning)``).
+DENSE_KERNELS = KernelList(
+    {
+        "cuda.wna16_sm90": ("cuda", "humming.cuda_kernels.wna16_sm90"),
+        "cuda.wna16_decode": ("cuda", "humming.cuda_kernels.wna16_decode"),
+        "cuda.fp8_gemm": ("cuda", "humming.cuda_kernels.fp8_gemm"),
+        "cuda.fp4_gemm": ("cuda", "humming.cuda_kernels.fp4_gemm"),
+        "triton.wna16": ("triton", "humming.triton_kernels.wna16"),
+        "triton.scaled_mm": ("triton", "humming.triton_kernels.scaled_mm"),
+        "reference": ("reference", "humming.reference.gemm"),
+    }
+)
 
 #: Grouped (MoE) kernels by name: ``unsupported(qw, act, x, block_m)``,
 #: ``run(x, qw, expert_ids, block_m, bias, act, out_dtype, tuning)`` (plus ``rows=`` where ``gathers``).
-GROUPED_KERNELS: dict[str, Kernel] = {
-    k.name: k for k in (_grouped("cuda", "fragment"), _grouped("triton", "ir", True), _grouped("reference", "ir", True))
-}
+GROUPED_KERNELS = KernelList(
+    {
+        "cuda.grouped": ("cuda", "humming.cuda_kernels.grouped"),
+        "triton.grouped": ("triton", "humming.triton_kernels.grouped"),
+        "reference": ("reference", "humming.reference.grouped"),
+    }
+)

@@ -22,7 +22,6 @@ scheme, dtype, device, M, row alignment, block_m), so an eager decode call pays 
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import logging
 import math
@@ -163,12 +162,12 @@ def heuristic_order(qweight, act, m: int) -> tuple[str, ...]:
     where it beats the FP8 GEMM (one 4-bit weight read, no int4 -> e4m3 conversion), and on the FP8 GEMM
     above; Triton is the portable fallback, the reference the last resort."""
     if act is None:
-        return ("cuda.gemm_sm90", "cuda.decode", "triton.wna16", "reference")
+        return ("cuda.wna16_sm90", "cuda.wna16_decode", "triton.wna16", "reference")
     if act.format == "e2m1":
         return ("cuda.fp4_gemm", "triton.scaled_mm", "reference")
     if m <= 16:
-        return ("cuda.decode", "cuda.fp8_gemm", "cuda.gemm_sm90", "triton.scaled_mm", "reference")
-    return ("cuda.fp8_gemm", "cuda.gemm_sm90", "cuda.decode", "triton.scaled_mm", "reference")
+        return ("cuda.wna16_decode", "cuda.fp8_gemm", "cuda.wna16_sm90", "triton.scaled_mm", "reference")
+    return ("cuda.fp8_gemm", "cuda.wna16_sm90", "cuda.wna16_decode", "triton.scaled_mm", "reference")
 
 
 # ------------------------------------------------------------------------------------------- decisions
@@ -263,8 +262,8 @@ def candidate_order(
     kernels = GROUPED_KERNELS if grouped else DENSE_KERNELS
     if requested != "auto":
         if deterministic and not grouped:
-            return tuple(k for k in _DETERMINISTIC_ORDER if kernels[k].backend == requested), "deterministic mode"
-        return tuple(k for k in kernels if kernels[k].backend == requested), f"backend={requested!r}"
+            return tuple(k for k in _DETERMINISTIC_ORDER if kernels.backend(k) == requested), "deterministic mode"
+        return tuple(k for k in kernels if kernels.backend(k) == requested), f"backend={requested!r}"
     if not on_cuda:
         return ("reference",), "CPU tensors (reference; backend='triton' runs the interpreter)"
     if grouped:
@@ -311,15 +310,14 @@ def _decide(qweight, act, x, requested: str, block_m: int | None) -> Plan:
 def _tuning(kernel: Kernel, qweight, act, x, grouped: bool):
     if grouped:
         return None
-    if is_deterministic() and kernel.name == "triton.wna16":
-        return importlib.import_module("humming.triton_kernels.wna16").deterministic_config(qweight, x)
-    if is_deterministic() and kernel.name == "triton.scaled_mm":
-        return importlib.import_module("humming.triton_kernels.scaled_mm").deterministic_config(qweight, act, x)
+    if is_deterministic():
+        return kernel.deterministic_tuning(qweight, act, x)
     return kernel.tuning(qweight, act, x)
 
 
 #: Deterministic mode: kernels whose result for a row does not depend on M (one tuning, no split-K, no
-#: atomics), in order; the reference is batch-invariant too (float32, one matmul per call).
+#: atomics; each has a ``deterministic_tuning``), in order; the reference is batch-invariant too (float32,
+#: each dot product summed in one fixed order).
 _DETERMINISTIC_ORDER = ("triton.wna16", "triton.scaled_mm", "reference")
 
 

@@ -119,7 +119,7 @@ def triton_unsupported(router_logits: torch.Tensor, correction_bias, spec: Routi
     reason = backend_unavailable("triton")
     if reason is None:
         kernel = importlib.import_module("humming.triton_kernels.routing")
-        reason = kernel.supports(router_logits, correction_bias, spec)
+        reason = kernel.unsupported(router_logits, correction_bias, spec)
     return reason
 
 

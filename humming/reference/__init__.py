@@ -16,17 +16,12 @@ from __future__ import annotations
 
 from .gemm import linear
 from .grouped import grouped_linear
+from .norm import rmsnorm
+from .routing import topk_routing
 
-__all__ = ["grouped_linear", "is_available", "linear", "supports", "supports_grouped"]
-
-
-def is_available() -> str | None:
-    return None
+__all__ = ["grouped_linear", "linear", "rmsnorm", "topk_routing", "unavailable"]
 
 
-def supports(qweight, act, x) -> str | None:
-    return None
-
-
-def supports_grouped(qweight, act, x, block_m) -> str | None:
+def unavailable() -> None:
+    """The reference runs wherever torch does: never a reason it cannot."""
     return None

@@ -9,8 +9,9 @@ from ..deterministic import is_deterministic
 from ..ir.act_order import act_order_perm
 from ..ir.activation import QuantizedActivation, dequantize_activation, quantize_activation
 from ..ir.quantize import dequantize
+from ..kernel import Kernel, no_tuning
 
-__all__ = ["finite", "fixed_order_matmul", "linear"]
+__all__ = ["KERNEL", "finite", "fixed_order_matmul", "linear"]
 
 
 def finite(x: torch.Tensor) -> torch.Tensor:
@@ -70,3 +71,11 @@ def fixed_order_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                 terms = terms[..., :half] + terms[..., half:]
             out[r : r + rows, c : c + cols] = terms[..., 0]
     return out
+
+
+def _run(x, qweight, bias, act, out_dtype, tuning):
+    return linear(x, qweight, bias, act, out_dtype)
+
+
+#: The reference as a dense kernel: every call, on any device; batch-invariant in deterministic mode.
+KERNEL = Kernel("reference", "reference", "ir", lambda qweight, act, x: None, _run, deterministic_tuning=no_tuning)

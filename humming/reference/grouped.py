@@ -7,10 +7,11 @@ import torch
 
 from ..ir.activation import QuantizedActivation, dequantize_activation, quantize_activation
 from ..ir.weight import expert_weight
+from ..kernel import Kernel
 from .gemm import finite, linear
 from .moe_layer import gather_rows
 
-__all__ = ["grouped_linear"]
+__all__ = ["KERNEL", "grouped_linear"]
 
 
 def grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows=None):
@@ -40,3 +41,11 @@ def grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows=N
         rows = (row_expert == e).nonzero()[:, 0]
         out[rows] = linear(xf[rows], expert_weight(qweight, e), None if bias is None else bias[e], None, out_dtype)
     return out
+
+
+def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning, rows=None):
+    return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows)
+
+
+#: The reference as a grouped kernel: every call, on any device, gathering token rows itself.
+KERNEL = Kernel("reference", "reference", "ir", lambda qweight, act, x, block_m: None, _run, gathers=True)

@@ -16,12 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..device import device_info
+from ..device import device_info, device_limits
 from ..ir.activation import ActScheme
 from ..ir.formats import NumberFormat, get_format
 from ..ir.weight import QuantizedWeight
 from ._weight_tile import scale_kind
-from .configs import device_limits, grouped_tile
+from .configs import grouped_tile
 from .scaled_mm_configs import ScaledMMConfig, min_block_k, scaled_mm_config
 
 __all__ = [
@@ -239,7 +239,8 @@ def call_config(plan: ComputePlan, qweight: QuantizedWeight, m: int, device: tor
     operand width and promotion step, within the device's multiprocessor count and shared memory."""
     n, k = qweight.N, qweight.K
     limits = device_limits(device)
-    return scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qweight.bits, *limits, plan.folds)
+    sm_count, smem = limits.sm_count, limits.smem_per_block
+    return scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qweight.bits, sm_count, smem, plan.folds)
 
 
 def grouped_call_config(
@@ -247,14 +248,15 @@ def grouped_call_config(
 ) -> ScaledMMConfig:
     """The tile of a grouped (MoE) call of ``m_pad`` rows in routing blocks of ``block_m``: the dense tile for
     ``block_m`` rows, cut by :func:`~.configs.grouped_tile` so that its ``block_m`` divides the routing one."""
-    (n, k), (sm_count, smem) = (qweight.N, qweight.K), device_limits(device)
+    (n, k), limits = (qweight.N, qweight.K), device_limits(device)
+    sm_count, smem = limits.sm_count, limits.smem_per_block
     cfg = scaled_mm_config(block_m, n, k, plan.operand_bits, plan.k_step, qweight.bits, sm_count, smem, plan.folds)
     return grouped_tile(cfg, block_m, m_pad, n, k, sm_count)
 
 
 def deterministic_call_config(plan: ComputePlan, qweight: QuantizedWeight, device: torch.device) -> ScaledMMConfig:
     """One tile for every M (the one for M = 64, never split along K: no multiprocessor count)."""
-    smem = device_limits(device)[1]
+    smem = device_limits(device).smem_per_block
     n, k = qweight.N, qweight.K
     return scaled_mm_config(64, n, k, plan.operand_bits, plan.k_step, qweight.bits, 0, smem, plan.folds)
 

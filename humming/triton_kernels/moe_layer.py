@@ -26,8 +26,9 @@ import triton.language as tl
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..reference.moe_layer import ACTIVATIONS, Activation
 from . import registry
+from ._act_quant_kernel import quantize_chunk, span_scale
 from ._launch import CompiledLaunches
-from .act_quant import per_token_tile, quantize_chunk, scale_kind, scheme_unsupported, span_scale
+from .act_quant import per_token_tile, scale_kind, scheme_unsupported
 from .interpreter import cast
 
 __all__ = ["act_unsupported", "activate", "combine"]

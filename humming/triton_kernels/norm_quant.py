@@ -5,7 +5,7 @@ A program takes ``BLOCK_M`` rows and reads each row a few times (from L1/L2 afte
 that fixes the row's exponent ``E``, the exact sum of squares (:func:`humming.reference.norm.rms_inverse` defines it),
 then, per-token, the normalized row's absmax, and the codes. Groups along K (1x128, MX) take their absmax
 and codes from the same read. Schemes whose scale spans rows (dynamic per-tensor, NVFP4's global scale) would
-need the whole tensor's normalized absmax before the first code: they are refused (:func:`supports`).
+need the whole tensor's normalized absmax before the first code: they are refused (:func:`unsupported`).
 """
 
 from __future__ import annotations
@@ -16,18 +16,12 @@ import triton.language as tl
 
 from ..ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
 from . import registry
+from ._act_quant_kernel import quantize_chunk, span_scale
 from ._launch import CompiledLaunches
-from .act_quant import (
-    element_constexprs,
-    per_token_tile,
-    quantize_chunk,
-    scale_kind,
-    scheme_unsupported,
-    span_scale,
-)
+from .act_quant import element_constexprs, per_token_tile, scale_kind, scheme_unsupported
 from .interpreter import cast
 
-__all__ = ["rmsnorm_quantize", "supports"]
+__all__ = ["rmsnorm_quantize", "unsupported"]
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -171,7 +165,7 @@ def sum_bits(k: int) -> int:
     return 52 - (k - 1).bit_length()
 
 
-def supports(x: torch.Tensor, act: str | ActScheme, *, static: bool = False) -> str | None:
+def unsupported(x: torch.Tensor, act: str | ActScheme, *, static: bool = False) -> str | None:
     """``None`` if :func:`rmsnorm_quantize` runs ``x`` with ``act`` (``static``: a static per-tensor scale is
     given), else the reason."""
     scheme = get_act_scheme(act)
@@ -209,7 +203,7 @@ def rmsnorm_quantize(
     without ``residual``). Arguments are checked by :func:`humming.rmsnorm_quantize`; ``scale``: a static
     per-tensor scale."""
     scheme = get_act_scheme(act)
-    reason = supports(x, scheme, static=scale is not None)
+    reason = unsupported(x, scheme, static=scale is not None)
     if reason:
         raise ValueError(reason)
     m, k = x.shape

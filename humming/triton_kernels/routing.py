@@ -26,7 +26,7 @@ from . import registry
 from ._launch import CompiledLaunches
 from .interpreter import INTERPRET
 
-__all__ = ["MAX_TILE", "MAX_TOP_K", "Tile", "supports", "tile", "topk_routing"]
+__all__ = ["MAX_TILE", "MAX_TOP_K", "Tile", "tile", "topk_routing", "unsupported"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The most padded experts (:attr:`Tile.slots`) and the largest top_k a program handles; ``"auto"`` runs
@@ -165,7 +165,7 @@ def tile(spec: RoutingSpec) -> Tile:
     return Tile(block_g, block_s, triton.next_power_of_2(spec.top_k), max(1, block_g * block_s // 256))
 
 
-def supports(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec) -> str | None:
+def unsupported(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec) -> str | None:
     """``None`` if :func:`topk_routing` runs this call, else the reason."""
     if router_logits.device.type != "cuda" and not INTERPRET:
         return f"router_logits is on {router_logits.device}; the kernel runs on CUDA tensors (or the interpreter)"
@@ -208,7 +208,7 @@ _launches = CompiledLaunches(_topk_routing_kernel)
 
 
 def topk_routing(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec):
-    """``(weights float32 [T, top_k], ids int32 [T, top_k])`` of a call :func:`supports` accepts."""
+    """``(weights float32 [T, top_k], ids int32 [T, top_k])`` of a call :func:`unsupported` accepts."""
     t, k = router_logits.shape[0], spec.top_k
     dev = router_logits.device
     weights = torch.empty((t, k), dtype=torch.float32, device=dev)

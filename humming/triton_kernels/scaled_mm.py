@@ -22,9 +22,10 @@ tensor cores can take exactly. The IR is read as is (no repacking). One kernel, 
 The plan (:func:`compute_plan`) is numerics and depends only on the formats and the device's capability; tile
 sizes (:mod:`.scaled_mm_configs`) are tuning. Under the interpreter the plan is made for sm_90.
 
-This module holds the entry points and the support checks; the kernel lives in ``_scaled_mm_kernel``, the
-plan, the tile choice and the grid in ``_scaled_mm_plan``, the kernel's arguments and the compile-check
-specs in ``_scaled_mm_launch``.
+This module holds the entry points, the support checks and the kernel object the dispatcher lists
+(:data:`KERNEL`, ``triton.scaled_mm``); the kernel lives in ``_scaled_mm_kernel``, the plan, the tile choice
+and the grid in ``_scaled_mm_plan``, the kernel's arguments and the compile-check specs in
+``_scaled_mm_launch``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
+from ..kernel import Kernel
 from . import act_quant, registry
 from ._act_order import act_order_layout
 from ._scaled_mm_launch import compile_specs, kernel_spec, launch
@@ -45,21 +47,24 @@ from ._scaled_mm_plan import (
     device_capability,
     grouped_call_config,
 )
+from ._support import device_unsupported, unavailable
 from .configs import MIN_GROUPED_BLOCK_M
 from .interpreter import INTERPRET
 from .scaled_mm_configs import ScaledMMConfig
 
 __all__ = [
+    "KERNEL",
     "ComputePlan",
     "act_group_k",
     "compute_plan",
     "deterministic_config",
     "device_capability",
     "grouped_linear",
+    "grouped_unsupported",
     "kernel_spec",
     "linear",
-    "supports",
-    "supports_grouped",
+    "prepare",
+    "unsupported",
 ]
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
@@ -71,7 +76,7 @@ _SUPPORTED = (
 )
 
 
-def supports(qweight: QuantizedWeight, act: ActScheme | str | None, x: torch.Tensor) -> str | None:
+def unsupported(qweight: QuantizedWeight, act: ActScheme | str | None, x: torch.Tensor) -> str | None:
     """``None`` if :func:`linear` runs ``qweight`` with activations ``act`` like ``x`` (fp16/bf16 [M, K], or
     the uint8 codes of a QuantizedActivation), else the reason, with what is supported."""
     if act is None:
@@ -92,7 +97,7 @@ def supports(qweight: QuantizedWeight, act: ActScheme | str | None, x: torch.Ten
     return _unsupported(qweight, scheme, x)
 
 
-def supports_grouped(qweight: QuantizedWeight, act: ActScheme, x: torch.Tensor, block_m: int) -> str | None:
+def grouped_unsupported(qweight: QuantizedWeight, act: ActScheme, x: torch.Tensor, block_m: int) -> str | None:
     """``None`` if :func:`grouped_linear` runs this MoE call, else the reason."""
     if qweight.num_experts is None:
         return f"the grouped GEMM needs an expert-stacked weight [E, N, K], got {qweight.shape}"
@@ -109,7 +114,7 @@ def _unsupported(qweight: QuantizedWeight, scheme: ActScheme, x: torch.Tensor) -
     if x.dtype != torch.uint8:
         if x.dtype not in _X_DTYPES:
             return f"x dtype {x.dtype}: the scaled GEMM takes float16 or bfloat16 activations"
-        reason = act_quant.supports(x, scheme)
+        reason = act_quant.unsupported(x, scheme)
         if reason:
             return reason
     if scheme.scale_dtype not in ACT_SCALE_DTYPES:
@@ -149,7 +154,7 @@ def linear(
     else:
         scheme = get_act_scheme(act) if act is not None else None
         codes = x2d
-    reason = supports(qweight, scheme, codes)
+    reason = unsupported(qweight, scheme, codes)
     if reason:
         raise ValueError(f"triton scaled_mm: {reason}")
     m, k = codes.shape
@@ -207,7 +212,7 @@ def grouped_linear(
     if prequantized and x.scheme != act:
         raise ValueError(f"triton scaled_mm: x is quantized with {x.scheme.name}, but act={getattr(act, 'name', act)}")
     codes = x.codes if prequantized else x
-    reason = supports_grouped(qweight, act, codes, block_m)
+    reason = grouped_unsupported(qweight, act, codes, block_m)
     if reason:
         raise ValueError(f"triton scaled_mm: {reason}")
     m_pad = codes.shape[0] if rows is None else rows.shape[0]
@@ -230,5 +235,37 @@ def grouped_linear(
     rows = None if rows is None else rows.contiguous()
     return launch(qa, qweight, bias, out_dtype, config, out, expert_ids.contiguous(), block_m, rows)
 
+
+def prepare(qweight: QuantizedWeight, act=None) -> QuantizedWeight:
+    """The weight the scaled GEMM reads: ``qweight`` itself, except a dense act-order weight, read sorted by
+    group (sorted here once per weight object, then cached; ``qweight`` where its groups cannot be sorted:
+    the reference runs it)."""
+    if qweight.g_idx is None or qweight.num_experts is not None:
+        return qweight
+    layout = act_order_layout(qweight)
+    return qweight if isinstance(layout, str) else layout.weight
+
+
+def _kernel_unsupported(qweight: QuantizedWeight, act, x: torch.Tensor) -> str | None:
+    if act is None:
+        return "the scaled GEMM needs quantized activations (act=...)"
+    return unavailable() or device_unsupported(x) or unsupported(qweight, act, x)
+
+
+def _run(x, qweight, bias, act, out_dtype, tuning):
+    return linear(x, qweight, bias, act, out_dtype, config=tuning)
+
+
+#: ``triton.scaled_mm``: quantized activations x quantized weights (W8A8, W4A8, W4A4), batch-invariant with
+#: one tile for every M; its tiles are chosen at launch.
+KERNEL = Kernel(
+    "triton.scaled_mm",
+    "triton",
+    "ir",
+    _kernel_unsupported,
+    _run,
+    deterministic_tuning=deterministic_config,
+    prepare=prepare,
+)
 
 registry.register("scaled_mm", compile_specs)

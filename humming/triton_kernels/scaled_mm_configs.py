@@ -52,7 +52,7 @@ def _split_k(tiles: int, k_tiles: int, sm_count: int) -> int:
 
 def smem_estimate(cfg: ScaledMMConfig, operand_bits: int, weight_bits: int, fold: bool = False) -> int:
     """Bytes of shared memory the scaled GEMM asks for with tile ``cfg``: an upper bound, as
-    :func:`.configs.smem_estimate` for the WnA16 kernel. ``num_stages - 1`` copies of the K loop's loads
+    :func:`.wna16_configs.smem_estimate` for the WnA16 kernel. ``num_stages - 1`` copies of the K loop's loads
     (activation codes ``[BM, BK]`` bytes; weight codes as bytes or words, two ``[BN, BK]`` int32 tiles where
     fields straddle words; with ``fold``, fp8 scale tiles ``[BM, BK]`` and ``[BN, BK]``: only fp8 scales fold) plus
     both dot operands staged once in the operand type. Calibrated against ``compiled.metadata.shared``

@@ -1,13 +1,5 @@
-"""Small-M weight-only GEMM (``include/humming/decode.cuh``): heuristics, kernel specs and launch.
-
-Configs come in the three kinds of the house style:
-
-- layout (:class:`~humming.cuda_kernels._layout.WeightLayout`): what the prepared weights are (code
-  bits, zero points, scale dtype); fixed by ``prepare_weight``.
-- compute: fp32 accumulation of exact integer-times-activation products, scaled per row and 64-column
-  chunk in fp32; the same for every tuning.
-- tuning (:class:`DecodeTuning`): token tiles, row tiles per warp, warps, loads in flight, split-K or
-  stream-K. A tuning change never changes results beyond fp32 summation order.
+"""The small-M weight-only GEMM (``include/humming/decode.cuh``; :mod:`.wna16_decode` is its entry point):
+kernel specs, the stream-K workspaces and the launch.
 
 Stream-K (``DecodeTuning.stream_k``) runs a persistent grid whose warps each take one contiguous range
 of the (row tile group, 64-column chunk) units; tiles shared by several warps are summed in an fp32
@@ -19,42 +11,28 @@ captures the workspace of its capture stream: :func:`reserve_workspace` (called 
 ``humming.warmup``) sets one aside for a stream that first runs the kernel while capturing;
 without it, the capture allocates one from the graph's pool, and its zero fill becomes a memset node
 that every replay runs (correct, a microsecond slower). Replay a graph where no call on its capture
-stream runs concurrently. :func:`choose_decode_tuning` picks stream-K where it balances the last wave.
+stream runs concurrently.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass
 
 import torch
 
-from ..device import DeviceLimits, device_index, device_info
+from ..device import device_index, device_limits
+from ._decode_tuning import DecodeTuning, default_tuning
 from ._driver import current_stream, get_kernel
-from ._layout import (
-    CPP_DTYPE,
-    DTYPE_CODE,
-    PreparedWeight,
-    WeightLayout,
-    aligned_rows,
-    check_out,
-    weight_unsupported,
-    x_scale_args,
-)
+from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
     "DECODE_CCS",
     "DECODE_MAX_M",
     "DecodeLaunch",
-    "DecodeTuning",
-    "candidate_tunings",
-    "choose_decode_tuning",
+    "decode_call_spec",
     "decode_spec",
-    "decode_unsupported",
-    "default_tuning",
-    "device_limits",
     "reserve_workspace",
     "run_decode",
     "stream_k_grid",
@@ -64,91 +42,6 @@ __all__ = [
 DECODE_CCS = ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))
 #: Largest M the decode kernel takes (8 token tiles of 8).
 DECODE_MAX_M = 64
-
-
-@dataclass(frozen=True)
-class DecodeTuning:
-    """Speed-only knobs: token tiles of 8 (``mt``), 16-row tiles per warp (``r``), ``warps`` per block,
-    cp.async pipeline ``stages`` (chunks in flight per thread), blocks along K (``splits``), and
-    ``stream_k``: 0 for one block per ``r`` row tiles, else the blocks per SM of the persistent stream-K
-    grid (also the kernel's ``__launch_bounds__`` minimum, so registers allow that many)."""
-
-    mt: int
-    r: int
-    warps: int
-    stages: int
-    splits: int
-    stream_k: int = 0
-
-    def __post_init__(self) -> None:
-        if self.stream_k < 0 or (self.stream_k and (self.splits != 1 or 8 % self.r)):
-            raise ValueError(f"stream_k: expected 0, or > 0 with splits=1 and r dividing 8; got {self}")
-
-    def smem_bytes(self, bits: int) -> int:
-        """Dynamic shared memory of the pipeline (``Pipeline`` in decode.cuh)."""
-        per_thread = self.r * (bits // 4) * 16 + self.mt * 32 + self.r * 8 + self.r * 4
-        return self.stages * self.warps * 32 * per_thread
-
-
-def decode_unsupported(qw, x: torch.Tensor) -> str | None:
-    """``None`` when the decode kernel runs this call, else why not."""
-    reason = weight_unsupported(qw, x)
-    if reason is None and x.shape[0] > DECODE_MAX_M:
-        reason = f"the decode kernel takes M <= {DECODE_MAX_M}, got M={x.shape[0]}"
-    return reason
-
-
-@per_call_cache
-def choose_decode_tuning(
-    m: int, n: int, k: int, bits: int, sm_count: int, smem_per_block: int, smem_per_sm: int
-) -> DecodeTuning:
-    """Tuning for ``out[m, n] = x[m, k] @ W^T`` with ``bits``-bit weights: a pure function of the problem
-    and the device's SM count, shared memory per block (``sharedMemPerBlockOptin``) and per SM.
-
-    Tile grid or its stream-K twin (:func:`candidate_tunings`): stream-K from two token tiles (M > 8) on
-    when the tile grid takes more than one wave, and with eight token tiles always (its persistent warps
-    balance the last wave); the tile grid with one token tile or a one-wave grid, where stream-K's fp32
-    workspace costs more than it balances. Split-K tile grids (too few row tiles) keep split-K."""
-    tiles, stream_k = candidate_tunings(m, n, k, bits, sm_count, smem_per_block, smem_per_sm)
-    if tiles.mt == 1 or tiles.splits > 1:
-        return tiles
-    waves = (n // (16 * tiles.r)) / (stream_k.stream_k * sm_count)
-    return stream_k if tiles.mt == 8 or waves > 1 else tiles
-
-
-def candidate_tunings(
-    m: int, n: int, k: int, bits: int, sm_count: int, smem_per_block: int, smem_per_sm: int
-) -> tuple[DecodeTuning, DecodeTuning]:
-    """The tile-grid tuning (split-K when there are too few row tiles) and its stream-K twin (the same
-    token tiles, row tiles, warps and stages on a persistent grid)."""
-    mt = 1
-    while mt * 8 < m:
-        mt *= 2
-    # Two row tiles per warp halve the per-chunk overhead (activation fragments, pipeline bookkeeping)
-    # per weight byte; one when that would leave SMs without a block, or with 8 token tiles (registers).
-    r = 2 if n % 32 == 0 and n // 32 >= sm_count and mt < 8 else 1
-    warps = 8
-    # 3 stages keep two blocks per SM, whose interleaved loads beat deeper pipelines with one block per SM.
-    stages = {1: 3, 2: 3, 4: 3, 8: 2}[mt]
-    while stages > 2 and DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
-        stages -= 1
-    if DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
-        warps = 4
-    blocks = n // (16 * r)
-    chunks = k // 64
-    splits = 1
-    if blocks < sm_count:  # too few row tiles to fill the GPU: split K across blocks
-        splits = max(1, min(-(-2 * sm_count // blocks), chunks // (warps * 2)))
-    tiles = DecodeTuning(mt, r, warps, stages, splits)
-    stream_k = DecodeTuning(mt, r, warps, stages, 1, stream_k_blocks_per_sm(tiles, bits, smem_per_sm))
-    return tiles, stream_k
-
-
-def stream_k_blocks_per_sm(tuning: DecodeTuning, bits: int, smem_per_sm: int) -> int:
-    """Blocks per SM of the persistent grid: as many as shared memory (1 KiB reserved per block) and the
-    SM's 64 warps allow, at most 2 (the kernel is built with ``__launch_bounds__(threads, that)``, so
-    registers allow them; 2 x 8 warps with 3 stages is the tile grid's best occupancy on Hopper)."""
-    return max(1, min(2, smem_per_sm // (tuning.smem_bytes(bits) + 1024), 64 // tuning.warps))
 
 
 @per_call_cache
@@ -190,16 +83,6 @@ def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: Dec
         ccs=DECODE_CCS,
         min_blocks=max(1, tuning.stream_k),
     )
-
-
-def device_limits(device: int) -> DeviceLimits:
-    """(SM count, opt-in shared memory per block, shared memory per SM) of CUDA device ``device``."""
-    return device_info(device).limits
-
-
-def default_tuning(m: int, n: int, k: int, bits: int, device: int) -> DecodeTuning:
-    """:func:`choose_decode_tuning` with the limits of CUDA device ``device``."""
-    return choose_decode_tuning(m, n, k, bits, *device_limits(device))
 
 
 class _Params(ctypes.Structure):
@@ -341,7 +224,7 @@ class DecodeLaunch:
         self.workspace_words = 0
         total_warps = 0
         if tuning.stream_k:
-            blocks, total_warps = stream_k_grid(n, k, tuning, device_limits(device)[0])
+            blocks, total_warps = stream_k_grid(n, k, tuning, device_limits(device).sm_count)
             self.grid = (blocks, 1, 1)
             self.workspace_words = _workspace_words(m, n, tuning)
         chunks = k // 64

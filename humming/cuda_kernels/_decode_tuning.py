@@ -1,0 +1,93 @@
+"""Tuning of the small-M weight-only GEMM (:mod:`.wna16_decode`): :class:`DecodeTuning`, the speed-only
+knobs, and :func:`choose_decode_tuning`, a pure function of the problem and the device's limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..device import device_limits
+from .jit import per_call_cache
+
+__all__ = ["DecodeTuning", "candidate_tunings", "choose_decode_tuning", "default_tuning", "stream_k_blocks_per_sm"]
+
+
+@dataclass(frozen=True)
+class DecodeTuning:
+    """Speed-only knobs: token tiles of 8 (``mt``), 16-row tiles per warp (``r``), ``warps`` per block,
+    cp.async pipeline ``stages`` (chunks in flight per thread), blocks along K (``splits``), and
+    ``stream_k``: 0 for one block per ``r`` row tiles, else the blocks per SM of the persistent stream-K
+    grid (also the kernel's ``__launch_bounds__`` minimum, so registers allow that many)."""
+
+    mt: int
+    r: int
+    warps: int
+    stages: int
+    splits: int
+    stream_k: int = 0
+
+    def __post_init__(self) -> None:
+        if self.stream_k < 0 or (self.stream_k and (self.splits != 1 or 8 % self.r)):
+            raise ValueError(f"stream_k: expected 0, or > 0 with splits=1 and r dividing 8; got {self}")
+
+    def smem_bytes(self, bits: int) -> int:
+        """Dynamic shared memory of the pipeline (``Pipeline`` in decode.cuh)."""
+        per_thread = self.r * (bits // 4) * 16 + self.mt * 32 + self.r * 8 + self.r * 4
+        return self.stages * self.warps * 32 * per_thread
+
+
+@per_call_cache
+def choose_decode_tuning(
+    m: int, n: int, k: int, bits: int, sm_count: int, smem_per_block: int, smem_per_sm: int
+) -> DecodeTuning:
+    """Tuning for ``out[m, n] = x[m, k] @ W^T`` with ``bits``-bit weights: a pure function of the problem
+    and the device's SM count, shared memory per block (``sharedMemPerBlockOptin``) and per SM.
+
+    Tile grid or its stream-K twin (:func:`candidate_tunings`): stream-K from two token tiles (M > 8) on
+    when the tile grid takes more than one wave, and with eight token tiles always (its persistent warps
+    balance the last wave); the tile grid with one token tile or a one-wave grid, where stream-K's fp32
+    workspace costs more than it balances. Split-K tile grids (too few row tiles) keep split-K."""
+    tiles, stream_k = candidate_tunings(m, n, k, bits, sm_count, smem_per_block, smem_per_sm)
+    if tiles.mt == 1 or tiles.splits > 1:
+        return tiles
+    waves = (n // (16 * tiles.r)) / (stream_k.stream_k * sm_count)
+    return stream_k if tiles.mt == 8 or waves > 1 else tiles
+
+
+def candidate_tunings(
+    m: int, n: int, k: int, bits: int, sm_count: int, smem_per_block: int, smem_per_sm: int
+) -> tuple[DecodeTuning, DecodeTuning]:
+    """The tile-grid tuning (split-K when there are too few row tiles) and its stream-K twin (the same
+    token tiles, row tiles, warps and stages on a persistent grid)."""
+    mt = 1
+    while mt * 8 < m:
+        mt *= 2
+    # Two row tiles per warp halve the per-chunk overhead (activation fragments, pipeline bookkeeping)
+    # per weight byte; one when that would leave SMs without a block, or with 8 token tiles (registers).
+    r = 2 if n % 32 == 0 and n // 32 >= sm_count and mt < 8 else 1
+    warps = 8
+    # 3 stages keep two blocks per SM, whose interleaved loads beat deeper pipelines with one block per SM.
+    stages = {1: 3, 2: 3, 4: 3, 8: 2}[mt]
+    while stages > 2 and DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
+        stages -= 1
+    if DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
+        warps = 4
+    blocks = n // (16 * r)
+    chunks = k // 64
+    splits = 1
+    if blocks < sm_count:  # too few row tiles to fill the GPU: split K across blocks
+        splits = max(1, min(-(-2 * sm_count // blocks), chunks // (warps * 2)))
+    tiles = DecodeTuning(mt, r, warps, stages, splits)
+    stream_k = DecodeTuning(mt, r, warps, stages, 1, stream_k_blocks_per_sm(tiles, bits, smem_per_sm))
+    return tiles, stream_k
+
+
+def stream_k_blocks_per_sm(tuning: DecodeTuning, bits: int, smem_per_sm: int) -> int:
+    """Blocks per SM of the persistent grid: as many as shared memory (1 KiB reserved per block) and the
+    SM's 64 warps allow, at most 2 (the kernel is built with ``__launch_bounds__(threads, that)``, so
+    registers allow them; 2 x 8 warps with 3 stages is the tile grid's best occupancy on Hopper)."""
+    return max(1, min(2, smem_per_sm // (tuning.smem_bytes(bits) + 1024), 64 // tuning.warps))
+
+
+def default_tuning(m: int, n: int, k: int, bits: int, device: int) -> DecodeTuning:
+    """:func:`choose_decode_tuning` with the limits of CUDA device ``device``."""
+    return choose_decode_tuning(m, n, k, bits, *device_limits(device))

@@ -1,0 +1,86 @@
+"""What the two CUDA WnA16 kernels (:mod:`.wna16_decode`, :mod:`.wna16_sm90`) share: the fragment weight
+layout they read (``_layout``, prepared once per weight object), the checks both make before their own, and
+their launcher: 16-bit rows as they are (a copy per call for unaligned rows), or for fp8 activations the
+e4m3 values written in x's 16-bit dtype by a Triton pass (exact), with the per-token / per-tensor scales in
+the kernel's epilogue."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..device import device_index, device_info
+from ._decode_launch import DECODE_CCS
+from ._layout import PreparedWeight, aligned_rows, prepare_weight, rows_aligned
+
+__all__ = ["launcher", "prepare", "unsupported", "wna8_weight_unsupported"]
+
+_prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def prepare(qweight, act=None) -> PreparedWeight:
+    """``qweight`` re-tiled into the fragment layout (computed once per weight object), which serves 16-bit
+    and fp8 (``act``: their e4m3 values) activations alike."""
+    prep = _prepared.get(qweight)
+    if prep is None:
+        prep = _prepared[qweight] = prepare_weight(qweight)
+    return prep
+
+
+def wna8_weight_unsupported(qweight, act) -> str | None:
+    """``None`` when the decode kernel and the sm_90a GEMM take ``act``'s e4m3 activations with this weight:
+    per-token or per-tensor fp32 scales, integer weights (their e4m3 values are exact in x's 16-bit dtype,
+    the scales go in the epilogue), else why not."""
+    if act.format != "e4m3" or act.group not in ("token", "tensor") or act.global_scale:
+        return f"the WnA16 kernels take fp8 activations as per-token or per-tensor e4m3 values, not act={act.name}"
+    if act.scale_dtype != torch.float32:
+        return f"the WnA16 kernels take float32 activation scales, not act={act.name}"
+    if qweight.format.name not in ("int4", "uint4", "int8", "uint8"):  # MXFP4: the FP8 GEMM serves every M
+        return f"the WnA16 route for fp8 activations takes integer weights, not {qweight.format.name}"
+    if qweight.num_experts is not None:
+        return "expert-stacked weights run through grouped_linear (humming.moe), not linear"
+    return None
+
+
+def unsupported(qweight, act, x, kernel_unsupported) -> str | None:
+    """``None`` when a WnA16 kernel runs ``linear(x, qweight, act=act)``, else why not: the checks both
+    kernels make, then ``kernel_unsupported(qweight, x, cc)``, the kernel's own. ``x``: the 2-D activation,
+    or a ``QuantizedActivation``'s codes."""
+    if act is not None:
+        reason = wna8_weight_unsupported(qweight, act)
+        if reason:
+            return reason
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            return "fp8 activations reach the WnA16 kernels as bfloat16 / float16 x (not pre-quantized)"
+    if x.device.type != "cuda":
+        return f"x is on {x.device}, not a CUDA device"
+    if qweight.num_experts is not None:
+        return "expert-stacked weights run through grouped_linear (humming.moe), not linear"
+    cc = device_info(x.device).capability
+    if cc not in DECODE_CCS:
+        return f"the CUDA kernels are built for compute capabilities {DECODE_CCS}, not {cc}"
+    return kernel_unsupported(qweight, x, cc)
+
+
+def launcher(make, x: torch.Tensor, qweight, act, bias_dtype, out_dtype: torch.dtype, tuning):
+    """A callable ``(x, bias) -> out`` for calls shaped as ``x`` (:func:`~._support.cached_launch`) on the
+    kernel's launch class ``make`` (``DecodeLaunch``, ``GemmLaunch``)."""
+    m, k = x.shape
+    index = device_index(x.device)
+    if act is not None:
+        from ..triton_kernels.act_quant import quantize_pass
+
+        # fp8 activations: their e4m3 values in x's 16-bit dtype (contiguous rows), the scales in the epilogue
+        quantize = quantize_pass(x, act, values=True)
+        launch = make(prepare(qweight), m, x.dtype, k, bias_dtype, out_dtype, tuning, index)
+
+        def run_values(x, bias):
+            values, scales, _ = quantize(x)
+            return launch(values, bias, x_scale=scales)
+
+        return run_values
+    if not rows_aligned(x):  # a copy per call: contiguous rows
+        launch = make(prepare(qweight), m, x.dtype, k, bias_dtype, out_dtype, tuning, index)
+        return lambda x, bias: launch(aligned_rows(x), bias)
+    return make(prepare(qweight), m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, index)

@@ -1,0 +1,106 @@
+"""``cuda.grouped``: the MoE grouped GEMM of ``humming.moe.grouped_linear`` on the CUDA kernels' grouped
+variants: the sm_90a WnA16 GEMM (:mod:`.wna16_sm90`) for 16-bit activations (int4 / uint4 / int8 / uint8
+experts, token tiles of 16 to 256 rows dividing ``block_m``, each reading its segment's expert id, skipping
+-1 segments, offsetting its weight tiles), the FP8 GEMM (:mod:`.fp8_gemm`) for e4m3 activations (e4m3 and
+int4 experts). Both read grouped rows: a gather is copied into grouped order for them first."""
+
+from __future__ import annotations
+
+import torch
+
+from ..device import device_info, device_limits
+from ..kernel import Kernel
+from . import _gemm_sm90, _wna16, fp8_gemm
+from ._layout import weight_unsupported
+from ._support import runtime_unavailable
+
+__all__ = ["KERNEL", "grouped_linear", "grouped_unsupported"]
+
+
+def grouped_unsupported(qweight, act, x: torch.Tensor, block_m: int) -> str | None:
+    """``None`` when a grouped sm_90a GEMM runs ``grouped_linear(x, qweight, ..., block_m, act=act)``, else
+    why not: the WnA16 GEMM for ``act=None``, the FP8 GEMM for e4m3 activations. ``x`` is the grouped
+    activation ``[M_pad, K]`` (its dtype, device and alignment matter)."""
+    if act is not None:
+        return fp8_gemm.grouped_unsupported(qweight, act, x, block_m)
+    if x.device.type != "cuda":
+        return f"x is on {x.device}, not a CUDA device"
+    if qweight.num_experts is None:
+        return "the grouped CUDA GEMM needs expert-stacked weights [E, N, K]"
+    cc = device_info(x.device).capability
+    return weight_unsupported(qweight, x) or _gemm_sm90.grouped_unsupported(qweight, x, block_m, cc)
+
+
+def grouped_linear(
+    x: torch.Tensor,
+    qweight,
+    expert_ids: torch.Tensor,
+    block_m: int,
+    bias: torch.Tensor | None,
+    act,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``x [M_pad, K]`` grouped by expert -> ``[M_pad, N]`` of ``out_dtype``: row ``r`` is ``x[r] @
+    dequantize(qweight)[e]^T + bias[e]`` with ``e = expert_ids[r // block_m]`` (int32, ``M_pad // block_m``
+    entries); segments whose id is -1 are skipped (their rows unspecified). Ids outside [-1, E) are not
+    checked (that would need a host sync) and fault. ``bias`` is ``[E, N]`` or ``None``. With ``act``, ``x``
+    may be a ``QuantizedActivation`` of that scheme (the FP8 GEMM then skips its quantization pass)."""
+    codes = getattr(x, "codes", x)
+    reason = grouped_unsupported(qweight, act, codes, block_m)
+    if reason is not None:
+        raise ValueError(f"humming CUDA backend: {reason}")
+    m, e, n, device = codes.shape[0], qweight.num_experts, qweight.N, codes.device
+    if m % block_m or expert_ids.shape != (m // block_m,):
+        raise ValueError(f"expert_ids: expected shape ({m // block_m},) for M_pad={m}, block_m={block_m}")
+    if expert_ids.dtype != torch.int32 or expert_ids.device != device:
+        raise ValueError(f"expert_ids: expected int32 on {device}, got {expert_ids.dtype} on {expert_ids.device}")
+    if bias is not None and (tuple(bias.shape) != (e, n) or bias.device != device):
+        raise ValueError(f"bias: expected shape ({e}, {n}) on {device}, got {tuple(bias.shape)} on {bias.device}")
+    bias = bias.contiguous() if bias is not None else None
+    if act is not None:
+        return fp8_gemm.run_grouped(fp8_gemm.prepare(qweight), x, act, expert_ids, block_m, bias, out_dtype)
+    prep = _wna16.prepare(qweight)
+    return _gemm_sm90.run_grouped_gemm(prep, x, expert_ids.contiguous(), block_m, bias, out_dtype)
+
+
+def grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, device: int, cc) -> list:
+    """The ``(spec, arch)`` of the grouped WnA16 GEMM for each ``block_m`` and grouped row count ``m``."""
+    from .jit import device_arch
+
+    jobs = []
+    bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
+    for block_m in block_ms:
+        x = torch.empty(block_m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
+        if grouped_unsupported(qw, None, x, block_m) is not None:
+            continue
+        prep = _wna16.prepare(qw)
+        smem = device_limits(device).smem_per_block
+        for m in m_values:
+            tuning = _gemm_sm90.default_grouped_tuning(block_m, m, qw.num_experts, prep.layout, smem)
+            spec = _gemm_sm90.gemm_call_spec(prep, x, bias, out_dtype, tuning, grouped=True)
+            jobs.append((spec, device_arch(spec, cc)))
+    return jobs
+
+
+def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m) -> list:
+    """The compile jobs of ``m`` grouped rows in routing blocks of ``block_m``."""
+    info = device_info(device)
+    if act is not None:
+        return fp8_gemm.grouped_warmup_jobs(qweight, act, (m,), (block_m,), out_dtype, bias_dtype, info.limits)
+    return grouped_jobs(qweight, (m,), (block_m,), act_dtype, out_dtype, bias_dtype, device, info.capability)
+
+
+def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning):
+    return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype)
+
+
+#: ``cuda.grouped``: the grouped sm_90a GEMMs (WnA16, and FP8 with e4m3 activations), on grouped rows.
+KERNEL = Kernel(
+    "cuda.grouped",
+    "cuda",
+    "fragment",
+    lambda qweight, act, x, block_m: runtime_unavailable() or grouped_unsupported(qweight, act, x, block_m),
+    _run,
+    warmup_jobs=_warmup_jobs,
+    prepare=lambda qweight, act=None: _wna16.prepare(qweight) if act is None else fp8_gemm.prepare(qweight),
+)

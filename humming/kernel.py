@@ -1,0 +1,59 @@
+"""What a kernel is: the object each kernel module exports (``KERNEL``) and the dispatcher lists
+(:mod:`humming.dispatch.kernels`), so that the dispatcher, ``humming.warmup``, the tuner and the benchmarks
+ask the kernel itself what it supports, how it is tuned and how it runs, never a switch on its name.
+
+A dense kernel takes ``(qweight, act, x)``, ``x`` the 2-D activation ``[M, K]`` (a QuantizedActivation's
+codes for pre-quantized input); a grouped (MoE) kernel takes ``(qweight, act, x, block_m)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Kernel", "no_jobs", "no_tuning"]
+
+
+def no_tuning(*args) -> None:
+    """The tuning of a kernel that picks its own at launch (or has none)."""
+    return None
+
+
+def no_jobs(*args, **kwargs) -> list:
+    """The ahead-of-time compile jobs of a kernel that compiles nothing through NVRTC."""
+    return []
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of one backend.
+
+    - ``unsupported(qweight, act, x)`` (grouped: ``(..., block_m)``): ``None`` when the kernel runs the call,
+      else why not; cheap, computed once per weight and call shape (the dispatcher keeps the answer).
+    - ``run(x, qweight, bias, act, out_dtype, tuning)`` (grouped: ``run(x, qweight, expert_ids, block_m,
+      bias, act, out_dtype, tuning)``, plus ``rows=`` where ``gathers``): launch, on a call ``unsupported``
+      accepted.
+    - ``tuning(qweight, act, x)``: the launch configuration the kernel's own pure heuristic picks (``None``
+      where the kernel decides at launch).
+    - ``deterministic_tuning(qweight, act, x)``: the one tuning of deterministic mode, for a kernel whose
+      result for a row does not depend on the batch; ``None`` for the other kernels.
+    - ``warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m)``: the ``(spec,
+      arch)`` NVRTC jobs a call of ``m`` rows compiles (``humming.warmup`` compiles them in parallel first).
+    - ``layout`` names the prepared weight layout the kernel reads (``"ir"``: the QuantizedWeight as it is)
+      and ``prepare(qweight, act)`` makes it for activation scheme ``act`` (``None``: 16-bit).
+    - ``gathers``: a grouped kernel that reads token rows through an index (``humming.moe.grouped_linear``'s
+      ``rows``); the caller copies the rows into grouped order for the others.
+    """
+
+    name: str
+    backend: str
+    layout: str
+    unsupported: Callable[..., str | None]
+    run: Callable[..., torch.Tensor]
+    tuning: Callable[..., object] = no_tuning
+    deterministic_tuning: Callable[..., object] | None = None
+    warmup_jobs: Callable[..., list] = no_jobs
+    prepare: Callable[..., object] = lambda qweight, act=None: qweight
+    gathers: bool = False

@@ -1,0 +1,151 @@
+"""The launch of the Triton WnA16 kernels (:mod:`._wna16_kernel`) and their compile-check specialisations
+(:mod:`.registry`): the entry points of :mod:`.wna16` call :func:`launch` once their checks pass."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..ir.weight import QuantizedWeight
+from . import registry
+from ._weight_tile import kernel_tensors, pointer_types, triton_type, weight_spec
+from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel
+from .configs import TileConfig, finish_split_k
+from .wna16_configs import _BUCKETS, grouped_config, wna16_config
+
+__all__ = ["compile_specs", "kernel_spec", "launch"]
+
+
+def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1, rows=None) -> torch.Tensor:
+    """One launch of the tiled (or GEMV) kernel into ``out`` (``[M, N]``: ``x``'s rows, or ``rows``' count
+    when the grouped kernel gathers them); split-K accumulates in an fp32 workspace."""
+    m, n, k = out.shape[0], qweight.N, x.shape[1]
+    t = kernel_tensors(qweight)
+    grouped = expert_ids is not None
+    split = cfg.split_k > 1
+    acc = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split else out
+    gemv = cfg.block_m <= 4
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+    if gemv:
+        kernel, extra = _wna16_gemv_kernel, {}
+    else:
+        e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
+        kernel = _wna16_kernel
+        extra = {
+            "GROUP_M": cfg.group_m,
+            "GROUPED": grouped,
+            "GATHER": rows is not None,
+            "expert_ptr": expert_ids if grouped else t["qw"],
+            "rows_ptr": rows if rows is not None else t["qw"],
+            "stride_qe": e_stride("qw", 3) if grouped else 0,
+            "stride_se": e_stride("s", 3) if grouped else 0,
+            "stride_ze": e_stride("z", 3) if grouped else 0,
+            "stride_gse": e_stride("gs", 1) if grouped else 0,
+            "stride_gie": e_stride("gidx", 2) if grouped else 0,
+            "stride_be": bias.stride(0) if grouped and bias is not None else 0,
+            "route_bm": route_bm,
+        }
+    kernel[grid](
+        x_ptr=x,
+        qw_ptr=t["qw"],
+        s_ptr=t["s"],
+        z_ptr=t["z"],
+        gs_ptr=t["gs"],
+        gidx_ptr=t["gidx"],
+        lut_ptr=t["lut"],
+        bias_ptr=t["qw"] if bias is None else bias,
+        out_ptr=acc,
+        M=m,
+        N=n,
+        K=k,
+        stride_xm=x.stride(0),
+        stride_qn=t["qw"].stride(-2),
+        stride_sn=t["s"].stride(-2),
+        stride_zn=t["z"].stride(-2),
+        stride_om=acc.stride(0),
+        BM=cfg.block_m,
+        BN=cfg.block_n,
+        BK=cfg.block_k,
+        SPLIT_K=cfg.split_k,
+        HAS_BIAS=bias is not None,
+        EVEN_K=k % cfg.block_k == 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **extra,
+        **weight_spec(qweight).constexprs(),
+    )
+    if split:
+        finish_split_k(acc, out, bias, expert_ids, route_bm)
+    return out
+
+
+def compile_specs() -> list[registry.CompileSpec]:
+    """Representative specialisations: each M bucket's tiles, the main formats and layouts, fp16 for sm_75."""
+    from ..ir.quantize import quantize
+
+    w = torch.ones(256, 512)
+    small, large = _BUCKETS[1][1], _BUCKETS[-1][1].replace(dequant_first=False)  # the kernel's own tiles
+    medium = next(c for bound, c in _BUCKETS if bound == 128)
+    gemv = lambda m, group_k: wna16_config(m, 28672, 8192, 4, 132, group_k)  # H200-like problem
+    cases = (
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 128), 80),
+        ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 0), 80),
+        ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, gemv(1, 32), 80),
+        ("uint4-zp-g128", quantize(w, "int4", 128, True), torch.float16, TileConfig(4, 16, 128, num_stages=1), 75),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
+        ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
+        ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, large, 80),
+        ("nvfp4", quantize(w, "nvfp4"), torch.bfloat16, medium, 80),
+        ("uint4-zp-actorder", quantize(w, "int4", 64, True, g_idx=torch.arange(512) % 8), torch.float16, medium, 75),
+        ("int3-g32", quantize(w, "int3", 32, scale_dtype=torch.float16), torch.float16, small.replace(block_k=64), 75),
+        ("nf4-g64", quantize(w, "nf4", 64, scale_dtype=torch.float16), torch.float16, large, 75),
+    )
+    specs = [kernel_spec(label, qw, dtype, cfg, min_arch) for label, qw, dtype, cfg, min_arch in cases]
+    # MoE: the grouped kernel on grouped rows, and gathering token rows (fused_moe's w13) at decode and prefill
+    experts = quantize(torch.ones(2, 256, 512), "int4", 128, True)  # uint4 + zero points, E = 2
+    mxfp4_experts = quantize(torch.ones(2, 256, 512), "mxfp4")
+    decode, prefill = (grouped_config(4096, 2816, 2048, 4, bm, 132, 232448, 128) for bm in (16, 128))
+    specs += [
+        kernel_spec("grouped-uint4-zp-g128", experts, torch.bfloat16, decode, 80),
+        kernel_spec("grouped-gather-uint4-zp-g128", experts, torch.bfloat16, decode, 80, gather=True),
+        kernel_spec("grouped-gather-mxfp4", mxfp4_experts, torch.float16, prefill, 75, gather=True),
+    ]
+    return specs
+
+
+def kernel_spec(
+    label: str, qw: QuantizedWeight, x_dtype: torch.dtype, cfg: TileConfig, min_arch: int = 75, gather: bool = False
+) -> registry.CompileSpec:
+    """The :class:`~.registry.CompileSpec` of the kernel that :func:`linear` (or :func:`grouped_linear`, for
+    an expert-stacked ``qw``; ``gather``: reading token rows through ``rows``) launches for ``qw`` with
+    ``x_dtype`` activations and tile ``cfg``."""
+    spec = weight_spec(qw)
+    is_gemv = cfg.block_m <= 4
+    tiled = {"GROUP_M": cfg.group_m, "GROUPED": qw.num_experts is not None, "GATHER": gather}
+    return registry.CompileSpec(
+        name=f"wna16{'_gemv' if is_gemv else ''}-{label}-{triton_type(x_dtype)}-{cfg.name()}",
+        kernel=_wna16_gemv_kernel if is_gemv else _wna16_kernel,
+        pointers={
+            **pointer_types(qw),
+            "x_ptr": "*" + triton_type(x_dtype),
+            "bias_ptr": "*fp32",
+            "out_ptr": "*fp32" if cfg.split_k > 1 else "*" + triton_type(x_dtype),  # split-K: the fp32 workspace
+            **({} if is_gemv else {"expert_ptr": "*i32", "rows_ptr": "*i32"}),
+        },
+        constexprs={
+            "BM": cfg.block_m,
+            "BN": cfg.block_n,
+            "BK": cfg.block_k,
+            "SPLIT_K": cfg.split_k,
+            **({} if is_gemv else tiled),
+            "HAS_BIAS": True,
+            "EVEN_K": True,
+            **spec.constexprs(),
+        },
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        mma="none" if is_gemv else "best" if cfg.block_m >= 64 else "any",
+        min_arch=min_arch,
+        aligned=("N", "K", "stride_xm", "stride_qn", "stride_sn", "stride_zn", "stride_om"),
+    )
