@@ -17,16 +17,17 @@ import json
 import math
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 import humming
-from humming.cuda_kernels import _gemm_sm90, compile_and_load, prepare
+from humming.cuda_kernels import _driver, _gemm_sm90, prepare
 from humming.cuda_kernels import fp8_gemm as fp8
 from humming.cuda_kernels._fp8_launch import call_spec
 from humming.cuda_kernels._fp8_tuning import Fp8Tuning, choose_tuning, smem_bytes
-from humming.cuda_kernels.jit import device_arch
+from humming.cuda_kernels.jit import compile_kernel, device_arch
 from humming.device import device_info
 from humming.dispatch.kernels import DENSE_KERNELS
 from humming.ir.activation import get_act_scheme
@@ -92,6 +93,22 @@ def _spec(kernel: str, qw, prep, tuning):
     return call_spec(prep.w_format, prep.scale_mode, None, torch.bfloat16, tuning)
 
 
+def _compile(specs, cc, device) -> dict:
+    """Compile and load ``specs`` in parallel; the ones that do not build (a variant past the register
+    budget) -> the first line of their error."""
+    specs = list(dict.fromkeys(specs))
+
+    def build(spec):
+        try:
+            _driver.load(compile_kernel(spec, device_arch(spec, cc)), device)
+        except Exception as err:  # a variant the compiler refuses is data, not a failure of the sweep
+            return spec, " ".join(str(err).replace("\x00", " ").split())[-200:]
+        return spec, None
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return {spec: reason for spec, reason in pool.map(build, specs) if reason is not None}
+
+
 def _check(out: torch.Tensor, x: torch.Tensor, qw, act) -> float:
     xq = x if act is None else humming.dequantize_activation(humming.quantize_activation(x, act))
     ref = xq.double() @ humming.dequantize(qw).double().T
@@ -141,12 +158,12 @@ def main() -> int:
                     default = choose_tuning(m, n, k, info.limits, prep.w_format)
                     tunings = fp8_tunings(m, n, k, info.limits, prep.w_format)
                 points.append((m, x, default, list(dict.fromkeys(tunings))))
-            jobs = [
-                (_spec(kernel, first, prep, t), device_arch(_spec(kernel, first, prep, t), cc))
-                for *_, ts in points
-                for t in ts
+            failed = _compile([_spec(kernel, first, prep, t) for *_, ts in points for t in ts], cc, dev)
+            points = [
+                (m, x, d, [t for t in ts if _spec(kernel, first, prep, t) not in failed]) for m, x, d, ts in points
             ]
-            compile_and_load(jobs, dev, progress=False)
+            for spec, reason in failed.items():
+                print(f"not compiled: {spec.name}: {reason}")
             for m, x, default, tunings in points:
                 timed = {}
                 for t in tunings:
