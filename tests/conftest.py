@@ -9,7 +9,7 @@
 - GPU memory: each ``gpu`` test starts on an empty allocator cache and leaves it empty, so that parallel
   workers hold only what their running test needs. A test whose peak passes ``GPU_MEMORY_LIMIT_GIB`` must
   be marked ``big_memory``: ``bench/tools/h200_checks.sh`` runs those one at a time, after the parallel
-  group, which then fits the card (4 workers x the limit). ``HUMMING_TEST_MEMORY_LOG`` names a file that
+  group, which then fits the card (6 workers x the limit). ``HUMMING_TEST_MEMORY_LOG`` names a file that
   gets each gpu test's peak.
 """
 
@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 #: The most GPU memory (allocator reserve, GiB) a ``gpu`` test not marked ``big_memory`` may take.
-GPU_MEMORY_LIMIT_GIB = 30
+GPU_MEMORY_LIMIT_GIB = 22
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks in one device call, each step inside its own time box (the boxes add up to under 9 minutes):
-#   gpu_tests   every gpu-marked test but the big_memory ones, in WORKERS processes (most of their time is
-#               compiling; tests/conftest.py keeps each under GPU_MEMORY_LIMIT_GIB, so 4 fit the card)
+#   gpu_tests   every gpu-marked test but the big_memory ones and the fuzzer, in WORKERS processes (most of
+#               their time is compiling; tests/conftest.py keeps each under GPU_MEMORY_LIMIT_GIB)
 #   gpu_big     the big_memory tests, one at a time
 #   sanitizers  compute-sanitizer memcheck and racecheck over one small run of each CUDA kernel family
-#   fuzz        the hypothesis properties again with more examples
+#   fuzz        the hypothesis properties (tests/test_fuzz.py), random examples, one property per process
 # Logs under $OUT: env.log, gpu_tests.log, gpu_big.log, gpu_memory.log (each gpu test's peak), sanitizers.log,
 # fuzz.log; the last lines printed are one summary line per step.
 # Usage (repository root, on the GPU machine): OUT=out bash bench/tools/h200_checks.sh
@@ -32,9 +32,10 @@ step() {  # step NAME SECONDS CMD...: time-limited, logged to $OUT/NAME.log, kee
   python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1
 } >"$OUT/env.log" 2>&1
 PYTEST=(python3 -m pytest -q -p no:cacheprovider --durations=15)
-step gpu_tests "${TESTS_S:-270}" "${PYTEST[@]}" -m "gpu and not big_memory" -n "${WORKERS:-4}" tests
+WORKERS=${WORKERS:-6}
+step gpu_tests "${TESTS_S:-270}" "${PYTEST[@]}" -m "gpu and not big_memory" -n "$WORKERS" --ignore=tests/test_fuzz.py tests
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30
-step gpu_big "${BIG_S:-90}" "${PYTEST[@]}" -m "gpu and big_memory" tests
+step gpu_big "${BIG_S:-60}" "${PYTEST[@]}" -m "gpu and big_memory" tests
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_big.log" | head -30
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 sanitize() {
@@ -48,11 +49,11 @@ sanitize() {
 }
 export -f sanitize
 export SANITIZER
-step sanitizers "${SAN_S:-120}" bash -c sanitize
+step sanitizers "${SAN_S:-90}" bash -c sanitize
 # memcheck also lists cuda-bindings' cuGetProcAddress probes (host API errors); kernel errors are the rest
 grep -E "^### |ERROR SUMMARY|RACECHECK SUMMARY|Invalid __|Out of bounds" "$OUT/sanitizers.log"
-step fuzz "${FUZZ_S:-60}" env HUMMING_FUZZ_PROFILE=long HUMMING_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-40}" \
-  "${PYTEST[@]}" -m gpu tests/test_fuzz.py
+step fuzz "${FUZZ_S:-120}" env HUMMING_FUZZ_PROFILE=long HUMMING_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-40}" \
+  "${PYTEST[@]}" -m gpu -n "$WORKERS" tests/test_fuzz.py
 echo "-- largest GPU peaks (GiB):"
 sort -rn "$HUMMING_TEST_MEMORY_LOG" | head -8
 printf '%s\n' "${SUMMARY[@]}"

@@ -17,28 +17,31 @@ import json
 import math
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 import humming
-from humming.cuda_kernels import _gemm_sm90, compile_and_load, prepare
+from humming.cuda_kernels import _driver, _gemm_sm90, prepare
 from humming.cuda_kernels import fp8_gemm as fp8
 from humming.cuda_kernels._fp8_launch import call_spec
 from humming.cuda_kernels._fp8_tuning import Fp8Tuning, choose_tuning, smem_bytes
-from humming.cuda_kernels.jit import device_arch
+from humming.cuda_kernels.jit import compile_kernel, device_arch
 from humming.device import device_info
 from humming.dispatch.kernels import DENSE_KERNELS
 from humming.ir.activation import get_act_scheme
 from humming.timing import copies_past_l2, time_calls
 
 SHAPES = ((28672, 8192), (8192, 8192), (7168, 2048), (2048, 7168))
+#: The dispatcher's name of each kernel family the sweep times (the rows name the family).
+DISPATCH_NAMES = {"gemm_sm90": "cuda.wna16_sm90", "fp8_gemm": "cuda.fp8_gemm"}
 #: name -> (quantize arguments, act, kernel, M values)
 CASES = {
-    "w4a16-int4-g128": (dict(weight="int4", group_size=128), None, "wna16_sm90"),
-    "w4a16-uint4-g128-zp": (dict(weight="int4", group_size=128, zero_point=True), None, "wna16_sm90"),
-    "w4a16-int4-channel": (dict(weight="int4", group_size=-1), None, "wna16_sm90"),
-    "w8a16-int8-channel": (dict(weight="int8", group_size=-1), None, "wna16_sm90"),
+    "w4a16-int4-g128": (dict(weight="int4", group_size=128), None, "gemm_sm90"),
+    "w4a16-uint4-g128-zp": (dict(weight="int4", group_size=128, zero_point=True), None, "gemm_sm90"),
+    "w4a16-int4-channel": (dict(weight="int4", group_size=-1), None, "gemm_sm90"),
+    "w8a16-int8-channel": (dict(weight="int8", group_size=-1), None, "gemm_sm90"),
     "w4a8-int4-channel-fp8": (dict(weight="int4", group_size=-1), "fp8", "fp8_gemm"),
     "w4a8-int4-g128-fp8": (dict(weight="int4", group_size=128), "fp8", "fp8_gemm"),
     "w4a8-mxfp4-fp8": (dict(weight="mxfp4"), "fp8", "fp8_gemm"),
@@ -87,9 +90,25 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str) -> list[Fp8Tuning
 
 
 def _spec(kernel: str, qw, prep, tuning):
-    if kernel == "wna16_sm90":
+    if kernel == "gemm_sm90":
         return _gemm_sm90.gemm_spec(prep.layout, "bf16", "bf16", "bf16", tuning)
     return call_spec(prep.w_format, prep.scale_mode, None, torch.bfloat16, tuning)
+
+
+def _compile(specs, cc, device) -> dict:
+    """Compile and load ``specs`` in parallel; the ones that do not build (a variant past the register
+    budget) -> the first line of their error."""
+    specs = list(dict.fromkeys(specs))
+
+    def build(spec):
+        try:
+            _driver.load(compile_kernel(spec, device_arch(spec, cc)), device)
+        except Exception as err:  # a variant the compiler refuses is data, not a failure of the sweep
+            return spec, " ".join(str(err).replace("\x00", " ").split())[-200:]
+        return spec, None
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return {spec: reason for spec, reason in pool.map(build, specs) if reason is not None}
 
 
 def _check(out: torch.Tensor, x: torch.Tensor, qw, act) -> float:
@@ -115,7 +134,7 @@ def main() -> int:
     for case in args.cases.split(","):
         qargs, act_name, kernel = CASES[case]
         act = None if act_name is None else get_act_scheme(act_name)
-        runner = DENSE_KERNELS[f"cuda.{kernel}"]
+        runner = DENSE_KERNELS[DISPATCH_NAMES[kernel]]
         for n, k in shapes:
             if time.perf_counter() - start > args.budget_s:
                 break
@@ -128,25 +147,25 @@ def main() -> int:
             if reason is not None:
                 print(f"skipped {case} {n}x{k}: {reason}")
                 continue
-            prep = prepare(first) if kernel == "wna16_sm90" else fp8.prepare(first)
+            prep = prepare(first) if kernel == "gemm_sm90" else fp8.prepare(first)
             points = []
-            for m in GEMM_M if kernel == "wna16_sm90" else FP8_M:
+            for m in GEMM_M if kernel == "gemm_sm90" else FP8_M:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 if runner.unsupported(first, act, x) is not None:
                     continue
                 default = runner.tuning(first, act, x)
-                if kernel == "wna16_sm90":
+                if kernel == "gemm_sm90":
                     tunings = [default, *gemm_tunings(m, prep.layout, info.limits.smem_per_block)]
                 else:
                     default = choose_tuning(m, n, k, info.limits, prep.w_format)
                     tunings = fp8_tunings(m, n, k, info.limits, prep.w_format)
                 points.append((m, x, default, list(dict.fromkeys(tunings))))
-            jobs = [
-                (_spec(kernel, first, prep, t), device_arch(_spec(kernel, first, prep, t), cc))
-                for *_, ts in points
-                for t in ts
+            failed = _compile([_spec(kernel, first, prep, t) for *_, ts in points for t in ts], cc, dev)
+            points = [
+                (m, x, d, [t for t in ts if _spec(kernel, first, prep, t) not in failed]) for m, x, d, ts in points
             ]
-            compile_and_load(jobs, dev, progress=False)
+            for spec, reason in failed.items():
+                print(f"not compiled: {spec.name}: {reason}")
             for m, x, default, tunings in points:
                 timed = {}
                 for t in tunings:

@@ -72,7 +72,7 @@ def unsupported(qweight, act, x) -> str | None:
 def _tuning(qweight, act, x) -> GemmTuning:
     """:func:`default_gemm_tuning` of ``x [M, K]`` (the activation, or a QuantizedActivation's codes)."""
     prep, x = _wna16.prepare(qweight), getattr(x, "codes", x)
-    return default_gemm_tuning(x.shape[0], prep.layout, device_info(device_index(x.device)).limits.smem_per_block)
+    return default_gemm_tuning(x.shape[0], prep.n, prep.layout, device_info(device_index(x.device)).limits)
 
 
 def _run(x, qweight, bias, act, out_dtype, tuning):
