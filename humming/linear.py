@@ -10,12 +10,10 @@ from .dispatch.kernels import DENSE_KERNELS
 from .dispatch.plan import plan_linear, unwarmed_error
 from .dispatch.support import combination_error
 from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
+from .ir.dtypes import FLOAT_DTYPES
 from .ir.weight import QuantizedWeight
 
 __all__ = ["linear"]
-
-_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def linear(
@@ -56,7 +54,7 @@ def linear(
         act = x.scheme
         x_data, lead = x.codes, x.shape[:-1]
     elif isinstance(x, torch.Tensor):
-        if x.dtype not in _X_DTYPES:
+        if x.dtype not in FLOAT_DTYPES:
             raise ValueError(f"x: expected dtype float16, bfloat16 or float32, got {x.dtype}")
         if x.dim() < 1:
             raise ValueError("x: expected rank >= 1 ([..., K]), got a 0-d tensor")
@@ -81,7 +79,7 @@ def linear(
         bias = bias.contiguous()  # every kernel reads bias[n] at n; a strided view gave wrong sums
     if out_dtype is None:
         out_dtype = torch.bfloat16 if prequantized else x.dtype
-    if out_dtype not in _OUT_DTYPES:
+    if out_dtype not in FLOAT_DTYPES:
         raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
     reason = combination_error(qweight.format, act)
     if reason:

@@ -13,11 +13,10 @@ import torch
 from . import ops
 from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from .ir.activation import quantize_activation as reference_quantize_activation
+from .ir.dtypes import FLOAT_DTYPES
 from .reference import norm as reference
 
 __all__ = ["rmsnorm", "rmsnorm_quantize"]
-
-_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def rmsnorm(
@@ -33,7 +32,7 @@ def rmsnorm(
 
 
 def _check(x, weight, eps, residual) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _X_DTYPES or x.numel() == 0:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in FLOAT_DTYPES or x.numel() == 0:
         raise ValueError(f"x: expected a non-empty [M, K] float16/bfloat16/float32 tensor, got {_describe(x)}")
     k = x.shape[1]
     if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (k,) or not weight.is_floating_point():

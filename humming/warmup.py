@@ -19,6 +19,7 @@ import torch
 from .dispatch.kernels import DENSE_KERNELS, GROUPED_KERNELS, backend_module
 from .dispatch.plan import plan_grouped, plan_linear
 from .ir.activation import get_act_scheme
+from .ir.dtypes import FLOAT_DTYPES, HALF_DTYPES
 from .ir.weight import QuantizedWeight
 from .moe.call import MoeCall
 
@@ -71,11 +72,11 @@ def warmup(
     block_ms = _counts("block_ms", block_ms)
     if any(bm % 8 for bm in block_ms):
         raise ValueError(f"block_ms: expected multiples of 8 (routing blocks, as moe.grouped_linear), got {block_ms}")
-    if act_dtype not in (torch.float16, torch.bfloat16):
+    if act_dtype not in HALF_DTYPES:
         raise ValueError(f"act_dtype: expected float16 or bfloat16, got {act_dtype}")
-    if out_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
+    if out_dtype not in (None, *FLOAT_DTYPES):
         raise ValueError(f"out_dtype: expected None, float16, bfloat16 or float32, got {out_dtype}")
-    if bias_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
+    if bias_dtype not in (None, *FLOAT_DTYPES):
         raise ValueError(f"bias_dtype: expected None, float16, bfloat16 or float32, got {bias_dtype}")
     if backend != "auto":
         backend_module(backend)  # an unknown name is an error before any layer is looked at

@@ -23,7 +23,7 @@ import torch
 
 from ..device import device_index, device_limits
 from ._decode_tuning import DecodeTuning, default_tuning
-from ._driver import current_stream, get_kernel
+from ._driver import current_stream, fields, get_kernel
 from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
 from .jit import KernelSpec, per_call_cache
 
@@ -89,26 +89,12 @@ class _Params(ctypes.Structure):
     """Mirror of ``humming::decode::Params``."""
 
     _fields_ = (
-        ("qweight", ctypes.c_void_p),
-        ("x", ctypes.c_void_p),
-        ("scales", ctypes.c_void_p),
-        ("zeros", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("out", ctypes.c_void_p),
-        ("M", ctypes.c_int),
-        ("N", ctypes.c_int),
-        ("K", ctypes.c_int),
-        ("x_stride", ctypes.c_int),
-        ("out_stride", ctypes.c_int),
-        ("groups", ctypes.c_int),
-        ("group_shift", ctypes.c_int),
-        ("chunks_per_split", ctypes.c_int),
-        ("tile_group", ctypes.c_int),
-        ("sums", ctypes.c_void_p),
-        ("arrivals", ctypes.c_void_p),
-        ("total_warps", ctypes.c_int),
-        ("x_scale", ctypes.c_void_p),
-        ("x_scale_stride", ctypes.c_int),
+        *fields(ctypes.c_void_p, "qweight x scales zeros bias out"),
+        *fields(ctypes.c_int, "M N K x_stride out_stride groups group_shift chunks_per_split tile_group"),
+        *fields(ctypes.c_void_p, "sums arrivals"),
+        *fields(ctypes.c_int, "total_warps"),
+        *fields(ctypes.c_void_p, "x_scale"),
+        *fields(ctypes.c_int, "x_scale_stride"),
     )
 
 

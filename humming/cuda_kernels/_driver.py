@@ -37,6 +37,12 @@ _loaded: dict[tuple[KernelSpec, int], LoadedKernel] = {}
 _guard = threading.Lock()
 
 
+def fields(ctype, names: str) -> tuple:
+    """``_fields_`` entries of a kernel parameter struct's ctypes mirror: each of the space-separated
+    ``names``, in order, of type ``ctype`` (the mirrors list the C++ struct's fields in its order)."""
+    return tuple((name, ctype) for name in names.split())
+
+
 def check(result) -> object:
     """Unwrap a ``cuda.bindings.driver`` return tuple, raising on any error code."""
     from cuda.bindings import driver

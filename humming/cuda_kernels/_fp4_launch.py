@@ -11,6 +11,7 @@ import torch
 
 from ..device import DeviceLimits, device_index
 from ..ir.weight import cdiv
+from ._driver import fields
 from ._fp4_layout import SCALE_VECS, activation_buffers, sm100_activation_buffers
 from ._fp4_tuning import Fp4Tuning, Sm100Layout, Sm100Tuning, choose_sm100_tuning, choose_tuning
 from ._layout import CPP_DTYPE
@@ -116,15 +117,9 @@ class _Sm100ProbeParams(ctypes.Structure):
     """Mirror of ``humming::fp4_sm100::ProbeParams``."""
 
     _fields_ = (
-        ("a", ctypes.c_void_p),
-        ("b", ctypes.c_void_p),
-        ("sfa", ctypes.c_void_p),
-        ("sfb", ctypes.c_void_p),
-        ("d", ctypes.c_void_p),
-        ("ab_desc", ctypes.c_uint64),
-        ("sf_desc", ctypes.c_uint64),
-        ("idesc", ctypes.c_uint32),
-        ("sf_id", ctypes.c_uint32),
+        *fields(ctypes.c_void_p, "a b sfa sfb d"),
+        *fields(ctypes.c_uint64, "ab_desc sf_desc"),
+        *fields(ctypes.c_uint32, "idesc sf_id"),
     )
 
 
@@ -159,18 +154,8 @@ class _Params(ctypes.Structure):
     """Mirror of ``humming::fp4_sm120::Params`` (80 bytes)."""
 
     _fields_ = (
-        ("x", ctypes.c_void_p),
-        ("w", ctypes.c_void_p),
-        ("x_scale", ctypes.c_void_p),
-        ("w_scale", ctypes.c_void_p),
-        ("x_global", ctypes.c_void_p),
-        ("w_global", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("out", ctypes.c_void_p),
-        ("M", ctypes.c_int),
-        ("N", ctypes.c_int),
-        ("Kp", ctypes.c_int),
-        ("out_stride", ctypes.c_int),
+        *fields(ctypes.c_void_p, "x w x_scale w_scale x_global w_global bias out"),
+        *fields(ctypes.c_int, "M N Kp out_stride"),
     )
 
 
@@ -178,21 +163,11 @@ class _Sm100Params(ctypes.Structure):
     """Mirror of ``humming::fp4_sm100::Params`` (384 bytes: two 64-byte aligned TMA descriptors first)."""
 
     _fields_ = (
-        ("w_map", ctypes.c_uint8 * 128),
-        ("x_map", ctypes.c_uint8 * 128),
-        ("w_sf", ctypes.c_void_p),
-        ("x_sf", ctypes.c_void_p),
-        ("x_global", ctypes.c_void_p),
-        ("w_global", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("out", ctypes.c_void_p),
-        ("ab_desc", ctypes.c_uint64),
-        ("sf_desc", ctypes.c_uint64),
-        ("idesc", ctypes.c_uint32),
-        ("M", ctypes.c_int),
-        ("N", ctypes.c_int),
-        ("Kp", ctypes.c_int),
-        ("out_stride", ctypes.c_int),
+        *fields(ctypes.c_uint8 * 128, "w_map x_map"),
+        *fields(ctypes.c_void_p, "w_sf x_sf x_global w_global bias out"),
+        *fields(ctypes.c_uint64, "ab_desc sf_desc"),
+        *fields(ctypes.c_uint32, "idesc"),
+        *fields(ctypes.c_int, "M N Kp out_stride"),
         ("_tail", ctypes.c_uint8 * 44),  # sizeof rounds up to the 64-byte alignment
     )
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..device import device_index
 from ..ir.weight import cdiv
-from ._driver import current_stream, get_kernel, tensor_map, tensor_map_2d
+from ._driver import current_stream, fields, get_kernel, tensor_map, tensor_map_2d
 from ._fp8_layout import SCALE_MODES, W_FORMATS, PreparedFp8
 from ._fp8_tuning import _BK, Fp8Tuning, smem_bytes
 from ._layout import CPP_DTYPE, DTYPE_CODE
@@ -107,29 +107,15 @@ class _Params(ctypes.Structure):
     """Mirror of ``humming::fp8_sm90::Params`` (512 bytes, 64-byte aligned in the kernel)."""
 
     _fields_ = (
-        ("w_map", ctypes.c_uint8 * 128),
-        ("x_map", ctypes.c_uint8 * 128),
-        ("out_map", ctypes.c_uint8 * 128),
-        ("w_scale", ctypes.c_void_p),
-        ("x_scale", ctypes.c_void_p),
-        ("w_block_scale", ctypes.c_void_p),
-        ("x_block_scale", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("M", ctypes.c_int),
-        ("N", ctypes.c_int),
-        ("num_kb", ctypes.c_int),
-        ("x_scale_stride", ctypes.c_int),
-        ("x_block_stride", ctypes.c_int),
-        ("tiles_m", ctypes.c_int),
-        ("tiles_n", ctypes.c_int),
-        ("group_m", ctypes.c_int),
-        ("out", ctypes.c_void_p),
-        ("out_stride", ctypes.c_int),
-        ("w_packed", ctypes.c_void_p),
-        ("w_group_scale", ctypes.c_void_p),
-        ("w_group_stride", ctypes.c_int),
-        ("expert_ids", ctypes.c_void_p),
-        ("block_m", ctypes.c_int),
+        *fields(ctypes.c_uint8 * 128, "w_map x_map out_map"),
+        *fields(ctypes.c_void_p, "w_scale x_scale w_block_scale x_block_scale bias"),
+        *fields(ctypes.c_int, "M N num_kb x_scale_stride x_block_stride tiles_m tiles_n group_m"),
+        *fields(ctypes.c_void_p, "out"),
+        *fields(ctypes.c_int, "out_stride"),
+        *fields(ctypes.c_void_p, "w_packed w_group_scale"),
+        *fields(ctypes.c_int, "w_group_stride"),
+        *fields(ctypes.c_void_p, "expert_ids"),
+        *fields(ctypes.c_int, "block_m"),
         ("_tail", ctypes.c_uint8 * 4),
     )
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..device import device_index, device_limits
-from ._driver import current_stream, get_kernel, tensor_map
+from ._driver import current_stream, fields, get_kernel, tensor_map
 from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
 from .jit import KernelSpec, per_call_cache
 
@@ -200,22 +200,11 @@ class _Params(ctypes.Structure):
     pads to 256, all of which the launch copies)."""
 
     _fields_ = (
-        ("x_map", ctypes.c_uint8 * 128),
-        ("qweight", ctypes.c_void_p),
-        ("scales", ctypes.c_void_p),
-        ("zeros", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("out", ctypes.c_void_p),
-        ("expert_ids", ctypes.c_void_p),
-        ("M", ctypes.c_int),
-        ("N", ctypes.c_int),
-        ("K", ctypes.c_int),
-        ("out_stride", ctypes.c_int),
-        ("groups", ctypes.c_int),
-        ("chunks_per_group", ctypes.c_int),
-        ("block_m", ctypes.c_int),
-        ("x_scale", ctypes.c_void_p),
-        ("x_scale_stride", ctypes.c_int),
+        *fields(ctypes.c_uint8 * 128, "x_map"),
+        *fields(ctypes.c_void_p, "qweight scales zeros bias out expert_ids"),
+        *fields(ctypes.c_int, "M N K out_stride groups chunks_per_group block_m"),
+        *fields(ctypes.c_void_p, "x_scale"),
+        *fields(ctypes.c_int, "x_scale_stride"),
         ("_pad", ctypes.c_uint8 * 36),
     )
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..ir.dtypes import HALF_DTYPES
+
 __all__ = [
     "CPP_DTYPE",
     "DTYPE_CODE",
@@ -245,7 +247,7 @@ def weight_unsupported(qw, x: torch.Tensor) -> str | None:
     """``None`` when the fragment layout holds ``qw`` and the kernels take ``x``'s dtype, else why not."""
     if qw.format.name not in ("int4", "uint4", "int8", "uint8", "e2m1"):
         return f"the CUDA kernels take int4/uint4/int8/uint8/MXFP4 weights, not {qw.format.name}"
-    if x.dtype not in (torch.bfloat16, torch.float16):
+    if x.dtype not in HALF_DTYPES:
         return f"the CUDA kernels take bfloat16 or float16 activations, not {x.dtype}"
     if qw.N % 16 or qw.K % 64:
         return f"the CUDA kernels need N % 16 == 0 and K % 64 == 0, got N={qw.N}, K={qw.K}"

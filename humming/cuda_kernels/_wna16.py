@@ -11,6 +11,7 @@ import weakref
 import torch
 
 from ..device import device_index, device_info
+from ..ir.dtypes import HALF_DTYPES
 from ._decode_launch import DECODE_CCS
 from ._layout import PreparedWeight, aligned_rows, prepare_weight, rows_aligned
 
@@ -51,7 +52,7 @@ def unsupported(qweight, act, x, kernel_unsupported) -> str | None:
         reason = wna8_weight_unsupported(qweight, act)
         if reason:
             return reason
-        if x.dtype not in (torch.bfloat16, torch.float16):
+        if x.dtype not in HALF_DTYPES:
             return "fp8 activations reach the WnA16 kernels as bfloat16 / float16 x (not pre-quantized)"
     if x.device.type != "cuda":
         return f"x is on {x.device}, not a CUDA device"

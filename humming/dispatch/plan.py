@@ -35,6 +35,7 @@ import torch
 
 from .._env import getenv
 from ..deterministic import is_deterministic
+from ..ir.dtypes import FLOAT_DTYPES
 from .kernels import BACKENDS, DENSE_KERNELS, GROUPED_KERNELS, Kernel, backend_module
 
 __all__ = [
@@ -345,7 +346,7 @@ def explain(qweight, m: int, act=None, *, dtype: torch.dtype = torch.bfloat16, b
     act = None if act is None else get_act_scheme(act)
     if not isinstance(m, int) or isinstance(m, bool) or m < 1:
         raise ValueError(f"m: expected a positive number of tokens, got {m!r}")
-    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dtype: expected torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
     x = torch.empty(m, qweight.K, dtype=dtype, device=qweight.device)
     if qweight.num_experts is not None:

@@ -35,6 +35,7 @@ from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from ..ir.concat import concat
+from ..ir.dtypes import HALF_DTYPES
 from ..linear import linear
 from ..loaders.activations import reader_activation
 from ..loaders.checkpoint import READERS, open_reader
@@ -79,7 +80,7 @@ class HummingConfig(QuantizationConfig):
         return "humming_ir"
 
     def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return [torch.float16, torch.bfloat16]
+        return list(HALF_DTYPES)
 
     @classmethod
     def get_min_capability(cls) -> int:

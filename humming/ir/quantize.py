@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .dtypes import FLOAT_DTYPES, HALF_DTYPES
 from .formats import NumberFormat, exact_pow2, floor_log2, get_format
 from .layout import expand_groups, group_reduce, parse_group_size
 from .packing import pack_codes, unpack_codes
@@ -42,7 +43,7 @@ GLOBAL_SCALE_DTYPES = (torch.float8_e4m3fn, torch.float8_e8m0fnu)
 
 
 def _default_scale_dtype(w: torch.Tensor) -> torch.dtype:
-    return w.dtype if w.dtype in (torch.float16, torch.bfloat16) else torch.float32
+    return w.dtype if w.dtype in HALF_DTYPES else torch.float32
 
 
 def quantize(
@@ -101,7 +102,7 @@ def quantize(
     elif fmt.is_int and fmt.bits == 1:
         # The symmetric step is amax / (2^(bits-1) - 1): one bit leaves no nonzero level to scale to.
         raise ValueError(f"weight: symmetric {fmt.name} has no nonzero level to scale; use zero_point=True (uint1)")
-    if zero_point == "float" and scale_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if zero_point == "float" and scale_dtype not in FLOAT_DTYPES:
         raise ValueError("zero_point='float': float zeros are stored in the scale dtype, which must be fp32/fp16/bf16")
 
     if global_scale and zero_point:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..ir.activation import ActScheme
+from ..ir.dtypes import FLOAT_DTYPES
 from ..ir.weight import QuantizedWeight
 
 __all__ = [
@@ -21,9 +22,6 @@ __all__ = [
     "check_x",
     "expert_bias",
 ]
-
-_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def check_block_m(block_m) -> int:
@@ -66,7 +64,7 @@ def check_experts(name: str, qweight) -> QuantizedWeight:
 def check_x(name: str, x, k: int, device: torch.device) -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _X_DTYPES:
+    if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name}: expected dtype float16, bfloat16 or float32, got {x.dtype}")
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"{name}: expected shape [M, {k}] (K of the weight), got {tuple(x.shape)}")
@@ -100,7 +98,7 @@ def expert_bias(bias, qweight: QuantizedWeight) -> torch.Tensor | None:
 
 def check_out_dtype(out_dtype, default: torch.dtype) -> torch.dtype:
     out_dtype = out_dtype or default
-    if out_dtype not in _OUT_DTYPES:
+    if out_dtype not in FLOAT_DTYPES:
         raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
     return out_dtype
 

@@ -1,4 +1,6 @@
-"""``FusedMoE``: a mixture-of-experts MLP on stacked experts, routed from router logits."""
+"""MoE modules on stacked experts: :class:`QuantizedExperts` (the caller routes) and :class:`FusedMoE`
+(routed from router logits), both over :class:`MoeExperts`: the two expert-stacked weights and the options
+of :func:`humming.moe.fused_moe` they run with."""
 
 from __future__ import annotations
 
@@ -13,16 +15,7 @@ from ..reference.moe_layer import check_activation
 from ._buffers import QuantizedModule
 from .linear import resolve_group_size
 
-__all__ = ["FusedMoE", "QuantizedExperts"]
-
-
-def _hold_experts(module: QuantizedModule, w13: QuantizedWeight, w2: QuantizedWeight) -> None:
-    """Register an MoE module's two expert-stacked weights and its expert count."""
-    module._set_weight("w13_", w13)
-    module._set_weight("w2_", w2)
-    if w13.num_experts is None or w2.num_experts is None:
-        raise ValueError(f"w13, w2: expected expert-stacked weights [E, N, K], got {w13.shape} and {w2.shape}")
-    module.num_experts = w13.num_experts
+__all__ = ["FusedMoE", "MoeExperts", "QuantizedExperts"]
 
 
 def _with_bias(name: str, qw: QuantizedWeight, bias) -> QuantizedWeight:
@@ -37,30 +30,56 @@ def _with_bias(name: str, qw: QuantizedWeight, bias) -> QuantizedWeight:
     return qw.replace(bias=bias)
 
 
-def _hold_act(module: QuantizedModule, act, w13_act_scale, w2_act_scale) -> None:
-    """Set an MoE module's activation scheme and register its static activation scales as buffers
-    ``w13_act_scale`` / ``w2_act_scale`` (in the ``state_dict``; ``None`` where the scale is per call)."""
-    module.act = None if act is None else get_act_scheme(act)
-    for name, scale in (("w13_act_scale", w13_act_scale), ("w2_act_scale", w2_act_scale)):
-        module._set_act_scale(name, scale, module.act, module.w13.device)
+class MoeExperts(QuantizedModule):
+    """What :class:`FusedMoE` and :class:`QuantizedExperts` share: two expert-stacked weights ``w13 [E, 2I,
+    K]`` and ``w2 [E, K, I]`` and the options of :func:`humming.moe.fused_moe` they run with (the activation,
+    the activation quantization and its static scales, the routing block, the backend)."""
+
+    def _hold_experts(self, w13: QuantizedWeight, w2: QuantizedWeight) -> None:
+        """Register the two expert-stacked weights and the expert count."""
+        self._set_weight("w13_", w13)
+        self._set_weight("w2_", w2)
+        if w13.num_experts is None or w2.num_experts is None:
+            raise ValueError(f"w13, w2: expected expert-stacked weights [E, N, K], got {w13.shape} and {w2.shape}")
+        self.num_experts = w13.num_experts
+
+    def _hold_activation(self, activation, alpha, limit, gate_up_layout) -> None:
+        check_activation(activation, alpha, limit, gate_up_layout)
+        self.activation, self.alpha, self.limit, self.gate_up_layout = activation, alpha, limit, gate_up_layout
+
+    def _hold_act(self, act, w13_act_scale, w2_act_scale, block_m, backend) -> None:
+        """Set the activation scheme and register the static activation scales as buffers ``w13_act_scale`` /
+        ``w2_act_scale`` (in the ``state_dict``; ``None`` where the scale is per call); then the routing
+        block and the backend."""
+        self.act = None if act is None else get_act_scheme(act)
+        for name, scale in (("w13_act_scale", w13_act_scale), ("w2_act_scale", w2_act_scale)):
+            self._set_act_scale(name, scale, self.act, self.w13.device)
+        self.block_m, self.backend = block_m, backend
+
+    @property
+    def w13(self) -> QuantizedWeight:
+        return self._weights["w13_"]
+
+    @property
+    def w2(self) -> QuantizedWeight:
+        return self._weights["w2_"]
+
+    def _options(self) -> dict:
+        """The fused_moe keyword arguments the module holds, but the expert map."""
+        names = ("activation", "alpha", "limit", "gate_up_layout", "act", "w13_act_scale", "w2_act_scale")
+        return {name: getattr(self, name) for name in (*names, "block_m", "backend")}
+
+    def _experts_repr(self) -> str:
+        """The weights, the activation and ``act=...``: the scheme, then ``static`` where both GEMMs' input
+        scales are static (``static w13`` / ``static w2`` where one is)."""
+        act = "act=None"
+        if self.act is not None:
+            static = [name for name in ("w13", "w2") if getattr(self, f"{name}_act_scale") is not None]
+            act = f"act={self.act.name}" + {0: "", 1: f" static {''.join(static)}", 2: " static"}[len(static)]
+        return f"{self.w13.describe()}, activation={self.activation} ({self.gate_up_layout}), {act}"
 
 
-def _act_repr(module) -> str:
-    """``act=...`` of an MoE module's repr: the scheme, then ``static`` where both GEMMs' input scales are
-    static (``static w13`` / ``static w2`` where one is)."""
-    if module.act is None:
-        return "act=None"
-    static = [name for name in ("w13", "w2") if getattr(module, f"{name}_act_scale") is not None]
-    return f"act={module.act.name}" + {0: "", 1: f" static {''.join(static)}", 2: " static"}[len(static)]
-
-
-def _options(module) -> dict:
-    """The fused_moe keyword arguments an MoE module holds, but the expert map."""
-    names = ("activation", "alpha", "limit", "gate_up_layout", "act", "w13_act_scale", "w2_act_scale")
-    return {name: getattr(module, name) for name in (*names, "block_m", "backend")}
-
-
-class FusedMoE(QuantizedModule):
+class FusedMoE(MoeExperts):
     """``sum_j w_j * w2_e(act_fn(gate, up))`` over each token's ``top_k`` experts
     (:func:`humming.moe.fused_moe`), the experts and their weights ``w_j`` picked by
     :func:`humming.moe.topk_routing` from the router logits.
@@ -117,7 +136,7 @@ class FusedMoE(QuantizedModule):
         super().__init__()
         if isinstance(w13, QuantizedWeight) and isinstance(w2, QuantizedWeight):
             w13, w2 = _with_bias("w13_bias", w13, w13_bias), _with_bias("w2_bias", w2, w2_bias)
-        _hold_experts(self, w13, w2)
+        self._hold_experts(w13, w2)
         routed = self.num_experts
         if expert_map is not None:
             if not isinstance(expert_map, torch.Tensor) or expert_map.dim() != 1:
@@ -135,19 +154,9 @@ class FusedMoE(QuantizedModule):
         self.top_k, self.scoring, self.renormalize, self.order = top_k, scoring, renormalize, order
         self.num_groups, self.topk_groups, self.routed_scaling = num_groups, topk_groups, spec.routed_scaling
         self.register_buffer("correction_bias", correction_bias)
-        check_activation(activation, alpha, limit, gate_up_layout)
-        self.activation, self.alpha, self.limit, self.gate_up_layout = activation, alpha, limit, gate_up_layout
+        self._hold_activation(activation, alpha, limit, gate_up_layout)
         self.register_buffer("expert_map", expert_map, persistent=False)
-        _hold_act(self, act, w13_act_scale, w2_act_scale)
-        self.block_m, self.backend = block_m, backend
-
-    @property
-    def w13(self) -> QuantizedWeight:
-        return self._weights["w13_"]
-
-    @property
-    def w2(self) -> QuantizedWeight:
-        return self._weights["w2_"]
+        self._hold_act(act, w13_act_scale, w2_act_scale, block_m, backend)
 
     @classmethod
     def from_float(
@@ -167,7 +176,7 @@ class FusedMoE(QuantizedModule):
         """The experts on a routing made elsewhere: ``hidden_states [T, K]``, float ``topk_weights`` and
         integer ``topk_ids`` ``[T, top_k]`` (global ids with an expert map) -> ``[T, K]``."""
         return fused_moe(
-            hidden_states, self.w13, self.w2, topk_weights, topk_ids, expert_map=self.expert_map, **_options(self)
+            hidden_states, self.w13, self.w2, topk_weights, topk_ids, expert_map=self.expert_map, **self._options()
         )
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
@@ -180,7 +189,7 @@ class FusedMoE(QuantizedModule):
     def moe_call(self) -> MoeCall:
         """This layer as a :class:`humming.moe.MoeCall` (for :func:`humming.warmup`)."""
         routing = self._routing()
-        return MoeCall(self.w13, self.w2, self.top_k, expert_map=self.expert_map, routing=routing, **_options(self))
+        return MoeCall(self.w13, self.w2, self.top_k, expert_map=self.expert_map, routing=routing, **self._options())
 
     def _routing(self) -> dict:
         """topk_routing's keyword arguments."""
@@ -190,13 +199,10 @@ class FusedMoE(QuantizedModule):
     def extra_repr(self) -> str:
         local = "" if self.expert_map is None else f" (of {self.expert_map.shape[0]})"
         groups = "" if self.num_groups is None else f" groups {self.topk_groups}/{self.num_groups}"
-        return (
-            f"experts={self.num_experts}{local}, top_k={self.top_k} ({self.scoring}{groups}), "
-            f"{self.w13.describe()}, activation={self.activation} ({self.gate_up_layout}), {_act_repr(self)}"
-        )
+        return f"experts={self.num_experts}{local}, top_k={self.top_k} ({self.scoring}{groups}), {self._experts_repr()}"
 
 
-class QuantizedExperts(QuantizedModule):
+class QuantizedExperts(MoeExperts):
     """The experts of a MoE block with the routing done by the caller: ``forward(hidden_states [T, K],
     top_k_index [T, k], top_k_weights [T, k]) -> [T, K]``, ``sum_j w_j * w2_e(act_fn(gate, up))``, the
     interface of transformers' ``*Experts`` modules (Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss...), which
@@ -225,31 +231,18 @@ class QuantizedExperts(QuantizedModule):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        _hold_experts(self, w13, w2)
-        check_activation(activation, alpha, limit, gate_up_layout)
-        self.activation, self.alpha, self.limit, self.gate_up_layout = activation, alpha, limit, gate_up_layout
-        _hold_act(self, act, w13_act_scale, w2_act_scale)
-        self.block_m, self.backend = block_m, backend
-
-    @property
-    def w13(self) -> QuantizedWeight:
-        return self._weights["w13_"]
-
-    @property
-    def w2(self) -> QuantizedWeight:
-        return self._weights["w2_"]
+        self._hold_experts(w13, w2)
+        self._hold_activation(activation, alpha, limit, gate_up_layout)
+        self._hold_act(act, w13_act_scale, w2_act_scale, block_m, backend)
 
     def moe_call(self, top_k: int) -> MoeCall:
         """These experts at ``top_k`` experts per token as a :class:`humming.moe.MoeCall` (for
         :func:`humming.warmup`); the routing is the caller's."""
-        return MoeCall(self.w13, self.w2, top_k, **_options(self))
+        return MoeCall(self.w13, self.w2, top_k, **self._options())
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         weights, ids = top_k_weights.to(torch.float32), top_k_index.to(torch.int32)
-        return fused_moe(hidden_states, self.w13, self.w2, weights, ids, **_options(self))
+        return fused_moe(hidden_states, self.w13, self.w2, weights, ids, **self._options())
 
     def extra_repr(self) -> str:
-        return (
-            f"experts={self.num_experts}, {self.w13.describe()}, activation={self.activation} "
-            f"({self.gate_up_layout}), {_act_repr(self)}"
-        )
+        return f"experts={self.num_experts}, {self._experts_repr()}"

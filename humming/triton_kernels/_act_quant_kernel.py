@@ -71,19 +71,10 @@ def _decode_e4m3(code):
 
 
 @triton.jit
-def quantize_chunk(
-    x,
-    s,
-    e8m0_exp,
-    INT: tl.constexpr,
-    BITS: tl.constexpr,
-    MBITS: tl.constexpr,
-    BIAS: tl.constexpr,
-    MAXV: tl.constexpr,
-    SCALE: tl.constexpr,
-):
-    """Codes of float32 ``x`` [BM, BK] for scale ``s`` ([BM, 1], float64 for "e4m3g", else float32) or,
-    for SCALE == "e8m0", the int32 exponent ``e8m0_exp`` [BM, 1]."""
+def quantize_chunk(x, s, e8m0_exp, ELEMENT: tl.constexpr, SCALE: tl.constexpr):
+    """Codes of float32 ``x`` [BM, BK] in the element format ``ELEMENT`` (an ElementSpec) for scale ``s``
+    ([BM, 1], float64 for "e4m3g", else float32) or, for SCALE == "e8m0", the int32 exponent ``e8m0_exp``
+    [BM, 1]."""
     if SCALE == "e8m0":
         q = x * _exp2i(-e8m0_exp)  # exact: a power of two
         up = tl.zeros_like(q)
@@ -100,25 +91,26 @@ def quantize_chunk(
         d = x.to(tl.float64) - q.to(tl.float64) * s_safe.to(tl.float64)  # exact: the residual of q
         up = tl.where(d > 0, 1.0, tl.where(d < 0, -1.0, 0.0))
         zero = (s == 0) & (x == x)
-    code = _encode(q, up, INT, BITS, MBITS, BIAS, MAXV)
+    code = _encode(q, up, ELEMENT.INT, ELEMENT.BITS, ELEMENT.MBITS, ELEMENT.BIAS, ELEMENT.MAXV)
     return tl.where(zero, 0, code)
 
 
 @triton.jit
-def span_scale(amax, INT: tl.constexpr, MAXV: tl.constexpr, EMAX_ELEM: tl.constexpr, SCALE: tl.constexpr):
-    """``(s, e8m0_exp)`` of spans whose absmax is ``amax`` (float32 [BM]): for SCALE == "fp32" the float32
-    scale ``s`` (``e8m0_exp`` zero), for SCALE == "e8m0" the int32 exponent of the e8m0 scale (``s`` zero)."""
+def span_scale(amax, ELEMENT: tl.constexpr, SCALE: tl.constexpr):
+    """``(s, e8m0_exp)`` of spans whose absmax is ``amax`` (float32 [BM]) in the element format ``ELEMENT``:
+    for SCALE == "fp32" the float32 scale ``s`` (``e8m0_exp`` zero), for SCALE == "e8m0" the int32 exponent
+    of the e8m0 scale (``s`` zero)."""
     if SCALE == "fp32":
         # float32(float64(amax) / max) (no double rounding: the quotient of these operands is never within
         # 2^-53 of a float32 midpoint); integer grids round the scale up so that no code clips.
-        s = tl.math.div_rn(amax, tl.full(amax.shape, MAXV, tl.float32))
-        if INT:
-            below = s.to(tl.float64) * MAXV < amax.to(tl.float64)  # exact: 24 x 8 significant bits
+        s = tl.math.div_rn(amax, tl.full(amax.shape, ELEMENT.MAXV, tl.float32))
+        if ELEMENT.INT:
+            below = s.to(tl.float64) * ELEMENT.MAXV < amax.to(tl.float64)  # exact: 24 x 8 significant bits
             s = tl.where(below, (s.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), s)
         e8m0_exp = tl.zeros(amax.shape, dtype=tl.int32)
     else:
         # OCP MX: 2^(floor(log2(amax)) - emax(element)), at least 2^-127 (exact for every fp16/bf16/fp32 amax).
-        e8m0_exp = tl.minimum(tl.maximum(_floor_log2(amax) - EMAX_ELEM, -127), 127)
+        e8m0_exp = tl.minimum(tl.maximum(_floor_log2(amax) - ELEMENT.EMAX_ELEM, -127), 127)
         s = tl.zeros(amax.shape, dtype=tl.float32)
     return s, e8m0_exp
 
@@ -161,12 +153,7 @@ def _act_quant_kernel(
     stride_cm,
     stride_sm,
     stride_sk,
-    INT: tl.constexpr,
-    BITS: tl.constexpr,
-    MBITS: tl.constexpr,
-    BIAS: tl.constexpr,
-    MAXV: tl.constexpr,
-    EMAX_ELEM: tl.constexpr,
+    ELEMENT: tl.constexpr,  # the element format's ElementSpec (_act_quant_pass)
     SCALE: tl.constexpr,  # "fp32", "e8m0" or "e4m3g" (e4m3 scales under an fp32 global scale)
     SOURCE: tl.constexpr,  # "local" (amax per row span), "tensor" (amax_ptr) or "static" (scales_ptr given)
     GROUP_K: tl.constexpr,  # span of one scale along K; 0 = the whole row
@@ -216,14 +203,14 @@ def _act_quant_kernel(
     if SOURCE == "static":
         s = tl.load(scales_ptr) + tl.zeros([BLOCK_M], dtype=tl.float32)
     elif SCALE == "fp32" or SCALE == "e8m0":
-        s, e8m0_exp = span_scale(amax, INT, MAXV, EMAX_ELEM, SCALE)
+        s, e8m0_exp = span_scale(amax, ELEMENT, SCALE)
     else:
         # NVFP4: global scale = tensor amax / (max element * 448, the largest e4m3 scale)
         tensor_amax = tl.load(amax_ptr).to(tl.float32, bitcast=True) + tl.zeros([BLOCK_M], dtype=tl.float32)
-        g = tl.math.div_rn(tensor_amax, tl.full([BLOCK_M], MAXV * 448.0, tl.float32))
+        g = tl.math.div_rn(tensor_amax, tl.full([BLOCK_M], ELEMENT.MAXV * 448.0, tl.float32))
         g = tl.where(g == 0, 1.0, g)
         g64 = g.to(tl.float64)
-        s_ideal = tl.minimum(amax.to(tl.float64) / MAXV / g64, 448.0).to(tl.float32)
+        s_ideal = tl.minimum(amax.to(tl.float64) / ELEMENT.MAXV / g64, 448.0).to(tl.float32)
         s_code = _encode(s_ideal, tl.zeros_like(s_ideal), False, 8, 3, 7, 448.0)
         s = _decode_e4m3(s_code).to(tl.float64) * g64  # exact: 4 x 24 significant bits
         tl.store(gscale_ptr, tl.max(g, axis=0), mask=(pid_m == 0) & (pid_k == 0))
@@ -247,7 +234,7 @@ def _act_quant_kernel(
         mask = row_mask[:, None] & (cols[None, :] < k_hi)
         src = _source_cols(perm_ptr, cols, k_hi, PERM)
         x = tl.load(x_ptr + rows64[:, None] * stride_xm + src[None, :], mask=mask, other=0.0).to(tl.float32)
-        code = quantize_chunk(x, s[:, None], e8m0_exp[:, None], INT, BITS, MBITS, BIAS, MAXV, SCALE)
+        code = quantize_chunk(x, s[:, None], e8m0_exp[:, None], ELEMENT, SCALE)
         if VALUES:  # the e4m3 value of each code, in codes_ptr's 16-bit float type (exact)
             value = _decode_e4m3(code).to(codes_ptr.dtype.element_ty)
             tl.store(codes_ptr + rows64[:, None] * stride_cm + cols[None, :], value, mask=mask)

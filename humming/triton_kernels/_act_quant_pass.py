@@ -6,23 +6,31 @@ and launches)."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 
 from ..ir.activation import ActScheme, get_act_scheme
+from ..ir.dtypes import FLOAT_DTYPES
 from ._act_quant_kernel import _absmax_kernel, _act_quant_kernel
 from ._launch import CompiledLaunches
 
-__all__ = ["element_constexprs", "pass_for", "per_token_tile", "scale_kind", "scheme_unsupported", "unsupported"]
-
-_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+__all__ = [
+    "ElementSpec",
+    "element_spec",
+    "pass_for",
+    "per_token_tile",
+    "scale_kind",
+    "scheme_unsupported",
+    "unsupported",
+]
 
 
 def unsupported(x: torch.Tensor, act: str | ActScheme) -> str | None:
     """``None`` if :func:`~.act_quant.quantize_activation` runs ``x`` with ``act``, else the reason."""
     reason = scheme_unsupported(get_act_scheme(act))
-    if reason is None and (x.dim() != 2 or x.dtype not in _X_DTYPES or x.stride(-1) != 1):
+    if reason is None and (x.dim() != 2 or x.dtype not in FLOAT_DTYPES or x.stride(-1) != 1):
         return f"x: expected a 2-D float16/bfloat16/float32 tensor with contiguous rows, got {x.dtype} {tuple(x.shape)}"
     return reason
 
@@ -46,16 +54,29 @@ def scheme_unsupported(scheme: ActScheme) -> str | None:
     return None
 
 
-def element_constexprs(fmt) -> dict[str, object]:
-    """The element format's constexprs of the quantizing kernels (``INT`` ... ``EMAX_ELEM``, in their order)."""
-    return {
-        "INT": fmt.is_int,
-        "BITS": fmt.bits,
-        "MBITS": fmt.mantissa_bits,
-        "BIAS": fmt.bias,
-        "MAXV": fmt.max_value,
-        "EMAX_ELEM": math.floor(math.log2(fmt.max_value)),
-    }
+class ElementSpec(NamedTuple):
+    """What the quantizing kernels are specialised for of an element format: an integer grid or eXmY, its bits,
+    mantissa bits and exponent bias, its largest value and that value's binade (an MX scale's exponent is the
+    absmax's minus it). Numbers and bools only: a kernel takes the whole tuple as one constexpr, ``ELEMENT``."""
+
+    INT: bool
+    BITS: int
+    MBITS: int
+    BIAS: int
+    MAXV: float
+    EMAX_ELEM: int
+
+
+def element_spec(fmt) -> ElementSpec:
+    """The :class:`ElementSpec` of number format ``fmt``."""
+    return ElementSpec(
+        INT=fmt.is_int,
+        BITS=fmt.bits,
+        MBITS=fmt.mantissa_bits,
+        BIAS=fmt.bias,
+        MAXV=fmt.max_value,
+        EMAX_ELEM=math.floor(math.log2(fmt.max_value)),
+    )
 
 
 def scale_kind(scheme: ActScheme) -> str | None:
@@ -150,15 +171,15 @@ class _Pass:
             block_m = max(1, min(triton.next_power_of_2(m), 16))
         self.num_warps = num_warps
         self.grid = (triton.cdiv(m, block_m), n_spans if source == "local" else triton.cdiv(k, block_k), 1)
-        self.constexprs = (
-            *element_constexprs(fmt).values(),  # INT ... EMAX_ELEM
-            "fp32" if source == "static" else kind,  # SCALE
-            source,  # SOURCE
-            group_k,  # GROUP_K
-            block_m,  # BLOCK_M
-            block_k,  # BLOCK_K
-            values_dtype is not None,  # VALUES
-            perm,  # PERM
+        self.constexprs = dict(  # in the kernel's order: the launch passes them positionally
+            ELEMENT=element_spec(fmt),
+            SCALE="fp32" if source == "static" else kind,
+            SOURCE=source,
+            GROUP_K=group_k,
+            BLOCK_M=block_m,
+            BLOCK_K=block_k,
+            VALUES=values_dtype is not None,
+            PERM=perm,
         )
         self.kernel = CompiledLaunches(_act_quant_kernel)
         self.absmax_kernel = CompiledLaunches(_absmax_kernel)
@@ -191,7 +212,7 @@ class _Pass:
             x.stride(0),
             k,
             *self.scale_strides,
-            *self.constexprs,
+            *self.constexprs.values(),
         )
         perm_align = 0 if perm is None else perm.data_ptr() % 16
         key = (index, x_align, scales.data_ptr() % 16, perm_align)

@@ -11,7 +11,6 @@ import triton.language as tl
 from ._tiles import route_tile, store_tile, tile_ids
 from ._weight_tile import (
     WeightArgs,
-    WeightSpec,
     decode_codes,
     decode_scale,
     decode_weight,
@@ -135,17 +134,7 @@ def _scaled_mm_kernel(
     A_PER_ROW: tl.constexpr,  # scales per token (else one for the tensor)
     A_GK: tl.constexpr,  # activation scale group along K; 0 = the whole K
     A_HAS_GS: tl.constexpr,
-    W_KIND: tl.constexpr,
-    W_BITS: tl.constexpr,
-    W_EBITS: tl.constexpr,
-    W_MBITS: tl.constexpr,
-    W_BIAS: tl.constexpr,
-    W_NAN: tl.constexpr,
-    S_KIND: tl.constexpr,
-    GN: tl.constexpr,
-    GK: tl.constexpr,
-    HAS_ZP: tl.constexpr,
-    HAS_GS: tl.constexpr,
+    WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile), without act-order
     GROUPED: tl.constexpr,  # MoE: rows use expert expert_ptr[row // route_bm] (as wna16's grouped kernel)
     GATHER: tl.constexpr,  # MoE: output row r reads activation row rows_ptr[r] (codes and scales; -1: zeros)
 ):
@@ -160,22 +149,20 @@ def _scaled_mm_kernel(
         z_ptr += expert * stride_ze
         gs_ptr += expert * stride_gse
         bias_ptr += expert * stride_be
-    # No act-order here (supports() refuses g_idx): the gidx slot is a dummy that the spec never reads.
+    # No act-order here (supports() refuses g_idx): the gidx slot is a dummy that the WEIGHT never reads.
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, z_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
-    spec: tl.constexpr = WeightSpec(
-        W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN, S_KIND, GN, GK, HAS_ZP, HAS_GS, False
-    )
 
     offs_n = pid_n * BN + tl.arange(0, BN)
     m_ok = src_ok[:, None]  # activation rows to read (codes and per-row scales): src, in x's row order
     a_rows = a_ptr + src[:, None] * stride_am
-    W_PER_ROW: tl.constexpr = GN > 0
-    W_GN: tl.constexpr = GN if GN > 0 else 1
+    W_PER_ROW: tl.constexpr = WEIGHT.GN > 0
+    W_GN: tl.constexpr = WEIGHT.GN if WEIGHT.GN > 0 else 1
     PROMOTE: tl.constexpr = A_SCALE == "promote" or W_SCALE == "promote"
     ACC_DTYPE: tl.constexpr = tl.int32 if MMA == "int8" else tl.float32
     # 8-bit weights that are the MMA operand bit for bit are loaded as bytes, [BK, BN], straight to the dot.
-    W_BYTES: tl.constexpr = (W_BITS == 8 and not HAS_ZP and W_SCALE != "fold") and (
-        (MMA == "int8" and W_KIND == 0) or (MMA == "e4m3" and W_KIND == 2 and W_EBITS == 4 and W_MBITS == 3)
+    W_BYTES: tl.constexpr = (WEIGHT.W_BITS == 8 and not WEIGHT.HAS_ZP and W_SCALE != "fold") and (
+        (MMA == "int8" and WEIGHT.W_KIND == 0)
+        or (MMA == "e4m3" and WEIGHT.W_KIND == 2 and WEIGHT.W_EBITS == 4 and WEIGHT.W_MBITS == 3)
     )
     n_ok = offs_n[None, :] < N
     b_cols = qb_ptr + offs_n.to(tl.int64)[None, :] * stride_qb
@@ -232,7 +219,7 @@ def _scaled_mm_kernel(
                 b_raw = tl.load(b_cols + offs_k[:, None], mask=b_mask, other=0)
                 b_op = b_raw.to(MMA_DTYPE, bitcast=True)
             else:
-                b_op = _weight_operand(weight, spec, offs_n, offs_k, k0, N, K, BK, MMA, MMA_DTYPE, W_SCALE)
+                b_op = _weight_operand(weight, WEIGHT, offs_n, offs_k, k0, N, K, BK, MMA, MMA_DTYPE, W_SCALE)
 
             if PROMOTE:
                 # Each K step's partial product joins the fp32 accumulator with its scales.
@@ -244,8 +231,10 @@ def _scaled_mm_kernel(
                     # fp32(scale) * global before the accumulator (here and in the epilogue), as dequantize
                     # rounds it: a scale near 2^127 times the accumulator could overflow where the product of
                     # the two scales does not.
-                    w_s = _scale_vec(s_ptr, stride_sn, offs_n, offs_n < N, k0 // GK, W_PER_ROW, W_GN, S_KIND)
-                    part = part * with_global_scale(w_s, weight, spec)[None, :]
+                    w_s = _scale_vec(
+                        s_ptr, stride_sn, offs_n, offs_n < N, k0 // WEIGHT.GK, W_PER_ROW, W_GN, WEIGHT.S_KIND
+                    )
+                    part = part * with_global_scale(w_s, weight, WEIGHT)[None, :]
                 acc += part
             else:
                 acc = _mma(a_op, b_op, acc, MMA, BK)
@@ -254,10 +243,10 @@ def _scaled_mm_kernel(
     if A_SCALE == "end":
         acc = acc * _scale_vec(as_ptr, stride_asm, src, src_ok, 0, A_PER_ROW, 1, A_S_KIND)[:, None]
     if W_SCALE == "end":
-        w_s = _scale_vec(s_ptr, stride_sn, offs_n, offs_n < N, 0, W_PER_ROW, W_GN, S_KIND)
-        acc = acc * with_global_scale(w_s, weight, spec)[None, :]
+        w_s = _scale_vec(s_ptr, stride_sn, offs_n, offs_n < N, 0, W_PER_ROW, W_GN, WEIGHT.S_KIND)
+        acc = acc * with_global_scale(w_s, weight, WEIGHT)[None, :]
     if A_HAS_GS:
         acc = acc * tl.load(ags_ptr)
-    if HAS_GS and W_SCALE != "end" and W_SCALE != "promote":
+    if WEIGHT.HAS_GS and W_SCALE != "end" and W_SCALE != "promote":
         acc = acc * tl.load(gs_ptr)  # after folded scales: e4m3 only (see _scaled_mm_plan), too small to overflow
     store_tile(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, GROUPED)

@@ -19,7 +19,7 @@ from ._scaled_mm_plan import (
     grid,
     plan_constexprs,
 )
-from ._weight_tile import kernel_tensors, pointer_types, triton_type, weight_spec
+from ._weight_tile import WeightSpec, kernel_tensors, pointer_types, triton_type, weight_spec
 from .configs import finish_split_k
 from .scaled_mm_configs import ScaledMMConfig
 
@@ -104,7 +104,7 @@ def launch(
         **plan_constexprs(plan, scheme, a_gk, per_row=qa.scales.numel() > 1),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **_weight_constexprs(qweight),
+        WEIGHT=_weight(qweight),
         GROUPED=grouped,
         GATHER=rows is not None,
     )
@@ -113,9 +113,9 @@ def launch(
     return out
 
 
-def _weight_constexprs(qw: QuantizedWeight) -> dict[str, int | bool]:
-    """The weight's layout constexprs as the kernel takes them: all but act-order, which it does not support."""
-    return {k: v for k, v in weight_spec(qw).constexprs().items() if k != "ACT_ORDER"}
+def _weight(qw: QuantizedWeight) -> WeightSpec:
+    """The weight's layout constexprs as the kernel takes them: without act-order, which it does not support."""
+    return weight_spec(qw)._replace(ACT_ORDER=False)
 
 
 def compile_specs() -> list[registry.CompileSpec]:
@@ -210,7 +210,7 @@ def kernel_spec(
             "EVEN_K": True,
             "HAS_BIAS": True,
             **plan_constexprs(plan, scheme, act_group_k(scheme), per_row=scheme.group_shape[0] == 1),
-            **_weight_constexprs(qw),
+            "WEIGHT": _weight(qw),
             "GROUPED": qw.num_experts is not None,
             "GATHER": gather,
         },

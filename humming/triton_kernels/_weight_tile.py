@@ -6,12 +6,12 @@ fp32 rounding each), so a kernel that rounds it to bf16/fp16 matches ``dequantiz
 Every variation is a ``constexpr`` that :func:`weight_spec` derives from the IR: the kernels are specialised,
 not copied per format.
 
-A kernel takes the weight as flat arguments (``qw_ptr``... and the constexprs ``W_KIND``...), bundles them
-once into a :class:`WeightArgs` (tensors and row strides) and a :class:`WeightSpec` (constexprs), and hands
-the two bundles to the helpers here: ``load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K)``.
-Named tuples cross ``@triton.jit`` calls as Triton tuples (plain Python tuples under the interpreter). The
-spec is bound as ``spec: tl.constexpr = WeightSpec(...)``: a plain assignment would turn its fields into
-run-time scalars, and the helpers branch on them at compile time.
+A kernel takes the weight's tensors and row strides as flat arguments (``qw_ptr``...), bundled once inside it
+into a :class:`WeightArgs`, and its layout as one constexpr, the :class:`WeightSpec` ``WEIGHT``
+(:func:`weight_spec`: a tuple of numbers, which Triton specialises on like any constexpr), and hands the two
+to the helpers here: ``load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)``. Named tuples cross
+``@triton.jit`` calls as Triton tuples (plain Python tuples under the interpreter); the helpers branch on the
+spec's fields at compile time.
 
 Codes decode by bit arithmetic, never a conversion instruction: a small integer ``c`` becomes a float as
 ``bitcast(c | 0x4B000000) - 2^23`` (exact for ``c < 2^23``), an eXmY value as its significand times a power
@@ -55,8 +55,8 @@ _NAN_RULES = {"none": NAN_NONE, "fn": NAN_FN, "ieee": NAN_IEEE}
 
 
 class WeightSpec(NamedTuple):
-    """The layout constexprs of a weight: what the kernel is specialised for (never tuning). The field names
-    are the kernels' constexpr parameter names."""
+    """The layout constexprs of a weight: what the kernel is specialised for (never tuning). Numbers and
+    bools only (a kernel takes the whole tuple as one constexpr, ``WEIGHT``)."""
 
     W_KIND: int
     W_BITS: int
@@ -70,9 +70,6 @@ class WeightSpec(NamedTuple):
     HAS_ZP: bool
     HAS_GS: bool
     ACT_ORDER: bool
-
-    def constexprs(self) -> dict[str, int | bool]:
-        return self._asdict()
 
 
 class WeightArgs(NamedTuple):

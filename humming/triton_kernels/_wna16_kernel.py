@@ -18,7 +18,6 @@ import triton.language as tl
 from ._tiles import route_tile, store_tile, tile_ids
 from ._weight_tile import (
     WeightArgs,
-    WeightSpec,
     decode_weight,
     load_weight_tile,
     scale_tile,
@@ -64,18 +63,7 @@ def _wna16_kernel(
     SPLIT_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    W_KIND: tl.constexpr,
-    W_BITS: tl.constexpr,
-    W_EBITS: tl.constexpr,
-    W_MBITS: tl.constexpr,
-    W_BIAS: tl.constexpr,
-    W_NAN: tl.constexpr,
-    S_KIND: tl.constexpr,
-    GN: tl.constexpr,
-    GK: tl.constexpr,
-    HAS_ZP: tl.constexpr,
-    HAS_GS: tl.constexpr,
-    ACT_ORDER: tl.constexpr,
+    WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
     EVEN_K: tl.constexpr,
     GROUPED: tl.constexpr,
     GATHER: tl.constexpr,
@@ -96,9 +84,6 @@ def _wna16_kernel(
         gidx_ptr += expert * stride_gie
         bias_ptr += expert * stride_be
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
-    spec: tl.constexpr = WeightSpec(
-        W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN, S_KIND, GN, GK, HAS_ZP, HAS_GS, ACT_ORDER
-    )
 
     offs_n = pid_n * BN + tl.arange(0, BN)
     x_rows = x_ptr + src[:, None] * stride_xm
@@ -113,7 +98,7 @@ def _wna16_kernel(
         k0 = t * BK
         offs_k = k0 + tl.arange(0, BK)
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
-        w = load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K)
+        w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
         acc = dot(x, tl.trans(cast(w, x.dtype)), acc)
 
     store_tile(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, GROUPED)
@@ -143,18 +128,7 @@ def _wna16_gemv_kernel(
     BK: tl.constexpr,
     SPLIT_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    W_KIND: tl.constexpr,
-    W_BITS: tl.constexpr,
-    W_EBITS: tl.constexpr,
-    W_MBITS: tl.constexpr,
-    W_BIAS: tl.constexpr,
-    W_NAN: tl.constexpr,
-    S_KIND: tl.constexpr,
-    GN: tl.constexpr,
-    GK: tl.constexpr,
-    HAS_ZP: tl.constexpr,
-    HAS_GS: tl.constexpr,
-    ACT_ORDER: tl.constexpr,
+    WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
     EVEN_K: tl.constexpr,
 ):
     """Decode (M <= BM <= 4): no tensor cores, so no layout change of the weight tile; products accumulate
@@ -166,9 +140,6 @@ def _wna16_gemv_kernel(
     bf16/fp16 rounding of each weight, inside the tolerances the tests state.
     """
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
-    spec: tl.constexpr = WeightSpec(
-        W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN, S_KIND, GN, GK, HAS_ZP, HAS_GS, ACT_ORDER
-    )
     offs_m = tl.arange(0, BM)
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
@@ -179,13 +150,13 @@ def _wna16_gemv_kernel(
     last = tl.minimum(first + per_split, k_tiles)
     # Whole-word fields and groups of whole words: unpack field j of every word in place (the K order of a
     # dot product is free), so the word tile keeps its load layout; x is read at the matching positions.
-    PER_WORD: tl.constexpr = 32 // W_BITS
-    PACKED: tl.constexpr = (32 % W_BITS == 0) and (not ACT_ORDER) and (GK % PER_WORD == 0)
+    PER_WORD: tl.constexpr = 32 // WEIGHT.W_BITS
+    PACKED: tl.constexpr = (32 % WEIGHT.W_BITS == 0) and (not WEIGHT.ACT_ORDER) and (WEIGHT.GK % PER_WORD == 0)
     if PACKED:
         BKW: tl.constexpr = BK // PER_WORD
         # One row (decode): a 2-D accumulator in the word tile's own layout (no layout conversions).
         acc = tl.zeros((BN, BKW) if BM == 1 else (BM, BN, BKW), dtype=tl.float32)
-        n_words = (K * W_BITS + 31) // 32
+        n_words = (K * WEIGHT.W_BITS + 31) // 32
         q_rows = qw_ptr + offs_n.to(tl.int64)[:, None] * stride_qn
         n_ok = offs_n[:, None] < N
         for t in range(first, last):
@@ -194,16 +165,18 @@ def _wna16_gemv_kernel(
             words = tl.load(q_rows + offs_w[None, :], mask=w_ok, other=0)
             first_k = offs_w * PER_WORD  # element index of each word's field 0; one group holds whole words
             k0 = t * BK
-            if HAS_ZP:
-                z = zero_tile(weight, spec, offs_n, first_k, k0, N, K, BK, EVEN_K).to(tl.float32)
-            if S_KIND != 0:
-                sc = with_global_scale(scale_tile(weight, spec, offs_n, first_k, k0, N, K, BK, EVEN_K), weight, spec)
+            if WEIGHT.HAS_ZP:
+                z = zero_tile(weight, WEIGHT, offs_n, first_k, k0, N, K, BK, EVEN_K).to(tl.float32)
+            if WEIGHT.S_KIND != 0:
+                sc = with_global_scale(
+                    scale_tile(weight, WEIGHT, offs_n, first_k, k0, N, K, BK, EVEN_K), weight, WEIGHT
+                )
             for j in tl.static_range(PER_WORD):
-                codes = (words >> (j * W_BITS)) & ((1 << W_BITS) - 1)
-                w = decode_weight(codes, weight, spec)
-                if HAS_ZP:
+                codes = (words >> (j * WEIGHT.W_BITS)) & ((1 << WEIGHT.W_BITS) - 1)
+                w = decode_weight(codes, weight, WEIGHT)
+                if WEIGHT.HAS_ZP:
                     w = w - z
-                if S_KIND != 0:
+                if WEIGHT.S_KIND != 0:
                     w = w * sc
                 xk = first_k + j
                 x = tl.load(x_rows + xk[None, :], mask=m_ok if EVEN_K else m_ok & (xk[None, :] < K), other=0.0)
@@ -217,7 +190,7 @@ def _wna16_gemv_kernel(
             k0 = t * BK
             offs_k = k0 + tl.arange(0, BK)
             x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
-            w = load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K)
+            w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
             acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
     y = tl.sum(acc, axis=1)[None, :] if PACKED and BM == 1 else tl.sum(acc, axis=2)
     store_tile(y, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, False)

@@ -72,7 +72,7 @@ def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: in
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **extra,
-        **weight_spec(qweight).constexprs(),
+        WEIGHT=weight_spec(qweight),
     )
     if split:
         finish_split_k(acc, out, bias, expert_ids, route_bm)
@@ -141,7 +141,7 @@ def kernel_spec(
             **({} if is_gemv else tiled),
             "HAS_BIAS": True,
             "EVEN_K": True,
-            **spec.constexprs(),
+            "WEIGHT": spec,
         },
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -18,12 +18,22 @@ from __future__ import annotations
 import torch
 
 from ..ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
+from ..ir.dtypes import HALF_DTYPES
 from . import registry
 from ._act_quant_kernel import _absmax_kernel, _act_quant_kernel
-from ._act_quant_pass import element_constexprs, pass_for, per_token_tile, scale_kind, scheme_unsupported, unsupported
+from ._act_quant_pass import (
+    ElementSpec,
+    element_spec,
+    pass_for,
+    per_token_tile,
+    scale_kind,
+    scheme_unsupported,
+    unsupported,
+)
 
 __all__ = [
-    "element_constexprs",
+    "ElementSpec",
+    "element_spec",
     "per_token_tile",
     "quantize_activation",
     "quantize_activation_values",
@@ -77,7 +87,7 @@ def quantize_pass(x: torch.Tensor, act: str | ActScheme, *, values: bool = False
     if values:
         if scheme.element_format.name != "e4m3" or scale_kind(scheme) != "fp32":
             raise ValueError(f"act: values are produced for e4m3 schemes with float32 scales, not {scheme.name}")
-        values_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+        values_dtype = x.dtype if x.dtype in HALF_DTYPES else torch.bfloat16
     return pass_for(x, scheme, False, values_dtype, scales_rows)
 
 
@@ -123,7 +133,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "perm_ptr": "*i32" if perm else "*u8",
                 },
                 constexprs={
-                    **element_constexprs(fmt),
+                    "ELEMENT": element_spec(fmt),
                     "SCALE": kind,
                     "SOURCE": source,
                     "GROUP_K": 0 if bk == -1 else bk,

@@ -11,9 +11,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ir.dtypes import FLOAT_DTYPES
 from ..ir.weight import QuantizedWeight
 from . import registry
-from ._weight_tile import WeightArgs, WeightSpec, kernel_tensors, load_weight_tile, pointer_types, weight_spec
+from ._weight_tile import WeightArgs, kernel_tensors, load_weight_tile, pointer_types, weight_spec
 from .interpreter import cast
 
 __all__ = ["dequantize"]
@@ -39,27 +40,13 @@ def _dequant_kernel(
     stride_on,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    W_KIND: tl.constexpr,
-    W_BITS: tl.constexpr,
-    W_EBITS: tl.constexpr,
-    W_MBITS: tl.constexpr,
-    W_BIAS: tl.constexpr,
-    W_NAN: tl.constexpr,
-    S_KIND: tl.constexpr,
-    GN: tl.constexpr,
-    GK: tl.constexpr,
-    HAS_ZP: tl.constexpr,
-    HAS_GS: tl.constexpr,
-    ACT_ORDER: tl.constexpr,
+    WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
     EVEN_K: tl.constexpr,
 ):
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
-    spec: tl.constexpr = WeightSpec(
-        W_KIND, W_BITS, W_EBITS, W_MBITS, W_BIAS, W_NAN, S_KIND, GN, GK, HAS_ZP, HAS_GS, ACT_ORDER
-    )
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     k0 = tl.program_id(1) * BK
-    w = load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K)
+    w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
     offs_k = k0 + tl.arange(0, BK)
     out = out_ptr + offs_n.to(tl.int64)[:, None] * stride_on + offs_k[None, :]
     tl.store(out, cast(w, out_ptr.dtype.element_ty), mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))
@@ -72,7 +59,7 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.bfloat16) -> torc
     """
     if qw.num_experts is not None:
         raise ValueError(f"dequantize: expected a 2-D weight [N, K], got shape {qw.shape}")
-    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+    if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dequantize: dtype must be bfloat16, float16 or float32, got {dtype}")
     n, k = qw.N, qw.K
     t = kernel_tensors(qw)
@@ -95,7 +82,7 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.bfloat16) -> torc
         BN=_BLOCK_N,
         EVEN_K=k % _BLOCK_K == 0,
         BK=_BLOCK_K,
-        **weight_spec(qw).constexprs(),
+        WEIGHT=weight_spec(qw),
     )
     return out
 
@@ -114,7 +101,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                 name=f"dequant-{label}",
                 kernel=_dequant_kernel,
                 pointers={**pointer_types(qw), "out_ptr": "*bf16"},
-                constexprs={"BN": _BLOCK_N, "BK": _BLOCK_K, "EVEN_K": True, **weight_spec(qw).constexprs()},
+                constexprs={"BN": _BLOCK_N, "BK": _BLOCK_K, "EVEN_K": True, "WEIGHT": weight_spec(qw)},
                 aligned=("K", "stride_qn", "stride_on"),
             )
         )

@@ -17,23 +17,21 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
+from ..ir.dtypes import FLOAT_DTYPES
+from ..ir.formats import get_format
 from ..reference.moe_layer import ACTIVATIONS, Activation
 from . import registry
 from ._act_quant_kernel import quantize_chunk, span_scale
 from ._launch import CompiledLaunches
-from .act_quant import per_token_tile, scale_kind, scheme_unsupported
+from .act_quant import element_spec, per_token_tile, scale_kind, scheme_unsupported
 from .interpreter import cast
 
 __all__ = ["act_unsupported", "activate", "combine"]
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
@@ -95,12 +93,7 @@ def _moe_act_kernel(
     LIMIT: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     QUANT: tl.constexpr,  # False: out_ptr gets the activations; True: codes, and scales_ptr their scales
-    INT: tl.constexpr,
-    BITS: tl.constexpr,
-    MBITS: tl.constexpr,
-    BIAS: tl.constexpr,
-    MAXV: tl.constexpr,
-    EMAX_ELEM: tl.constexpr,
+    ELEMENT: tl.constexpr,  # the element format's ElementSpec (_act_quant_pass)
     SCALE: tl.constexpr,  # "fp32" or "e8m0"
     GROUP_K: tl.constexpr,  # span of one scale along I; 0 = the whole row
     BLOCK_M: tl.constexpr,
@@ -139,7 +132,7 @@ def _moe_act_kernel(
             mag = tl.abs(v)
             non_finite = non_finite | (tl.max((mag < float("inf")) == 0, axis=1) != 0)
             amax = tl.maximum(amax, tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1))
-        s, e8m0_exp = span_scale(amax, INT, MAXV, EMAX_ELEM, SCALE)
+        s, e8m0_exp = span_scale(amax, ELEMENT, SCALE)
         scale_at = scales_ptr + rows64 * stride_sm + pid_k
         if SCALE == "e8m0":  # 255: the e8m0 NaN
             tl.store(scale_at, tl.where(non_finite, 255, e8m0_exp + 127).to(tl.uint8), mask=row_mask)
@@ -149,7 +142,7 @@ def _moe_act_kernel(
             cols = k0 + tl.arange(0, BLOCK_K)
             mask = row_mask[:, None] & (cols[None, :] < k_hi)
             v = _rounded_act(h_ptr, rows64, cols, mask, stride_hm, inter, ACTIVATION, ALPHA, LIMIT, INTERLEAVED)
-            code = quantize_chunk(v, s[:, None], e8m0_exp[:, None], INT, BITS, MBITS, BIAS, MAXV, SCALE)
+            code = quantize_chunk(v, s[:, None], e8m0_exp[:, None], ELEMENT, SCALE)
             tl.store(out_ptr + rows64[:, None] * stride_om + cols[None, :], code.to(tl.uint8), mask=mask)
 
 
@@ -191,16 +184,20 @@ def act_unsupported(act: str | ActScheme) -> str | None:
     return scheme_unsupported(scheme)
 
 
-#: QUANT and the format constexprs without quantization (the format ones are then not read).
-_NO_QUANT = (False, False, 8, 3, 7, 448.0, 8, "fp32", 0)
+#: The quantization constexprs of a pass that does not quantize (the format's are then not read).
+_NO_QUANT = {"QUANT": False, "ELEMENT": element_spec(get_format("e4m3")), "SCALE": "fp32", "GROUP_K": 0}
 
 
-def _quant_constexprs(scheme: ActScheme) -> tuple:
-    """QUANT, INT, BITS, MBITS, BIAS, MAXV, EMAX_ELEM, SCALE, GROUP_K of scheme."""
-    fmt = scheme.element_format
+def _quant_constexprs(scheme: ActScheme) -> dict[str, object]:
+    """The quantization constexprs of ``scheme`` by name, in the kernel's order (the launch passes them
+    positionally)."""
     group_k = 0 if scheme.group_shape[1] == -1 else scheme.group_shape[1]
-    fields = (fmt.is_int, fmt.bits, fmt.mantissa_bits, fmt.bias, fmt.max_value, math.floor(math.log2(fmt.max_value)))
-    return (True, *fields, scale_kind(scheme), group_k)
+    return {
+        "QUANT": True,
+        "ELEMENT": element_spec(scheme.element_format),
+        "SCALE": scale_kind(scheme),
+        "GROUP_K": group_k,
+    }
 
 
 def _check(name: str, t, dtypes) -> None:
@@ -235,7 +232,7 @@ def activate(
     """``h [M, 2I]`` (fp16 / bf16 / fp32, rows contiguous) activated -> ``[M, I]`` in ``h``'s dtype, or with
     ``act`` a :class:`QuantizedActivation` of those values (:func:`act_unsupported` says which schemes).
     ``num_rows``: an int32 0-d tensor on ``h``'s device; rows from it on are left unwritten."""
-    _check("h", h, _DTYPES)
+    _check("h", h, FLOAT_DTYPES)
     if not isinstance(activation, Activation):
         raise ValueError(f"activation: expected a checked Activation, got {activation!r}")
     m, two_i = h.shape
@@ -257,7 +254,7 @@ def activate(
         if reason:
             raise ValueError(reason)
         quant = _quant_constexprs(scheme)
-        group_k = quant[-1]
+        group_k = quant["GROUP_K"]
         spans = 1 if group_k == 0 else triton.cdiv(inter, group_k)
         if group_k:
             block_k, block_m, num_warps = group_k, max(1, min(triton.next_power_of_2(m), 4096 // group_k, 64)), 4
@@ -271,7 +268,7 @@ def activate(
         a = activation
         act_args = (a.name, a.alpha or 0.0, a.limit or 0.0, a.gate_up_layout == "interleaved")
         args = (h, out, scales, num_rows, m, inter, h.stride(0), out.stride(0), scales.stride(0))
-        _launch(_ACT_LAUNCHES, grid, (*args, *act_args, *quant, block_m, block_k), num_warps, h.device)
+        _launch(_ACT_LAUNCHES, grid, (*args, *act_args, *quant.values(), block_m, block_k), num_warps, h.device)
     if scheme is None:
         return out
     return QuantizedActivation(scheme, out, scales if fp32 else scales.view(scheme.scale_dtype))
@@ -280,7 +277,7 @@ def activate(
 def combine(y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """:func:`humming.reference.moe_layer.combine` in one kernel: ``y [M_pad, H]`` (rows contiguous), ``slot_rows``
     int32 ``[T * topk]``, float ``topk_weights [T, topk]`` -> ``[T, H]`` in ``dtype``."""
-    _check("y", y, _DTYPES)
+    _check("y", y, FLOAT_DTYPES)
     t, topk = topk_weights.shape
     h = y.shape[1]
     if slot_rows.dtype != torch.int32 or tuple(slot_rows.shape) != (t * topk,):
@@ -291,9 +288,6 @@ def combine(y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor
         args = (y, slot_rows.contiguous(), topk_weights, out, h, y.stride(0), *topk_weights.stride(), out.stride(0))
         _launch(_COMBINE_LAUNCHES, (t, triton.cdiv(h, block_h), 1), (*args, topk, block_h), 4, y.device)
     return out
-
-
-_QUANT_NAMES = ("QUANT", "INT", "BITS", "MBITS", "BIAS", "MAXV", "EMAX_ELEM", "SCALE", "GROUP_K")
 
 
 def _compile_specs() -> list[registry.CompileSpec]:
@@ -309,7 +303,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
     specs = []
     for activation, interleaved, act in cases:
         quant = _NO_QUANT if act is None else _quant_constexprs(get_act_scheme(act))
-        group_k = quant[-1]
+        group_k = quant["GROUP_K"]
         block_m, block_k = (4096 // group_k, group_k) if group_k else (4, 1024)
         swiglu = activation == "swiglu_oai"
         specs.append(
@@ -319,7 +313,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                 pointers={
                     "h_ptr": "*bf16",
                     "out_ptr": "*bf16" if act is None else "*u8",
-                    "scales_ptr": "*fp32" if act is not None and quant[7] == "fp32" else "*u8",
+                    "scales_ptr": "*fp32" if act is not None and quant["SCALE"] == "fp32" else "*u8",
                     "num_rows_ptr": "*i32",
                 },
                 constexprs={
@@ -327,7 +321,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "ALPHA": 1.702 if swiglu else 0.0,
                     "LIMIT": 7.0 if swiglu else 0.0,
                     "INTERLEAVED": interleaved,
-                    **dict(zip(_QUANT_NAMES, quant, strict=True)),
+                    **quant,
                     "BLOCK_M": block_m,
                     "BLOCK_K": block_k,
                 },

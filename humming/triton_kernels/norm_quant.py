@@ -15,15 +15,14 @@ import triton
 import triton.language as tl
 
 from ..ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
+from ..ir.dtypes import FLOAT_DTYPES
 from . import registry
 from ._act_quant_kernel import quantize_chunk, span_scale
 from ._launch import CompiledLaunches
-from .act_quant import element_constexprs, per_token_tile, scale_kind, scheme_unsupported
+from .act_quant import element_spec, per_token_tile, scale_kind, scheme_unsupported
 from .interpreter import cast
 
 __all__ = ["rmsnorm_quantize", "unsupported"]
-
-_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
@@ -69,12 +68,7 @@ def _rmsnorm_quant_kernel(
     stride_sm,
     eps,
     P,
-    INT: tl.constexpr,
-    BITS: tl.constexpr,
-    MBITS: tl.constexpr,
-    BIAS: tl.constexpr,
-    MAXV: tl.constexpr,
-    EMAX_ELEM: tl.constexpr,
+    ELEMENT: tl.constexpr,  # the element format's ElementSpec (_act_quant_pass)
     SCALE: tl.constexpr,  # "fp32" or "e8m0"
     STATIC: tl.constexpr,  # scales_ptr holds a static per-tensor scale
     GROUP_K: tl.constexpr,  # span of one scale along K; 0 = the whole row
@@ -129,7 +123,7 @@ def _rmsnorm_quant_kernel(
             mag = tl.abs(_normalize(z, inv_rms, w_ptr, cols, cols < K, X_DTYPE))
             non_finite = non_finite | (tl.max((mag < float("inf")) == 0, axis=1) != 0)
             y_amax = tl.maximum(y_amax, tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1))
-        s, e8m0_exp = span_scale(y_amax, INT, MAXV, EMAX_ELEM, SCALE)
+        s, e8m0_exp = span_scale(y_amax, ELEMENT, SCALE)
         # A row holding NaN / Inf gets a NaN scale (act_quant's rule: every GEMM's epilogue makes it NaN).
         tl.store(scales_ptr + rows64 * stride_sm, tl.where(non_finite, float("nan"), s), mask=row_ok)
 
@@ -139,15 +133,15 @@ def _rmsnorm_quant_kernel(
         z = _load_z(x_ptr, res_ptr, res_out_ptr, rows64, cols, mask, stride_xm, stride_rm, RESIDUAL, False)
         y = _normalize(z, inv_rms, w_ptr, cols, cols < K, X_DTYPE)
         if GROUP_K == 0 or STATIC:
-            code = quantize_chunk(y, s[:, None], e8m0_exp[:, None], INT, BITS, MBITS, BIAS, MAXV, SCALE)
+            code = quantize_chunk(y, s[:, None], e8m0_exp[:, None], ELEMENT, SCALE)
         else:
             # Groups of GROUP_K columns: [BM, groups, GROUP_K], a scale per group from this read.
             G: tl.constexpr = BLOCK_K // GROUP_K
             y3 = tl.reshape(y, (BLOCK_M, G, GROUP_K))
             mag = tl.abs(y3)
             bad = tl.max((mag < float("inf")) == 0, axis=2) != 0
-            g_s, g_e = span_scale(tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=2), INT, MAXV, EMAX_ELEM, SCALE)
-            code3 = quantize_chunk(y3, g_s[:, :, None], g_e[:, :, None], INT, BITS, MBITS, BIAS, MAXV, SCALE)
+            g_s, g_e = span_scale(tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=2), ELEMENT, SCALE)
+            code3 = quantize_chunk(y3, g_s[:, :, None], g_e[:, :, None], ELEMENT, SCALE)
             code = tl.reshape(code3, (BLOCK_M, BLOCK_K))
             span = k0 // GROUP_K + tl.arange(0, G)
             s_ptrs = scales_ptr + rows64[:, None] * stride_sm + span[None, :]
@@ -183,7 +177,7 @@ def unsupported(x: torch.Tensor, act: str | ActScheme, *, static: bool = False) 
             "over the rows cannot know before the first code; use humming.rmsnorm then "
             "humming.ops.quantize_activation, or a static scale"
         )
-    if x.dim() != 2 or x.dtype not in _X_DTYPES or x.stride(-1) != 1 or x.numel() == 0:
+    if x.dim() != 2 or x.dtype not in FLOAT_DTYPES or x.stride(-1) != 1 or x.numel() == 0:
         dims = tuple(x.shape)
         return f"x: expected a non-empty 2-D float16/bfloat16/float32 tensor with contiguous rows, got {x.dtype} {dims}"
     return None
@@ -208,7 +202,6 @@ def rmsnorm_quantize(
         raise ValueError(reason)
     m, k = x.shape
     dev = x.device
-    fmt = scheme.element_format
     kind = scale_kind(scheme)
     bk = scheme.group_shape[1]
     group_k = 0 if bk == -1 or scale is not None else bk
@@ -221,15 +214,7 @@ def rmsnorm_quantize(
     res_out = None if residual is None else torch.empty_like(x)
     block_k, block_m, num_warps = per_token_tile(m, k)
     block_k = max(block_k, group_k)
-    constexprs = (
-        *element_constexprs(fmt).values(),  # INT ... EMAX_ELEM
-        "fp32" if scale is not None else kind,  # SCALE
-        scale is not None,  # STATIC
-        group_k,  # GROUP_K
-        residual is not None,  # RESIDUAL
-        block_m,  # BLOCK_M
-        block_k,  # BLOCK_K
-    )
+    constexprs = tuple(_constexprs(scheme, scale is not None, residual is not None, block_m, block_k).values())
     args = (
         x,
         x if residual is None else residual,
@@ -266,6 +251,21 @@ def rmsnorm_quantize(
 _LAUNCHES = CompiledLaunches(_rmsnorm_quant_kernel)
 
 
+def _constexprs(scheme: ActScheme, static: bool, residual: bool, block_m: int, block_k: int) -> dict[str, object]:
+    """The kernel's constexprs for ``scheme`` (``static``: with a static scale), by name, in the kernel's
+    order (the launch passes them positionally)."""
+    bk = scheme.group_shape[1]
+    return {
+        "ELEMENT": element_spec(scheme.element_format),
+        "SCALE": "fp32" if static else scale_kind(scheme),
+        "STATIC": static,
+        "GROUP_K": 0 if bk == -1 or static else bk,
+        "RESIDUAL": residual,
+        "BLOCK_M": block_m,
+        "BLOCK_K": block_k,
+    }
+
+
 def _compile_specs() -> list[registry.CompileSpec]:
     """Per-token (prefill and decode tiles), 1x128 and MX groups, and a static scale, from bf16 with a residual
     (and fp8 per-token without one)."""
@@ -280,9 +280,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
     specs = []
     for act, static, residual, (block_m, block_k, num_warps) in cases:
         scheme = ACT_SCHEMES[act]
-        fmt = scheme.element_format
         kind = scale_kind(scheme)
-        bk = scheme.group_shape[1]
         specs.append(
             registry.CompileSpec(
                 name=f"rmsnorm_quant-{act}{'-static' if static else ''}{'-residual' if residual else ''}-bf16",
@@ -295,15 +293,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "codes_ptr": "*u8",
                     "scales_ptr": "*fp32" if kind == "fp32" else "*u8",
                 },
-                constexprs={
-                    **element_constexprs(fmt),
-                    "SCALE": "fp32" if static else kind,
-                    "STATIC": static,
-                    "GROUP_K": 0 if bk == -1 or static else bk,
-                    "RESIDUAL": residual,
-                    "BLOCK_M": block_m,
-                    "BLOCK_K": block_k,
-                },
+                constexprs=_constexprs(scheme, static, residual, block_m, block_k),
                 num_warps=num_warps,
                 aligned=("K", "stride_xm", "stride_rm"),
                 scalars={"eps": "fp32"},

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ir.dtypes import FLOAT_DTYPES
 from ..reference.routing import RoutingSpec
 from . import registry
 from ._launch import CompiledLaunches
@@ -28,7 +29,6 @@ from .interpreter import INTERPRET
 
 __all__ = ["MAX_TILE", "MAX_TOP_K", "Tile", "tile", "topk_routing", "unsupported"]
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The most padded experts (:attr:`Tile.slots`) and the largest top_k a program handles; ``"auto"`` runs
 #: larger calls on the reference.
 MAX_TILE = 1024
@@ -169,9 +169,9 @@ def unsupported(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec)
     """``None`` if :func:`topk_routing` runs this call, else the reason."""
     if router_logits.device.type != "cuda" and not INTERPRET:
         return f"router_logits is on {router_logits.device}; the kernel runs on CUDA tensors (or the interpreter)"
-    if router_logits.dtype not in _DTYPES:
+    if router_logits.dtype not in FLOAT_DTYPES:
         return f"router_logits: the kernel reads float16, bfloat16 or float32, got {router_logits.dtype}"
-    if correction_bias is not None and correction_bias.dtype not in _DTYPES:
+    if correction_bias is not None and correction_bias.dtype not in FLOAT_DTYPES:
         return f"correction_bias: the kernel reads float16, bfloat16 or float32, got {correction_bias.dtype}"
     slots = tile(spec).slots
     if slots > MAX_TILE:

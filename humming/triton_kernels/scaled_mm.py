@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
+from ..ir.dtypes import HALF_DTYPES
 from ..ir.weight import QuantizedWeight
 from ..kernel import Kernel
 from . import act_quant, registry
@@ -67,7 +68,6 @@ __all__ = [
     "unsupported",
 ]
 
-_X_DTYPES = (torch.float16, torch.bfloat16)
 _SUPPORTED = (
     "supported: act int8/int4 with int/uint weights (W8A8, W4A8-int, W4A4-int); act fp8 e4m3/e5m2 (per-token, "
     "per-tensor, 1x128, MXFP8) with int/uint, eXmY and nf4 weights (W8A8-fp8, W4A8); act NVFP4/MXFP4 with e2m1 "
@@ -112,7 +112,7 @@ def _unsupported(qweight: QuantizedWeight, scheme: ActScheme, x: torch.Tensor) -
     if x.dim() != 2 or (x.shape[1] and x.stride(1) != 1):
         return f"x must be 2-D [M, K] with a contiguous last dimension, got shape {tuple(x.shape)}"
     if x.dtype != torch.uint8:
-        if x.dtype not in _X_DTYPES:
+        if x.dtype not in HALF_DTYPES:
             return f"x dtype {x.dtype}: the scaled GEMM takes float16 or bfloat16 activations"
         reason = act_quant.unsupported(x, scheme)
         if reason:

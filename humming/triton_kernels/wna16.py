@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..device import device_limits
+from ..ir.dtypes import HALF_DTYPES
 from ..ir.weight import QuantizedWeight
 from ..kernel import Kernel
 from . import dequant, registry
@@ -48,14 +49,11 @@ __all__ = [
 ]
 
 
-_X_DTYPES = (torch.float16, torch.bfloat16)
-
-
 def _unsupported(qweight: QuantizedWeight, x: torch.Tensor) -> str | None:
     """What the dense and the grouped kernel both need of the weight format and of ``x``."""
     if qweight.format.kind not in ("int", "float", "lut"):
         return f"weight format {qweight.format.name} is not an element format"
-    if x.dtype not in _X_DTYPES:
+    if x.dtype not in HALF_DTYPES:
         return f"x dtype {x.dtype}: the Triton WnA16 kernel takes float16 or bfloat16 activations"
     if x.dim() != 2 or (x.shape[1] and x.stride(1) != 1):
         return f"x must be 2-D [M, K] with a contiguous last dimension, got shape {tuple(x.shape)}"
