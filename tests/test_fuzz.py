@@ -18,7 +18,7 @@ first, where the output is likely to land), ``||out - ref|| / ||ref|| <= tol`` a
 norm), where ``tol = max(TOL[x dtype], TOL[out dtype])``: kernels may round each dequantized weight (and a
 lookup value or folded scale) once to x's 16-bit dtype, then accumulate in fp32 and round once to the output
 dtype; TOL is tests/test_triton_wna16.py's bound for one such rounding. ``fused_moe`` rounds twice more (the
-first GEMM's output, the SiLU product): tests/test_moe.py's MOE_TOL.
+first GEMM's output, the SiLU product): tests/moe/moe_cases.py's MOE_TOL.
 
 Profiles (``HUMMING_FUZZ_PROFILE``): ``ci`` (default: few examples, derandomized so CI is reproducible,
 small shapes for the Triton interpreter) and ``long`` (2000 examples per property, random, for a GPU run).
@@ -76,7 +76,7 @@ if os.environ.get("HUMMING_FUZZ_EXAMPLES"):  # a time-boxed run (the H200 checks
 
 #: ``||out - ref|| / ||ref||`` for one rounding to the dtype (tests/test_triton_wna16.py's TOL).
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-#: ``fused_moe`` against fp32 weights, two more roundings to x's dtype (tests/test_moe.py's MOE_TOL).
+#: ``fused_moe`` against fp32 weights, two more roundings to x's dtype (tests/moe/moe_cases.py's MOE_TOL).
 MOE_TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 #: Element formats of the registry; e8m0 is a scale format, which quantize refuses as a weight.

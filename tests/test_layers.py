@@ -1,10 +1,19 @@
 """The package's layers, read from the source (no import runs): every ``import`` / ``from ... import`` of a
 humming module, at module level or inside a function, except under ``if TYPE_CHECKING:`` (annotations only,
-never run). Kernel backends loaded by name (``importlib.import_module``) are optional dependencies, not edges.
+never run), and every module loaded by name: ``importlib.import_module("humming...")`` and the names of
+modules that a module lists to import on first use (a string that is a humming module's full name, such as
+the kernel modules ``humming.dispatch.kernels`` lists). Those run later, when first used: lazy edges.
 
-Rules: no import cycles; the IR imports only the IR and the loaders only the IR; the kernel backends never
-import the layers built on them; dispatch does not import moe; the CUDA JIT does not import the driver that
-loads its cubins."""
+The house (bottom up): the IR (``humming.ir``) and the device facts (``humming.device``), the kernel
+protocol (``humming.kernel``); the references (``humming.reference``); the kernel backends
+(``humming.cuda_kernels``, ``humming.triton_kernels``); the dispatcher (``humming.dispatch``); the entry
+points (``humming.linear``, ``humming.moe``, ``humming.norm``, ``humming.ops``, ``humming.warmup``); the
+modules and loaders (``humming.nn``, ``humming.loaders``, ``humming.engines``); the benchmarks
+(``humming.bench``).
+
+Rules: no import cycles, lazy edges included; each layer imports only downward; no module imports its own
+package's face (its ``__init__``, which only names what the package's modules define); the CUDA JIT does
+not import the driver that loads its cubins."""
 
 from __future__ import annotations
 
@@ -22,30 +31,35 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
+def _package(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
 def _imports(mods: dict[str, Path]) -> dict[str, dict[str, bool]]:
-    """module -> {humming module it imports: True if at module level (else inside a function)}; imports of a
-    module's own ancestor packages are left out (Python initialises those first in any case)."""
+    """module -> {humming module it imports: True if at module level (else inside a function, or by name)};
+    imports of a module's own ancestor packages are left out (Python initialises those first in any case)."""
     graph: dict[str, dict[str, bool]] = {}
     for name, path in mods.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        package = _package(name, path)
         deps: dict[str, bool] = {}
 
-        def visit(node, top: bool, name=name, package=package, deps=deps) -> None:
+        def add(target: str, top: bool, name=name, deps=deps) -> None:
+            while target and target not in mods:
+                target = target.rpartition(".")[0]
+            if target and target != name and not name.startswith(target + "."):
+                deps[target] = deps.get(target, False) or top
+
+        def visit(node, top: bool, package=package, add=add) -> None:
             for child in ast.iter_child_nodes(node):
-                targets = []
                 if isinstance(child, ast.Import):
-                    targets = [a.name for a in child.names]
+                    for alias in child.names:
+                        add(alias.name, top)
                 elif isinstance(child, ast.ImportFrom) and child.module != "__future__":
-                    base = child.module or ""
-                    if child.level:
-                        up = package.split(".")[: len(package.split(".")) - child.level + 1]
-                        base = ".".join(up + ([child.module] if child.module else []))
-                    targets = [base] + [f"{base}.{a.name}" for a in child.names]
-                for target in targets:
-                    while target and target not in mods:
-                        target = target.rpartition(".")[0]
-                    if target and target != name and not name.startswith(target + "."):
-                        deps[target] = deps.get(target, False) or top
+                    base = _absolute(child, package)
+                    for target in [base] + [f"{base}.{a.name}" for a in child.names]:
+                        add(target, top)
+                for module in _loaded_by_name(child, top, mods):
+                    add(module, False)  # runs when first used
                 if _is_type_checking(child):
                     continue
                 inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
@@ -54,6 +68,26 @@ def _imports(mods: dict[str, Path]) -> dict[str, dict[str, bool]]:
         visit(ast.parse(path.read_text()), True)
         graph[name] = deps
     return graph
+
+
+def _loaded_by_name(node: ast.AST, top: bool, mods) -> list[str]:
+    """The humming modules ``node`` loads by name: the argument of an ``import_module("humming...")`` call,
+    and the module names listed in a module-level assignment's value (modules to import on first use)."""
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module":
+        args = node.args[:1]
+    elif top and isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        args = list(ast.walk(node.value))
+    else:
+        return []
+    return [a.value for a in args if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value in mods]
+
+
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module an ``ImportFrom`` imports from, relative levels resolved against ``package``."""
+    if not node.level:
+        return node.module or ""
+    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(up + ([node.module] if node.module else []))
 
 
 def _is_type_checking(node: ast.AST) -> bool:
@@ -76,34 +110,84 @@ def _wrong(graph, layers: tuple[str, ...], allowed=None, forbidden=()) -> list[t
     ]
 
 
+#: The layers above the kernel backends: nothing below imports them.
+ENTRY_POINTS = ("humming.linear", "humming.moe", "humming.norm", "humming.ops", "humming.warmup")
+MODULES = ("humming.nn", "humming.engines", "humming.loaders")
+
+
+def test_the_graph_follows_lazy_and_by_name_imports():
+    graph = _imports(_modules())
+    assert "humming.cuda_kernels.jit" in graph["humming.cuda_kernels._driver"]  # the graph is read
+    kernels = graph["humming.dispatch.kernels"]
+    assert kernels["humming.cuda_kernels.wna16_decode"] is False and kernels["humming.reference.gemm"] is False
+    assert graph["humming.moe.fused"]["humming.triton_kernels.moe_layer"] is False  # importlib.import_module
+
+
 def test_ir_imports_only_the_ir():
     assert not _wrong(_imports(_modules()), ("humming.ir",), allowed=("humming.ir",))
+
+
+def test_device_facts_and_the_kernel_protocol_import_nothing_of_humming():
+    graph = _imports(_modules())
+    assert not graph["humming.device"] and not graph["humming.kernel"]
 
 
 def test_loaders_import_only_the_ir():
     assert not _wrong(_imports(_modules()), ("humming.loaders",), allowed=("humming.loaders", "humming.ir"))
 
 
-def test_kernel_backends_never_import_the_layers_above():
-    above = (
-        "humming.dispatch",
-        "humming.linear",
-        "humming.moe",
-        "humming.ops",
-        "humming.nn",
-        "humming.engines",
-        "humming.loaders",
-    )
-    assert not _wrong(_imports(_modules()), ("humming.cuda_kernels", "humming.triton_kernels"), forbidden=above)
+def test_the_references_import_only_the_ir():
+    """The torch definitions: the IR, the kernel protocol they export their kernels through, and the
+    deterministic-mode flag (the reference GEMM's fixed summation order)."""
+    allowed = ("humming.reference", "humming.ir", "humming.kernel", "humming.deterministic")
+    assert not _wrong(_imports(_modules()), ("humming.reference",), allowed=allowed)
 
 
-def test_dispatch_does_not_import_moe():
-    assert not _wrong(_imports(_modules()), ("humming.dispatch",), forbidden=("humming.moe",))
+def test_kernels_import_only_downward():
+    """The IR, the references, the device facts and the kernel protocol; the CUDA backend also runs the Triton
+    activation quantizer (the pass before its GEMMs), and nothing else of the Triton backend."""
+    graph = _imports(_modules())
+    below = ("humming.ir", "humming.reference", "humming.device", "humming.kernel")
+    assert not _wrong(graph, ("humming.triton_kernels",), allowed=("humming.triton_kernels", *below))
+    cuda = ("humming.cuda_kernels", "humming.triton_kernels.act_quant", *below)
+    assert not _wrong(graph, ("humming.cuda_kernels",), allowed=cuda)
+
+
+def test_dispatch_imports_no_layer_above_it():
+    above = (*ENTRY_POINTS, *MODULES, "humming.bench")
+    assert not _wrong(_imports(_modules()), ("humming.dispatch",), forbidden=above)
+
+
+def test_only_the_command_line_imports_the_benchmarks():
+    graph = _imports(_modules())
+    importers = {m for m, deps in graph.items() if any(_within(d, "humming.bench") for d in deps)}
+    assert {m for m in importers if not _within(m, "humming.bench")} == {"humming.__main__"}
+
+
+def test_no_module_imports_its_own_face():
+    """A module of a package imports its siblings, never the package's ``__init__`` (what the face names
+    comes from the siblings, and importing it back is how import loops start): ``from . import sibling`` is
+    fine, ``from . import name_the_face_defines`` or ``from humming.moe import fused_moe`` inside
+    ``humming.moe`` is not."""
+    mods = _modules()
+    wrong = []
+    for name, path in mods.items():
+        if path.name in ("__init__.py", "__main__.py"):  # the face itself; the command line, a user of it
+            continue
+        package = _package(name, path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                base = _absolute(node, package)
+                names = [a.name for a in node.names if f"{base}.{a.name}" not in mods]
+                if base == package and names:
+                    wrong.append((name, base, names))
+            elif isinstance(node, ast.Import):
+                wrong += [(name, a.name, []) for a in node.names if a.name == package]
+    assert not wrong, wrong
 
 
 def test_jit_does_not_import_the_driver():
     graph = _imports(_modules())
-    assert "humming.cuda_kernels.jit" in graph["humming.cuda_kernels._driver"]  # the graph is read
     assert "humming.cuda_kernels._driver" not in graph["humming.cuda_kernels.jit"]
 
 

@@ -149,7 +149,7 @@ def _scaled_mm_kernel(
         z_ptr += expert * stride_ze
         gs_ptr += expert * stride_gse
         bias_ptr += expert * stride_be
-    # No act-order here (supports() refuses g_idx): the gidx slot is a dummy that the WEIGHT never reads.
+    # No act-order here (unsupported() refuses g_idx): the gidx slot is a dummy that WEIGHT never reads.
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, z_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
 
     offs_n = pid_n * BN + tl.arange(0, BN)
