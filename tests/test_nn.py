@@ -59,7 +59,7 @@ def test_quantize_model_matches_the_dequantized_float_model(weight, act, seed):
 
 
 def test_quantize_model_errors():
-    with pytest.raises(ValueError, match=r"modules: no nn\.Linear of the model matches"):
+    with pytest.raises(ValueError, match=r"modules: no nn\.Linear or experts module of the model matches"):
         quantize_model(Block(), modules=["*.attn"], progress=False)
     with pytest.raises(ValueError, match=r"model: expected a torch\.nn\.Module"):
         quantize_model(object())
