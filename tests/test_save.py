@@ -29,7 +29,8 @@ from humming.nn import (  # noqa: E402
 DATA = Path(__file__).parent / "data" / "checkpoints"
 _SIZES = dict(vocab_size=128, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 _MLA = dict(_SIZES, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32)
-_MLA.update(v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=0, moe_intermediate_size=128)
+_MLA.update(v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=0)
+_MLA.update(moe_intermediate_size=128)
 #: tiny configs, two layers: a dense Llama and every MoE family whose experts quantize_model converts
 CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(intermediate_size=256, head_dim=32, **_SIZES),
@@ -191,8 +192,8 @@ def test_humming_format_round_trip(scheme, tmp_path, seed):
 
 def test_static_activation_scale_round_trips(tmp_path, seed):
     model, _ = _quantized("llama", seed, "e4m3", "fp8_tensor", group_size=-1)
-    proj = model.model.layers[0].self_attn.o_proj
-    model.model.layers[0].self_attn.o_proj = QuantizedLinear(proj.weight, act="fp8_tensor", act_scale=torch.tensor(0.01))
+    attn = model.model.layers[0].self_attn
+    attn.o_proj = QuantizedLinear(attn.o_proj.weight, act="fp8_tensor", act_scale=torch.tensor(0.01))
     ids = torch.randint(0, 128, (1, 5))
     fmt, saved = _saved(model, tmp_path)
     groups = saved["qconfig"]["config_groups"]
@@ -270,3 +271,26 @@ def test_shards_with_an_index(tmp_path, seed):
     assert len(set(index["weight_map"].values())) > 1 and not (tmp_path / "model.safetensors").exists()
     ids = torch.randint(0, 128, (1, 4))
     assert torch.equal(_logits(from_pretrained(tmp_path), ids), _logits(model, ids))
+
+
+def test_from_pretrained_reads_a_hub_id_from_the_local_cache(tmp_path, monkeypatch):
+    """A hub id resolves to its snapshot in huggingface_hub's cache, offline (no network is touched)."""
+    hub = pytest.importorskip("huggingface_hub")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--producer--tiny-gptq"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for file in ("config.json", "model.safetensors"):
+        (snapshot / file).symlink_to(DATA / "autogptq_w4_g128_sym" / file)
+    monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = from_pretrained("producer/tiny-gptq", device_map={"": "cpu"}, dtype="auto")
+    expected = from_pretrained(DATA / "autogptq_w4_g128_sym")
+    ids = torch.randint(0, 256, (1, 5))
+    assert model.dtype == torch.float16 and torch.equal(_logits(model, ids), _logits(expected, ids))
+    with pytest.raises(humming.loaders.CheckpointError, match=r"no snapshot of hub id 'producer/other'"):
+        from_pretrained("producer/other")
+    with pytest.raises(ValueError, match=r"device_map: expected one device for the whole model"):
+        from_pretrained("producer/tiny-gptq", device_map={"model": "cpu", "lm_head": "meta"})

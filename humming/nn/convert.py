@@ -152,4 +152,3 @@ def _listing(skipped: list[tuple[str, str]]) -> str:
     return "; ".join(
         f"{name}{f' (x{count})' if count > 1 else ''} ({reason})" for (name, reason), count in folded.items()
     )
-
