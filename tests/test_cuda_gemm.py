@@ -55,7 +55,7 @@ def test_gemm_through_linear_and_graph_capture(seed):
     qw = humming.quantize(torch.randn(1024, 1024, device="cuda"), weight="int4", group_size=128)
     x = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16)
     assert cuda_kernels.supports(qw, None, x) is None
-    humming.warmup([qw], m_values=(300,), progress=False)
+    humming.warmup([qw], m_values=(300,), backend="cuda", progress=False)  # the backend the capture asks for
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = humming.linear(x, qw, backend="cuda")

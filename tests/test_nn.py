@@ -231,10 +231,12 @@ def test_compile_quantized_model(seed):
         torch._dynamo.config.patch(error_on_recompile=True),
         torch.fx.experimental._config.patch(backed_size_oblivious=True),
     ):
-        for m in (1, 7, 33):
+        for m in (2, 7, 33):
             x = torch.randn(m, 128)
             torch._dynamo.mark_dynamic(x, 0)
             assert torch.equal(f(x), model(x))
+    x = torch.randn(1, 128)  # torch 2.9 specialises M = 1 (a graph of its own, a plain nn.Linear's too)
+    assert torch.equal(f(x), model(x))
     torch._dynamo.reset()
 
 

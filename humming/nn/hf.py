@@ -310,15 +310,18 @@ def _experts(model, name, projs, files, dtype, device, backend) -> QuantizedExpe
 def _expert_activation(module) -> dict | str:
     """The ``QuantizedExperts`` activation arguments of a transformers experts module, or why it has none
     humming runs: the default gate (``act_fn(gate) * up``: SiLU, exact or tanh GELU) in the module's gate /
-    up layout, or gpt-oss's clamped SwiGLU with its config's ``swiglu_alpha`` / ``swiglu_limit``."""
+    up layout, or gpt-oss's clamped SwiGLU with the module's ``alpha`` / ``limit`` (else its config's
+    ``swiglu_alpha`` / ``swiglu_limit``)."""
     if not getattr(module, "has_gate", True):
         return "experts without a gate (up_proj only)"
     layout = "concat" if getattr(module, "is_concatenated", True) else "interleaved"
     gate = getattr(type(module), "_apply_gate", None)
     if type(module).__name__ in _CLAMPED_SWIGLU:
+        # What the module computes with: transformers keeps alpha and limit on the experts module, read from
+        # the config by some versions and fixed at gpt-oss's 1.702 / 7.0 by others (5.17 ignores the config).
         config = getattr(module, "config", None)
-        alpha = getattr(config, "swiglu_alpha", SWIGLU_OAI_ALPHA)
-        limit = getattr(config, "swiglu_limit", SWIGLU_OAI_LIMIT)
+        alpha = getattr(module, "alpha", getattr(config, "swiglu_alpha", SWIGLU_OAI_ALPHA))
+        limit = getattr(module, "limit", getattr(config, "swiglu_limit", SWIGLU_OAI_LIMIT))
         return dict(activation="swiglu_oai", alpha=alpha, limit=limit, gate_up_layout=layout)
     if gate is not None and gate.__name__ != "_default_apply_gate":
         return f"its own gate {type(module).__name__}._apply_gate"
