@@ -78,7 +78,9 @@ def test_table_with_an_unknown_kernel_is_refused(tmp_path):
     (tmp_path / "bad.json").write_text(
         json.dumps(
             dict(
-                capability=[9, 0], sm_count=132, entries=[dict(weight="int4+group", act="none", m_max=1, order=["cuda.nope"])]
+                capability=[9, 0],
+                sm_count=132,
+                entries=[dict(weight="int4+group", act="none", m_max=1, order=["cuda.nope"])],
             )
         )
     )
