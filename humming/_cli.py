@@ -12,7 +12,13 @@ __all__ = ["Formatter", "print_json", "print_table", "size", "table"]
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Help with every option's default and the description's line breaks kept."""
+    """Help with each option's default (those that have one: not a flag's False nor an unset None) and the
+    description's line breaks kept."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence], right: Sequence[str] = ()) -> str:
