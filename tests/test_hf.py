@@ -431,6 +431,8 @@ def test_clamped_swiglu_reads_what_the_experts_module_computes_with():
     )
     module.alpha, module.limit = 1.702, 7.0
     assert _expert_activation(module)["alpha"] == 1.702 and _expert_activation(module)["limit"] == 7.0
+    del module.is_concatenated  # transformers 5.0 leaves the flag out: gpt-oss's rows are interleaved all the same
+    assert _expert_activation(module)["gate_up_layout"] == "interleaved"
 
 
 def test_expert_activation_of_transformers_modules():

@@ -33,7 +33,7 @@ step() {  # step NAME SECONDS CMD...: time-limited, logged to $OUT/NAME.log, kee
 } >"$OUT/env.log" 2>&1
 PYTEST=(python3 -m pytest -q -p no:cacheprovider --durations=15)
 WORKERS=${WORKERS:-6}
-step gpu_tests "${TESTS_S:-240}" "${PYTEST[@]}" -m "gpu and not big_memory" -n "$WORKERS" --ignore=tests/test_fuzz.py tests
+step gpu_tests "${TESTS_S:-270}" "${PYTEST[@]}" -m "gpu and not big_memory" -n "$WORKERS" --ignore=tests/test_fuzz.py tests
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30
 step gpu_big "${BIG_S:-60}" "${PYTEST[@]}" -m "gpu and big_memory" tests
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_big.log" | head -30
@@ -49,7 +49,7 @@ sanitize() {
 }
 export -f sanitize
 export SANITIZER
-step sanitizers "${SAN_S:-120}" bash -c sanitize
+step sanitizers "${SAN_S:-90}" bash -c sanitize
 # memcheck also lists cuda-bindings' cuGetProcAddress probes (host API errors); kernel errors are the rest
 grep -E "^### |ERROR SUMMARY|RACECHECK SUMMARY|Invalid __|Out of bounds" "$OUT/sanitizers.log"
 step fuzz "${FUZZ_S:-120}" env HUMMING_FUZZ_PROFILE=long HUMMING_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-40}" \

@@ -317,6 +317,8 @@ def _expert_activation(module) -> dict | str:
     layout = "concat" if getattr(module, "is_concatenated", True) else "interleaved"
     gate = getattr(type(module), "_apply_gate", None)
     if type(module).__name__ in _CLAMPED_SWIGLU:
+        # gpt-oss's gate reads interleaved rows (gate_up[..., ::2]); transformers < 5.17 does not say so
+        layout = "concat" if getattr(module, "is_concatenated", False) else "interleaved"
         # What the module computes with: transformers keeps alpha and limit on the experts module, read from
         # the config by some versions and fixed at gpt-oss's 1.702 / 7.0 by others (5.17 ignores the config).
         config = getattr(module, "config", None)
