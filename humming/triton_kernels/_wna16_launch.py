@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..device import KNOWN_LIMITS
 from ..ir.weight import QuantizedWeight
 from . import registry
 from ._weight_tile import kernel_tensors, pointer_types, triton_type, weight_spec
@@ -86,7 +87,8 @@ def compile_specs() -> list[registry.CompileSpec]:
     w = torch.ones(256, 512)
     small, large = _BUCKETS[1][1], _BUCKETS[-1][1].replace(dequant_first=False)  # the kernel's own tiles
     medium = next(c for bound, c in _BUCKETS if bound == 128)
-    gemv = lambda m, group_k: wna16_config(m, 28672, 8192, 4, 132, group_k)  # H200-like problem
+    h200 = KNOWN_LIMITS["NVIDIA H200"]  # the tiles of an H200-like problem
+    gemv = lambda m, group_k: wna16_config(m, 28672, 8192, 4, h200.sm_count, group_k)
     cases = (
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 128), 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 0), 80),
@@ -105,7 +107,8 @@ def compile_specs() -> list[registry.CompileSpec]:
     # MoE: the grouped kernel on grouped rows, and gathering token rows (fused_moe's w13) at decode and prefill
     experts = quantize(torch.ones(2, 256, 512), "int4", 128, True)  # uint4 + zero points, E = 2
     mxfp4_experts = quantize(torch.ones(2, 256, 512), "mxfp4")
-    decode, prefill = (grouped_config(4096, 2816, 2048, 4, bm, 132, 232448, 128) for bm in (16, 128))
+    tiles = (grouped_config(4096, 2816, 2048, 4, bm, h200.sm_count, h200.smem_per_block, 128) for bm in (16, 128))
+    decode, prefill = tiles
     specs += [
         kernel_spec("grouped-uint4-zp-g128", experts, torch.bfloat16, decode, 80),
         kernel_spec("grouped-gather-uint4-zp-g128", experts, torch.bfloat16, decode, 80, gather=True),
