@@ -1,6 +1,6 @@
 """What humming computes at all: weight format x activation scheme combinations.
 
-Backends declare narrower support of their own (``supports(...)``); this table is the outer bound that
+Kernels declare narrower support of their own (``Kernel.unsupported``); this table is the outer bound that
 every backend, the reference included, shares, and the text users see when a combination is refused.
 """
 
