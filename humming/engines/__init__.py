@@ -1,6 +1,6 @@
-"""Engine adapters: ``humming.engines.vllm`` (a vLLM quantization method; importing it needs vLLM).
+"""Engine adapters: ``humming.engines.vllm`` (a vLLM quantization method, ``"humming_ir"``; importing it needs
+vLLM), ``humming.engines.vllm_plugin`` (vLLM's ``vllm.general_plugins`` entry point: registers that method and
+keeps vLLM's probe for humming-kernels truthful), ``humming.engines.sglang`` (an SGLang quantization method;
+importing it needs SGLang)."""
 
-SGLang: no adapter. Its quantization base classes do not import on a CPU-only machine with a CPU torch
-(``sglang.srt.layers.quantization`` imports ``torchvision`` unconditionally, whose PyPI wheel links the CUDA
-torch libraries), so an adapter could not be tested here; the README's "Engines" section shows its shape.
-"""
+from .. import _install_check  # noqa: F401  (its import is the check)
