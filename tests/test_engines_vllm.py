@@ -1,107 +1,195 @@
-"""humming.engines.vllm against vLLM's real base classes (skipped where vLLM does not import): the hooks vLLM
-calls (create_weights, the parameters' weight_loader as vLLM's loader calls it, process_weights_after_loading,
-apply) on the real-producer checkpoints, fused QKV / gate-up shards and a tensor-parallel rank included."""
+"""humming.engines.vllm inside vLLM's real code (skipped where vLLM does not import; CI does not install it).
+
+Runs on CPU with vLLM's CPU platform (``VLLM_TARGET_DEVICE=cpu``) and a one-process gloo group, so vLLM's own
+layer classes (``QKVParallelLinear``, ``MergedColumnParallelLinear``, ``RowParallelLinear``,
+``ReplicatedLinear``), parameter classes and weight loaders run unchanged. The one stand-in: a tensor-parallel
+rank other than 0 of 1 is vLLM's ``get_tensor_model_parallel_rank`` / ``_world_size`` patched to return it (a
+real TP group needs one process per rank)."""
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import humming
-
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM resolves its platform
 pytest.importorskip("vllm.model_executor.layers.linear", reason="vLLM is not installed (or does not import)")
-from vllm.model_executor.layers.linear import LinearMethodBase
-from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
-from humming.engines.vllm import HummingConfig, HummingLinearMethod
+import vllm.model_executor.layers.linear as vllm_linear
+import vllm.model_executor.parameter as vllm_parameter
+from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+    UnquantizedLinearMethod,
+)
+from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.utils.import_utils import has_humming
+
+import humming
+from humming.engines.vllm import HummingConfig, HummingLinearMethod, capture_sizes
 
 DATA = Path(__file__).parent / "data" / "checkpoints"
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
-LAYERS = [  # (vLLM layer, shard ids of the checkpoint modules it fuses)
-    ("model.layers.0.self_attn.qkv_proj", {"q_proj": "q", "k_proj": "k", "v_proj": "v"}),
-    ("model.layers.0.mlp.gate_up_proj", {"gate_proj": 0, "up_proj": 1}),
-    ("model.layers.0.mlp.down_proj", {"down_proj": None}),
+HEAD = 32
+FIXTURES = [
+    "autogptq_w4_g128_sym",
+    "awq_w4_g128",
+    "ct_w4a16_g128_sym",
+    "ct_w4a16_asym",
+    "ct_fp8_block",
+    "ct_w8a8_int8",
+    "modelopt_nvfp4",
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_process():
+    """What a vLLM worker sets up before it builds a model: its config and a (one-process) TP group."""
+    config = VllmConfig()
+    config.compilation_config.cudagraph_capture_sizes = [24, 1, 2, 4, 8, 16]  # CPU captures none: as on CUDA
+    with set_current_vllm_config(config):
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, distributed_init_method=f"file://{tempfile.mkstemp()[1]}",
+            backend="gloo",
+        )  # fmt: skip
+        initialize_model_parallel(1)
+        yield
 
 
 def _config(name: str) -> HummingConfig:
     qconfig = json.loads((DATA / name / "config.json").read_text())["quantization_config"]
-    config = HummingConfig.from_config(qconfig)
-    config.packed_modules_mapping = dict(PACKED)
+    config = get_quantization_config("humming_ir").from_config(qconfig)
+    config.packed_modules_mapping = dict(PACKED)  # what vLLM copies from the model class
     return config
 
 
-def _load_layer(config: HummingConfig, prefix: str, shards: dict, tensors: dict, tp=(0, 1)) -> torch.nn.Module:
-    """What vLLM does for one linear layer: create_weights, then each checkpoint tensor through its
-    parameter's weight_loader (shard id on the tensor, as vLLM 0.33's WeightsMapper sets it), then
-    process_weights_after_loading."""
-    layer = torch.nn.Module()
-    layer.tp_rank, layer.tp_size = tp
-    method = HummingLinearMethod(config, prefix)
-    method.create_weights(layer, 0, [], 0, 0, torch.bfloat16, weight_loader=None)
-    head = prefix.rpartition(".")[0]
+def _shapes(tensors: dict, head: str) -> dict:
+    """Module -> (out, in) of the fixture's projections, from the producer's reference."""
+    return {m[len(head) + 1 :]: tuple(t.shape) for m, t in tensors.items() if m.startswith(head)}
+
+
+def _layers(config, reference: dict, kind: str = "all"):
+    """vLLM's own layers for the fixture's decoder layer (``kind``: all, qkv or mlp): (layer, {checkpoint
+    module: shard id})."""
+    attn, mlp = "model.layers.0.self_attn", "model.layers.0.mlp"
+    s = {**_shapes(reference, attn), **_shapes(reference, mlp)}
+    hidden, heads, kv = s["q_proj.weight"][1], s["q_proj.weight"][0] // HEAD, s["k_proj.weight"][0] // HEAD
+    found = []
+    if kind in ("all", "qkv"):
+        qkv = QKVParallelLinear(hidden, HEAD, heads, kv, bias=False, quant_config=config, prefix=f"{attn}.qkv_proj")
+        found.append((qkv, {f"{attn}.q_proj": "q", f"{attn}.k_proj": "k", f"{attn}.v_proj": "v"}))
+    if kind in ("all", "mlp"):
+        inter = s["gate_proj.weight"][0]
+        gate_up = MergedColumnParallelLinear(
+            hidden, [inter, inter], bias=False, quant_config=config, prefix=f"{mlp}.gate_up_proj"
+        )
+        down = RowParallelLinear(inter, hidden, bias=False, quant_config=config, prefix=f"{mlp}.down_proj")
+        found += [(gate_up, {f"{mlp}.gate_proj": 0, f"{mlp}.up_proj": 1}), (down, {f"{mlp}.down_proj": None})]
+    return found
+
+
+def _load(layer, shards: dict, tensors: dict) -> None:
+    """What a model's ``load_weights`` does: each checkpoint tensor through its parameter's weight_loader
+    (with the shard id of vLLM's stacked_params_mapping), then process_weights_after_loading."""
+    params = dict(layer.named_parameters())
     for module, shard in shards.items():
         for key, tensor in tensors.items():
             owner, _, leaf = key.rpartition(".")
-            if owner == f"{head}.{module}" and leaf != "bias":
-                param = getattr(layer, leaf)
-                tensor = tensor.clone()
-                if shard is not None:
-                    tensor.shard_id = shard
+            if owner != module or leaf not in params:  # AutoGPTQ's zero biases of bias-free layers: skipped, as vLLM
+                continue
+            param = params[leaf]
+            if shard is None:
                 param.weight_loader(param, tensor)
-    method.process_weights_after_loading(layer)
-    layer.quant_method = method
-    return layer
+            else:
+                param.weight_loader(param, tensor, shard)
+    layer.quant_method.process_weights_after_loading(layer)
 
 
-def test_registered_with_vllm():
-    # vLLM's own get_quantization_config cannot be called here: it imports vLLM's built-in humming-kernels
-    # method, whose package is also named humming (see humming/engines/vllm.py)
-    from vllm.model_executor.layers.quantization import _CUSTOMIZED_METHOD_TO_QUANT_CONFIG
+def test_vllm_probe_and_registry():
+    """With humming installed vLLM's probe for humming-kernels is false and every quantization config vLLM
+    ships imports (the import path every quantized model takes)."""
+    assert not has_humming()
+    for method in QUANTIZATION_METHODS:
+        assert issubclass(get_quantization_config(method), QuantizationConfig), method
+    assert get_quantization_config("humming_ir") is HummingConfig
 
-    assert "humming_ir" in QUANTIZATION_METHODS and _CUSTOMIZED_METHOD_TO_QUANT_CONFIG["humming_ir"] is HummingConfig
-    assert issubclass(HummingConfig, QuantizationConfig) and issubclass(HummingLinearMethod, LinearMethodBase)
-    assert _config("awq_w4_g128").get_quant_method(torch.nn.LayerNorm(4), "model.norm") is None
+
+@pytest.mark.parametrize("name", ["autogptq_w4_g128_sym", "ct_fp8_block", "modelopt_nvfp4"])
+def test_vllm_selects_the_method(name):
+    """vLLM's own checkpoint detection (ModelConfig) keeps its choice unless humming_ir is asked for."""
+    default = ModelConfig(model=str(DATA / name), skip_tokenizer_init=True)
+    assert default.quantization not in (None, "humming_ir")
+    chosen = ModelConfig(model=str(DATA / name), quantization="humming_ir", skip_tokenizer_init=True)
+    assert chosen.quantization == "humming_ir"
 
 
-@pytest.mark.parametrize(
-    "name", ["autogptq_w4_g128_sym", "awq_w4_g128", "ct_fp8_block", "ct_w8a8_int8", "modelopt_nvfp4"]
-)
+@pytest.mark.parametrize("name", FIXTURES)
 def test_layers_equal_humming(name, seed):
-    """Each fused layer computes humming.linear on the exact concatenation of its modules' weights, with the
-    checkpoint's activation scheme."""
+    """Each of vLLM's layers, loaded through its own weight loaders, computes what humming computes on the
+    checkpoint's modules (:func:`_expected`)."""
     config = _config(name)
     tensors = load_file(DATA / name / "model.safetensors")
     qws = humming.load_checkpoint(DATA / name)
     acts = humming.loaders.activation_schemes(DATA / name)
-    for prefix, shards in LAYERS:
-        if name == "ct_fp8_block" and "qkv" in prefix:  # 96-row k / v in 128x128 blocks: no exact join
-            with pytest.raises(ValueError, match=r"straddle two parts"):
-                _load_layer(config, prefix, shards, tensors)
-            continue
-        layer = _load_layer(config, prefix, shards, tensors)
-        head = prefix.rpartition(".")[0]
-        parts = [qws[f"{head}.{m}"] for m in shards]
-        expect_w = humming.concat(parts) if len(parts) > 1 else parts[0]
-        act = acts[f"{head}.{next(iter(shards))}"][0]
-        x = torch.randn(5, expect_w.K, dtype=torch.bfloat16)
-        got = layer.quant_method.apply(layer, x)
-        assert torch.equal(got, humming.linear(x, expect_w, act=act)), f"{prefix}"
-        assert not hasattr(layer, "qweight") and not hasattr(layer, "weight_scale")  # placeholders dropped
+    for layer, shards in _layers(config, load_file(DATA / name / "reference.safetensors")):
+        assert isinstance(layer.quant_method, HummingLinearMethod)
+        _load(layer, shards, tensors)
+        x = torch.randn(5, layer.input_size, dtype=torch.bfloat16)
+        got = torch.full((5, layer.output_size), float("nan"), dtype=torch.bfloat16)
+        got.copy_(layer(x)[0])
+        expect = _expected(x, [qws[m] for m in shards], acts[next(iter(shards))][0])
+        assert torch.equal(got, expect), layer.prefix if hasattr(layer, "prefix") else shards
+        assert not hasattr(layer, "qweight") and not hasattr(layer, "weight_packed") and not hasattr(layer, "weight")
 
 
-def test_tensor_parallel_rank():
-    """Rank 1 of 2: column-parallel layers take their half of each fused shard before joining them."""
-    config = _config("ct_w4a16_g128_sym")
-    tensors = load_file(DATA / "ct_w4a16_g128_sym" / "model.safetensors")
-    qws = humming.load_checkpoint(DATA / "ct_w4a16_g128_sym")
-    prefix, shards = LAYERS[1]
-    layer = _load_layer(config, prefix, shards, tensors, tp=(1, 2))
-    head = prefix.rpartition(".")[0]
-    expect = humming.concat([qws[f"{head}.{m}"].shard(0, 1, 2) for m in shards])
-    assert torch.equal(humming.dequantize(layer.humming.weight), humming.dequantize(expect))
+def _expected(x: torch.Tensor, parts: list, act) -> torch.Tensor:
+    """humming.linear on the exact concatenation of a fused layer's modules; where they cannot be joined
+    exactly (2-D blocks straddling two modules), the modules' outputs side by side."""
+    try:
+        joined = humming.concat(parts) if len(parts) > 1 else parts[0]
+    except ValueError:
+        return torch.cat([humming.linear(x, w, act=act) for w in parts], dim=-1)
+    return humming.linear(x, joined, act=act)
+
+
+def test_ignored_layers_stay_unquantized():
+    qconfig = json.loads((DATA / "ct_w4a16_g128_sym" / "config.json").read_text())["quantization_config"]
+    config = HummingConfig({**qconfig, "ignore": [*qconfig.get("ignore", []), "re:.*mlp\\.gate$"]})
+    gate = ReplicatedLinear(256, 8, bias=False, quant_config=config, prefix="model.layers.0.mlp.gate")
+    assert isinstance(gate.quant_method, UnquantizedLinearMethod)
+    assert isinstance(config.get_quant_method(torch.nn.LayerNorm(4), "model.norm"), type(None))
+
+
+@pytest.mark.parametrize(("rank", "world", "kind"), [(3, 5, "mlp"), (1, 3, "qkv"), (5, 6, "qkv")])
+def test_tensor_parallel_rank_and_replicated_kv_heads(monkeypatch, rank, world, kind, seed):
+    """Rank ``rank`` of ``world``: q, gate / up take their part along N, down along K; with 6 ranks and 3 KV
+    heads vLLM replicates each KV head on 2 ranks and its loader gives rank 5 head 2."""
+    for module in (vllm_linear, vllm_parameter):
+        monkeypatch.setattr(module, "get_tensor_model_parallel_rank", lambda: rank)
+        monkeypatch.setattr(module, "get_tensor_model_parallel_world_size", lambda: world)
+    name = "autogptq_w4_g128_sym"
+    config, tensors = _config(name), load_file(DATA / name / "model.safetensors")
+    qws = humming.load_checkpoint(DATA / name)
+    kv_heads = 3
+    kv_part = (0, rank // (world // kv_heads), kv_heads) if world > kv_heads else (0, rank, world)
+    parts = {"q": (0, rank, world), "k": kv_part, "v": kv_part, 0: (0, rank, world), 1: (0, rank, world)}
+    layers = _layers(config, load_file(DATA / name / "reference.safetensors"), kind)
+    for layer, shards in layers:
+        _load(layer, shards, tensors)
+        x = torch.randn(3, layer.input_size_per_partition, dtype=torch.bfloat16)
+        expect = _expected(x, [qws[m].shard(*parts.get(s, (1, rank, world))) for m, s in shards.items()], None)
+        assert torch.equal(layer.quant_method.apply(layer, x), expect), shards
+
+
+def test_warmup_sizes_are_vllm_capture_sizes():
+    assert capture_sizes() == (1, 2, 4, 8, 16, 24)

@@ -1,67 +1,61 @@
-"""A vLLM quantization method on humming: ``quantization="humming_ir"`` for a checkpoint in any format
-:func:`humming.load_checkpoint` reads (GPTQ, AWQ, compressed-tensors, FP8, ModelOpt), dense linears.
+"""A vLLM quantization method on humming's kernels: ``--quantization humming_ir`` serves a GPTQ, AWQ,
+compressed-tensors, FP8 or ModelOpt (NVFP4 / FP8) checkpoint's linear layers with ``humming.linear``.
 
-Importing this module registers :class:`HummingConfig` under the name ``"humming_ir"`` (vLLM's
-``register_quantization_config``; vLLM >= 0.33 has a built-in ``"humming"`` method of its own, on the
-humming-kernels package). Known limit: humming-kernels' import name is also ``humming``, and vLLM 0.33's
-``get_quantization_config`` imports its built-in humming method (``humming.dtypes``) whatever method is asked
-for, so with this package installed that lookup fails (``No module named 'humming.dtypes'``) and the vLLM
-engine cannot start; the hooks below are tested against vLLM's base classes directly.
+Importing this module registers :class:`HummingConfig` as ``"humming_ir"`` (vLLM loads it in each of its
+processes through the ``vllm.general_plugins`` entry point, :mod:`humming.engines.vllm_plugin`).
 
-vLLM hands it the checkpoint's ``quantization_config``; for each linear layer
-:meth:`HummingConfig.get_quant_method` returns a :class:`HummingLinearMethod`, whose hooks vLLM calls:
-
-- ``create_weights`` registers one empty placeholder parameter per tensor name the formats use
-  (``qweight``, ``weight_packed``, ``weight_scale``, ``input_scale``...): vLLM's loader finds them by name,
-  and their ``weight_loader`` keeps each checkpoint tensor whole, by shard (``q`` / ``k`` / ``v``, ``0`` /
-  ``1`` of fused layers). Empty placeholders are exempt from vLLM's every-parameter-loaded check.
-- ``process_weights_after_loading`` decodes each shard with humming's own reader for the format (the same
-  code, bit-exact against the producers), takes this rank's part (``shard``: column-parallel along N,
-  row-parallel along K), joins fused shards (``concat``, exact), reads the activation scheme the checkpoint
-  names, and on CUDA prepares and warms the kernels. A layer the checkpoint leaves unquantized (an
-  ``ignore`` entry) is refused.
+- Selection: vLLM asks every registered method's ``override_quantization_method`` about the checkpoint's
+  ``quantization_config``; this one answers ``"humming_ir"`` only when the user asked for it, so without
+  ``--quantization humming_ir`` vLLM picks the method it always picked.
+- ``get_quant_method``: a layer the checkpoint leaves unquantized (``ignore``, ``modules_to_not_convert``,
+  ``exclude_modules``, GPTQModel ``-:`` rules; for a fused layer, all of its shards) gets vLLM's
+  ``UnquantizedLinearMethod``; other linear layers get :class:`HummingLinearMethod`.
+- ``create_weights`` registers the format's checkpoint tensors as vLLM parameters of this rank's partition
+  sizes (:mod:`._vllm_params`), so vLLM's own weight loaders write each shard's slice into place (tensor
+  parallel slicing, fused q / k / v and gate / up shards, replicated KV heads): no full tensor is kept.
+- ``process_weights_after_loading`` splits those parameters back into the layer's shards, decodes each with
+  humming's reader of the format (bit-exact against the producers), joins the shards exactly
+  (``humming.concat``; shards that cannot be joined exactly, such as 2-D weight blocks straddling two shards,
+  run one ``humming.linear`` each, their outputs concatenated), and on CUDA prepares the weights and compiles
+  the kernels of every batch size vLLM captures in CUDA graphs, in the layer's ``params_dtype``.
 - ``apply`` is ``humming.linear`` (one ``torch.ops.humming.linear`` node under vLLM's ``torch.compile``).
 
-Not covered: fused shards whose 2-D weight blocks would straddle two shards (``concat`` refuses: FP8 128x128
-blocks with 96-row k / v projections), MoE layers (``FusedMoE``: no method is returned for them), bitsandbytes
-and gpt-oss checkpoints, per-shard static activation scales that differ within a fused layer.
+Not covered: MoE layers (vLLM's ``RoutedExperts``: no method is returned, so vLLM refuses the model rather
+than serving it unquantized), MXFP4 (gpt-oss) and bitsandbytes checkpoints, GPTQ act-order with a
+row-parallel split (every rank keeps all groups while ``g_idx`` is split), 3-, 5-, 6- and 7-bit packings.
 """
 
 from __future__ import annotations
 
+from ._vllm_probe import make_probe_truthful
+
+make_probe_truthful()  # vLLM's quantization modules call has_humming() when they are imported
+
 import torch
-from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, ReplicatedLinear, RowParallelLinear
+from vllm.config import get_current_vllm_config
+from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.parameter import (
+    BasevLLMParameter,
+    BlockQuantScaleParameter,
+    ChannelQuantScaleParameter,
+    ModelWeightParameter,
+    PackedColumnParameter,
+    PackedvLLMParameter,
+    PerTensorScaleParameter,
+    RowvLLMParameter,
+)
 
 from ..ir.concat import concat
 from ..linear import linear
 from ..loaders.activations import reader_activation
-from ..loaders.checkpoint import READERS, open_reader
+from ..loaders.checkpoint import open_reader
 from ..loaders.errors import UnsupportedFormatError
 from ..nn.linear import QuantizedLinear
+from ._vllm_params import Leaf, is_skipped, leaves, method_of
 
-__all__ = ["HummingConfig", "HummingLinearMethod"]
-
-#: every per-module tensor name of the formats this adapter reads
-LEAVES = (
-    "weight",
-    "weight_packed",
-    "weight_scale",
-    "weight_shape",
-    "weight_zero_point",
-    "weight_g_idx",
-    "weight_global_scale",
-    "weight_scale_2",
-    "weight_scale_inv",
-    "input_scale",
-    "input_global_scale",
-    "qweight",
-    "qzeros",
-    "scales",
-    "g_idx",
-)
-_QKV = {"q": 0, "k": 1, "v": 2}
+__all__ = ["HummingConfig", "HummingLinearMethod", "capture_sizes"]
 
 
 @register_quantization_config("humming_ir")
@@ -70,9 +64,9 @@ class HummingConfig(QuantizationConfig):
 
     def __init__(self, qconfig: dict, backend: str = "auto"):
         super().__init__()
-        method = str(qconfig.get("quant_method", "")).lower().replace("_", "-")
-        if method not in READERS or method in ("mxfp4", "bitsandbytes"):
-            raise UnsupportedFormatError(f"humming's vLLM adapter does not read quant_method {method!r}")
+        if "quantization" in qconfig and "quant_method" not in qconfig:  # ModelOpt's hf_quant_config.json
+            qconfig = {"quant_method": "modelopt", **qconfig}
+        method_of(qconfig)
         self.qconfig, self.backend = qconfig, backend
 
     def get_name(self) -> str:
@@ -91,21 +85,53 @@ class HummingConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict) -> HummingConfig:
-        if "quantization" in config and "quant_method" not in config:  # ModelOpt's hf_quant_config.json
-            config = {"quant_method": "modelopt", **config["quantization"]}
         return cls(config)
 
-    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> HummingLinearMethod | None:
-        if isinstance(layer, LinearBase):
-            return HummingLinearMethod(self, prefix)
-        return None
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None) -> str | None:
+        """``"humming_ir"`` for a checkpoint humming reads when the user asked for it; None otherwise, so
+        vLLM keeps choosing its own method."""
+        if user_quant != "humming_ir":
+            return None
+        method_of(hf_quant_cfg)  # an unsupported format is an error naming it, not a silent fallback
+        return "humming_ir"
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if not isinstance(layer, LinearBase):
+            return None
+        names = shard_names(prefix, self.packed_modules_mapping)
+        skipped = [is_skipped(self.qconfig, name) for name in names]
+        if all(skipped):
+            return UnquantizedLinearMethod()
+        if any(skipped):
+            raise UnsupportedFormatError(
+                f"{prefix}: the checkpoint quantizes some of its shards {names} and not others ({skipped})"
+            )
+        return HummingLinearMethod(self, prefix, names)
+
+
+def shard_names(prefix: str, packed_modules_mapping: dict) -> list[str]:
+    """Checkpoint module names of a layer's shards: vLLM's ``packed_modules_mapping`` (``qkv_proj`` ->
+    ``q_proj``, ``k_proj``, ``v_proj``) for fused layers, the layer's own name otherwise."""
+    head, _, tail = prefix.rpartition(".")
+    packed = packed_modules_mapping.get(tail)
+    if not packed:
+        return [prefix]
+    return [f"{head}.{p}" if head else p for p in packed]
+
+
+def capture_sizes() -> tuple[int, ...]:
+    """The batch sizes vLLM captures in CUDA graphs (its compilation config), largest last; ``(1,)`` when
+    it captures none."""
+    sizes = get_current_vllm_config().compilation_config.cudagraph_capture_sizes or []
+    return tuple(sorted({1, *sizes}))
 
 
 class HummingLinearMethod(LinearMethodBase):
-    """One vLLM linear layer (plain, fused QKV or gate/up) on a humming weight."""
+    """One vLLM linear layer (plain, fused QKV or gate / up, column- or row-parallel) on humming weights."""
 
-    def __init__(self, config: HummingConfig, prefix: str):
-        self.config, self.prefix = config, prefix
+    def __init__(self, config: HummingConfig, prefix: str, names: list[str]):
+        self.config, self.prefix, self.names = config, prefix, names
 
     def create_weights(
         self,
@@ -117,72 +143,129 @@ class HummingLinearMethod(LinearMethodBase):
         params_dtype: torch.dtype,
         **extra_weight_attrs,
     ):
-        layer.humming_tensors = {}  # (shard, leaf) -> checkpoint tensor
+        sizes = list(output_partition_sizes)
+        if len(sizes) != len(self.names):
+            raise UnsupportedFormatError(
+                f"{self.prefix}: {len(sizes)} output partitions, packed_modules_mapping gives {self.names}"
+            )
+        row_parallel = input_size != input_size_per_partition
+        found = leaves(
+            self.config.qconfig, self.names[0], sum(sizes), input_size_per_partition, input_size, len(sizes),
+            row_parallel,
+        )  # fmt: skip
+        loader = _keeping_checkpoint_dtype(extra_weight_attrs["weight_loader"])
+        for leaf in found:
+            if leaf.block:
+                layer.weight_block_size = [leaf.unit, -(-input_size_per_partition // leaf.shape[1])]
+            shape = list(leaf.shape)
+            if leaf.out_dim is not None:
+                shape[leaf.out_dim] = sum(leaf.rows(n) for n in sizes)
+            data = torch.empty(shape, dtype=leaf.dtype or params_dtype)
+            layer.register_parameter(leaf.name, _parameter(leaf, data, loader))
+        if found[0].name == "weight_packed" and found[0].dtype == torch.int32:  # compressed-tensors' [N, K]
+            layer.register_parameter(
+                "weight_shape", BasevLLMParameter(data=torch.empty(2, dtype=torch.int64), weight_loader=loader)
+            )
+        layer.humming_leaves, layer.humming_sizes, layer.humming_k = found, sizes, input_size_per_partition
         layer.humming_params_dtype = params_dtype
-        layer.humming_sizes = (input_size_per_partition, list(output_partition_sizes))
-        for leaf in LEAVES:
-
-            def keep(param, loaded_weight, shard_id=None, leaf=leaf):
-                shard = shard_id if shard_id is not None else getattr(loaded_weight, "shard_id", None)
-                layer.humming_tensors[(shard, leaf)] = loaded_weight.detach().clone()
-
-            placeholder = torch.nn.Parameter(torch.empty(0), requires_grad=False)
-            placeholder.weight_loader = keep
-            layer.register_parameter(leaf, placeholder)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        shards = sorted({s for s, _ in layer.humming_tensors}, key=lambda s: _QKV.get(s, s) if s is not None else -1)
-        names = self._shard_names(len(shards))
-        rank, world = getattr(layer, "tp_rank", 0), getattr(layer, "tp_size", 1)
-        dim = None if isinstance(layer, ReplicatedLinear) or world == 1 else int(isinstance(layer, RowParallelLinear))
-        parts, specs = [], set()
-        for shard, name in zip(shards, names):
-            tensors = {f"{name}.{leaf}": t for (s, leaf), t in layer.humming_tensors.items() if s == shard}
+        parts, acts = [], []
+        for i, (name, n) in enumerate(zip(self.names, layer.humming_sizes)):
+            tensors = {f"{name}.{x.name}": _shard_of(layer, x, i) for x in layer.humming_leaves if x.decoded}
+            if hasattr(layer, "weight_shape"):  # each shard's own [N, K], which the fused parameter cannot hold
+                tensors[f"{name}.weight_shape"] = torch.tensor([n, layer.humming_k], dtype=torch.int64)
             reader = open_reader(self.config.qconfig, tensors)
-            if name not in reader.modules():  # left unquantized by the checkpoint
-                raise UnsupportedFormatError(
-                    f"{name}: not quantized in this checkpoint; serve it without the humming method"
-                )
-            qw = reader.load(name)
-            parts.append(qw if dim is None else qw.shard(dim, rank, world))
+            parts.append(reader.load(name))
             spec = reader_activation(reader, name)
-            scale = None if spec.scale_tensor is None else tensors[spec.scale_tensor]
-            specs.add((spec.act, None if scale is None else float(scale)))
-        if len(specs) != 1:
-            raise UnsupportedFormatError(f"{self.prefix}: shards with different activation settings {sorted(specs)}")
-        act, scale = specs.pop()
-        for leaf in LEAVES:
-            delattr(layer, leaf)
-        del layer.humming_tensors
-        device = layer.bias.device if getattr(layer, "bias", None) is not None else _default_device()
-        qw = (concat(parts) if len(parts) > 1 else parts[0]).to(device)
-        layer.humming = QuantizedLinear(
-            qw, act=act, act_scale=None if scale is None else torch.tensor(scale), backend=self.config.backend
+            acts.append((spec.act, None if spec.scale_tensor is None else tensors[spec.scale_tensor].reshape(())))
+        for leaf in layer.humming_leaves:
+            delattr(layer, leaf.name)
+        if hasattr(layer, "weight_shape"):
+            del layer.weight_shape
+        weights = _joined(parts, acts)
+        layer.humming = torch.nn.ModuleList(
+            QuantizedLinear(qw, act=act, act_scale=scale, backend=self.config.backend) for qw, (act, scale) in weights
         )
-        if device.type == "cuda":
+        if parts[0].device.type == "cuda":
             from .. import prepare, warmup
 
-            prepare(qw, backend="cuda", act=act)
-            warmup([qw], m_values=(1, 16, 64, 256), act=act, progress=False)
-
-    def _shard_names(self, count: int) -> list[str]:
-        """Checkpoint module names of the layer's shards: vLLM's ``packed_modules_mapping`` (``qkv_proj`` ->
-        ``q_proj``, ``k_proj``, ``v_proj``) for fused layers, the layer's own name otherwise."""
-        head, _, tail = self.prefix.rpartition(".")
-        packed = self.config.packed_modules_mapping.get(tail)
-        if count == 1 and not packed:
-            return [self.prefix]
-        if not packed or len(packed) != count:
-            raise UnsupportedFormatError(f"{self.prefix}: {count} shards, packed_modules_mapping gives {packed}")
-        return [f"{head}.{p}" if head else p for p in packed]
+            for module in layer.humming:
+                prepare(module.weight, backend="cuda", act=module.act)
+                warmup(
+                    [module.weight],
+                    m_values=capture_sizes(),
+                    act=module.act,
+                    act_dtype=layer.humming_params_dtype,
+                    progress=False,
+                )
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        module: QuantizedLinear = layer.humming
-        if module.act_scale is None:
-            return linear(x, module.weight, bias, act=module.act, backend=module.backend)
-        y = module(x)
+        outs = [
+            linear(x, m.weight, act=m.act, backend=m.backend) if m.act_scale is None else m(x) for m in layer.humming
+        ]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y if bias is None else y + bias
 
 
-def _default_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+def _parameter(leaf: Leaf, data: torch.Tensor, loader) -> torch.nn.Parameter:
+    """The vLLM parameter class whose loader slices ``leaf`` as its dims say."""
+    if leaf.per_shard:
+        return PerTensorScaleParameter(data=data, weight_loader=loader)
+    if leaf.block:
+        return BlockQuantScaleParameter(data=data, input_dim=leaf.in_dim, output_dim=leaf.out_dim, weight_loader=loader)
+    if leaf.packed:
+        kw = dict(data=data, output_dim=leaf.out_dim, packed_dim=leaf.out_dim, packed_factor=leaf.unit)
+        if leaf.in_dim is None:
+            return PackedColumnParameter(**kw, weight_loader=loader)
+        return PackedvLLMParameter(**kw, input_dim=leaf.in_dim, weight_loader=loader)
+    if leaf.out_dim is not None and leaf.in_dim is not None:
+        return ModelWeightParameter(data=data, input_dim=leaf.in_dim, output_dim=leaf.out_dim, weight_loader=loader)
+    if leaf.out_dim is not None:
+        return ChannelQuantScaleParameter(data=data, output_dim=leaf.out_dim, weight_loader=loader)
+    if leaf.in_dim is not None:
+        return RowvLLMParameter(data=data, input_dim=leaf.in_dim, weight_loader=loader)
+    return BasevLLMParameter(data=data, weight_loader=loader)
+
+
+def _keeping_checkpoint_dtype(loader):
+    """vLLM's loader, after giving a 16-bit scale parameter the checkpoint's dtype (float16 or bfloat16) on
+    its first tensor, so the scales stay the producer's bits; later tensors of another dtype are an error."""
+
+    def load(param, loaded_weight, *args, **kwargs):
+        if param.dtype != loaded_weight.dtype and loaded_weight.dtype in (torch.float16, torch.bfloat16):
+            if getattr(param, "humming_dtype_set", False):
+                raise UnsupportedFormatError(
+                    f"scale tensors of one layer in {param.dtype} and {loaded_weight.dtype}: one dtype expected"
+                )
+            param.data = torch.empty_like(param.data, dtype=loaded_weight.dtype)
+        param.humming_dtype_set = True
+        return loader(param, loaded_weight, *args, **kwargs)
+
+    return load
+
+
+def _shard_of(layer: torch.nn.Module, leaf: Leaf, index: int) -> torch.Tensor:
+    """Shard ``index``'s part of a loaded leaf: its rows along N, its scalar, or the whole (shared) tensor."""
+    data = getattr(layer, leaf.name).data
+    if leaf.per_shard:
+        return data[index]
+    if leaf.out_dim is None:
+        return data
+    rows = [leaf.rows(n) for n in layer.humming_sizes]
+    return data.narrow(leaf.out_dim, sum(rows[:index]), rows[index])
+
+
+def _joined(parts: list, acts: list) -> list:
+    """``[(weight, (act, static scale))]``: one weight for all shards where they join exactly with one
+    activation setting, else one per shard."""
+    same_act = all(a == acts[0][0] and (s is None) == (acts[0][1] is None) for a, s in acts)
+    same_scale = all(s is None or torch.equal(s, acts[0][1]) for _, s in acts)
+    if len(parts) == 1:
+        return [(parts[0], acts[0])]
+    if same_act and same_scale:
+        try:
+            return [(concat(parts), acts[0])]
+        except ValueError:  # blocks straddling two shards: run them apart
+            pass
+    return list(zip(parts, acts))

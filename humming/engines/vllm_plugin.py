@@ -3,9 +3,9 @@
 vLLM calls :func:`register` in every process it starts (the API server, the engine core, each worker) before it
 builds the model config or loads weights. It does two things:
 
-- :func:`make_probe_truthful`: vLLM >= 0.33 asks ``has_humming()`` whether humming-kernels is installed, and
-  that probe (``vllm.utils.import_utils._has_module("humming")``) is true for any package named ``humming``. On
-  this package vLLM would then import ``humming.dtypes`` while importing its quantization configs (every quantized
+- ``make_probe_truthful``: vLLM >= 0.33 asks ``has_humming()`` whether humming-kernels is installed, and that
+  probe (``vllm.utils.import_utils._has_module("humming")``) is true for any package named ``humming``. On this
+  package vLLM would then import ``humming.dtypes`` while importing its quantization configs (every quantized
   model) and rank humming-kernels ahead of Marlin on sm_90. ``has_humming`` looks ``_has_module`` up at each
   call, so replacing that function answers False for ``humming`` to every caller, also to modules that imported
   ``has_humming`` before the plugin ran. A process that reaches vLLM's probe before its plugins (a spawned
@@ -17,25 +17,12 @@ builds the model config or loads weights. It does two things:
 
 from __future__ import annotations
 
-__all__ = ["make_probe_truthful", "register"]
+from ._vllm_probe import make_probe_truthful
 
-
-def make_probe_truthful() -> None:
-    """Make vLLM's ``has_humming()`` (is humming-kernels installed?) answer False for this package."""
-    from vllm.utils import import_utils
-
-    original = import_utils._has_module
-    if getattr(original, "humming_ir", False):
-        return
-
-    def _has_module(module_name: str) -> bool:
-        return False if module_name == "humming" else original(module_name)
-
-    _has_module.humming_ir = True
-    _has_module.cache_clear = getattr(original, "cache_clear", lambda: None)
-    import_utils._has_module = _has_module
+__all__ = ["register"]
 
 
 def register() -> None:
+    """vLLM's plugin hook: make its humming-kernels probe truthful, then register ``"humming_ir"``."""
     make_probe_truthful()
     from . import vllm  # noqa: F401  (registers "humming_ir")
