@@ -36,7 +36,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.utils.import_utils import has_humming
 
 import humming
-from humming.engines.vllm import HummingConfig, HummingLinearMethod, capture_sizes
+from humming.engines.vllm import HummingConfig, HummingLinearMethod, HummingMoEMethod, capture_sizes
 
 DATA = Path(__file__).parent / "data" / "checkpoints"
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
@@ -193,3 +193,41 @@ def test_tensor_parallel_rank_and_replicated_kv_heads(monkeypatch, rank, world, 
 
 def test_warmup_sizes_are_vllm_capture_sizes():
     assert capture_sizes() == (1, 2, 4, 8, 16, 24)
+
+
+def test_moe_experts_equal_fused_moe(seed):
+    """vLLM's routed experts (FusedMoEFactory's RoutedExperts) on the GPTQ MoE fixture, loaded expert by expert
+    through vLLM's expert weight loader, compute humming.moe.fused_moe on the checkpoint's experts."""
+    from vllm.model_executor.layers.fused_moe import FusedMoEFactory, fused_moe_make_expert_params_mapping
+
+    path = Path(__file__).parent / "data" / "moe_gptq_w4_g128"
+    hf = json.loads((path / "config.json").read_text())
+    config = HummingConfig(hf["quantization_config"])
+    prefix = "model.layers.0.mlp.experts"
+    runner = FusedMoEFactory(
+        num_experts=hf["num_experts"],
+        top_k=hf["num_experts_per_tok"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["moe_intermediate_size"],
+        params_dtype=torch.bfloat16,
+        quant_config=config,
+        prefix=prefix,
+    )
+    experts = runner.routed_experts
+    assert isinstance(experts.quant_method, HummingMoEMethod)
+    params = dict(experts.named_parameters())
+    mapping = fused_moe_make_expert_params_mapping(experts, "gate_proj", "down_proj", "up_proj", hf["num_experts"])
+    for key, tensor in load_file(path / "model.safetensors").items():
+        for param_name, weight_name, expert_id, shard_id in mapping:
+            if weight_name in key:  # what Qwen2-MoE's load_weights does, relative to the routed experts
+                name = key.replace(weight_name, param_name).rpartition("routed_experts.")[2]
+                if name in params:  # g_idx without act-order: vLLM's GPTQ experts keep none either
+                    params[name].weight_loader(params[name], tensor, name, shard_id=shard_id, expert_id=expert_id)
+    experts.quant_method.process_weights_after_loading(experts)
+    qws = humming.load_checkpoint(path)
+    w13 = humming.concat([qws[f"{prefix}.gate_proj"], qws[f"{prefix}.up_proj"]], dim=1)
+    x = torch.randn(7, hf["hidden_size"], dtype=torch.bfloat16)
+    topk_weights, topk_ids = torch.rand(7, 2).softmax(-1), torch.stack([torch.randperm(4)[:2] for _ in range(7)])
+    got = experts.quant_method.apply(experts, x, topk_weights, topk_ids.to(torch.int32), None, None)
+    expect = humming.moe.fused_moe(x, w13, qws[f"{prefix}.down_proj"], topk_weights, topk_ids.to(torch.int32))
+    assert torch.equal(got, expect)
