@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,15 +19,13 @@ from safetensors.torch import load_file
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM resolves its platform
 pytest.importorskip("vllm.model_executor.layers.linear", reason="vLLM is not installed (or does not import)")
 
+import engine_layers as cases
 import vllm.model_executor.layers.linear as vllm_linear
 import vllm.model_executor.parameter as vllm_parameter
 from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.distributed import init_distributed_environment, initialize_model_parallel
 from vllm.model_executor.layers.linear import (
-    MergedColumnParallelLinear,
-    QKVParallelLinear,
     ReplicatedLinear,
-    RowParallelLinear,
     UnquantizedLinearMethod,
 )
 from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
@@ -37,19 +34,6 @@ from vllm.utils.import_utils import has_humming
 
 import humming
 from humming.engines.vllm import HummingConfig, HummingLinearMethod, HummingMoEMethod, capture_sizes
-
-DATA = Path(__file__).parent / "data" / "checkpoints"
-PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
-HEAD = 32
-FIXTURES = [
-    "autogptq_w4_g128_sym",
-    "awq_w4_g128",
-    "ct_w4a16_g128_sym",
-    "ct_w4a16_asym",
-    "ct_fp8_block",
-    "ct_w8a8_int8",
-    "modelopt_nvfp4",
-]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,55 +50,6 @@ def vllm_process():
         yield
 
 
-def _config(name: str) -> HummingConfig:
-    qconfig = json.loads((DATA / name / "config.json").read_text())["quantization_config"]
-    config = get_quantization_config("humming_ir").from_config(qconfig)
-    config.packed_modules_mapping = dict(PACKED)  # what vLLM copies from the model class
-    return config
-
-
-def _shapes(tensors: dict, head: str) -> dict:
-    """Module -> (out, in) of the fixture's projections, from the producer's reference."""
-    return {m[len(head) + 1 :]: tuple(t.shape) for m, t in tensors.items() if m.startswith(head)}
-
-
-def _layers(config, reference: dict, kind: str = "all"):
-    """vLLM's own layers for the fixture's decoder layer (``kind``: all, qkv or mlp): (layer, {checkpoint
-    module: shard id})."""
-    attn, mlp = "model.layers.0.self_attn", "model.layers.0.mlp"
-    s = {**_shapes(reference, attn), **_shapes(reference, mlp)}
-    hidden, heads, kv = s["q_proj.weight"][1], s["q_proj.weight"][0] // HEAD, s["k_proj.weight"][0] // HEAD
-    found = []
-    if kind in ("all", "qkv"):
-        qkv = QKVParallelLinear(hidden, HEAD, heads, kv, bias=False, quant_config=config, prefix=f"{attn}.qkv_proj")
-        found.append((qkv, {f"{attn}.q_proj": "q", f"{attn}.k_proj": "k", f"{attn}.v_proj": "v"}))
-    if kind in ("all", "mlp"):
-        inter = s["gate_proj.weight"][0]
-        gate_up = MergedColumnParallelLinear(
-            hidden, [inter, inter], bias=False, quant_config=config, prefix=f"{mlp}.gate_up_proj"
-        )
-        down = RowParallelLinear(inter, hidden, bias=False, quant_config=config, prefix=f"{mlp}.down_proj")
-        found += [(gate_up, {f"{mlp}.gate_proj": 0, f"{mlp}.up_proj": 1}), (down, {f"{mlp}.down_proj": None})]
-    return found
-
-
-def _load(layer, shards: dict, tensors: dict) -> None:
-    """What a model's ``load_weights`` does: each checkpoint tensor through its parameter's weight_loader
-    (with the shard id of vLLM's stacked_params_mapping), then process_weights_after_loading."""
-    params = dict(layer.named_parameters())
-    for module, shard in shards.items():
-        for key, tensor in tensors.items():
-            owner, _, leaf = key.rpartition(".")
-            if owner != module or leaf not in params:  # AutoGPTQ's zero biases of bias-free layers: skipped, as vLLM
-                continue
-            param = params[leaf]
-            if shard is None:
-                param.weight_loader(param, tensor)
-            else:
-                param.weight_loader(param, tensor, shard)
-    layer.quant_method.process_weights_after_loading(layer)
-
-
 def test_vllm_probe_and_registry():
     """With humming installed vLLM's probe for humming-kernels is false and every quantization config vLLM
     ships imports (the import path every quantized model takes)."""
@@ -127,43 +62,21 @@ def test_vllm_probe_and_registry():
 @pytest.mark.parametrize("name", ["autogptq_w4_g128_sym", "ct_fp8_block", "modelopt_nvfp4"])
 def test_vllm_selects_the_method(name):
     """vLLM's own checkpoint detection (ModelConfig) keeps its choice unless humming_ir is asked for."""
-    default = ModelConfig(model=str(DATA / name), skip_tokenizer_init=True)
+    default = ModelConfig(model=str(cases.DATA / name), skip_tokenizer_init=True)
     assert default.quantization not in (None, "humming_ir")
-    chosen = ModelConfig(model=str(DATA / name), quantization="humming_ir", skip_tokenizer_init=True)
+    chosen = ModelConfig(model=str(cases.DATA / name), quantization="humming_ir", skip_tokenizer_init=True)
     assert chosen.quantization == "humming_ir"
 
 
-@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("name", cases.FIXTURES)
 def test_layers_equal_humming(name, seed):
     """Each of vLLM's layers, loaded through its own weight loaders, computes what humming computes on the
-    checkpoint's modules (:func:`_expected`)."""
-    config = _config(name)
-    tensors = load_file(DATA / name / "model.safetensors")
-    qws = humming.load_checkpoint(DATA / name)
-    acts = humming.loaders.activation_schemes(DATA / name)
-    for layer, shards in _layers(config, load_file(DATA / name / "reference.safetensors")):
-        assert isinstance(layer.quant_method, HummingLinearMethod)
-        _load(layer, shards, tensors)
-        x = torch.randn(5, layer.input_size, dtype=torch.bfloat16)
-        got = torch.full((5, layer.output_size), float("nan"), dtype=torch.bfloat16)
-        got.copy_(layer(x)[0])
-        expect = _expected(x, [qws[m] for m in shards], acts[next(iter(shards))][0])
-        assert torch.equal(got, expect), layer.prefix if hasattr(layer, "prefix") else shards
-        assert not hasattr(layer, "qweight") and not hasattr(layer, "weight_packed") and not hasattr(layer, "weight")
-
-
-def _expected(x: torch.Tensor, parts: list, act) -> torch.Tensor:
-    """humming.linear on the exact concatenation of a fused layer's modules; where they cannot be joined
-    exactly (2-D blocks straddling two modules), the modules' outputs side by side."""
-    try:
-        joined = humming.concat(parts) if len(parts) > 1 else parts[0]
-    except ValueError:
-        return torch.cat([humming.linear(x, w, act=act) for w in parts], dim=-1)
-    return humming.linear(x, joined, act=act)
+    checkpoint's modules."""
+    cases.check_layers(vllm_linear, HummingConfig, HummingLinearMethod, name)
 
 
 def test_ignored_layers_stay_unquantized():
-    qconfig = json.loads((DATA / "ct_w4a16_g128_sym" / "config.json").read_text())["quantization_config"]
+    qconfig = json.loads((cases.DATA / "ct_w4a16_g128_sym" / "config.json").read_text())["quantization_config"]
     config = HummingConfig({**qconfig, "ignore": [*qconfig.get("ignore", []), "re:.*mlp\\.gate$"]})
     gate = ReplicatedLinear(256, 8, bias=False, quant_config=config, prefix="model.layers.0.mlp.gate")
     assert isinstance(gate.quant_method, UnquantizedLinearMethod)
@@ -178,16 +91,16 @@ def test_tensor_parallel_rank_and_replicated_kv_heads(monkeypatch, rank, world, 
         monkeypatch.setattr(module, "get_tensor_model_parallel_rank", lambda: rank)
         monkeypatch.setattr(module, "get_tensor_model_parallel_world_size", lambda: world)
     name = "autogptq_w4_g128_sym"
-    config, tensors = _config(name), load_file(DATA / name / "model.safetensors")
-    qws = humming.load_checkpoint(DATA / name)
+    config, tensors = cases.humming_config(HummingConfig, name), load_file(cases.DATA / name / "model.safetensors")
+    qws = humming.load_checkpoint(cases.DATA / name)
     kv_heads = 3
     kv_part = (0, rank // (world // kv_heads), kv_heads) if world > kv_heads else (0, rank, world)
     parts = {"q": (0, rank, world), "k": kv_part, "v": kv_part, 0: (0, rank, world), 1: (0, rank, world)}
-    layers = _layers(config, load_file(DATA / name / "reference.safetensors"), kind)
+    layers = cases.layers(vllm_linear, config, load_file(cases.DATA / name / "reference.safetensors"), kind)
     for layer, shards in layers:
-        _load(layer, shards, tensors)
+        cases.load(layer, shards, tensors)
         x = torch.randn(3, layer.input_size_per_partition, dtype=torch.bfloat16)
-        expect = _expected(x, [qws[m].shard(*parts.get(s, (1, rank, world))) for m, s in shards.items()], None)
+        expect = cases.expected(x, [qws[m].shard(*parts.get(s, (1, rank, world))) for m, s in shards.items()], None)
         assert torch.equal(layer.quant_method.apply(layer, x), expect), shards
 
 
@@ -200,7 +113,7 @@ def test_moe_experts_equal_fused_moe(seed):
     through vLLM's expert weight loader, compute humming.moe.fused_moe on the checkpoint's experts."""
     from vllm.model_executor.layers.fused_moe import FusedMoEFactory, fused_moe_make_expert_params_mapping
 
-    path = Path(__file__).parent / "data" / "moe_gptq_w4_g128"
+    path = cases.DATA.parent / "moe_gptq_w4_g128"
     hf = json.loads((path / "config.json").read_text())
     config = HummingConfig(hf["quantization_config"])
     prefix = "model.layers.0.mlp.experts"

@@ -1,11 +1,12 @@
-"""The checkpoint tensors of one vLLM linear layer, as vLLM parameters: which leaves a format stores, their
-shapes on this rank, and how each splits back into the layer's shards.
+"""The checkpoint tensors of one engine linear layer (vLLM's, or SGLang's, which forked them), as the engine's
+parameters: which leaves a format stores, their shapes on this rank, and how each splits back into the layer's
+shards.
 
-Each leaf is created as the vLLM parameter class whose loader does that leaf's tensor-parallel slicing and
+Each leaf is created as the engine's parameter class whose loader does that leaf's tensor-parallel slicing and
 fused-shard placement (``ModelWeightParameter`` along N and K, ``PackedvLLMParameter`` for codes packed along
 N, ``ChannelQuantScaleParameter`` for scales every rank keeps whole along K, ``BlockQuantScaleParameter`` for
 2-D block scales, ``PerTensorScaleParameter`` for one scale per shard, ``RowvLLMParameter`` for ``g_idx``), so
-vLLM's own ``weight_loader_v2`` (``QKVParallelLinear``, ``MergedColumnParallelLinear``, ``RowParallelLinear``)
+the engine's own ``weight_loader_v2`` (``QKVParallelLinear``, ``MergedColumnParallelLinear``, ``RowParallelLinear``)
 writes each checkpoint tensor's slice for this rank into place, replicated KV heads included.
 """
 
@@ -22,7 +23,7 @@ from ..loaders._common import match_any
 from ..loaders.compressed_tensors import config_group
 from ..loaders.errors import UnsupportedFormatError
 
-__all__ = ["Leaf", "is_skipped", "leaves", "method_of"]
+__all__ = ["Leaf", "block_size", "is_skipped", "leaves", "method_of"]
 
 #: ``quant_method`` values this adapter reads (compressed-tensors spelled either way)
 METHODS = ("gptq", "awq", "compressed-tensors", "fp8", "modelopt")
@@ -58,6 +59,20 @@ def method_of(qconfig: dict) -> str:
             f"humming's vLLM adapter reads quant_method {', '.join(METHODS)}; got {qconfig.get('quant_method')!r}"
         )
     return method
+
+
+def block_size(qconfig: dict) -> list[int] | None:
+    """``[block_n, block_k]`` of a checkpoint's 2-D weight-scale blocks (FP8 ``weight_block_size``,
+    compressed-tensors ``block_structure``), None without blocks: the engines' loaders read it from the
+    layer's quantization config to place each shard's block rows."""
+    if method_of(qconfig) == "fp8":
+        block = qconfig.get("weight_block_size")
+        return [int(b) for b in block] if block else None
+    for group in (qconfig.get("config_groups") or {}).values():
+        w = group.get("weights") or {}
+        if w.get("strategy") == "block":
+            return [int(b) for b in w["block_structure"]]
+    return None
 
 
 def is_skipped(qconfig: dict, module: str) -> bool:
