@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,10 +34,14 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.plugins import load_plugins_by_group
 from vllm.utils.import_utils import has_humming
 
 import humming
 from humming.engines.vllm import HummingConfig, HummingLinearMethod, HummingMoEMethod, capture_sizes
+from humming.engines.vllm_plugin import register
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -144,3 +152,41 @@ def test_moe_experts_equal_fused_moe(seed):
     got = experts.quant_method.apply(experts, x, topk_weights, topk_ids.to(torch.int32), None, None)
     expect = humming.moe.fused_moe(x, w13, qws[f"{prefix}.down_proj"], topk_weights, topk_ids.to(torch.int32))
     assert torch.equal(got, expect)
+
+
+def test_plugin_entry_point_is_found_and_run(tmp_path, monkeypatch):
+    """pyproject's ``vllm.general_plugins`` entry point, as pip installs it (a dist-info's entry_points.txt),
+    is what vLLM's plugin loader finds; running it keeps the probe false and registers humming_ir."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    dist = tmp_path / "humming-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: humming\nVersion: 0.1.0\n")
+    points = project["entry-points"]["vllm.general_plugins"]
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\n" + "".join(f"{k} = {v}\n" for k, v in points.items())
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = load_plugins_by_group("vllm.general_plugins")
+    assert plugins["humming"] is register
+    plugins["humming"]()
+    assert not has_humming() and get_quantization_config("humming_ir") is HummingConfig
+
+
+def test_spawned_worker_unpickles_its_quantization_config(tmp_path):
+    """A worker started with ``spawn`` unpickles its config, importing vLLM's quantization modules (which call
+    has_humming() when imported), before it loads vLLM's plugins: humming's import inside that probe fails, so
+    the probe answers False there too and the worker starts."""
+    qconfig = json.loads((cases.DATA / "autogptq_w4_g128_sym" / "config.json").read_text())["quantization_config"]
+    (tmp_path / "config.pkl").write_bytes(pickle.dumps(get_quantization_config("auto_gptq").from_config(qconfig)))
+    code = (
+        "import pickle, sys; config = pickle.loads(open(sys.argv[1], 'rb').read()); "
+        "from vllm.utils.import_utils import has_humming; print(type(config).__name__, has_humming())"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "config.pkl")],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["AutoGPTQConfig", "False"], result.stdout
