@@ -140,8 +140,9 @@ class LinearCore:
             shape = list(leaf.shape)
             if leaf.out_dim is not None:
                 shape[leaf.out_dim] = sum(leaf.rows(n) for n in sizes)
-            data = torch.empty(shape, dtype=leaf.dtype or params_dtype)
-            layer.register_parameter(leaf.name, _parameter(self.PARAMS, leaf, data, loader))
+            param = _parameter(self.PARAMS, leaf, torch.empty(shape, dtype=leaf.dtype or params_dtype), loader)
+            param.humming_adopt = leaf.dtype is None
+            layer.register_parameter(leaf.name, param)
         if found[0].name == "weight_packed" and found[0].dtype == torch.int32:  # compressed-tensors' [N, K]
             layer.register_parameter(
                 "weight_shape",
@@ -212,11 +213,12 @@ def _parameter(p: SimpleNamespace, leaf: Leaf, data: torch.Tensor, loader) -> to
 
 
 def keeping_checkpoint_dtype(loader):
-    """The engine's loader, after giving a 16-bit scale parameter the checkpoint's dtype (float16 or bfloat16) on
-    its first tensor, so the scales stay the producer's bits; later tensors of another dtype are an error."""
+    """The engine's loader, after giving a float scale parameter whose leaf names no dtype
+    (``param.humming_adopt``) the dtype of its first checkpoint tensor, so the scales keep the producer's bits
+    (the engines' own methods convert them to ``params_dtype``); a later tensor of another dtype is an error."""
 
     def load(param, loaded_weight, *args, **kwargs):
-        if param.dtype != loaded_weight.dtype and loaded_weight.dtype in (torch.float16, torch.bfloat16):
+        if getattr(param, "humming_adopt", False) and param.dtype != loaded_weight.dtype:
             if getattr(param, "humming_dtype_set", False):
                 raise UnsupportedFormatError(
                     f"scale tensors of one layer in {param.dtype} and {loaded_weight.dtype}: one dtype expected"

@@ -37,14 +37,13 @@ class Leaf:
 
     name: str
     shape: tuple[int, ...]
-    dtype: torch.dtype | None  # None: the checkpoint's own 16-bit float dtype, taken from the first tensor
+    dtype: torch.dtype | None  # None: a float scale in the checkpoint's own dtype, taken from its first tensor
     out_dim: int | None = None
     in_dim: int | None = None
     unit: int = 1
     packed: bool = False  # packed along out_dim (PackedvLLMParameter)
     block: bool = False  # a 2-D block scale (BlockQuantScaleParameter)
     per_shard: bool = False
-    replicated_k: bool = False  # whole along K on every rank (ChannelQuantScaleParameter)
     decoded: bool = True  # False: loaded (the checkpoint has it) but not read: GPTQ's g_idx without act-order
 
     def rows(self, n: int) -> int:
@@ -129,7 +128,7 @@ def _gptq(qconfig: dict, n: int, k: int, k_full: int, row_parallel: bool) -> lis
     found = [
         Leaf("qweight", (k // pf, n), torch.int32, out_dim=1, in_dim=0),
         Leaf("qzeros", (groups, n // pf), torch.int32, out_dim=1, in_dim=scale_in_dim, unit=pf, packed=True),
-        Leaf("scales", (groups, n), None, out_dim=1, in_dim=scale_in_dim, replicated_k=whole),
+        Leaf("scales", (groups, n), None, out_dim=1, in_dim=scale_in_dim),
         # without act-order g_idx is arange(K) // group: a rank's slice holds global group numbers
         Leaf("g_idx", (k,), torch.int32, in_dim=0, decoded=act_order),
     ]
@@ -145,11 +144,11 @@ def _fp8(qconfig: dict, n: int, k: int, shards: int) -> list[Leaf]:
     found = [_weight_8bit(n, k, torch.float8_e4m3fn)]
     if block:
         bn, bk = (int(b) for b in block)
-        found.append(Leaf("weight_scale_inv", (0, cdiv(k, bk)), torch.float32, 0, 1, unit=bn, block=True))
+        found.append(Leaf("weight_scale_inv", (0, cdiv(k, bk)), None, 0, 1, unit=bn, block=True))
     else:
-        found.append(Leaf("weight_scale", (shards,), torch.float32, per_shard=True))
+        found.append(Leaf("weight_scale", (shards,), None, per_shard=True))
     if str(qconfig.get("activation_scheme", "dynamic")).lower() == "static":
-        found.append(Leaf("input_scale", (shards,), torch.float32, per_shard=True))
+        found.append(Leaf("input_scale", (shards,), None, per_shard=True))
     return found
 
 
@@ -161,14 +160,14 @@ def _modelopt(qconfig: dict, module: str, n: int, k: int, shards: int) -> list[L
         return [
             Leaf("weight", (n, k // 2), torch.uint8, out_dim=0, in_dim=1),
             Leaf("weight_scale", (n, k // group), torch.float8_e4m3fn, out_dim=0, in_dim=1),
-            Leaf("weight_scale_2", (shards,), torch.float32, per_shard=True),
-            Leaf("input_scale", (shards,), torch.float32, per_shard=True),
+            Leaf("weight_scale_2", (shards,), None, per_shard=True),
+            Leaf("input_scale", (shards,), None, per_shard=True),
         ]
     if algo == "FP8":
         return [
             _weight_8bit(n, k, torch.float8_e4m3fn),
-            Leaf("weight_scale", (shards,), torch.float32, per_shard=True),
-            Leaf("input_scale", (shards,), torch.float32, per_shard=True),
+            Leaf("weight_scale", (shards,), None, per_shard=True),
+            Leaf("input_scale", (shards,), None, per_shard=True),
         ]
     raise UnsupportedFormatError(f"{module}: ModelOpt quant_algo {algo!r} (the vLLM adapter reads NVFP4 and FP8)")
 
@@ -176,7 +175,7 @@ def _modelopt(qconfig: dict, module: str, n: int, k: int, shards: int) -> list[L
 def _ct_scale(w: dict, n: int, k: int, shards: int, name: str, dtype) -> Leaf:
     strategy = w.get("strategy")
     if strategy == "tensor":
-        return Leaf(name, (shards,), torch.float32, per_shard=True)
+        return Leaf(name, (shards,), None, per_shard=True)
     if strategy == "channel":
         return Leaf(name, (n, 1), dtype, out_dim=0)
     if strategy == "group":
@@ -207,10 +206,8 @@ def _compressed_tensors(qconfig: dict, module: str, n: int, k: int, shards: int)
     if fmt in ("float-quantized", "int-quantized", "naive-quantized"):
         dtype = torch.float8_e4m3fn if w.get("type") == "float" else torch.int8
         found = [_weight_8bit(n, k, dtype), _ct_scale(w, n, k, shards, "weight_scale", None)]
-        if found[1].dtype is None and w.get("strategy") == "block":
-            found[1] = Leaf("weight_scale", found[1].shape, None, 0, 1, unit=found[1].unit, block=True)
         if a is not None and not a.get("dynamic", True):
-            found.append(Leaf("input_scale", (shards,), torch.float32, per_shard=True))
+            found.append(Leaf("input_scale", (shards,), None, per_shard=True))
             if not a.get("symmetric", True):
                 found.append(Leaf("input_zero_point", (shards,), torch.int32, per_shard=True))
         return found
@@ -221,8 +218,8 @@ def _compressed_tensors(qconfig: dict, module: str, n: int, k: int, shards: int)
             Leaf("weight_scale", (n, k // (16 if nv else 32)), torch.float8_e4m3fn if nv else torch.uint8, 0, 1),
         ]
         if nv:
-            found.append(Leaf("weight_global_scale", (shards,), torch.float32, per_shard=True))
+            found.append(Leaf("weight_global_scale", (shards,), None, per_shard=True))
             if a is not None:
-                found.append(Leaf("input_global_scale", (shards,), torch.float32, per_shard=True))
+                found.append(Leaf("input_global_scale", (shards,), None, per_shard=True))
         return found
     raise UnsupportedFormatError(f"{module}: compressed-tensors format {fmt!r} (the vLLM adapter does not read it)")

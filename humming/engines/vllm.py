@@ -144,7 +144,7 @@ class HummingMoEMethod(FusedMoEMethodBase):
                 )
                 # GPTQ's tensors are [K, N]: vLLM's loader splits w1 / w3 along dim 1 and w2 along dim 0
                 attrs = {**extra, "quant_method": scale_kind.value, "is_transposed": True, "weight_loader": loader}
-                for key, value in attrs.items():
+                for key, value in {**attrs, "humming_adopt": leaf.dtype is None}.items():
                     setattr(param, key, value)
                 layer.register_parameter(f"{stem}_{leaf.name}", param)
         layer.humming_activation = MOE_ACTIVATIONS[activation]
