@@ -103,3 +103,13 @@ def check_layers(engine, config_class, method_class, name: str) -> None:
         expect = expected(x, [qws[m] for m in shards], acts[next(iter(shards))][0])
         assert torch.equal(layer(x)[0], expect), sorted(shards)
         assert not {"qweight", "weight_packed", "weight"} & {n for n, _ in layer.named_parameters()}
+
+
+def check_ignored(engine, config_class, unquantized_class) -> None:
+    """A router gate the checkpoint's ``ignore`` names (a regex, as compressed-tensors writes them) gets the
+    engine's unquantized method, and a layer that is not linear gets none."""
+    qconfig = json.loads((DATA / "ct_w4a16_g128_sym" / "config.json").read_text())["quantization_config"]
+    config = config_class({**qconfig, "ignore": [*qconfig.get("ignore", []), "re:.*mlp\\.gate$"]})
+    gate = engine.ReplicatedLinear(256, 8, bias=False, quant_config=config, prefix="model.layers.0.mlp.gate")
+    assert isinstance(gate.quant_method, unquantized_class)
+    assert config.get_quant_method(torch.nn.LayerNorm(4), "model.norm") is None

@@ -60,7 +60,4 @@ def test_layers_equal_humming(name, seed):
 
 
 def test_ignored_layers_stay_unquantized():
-    qconfig = json.loads((cases.DATA / "ct_w4a16_g128_sym" / "config.json").read_text())["quantization_config"]
-    config = HummingConfig({**qconfig, "ignore": [*qconfig.get("ignore", []), "re:.*mlp\\.gate$"]})
-    gate = sglang_linear.ReplicatedLinear(256, 8, bias=False, quant_config=config, prefix="model.layers.0.mlp.gate")
-    assert isinstance(gate.quant_method, UnquantizedLinearMethod)
+    cases.check_ignored(sglang_linear, HummingConfig, UnquantizedLinearMethod)

@@ -29,7 +29,6 @@ import vllm.model_executor.parameter as vllm_parameter
 from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.distributed import init_distributed_environment, initialize_model_parallel
 from vllm.model_executor.layers.linear import (
-    ReplicatedLinear,
     UnquantizedLinearMethod,
 )
 from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
@@ -84,11 +83,7 @@ def test_layers_equal_humming(name, seed):
 
 
 def test_ignored_layers_stay_unquantized():
-    qconfig = json.loads((cases.DATA / "ct_w4a16_g128_sym" / "config.json").read_text())["quantization_config"]
-    config = HummingConfig({**qconfig, "ignore": [*qconfig.get("ignore", []), "re:.*mlp\\.gate$"]})
-    gate = ReplicatedLinear(256, 8, bias=False, quant_config=config, prefix="model.layers.0.mlp.gate")
-    assert isinstance(gate.quant_method, UnquantizedLinearMethod)
-    assert isinstance(config.get_quant_method(torch.nn.LayerNorm(4), "model.norm"), type(None))
+    cases.check_ignored(vllm_linear, HummingConfig, UnquantizedLinearMethod)
 
 
 @pytest.mark.parametrize(("rank", "world", "kind"), [(3, 5, "mlp"), (1, 3, "qkv"), (5, 6, "qkv")])
