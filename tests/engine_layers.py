@@ -1,7 +1,8 @@
 """The engine tests' shared cases (vLLM's and SGLang's linear layers have the same classes and loaders): the
-real-producer fixtures, one decoder layer's fused layers built from the engine's own classes, loading as a
-model's ``load_weights`` does, and what humming computes on the same checkpoint modules. Imported as
-``engine_layers`` (pytest puts tests/ on sys.path)."""
+real-producer fixtures and two of humming's own (``tests/data/engines``: compressed-tensors nvfp4, mxfp4), one
+decoder layer's fused layers built from the engine's own classes, loading as a model's ``load_weights`` does,
+and what humming computes on the same checkpoint modules. Imported as ``engine_layers`` (pytest puts tests/ on
+sys.path)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from safetensors.torch import load_file
 import humming
 
 DATA = Path(__file__).parent / "data" / "checkpoints"
+ENGINE_DATA = Path(__file__).parent / "data" / "engines"
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
-HEAD = 32
 FIXTURES = [
     "autogptq_w4_g128_sym",
     "awq_w4_g128",
@@ -24,41 +25,44 @@ FIXTURES = [
     "ct_fp8_block",
     "ct_w8a8_int8",
     "modelopt_nvfp4",
+    "ct_nvfp4",
+    "ct_mxfp4",
 ]
 
 
 def humming_config(config_class, name: str):
     """The engine's humming_ir config of fixture ``name``, as the engine makes it for a Llama model."""
-    config = config_class.from_config(json.loads((DATA / name / "config.json").read_text())["quantization_config"])
+    config = config_class.from_config(json.loads((_folder(name) / "config.json").read_text())["quantization_config"])
     config.packed_modules_mapping = dict(PACKED)  # what the engine copies from the model class
     return config
 
 
-def _shapes(tensors: dict, head: str) -> dict:
-    """Module -> (out, in) of the fixture's projections, from the producer's reference."""
-    return {m[len(head) + 1 :]: tuple(t.shape) for m, t in tensors.items() if m.startswith(head)}
-
-
-def layers(engine, config, reference: dict, kind: str = "all"):
-    """The engine's own layers (``engine``: its linear-layer module) for the fixture's decoder layer (``kind``:
-    all, qkv or mlp): ``[(layer, {checkpoint module: shard id})]``."""
+def layers(engine, config, name: str, kind: str = "all"):
+    """The engine's own layers (``engine``: its linear-layer module) for fixture ``name``'s decoder layer, sized
+    by its ``config.json`` (``kind``: all, qkv or mlp): ``[(layer, {checkpoint module: shard id})]``."""
+    model = json.loads((_folder(name) / "config.json").read_text())
+    hidden, heads, kv = model["hidden_size"], model["num_attention_heads"], model["num_key_value_heads"]
+    head = model.get("head_dim") or hidden // heads
     attn, mlp = "model.layers.0.self_attn", "model.layers.0.mlp"
-    s = {**_shapes(reference, attn), **_shapes(reference, mlp)}
-    hidden, heads, kv = s["q_proj.weight"][1], s["q_proj.weight"][0] // HEAD, s["k_proj.weight"][0] // HEAD
     found = []
     if kind in ("all", "qkv"):
         qkv = engine.QKVParallelLinear(
-            hidden, HEAD, heads, kv, bias=False, quant_config=config, prefix=f"{attn}.qkv_proj"
+            hidden, head, heads, kv, bias=False, quant_config=config, prefix=f"{attn}.qkv_proj"
         )
         found.append((qkv, {f"{attn}.q_proj": "q", f"{attn}.k_proj": "k", f"{attn}.v_proj": "v"}))
     if kind in ("all", "mlp"):
-        inter = s["gate_proj.weight"][0]
+        inter = model["intermediate_size"]
         gate_up = engine.MergedColumnParallelLinear(
             hidden, [inter, inter], bias=False, quant_config=config, prefix=f"{mlp}.gate_up_proj"
         )
         down = engine.RowParallelLinear(inter, hidden, bias=False, quant_config=config, prefix=f"{mlp}.down_proj")
         found += [(gate_up, {f"{mlp}.gate_proj": 0, f"{mlp}.up_proj": 1}), (down, {f"{mlp}.down_proj": None})]
     return found
+
+
+def _folder(name: str) -> Path:
+    """A fixture's folder: the real-producer ones, else the engine tests' own (``tests/data/engines``)."""
+    return DATA / name if (DATA / name).is_dir() else ENGINE_DATA / name
 
 
 def load(layer, shards: dict, tensors: dict) -> None:
@@ -93,10 +97,10 @@ def check_layers(engine, config_class, method_class, name: str) -> None:
     config and loaded through its weight loaders, equal :func:`expected` on fresh inputs; the checkpoint's
     placeholder tensors are gone after loading."""
     config = humming_config(config_class, name)
-    tensors = load_file(DATA / name / "model.safetensors")
-    qws = humming.load_checkpoint(DATA / name)
-    acts = humming.loaders.activation_schemes(DATA / name)
-    for layer, shards in layers(engine, config, load_file(DATA / name / "reference.safetensors")):
+    tensors = load_file(_folder(name) / "model.safetensors")
+    qws = humming.load_checkpoint(_folder(name))
+    acts = humming.loaders.activation_schemes(_folder(name))
+    for layer, shards in layers(engine, config, name):
         assert isinstance(layer.quant_method, method_class)
         load(layer, shards, tensors)
         x = torch.randn(5, layer.input_size, dtype=torch.bfloat16)

@@ -86,21 +86,21 @@ def test_ignored_layers_stay_unquantized():
     cases.check_ignored(vllm_linear, HummingConfig, UnquantizedLinearMethod)
 
 
-@pytest.mark.parametrize(("rank", "world", "kind"), [(3, 5, "mlp"), (1, 3, "qkv"), (5, 6, "qkv")])
+@pytest.mark.parametrize(("rank", "world", "kind"), [(3, 5, "mlp"), (1, 2, "qkv"), (3, 4, "qkv"), (5, 8, "qkv")])
 def test_tensor_parallel_rank_and_replicated_kv_heads(monkeypatch, rank, world, kind, seed):
-    """Rank ``rank`` of ``world``: q, gate / up take their part along N, down along K; with 6 ranks and 3 KV
-    heads vLLM replicates each KV head on 2 ranks and its loader gives rank 5 head 2."""
+    """Rank ``rank`` of ``world``: q, gate / up take their part along N, down along K; with more ranks than
+    the fixture's 2 KV heads vLLM replicates each on ``world // 2`` ranks and gives rank r head ``r // (world //
+    2)``."""
     for module in (vllm_linear, vllm_parameter):
         monkeypatch.setattr(module, "get_tensor_model_parallel_rank", lambda: rank)
         monkeypatch.setattr(module, "get_tensor_model_parallel_world_size", lambda: world)
     name = "autogptq_w4_g128_sym"
     config, tensors = cases.humming_config(HummingConfig, name), load_file(cases.DATA / name / "model.safetensors")
     qws = humming.load_checkpoint(cases.DATA / name)
-    kv_heads = 3
+    kv_heads = json.loads((cases.DATA / name / "config.json").read_text())["num_key_value_heads"]
     kv_part = (0, rank // (world // kv_heads), kv_heads) if world > kv_heads else (0, rank, world)
     parts = {"q": (0, rank, world), "k": kv_part, "v": kv_part, 0: (0, rank, world), 1: (0, rank, world)}
-    layers = cases.layers(vllm_linear, config, load_file(cases.DATA / name / "reference.safetensors"), kind)
-    for layer, shards in layers:
+    for layer, shards in cases.layers(vllm_linear, config, name, kind):
         cases.load(layer, shards, tensors)
         x = torch.randn(3, layer.input_size_per_partition, dtype=torch.bfloat16)
         expect = cases.expected(x, [qws[m].shard(*parts.get(s, (1, rank, world))) for m, s in shards.items()], None)
