@@ -41,6 +41,7 @@ from humming.engines.vllm import HummingConfig, HummingLinearMethod, HummingMoEM
 from humming.engines.vllm_plugin import register
 
 ROOT = Path(__file__).resolve().parents[1]
+MOE = cases.DATA.parent / "moe_gptq_w4_g128"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,12 +67,16 @@ def test_vllm_probe_and_registry():
     assert get_quantization_config("humming_ir") is HummingConfig
 
 
-@pytest.mark.parametrize("name", ["autogptq_w4_g128_sym", "ct_fp8_block", "modelopt_nvfp4"])
-def test_vllm_selects_the_method(name):
+@pytest.mark.parametrize(
+    "path",
+    [cases.DATA / "autogptq_w4_g128_sym", cases.DATA / "ct_fp8_block", cases.DATA / "modelopt_nvfp4", MOE],
+    ids=lambda path: path.name,
+)
+def test_vllm_selects_the_method(path):
     """vLLM's own checkpoint detection (ModelConfig) keeps its choice unless humming_ir is asked for."""
-    default = ModelConfig(model=str(cases.DATA / name), skip_tokenizer_init=True)
+    default = ModelConfig(model=str(path), skip_tokenizer_init=True)
     assert default.quantization not in (None, "humming_ir")
-    chosen = ModelConfig(model=str(cases.DATA / name), quantization="humming_ir", skip_tokenizer_init=True)
+    chosen = ModelConfig(model=str(path), quantization="humming_ir", skip_tokenizer_init=True)
     assert chosen.quantization == "humming_ir"
 
 
@@ -116,8 +121,7 @@ def test_moe_experts_equal_fused_moe(seed):
     through vLLM's expert weight loader, compute humming.moe.fused_moe on the checkpoint's experts."""
     from vllm.model_executor.layers.fused_moe import FusedMoEFactory, fused_moe_make_expert_params_mapping
 
-    path = cases.DATA.parent / "moe_gptq_w4_g128"
-    hf = json.loads((path / "config.json").read_text())
+    hf = json.loads((MOE / "config.json").read_text())
     config = HummingConfig(hf["quantization_config"])
     prefix = "model.layers.0.mlp.experts"
     runner = FusedMoEFactory(
@@ -133,14 +137,14 @@ def test_moe_experts_equal_fused_moe(seed):
     assert isinstance(experts.quant_method, HummingMoEMethod)
     params = dict(experts.named_parameters())
     mapping = fused_moe_make_expert_params_mapping(experts, "gate_proj", "down_proj", "up_proj", hf["num_experts"])
-    for key, tensor in load_file(path / "model.safetensors").items():
+    for key, tensor in load_file(MOE / "model.safetensors").items():
         for param_name, weight_name, expert_id, shard_id in mapping:
             if weight_name in key:  # what Qwen2-MoE's load_weights does, relative to the routed experts
                 name = key.replace(weight_name, param_name).rpartition("routed_experts.")[2]
                 if name in params:  # g_idx without act-order: vLLM's GPTQ experts keep none either
                     params[name].weight_loader(params[name], tensor, name, shard_id=shard_id, expert_id=expert_id)
     experts.quant_method.process_weights_after_loading(experts)
-    qws = humming.load_checkpoint(path)
+    qws = humming.load_checkpoint(MOE)
     w13 = humming.concat([qws[f"{prefix}.gate_proj"], qws[f"{prefix}.up_proj"]], dim=1)
     x = torch.randn(7, hf["hidden_size"], dtype=torch.bfloat16)
     topk_weights, topk_ids = torch.rand(7, 2).softmax(-1), torch.stack([torch.randperm(4)[:2] for _ in range(7)])
