@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._env import pass_backend
 from .dispatch.kernels import backend_unavailable
 
 __all__ = [
@@ -183,8 +184,9 @@ def layer_backend(backend: str) -> str:
 
 
 def route(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec, backend: str):
-    """Run a checked call: the Triton kernel for ``backend="triton"``, and for ``"auto"`` on CUDA tensors
-    where it runs the call; else the reference."""
+    """Run a checked call: the Triton kernel for ``backend="triton"``, and for ``"auto"`` (which
+    ``HUMMING_BACKEND`` may set) on CUDA tensors where it runs the call; else the reference."""
+    backend = pass_backend(backend)
     reason = triton_unsupported(router_logits, correction_bias, spec, backend)
     if reason is None:
         kernel = importlib.import_module("humming.triton_kernels.routing")

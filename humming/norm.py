@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
+from ._env import pass_backend
 from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from .ir.activation import quantize_activation as reference_quantize_activation
 
@@ -84,8 +85,7 @@ def _describe(t) -> str:
 
 def _rmsnorm_quantize_impl(x, weight, eps, scheme: ActScheme, residual, scale, backend: str):
     """``(QuantizedActivation, new residual or None)`` on ``backend``."""
-    if backend not in ("auto", "reference", "triton"):
-        raise ValueError(f"backend: expected 'auto', 'reference' or 'triton', got {backend!r}")
+    backend = pass_backend(backend)
     if backend == "triton" or (backend == "auto" and x.device.type == "cuda"):
         from .triton_kernels import norm_quant
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ._env import pass_backend
 from .ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
 from .ir.activation import quantize_activation as reference_quantize_activation
 from .ir.weight import QuantizedWeight, weight_by_handle
@@ -138,8 +139,7 @@ def act_name(act: ActScheme | None) -> str | None:
 
 # ---------------------------------------------------------------------------------- activation quantization
 def _quantize_activation_impl(x, scheme: ActScheme, scale, backend: str) -> QuantizedActivation:
-    if backend not in ("auto", "reference", "triton"):
-        raise ValueError(f"backend: expected 'auto', 'reference' or 'triton', got {backend!r}")
+    backend = pass_backend(backend)
     if backend == "triton" or (backend == "auto" and x.device.type == "cuda"):
         from .triton_kernels import act_quant
 

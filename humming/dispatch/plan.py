@@ -26,7 +26,6 @@ import importlib
 import json
 import logging
 import math
-import os
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .._env import getenv
+from .._env import env
 from ..deterministic import is_deterministic
 from .kernels import BACKENDS, DENSE_KERNELS, GROUPED_KERNELS, Kernel, backend_module
 
@@ -129,7 +128,7 @@ def _table_for(device: torch.device) -> Table | None:
     from ..device import device_info
 
     info = device_info(device)
-    tables = load_tables(os.environ.get("HUMMING_TABLES_DIR") or str(TABLES_DIR))
+    tables = load_tables(str(env("HUMMING_TABLES_DIR") or TABLES_DIR))
     return next((t for t in tables if (t.capability, t.sm_count) == (info.capability, info.sm_count)), None)
 
 
@@ -176,7 +175,7 @@ _warned: set = set()
 def requested_backend(backend: str) -> str:
     """The backend a call asks for: ``backend``, with ``HUMMING_BACKEND`` in place of ``"auto"`` when set."""
     if backend == "auto":
-        backend = getenv("HUMMING_BACKEND", "auto") or "auto"
+        backend = env("HUMMING_BACKEND")
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {['auto', *BACKENDS]}, got {backend!r}")
     return backend
@@ -231,7 +230,7 @@ def _cached(qweight, key, decide) -> Plan:
         if plan.backend != "cuda" and key[4].type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(_unwarmed(qweight, key))
         plans[key] = plan
-        if os.environ.get("HUMMING_LOG_DISPATCH", "0") not in ("", "0"):
+        if env("HUMMING_LOG_DISPATCH"):
             log.warning("humming dispatch: %s %s act=%s M=%d -> %s", qweight.describe(), key[0], key[2], key[5], plan)
     return plan
 
