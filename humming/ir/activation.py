@@ -118,13 +118,6 @@ class QuantizedActivation:
         if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8 or codes.dim() != 2:
             raise ValueError(f"codes: expected a uint8 tensor [M, K] (one code per byte), got {_describe(codes)}")
         m, k = codes.shape
-        fmt = self.scheme.element_format
-        # Codes of formats under 8 bits fill the low bits of their byte; checked where the values can be read
-        # without a host sync (CPU tensors), as MoE routing ids are.
-        if fmt.bits < 8 and data_readable(codes) and codes.device.type == "cpu" and codes.numel():
-            top = int(codes.max())
-            if top >= fmt.num_codes:
-                raise ValueError(f"codes: {fmt.name} codes lie in [0, {fmt.num_codes}), got {top}")
         if not isinstance(self.scales, torch.Tensor):
             raise ValueError(f"scales: expected a torch.Tensor, got {type(self.scales).__name__}")
         scale_dtype = self.scheme.scale_dtype
@@ -157,6 +150,17 @@ class QuantizedActivation:
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)
+
+    def check_codes(self) -> None:
+        """``ValueError`` unless every code lies in ``[0, 2^bits)`` (formats under 8 bits fill the low bits of
+        their byte). Checked by the entry points that read a caller's activations (``humming.linear``,
+        ``grouped_linear``, :func:`dequantize_activation`) where the values can be read without a host sync,
+        on CPU tensors, as MoE routing ids are; the padding rows a kernel leaves unwritten are not read."""
+        fmt, codes = self.scheme.element_format, self.codes
+        if fmt.bits < 8 and data_readable(codes) and codes.device.type == "cpu" and codes.numel():
+            top = int(codes.max())
+            if top >= fmt.num_codes:
+                raise ValueError(f"codes: {fmt.name} codes lie in [0, {fmt.num_codes}), got {top}")
 
     def data(self) -> torch.Tensor:
         """The codes as the torch dtype that holds them (int8, float8_e4m3fn...), a view, where one exists."""
@@ -238,6 +242,7 @@ def dequantize_activation(qa: QuantizedActivation, dtype: torch.dtype = torch.fl
         raise TypeError(f"qa: expected a humming.QuantizedActivation, got {type(qa).__name__}")
     if dtype not in DEQUANTIZED_DTYPES:
         raise ValueError(f"dtype: expected a float dtype {DEQUANTIZED_DTYPES}, got {dtype!r}")
+    qa.check_codes()
     m, k = qa.shape
     s = qa.scales.to(torch.float32)
     if qa.global_scale is not None:
