@@ -99,14 +99,25 @@ def _version_text() -> str:
     return ", ".join([*parts, cuda])
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a positive int (the demo's sizes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="humming", description=__doc__)
     parser.add_argument("--version", action="version", version=_version_text())
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="quantize an example layer in many formats and compare (CPU or GPU)")
-    p.add_argument("--n", type=int, default=1024, help="output features (default 1024)")
-    p.add_argument("--k", type=int, default=1024, help="input features (default 1024)")
-    p.add_argument("--m", type=int, default=16, help="tokens (default 16)")
+    p.add_argument("--n", type=_positive, default=1024, help="output features (default 1024)")
+    p.add_argument("--k", type=_positive, default=1024, help="input features (default 1024)")
+    p.add_argument("--m", type=_positive, default=16, help="tokens (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even when a GPU is present")
     p.set_defaults(func=demo)

@@ -18,6 +18,8 @@ bit-exact with ``quantize_activation(rmsnorm(...), act)``. The formula, for a ro
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import ops
@@ -67,8 +69,8 @@ def _check(x, weight, eps, residual) -> None:
         raise ValueError(f"weight: expected a float tensor [K={k}], got {_describe(weight)}")
     if weight.device != x.device:
         raise ValueError(f"weight: on {weight.device}, but x is on {x.device}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps: expected a non-negative float, got {eps!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps: expected a non-negative float (finite), got {eps!r}")
     if residual is not None and (
         not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype
     ):

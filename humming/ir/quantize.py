@@ -208,13 +208,17 @@ def _act_order_groups(g_idx, w: torch.Tensor) -> torch.Tensor:
 def _check_representable(ideal: torch.Tensor, scale: torch.Tensor) -> None:
     """``ValueError`` naming ``scale_dtype`` where a group's ideal scale (float64) does not survive the cast to
     the scale dtype: it overflows (to inf, or above the largest value, where e4m3 saturates: every code of the
-    group would clip), or a nonzero scale underflows to 0 (the group would dequantize to zeros). float32 scales
-    of inputs with float32's range only underflow for subnormal groups, which stay below its resolution."""
+    group would clip), or it underflows (to 0, or, deep in the subnormals, to a value more than twice off, where
+    the group's codes round to zero or clip). float32 and e8m0 scales hold float32's range: they only underflow
+    for groups of subnormal values, below its resolution."""
     dtype = scale.dtype
     info = torch.finfo(dtype)
     decoded = scale.to(torch.float64)
     over = ~torch.isfinite(decoded) | (ideal > info.max)
-    under = (ideal > 0) & (decoded == 0) if dtype != torch.float32 else torch.zeros_like(over)
+    if dtype in (torch.float32, torch.float8_e8m0fnu):
+        under = torch.zeros_like(over)
+    else:
+        under = (ideal > 0) & ((decoded == 0) | (decoded > 2 * ideal) | (decoded < ideal / 2))
     if not bool((over | under).any()):
         return
     bad = ideal[over | under]

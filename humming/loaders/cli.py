@@ -34,11 +34,15 @@ def inspect_main(argv: list[str] | None = None) -> int:
         return 1
     print(f"{files.path}: {reader.describe()}")
     loaded, failed = [], []
-    for name, parts in iter_modules(reader, args.modules):
-        try:
-            loaded.append((name, load_module(reader, name, parts)))
-        except CheckpointError as err:
-            failed.append((name, str(err)))
+    try:
+        for name, parts in iter_modules(reader, args.modules):
+            try:
+                loaded.append((name, load_module(reader, name, parts)))
+            except CheckpointError as err:
+                failed.append((name, str(err)))
+    except (CheckpointError, ValueError) as err:  # the module listing itself (a pattern that matches nothing)
+        print(f"cannot load: {err}", file=sys.stderr)
+        return 1
     width = max((len(n) for n, _ in loaded), default=6)
     print(f"{'module':<{width}}  {'shape':<16}  {'format / layout':<40}  bytes")
     for name, qw in loaded:

@@ -13,6 +13,14 @@ from ..ir.weight import QuantizedWeight
 _TENSORS = ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
 
 
+def _rebuild_weights(module: QuantizedModule, incompatible_keys) -> None:
+    """After ``load_state_dict``: every weight made again from its buffers, whose values were copied in place
+    (or replaced): validated, and a new object, so that plans and prepared layouts cached per weight are made
+    for the values loaded."""
+    for prefix, qw in module._weights.items():
+        module._weights[prefix] = qw.replace(**{name: module._buffers[prefix + name] for name in _TENSORS})
+
+
 class QuantizedModule(nn.Module):
     """A module holding quantized weights under name prefixes (``""`` for one weight, ``"w13_"``...)."""
 
@@ -20,6 +28,17 @@ class QuantizedModule(nn.Module):
         super().__init__()
         self._weights: dict[str, QuantizedWeight] = {}
         self._act_scales: list[str] = []
+        self.register_load_state_dict_post_hook(_rebuild_weights)
+
+    def _weight(self, prefix: str) -> QuantizedWeight:
+        """The weight held under ``prefix``, made again from the buffers (and validated) where one was replaced
+        (an assignment such as ``module.scales = t``, ``load_state_dict(..., assign=True)``), so that the module
+        never serves a weight its buffers no longer hold."""
+        qw = self._weights[prefix]
+        buffers = self._buffers
+        if any(buffers[prefix + name] is not getattr(qw, name) for name in _TENSORS):
+            qw = self._weights[prefix] = qw.replace(**{name: buffers[prefix + name] for name in _TENSORS})
+        return qw
 
     def _set_weight(self, prefix: str, qw: QuantizedWeight) -> None:
         """Register ``qw``'s tensors as buffers ``{prefix}qweight``, ``{prefix}scales``... (``None`` where

@@ -34,18 +34,22 @@ def quantize_model(
         modules = [modules]
     if modules is not None and not all(isinstance(p, str) for p in modules):
         raise ValueError(f"modules: expected fnmatch patterns (strings) or None, got {modules!r}")
+    # Every name, a layer registered under several (shared or tied) included: each gets the one quantized layer.
     names = [
         name
-        for name, module in model.named_modules()
+        for name, module in model.named_modules(remove_duplicate=False)
         if isinstance(module, nn.Linear) and (modules is None or any(fnmatch.fnmatchcase(name, p) for p in modules))
     ]
     if modules is not None and not names:
         raise ValueError(f"modules: no nn.Linear of the model matches {modules}")
+    quantized: dict[int, QuantizedLinear] = {}  # id(nn.Linear) -> its layer
     for name in tqdm(names, desc=f"quantizing to {weight}", disable=not progress):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        layer = QuantizedLinear.from_float(
-            getattr(parent, child), weight, group_size, zero_point=zero_point, act=act, backend=backend
-        )
-        setattr(parent, child, layer)
+        linear = getattr(parent, child)
+        if id(linear) not in quantized:
+            quantized[id(linear)] = QuantizedLinear.from_float(
+                linear, weight, group_size, zero_point=zero_point, act=act, backend=backend
+            )
+        setattr(parent, child, quantized[id(linear)])
     return model

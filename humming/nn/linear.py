@@ -57,7 +57,7 @@ class QuantizedLinear(QuantizedModule):
 
     @property
     def weight(self) -> QuantizedWeight:
-        return self._weights[""]
+        return self._weight("")
 
     @classmethod
     def from_float(
