@@ -91,8 +91,10 @@ def _rmsnorm_quantize_impl(x, weight, eps, scheme: ActScheme, residual, scale, b
     if backend == "triton" or (backend == "auto" and x.device.type == "cuda"):
         from .triton_kernels import norm_quant
 
-        contiguous = (x.stride(-1) == 1) and (residual is None or residual.stride(-1) == 1) and weight.is_contiguous()
-        reason = norm_quant.supports(x, scheme, static=scale is not None) if contiguous else "x: rows not contiguous"
+        strided = [name for name, t in (("x", x), ("residual", residual)) if t is not None and t.stride(-1) != 1]
+        strided += [] if weight.is_contiguous() else ["weight"]
+        reason = f"{', '.join(strided)}: not contiguous along K" if strided else None
+        reason = reason or norm_quant.supports(x, scheme, static=scale is not None)
         if reason is None:
             return norm_quant.rmsnorm_quantize(x, weight, eps, scheme, residual=residual, scale=scale)
         if backend == "triton":

@@ -343,12 +343,13 @@ def explain(qweight, m: int, act=None, *, dtype: torch.dtype = torch.bfloat16, b
         raise ValueError(f"m: expected a positive number of tokens, got {m!r}")
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"dtype: expected torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
-    x = torch.empty(m, qweight.K, dtype=dtype, device=qweight.device)
+    # One row of memory seen as m rows (stride 0): a plan reads the activations' shape, dtype, device and
+    # alignment, never their values, and m may be far more tokens than fit in memory.
+    row = torch.empty(1, qweight.K, dtype=dtype, device=qweight.device)
     if qweight.num_experts is not None:
         block_m = 16 * max(1, min(m, 64) // 16)
-        x = torch.empty(-(-m // block_m) * block_m, qweight.K, dtype=dtype, device=qweight.device)
-        return plan_grouped(qweight, act, x, block_m, backend)
-    return plan_linear(qweight, act, x, backend)
+        return plan_grouped(qweight, act, row.expand(-(-m // block_m) * block_m, -1), block_m, backend)
+    return plan_linear(qweight, act, row.expand(m, -1), backend)
 
 
 def prepare(qweight, backend: str = "cuda", act=None):
