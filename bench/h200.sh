@@ -2,7 +2,7 @@
 # The standard H200 benchmark in one device call (under 10 minutes): the dense sweep and the MoE sweep of
 # `python -m humming bench` (humming, each humming kernel, torch bf16, torch._scaled_mm, torch._grouped_mm /
 # _scaled_grouped_mm, gemlite and humming-kernels when carried), then bench/report.py. Writes into $OUT (7
-# files, 8 at most): linear.json, moe.json, README.md, {linear,moe}_{time,ratio}.png, bench.log.
+# files, 8 at most): linear.json, moe.json, README.md, {linear,moe}_{speedup,floor}.png, bench.log.
 #   OUT=out bash bench/h200.sh              # both sweeps, the MoE one in what the dense one leaves
 #   OUT=out MOE_S=0 bash bench/h200.sh      # linear.json alone (about 5 minutes)
 #   OUT=out LINEAR_S=0 bash bench/h200.sh   # moe.json alone: every model preset, M = 1 ... 8192 (about 9 minutes)

@@ -8,9 +8,11 @@ humming over torch (torch-bf16; moe: torch-grouped-mm) and humming-kernels (thei
 1, humming is faster). Op moe: per model, case and dtype, a table per routing and grouped GEMM, and one
 of the whole layer (its CUDA-graph and eager time, their difference, and its time over its two grouped
 GEMMs'), after the issue's targets over all points. A check-only JSON gets the same tables of relative
-errors. Plots (matplotlib, the ``bench`` extra): ``<op>_time.png`` (us vs M) and ``<op>_ratio.png`` (time
-/ floor vs M), a panel per (case, dtype) and shape (moe: per model, case, dtype and routing, and part),
-log-x.
+errors. Plots (matplotlib, the ``bench`` extra), one colour per system in all of them: ``<op>_speedup.png``,
+heatmaps of humming's time over humming-kernels' and over the best same-work torch baseline's per (case,
+shape) and M, green where humming is faster; ``<op>_floor.png``, each system's time over the bandwidth
+floor against M where that floor bounds the calls (M <= 256; linear: at the headline shape; per-kernel routes
+only in the tables).
 """
 
 from __future__ import annotations
@@ -296,8 +298,39 @@ def readme(docs: dict[str, dict], folder: Path, plots: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+#: One colour per system in every plot (humming's per-kernel routes: shades of humming's blue, by name).
+COLORS = {
+    "humming": "#1f4e9c",
+    COMPILED: "#6baed6",
+    PEER: "#e6550d",
+    "gemlite": "#e377c2",
+    "torch-bf16": "#636363",
+    "torch-scaled-mm": "#9e9ac8",
+    "torch-scaled-mm+quant": "#54278f",
+    "torch-grouped-mm": "#636363",
+    "torch-scaled-grouped-mm": "#54278f",
+}
+_ROUTE_COLORS = ("#08306b", "#2171b5", "#4292c6", "#08519c", "#3182bd", "#9ecae1")
+#: The torch baselines that take the same inputs and make the same output as humming's call (activation
+#: quantization included); ``torch-scaled-mm`` takes activations quantized beforehand, so it is left out.
+SAME_WORK = {"linear": ("torch-bf16", "torch-scaled-mm+quant"), "moe": ("torch-grouped-mm", "torch-scaled-grouped-mm")}
+#: The shape of the time-over-floor plot of op linear (the README quotes it; MoE: every shape), and its largest
+#: M: past it the calls are compute-bound and the bandwidth floor no longer bounds them (the heatmaps show them).
+FLOOR_SHAPE = "28672x8192"
+FLOOR_M = 256
+
+
+def color(system: str) -> str:
+    if system in COLORS:
+        return COLORS[system]
+    return _ROUTE_COLORS[sum(map(ord, system)) % len(_ROUTE_COLORS)]
+
+
 def plot(docs: dict[str, dict], folder: Path) -> list[str]:
-    """Write ``<op>_time.png`` and ``<op>_ratio.png`` for timed sweeps; returns the file names."""
+    """Write, for each timed sweep, ``<op>_speedup.png`` (heatmaps of humming's time over humming-kernels' and
+    over the best same-work torch baseline's, per case and shape x M; green where humming is faster) and
+    ``<op>_floor.png`` (each system's time over the bandwidth floor against M, a panel per case, at the
+    headline shape); returns the file names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -308,45 +341,118 @@ def plot(docs: dict[str, dict], folder: Path) -> list[str]:
         rows = [r for r in doc["rows"] if "graph_us" in r]
         if not rows:
             continue
-        if _by_model(op, rows):  # a row of panels per (model, case, dtype, routing), a column per part
-            groups = {(k[:4], k[4]): g for k, g in _moe_groups(rows).items()}
-        else:  # a row per (case, dtype), a column per shape
-            groups = {((c, d), s): g for (c, s, d), g in _groups(rows).items()}
-        panels = list(dict.fromkeys(k[0] for k in groups)), list(dict.fromkeys(k[1] for k in groups))
-        for kind in ("time", "ratio"):
-            fig, axes = plt.subplots(
-                len(panels[0]), len(panels[1]), figsize=(5 * len(panels[1]), 3.6 * len(panels[0])), squeeze=False
-            )
-            for i, row_key in enumerate(panels[0]):
-                for j, col_key in enumerate(panels[1]):
-                    title = " ".join(map(str, (*row_key, col_key)))
-                    _panel(axes[i][j], groups.get((row_key, col_key), []), kind, title)
-            fig.tight_layout()
-            name = f"{op}_{kind}.png"
-            fig.savefig(folder / name, dpi=80)
-            plt.close(fig)
-            written.append(name)
+        name = f"{op}_speedup.png"
+        _speedup_figure(plt, op, rows, doc["header"]["device"]["name"]).savefig(folder / name, dpi=130)
+        written.append(name)
+        name = f"{op}_floor.png"
+        _floor_figure(plt, op, rows, doc["header"]["device"]["name"]).savefig(folder / name, dpi=130)
+        written.append(name)
+        plt.close("all")
     return written
 
 
-def _panel(ax, rows: list[dict], kind: str, title: str) -> None:
-    ax.set_title(title, fontsize=9)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("M")
-    ax.set_ylabel("graph us" if kind == "time" else "time / floor")
-    for s in _systems(rows):
-        pts = sorted(
-            (r["m"], r["graph_us"] / (r["floor_us"] if kind == "ratio" else 1)) for r in rows if r["system"] == s
-        )
-        style = dict(linewidth=0.8, linestyle="--") if s.startswith("humming:") else dict(linewidth=1.6, marker=".")
-        ax.plot(*zip(*pts), label=s, **style)
-    if kind == "time" and rows:
-        floor = sorted({(r["m"], r["floor_us"]) for r in rows})
-        ax.plot(*zip(*floor), color="black", linewidth=0.8, linestyle=":", label="floor")
-        ax.set_yscale("log")
-    elif rows:
+def _point(row: dict) -> tuple:
+    """A heatmap row: (model?, routing?, part?, case, shape)."""
+    where = tuple(row[k] for k in ("model", "routing", "part") if k in row)
+    return (*where, row["case"], _shape(row))
+
+
+def _ratios_by_point(op: str, rows: list[dict], other) -> dict[tuple, dict[int, float]]:
+    """``{point: {M: humming time / the other system's}}``; ``other(by_system)`` picks the other's time."""
+    by: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if "graph_us" in r:
+            by.setdefault((_point(r), r["m"], r["dtype"]), {})[r["system"]] = r["graph_us"]
+    out: dict[tuple, dict[int, float]] = {}
+    for (point, m, dtype), times in by.items():
+        theirs = other(times)
+        if "humming" in times and theirs:
+            out.setdefault((*point, dtype), {})[m] = times["humming"] / theirs
+    return out
+
+
+def _speedup_figure(plt, op: str, rows: list[dict], device: str):
+    from matplotlib.colors import TwoSlopeNorm
+
+    baselines = SAME_WORK[op]
+    panels = [
+        (f"humming / {PEER}", _ratios_by_point(op, rows, lambda t: t.get(PEER))),
+        (
+            f"humming / best torch ({', '.join(baselines)})",
+            _ratios_by_point(op, rows, lambda t: min((t[s] for s in baselines if s in t), default=None)),
+        ),
+    ]
+    points = sorted({p for _, ratios in panels for p in ratios})
+    ms = sorted({r["m"] for r in rows})
+    size = (3.2 + 0.62 * len(ms) * 2, 1.6 + 0.3 * len(points))
+    fig, axes = plt.subplots(1, 2, figsize=size, squeeze=False, sharey=True, layout="constrained")
+    norm = TwoSlopeNorm(vmin=-2, vcenter=0, vmax=2)  # log2 of the ratio: 4x faster .. 4x slower
+    for ax, (title, ratios) in zip(axes[0], panels):
+        grid = [[ratios.get(p, {}).get(m) for m in ms] for p in points]
+        values = [[math.nan if v is None else -math.log2(v) for v in row] for row in grid]
+        image = ax.imshow(values, cmap="RdYlGn", norm=norm, aspect="auto")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                text = "n/a" if v is None else f"{v:.2f}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="#444" if v is None else "black")
+        ax.set_xticks(range(len(ms)), [str(m) for m in ms], fontsize=8)
+        ax.set_yticks(range(len(points)), [" ".join(map(str, p)) for p in points], fontsize=7)
+        ax.tick_params(axis="y", labelleft=ax is axes[0][0])
+        ax.set_xlabel("M (tokens)")
+        ax.set_title(title, fontsize=9)
+        ax.set_facecolor("#dddddd")
+    bar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.6, ticks=[-2, -1, 0, 1, 2])
+    bar.ax.set_yticklabels(["4x slower", "2x slower", "same", "2x faster", "4x faster"], fontsize=7)
+    fig.suptitle(
+        f"{op} on {device}: humming's CUDA-graph time over the other system's (green: humming is faster)", fontsize=9
+    )
+    return fig
+
+
+def _floor_figure(plt, op: str, rows: list[dict], device: str):
+    """Time over the bandwidth floor per system against M up to FLOOR_M, where the floor bounds the calls: a
+    panel per case (and MoE part / routing) at FLOOR_SHAPE (MoE: every shape); humming's per-kernel routes
+    are in the tables, not here."""
+    from matplotlib.ticker import FuncFormatter
+
+    rows = [r for r in rows if op != "linear" or _shape(r) == FLOOR_SHAPE]
+    rows = [r for r in rows if ":" not in r["system"] and r["m"] <= FLOOR_M]
+    panels: dict[tuple, list[dict]] = {}
+    for r in rows:
+        panels.setdefault((*_point(r), r["dtype"]), []).append(r)
+    cols = min(3, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.4 * cols, 3.2 * nrows + 0.8), squeeze=False)
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    for ax, (key, group) in zip(axes.flat, panels.items()):
+        for system in systems:
+            pts = sorted((r["m"], r["graph_us"] / r["floor_us"]) for r in group if r["system"] == system)
+            if pts:
+                ax.plot(*zip(*pts), color=color(system), marker="o", markersize=3, linewidth=1.4, label=system)
         ax.axhline(1, color="black", linewidth=0.8, linestyle=":")
-    ax.legend(fontsize=6)
+        ax.set_xscale("log", base=2)
+        ms = sorted({r["m"] for r in group})
+        ax.set_xticks(ms, [str(m) for m in ms])
+        ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v >= 1 else ""))
+        ax.set_xlabel("M (tokens)", fontsize=8)
+        ax.set_ylabel("time / floor", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_title(" ".join(map(str, key)), fontsize=9)
+        ax.grid(True, which="major", linewidth=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    handles = [plt.Line2D([], [], color=color(s), marker="o", markersize=3, linewidth=1.4) for s in systems]
+    fig.legend(handles, systems, loc="lower center", ncol=len(systems), fontsize=8, frameon=False)
+    fig.suptitle(
+        f"{op} on {device}, memory-bound M (<= {FLOOR_M}): CUDA-graph time over the bandwidth floor (1 = the floor; "
+        "lower is faster)",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    return fig
 
 
 def main(argv: list[str]) -> int:

@@ -43,7 +43,8 @@ SWIGLU_OAI_LIMIT = 7.0
 
 
 def _number(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    # a tuple and comparisons: torch 2.9's dynamo traces neither ``int | float`` nor math.isfinite
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -math.inf < value < math.inf:
         raise ValueError(f"{name}: expected a finite number, got {value!r}")
     return float(value)
 

@@ -141,8 +141,7 @@ def check_routing(
     if (
         isinstance(routed_scaling, bool)
         or not isinstance(routed_scaling, numbers.Real)
-        or not math.isfinite(routed_scaling)
-        or routed_scaling <= 0
+        or not 0 < routed_scaling < math.inf  # comparisons, not math.isfinite: dynamo folds them (NaN fails)
     ):
         raise ValueError(f"routed_scaling: expected a positive finite number, got {routed_scaling!r}")
     if order == "topk_then_softmax":

@@ -43,6 +43,7 @@ from . import _bench_peer
 from ._bench_inputs import ROUTINGS, rel_err
 from ._bench_moe import MODELS, PARTS, Experts, MoeGroup, MoeModel, coarse_to_fine, systems, warm
 from ._bench_systems import OPS, PEER, Group, Inputs, Shape, System, linear_systems
+from ._cli import Formatter, print_json, print_table
 from .dispatch.tune import CASES
 
 __all__ = [
@@ -55,10 +56,12 @@ __all__ = [
     "Group",
     "MoeModel",
     "Shape",
+    "add_arguments",
     "main",
     "parse_shapes",
     "registry",
     "rel_err",
+    "run",
     "sweep",
 ]
 
@@ -486,8 +489,14 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="humming bench", description=__doc__.splitlines()[0])
-    parser.add_argument("op", choices=OPS)
+    parser = argparse.ArgumentParser(prog="humming bench", description=__doc__, formatter_class=Formatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv), parser)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``python -m humming bench``'s options."""
+    parser.add_argument("op", choices=OPS, help="what to time: dense linears or MoE layers")
     parser.add_argument(
         "--cases", help="comma-separated, of humming.dispatch.tune.CASES (default: the standard set; moe: each model's)"
     )
@@ -497,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--routings", default=",".join(ROUTINGS), help="moe: comma-separated, of random, skewed")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"moe: comma-separated, of {', '.join(PARTS)}")
     parser.add_argument("--m", type=_ints, help="comma-separated M values (moe: tokens)")
-    parser.add_argument("--dtypes", default="bf16", help="comma-separated, of bf16, fp16 (default bf16)")
+    parser.add_argument("--dtypes", default="bf16", help="comma-separated, of bf16, fp16")
     parser.add_argument("--systems", help="comma-separated system names (default: all of the op)")
     parser.add_argument("--budget-s", type=float, default=math.inf, help="stop timing new points after this")
     parser.add_argument("--out", type=Path, help="JSON file to write (required unless --check-only)")
@@ -505,7 +514,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-site", help="directory holding humming-kernels (default: $HUMMING_KERNELS_SITE)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved timing rounds per point")
     parser.add_argument("--copy-bw", type=float, default=COPY_BYTES_PER_S, help="roof of the floor, bytes/s")
-    args = parser.parse_args(argv)
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run the sweep ``args`` describes; exit status 1 when a check fails (``--check-only``)."""
     defaults = DEFAULTS[args.op]
     if args.out is None and not args.check_only:
         parser.error("--out: expected a JSON path to write (or --check-only)")
@@ -537,24 +550,54 @@ def main(argv: list[str] | None = None) -> int:
             peer_site=args.peer_site,
             copy_bytes_per_s=args.copy_bw,
             rounds=args.rounds,
-            command="python -m humming bench " + " ".join(sys.argv[2:] if argv is None else argv),
+            command="python -m humming bench " + " ".join(sys.argv[2:]),
         )
     except ValueError as err:
         parser.error(str(err))
-    return _summarize(doc, args.out, args.check_only)
+    return _summarize(doc, args.out, args.check_only, args.json)
 
 
-def _summarize(doc: dict, out, check_only: bool) -> int:
-    """Print what was measured and skipped; with check_only, every failed check (exit status 1 if any)."""
+def _summarize(doc: dict, out, check_only: bool, as_json: bool = False) -> int:
+    """Print what was measured and skipped (with check_only, each row's error against the float32 product)
+    as a table or JSON; exit status 1 if a check failed or a system raised."""
     header, rows = doc["header"], doc["rows"]
-    for name, reason in header["skipped"].items():
-        print(f"skipped {name}: {reason}")
     errors = [r for r in rows if "error" in r]
     failed = [r for r in rows if check_only and not r.get("rel_err", math.inf) < CHECK_TOLERANCE and "error" not in r]
-    for r in errors + failed:
-        what = r.get("error") or f"rel_err {r['rel_err']:.3g} >= {CHECK_TOLERANCE}"
+    keys = ("system", "case", "model", "part", "routing", "n", "k", "m", "dtype", "kernel")
+    summary = dict(
+        rows=len(rows),
+        errors=[{k: r[k] for k in (*keys, "error") if k in r} for r in errors],
+        failed=[{k: r[k] for k in (*keys, "rel_err") if k in r} for r in failed],
+        skipped=header["skipped"],
+        not_measured=header["not_measured"],
+        out=None if out is None else str(out),
+    )
+    if check_only:
+        summary["checks"] = [{k: r[k] for k in (*keys, "rel_err") if k in r} for r in rows if "rel_err" in r]
+    if as_json:
+        print_json(summary)
+        return 1 if check_only and (errors or failed) else 0
+    for name, reason in header["skipped"].items():
+        print(f"skipped {name}: {reason}")
+    if check_only:
+        columns = ("system", "case", *[k for k in ("model", "part", "routing") if any(k in r for r in rows)])
+        table_rows = [[*(r.get(c) for c in columns), f"{r['n']}x{r['k']}", r["m"], r["dtype"], _check(r)] for r in rows]
+        print_table([*columns, "shape", "M", "dtype", "rel_err"], table_rows, right=("M", "rel_err"))
+    for r in errors:
         where = "".join(f"{r[key]} " for key in ("model", "part", "routing") if key in r)
-        print(f"{r['system']} {r['case']} {where}{r['n']}x{r['k']} M={r['m']} {r['dtype']}: {what}")
+        print(
+            f"{r['system']} {r['case']} {where}{r['n']}x{r['k']} M={r['m']} {r['dtype']}: {r['error']}", file=sys.stderr
+        )
     where = f", wrote {out}" if out else ""
-    print(f"{len(rows)} rows ({len(errors)} errors), {header['not_measured']} points not measured{where}")
+    print(
+        f"{len(rows)} rows ({len(errors)} errors, {len(failed)} failed checks), "
+        f"{header['not_measured']} points not measured{where}"
+    )
     return 1 if check_only and (errors or failed) else 0
+
+
+def _check(row: dict) -> str:
+    if "error" in row:
+        return "error"
+    ok = row["rel_err"] < CHECK_TOLERANCE
+    return f"{row['rel_err']:.3g}" + ("" if ok else f" >= {CHECK_TOLERANCE} FAILED")

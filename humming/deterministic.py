@@ -3,7 +3,9 @@ whatever batch the row came in.
 
 The dispatcher then picks only kernels whose per-row result cannot depend on the batch: the Triton GEMMs
 with one tile configuration for every M (no split-K, no atomics, no dequantize-then-cuBLAS path, whose
-cuBLAS algorithm varies with M) and, where they cannot run, the reference. It costs speed (no CUDA decode
+cuBLAS algorithm varies with M) and, where they cannot run, the reference. The reference (every CPU call)
+then sums each dot product in one fixed pairwise order (``reference.fixed_order_matmul``) instead of a
+library matmul, whose blocking follows M. It costs speed (no CUDA decode
 kernel, no stream-K at small M); bench/results/<gpu>/ records how much. Activation schemes with one dynamic
 scale per tensor (``fp8_tensor``, ``int8_tensor``, ``nvfp4``'s global scale) are batch-dependent by
 definition, deterministic or not.

@@ -6,10 +6,16 @@
   The interpreter's known gaps are worked around in ``humming/triton_kernels/interpreter.py``.
 - ``seed`` fixture: every test draws fresh random inputs from a seed it prints on failure.
 - ``fp8_sm90`` fixture: skips (with the reason) unless the CUDA FP8 GEMM runs here.
+- GPU memory: each ``gpu`` test starts on an empty allocator cache and leaves it empty, so that parallel
+  workers hold only what their running test needs. A test whose peak passes ``GPU_MEMORY_LIMIT_GIB`` must
+  be marked ``big_memory``: ``bench/tools/h200_checks.sh`` runs those one at a time, after the parallel
+  group, which then fits the card (6 workers x the limit). ``HUMMING_TEST_MEMORY_LOG`` names a file that
+  gets each gpu test's peak.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -27,6 +33,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+#: The most GPU memory (allocator reserve, GiB) a ``gpu`` test not marked ``big_memory`` may take.
+GPU_MEMORY_LIMIT_GIB = 22
+
+
+@pytest.fixture(autouse=True)
+def _gpu_memory(request):
+    if not HAS_CUDA or "gpu" not in request.keywords:
+        yield
+        return
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    yield
+    peak = torch.cuda.max_memory_reserved() / 2**30
+    gc.collect()
+    torch.cuda.empty_cache()
+    log = os.environ.get("HUMMING_TEST_MEMORY_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{peak:8.2f} GiB  {request.node.nodeid}\n")
+    if peak > GPU_MEMORY_LIMIT_GIB and "big_memory" not in request.keywords:
+        pytest.fail(
+            f"peak GPU memory {peak:.1f} GiB > {GPU_MEMORY_LIMIT_GIB} GiB: mark the test big_memory (run serially) "
+            "or size it down to what it tests"
+        )
 
 
 @pytest.fixture

@@ -187,3 +187,18 @@ def test_cli_help():
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--help"])
     assert exit_.value.code == 0
+
+
+def test_report_plots_the_committed_sweeps(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plots need the bench extra (matplotlib)")
+    report = _report()
+    results = REPORT.parent / "results" / "h200"
+    for name in ("linear.json", "moe.json"):
+        (tmp_path / name).write_text((results / name).read_text())
+    written = report.plot(report.load(tmp_path), tmp_path)
+    assert written == ["linear_speedup.png", "linear_floor.png", "moe_speedup.png", "moe_floor.png"]
+    assert all((tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in written)
+    assert report.color("humming") == report.COLORS["humming"] != report.color("humming-kernels")
+    ratios = report._ratios_by_point("linear", report.load(tmp_path)["linear"]["rows"], lambda t: t.get(report.PEER))
+    # the README's headline: W4A16 int4 g128 at 28672x8192 takes 1.24x humming-kernels' time at M = 16
+    assert round(ratios[("w4a16-int4-g128", "28672x8192", "bf16")][16], 2) == 1.24

@@ -31,6 +31,17 @@ CASES = [
 ]
 
 
+#: (bias?, tuning): every token tile and blocks-per-SM choice default_gemm_tuning makes, with and without bias
+TUNINGS = [
+    (None, _gemm_sm90.GemmTuning(128, 6)),
+    ("bias", _gemm_sm90.GemmTuning(256, 4)),
+    ("bias", _gemm_sm90.GemmTuning(32, 8, 2)),
+    (None, _gemm_sm90.GemmTuning(64, 8, 2)),
+    ("bias", _gemm_sm90.GemmTuning(64, 8, 1)),
+    (None, _gemm_sm90.GemmTuning(128, 8, 1)),
+]
+
+
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("n", "k", "scheme", "ms"), CASES)
 def test_gemm_matches_reference(n, k, scheme, ms, act, seed):
@@ -42,7 +53,8 @@ def test_gemm_matches_reference(n, k, scheme, ms, act, seed):
     bias = torch.randn(n, device="cuda", dtype=act)
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=act)
-        for b, tuning in ((None, _gemm_sm90.GemmTuning(128, 6)), (bias, _gemm_sm90.GemmTuning(256, 4))):
+        for b, tuning in TUNINGS:
+            b = None if b is None else bias
             out = torch.full((m, n), float("nan"), device="cuda", dtype=act)
             _gemm_sm90.run_gemm(prep, x, b, act, tuning, out=out)
             ref = x.float() @ wref.T + (0 if b is None else b.float())
@@ -55,7 +67,7 @@ def test_gemm_through_linear_and_graph_capture(seed):
     qw = humming.quantize(torch.randn(1024, 1024, device="cuda"), weight="int4", group_size=128)
     x = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16)
     assert cuda_kernels.supports(qw, None, x) is None
-    humming.warmup([qw], m_values=(300,), progress=False)
+    humming.warmup([qw], m_values=(300,), backend="cuda", progress=False)  # the backend the capture asks for
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = humming.linear(x, qw, backend="cuda")

@@ -194,6 +194,7 @@ DEEPSEEK_V3 = {"w13": (256, 4096, 7168), "w2": (256, 7168, 2048)}
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 @pytest.mark.parametrize("fmt, act", [("int4", None), ("e4m3", "fp8_g128")], ids=["int4-g128", "fp8-block"])
 @pytest.mark.parametrize("proj", list(DEEPSEEK_V3))
 def test_deepseek_v3_layer_prepares_in_bounded_memory_and_time(fmt, act, proj):

@@ -251,3 +251,11 @@ def test_lock_held_by_a_hung_process_times_out(include_root, cache_dir, monkeypa
     assert not hung, "compile_kernel waited for the lock past the timeout"
     assert result["origin"] == "compiled"
     assert any("HUMMING_CACHE_LOCK_TIMEOUT" in m for m in result["warnings"]), result["warnings"]
+
+
+def test_cache_folder_follows_xdg_cache_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("HUMMING_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _cache.cache_dir() == tmp_path / "xdg" / "humming" / "cuda"
+    monkeypatch.setenv("HUMMING_CACHE_DIR", str(tmp_path / "mine"))
+    assert _cache.cache_dir() == tmp_path / "mine" / "cuda"

@@ -69,3 +69,27 @@ def test_rows_are_bit_identical_for_every_m_in_the_interpreter(qargs, act, deter
     assert torch.isfinite(full).all()
     for start, m in [(0, 1), (0, 17), (5, 3), (39, 1)]:
         assert torch.equal(humming.linear(x[start : start + m], qw, act=act, backend="triton"), full[start : start + m])
+
+
+REFERENCE_CASES = [
+    (dict(weight="int4", group_size=128), None),
+    (dict(weight="e4m3", group_size=-1), "fp8"),
+    (dict(weight="int8", group_size=-1), "int8"),
+    (dict(weight="mxfp4"), None),
+]
+
+
+@pytest.mark.parametrize("qargs, act", REFERENCE_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_rows_are_bit_identical_for_every_m_on_the_reference(qargs, act, out_dtype, deterministic, seed):
+    """The reference backend (what CPU tensors run) keeps the promise too: each dot product is summed in one
+    fixed order, so a row's bits do not follow M or its neighbours; and it is still the float64 product."""
+    qw = humming.quantize(torch.randn(96, 256) / 11, **qargs)
+    x = torch.randn(70, 256, dtype=torch.bfloat16)
+    full = humming.linear(x, qw, act=act, out_dtype=out_dtype, backend="reference")
+    xq = x if act is None else humming.dequantize_activation(humming.quantize_activation(x, act))
+    ref = xq.double() @ humming.dequantize(qw).double().T
+    assert ((full.double() - ref).norm() / ref.norm()).item() <= (1e-6 if out_dtype == torch.float32 else 8e-3)
+    for start, m in [(0, 1), (0, 64), (5, 3), (69, 1), (33, 37)]:
+        part = humming.linear(x[start : start + m], qw, act=act, out_dtype=out_dtype, backend="reference")
+        assert torch.equal(part, full[start : start + m]), (start, m)

@@ -46,8 +46,8 @@ def test_table_applies_to_its_m_range_only(tmp_path):
     table = _table(
         tmp_path,
         [
-            dict(weight="int4", act="fp8", n=48, k=64, m_max=16, order=["cuda.fp8_gemm"]),
-            dict(weight="int4", act="fp8", n=48, k=64, m_max=256, order=["triton.scaled_mm", "cuda.fp8_gemm"]),
+            dict(weight="int4+group", act="fp8", n=48, k=64, m_max=16, order=["cuda.fp8_gemm"]),
+            dict(weight="int4+group", act="fp8", n=48, k=64, m_max=256, order=["triton.scaled_mm", "cuda.fp8_gemm"]),
         ],
     )
     order, source = _order(qw, "fp8", 1, table=table)
@@ -59,25 +59,28 @@ def test_table_applies_to_its_m_range_only(tmp_path):
     assert _order(qw, "fp8", 257, table=table) == _order(qw, "fp8", 257)
     assert _order(qw, None, 16, table=table) == _order(qw, None, 16)  # no entry for this act
     assert _order(_weight(zero_point=True), "fp8", 1, table=table)[1] == "heuristic"  # uint4+zp: another key
+    assert _order(_weight(group_size=-1), "fp8", 1, table=table)[1] == "heuristic"  # per-channel: another key
 
 
 def test_table_takes_the_nearest_measured_shape(tmp_path):
-    entry = lambda n, k, kernel: dict(weight="int4", act="none", n=n, k=k, m_max=64, order=[kernel])
+    entry = lambda n, k, kernel: dict(weight="int4+group", act="none", n=n, k=k, m_max=64, order=[kernel])
     table = _table(
         tmp_path,
         [entry(28672, 8192, "cuda.gemm_sm90"), entry(2048, 7168, "triton.wna16"), entry(7168, 2048, "cuda.decode")],
     )
-    assert table.order("int4", "none", 64, 24576, 8192) == ("cuda.gemm_sm90",)
-    assert table.order("int4", "none", 64, 1536, 6144) == ("triton.wna16",)
-    assert table.order("int4", "none", 64, 8192, 2048) == ("cuda.decode",)
-    assert table.order("int4", "none", 65, 8192, 2048) is None
+    assert table.order("int4+group", "none", 64, 24576, 8192) == ("cuda.gemm_sm90",)
+    assert table.order("int4+group", "none", 64, 1536, 6144) == ("triton.wna16",)
+    assert table.order("int4+group", "none", 64, 8192, 2048) == ("cuda.decode",)
+    assert table.order("int4+group", "none", 65, 8192, 2048) is None
 
 
 def test_table_with_an_unknown_kernel_is_refused(tmp_path):
     (tmp_path / "bad.json").write_text(
         json.dumps(
             dict(
-                capability=[9, 0], sm_count=132, entries=[dict(weight="int4", act="none", m_max=1, order=["cuda.nope"])]
+                capability=[9, 0],
+                sm_count=132,
+                entries=[dict(weight="int4+group", act="none", m_max=1, order=["cuda.nope"])],
             )
         )
     )
@@ -95,7 +98,12 @@ def test_weight_keys_tell_apart_what_changes_the_kernels():
             (("int4",), dict(group_size=32, zero_point=True)),
         ]
     }
-    assert keys == {"e2m1+e8m0", "e2m1+e4m3scales", "int4", "uint4+zp"}
+    assert keys == {"e2m1+e8m0+group", "e2m1+e4m3scales+group", "int4+group", "uint4+group+zp"}
+    layouts = {
+        dispatch.weight_key(humming.quantize(torch.randn(256, 256), "int4", group_size=g)) for g in (32, 128, -1)
+    }
+    assert layouts == {"int4+group", "int4+channel"}  # group sizes share rows; per-channel has its own
+    assert dispatch.weight_key(humming.quantize(torch.randn(256, 256), "fp8_block")) == "e4m3+block"
 
 
 def test_unknown_device_gets_no_table(fake_cuda_device):
@@ -108,7 +116,9 @@ def test_committed_tables_name_real_kernels_for_valid_combinations(table):
     assert table.entries, "a committed table has entries"
     for (weight, act), shapes in table.entries.items():
         fmt = humming.get_format(weight.split("+")[0])
-        assert set(weight.split("+")[1:]) <= {"e8m0", "e4m3scales", "zp", "actorder"}, weight
+        layouts = {"group", "channel", "block", "tensor"}
+        assert len(set(weight.split("+")) & layouts) == 1, weight  # every key names its scale layout
+        assert set(weight.split("+")[1:]) <= {"e8m0", "e4m3scales", "zp", "actorder"} | layouts, weight
         scheme = None if act == "none" else get_act_scheme(act)
         assert combination_error(fmt, scheme) is None, (weight, act)
         for rows in shapes.values():

@@ -85,6 +85,24 @@ def test_encode_inverts_decode(fmt):
     assert torch.equal(fmt.encode(values[finite]), codes[finite])
 
 
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f.kind in ("float", "int", "lut", "e8m0")], ids=str)
+def test_encode_in_slices_is_the_whole_encode(fmt, monkeypatch, seed):
+    """A tensor past the slice size is encoded slice by slice (bounded memory), to the same codes, with
+    the same refusal of NaN where the format has no NaN code."""
+    from humming.ir import formats
+
+    x = (torch.randn(5, 37, 11) * 8).to(torch.float32)
+    whole = fmt.encode(x)
+    monkeypatch.setattr(formats, "_ENCODE_SLICE", 100)
+    assert torch.equal(fmt.encode(x), whole)
+    x[4, 36, 10] = math.nan  # in the last slice
+    if fmt.has_nan:
+        assert torch.equal(fmt.encode(x)[:4], whole[:4])
+    else:
+        with pytest.raises(ValueError, match="NaN"):
+            fmt.encode(x)
+
+
 @pytest.mark.parametrize("name", ["e2m1", "e2m3", "e3m2", "e3m4", "e4m3", "e5m2"])
 def test_encode_matches_ml_dtypes_on_random_values(name, seed):
     fmt = get_format(name)

@@ -390,16 +390,18 @@ def _gpt_oss_checkpoint(path: Path, seed: int) -> tuple[dict[str, torch.Tensor],
 
 
 def test_gpt_oss_experts(tmp_path, seed):
-    """gpt-oss's fused MXFP4 experts become a QuantizedExperts running its clamped SwiGLU (alpha and limit from
-    the config) on interleaved gate / up rows, with the experts' biases; the logits match transformers'
-    GptOssForCausalLM holding the dequantized experts."""
+    """gpt-oss's fused MXFP4 experts become a QuantizedExperts running its clamped SwiGLU (alpha and limit as
+    the transformers module computes with them: from the config, or fixed by versions that ignore it) on
+    interleaved gate / up rows, with the experts' biases; the logits match transformers' GptOssForCausalLM
+    holding the dequantized experts."""
     dense, config = _gpt_oss_checkpoint(tmp_path, seed)
     model = from_pretrained(tmp_path, dtype=torch.float32)
     experts = model.model.layers[0].mlp.experts
-    assert isinstance(experts, QuantizedExperts) and experts.w13.shape == (4, 64, 64)
-    assert (experts.activation, experts.alpha, experts.limit) == ("swiglu_oai", 1.702, 2.0)
-    assert experts.gate_up_layout == "interleaved" and experts.w13.bias is not None
     ref = transformers.GptOssForCausalLM._from_config(config, dtype=torch.float32).eval()
+    own = ref.model.layers[0].mlp.experts
+    assert isinstance(experts, QuantizedExperts) and experts.w13.shape == (4, 64, 64)
+    assert (experts.activation, experts.alpha, experts.limit) == ("swiglu_oai", own.alpha, own.limit)
+    assert experts.gate_up_layout == "interleaved" and experts.w13.bias is not None
     state = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".experts." not in k}
     p = "model.layers.0.mlp.experts"
     for proj in ("gate_up_proj", "down_proj"):  # transformers holds them [E, in, out]
@@ -410,6 +412,27 @@ def test_gpt_oss_experts(tmp_path, seed):
     with torch.no_grad():
         err = _rel(model(ids).logits, ref(ids).logits)
     assert err <= 1e-5, f"seed {seed}: {err:.2e}"
+
+
+def test_clamped_swiglu_reads_what_the_experts_module_computes_with():
+    """gpt-oss's alpha and limit come from the experts module when it holds them (transformers 5.17 fixes them
+    at 1.702 / 7.0 whatever the config says), else from the config."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from humming.nn.hf import _expert_activation
+
+    module = type("GptOssExperts", (nn.Module,), {})()
+    module.is_concatenated = False
+    module.config = SimpleNamespace(swiglu_alpha=1.5, swiglu_limit=2.0)
+    assert _expert_activation(module) == dict(
+        activation="swiglu_oai", alpha=1.5, limit=2.0, gate_up_layout="interleaved"
+    )
+    module.alpha, module.limit = 1.702, 7.0
+    assert _expert_activation(module)["alpha"] == 1.702 and _expert_activation(module)["limit"] == 7.0
+    del module.is_concatenated  # transformers 5.0 leaves the flag out: gpt-oss's rows are interleaved all the same
+    assert _expert_activation(module)["gate_up_layout"] == "interleaved"
 
 
 def test_expert_activation_of_transformers_modules():

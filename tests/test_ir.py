@@ -171,9 +171,11 @@ def test_quantizer_scales_follow_the_rules(seed):
     qw = humming.quantize(w, "mxfp4")
     amax = w.abs().reshape(8, 2, 32).amax(-1)
     assert torch.equal(qw.scales.float(), torch.exp2(torch.floor(torch.log2(amax)) - 2))
-    # NVFP4: global = amax / (6 * 448)
+    # NVFP4: global = 1 / fp32((6 * 448) / amax), compressed-tensors' divisor inverted (~ amax / (6 * 448))
     qw = humming.quantize(w, "nvfp4")
-    assert torch.allclose(qw.global_scale, w.abs().amax() / (6 * 448), rtol=1e-7, atol=0)
+    divisor = (6 * 448 / w.double().abs().amax()).float()
+    assert torch.equal(qw.global_scale, torch.reciprocal(divisor))
+    assert torch.allclose(qw.global_scale, w.abs().amax() / (6 * 448), rtol=3e-7, atol=0)
 
 
 def test_zero_group_is_exact():

@@ -944,6 +944,7 @@ def test_fused_moe_gpu_realistic(name: str, t: int, seed: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 @pytest.mark.parametrize("t", [1, 16, 256])
 @pytest.mark.parametrize("act", [None, "fp8"])
 @pytest.mark.parametrize("mapped", [False, True], ids=["whole", "rank-of-4"])

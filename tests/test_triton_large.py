@@ -28,6 +28,7 @@ def _reference(x, qw, bias, act, rows) -> torch.Tensor:
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 @pytest.mark.parametrize(
     "weight,act",
     [("int4", None), ("int3", None), ("int8", "int8"), ("e4m3", "fp8")],

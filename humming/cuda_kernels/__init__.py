@@ -161,7 +161,7 @@ def default_tuning(kernel: str, qweight, x: torch.Tensor):
     prep, m, index = prepare(qweight), x.shape[0], device_index(x.device)
     if kernel == "decode":
         return _decode.default_tuning(m, prep.n, prep.k, prep.layout.bits, index)
-    return _gemm_sm90.default_gemm_tuning(m, prep.layout, device_info(index).limits.smem_per_block)
+    return _gemm_sm90.default_gemm_tuning(m, prep.n, prep.layout, device_info(index).limits)
 
 
 #: Call shapes made ready per weight (a launcher each, :func:`run`), at most this many: then they start over.

@@ -1,8 +1,8 @@
 """On-disk cache of compiled cubins, shared by threads and processes.
 
 An entry is one file ``<dir>/<name>-<arch>-<key>.cubin`` holding a small header (with the full cache key
-the entry was built for and a SHA-256 of the payload), the cubin and the compiler's log. Writers take an
-``fcntl`` lock on ``<entry>.lock``, write a temporary file in the same folder and ``os.replace`` it over
+the entry was built for and a SHA-256 of the payload), the cubin and the compiler's log. Writers take a
+lock on ``<entry>.lock`` (``filelock``), write a temporary file in the same folder and ``os.replace`` it over
 the entry, so a reader sees either no entry or a whole one; a reader that finds a truncated or corrupted
 entry (bad magic, wrong lengths, checksum mismatch) or one built for another key (a file name collision,
 a copied file) treats it as missing and the entry is rebuilt.
@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
 import struct
 import tempfile
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import filelock
+import platformdirs
 
 from .._env import env
 
@@ -47,9 +48,10 @@ class CacheEntry:
 
 
 def cache_dir() -> Path:
-    """``$HUMMING_CACHE_DIR/cuda``, default ``~/.cache/humming/cuda``."""
-    root = env("HUMMING_CACHE_DIR") or Path.home() / ".cache" / "humming"
-    return root / "cuda"
+    """``$HUMMING_CACHE_DIR/cuda``, default the user cache folder's ``humming/cuda`` (``platformdirs``:
+    ``$XDG_CACHE_HOME/humming/cuda``, else ``~/.cache/humming/cuda`` on Linux)."""
+    root = env("HUMMING_CACHE_DIR") or platformdirs.user_cache_dir("humming", appauthor=False)
+    return Path(root) / "cuda"
 
 
 def _encode(key: str, cubin: bytes, log: str) -> bytes:
@@ -83,31 +85,24 @@ def lock_timeout_s() -> float:
 
 @contextlib.contextmanager
 def _file_lock(path: Path, timeout_s: float) -> Iterator[None]:
-    """Hold an exclusive lock on ``path``; after ``timeout_s`` without it, warn and go on unlocked."""
-    with open(path, "a+b") as handle:
-        deadline = time.monotonic() + timeout_s
-        locked = False
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                locked = True
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.05)
-        if not locked:
-            warnings.warn(
-                f"{path}: held by another process for more than {timeout_s:g} s (HUMMING_CACHE_LOCK_TIMEOUT); "
-                "building without the lock",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        try:
-            yield
-        finally:
-            if locked:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    """Hold an exclusive lock on ``path`` across processes; after ``timeout_s`` without it, warn and go on
+    unlocked."""
+    lock = filelock.FileLock(path)
+    try:
+        lock.acquire(timeout=timeout_s, poll_interval=0.05)
+    except filelock.Timeout:
+        warnings.warn(
+            f"{path}: held by another process for more than {timeout_s:g} s (HUMMING_CACHE_LOCK_TIMEOUT); "
+            "building without the lock",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

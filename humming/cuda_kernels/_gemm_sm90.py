@@ -36,6 +36,7 @@ __all__ = [
     "grouped_unsupported",
     "run_gemm",
     "run_grouped_gemm",
+    "tile_time",
 ]
 
 GEMM_CCS = ((9, 0),)
@@ -68,15 +69,46 @@ class GemmTuning:
         return self.stages * (per_stage + 16) + 1024
 
 
+#: Time of one 128-row tile over 1,000 K columns (ns) by token tile, alone on its SM (``_TILE_NS``) and
+#: two at a time on one SM with two blocks per SM (``_PAIR_NS``): measured on the H200 over the standard
+#: shapes (bench/results/h200/tuning.json, bench/tools/tuning_sweep.py). Only their ratios matter: they rank
+#: the candidates of :func:`default_gemm_tuning`.
+_TILE_NS = {32: 6.0, 64: 6.3, 128: 7.1, 256: 10.5}
+_PAIR_NS = {32: 8.1, 64: 9.1}
+#: (tokens per tile, blocks per SM) :func:`default_gemm_tuning` chooses among.
+_DENSE_TILES = ((32, 2), (64, 2), (64, 1), (128, 1), (256, 1))
+_MAX_STAGES = 8
+
+
+def tile_time(m: int, n: int, bm: int, blocks: int, sm_count: int) -> float:
+    """The modelled time of the dense GEMM per 1,000 K columns: the tiles (128 rows x ``bm`` tokens) spread
+    over the SMs, each SM running its share one at a time, or two at a time with two blocks per SM."""
+    per_sm = -(-(n // 128) * -(-m // bm) // sm_count)
+    if blocks == 1:
+        return per_sm * _TILE_NS[bm]
+    return per_sm // 2 * _PAIR_NS[bm] + per_sm % 2 * _TILE_NS[bm]
+
+
 @per_call_cache
-def default_gemm_tuning(m: int, layout: WeightLayout, smem_per_block: int) -> GemmTuning:
-    """256-token tiles from M >= 512 (half the dequantization per FLOP), and as many stages (up to 6)
-    as the device's shared memory per block allows."""
-    bm = 256 if m >= 512 else 128
-    stages = 6
-    while stages > 2 and GemmTuning(bm, stages).smem_bytes(layout) > smem_per_block:
+def default_gemm_tuning(m: int, n: int, layout: WeightLayout, limits) -> GemmTuning:
+    """The token tile and blocks per SM of least modelled time (:func:`tile_time`: small tiles spread a
+    small grid over every SM, two blocks per SM hide each other's copies, 256-token tiles halve the
+    dequantization per FLOP once the grid is full), the smaller tile and fewer blocks on a tie; then as
+    many stages (up to 8) as the block's share of shared memory holds. Tiles of fewer than 128 tokens are
+    candidates up to M = 4 x their size, the range the model was fitted on."""
+    tiles = [t for t in _DENSE_TILES if t[0] >= 128 or 4 * t[0] >= m]  # small tiles: measured up to M = 4 bm
+    bm, blocks = min(tiles, key=lambda t: (tile_time(m, n, *t, limits.sm_count), t[0], t[1]))
+    return _with_stages(bm, blocks, layout, limits.smem_per_block, _MAX_STAGES)
+
+
+def _with_stages(bm: int, blocks: int, layout: WeightLayout, smem_per_block: int, most: int) -> GemmTuning:
+    """``GemmTuning(bm, stages, blocks)`` with as many stages (2 to ``most``) as fit the block's share of
+    shared memory (the SM reserves 1 KiB per block)."""
+    budget = smem_per_block // blocks - 1024 * (blocks - 1)
+    stages = most
+    while stages > 2 and GemmTuning(bm, stages, blocks).smem_bytes(layout) > budget:
         stages -= 1
-    return GemmTuning(bm, stages)
+    return GemmTuning(bm, stages, blocks)
 
 
 def default_grouped_tuning(block_m: int, rows: int, num_experts: int, layout: WeightLayout, smem_per_block: int):
@@ -87,10 +119,7 @@ def default_grouped_tuning(block_m: int, rows: int, num_experts: int, layout: We
     stages each in half the shared memory; larger tiles as the dense kernel."""
     bm = next(b for b in GROUPED_BMS if block_m % b == 0 and (b < 256 or rows >= 512 * num_experts))
     blocks, stages = (2, 8) if bm <= 64 else (1, 6)
-    budget = smem_per_block // blocks - 1024 * (blocks - 1)  # the SM reserves 1 KiB per block
-    while stages > 2 and GemmTuning(bm, stages, blocks).smem_bytes(layout) > budget:
-        stages -= 1
-    return GemmTuning(bm, stages, blocks)
+    return _with_stages(bm, blocks, layout, smem_per_block, stages)
 
 
 def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:
@@ -259,7 +288,7 @@ class GemmLaunch:
         block_m: int = 0,
     ) -> None:
         if tuning is None:
-            tuning = default_gemm_tuning(m, prep.layout, device_limits(device)[1])
+            tuning = default_gemm_tuning(m, prep.n, prep.layout, device_limits(device))
         grouped = block_m > 0
         bias_code = DTYPE_CODE[bias_dtype if bias_dtype is not None else x_dtype]
         spec = gemm_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped)

@@ -136,12 +136,15 @@ _SCALE_TAGS = {torch.float8_e8m0fnu: "+e8m0", torch.float8_e4m3fn: "+e4m3scales"
 
 
 def weight_key(qweight) -> str:
-    """How tables name a weight: its element format, then what changes which kernels run it: 8-bit float
-    scales (``+e8m0``: MXFP4; ``+e4m3scales``: NVFP4), zero points (``+zp``), act-order (``+actorder``)."""
+    """How tables name a weight: its element format, then what changes which kernels run it and how fast:
+    8-bit float scales (``+e8m0``: MXFP4; ``+e4m3scales``: NVFP4), the scale layout (``+group``,
+    ``+channel``, ``+block``, ``+tensor``: a per-channel int4 weight takes another route than a grouped
+    one), zero points (``+zp``), act-order (``+actorder``)."""
     scales = qweight.scales.dtype if qweight.scales is not None else None
     return (
         qweight.format.name
         + _SCALE_TAGS.get(scales, "")
+        + f"+{qweight.layout}"
         + ("+zp" if qweight.zeros is not None else "")
         + ("+actorder" if qweight.g_idx is not None else "")
     )
@@ -224,11 +227,13 @@ def _cached(qweight, key, decide) -> Plan:
         plans = _plans[qweight] = {}
     plan = plans.get(key)
     if plan is None:
-        plan = decide()
-        # A CUDA kernel not compiled yet raises KernelNotReadyError (naming humming.warmup) at launch; a
-        # Triton kernel would compile, and the reference synchronise, inside the capture: refuse those here.
-        if plan.backend != "cuda" and key[4].type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # A call first seen inside a CUDA graph capture is refused, whatever its backend: its kernel may need
+        # compiling (NVRTC or Triton), the reference synchronises, and a weight prepared for it inside the
+        # capture would hold its values only once the graph replays. Whether another call loaded the same
+        # kernel earlier in this process does not change the answer.
+        if key[4].type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(_unwarmed(qweight, key))
+        plan = decide()
         plans[key] = plan
         if env("HUMMING_LOG_DISPATCH"):
             log.warning("humming dispatch: %s %s act=%s M=%d -> %s", qweight.describe(), key[0], key[2], key[5], plan)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import torch
 
 from .._moe_layer import gather_rows
+from ..deterministic import is_deterministic
 from ..ir.act_order import act_order_perm
 from ..ir.activation import QuantizedActivation, dequantize_activation, quantize_activation
 from ..ir.quantize import dequantize
 from ..ir.weight import expert_weight
 
-__all__ = ["grouped_linear", "is_available", "linear", "supports", "supports_grouped"]
+__all__ = ["fixed_order_matmul", "grouped_linear", "is_available", "linear", "supports", "supports_grouped"]
 
 
 def is_available() -> str | None:
@@ -47,10 +48,42 @@ def linear(x, qweight, bias, act, out_dtype):
             xf[:, perm] = dequantize_activation(quantize_activation(_finite(x)[:, perm], act))
     else:
         xf = x.to(torch.float32)
-    out = xf @ dequantize(qweight, torch.float32).T
+    w = dequantize(qweight, torch.float32)
+    out = fixed_order_matmul(xf, w) if is_deterministic() else xf @ w.T
     if bias is not None:
         out = out + bias.to(torch.float32)
     return out.to(out_dtype)
+
+
+#: Elements of one ``[rows, cols, K]`` product block of :func:`fixed_order_matmul` (64 MiB of float32).
+_FIXED_ORDER_BLOCK = 1 << 24
+
+
+def fixed_order_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [M, K] @ w [N, K]^T`` in float32, each dot product summed in one fixed pairwise order: the K
+    products (K zero-padded to a power of two) are added in halves, ``p[:h] + p[h:]``, down to one. Every
+    step is an elementwise float32 operation, so each output element depends on its row of ``x`` and
+    column of ``w`` alone: bit-identical whatever M, whatever rows share the batch, on any device. A
+    library matmul does not promise that (its blocking follows M). Deterministic mode's reference."""
+    m, k = x.shape
+    n = w.shape[0]
+    out = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    if k == 0 or m == 0 or n == 0:
+        return out.zero_()
+    width = 1 << (k - 1).bit_length()
+    x = torch.nn.functional.pad(x.float(), (0, width - k))
+    w = torch.nn.functional.pad(w.float(), (0, width - k))
+    cols = max(1, min(n, _FIXED_ORDER_BLOCK // width))
+    rows = max(1, min(m, _FIXED_ORDER_BLOCK // (width * cols)))
+    for r in range(0, m, rows):
+        for c in range(0, n, cols):
+            terms = x[r : r + rows, None, :] * w[None, c : c + cols, :]
+            half = width
+            while half > 1:
+                half //= 2
+                terms = terms[..., :half] + terms[..., half:]
+            out[r : r + rows, c : c + cols] = terms[..., 0]
+    return out
 
 
 def grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows=None):

@@ -1,5 +1,6 @@
 """``python -m humming tune``: measure every kernel that can run each (weight format, activation scheme, M)
-on this GPU and write the dispatcher's table for it (``humming/dispatch/tables/sm<arch>_<SMs>sm.json``).
+on this GPU and write the dispatcher's table for it (``sm<arch>_<SMs>sm.json`` in the user data folder unless
+``--out`` says otherwise; ``HUMMING_TABLES_DIR`` points the dispatcher at it).
 
 For each case, shape and M, every dense kernel that supports the call is timed (CUDA-graph time, weight
 copies past the L2, :mod:`humming.timing`) with the tuning it would run; the table's order for each shape
@@ -18,7 +19,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-__all__ = ["CASES", "main", "tune"]
+from .._cli import Formatter, print_json, print_table
+
+__all__ = ["CASES", "add_arguments", "main", "run", "tune", "user_tables_dir"]
 
 #: name -> (humming.quantize arguments, activation scheme): the formats serving runs.
 CASES = {
@@ -225,11 +228,35 @@ def verify(table: dict, table_dir: Path, progress: bool = True) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="humming tune", description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
-    parser.add_argument("--shapes", type=_parse_shapes, default=_parse_shapes("28672x8192,8192x8192,7168x2048"))
-    parser.add_argument("--m", type=_parse_ints, default=_parse_ints("1,16,32,64,128,256,512,1024,4096"))
-    parser.add_argument("--out", type=Path, default=None, help="default: humming/dispatch/tables/<device>.json")
+    parser = argparse.ArgumentParser(prog="humming tune", description=__doc__, formatter_class=Formatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv), parser)
+
+
+def user_tables_dir() -> Path:
+    """Where ``tune`` writes tables by default: the user data folder's ``humming/tables`` (``platformdirs``:
+    ``$XDG_DATA_HOME/humming/tables``, else ``~/.local/share/humming/tables`` on Linux)."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("humming", appauthor=False)) / "tables"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``python -m humming tune``'s options."""
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated cases (weight format x activations)")
+    parser.add_argument(
+        "--shapes", type=_parse_shapes, default="28672x8192,8192x8192,7168x2048", help="weight shapes NxK,NxK..."
+    )
+    parser.add_argument(
+        "--m", type=_parse_ints, default="1,16,32,64,128,256,512,1024,4096", help="token counts M,M,... to time"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the table to write (default: sm<arch>_<SMs>sm.json in the user data folder, "
+        f"{user_tables_dir()}; HUMMING_TABLES_DIR=<its folder> makes the dispatcher read it)",
+    )
     parser.add_argument(
         "--verify", type=Path, default=None, help="then time humming.linear with the new table; rows to this JSON"
     )
@@ -242,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="with --from-timings: also take the per-kernel rows of a `humming bench linear` JSON (same device)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument("--json", action="store_true", help="print what was written as JSON on stdout")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Measure (or rebuild) the table ``args`` describes and write it."""
     unknown = sorted(set(args.cases.split(",")) - set(CASES))
     if unknown:
         parser.error(f"--cases: unknown case(s) {unknown}; known: {', '.join(CASES)}")
@@ -257,19 +288,36 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("tune measures kernels on a CUDA GPU; none is visible")
     else:
         table = tune(args.cases.split(","), args.shapes, args.m)
-    from .plan import TABLES_DIR
-
     arch = table["capability"][0] * 10 + table["capability"][1]
-    out = args.out or TABLES_DIR / f"sm{arch}_{table['sm_count']}sm.json"
+    out = args.out or user_tables_dir() / f"sm{arch}_{table['sm_count']}sm.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"wrote {out}: {len(table['entries'])} entries from {len(table['timings'])} timings")
+    summary = dict(out=str(out), entries=len(table["entries"]), timings=len(table["timings"]))
     if args.verify is not None:
         rows = verify(table, out.parent)
         args.verify.write_text(json.dumps(dict(device=table["device"], rows=rows), indent=1) + "\n")
-        worst = max(rows, key=lambda r: r["ratio"])
-        print(
-            f"auto over the fastest kernel: worst {worst['ratio']:.3f} ({worst['case']} {worst['n']}x{worst['k']} "
-            f"M={worst['m']}: {worst['kernel']} vs {worst['best_kernel']}); wrote {args.verify}"
+        summary.update(verify=str(args.verify), worst=max(rows, key=lambda r: r["ratio"]))
+    if args.json:
+        print_json(summary)
+        return 0
+    print(f"wrote {out}: {len(table['entries'])} entries from {len(table['timings'])} timings")
+    if args.out is None:
+        print(f"the dispatcher reads it with HUMMING_TABLES_DIR={out.parent}")
+    if args.verify is not None:
+        worst = summary["worst"]
+        print_table(
+            ["case", "shape", "M", "auto ran", "fastest", "auto / fastest"],
+            [
+                [
+                    worst["case"],
+                    f"{worst['n']}x{worst['k']}",
+                    worst["m"],
+                    worst["kernel"],
+                    worst["best_kernel"],
+                    f"{worst['ratio']:.3f}",
+                ]
+            ],
+            right=("M", "auto / fastest"),
         )
+        print(f"(the worst point of {len(rows)}); wrote {args.verify}")
     return 0

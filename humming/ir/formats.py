@@ -150,7 +150,18 @@ class NumberFormat:
         return _value_table(self, str(torch.device(device)))
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Float values -> uint8 codes: round to nearest even, saturating (module docstring)."""
+        """Float values -> uint8 codes: round to nearest even, saturating (module docstring). Large tensors
+        are encoded in slices of ``_ENCODE_SLICE`` elements: the float64 / int64 steps take a dozen times the
+        input's bytes, so a whole expert-stacked layer at once would need tens of GiB."""
+        if x.numel() <= _ENCODE_SLICE:
+            return self._encode(x)
+        flat = x.reshape(-1)
+        codes = torch.empty(flat.shape, dtype=torch.uint8, device=x.device)
+        for start in range(0, flat.numel(), _ENCODE_SLICE):
+            codes[start : start + _ENCODE_SLICE] = self._encode(flat[start : start + _ENCODE_SLICE])
+        return codes.view(x.shape)
+
+    def _encode(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.float64)
         nan = torch.isnan(x)
         if bool(nan.any()) and not self.has_nan:
@@ -172,6 +183,9 @@ class NumberFormat:
     def __str__(self) -> str:
         return self.name
 
+
+#: Elements :meth:`NumberFormat.encode` encodes at a time (about 1.5 GiB of float64 / int64 steps).
+_ENCODE_SLICE = 1 << 24
 
 _TORCH_DTYPES = {
     "int8": torch.int8,

@@ -153,7 +153,12 @@ def quantize(
         if global_scale:
             scale_max = _scale_dtype_max(scale_dtype)
             tensor_amax = x.abs().flatten(-2).amax(-1) if x.dim() == 3 else x.abs().amax()
-            gscale = (tensor_amax / (elem_max * scale_max)).to(torch.float32)
+            # The reciprocal of an fp32 divisor, as compressed-tensors defines its global scale, so that the
+            # weight exports there exactly (its divisor d with fp32(1 / d) == gscale); the direct quotient
+            # where that divisor overflows fp32.
+            divisor = ((elem_max * scale_max) / tensor_amax).to(torch.float32)
+            direct = (tensor_amax / (elem_max * scale_max)).to(torch.float32)
+            gscale = torch.where(torch.isfinite(divisor), torch.reciprocal(divisor), direct)
             gscale = torch.where(gscale == 0, torch.ones_like(gscale), gscale)
             g = gscale.to(torch.float64).reshape(*gscale.shape, 1, 1)
             scale = _round_scale(amax / elem_max / g, scale_dtype, fmt, ceil=False, amax=amax / g)

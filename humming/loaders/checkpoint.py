@@ -23,6 +23,7 @@ from .errors import CheckpointError, MissingTensorError, UnsupportedFormatError
 from .fp8 import FP8Reader
 from .gpt_oss import GptOssReader
 from .gptq import GPTQReader
+from .humming_ir import HummingReader
 from .modelopt import ModelOptReader
 
 __all__ = [
@@ -44,6 +45,7 @@ READERS = {
     "modelopt": ModelOptReader,
     "mxfp4": GptOssReader,
     "bitsandbytes": BitsAndBytesReader,
+    "humming-ir": HummingReader,
 }
 _KERNEL_METHODS = ("gptq_marlin", "awq_marlin", "marlin", "gptq_marlin_24", "gptq_bitblas", "exl2", "exllamav2")
 _EXPERT = re.compile(r"^(?P<head>.*\.experts)\.(?P<index>\d+)\.(?P<tail>.+)$")

@@ -13,14 +13,6 @@ from ..ir.weight import QuantizedWeight
 _TENSORS = ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
 
 
-def _rebuild_weights(module: QuantizedModule, incompatible_keys) -> None:
-    """After ``load_state_dict``: every weight made again from its buffers, whose values were copied in place
-    (or replaced): validated, and a new object, so that plans and prepared layouts cached per weight are made
-    for the values loaded."""
-    for prefix, qw in module._weights.items():
-        module._weights[prefix] = qw.replace(**{name: module._buffers[prefix + name] for name in _TENSORS})
-
-
 class QuantizedModule(nn.Module):
     """A module holding quantized weights under name prefixes (``""`` for one weight, ``"w13_"``...)."""
 
@@ -28,12 +20,11 @@ class QuantizedModule(nn.Module):
         super().__init__()
         self._weights: dict[str, QuantizedWeight] = {}
         self._act_scales: list[str] = []
-        self.register_load_state_dict_post_hook(_rebuild_weights)
 
     def _weight(self, prefix: str) -> QuantizedWeight:
         """The weight held under ``prefix``, made again from the buffers (and validated) where one was replaced
-        (an assignment such as ``module.scales = t``, ``load_state_dict(..., assign=True)``), so that the module
-        never serves a weight its buffers no longer hold."""
+        since (an assignment such as ``module.scales = t``; ``load_state_dict`` rebuilds the weights itself), so
+        that the module never serves a weight its buffers no longer hold."""
         qw = self._weights[prefix]
         buffers = self._buffers
         if any(buffers[prefix + name] is not getattr(qw, name) for name in _TENSORS):
@@ -62,6 +53,40 @@ class QuantizedModule(nn.Module):
             scale = scale.detach().to(device, torch.float32).reshape(1, 1)
         self.register_buffer(name, scale)
         self._act_scales.append(name)
+
+    def get_extra_state(self) -> dict:
+        """What each weight's tensors mean, which they do not say themselves (int4 and e2m1 codes pack alike):
+        ``{prefix: {"format", "group_shape", "shape"}}``, in the ``state_dict`` as ``<module>._extra_state``."""
+        return {
+            prefix: dict(format=qw.format.name, group_shape=list(qw.group_shape), shape=list(qw.shape))
+            for prefix, qw in self._weights.items()
+        }
+
+    def set_extra_state(self, state) -> None:
+        """Checked against this module's weights before any tensor loads (:meth:`_load_from_state_dict`)."""
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        """Refuse a state whose weights differ in format, group shape or shape (``ValueError`` naming the
+        field), then load and rebuild each weight on the loaded tensors (new objects: plans and prepared
+        layouts are made again)."""
+        extra = state_dict.get(prefix + "_extra_state")
+        if isinstance(extra, dict):
+            for name, held in self.get_extra_state().items():
+                theirs = extra.get(name)
+                if theirs is None:
+                    raise ValueError(f"load_state_dict: {prefix}{name or 'weight'}: the state holds no such weight")
+                for field, value in held.items():
+                    got = theirs.get(field)
+                    if (list(got) if isinstance(got, (list, tuple)) else got) != value:
+                        raise ValueError(
+                            f"load_state_dict: {prefix}{name}{field}: the state has {got!r}, this "
+                            f"module holds {value!r}"
+                        )
+        loaded = any(key.startswith(prefix) for key in state_dict)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+        if loaded:
+            for name, qw in self._weights.items():
+                self._weights[name] = qw.replace(**{t: self._buffers[name + t] for t in _TENSORS})
 
     def _apply(self, fn, recurse=True):
         """Device moves apply to the weights; dtype casts (``.half()``, ``.to(torch.bfloat16)``) do not, as

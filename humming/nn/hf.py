@@ -22,7 +22,13 @@ from ..ir.concat import concat
 from ..ir.weight import QuantizedWeight
 from ..loaders.activations import ActivationSpec, expert_activation, merged_activation, static_scale
 from ..loaders.checkpoint import iter_modules, load_module, open_checkpoint
-from ..loaders.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError, UnsupportedFormatError
+from ..loaders.errors import (
+    CheckpointError,
+    MissingTensorError,
+    ShapeMismatchError,
+    UnexpectedTensorError,
+    UnsupportedFormatError,
+)
 from .linear import QuantizedLinear
 from .moe import QuantizedExperts
 
@@ -55,11 +61,14 @@ def _transformers():
 def from_pretrained(
     path: str | Path,
     *,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     device: str | torch.device = "cpu",
+    device_map: str | int | torch.device | dict | None = None,
     backend: str = "auto",
     strict: bool = True,
     trust_remote_code: bool = False,
+    revision: str | None = None,
+    local_files_only: bool = True,
 ) -> nn.Module:
     """A transformers causal LM from a quantized checkpoint folder, its quantized linears run by humming.
 
@@ -74,13 +83,21 @@ def from_pretrained(
     experts, as vLLM) (Qwen2/3-MoE, OLMoE, DeepSeek-V3, gpt-oss...).
 
     Args:
-        path: the checkpoint folder (``config.json``, ``*.safetensors``).
-        dtype: the dtype of the unquantized parameters and of the activations; ``None``: the config's
-            (``torch_dtype`` / ``dtype``), else float32.
+        path: the checkpoint folder (``config.json``, ``*.safetensors``), or a Hugging Face hub id
+            (``"org/name"``) found in the local ``huggingface_hub`` cache (``HF_HUB_CACHE``).
+        dtype: the dtype of the unquantized parameters and of the activations (a ``torch.dtype`` or its name);
+            ``None`` or ``"auto"``: the config's (``dtype`` / ``torch_dtype``), else float32.
         device: where every tensor goes.
+        device_map: as transformers' for one device, in place of ``device``: a device (``"cuda:0"``, ``0``,
+            ``"cpu"``), ``"auto"`` (the current CUDA device, else the CPU) or ``{module prefix: device}``
+            naming one device (``{"": 0}``). A model spread over several devices is refused (transformers
+            needs accelerate's hooks for that).
         backend: as :func:`humming.linear` (``"auto"``: the reference on CPU).
         strict: raise on checkpoint tensors the model has no place for; ``False`` warns instead.
         trust_remote_code: passed to transformers for models defined in the checkpoint folder.
+        revision: of a hub id: a branch, tag or commit (``None``: ``main``).
+        local_files_only: a hub id is looked up in the local cache only (offline, the default); ``False``
+            downloads what is missing (configs and safetensors).
     Returns:
         the model, in eval mode.
     Raises:
@@ -93,8 +110,8 @@ def from_pretrained(
         if not isinstance(flag, bool):
             raise TypeError(f"{name}: expected True or False, got {flag!r}")
     transformers = _transformers()
-    files, reader = open_checkpoint(path)
-    device = torch.device(device)
+    files, reader = open_checkpoint(_local_folder(path, revision, local_files_only))
+    device = _device(device if device_map is None else device_map)
     config = transformers.AutoConfig.from_pretrained(files.path, trust_remote_code=trust_remote_code)
     for attr in ("quantization_config", "compression_config"):
         if hasattr(config, attr):
@@ -120,9 +137,48 @@ def from_pretrained(
     return model
 
 
+def _local_folder(path: str | Path, revision: str | None, local_files_only: bool) -> Path:
+    """``path`` when it is a folder, else the snapshot folder of hub id ``path`` (``huggingface_hub``'s cache;
+    downloaded only when ``local_files_only`` is ``False``)."""
+    if Path(path).is_dir() or not isinstance(path, str) or path.count("/") != 1 or path.startswith((".", "/")):
+        return Path(path)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "*.py", "tokenizer*", "*.model"]
+    try:
+        folder = snapshot_download(path, revision=revision, local_files_only=local_files_only, allow_patterns=patterns)
+    except LocalEntryNotFoundError:
+        raise CheckpointError(
+            f"{path}: not a folder, and no snapshot of hub id {path!r} (revision {revision or 'main'}) is in the "
+            "local huggingface_hub cache; download it (huggingface-cli download) or pass local_files_only=False"
+        ) from None
+    return Path(folder)
+
+
+def _device(where) -> torch.device:
+    """A transformers-style ``device`` / ``device_map`` for one device as a ``torch.device``."""
+    if isinstance(where, dict):
+        devices = {str(_device(v)) for v in where.values()}
+        if len(devices) != 1:
+            raise ValueError(
+                f"device_map: expected one device for the whole model, got {sorted(devices)} (spreading a model "
+                "over devices needs accelerate's hooks, which humming does not install)"
+            )
+        return torch.device(devices.pop())
+    if where == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if isinstance(where, int) and not isinstance(where, bool):
+        return torch.device("cuda", where)
+    try:
+        return torch.device(where)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device_map: expected a device, 'auto' or {{prefix: device}}, got {where!r}") from None
+
+
 def _resolve_dtype(dtype, config) -> torch.dtype:
-    if dtype is None:
-        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    if dtype is None or dtype == "auto":
+        dtype = getattr(config, "dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -257,15 +313,20 @@ def _experts(model, name, projs, files, dtype, device, backend) -> QuantizedExpe
 def _expert_activation(module) -> dict | str:
     """The ``QuantizedExperts`` activation arguments of a transformers experts module, or why it has none
     humming runs: the default gate (``act_fn(gate) * up``: SiLU, exact or tanh GELU) in the module's gate /
-    up layout, or gpt-oss's clamped SwiGLU with its config's ``swiglu_alpha`` / ``swiglu_limit``."""
+    up layout, or gpt-oss's clamped SwiGLU with the module's ``alpha`` / ``limit`` (else its config's
+    ``swiglu_alpha`` / ``swiglu_limit``)."""
     if not getattr(module, "has_gate", True):
         return "experts without a gate (up_proj only)"
     layout = "concat" if getattr(module, "is_concatenated", True) else "interleaved"
     gate = getattr(type(module), "_apply_gate", None)
     if type(module).__name__ in _CLAMPED_SWIGLU:
+        # gpt-oss's gate reads interleaved rows (gate_up[..., ::2]); transformers < 5.17 does not say so
+        layout = "concat" if getattr(module, "is_concatenated", False) else "interleaved"
+        # What the module computes with: transformers keeps alpha and limit on the experts module, read from
+        # the config by some versions and fixed at gpt-oss's 1.702 / 7.0 by others (5.17 ignores the config).
         config = getattr(module, "config", None)
-        alpha = getattr(config, "swiglu_alpha", SWIGLU_OAI_ALPHA)
-        limit = getattr(config, "swiglu_limit", SWIGLU_OAI_LIMIT)
+        alpha = getattr(module, "alpha", getattr(config, "swiglu_alpha", SWIGLU_OAI_ALPHA))
+        limit = getattr(module, "limit", getattr(config, "swiglu_limit", SWIGLU_OAI_LIMIT))
         return dict(activation="swiglu_oai", alpha=alpha, limit=limit, gate_up_layout=layout)
     if gate is not None and gate.__name__ != "_default_apply_gate":
         return f"its own gate {type(module).__name__}._apply_gate"
@@ -307,7 +368,8 @@ def _load_unquantized(model, files, keys, replaced, device, strict) -> None:
         state[key] = tensor.to(device)
     model.load_state_dict(state, strict=False, assign=True)
     _tie_embeddings(model)
-    missing = [k for k, v in model.state_dict(keep_vars=True).items() if v is not None and v.device.type == "meta"]
+    state = model.state_dict(keep_vars=True)  # humming modules' _extra_state entries are dicts
+    missing = [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.device.type == "meta"]
     if missing:
         raise MissingTensorError(f"{len(missing)} tensors of the model are not in the checkpoint: {_listing(missing)}")
 

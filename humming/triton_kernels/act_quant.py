@@ -252,9 +252,13 @@ def _act_quant_kernel(
     elif SCALE == "fp32" or SCALE == "e8m0":
         s, e8m0_exp = span_scale(amax, INT, MAXV, EMAX_ELEM, SCALE)
     else:
-        # NVFP4: global scale = tensor amax / (max element * 448, the largest e4m3 scale)
+        # NVFP4: global scale = 1 / fp32((max element * 448, the largest e4m3 scale) / tensor amax), the direct
+        # quotient where that divisor overflows (humming.quantize's definition)
         tensor_amax = tl.load(amax_ptr).to(tl.float32, bitcast=True) + tl.zeros([BLOCK_M], dtype=tl.float32)
-        g = tl.math.div_rn(tensor_amax, tl.full([BLOCK_M], MAXV * 448.0, tl.float32))
+        top = tl.full([BLOCK_M], MAXV * 448.0, tl.float32)
+        divisor = tl.math.div_rn(top, tensor_amax)
+        inverse = tl.math.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), divisor)
+        g = tl.where(divisor < float("inf"), inverse, tl.math.div_rn(tensor_amax, top))
         g = tl.where(g == 0, 1.0, g)
         g64 = g.to(tl.float64)
         s_ideal = tl.minimum(amax.to(tl.float64) / MAXV / g64, 448.0).to(tl.float32)
