@@ -651,6 +651,10 @@ def _checked_fused(x, w13, w2, topk_weights, topk_ids, activation, expert_map, a
     _check_x("x", x, k, w13.device)
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(f"topk_ids: expected shape [T={x.shape[0]}, topk], got {getattr(topk_ids, 'shape', topk_ids)}")
+    if topk_ids.shape[1] == 0:
+        raise ValueError(
+            f"topk_ids: expected at least one expert per token (topk >= 1), got shape {tuple(topk_ids.shape)}"
+        )
     if topk_ids.device != x.device:
         raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
     _check_topk_ids(topk_ids)

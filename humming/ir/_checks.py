@@ -31,9 +31,11 @@ def non_finite_error(name: str, t: torch.Tensor) -> str | None:
     non-finite value and where it is. Reads the values (a host sync on a GPU)."""
     if not data_readable(t) or not t.numel():
         return None
-    bad = ~torch.isfinite(t.to(torch.float32))  # float8_e8m0fnu's NaN code counts as finite before the cast
+    # float8 values as float32 (torch counts float8_e8m0fnu's NaN code as finite); the others as they are
+    values = t if t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) else t.to(torch.float32)
+    bad = ~torch.isfinite(values)
     if not bool(bad.any()):
         return None
     where = tuple(int(i) for i in bad.nonzero()[0])
-    value = float(t[where].to(torch.float32)) if where else float(t.to(torch.float32))
+    value = float(values[where])
     return f"{name}: expected finite values, got {value} at index {list(where)} ({int(bad.sum())} non-finite)"
