@@ -138,8 +138,9 @@ def _linear_op(x, x_scales, x_global_scale, *args):
         if act is None:
             raise ValueError("act: quantized activations (x_scales given) need the scheme's name")
         x = QuantizedActivation(act, x, x_scales, x_global_scale)
-    x, act, bias, out_dtype = _checked(x, qweight, bias, act, out_dtype)
-    return run_linear(x, qweight, bias, act, out_dtype, backend)
+    x2d, act, bias, out_dtype = _checked(x, qweight, bias, act, out_dtype)
+    out = run_linear(x2d, qweight, bias, act, out_dtype, backend)
+    return out.reshape(*x.shape[:-1], qweight.N)  # the fake's shape, for an x of any rank
 
 
 def _linear_fake(x, x_scales, x_global_scale, qweight, *args):

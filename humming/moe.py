@@ -106,6 +106,8 @@ class MoeRouting:
 
 #: The largest routing block: every expert's segment is padded to a multiple of it (E * block_m rows at worst).
 MAX_BLOCK_M = 1024
+#: The most experts one moe_align call groups (its per-expert counts and padded rows are allocated).
+MAX_EXPERTS = 1 << 16
 
 
 def _check_block_m(block_m) -> int:
@@ -137,8 +139,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRout
     checked (that would read them back to the host): such slots are dropped (no row, so they add nothing).
     """
     _check_topk_ids(topk_ids)
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0:
-        raise ValueError(f"num_experts: expected a positive int, got {num_experts!r}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or not 0 < num_experts <= MAX_EXPERTS:
+        raise ValueError(f"num_experts: expected a positive int up to {MAX_EXPERTS}, got {num_experts!r}")
     block_m = _check_block_m(block_m)
     if ops.eager(topk_ids):
         _check_range("topk_ids", topk_ids, 0, num_experts)

@@ -105,6 +105,7 @@ def _rmsnorm_quantize_impl(x, weight, eps, scheme: ActScheme, residual, scale, b
 
 
 def _op(x, weight, eps, act, residual, scale, backend):
+    _check(x, weight, eps, residual)  # the op may be called directly
     qa, new_residual = _rmsnorm_quantize_impl(x, weight, eps, get_act_scheme(act), residual, scale, backend)
     return *ops.activation_outputs(qa, scale), x.new_empty(0) if new_residual is None else new_residual
 

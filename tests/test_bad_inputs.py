@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 
@@ -1021,6 +1022,47 @@ def _assigned_scales(scales):
     layer = humming.nn.QuantizedLinear(_w())
     layer.scales = scales
     return layer(_x())
+
+
+# found by the fresh pass: op boundaries and sizes past what can be allocated or described
+_rmsq_op = lambda **c: torch.ops.humming.rmsnorm_quantize(
+    *{
+        "x": _x(),
+        "weight": torch.ones(64),
+        "eps": 1e-6,
+        "act": "fp8",
+        "residual": None,
+        "scale": None,
+        "backend": "triton",
+        **c,
+    }.values()
+)
+for label, (make, name) in {
+    "rmsq-op-eps-negative": (lambda: _rmsq_op(eps=-1.0), "eps"),
+    "rmsq-op-weight-shape": (lambda: _rmsq_op(weight=torch.ones(63)), "weight"),
+    "moe-align-experts-2pow40": (lambda: moe.moe_align(_ids(), 2**40, 16), "num_experts"),
+    "explain-m-past-int64": (lambda: humming.explain(_w(), 2**62, dtype=torch.float32), "m"),
+    "explain-m-float-tensor": (lambda: humming.explain(_w(), torch.tensor(4.0), dtype=torch.float32), "m"),
+}.items():
+    CASES.append(Case("found", lambda _, f=make: f(), V, name, label))
+if not torch.cuda.is_available():
+    CASES.append(Case("found", lambda _: _w().to("cuda"), V, "device", "to-cuda-without-cuda"))
+    CASES.append(
+        Case("found", lambda p: humming.load(_saved(p, lambda t, m: None), device="cuda"), V, "device", "load-cuda")
+    )
+
+
+def test_explain_takes_numpy_ints() -> None:
+    assert humming.explain(_w(), np.int64(16), dtype=torch.float32).kernel == "reference"
+
+
+def test_linear_op_keeps_the_rank_of_x(seed) -> None:
+    """The op's output has the shape its fake implementation promises, for an x of any rank."""
+    x = torch.randn(2, 3, 64)
+    qw = _w()
+    y = torch.ops.humming.linear(x, None, None, *humming.ops.weight_args(qw), None, None, torch.float32, "reference")
+    assert y.shape == (2, 3, 16)
+    torch.testing.assert_close(y, x @ humming.dequantize(qw).T)
 
 
 #: (label, argv, what the error names): ``python -m humming`` exits with status 2 (argparse) or 1.

@@ -74,13 +74,14 @@ def test_act_quant_values_are_the_codes_values(case, seed, device):
 
 
 def _non_finite(dtype: torch.dtype, device: str) -> torch.Tensor:
-    """Five rows of 96 (three 32-groups): NaN in row 1, +Inf in row 3, -Inf in row 4; rows 0 and 2 finite."""
-    x = torch.randn(5, 96, dtype=torch.float64)
-    x[1, 3], x[3, 40], x[4, 95] = float("nan"), float("inf"), float("-inf")
+    """Six rows of 96 (three 32-groups): NaN in row 1, +Inf in row 3, -Inf in row 4, row 5 all -Inf (a span
+    whose absmax is then 0); rows 0 and 2 finite."""
+    x = torch.randn(6, 96, dtype=torch.float64)
+    x[1, 3], x[3, 40], x[4, 95], x[5] = float("nan"), float("inf"), float("-inf"), float("-inf")
     return x.to(dtype).to(device)
 
 
-_NON_FINITE_ROWS = [False, True, False, True, True]
+_NON_FINITE_ROWS = [False, True, False, True, True, True]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # NaN arithmetic under the interpreter
@@ -102,7 +103,7 @@ def test_non_finite_activations_one_rule(act, dtype, device):
     if ref.global_scale is not None:
         assert torch.equal(ref.global_scale, without.global_scale), act
     rows = (~torch.isfinite(humming.dequantize_activation(ref))).any(1).tolist()
-    assert rows == ([False] * 5 if act == "int8_tensor" else _NON_FINITE_ROWS), f"{act}: non-finite rows {rows}"
+    assert rows == ([False] * 6 if act == "int8_tensor" else _NON_FINITE_ROWS), f"{act}: non-finite rows {rows}"
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")

@@ -338,14 +338,17 @@ def explain(qweight, m: int, act=None, *, dtype: torch.dtype = torch.bfloat16, b
     blocks of ``min(m, 64)`` rows rounded to 16) would follow for ``m`` tokens of ``dtype`` on the weight's
     device. ``print(humming.explain(qw, 16, act="fp8"))`` shows the kernel, its tuning, where the choice
     came from and why every other kernel was not taken."""
+    from ..ir._checks import as_index
     from ..ir.activation import get_act_scheme
     from ..ir.weight import QuantizedWeight
 
     if not isinstance(qweight, QuantizedWeight):
         raise TypeError(f"qweight: expected a humming.QuantizedWeight, got {type(qweight).__name__}")
     act = None if act is None else get_act_scheme(act)
-    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-        raise ValueError(f"m: expected a positive number of tokens, got {m!r}")
+    m = as_index("m", m)
+    largest = (2**63 - 1) // (qweight.K + 64)  # an [m, K] tensor's element count (grouped: m rounded up) fits
+    if not 1 <= m <= largest:
+        raise ValueError(f"m: expected a positive number of tokens up to {largest}, got {m!r}")
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"dtype: expected torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
     # One row of memory seen as m rows (stride 0): a plan reads the activations' shape, dtype, device and

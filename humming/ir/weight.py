@@ -171,9 +171,12 @@ class QuantizedWeight:
             raise TypeError(f"device: expected a device such as 'cuda' or 'cpu', got the dtype {device}")
         try:
             device = torch.device(device)
-        except (RuntimeError, TypeError) as err:
-            raise ValueError(f"device: expected a device such as 'cuda:0' or 'cpu', got {device!r} ({err})") from None
-        return self.replace(**{n: t.to(device) for n, t in self.tensors().items()})
+            tensors = {n: t.to(device) for n, t in self.tensors().items()}
+        except (RuntimeError, TypeError, AssertionError) as err:  # torch asserts for a CUDA it was built without
+            raise ValueError(
+                f"device: expected an available device such as 'cuda:0' or 'cpu', got {device!r} ({err})"
+            ) from None
+        return self.replace(**tensors)
 
     def shard(self, dim: int, rank: int, world_size: int) -> QuantizedWeight:
         """Rank ``rank``'s equal part along ``dim`` (0 = N, column-parallel; 1 = K, row-parallel; with a

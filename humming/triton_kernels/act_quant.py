@@ -136,7 +136,7 @@ def quantize_chunk(
         nan_code = 0
     else:
         nan_code = 0x7F
-    return tl.where(zero, 0, tl.where(tl.abs(x) < float("inf"), code, nan_code))
+    return tl.where(tl.abs(x) < float("inf"), tl.where(zero, 0, code), nan_code)
 
 
 @triton.jit
