@@ -6,10 +6,10 @@
 | ``HUMMING_DETERMINISTIC`` | a flag: batch invariance (:mod:`humming.deterministic`) | off |
 | ``HUMMING_LOG_DISPATCH`` | a flag: log each new dispatch decision | off |
 | ``HUMMING_TABLES_DIR`` | a folder of dispatch tables (``python -m humming tune``'s output) | the shipped ones |
-| ``HUMMING_CACHE_DIR`` | the folder of the on-disk CUDA kernel cache | ``~/.cache/humming`` |
+| ``HUMMING_CACHE_DIR`` | the folder of the on-disk CUDA kernel cache | the user cache folder's ``humming`` |
 | ``HUMMING_CACHE_LOCK_TIMEOUT`` | finite non-negative seconds to wait for a cache entry's lock | 600 |
 | ``HUMMING_KERNELS_SITE`` | a folder: the peer library the benchmarks import | none |
-| ``TRITON_INTERPRET`` | a flag, read as Triton reads it: Triton's CPU interpreter | off |
+| ``TRITON_INTERPRET`` | a flag: Triton's CPU interpreter (Triton too reads 1 / true / yes / on as on) | off |
 
 A flag is ``1`` / ``true`` / ``yes`` / ``on`` or ``0`` / ``false`` / ``no`` / ``off`` (any case). An empty or
 unset variable takes the default; any other value raises ``ValueError`` naming the variable, what it takes and

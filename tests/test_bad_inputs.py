@@ -707,7 +707,13 @@ def _op_weight(**changes):
     return list({**args, **changes}.values())
 
 
-_e = lambda: humming.ops.weight_args(_experts())
+def _op_grouped(rows: int, out_dtype):
+    """torch.ops.humming.grouped_linear on ``rows`` rows of one routing block of 16 (reference backend)."""
+    ids, weight = torch.zeros(1, dtype=torch.int32), humming.ops.weight_args(_experts())
+    args = (torch.randn(rows, 64), None, None, ids, 16, None, *weight, None, None, out_dtype, "reference")
+    return torch.ops.humming.grouped_linear(*args)
+
+
 for label, (make, name) in {
     "linear-out-int32": (lambda: _op_linear(out_dtype=torch.int32), "out_dtype"),
     "linear-x-int64": (lambda: _op_linear(x=torch.zeros(3, 64, dtype=torch.int64)), "x"),
@@ -716,38 +722,8 @@ for label, (make, name) in {
     "meta-garbage": (lambda: _op_linear(weight=_op_weight(handle=-1, meta="garbage")), "meta"),
     "meta-shape-text": (lambda: _op_linear(weight=_op_weight(handle=-1, meta="int4;1,32;16xK")), "meta"),
     "meta-format": (lambda: _op_linear(weight=_op_weight(handle=-1, meta="int99;1,32;16x64")), "format"),
-    "grouped-block-m": (
-        lambda: torch.ops.humming.grouped_linear(
-            torch.randn(24, 64),
-            None,
-            None,
-            torch.zeros(1, dtype=torch.int32),
-            16,
-            None,
-            *_e(),
-            None,
-            None,
-            torch.float32,
-            "reference",
-        ),
-        "block_m",
-    ),
-    "grouped-out-int": (
-        lambda: torch.ops.humming.grouped_linear(
-            torch.randn(16, 64),
-            None,
-            None,
-            torch.zeros(1, dtype=torch.int32),
-            16,
-            None,
-            *_e(),
-            None,
-            None,
-            torch.int8,
-            "reference",
-        ),
-        "out_dtype",
-    ),
+    "grouped-block-m": (lambda: _op_grouped(24, torch.float32), "block_m"),
+    "grouped-out-int": (lambda: _op_grouped(16, torch.int8), "out_dtype"),
     "moe-align-block-zero": (lambda: torch.ops.humming.moe_align(_ids(), 2, 0), "block_m"),
     "moe-align-experts-zero": (lambda: torch.ops.humming.moe_align(_ids(), 0, 16), "num_experts"),
     "fused-activation": (
