@@ -808,13 +808,18 @@ for label, (make, name) in {
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
-def _ckpt(tmp_path, config=None, index=None, prefix="m", name="model.safetensors"):
-    """A one-module GPTQ checkpoint (``config``: its quantization_config; ``index``: an index file's JSON)."""
+def _ckpt(tmp_path, config=None, index=None, prefix="m", name="model.safetensors", scale=1.0):
+    """A one-module GPTQ checkpoint (``config``: its quantization_config; ``index``: an index file's JSON;
+    ``scale``: the value of every scale)."""
     from safetensors.torch import save_file
 
     from humming.loaders.gptq import pack_gptq
 
-    codes, scales, zeros = torch.zeros(16, 64, dtype=torch.uint8), torch.ones(16, 2).half(), torch.full((16, 2), 8)
+    codes, scales, zeros = (
+        torch.zeros(16, 64, dtype=torch.uint8),
+        torch.full((16, 2), scale).half(),
+        torch.full((16, 2), 8),
+    )
     t = pack_gptq(codes, scales, zeros, bits=4, group_size=32)
     save_file({f"{prefix}.{k}": v for k, v in t.items()}, str(tmp_path / name))
     gptq = {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True}
@@ -905,6 +910,8 @@ for label, (make, name) in {
     "not-safetensors": (lambda p: lc(_not_safetensors(p)), "model.safetensors"),
     "expert-index-1e10": (lambda p: lc(_ckpt(p, prefix=f"l.experts.{10**10}.p")), "experts"),
     "expert-gap": (lambda p: lc(_ckpt(p, prefix="l.experts.3.p")), "experts [0, 1, 2]"),
+    "scales-nan": (lambda p: lc(_ckpt(p, scale=float("nan"))), "m: scales: expected finite values"),
+    "scales-inf": (lambda p: lc(_ckpt(p, scale=float("inf"))), "m: scales: expected finite values"),
 }.items():
     CASES.append(Case("checkpoints", make, (V, T), name, label))
 

@@ -123,8 +123,8 @@ def _as_path(path) -> str:
 
 
 def _writable_path(path) -> str:
-    """Where :func:`save` writes: ``path`` with its symlinks resolved (the file they point to is written, not
-    replaced by a new one), checked to be a regular file or none in a folder that exists."""
+    """Where :func:`save` writes: ``path`` with its symlinks resolved (the file they point to is written, the
+    symlinks stay), checked to be a regular file, or none, in a folder that exists."""
     path = _as_path(path)
     real = os.path.realpath(path)
     if os.path.lexists(real) and not os.path.exists(real):
