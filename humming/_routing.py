@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ._env import pass_backend
 from .dispatch.kernels import backend_unavailable
+from .ir._checks import non_finite_error
 
 __all__ = [
     "BACKENDS",
@@ -91,7 +93,7 @@ def check_routing(
     backend,
 ) -> RoutingSpec:
     """The :class:`RoutingSpec` of a :func:`humming.moe.topk_routing` call; ``ValueError`` naming the
-    argument for anything it cannot run. Reads no tensor data (no host sync)."""
+    argument for anything it cannot run. Reads tensor data only on CPU (no host sync)."""
     if not isinstance(router_logits, torch.Tensor) or not router_logits.is_floating_point():
         raise ValueError(
             f"router_logits: expected a float tensor, got {getattr(router_logits, 'dtype', router_logits)}"
@@ -132,6 +134,10 @@ def check_routing(
             raise ValueError(
                 f"correction_bias is on {correction_bias.device} but router_logits is on {router_logits.device}"
             )
+        # Its values, where reading them costs no host sync (CPU): a NaN would rank every expert alike.
+        reason = non_finite_error("correction_bias", correction_bias) if correction_bias.device.type == "cpu" else None
+        if reason is not None:
+            raise ValueError(reason)
     if (
         isinstance(routed_scaling, bool)
         or not isinstance(routed_scaling, numbers.Real)
@@ -182,8 +188,9 @@ def layer_backend(backend: str) -> str:
 
 
 def route(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec, backend: str):
-    """Run a checked call: the Triton kernel for ``backend="triton"``, and for ``"auto"`` on CUDA tensors
-    where it runs the call; else the reference."""
+    """Run a checked call: the Triton kernel for ``backend="triton"``, and for ``"auto"`` (which
+    ``HUMMING_BACKEND`` may set) on CUDA tensors where it runs the call; else the reference."""
+    backend = pass_backend(backend)
     reason = triton_unsupported(router_logits, correction_bias, spec, backend)
     if reason is None:
         kernel = importlib.import_module("humming.triton_kernels.routing")

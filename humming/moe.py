@@ -104,9 +104,15 @@ class MoeRouting:
         return torch.where(self.src_slots >= 0, self.src_slots // topk, -1)
 
 
+#: The largest routing block: every expert's segment is padded to a multiple of it (E * block_m rows at worst).
+MAX_BLOCK_M = 1024
+#: The most experts one moe_align call groups (its per-expert counts and padded rows are allocated).
+MAX_EXPERTS = 1 << 16
+
+
 def _check_block_m(block_m) -> int:
-    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m <= 0 or block_m % 8:
-        raise ValueError(f"block_m: expected a positive multiple of 8, got {block_m!r}")
+    if isinstance(block_m, bool) or not isinstance(block_m, int) or not 0 < block_m <= MAX_BLOCK_M or block_m % 8:
+        raise ValueError(f"block_m: expected a positive multiple of 8 up to {MAX_BLOCK_M}, got {block_m!r}")
     return block_m
 
 
@@ -133,8 +139,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRout
     checked (that would read them back to the host): such slots are dropped (no row, so they add nothing).
     """
     _check_topk_ids(topk_ids)
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0:
-        raise ValueError(f"num_experts: expected a positive int, got {num_experts!r}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or not 0 < num_experts <= MAX_EXPERTS:
+        raise ValueError(f"num_experts: expected a positive int up to {MAX_EXPERTS}, got {num_experts!r}")
     block_m = _check_block_m(block_m)
     if ops.eager(topk_ids):
         _check_range("topk_ids", topk_ids, 0, num_experts)
@@ -183,8 +189,7 @@ def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRouting
 
 
 def _moe_align_op(topk_ids, num_experts, block_m):
-    _check_range("topk_ids", topk_ids, 0, num_experts)
-    r = _align(topk_ids, num_experts, block_m)
+    r = moe_align(topk_ids, num_experts, block_m)  # eager here: every argument checked, then aligned
     return r.src_slots, r.expert_ids, r.num_rows, r.slot_rows
 
 
@@ -231,15 +236,15 @@ def _check_rows(rows, device: torch.device) -> None:
         raise ValueError(f"rows is on {rows.device} but x is on {device}")
 
 
-def _expert_bias(bias, qweight: QuantizedWeight) -> torch.Tensor | None:
-    """A grouped GEMM's bias: ``[E, N]`` floats on the weight's device, or ``qweight.bias`` when None."""
+def _expert_bias(bias, qweight: QuantizedWeight, name: str = "bias") -> torch.Tensor | None:
+    """A grouped GEMM's bias checked: ``[E, N]`` floats on the weight's device, or None."""
     if bias is None:
-        return qweight.bias
+        return None
     e, n, _ = qweight.shape
     if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (e, n) or not bias.is_floating_point():
-        raise ValueError(f"bias: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
+        raise ValueError(f"{name}: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
     if bias.device != qweight.device:
-        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
+        raise ValueError(f"{name} is on {bias.device} but qweight is on {qweight.device}")
     return bias
 
 
@@ -284,12 +289,37 @@ def grouped_linear(
         ``[M_pad, N]`` in ``out_dtype`` (default ``x``'s dtype).
     """
     qweight = _check_experts("qweight", qweight)
+    bias = qweight.bias if bias is None else bias
+    act, bias, out_dtype, block_m = _checked_grouped(x, qweight, expert_ids, block_m, bias, rows, act, out_dtype)
+    prequantized = isinstance(x, QuantizedActivation)
+    x_data = x.codes if prequantized else x
+    if ops.eager(x_data):
+        return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend, rows)
+    return torch.ops.humming.grouped_linear(
+        x_data,
+        x.scales if prequantized else None,
+        x.global_scale if prequantized else None,
+        expert_ids,
+        block_m,
+        rows,
+        *ops.weight_args(qweight),
+        bias,
+        ops.act_name(act),
+        out_dtype,
+        backend,
+    )
+
+
+def _checked_grouped(x, qweight: QuantizedWeight, expert_ids, block_m, bias, rows, act, out_dtype):
+    """``(act, bias, out_dtype, block_m)`` of a grouped_linear call, every argument checked (the entry point's
+    and the custom op's, which may be called directly)."""
     k = qweight.K
     prequantized = isinstance(x, QuantizedActivation)
     if prequantized:
         if act is not None and get_act_scheme(act) != x.scheme:
             raise ValueError(f"act: x is already quantized with {x.scheme.name}, but act={act!r}")
         act = x.scheme
+        x.check_codes()
         x_data = x.codes
         if x_data.shape[1] != k:
             raise ValueError(f"x: expected shape [M, {k}] (K of the weight), got {tuple(x_data.shape)}")
@@ -318,21 +348,7 @@ def grouped_linear(
     reason = combination_error(qweight.format, act)
     if reason:
         raise ValueError(reason)
-    if ops.eager(x_data):
-        return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend, rows)
-    return torch.ops.humming.grouped_linear(
-        x_data,
-        x.scales if prequantized else None,
-        x.global_scale if prequantized else None,
-        expert_ids,
-        block_m,
-        rows,
-        *ops.weight_args(qweight),
-        bias,
-        ops.act_name(act),
-        out_dtype,
-        backend,
-    )
+    return act, bias, out_dtype, block_m
 
 
 def run_grouped(
@@ -376,10 +392,12 @@ def run_grouped(
 
 def _grouped_op(x, x_scales, x_global_scale, expert_ids, block_m, rows, *args):
     *weight, bias, act, out_dtype, backend = args
-    qweight = ops.weight_from_args(*weight)
-    act = None if act is None else get_act_scheme(act)
+    qweight = _check_experts("qweight", ops.weight_from_args(*weight))
     if x_scales is not None:
+        if act is None:
+            raise ValueError("act: quantized activations (x_scales given) need the scheme's name")
         x = QuantizedActivation(act, x, x_scales, x_global_scale)
+    act, bias, out_dtype, block_m = _checked_grouped(x, qweight, expert_ids, block_m, bias, rows, act, out_dtype)
     return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend, rows)
 
 
@@ -435,6 +453,18 @@ def grouped_linear_masked(
         are unspecified (the kernels skip their blocks; garbage there never reaches a valid row).
     """
     qweight = _check_experts("qweight", qweight)
+    bias = qweight.bias if bias is None else bias
+    act, bias, out_dtype = _checked_masked(x, qweight, masked_m, bias, act, out_dtype, expected_m)
+    if ops.eager(x):
+        return run_grouped_masked(x, qweight, masked_m, bias, act, out_dtype, expected_m or 0, backend)
+    return torch.ops.humming.grouped_linear_masked(
+        x, masked_m, expected_m or 0, *ops.weight_args(qweight), bias, ops.act_name(act), out_dtype, backend
+    )
+
+
+def _checked_masked(x, qweight: QuantizedWeight, masked_m, bias, act, out_dtype, expected_m):
+    """``(act, bias, out_dtype)`` of a grouped_linear_masked call, every argument checked (the entry point's
+    and the custom op's)."""
     e, _, k = qweight.shape
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x: expected a torch.Tensor, got {type(x).__name__}")
@@ -465,11 +495,7 @@ def grouped_linear_masked(
     reason = combination_error(qweight.format, act)
     if reason:
         raise ValueError(reason)
-    if ops.eager(x):
-        return run_grouped_masked(x, qweight, masked_m, bias, act, out_dtype, expected_m or 0, backend)
-    return torch.ops.humming.grouped_linear_masked(
-        x, masked_m, expected_m or 0, *ops.weight_args(qweight), bias, ops.act_name(act), out_dtype, backend
-    )
+    return act, bias, out_dtype
 
 
 def masked_block_m(max_m: int, expected_m: int) -> int:
@@ -508,8 +534,8 @@ def run_grouped_masked(x, qweight, masked_m, bias, act: ActScheme | None, out_dt
 
 def _grouped_masked_op(x, masked_m, expected_m, *args):
     *weight, bias, act, out_dtype, backend = args
-    qweight = ops.weight_from_args(*weight)
-    act = None if act is None else get_act_scheme(act)
+    qweight = _check_experts("qweight", ops.weight_from_args(*weight))
+    act, bias, out_dtype = _checked_masked(x, qweight, masked_m, bias, act, out_dtype, expected_m or None)
     return run_grouped_masked(x, qweight, masked_m, bias, act, out_dtype, expected_m, backend)
 
 
@@ -577,38 +603,17 @@ def fused_moe(
     """
     w13 = _check_experts("w13", w13)
     w2 = _check_experts("w2", w2)
-    e, two_i, k = w13.shape
-    activation = _moe_layer.check_activation(activation, alpha, limit, gate_up_layout)
-    if two_i % 2:
-        raise ValueError(f"w13: expected [E, 2I, K] (gate and up rows), got an odd N={two_i}")
-    inter = two_i // 2
-    if w2.shape != (e, k, inter):
-        raise ValueError(f"w2: expected shape {(e, k, inter)} for w13 {w13.shape}, got {w2.shape}")
-    if w2.device != w13.device:
-        raise ValueError(f"w2 is on {w2.device} but w13 is on {w13.device}")
-    _check_x("x", x, k, w13.device)
-    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"topk_ids: expected shape [T={x.shape[0]}, topk], got {getattr(topk_ids, 'shape', topk_ids)}")
-    if topk_ids.device != x.device:
-        raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
-    _check_topk_ids(topk_ids)
-    if not isinstance(topk_weights, torch.Tensor) or not topk_weights.is_floating_point():
-        raise ValueError(f"topk_weights: expected a float tensor, got {getattr(topk_weights, 'dtype', topk_weights)}")
-    if topk_weights.shape != topk_ids.shape or topk_weights.device != x.device:
-        raise ValueError(
-            f"topk_weights: expected shape {tuple(topk_ids.shape)} on {x.device} (as topk_ids), "
-            f"got {tuple(topk_weights.shape)} on {topk_weights.device}"
-        )
-    if expert_map is not None:
-        _check_expert_map(expert_map, e, x.device)
-    block_m = _check_block_m(block_m) if block_m is not None else None
-    act = None if act is None else get_act_scheme(act)
-    reason = combination_error(w13.format, act) or combination_error(w2.format, act)
-    if reason:
-        raise ValueError(reason)
-    scales = tuple(
-        _check_act_scale(name, scale, act, x.device)
-        for name, scale in (("w13_act_scale", w13_act_scale), ("w2_act_scale", w2_act_scale))
+    activation, act, scales, block_m = _checked_fused(
+        x,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        (activation, alpha, limit, gate_up_layout),
+        expert_map,
+        act,
+        (w13_act_scale, w2_act_scale),
+        block_m,
     )
     if ops.eager(x):
         args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m, backend)
@@ -631,6 +636,49 @@ def fused_moe(
         0 if block_m is None else block_m,
         backend,
     )
+
+
+def _checked_fused(x, w13, w2, topk_weights, topk_ids, activation, expert_map, act, act_scales, block_m):
+    """``(activation, act, (w13_act_scale, w2_act_scale), block_m)`` of a fused_moe call, every argument checked
+    (the entry point's and the custom op's); ``activation`` is ``(name, alpha, limit, gate_up_layout)``."""
+    e, two_i, k = w13.shape
+    activation = _moe_layer.check_activation(*activation)
+    if two_i % 2:
+        raise ValueError(f"w13: expected [E, 2I, K] (gate and up rows), got an odd N={two_i}")
+    inter = two_i // 2
+    if w2.shape != (e, k, inter):
+        raise ValueError(f"w2: expected shape {(e, k, inter)} for w13 {w13.shape}, got {w2.shape}")
+    if w2.device != w13.device:
+        raise ValueError(f"w2 is on {w2.device} but w13 is on {w13.device}")
+    _check_x("x", x, k, w13.device)
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_ids: expected shape [T={x.shape[0]}, topk], got {getattr(topk_ids, 'shape', topk_ids)}")
+    if topk_ids.shape[1] == 0:
+        raise ValueError(
+            f"topk_ids: expected at least one expert per token (topk >= 1), got shape {tuple(topk_ids.shape)}"
+        )
+    if topk_ids.device != x.device:
+        raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
+    _check_topk_ids(topk_ids)
+    if not isinstance(topk_weights, torch.Tensor) or not topk_weights.is_floating_point():
+        raise ValueError(f"topk_weights: expected a float tensor, got {getattr(topk_weights, 'dtype', topk_weights)}")
+    if topk_weights.shape != topk_ids.shape or topk_weights.device != x.device:
+        raise ValueError(
+            f"topk_weights: expected shape {tuple(topk_ids.shape)} on {x.device} (as topk_ids), "
+            f"got {tuple(topk_weights.shape)} on {topk_weights.device}"
+        )
+    if expert_map is not None:
+        _check_expert_map(expert_map, e, x.device)
+    block_m = _check_block_m(block_m) if block_m is not None else None
+    act = None if act is None else get_act_scheme(act)
+    reason = combination_error(w13.format, act) or combination_error(w2.format, act)
+    if reason:
+        raise ValueError(reason)
+    scales = tuple(
+        _check_act_scale(name, scale, act, x.device)
+        for name, scale in zip(("w13_act_scale", "w2_act_scale"), act_scales)
+    )
+    return activation, act, scales, block_m
 
 
 def _check_act_scale(name: str, scale, act: ActScheme | None, device: torch.device) -> torch.Tensor | None:
@@ -733,11 +781,22 @@ def run_fused_moe(
 def _fused_moe_op(x, topk_weights, topk_ids, *args):
     w13, w13_bias, w2, w2_bias, expert_map = args[:7], args[7], args[8:15], args[15], args[16]
     name, alpha, limit, gate_up_layout, act, w13_act_scale, w2_act_scale, block_m, backend = args[17:]
-    w13, w2 = ops.weight_from_args(*w13), ops.weight_from_args(*w2)
-    activation = _moe_layer.Activation(name, alpha, limit, gate_up_layout)
-    act = None if act is None else get_act_scheme(act)
-    scales = (w13_act_scale, w2_act_scale)
-    args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m or None, backend)
+    w13 = _check_experts("w13", ops.weight_from_args(*w13))
+    w2 = _check_experts("w2", ops.weight_from_args(*w2))
+    activation, act, scales, block_m = _checked_fused(
+        x,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        (name, alpha, limit, gate_up_layout),
+        expert_map,
+        act,
+        (w13_act_scale, w2_act_scale),
+        block_m or None,
+    )
+    w13_bias, w2_bias = _expert_bias(w13_bias, w13, "w13_bias"), _expert_bias(w2_bias, w2, "w2_bias")
+    args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m, backend)
     return run_fused_moe(x, w13, w13_bias, w2, w2_bias, *args)
 
 
