@@ -38,6 +38,7 @@ import weakref
 
 import torch
 
+from .. import _install_check  # noqa: F401  (its import is the check; before ..device, which it guards)
 from ..device import device_index, device_info
 from . import _decode, _gemm_sm90, fp4_gemm, fp8_gemm
 from ._layout import aligned_rows, prepare_weight, rows_aligned, weight_unsupported

@@ -42,7 +42,7 @@ from ._files import CheckpointFiles
 from .activations import ActivationSpec, compressed_tensors_activation
 from .errors import CheckpointError, MissingTensorError, ShapeMismatchError, UnsupportedFormatError
 
-__all__ = ["CompressedTensorsReader", "pack_fp4", "pack_int_quantized"]
+__all__ = ["CompressedTensorsReader", "config_group", "pack_fp4", "pack_int_quantized"]
 
 _UNPACKED = ("int-quantized", "float-quantized", "naive-quantized")
 _PACKED_FP4 = {"nvfp4-pack-quantized": ("e4m3", 16), "mxfp4-pack-quantized": ("e8m0", 32)}
@@ -88,21 +88,7 @@ class CompressedTensorsReader:
         return "compressed-tensors " + "; ".join(parts)
 
     def _group(self, module: str) -> dict:
-        """The config group for ``module``: exact name beats regex beats class name (as compressed-tensors)."""
-        best, best_rank = None, 3
-        for group in self.groups.values():
-            for target in group.get("targets", []):
-                if target == module:
-                    rank = 0
-                elif target.startswith("re:"):
-                    rank = 1 if re.match(target[3:], module) else 3
-                else:  # a class name ("Linear"): the checkpoint cannot tell classes apart
-                    rank = 2 if target[:1].isupper() else 3
-                if rank < best_rank:
-                    best, best_rank = group, rank
-        if best is None:
-            raise CheckpointError(f"{module}: has quantized tensors but no config_groups entry targets it")
-        return best
+        return config_group(self.groups, module)
 
     def activation(self, module: str) -> ActivationSpec:
         """The module's config group ``input_activations`` as a humming activation scheme."""
@@ -161,6 +147,25 @@ class CompressedTensorsReader:
                 group_size,
             )
         raise UnsupportedFormatError(f"{module}: compressed-tensors format {fmt!r} is not supported")
+
+
+def config_group(groups: dict, module: str) -> dict:
+    """The entry of ``config_groups`` for ``module``: exact name beats regex beats class name (as
+    compressed-tensors)."""
+    best, best_rank = None, 3
+    for group in groups.values():
+        for target in group.get("targets", []):
+            if target == module:
+                rank = 0
+            elif target.startswith("re:"):
+                rank = 1 if re.match(target[3:], module) else 3
+            else:  # a class name ("Linear"): the checkpoint cannot tell classes apart
+                rank = 2 if target[:1].isupper() else 3
+            if rank < best_rank:
+                best, best_rank = group, rank
+    if best is None:
+        raise CheckpointError(f"{module}: has quantized tensors but no config_groups entry targets it")
+    return best
 
 
 def _config_group(group: Config) -> dict:
