@@ -1,6 +1,12 @@
 """humming: one weight IR and one kernel library for quantized LLM inference."""
 
-from . import moe, nn, norm, ops
+from . import (
+    _install_check,  # noqa: F401  (first: its import is the check)
+    moe,
+    nn,
+    norm,
+    ops,
+)
 from .deterministic import is_deterministic, set_deterministic
 from .dispatch.plan import Plan, explain, prepare
 from .ir import (

@@ -165,6 +165,17 @@ def _version_text() -> str:
     return ", ".join([*parts, cuda])
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a positive int (sizes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     """The one parser of ``python -m humming``: a subcommand each."""
     from . import bench
@@ -176,9 +187,9 @@ def parser() -> argparse.ArgumentParser:
     add = lambda name, func, **kw: sub.add_parser(name, formatter_class=Formatter, description=func.__doc__, **kw)
 
     p = add("demo", demo, help="quantize an example layer in many formats and compare (CPU or GPU)")
-    p.add_argument("--n", type=int, default=1024, help="output features")
-    p.add_argument("--k", type=int, default=1024, help="input features")
-    p.add_argument("--m", type=int, default=16, help="tokens")
+    p.add_argument("--n", type=_positive, default=1024, help="output features")
+    p.add_argument("--k", type=_positive, default=1024, help="input features")
+    p.add_argument("--m", type=_positive, default=16, help="tokens")
     p.add_argument("--seed", type=int, default=0, help="seed of the layer's weights and inputs")
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even when a GPU is present")
     p.set_defaults(func=demo)
@@ -193,9 +204,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weight", default="int4", help="format or scheme, as humming.quantize (int4, nvfp4, fp8_block...)")
     p.add_argument("--group-size", default=None, help="int, -1 (per-channel), tensor or BNxBK; default: the scheme's")
     p.add_argument("--zero-point", action="store_true", help="integer zero points (uintN)")
-    p.add_argument("--n", type=int, default=4096, help="output features")
-    p.add_argument("--k", type=int, default=4096, help="input features")
-    p.add_argument("--m", type=int, default=16, help="tokens")
+    p.add_argument("--n", type=_positive, default=4096, help="output features")
+    p.add_argument("--k", type=_positive, default=4096, help="input features")
+    p.add_argument("--m", type=_positive, default=16, help="tokens")
     p.add_argument("--act", default=None, help="activation scheme (fp8, int8, nvfp4...); default: 16-bit")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="activation dtype")
     p.add_argument("--backend", default="auto", help="auto, reference, triton or cuda")

@@ -1,22 +1,108 @@
-"""Environment variables read on every call (``HUMMING_BACKEND``, ``HUMMING_DETERMINISTIC``).
+"""The environment variables humming reads, each parsed by one reader that refuses what it does not understand.
 
-``os.environ.get`` of an unset variable costs about a microsecond (``os.environ`` raises and catches a
-``KeyError`` inside), as much as the rest of a cached dispatch decision; on POSIX :func:`getenv` reads the
-bytes dictionary that ``os.environ`` keeps and its setters update, so that changes still apply at once.
+| variable | value | default |
+|---|---|---|
+| ``HUMMING_BACKEND`` | ``auto``, ``reference``, ``triton`` or ``cuda``: what ``backend="auto"`` means | ``auto`` |
+| ``HUMMING_DETERMINISTIC`` | a flag: batch invariance (:mod:`humming.deterministic`) | off |
+| ``HUMMING_LOG_DISPATCH`` | a flag: log each new dispatch decision | off |
+| ``HUMMING_TABLES_DIR`` | a folder of dispatch tables (``python -m humming tune``'s output) | the shipped ones |
+| ``HUMMING_CACHE_DIR`` | the folder of the on-disk CUDA kernel cache | the user cache folder's ``humming`` |
+| ``HUMMING_CACHE_LOCK_TIMEOUT`` | finite non-negative seconds to wait for a cache entry's lock | 600 |
+| ``HUMMING_KERNELS_SITE`` | a folder: the peer library the benchmarks import | none |
+| ``TRITON_INTERPRET`` | a flag: Triton's CPU interpreter (Triton too reads 1 / true / yes / on as on) | off |
+
+A flag is ``1`` / ``true`` / ``yes`` / ``on`` or ``0`` / ``false`` / ``no`` / ``off`` (any case). An empty or
+unset variable takes the default; any other value raises ``ValueError`` naming the variable, what it takes and
+what it holds. Values are read through ``os.environ`` on every call, so a change applies at once; a value's
+parse is kept per string, so that a hot path pays one dictionary read per variable.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["getenv"]
+__all__ = ["BACKEND_NAMES", "env", "pass_backend"]
 
-_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
+#: The values of ``HUMMING_BACKEND`` (and of every ``backend=`` argument).
+BACKEND_NAMES = ("auto", "reference", "triton", "cuda")
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def getenv(name: str, default: str | None = None) -> str | None:
-    """``os.environ.get(name, default)`` for an ASCII ``name``."""
-    if _BYTES is None:
-        return os.environ.get(name, default)
-    value = _BYTES.get(name.encode())
-    return default if value is None else os.fsdecode(value)
+def _flag(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"expected a flag ({' / '.join(_TRUE)} or {' / '.join(_FALSE)})")
+
+
+def _backend(raw: str) -> str:
+    if raw not in BACKEND_NAMES:
+        raise ValueError(f"expected one of {', '.join(BACKEND_NAMES)} (the backend that backend='auto' means)")
+    return raw
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("expected a finite, non-negative number of seconds")
+    return value
+
+
+def _folder(raw: str) -> Path:
+    path = Path(raw).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError("expected a folder (or a path where one can be made), but it is a file")
+    return path
+
+
+#: name -> (parser of a non-empty value, default)
+_VARIABLES: dict[str, tuple[Callable[[str], object], object]] = {
+    "HUMMING_BACKEND": (_backend, "auto"),
+    "HUMMING_DETERMINISTIC": (_flag, False),
+    "HUMMING_LOG_DISPATCH": (_flag, False),
+    "HUMMING_TABLES_DIR": (_folder, None),
+    "HUMMING_CACHE_DIR": (_folder, None),
+    "HUMMING_CACHE_LOCK_TIMEOUT": (_seconds, 600.0),
+    "HUMMING_KERNELS_SITE": (_folder, None),
+    "TRITON_INTERPRET": (_flag, False),
+}
+_parsed: dict[tuple[str, str], object] = {}  # (name, raw value) -> parsed value (values of path readers vary)
+
+
+def env(name: str):
+    """The parsed value of environment variable ``name`` (one of the table in the module docstring), or its
+    default when unset or empty; ``ValueError`` naming ``name`` for a value it does not take."""
+    parse, default = _VARIABLES[name]
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    key = (name, raw)
+    if key in _parsed:
+        return _parsed[key]
+    try:
+        value = parse(raw)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}, got {raw!r}") from None
+    if parse is not _folder:  # a folder's test reads the file system, which may change
+        _parsed[key] = value
+    return value
+
+
+def pass_backend(backend) -> str:
+    """The backend of an op that has a reference and a Triton kernel only (activation quantization, the fused
+    norm, routing): ``backend`` checked, ``"auto"`` replaced by ``HUMMING_BACKEND``, whose ``"cuda"`` (the GEMMs
+    these ops feed) leaves ``"auto"``."""
+    if backend not in ("auto", "reference", "triton"):
+        raise ValueError(f"backend: expected 'auto', 'reference' or 'triton', got {backend!r}")
+    if backend == "auto":
+        backend = env("HUMMING_BACKEND")
+    return "auto" if backend == "cuda" else backend

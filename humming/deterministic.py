@@ -13,7 +13,7 @@ definition, deterministic or not.
 
 from __future__ import annotations
 
-from ._env import getenv
+from ._env import env
 
 __all__ = ["is_deterministic", "set_deterministic"]
 
@@ -32,4 +32,4 @@ def is_deterministic() -> bool:
     """Whether batch invariance is on (``set_deterministic``, else ``HUMMING_DETERMINISTIC=1``)."""
     if _override is not None:
         return _override
-    return getenv("HUMMING_DETERMINISTIC", "0") not in ("", "0")
+    return env("HUMMING_DETERMINISTIC")

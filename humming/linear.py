@@ -43,49 +43,9 @@ def linear(
     """
     if not isinstance(qweight, QuantizedWeight):
         raise ValueError(f"qweight: expected a humming.QuantizedWeight, got {type(qweight).__name__}")
-    if len(qweight.shape) != 2:
-        raise ValueError(f"qweight: linear takes a 2-D weight [N, K], got an expert-stacked weight {qweight.shape}")
-    n, k = qweight.shape
-
+    x2d, act, bias, out_dtype = _checked(x, qweight, qweight.bias if bias is None else bias, act, out_dtype)
     prequantized = isinstance(x, QuantizedActivation)
-    if prequantized:
-        if act is not None and get_act_scheme(act) != x.scheme:
-            raise ValueError(f"act: x is already quantized with {x.scheme.name}, but act={act!r}")
-        act = x.scheme
-        x_data, lead = x.codes, x.shape[:-1]
-    elif isinstance(x, torch.Tensor):
-        if x.dtype not in FLOAT_DTYPES:
-            raise ValueError(f"x: expected dtype float16, bfloat16 or float32, got {x.dtype}")
-        if x.dim() < 1:
-            raise ValueError("x: expected rank >= 1 ([..., K]), got a 0-d tensor")
-        if x.shape[-1] and x.stride(-1) != 1:
-            raise ValueError(f"x: the last dimension must be contiguous (stride 1), got strides {tuple(x.stride())}")
-        act = None if act is None else get_act_scheme(act)
-        x_data, lead = x, x.shape[:-1]
-    else:
-        raise ValueError(f"x: expected a torch.Tensor or QuantizedActivation, got {type(x).__name__}")
-
-    if x_data.shape[-1] != k:
-        raise ValueError(f"x: last dimension is {x_data.shape[-1]}, but qweight has K={k} (shape {qweight.shape})")
-    if x_data.device != qweight.qweight.device:
-        raise ValueError(f"x is on {x_data.device} but qweight is on {qweight.device}; move one with .to()")
-    if bias is None:
-        bias = qweight.bias
-    elif not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,) or not bias.is_floating_point():
-        raise ValueError(f"bias: expected a float tensor of shape ({n},), got {getattr(bias, 'shape', bias)!r}")
-    elif bias.device != qweight.device:
-        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()  # every kernel reads bias[n] at n; a strided view gave wrong sums
-    if out_dtype is None:
-        out_dtype = torch.bfloat16 if prequantized else x.dtype
-    if out_dtype not in FLOAT_DTYPES:
-        raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
-    reason = combination_error(qweight.format, act)
-    if reason:
-        raise ValueError(reason)
-
-    x2d = x if prequantized or x.dim() == 2 else x.reshape(-1, k)
+    x_data = x.codes if prequantized else x
     if ops.eager(x_data):
         out = run_linear(x2d, qweight, bias, act, out_dtype, backend)
     else:
@@ -99,7 +59,57 @@ def linear(
             out_dtype,
             backend,
         )
-    return out if len(lead) == 1 else out.reshape(*lead, n)
+    lead = x_data.shape[:-1]
+    return out if len(lead) == 1 else out.reshape(*lead, qweight.N)
+
+
+def _checked(x, qweight: QuantizedWeight, bias, act, out_dtype):
+    """``(x2d, act, bias, out_dtype)`` of a linear call, every argument checked (the Python entry point's and
+    the custom op's, which may be called directly): ``x`` as ``[M, K]`` (or the QuantizedActivation), the
+    ActScheme or None, a contiguous bias or None, the output dtype."""
+    if len(qweight.shape) != 2:
+        raise ValueError(f"qweight: linear takes a 2-D weight [N, K], got an expert-stacked weight {qweight.shape}")
+    n, k = qweight.shape
+
+    prequantized = isinstance(x, QuantizedActivation)
+    if prequantized:
+        if act is not None and get_act_scheme(act) != x.scheme:
+            raise ValueError(f"act: x is already quantized with {x.scheme.name}, but act={act!r}")
+        act = x.scheme
+        x.check_codes()
+        x_data = x.codes
+    elif isinstance(x, torch.Tensor):
+        if x.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"x: expected dtype float16, bfloat16 or float32, got {x.dtype}")
+        if x.dim() < 1:
+            raise ValueError("x: expected rank >= 1 ([..., K]), got a 0-d tensor")
+        if x.shape[-1] and x.stride(-1) != 1:
+            raise ValueError(f"x: the last dimension must be contiguous (stride 1), got strides {tuple(x.stride())}")
+        act = None if act is None else get_act_scheme(act)
+        x_data = x
+    else:
+        raise ValueError(f"x: expected a torch.Tensor or QuantizedActivation, got {type(x).__name__}")
+
+    if x_data.shape[-1] != k:
+        raise ValueError(f"x: last dimension is {x_data.shape[-1]}, but qweight has K={k} (shape {qweight.shape})")
+    if x_data.device != qweight.qweight.device:
+        raise ValueError(f"x is on {x_data.device} but qweight is on {qweight.device}; move one with .to()")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,) or not bias.is_floating_point():
+            raise ValueError(f"bias: expected a float tensor of shape ({n},), got {getattr(bias, 'shape', bias)!r}")
+        if bias.device != qweight.device:
+            raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
+        bias = bias.contiguous()  # every kernel reads bias[n] at n; a strided view gave wrong sums
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if prequantized else x.dtype
+    if out_dtype not in FLOAT_DTYPES:
+        raise ValueError(f"out_dtype: expected float16, bfloat16 or float32, got {out_dtype}")
+    reason = combination_error(qweight.format, act)
+    if reason:
+        raise ValueError(reason)
+
+    x2d = x if prequantized or x.dim() == 2 else x.reshape(-1, k)
+    return x2d, act, bias, out_dtype
 
 
 def run_linear(x2d, qweight: QuantizedWeight, bias, act: ActScheme | None, out_dtype, backend: str) -> torch.Tensor:
@@ -123,8 +133,12 @@ def _linear_op(x, x_scales, x_global_scale, *args):
     *weight, bias, act, out_dtype, backend = args
     qweight = ops.weight_from_args(*weight)
     if x_scales is not None:
+        if act is None:
+            raise ValueError("act: quantized activations (x_scales given) need the scheme's name")
         x = QuantizedActivation(act, x, x_scales, x_global_scale)
-    return run_linear(x, qweight, bias, None if act is None else get_act_scheme(act), out_dtype, backend)
+    x2d, act, bias, out_dtype = _checked(x, qweight, bias, act, out_dtype)
+    out = run_linear(x2d, qweight, bias, act, out_dtype, backend)
+    return out.reshape(*x.shape[:-1], qweight.N)  # the fake's shape, for an x of any rank
 
 
 def _linear_fake(x, x_scales, x_global_scale, qweight, *args):

@@ -8,9 +8,12 @@ them (q/k/v, gate/up) takes the :class:`~humming.QuantizedActivation` as it is: 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import ops
+from ._env import pass_backend
 from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from .ir.activation import quantize_activation as reference_quantize_activation
 from .ir.dtypes import FLOAT_DTYPES
@@ -39,8 +42,8 @@ def _check(x, weight, eps, residual) -> None:
         raise ValueError(f"weight: expected a float tensor [K={k}], got {_describe(weight)}")
     if weight.device != x.device:
         raise ValueError(f"weight: on {weight.device}, but x is on {x.device}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps: expected a non-negative float, got {eps!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps: expected a non-negative float (finite), got {eps!r}")
     if residual is not None and (
         not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype
     ):
@@ -57,13 +60,14 @@ def _describe(t) -> str:
 
 def _rmsnorm_quantize_impl(x, weight, eps, scheme: ActScheme, residual, scale, backend: str):
     """``(QuantizedActivation, new residual or None)`` on ``backend``."""
-    if backend not in ("auto", "reference", "triton"):
-        raise ValueError(f"backend: expected 'auto', 'reference' or 'triton', got {backend!r}")
+    backend = pass_backend(backend)
     if backend == "triton" or (backend == "auto" and x.device.type == "cuda"):
         from .triton_kernels import norm_quant
 
-        contiguous = (x.stride(-1) == 1) and (residual is None or residual.stride(-1) == 1) and weight.is_contiguous()
-        reason = norm_quant.unsupported(x, scheme, static=scale is not None) if contiguous else "x: rows not contiguous"
+        strided = [name for name, t in (("x", x), ("residual", residual)) if t is not None and t.stride(-1) != 1]
+        strided += [] if weight.is_contiguous() else ["weight"]
+        reason = f"{', '.join(strided)}: not contiguous along K" if strided else None
+        reason = reason or norm_quant.unsupported(x, scheme, static=scale is not None)
         if reason is None:
             return norm_quant.rmsnorm_quantize(x, weight, eps, scheme, residual=residual, scale=scale)
         if backend == "triton":
@@ -74,6 +78,7 @@ def _rmsnorm_quantize_impl(x, weight, eps, scheme: ActScheme, residual, scale, b
 
 
 def _op(x, weight, eps, act, residual, scale, backend):
+    _check(x, weight, eps, residual)  # the op may be called directly
     qa, new_residual = _rmsnorm_quantize_impl(x, weight, eps, get_act_scheme(act), residual, scale, backend)
     return *ops.activation_outputs(qa, scale), x.new_empty(0) if new_residual is None else new_residual
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ._env import pass_backend
 from .ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
 from .ir.activation import quantize_activation as reference_quantize_activation
 from .ir.weight import QuantizedWeight, weight_by_handle
@@ -105,22 +106,38 @@ def weight_args(qw: QuantizedWeight) -> tuple:
 
 
 def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, meta: str) -> QuantizedWeight:
-    """The weight an op call names: the registered object when the tensors are its own, else one rebuilt
-    from the tensors and ``meta`` (no bias: ops take the bias apart)."""
+    """The weight an op call names: the registered object when the tensors and ``meta`` are its own, else one
+    rebuilt (and validated) from the tensors and ``meta`` (no bias: ops take the bias apart)."""
     qw = weight_by_handle(handle)
-    if qw is not None and qw.qweight.data_ptr() == qweight.data_ptr() and _same(qw.scales, scales):
+    tensors = (qweight, scales, zeros, global_scale, g_idx)
+    if qw is not None and qw.signature == meta and all(map(_same, (qw.qweight, *_fields(qw)), tensors)):
         return qw
-    fmt, group_shape, shape = meta.split(";")
+    fmt, group_shape, shape = _parse_meta(meta)
     return QuantizedWeight(
-        shape=tuple(int(d) for d in shape.split("x")),
+        shape=shape,
         format=fmt,
         qweight=qweight,
         scales=scales,
-        group_shape=tuple(int(v) for v in group_shape.split(",")),
+        group_shape=group_shape,
         zeros=zeros,
         global_scale=global_scale,
         g_idx=g_idx,
     )
+
+
+def _fields(qw: QuantizedWeight) -> tuple:
+    return qw.scales, qw.zeros, qw.global_scale, qw.g_idx
+
+
+def _parse_meta(meta) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    """``"int4;1,128;256x512"`` -> ``("int4", (1, 128), (256, 512))``; ``ValueError`` naming ``meta`` else."""
+    try:
+        fmt, group_shape, shape = meta.split(";")
+        return fmt, tuple(int(v) for v in group_shape.split(",")), tuple(int(d) for d in shape.split("x"))
+    except (AttributeError, ValueError):
+        raise ValueError(
+            f"meta: expected a weight signature 'format;bn,bk;NxK' (QuantizedWeight.signature), got {meta!r}"
+        ) from None
 
 
 def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -138,8 +155,7 @@ def act_name(act: ActScheme | None) -> str | None:
 
 # ---------------------------------------------------------------------------------- activation quantization
 def _quantize_activation_impl(x, scheme: ActScheme, scale, backend: str) -> QuantizedActivation:
-    if backend not in ("auto", "reference", "triton"):
-        raise ValueError(f"backend: expected 'auto', 'reference' or 'triton', got {backend!r}")
+    backend = pass_backend(backend)
     if backend == "triton" or (backend == "auto" and x.device.type == "cuda"):
         from .triton_kernels import act_quant
 

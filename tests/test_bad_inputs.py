@@ -1,6 +1,7 @@
-"""Bad inputs to every public entry point: each raises ``ValueError`` / ``TypeError`` whose message names the
-argument. One table of :class:`Case` records (entry point, arguments, expected type, argument name); CPU,
-tiny shapes."""
+"""Bad inputs to every public entry point: each raises ``ValueError`` / ``TypeError`` (``CheckpointError`` for
+checkpoints) whose message names the argument, the field or the file. One table of :class:`Case` records (entry
+point, arguments, expected type, the name the message holds); then the odd inputs that must get the right answer
+rather than an error. CPU, tiny shapes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 
@@ -505,6 +507,664 @@ for label, (change, name) in {
 }.items():
     CASES.append(Case("fused_moe", lambda _, c=change: _fused(**c), V, name, label))
 
+# ======================================================================== issue 27: the second hostile pass
+# ------------------------------------------------------------------ QuantizedWeight: exact ints, finite data
+for label, (field, value) in {
+    "shape-float": ("shape", (16.9, 64)),
+    "shape-bool": ("shape", (True, 64)),
+    "shape-gen": ("shape", (d for d in (16, 64))),
+    "group-float": ("group_shape", (1, 32.7)),
+    "group-bool": ("group_shape", (True, True)),
+    "group-str-pair": ("group_shape", ("1", "32")),
+    "scales-nan": ("scales", torch.full((16, 2), float("nan"))),
+    "scales-inf": ("scales", torch.full((16, 2), float("-inf"))),
+    "scales-one-nan-fp16": (
+        "scales",
+        torch.ones(16, 2, dtype=torch.float16).index_fill_(1, torch.tensor([1]), float("nan")),
+    ),
+    "scales-e8m0-nan-code": ("scales", torch.full((16, 2), 255, dtype=torch.uint8).view(torch.float8_e8m0fnu)),
+    "g_idx-float": ("g_idx", torch.zeros(64)),
+    "g_idx-negative": ("g_idx", torch.full((64,), -1, dtype=torch.int32)),
+}.items():
+    CASES.append(Case("QuantizedWeight", lambda _, f=field, v=value: QW(**_qw_fields(**{f: v})), V, field, label))
+_nv = lambda: humming.quantize(torch.randn(16, 64), "nvfp4")
+_zp = lambda: humming.quantize(torch.randn(16, 64), "int4", 32, zero_point="float")
+for label, (make, name) in {
+    "global-nan": (lambda: _nv().replace(global_scale=torch.tensor(float("nan"))), "global_scale"),
+    "global-inf": (lambda: _nv().replace(global_scale=torch.tensor(float("inf"))), "global_scale"),
+    "float-zeros-nan": (lambda: _zp().replace(zeros=torch.full((16, 2), float("nan"))), "zeros"),
+    "to-dtype": (lambda: _w().to(torch.float16), "device"),
+    "to-garbage": (lambda: _w().to("gpu9"), "device"),
+}.items():
+    CASES.append(Case("QuantizedWeight", lambda _, f=make: f(), (V, T), name, label))
+
+# ------------------------------------------------------------------------ quantize: what cannot be stored
+for label, (make, name) in {
+    "w-nan": (lambda: q(torch.randn(16, 64).index_fill_(1, torch.tensor([3]), float("nan"))), "w"),
+    "w-inf": (lambda: q(torch.full((16, 64), float("inf"))), "w"),
+    "w-empty": (lambda: q(torch.zeros(0, 64)), "w"),
+    "e4m3-scales-underflow": (
+        lambda: q(torch.full((16, 32), 1e-6), "e2m1", 16, scale_dtype=torch.float8_e4m3fn),
+        "scale_dtype",
+    ),
+    "e4m3-scales-overflow": (
+        lambda: q(torch.full((16, 32), 1e4), "int4", 16, scale_dtype=torch.float8_e4m3fn),
+        "scale_dtype",
+    ),
+    "fp16-scales-overflow": (
+        lambda: q(torch.full((16, 32), 1e6), "int4", 16, scale_dtype=torch.float16),
+        "scale_dtype",
+    ),
+    "fp16-scales-flush": (lambda: q(torch.full((16, 32), 1e-9), "int4", 16, scale_dtype=torch.float16), "scale_dtype"),
+    "fp16-zp-scales-overflow": (lambda: q(torch.full((16, 32), 1e6), "int4", 16, True, torch.float16), "scale_dtype"),
+    "fp32-scales-from-fp64": (lambda: q(torch.full((16, 32), 1e300, dtype=torch.float64), "int8", -1), "scale_dtype"),
+    "g_idx-float": (lambda: q(torch.randn(16, 64), group_size=32, g_idx=torch.zeros(64) + 0.7), "g_idx"),
+    "g_idx-negative": (lambda: q(torch.randn(16, 64), group_size=32, g_idx=torch.full((64,), -1)), "g_idx"),
+    "g_idx-huge": (lambda: q(torch.randn(16, 64), group_size=32, g_idx=torch.full((64,), 10**9)), "g_idx"),
+    "g_idx-beyond-int32": (lambda: q(torch.randn(16, 64), group_size=32, g_idx=torch.full((64,), 2**33)), "g_idx"),
+    "g_idx-list": (lambda: q(torch.randn(16, 64), group_size=32, g_idx=[0] * 64), "g_idx"),
+    "group-zero": (lambda: q(torch.randn(16, 64), group_size=0), "group_size"),
+    "scale-dtype-device": (lambda: q(torch.randn(16, 64), scale_dtype="cuda"), "scale_dtype"),
+}.items():
+    CASES.append(Case("quantize", lambda _, f=make: f(), V, name, label))
+for label, dtype in {
+    "int8": torch.int8,
+    "int32": torch.int32,
+    "bool": torch.bool,
+    "device": "cpu",
+    "e4m3": torch.float8_e4m3fn,
+}.items():
+    CASES.append(Case("dequantize", lambda _, d=dtype: humming.dequantize(_w(), d), V, "dtype", label))
+    CASES.append(
+        Case("dequantize_activation", lambda _, d=dtype: humming.dequantize_activation(_qa(), d), V, "dtype", label)
+    )
+
+
+# ------------------------------------------------------------------------- activations: codes, schemes
+def _qa_rows(act: str, m: int):
+    return humming.quantize_activation(torch.randn(m, 64), act)
+
+
+_int4_qa = lambda code: QA(_qa("int4").scheme, torch.full((3, 64), code, dtype=torch.uint8), _qa("int4").scales)
+for label, (make, name) in {
+    "codes-200-dequantize": (lambda: humming.dequantize_activation(_int4_qa(200)), "codes"),
+    "codes-16-linear": (lambda: lin(_int4_qa(16), _w()), "codes"),
+    "codes-e2m1-grouped": (
+        lambda: _grouped(
+            x=QA(_qa("mxfp4").scheme, torch.full((32, 64), 17, dtype=torch.uint8), _qa_rows("mxfp4", 32).scales)
+        ),
+        "codes",
+    ),
+    "static-nvfp4": (lambda: qa(_x(), "nvfp4", scale=torch.tensor(0.1)), "scale"),
+    "static-mxfp4": (lambda: qa(_x(), "mxfp4", scale=torch.tensor(0.1)), "scale"),
+    "static-mxfp4-op": (lambda: humming.ops.quantize_activation(_x(), "mxfp4", scale=torch.tensor(0.1)), "scale"),
+    "x-list": (lambda: qa([[0.0] * 64], "fp8"), "x"),
+    "x-int": (lambda: qa(torch.zeros(3, 64, dtype=torch.int32), "fp8"), "x"),
+}.items():
+    CASES.append(Case("activations", lambda _, f=make: f(), V, name, label))
+AS = humming.ActScheme
+for label, (kwargs, name) in {
+    "format-unknown": (dict(format="int99", group="token"), "format"),
+    "format-e8m0": (dict(format="e8m0", group="token"), "format"),
+    "format-uint": (dict(format="uint4", group="token"), "format"),
+    "format-int1": (dict(format="int1", group="token"), "format"),
+    "group-zero": (dict(format="int8", group=0), "group"),
+    "group-str": (dict(format="int8", group="row"), "group"),
+    "group-bool": (dict(format="int8", group=True), "group"),
+    "scale-dtype": (dict(format="int8", group="token", scale_dtype=torch.int8), "scale_dtype"),
+    "global-fp32": (dict(format="e2m1", group=16, global_scale=True), "global_scale"),
+    "global-str": (dict(format="e2m1", group=16, scale_dtype=torch.float8_e4m3fn, global_scale="yes"), "global_scale"),
+}.items():
+    CASES.append(Case("ActScheme", lambda _, k=kwargs: AS("mine", **k), V, name, label))
+CASES.append(Case("ActScheme", lambda _: AS("", "int8", "token"), V, "name", "empty-name"))
+
+
+# ------------------------------------------------------------------------------- joins, shards, integers
+_uint = lambda: humming.quantize(torch.randn(16, 64), "int4", 32, zero_point=True)
+_bare = lambda fmt: QW((16, 64), fmt, torch.zeros(16, 8, dtype=torch.int32))
+for label, (make, name) in {
+    "concat-int-uint-no-scales": (lambda: humming.concat([_bare("uint4"), _bare("int4")]), "parts"),
+    "stack-int-uint-no-scales": (lambda: humming.stack([_bare("int4"), _bare("uint4")]), "parts"),
+    "concat-some-global": (
+        lambda: humming.concat([_nv(), q(torch.randn(16, 64), "e2m1", 16, scale_dtype=torch.float8_e4m3fn)]),
+        "parts",
+    ),
+    "concat-dim-bool": (lambda: humming.concat([_experts(), _experts()], dim=True), "dim"),
+    "concat-dim-float": (lambda: humming.concat([_w(), _w()], dim=0.0), "dim"),
+    "shard-dim-bool": (lambda: humming.shard(_w(), True, 0, 2), "dim"),
+    "shard-rank-float": (lambda: humming.shard(_w(), 0, 0.0, 2), "rank"),
+    "shard-world-float": (lambda: humming.shard(_w(), 0, 0, 2.0), "world_size"),
+    "shard-tensor": (lambda: humming.shard(torch.zeros(16, 64), 0, 0, 2), "qw"),
+    "shard-rank-negative": (lambda: humming.shard(_w(), 0, -1, 2), "rank"),
+}.items():
+    CASES.append(Case("joins", lambda _, f=make: f(), V, name, label))
+
+# --------------------------------------------------------------------------- environment variables
+_det = lambda: humming.is_deterministic()
+_lock = lambda: __import__("humming.cuda_kernels._cache", fromlist=["x"]).lock_timeout_s()
+_cache_dir = lambda: __import__("humming.cuda_kernels._cache", fromlist=["x"]).cache_dir()
+for label, (variables, call, name) in {
+    "det-garbage": ({"HUMMING_DETERMINISTIC": "garbage"}, _det, "HUMMING_DETERMINISTIC"),
+    "det-float": ({"HUMMING_DETERMINISTIC": "0.0"}, _det, "HUMMING_DETERMINISTIC"),
+    "det-two": ({"HUMMING_DETERMINISTIC": "2"}, _det, "HUMMING_DETERMINISTIC"),
+    "lock-nan": ({"HUMMING_CACHE_LOCK_TIMEOUT": "nan"}, _lock, "HUMMING_CACHE_LOCK_TIMEOUT"),
+    "lock-inf": ({"HUMMING_CACHE_LOCK_TIMEOUT": "inf"}, _lock, "HUMMING_CACHE_LOCK_TIMEOUT"),
+    "lock-negative": ({"HUMMING_CACHE_LOCK_TIMEOUT": "-1"}, _lock, "HUMMING_CACHE_LOCK_TIMEOUT"),
+    "lock-text": ({"HUMMING_CACHE_LOCK_TIMEOUT": "ten"}, _lock, "HUMMING_CACHE_LOCK_TIMEOUT"),
+    "log-garbage": ({"HUMMING_LOG_DISPATCH": "verbose"}, lambda: lin(_x(), _w(n=24)), "HUMMING_LOG_DISPATCH"),
+    "backend-topk": ({"HUMMING_BACKEND": "bogus"}, lambda: moe.topk_routing(torch.randn(4, 8), 2), "HUMMING_BACKEND"),
+    "backend-rmsq": (
+        {"HUMMING_BACKEND": "bogus"},
+        lambda: humming.rmsnorm_quantize(_x(), torch.ones(64), 1e-6, "fp8"),
+        "HUMMING_BACKEND",
+    ),
+    "backend-qact": (
+        {"HUMMING_BACKEND": "bogus"},
+        lambda: humming.ops.quantize_activation(_x(), "fp8"),
+        "HUMMING_BACKEND",
+    ),
+    "backend-case": ({"HUMMING_BACKEND": "Triton"}, lambda: lin(_x(), _w()), "HUMMING_BACKEND"),
+    "backend-fused": ({"HUMMING_BACKEND": "tpu"}, lambda: _fused(), "HUMMING_BACKEND"),
+}.items():
+    CASES.append(Case("environment", lambda _, v=variables, c=call: _with_env(**v)(c), V, name, label))
+
+
+def _file(tmp_path):
+    (tmp_path / "file").write_text("")
+    return str(tmp_path / "file")
+
+
+CASES.append(
+    Case(
+        "environment",
+        lambda p: _with_env(HUMMING_CACHE_DIR=_file(p))(_cache_dir),
+        V,
+        "HUMMING_CACHE_DIR",
+        "cache-dir-file",
+    )
+)
+CASES.append(
+    Case(
+        "environment",
+        lambda _: _with_env(TRITON_INTERPRET="maybe")(lambda: humming._env.env("TRITON_INTERPRET")),
+        V,
+        "TRITON_INTERPRET",
+        "interpret-garbage",
+    )
+)
+
+
+# ------------------------------------------------------------------------------- the custom ops' boundary
+def _op_linear(x=None, weight=None, out_dtype=torch.float32, act=None):
+    args = list(humming.ops.weight_args(_w())) if weight is None else weight
+    return torch.ops.humming.linear(_x() if x is None else x, None, None, *args, None, act, out_dtype, "reference")
+
+
+def _op_weight(**changes):
+    args = dict(
+        zip(("qweight", "scales", "zeros", "global_scale", "g_idx", "handle", "meta"), humming.ops.weight_args(_w()))
+    )
+    return list({**args, **changes}.values())
+
+
+def _op_grouped(rows: int, out_dtype):
+    """torch.ops.humming.grouped_linear on ``rows`` rows of one routing block of 16 (reference backend)."""
+    ids, weight = torch.zeros(1, dtype=torch.int32), humming.ops.weight_args(_experts())
+    args = (torch.randn(rows, 64), None, None, ids, 16, None, *weight, None, None, out_dtype, "reference")
+    return torch.ops.humming.grouped_linear(*args)
+
+
+for label, (make, name) in {
+    "linear-out-int32": (lambda: _op_linear(out_dtype=torch.int32), "out_dtype"),
+    "linear-x-int64": (lambda: _op_linear(x=torch.zeros(3, 64, dtype=torch.int64)), "x"),
+    "linear-x-k": (lambda: _op_linear(x=torch.randn(3, 32)), "x"),
+    "linear-act": (lambda: _op_linear(act="fp9"), "act"),
+    "meta-garbage": (lambda: _op_linear(weight=_op_weight(handle=-1, meta="garbage")), "meta"),
+    "meta-shape-text": (lambda: _op_linear(weight=_op_weight(handle=-1, meta="int4;1,32;16xK")), "meta"),
+    "meta-format": (lambda: _op_linear(weight=_op_weight(handle=-1, meta="int99;1,32;16x64")), "format"),
+    "grouped-block-m": (lambda: _op_grouped(24, torch.float32), "block_m"),
+    "grouped-out-int": (lambda: _op_grouped(16, torch.int8), "out_dtype"),
+    "moe-align-block-zero": (lambda: torch.ops.humming.moe_align(_ids(), 2, 0), "block_m"),
+    "moe-align-experts-zero": (lambda: torch.ops.humming.moe_align(_ids(), 0, 16), "num_experts"),
+    "fused-activation": (
+        lambda: torch.ops.humming.fused_moe(
+            torch.randn(4, 64),
+            torch.ones(4, 2),
+            _ids(),
+            *humming.ops.weight_args(_experts(n=32)),
+            None,
+            *humming.ops.weight_args(_experts(n=64, k=16)),
+            None,
+            None,
+            "relu",
+            None,
+            None,
+            "concat",
+            None,
+            None,
+            None,
+            16,
+            "reference",
+        ),
+        "activation",
+    ),
+}.items():
+    CASES.append(Case("ops", lambda _, f=make: f(), V, name, label))
+
+
+# ------------------------------------------------------------------------------------------- save / load
+def _manifest_file(tmp_path, text: str) -> str:
+    """A humming file whose manifest is ``text`` (with a valid checksum: only its form can be wrong)."""
+    import hashlib
+
+    import safetensors.torch
+
+    path = tmp_path / "m.safetensors"
+    meta = {
+        "humming_format_version": "2",
+        "humming_manifest": text,
+        "humming_manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
+    }
+    safetensors.torch.save_file({"a.qweight": torch.zeros(1, dtype=torch.int32)}, path, metadata=meta)
+    return path
+
+
+def _fifo(tmp_path):
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def _loop(tmp_path):
+    path = tmp_path / "loop.safetensors"
+    os.symlink(path, path)
+    return path
+
+
+for label, (make, name) in {
+    "save-folder": (lambda p: humming.save(_w(), p), "path"),
+    "save-missing-folder": (lambda p: humming.save(_w(), p / "no" / "x.safetensors"), "path"),
+    "save-fifo": (lambda p: humming.save(_w(), _fifo(p)), "path"),
+    "save-loop": (lambda p: humming.save(_w(), _loop(p)), "path"),
+    "save-single-name": (lambda p: humming.save({"__single__": _w()}, p / "x.safetensors"), "weights"),
+    "save-bytes-path": (lambda p: humming.save(_w(), bytes(p / "x.safetensors")), "path"),
+    "load-folder": (lambda p: humming.load(p), "path"),
+    "load-fifo": (lambda p: humming.load(_fifo(p)), "path"),
+    "load-loop": (lambda p: humming.load(_loop(p)), "path"),
+    "load-device-dtype": (lambda p: humming.load(_saved(p, lambda t, m: None), device=torch.float16), "device"),
+    "manifest-not-json": (lambda p: humming.load(_manifest_file(p, "{not json")), "path"),
+    "manifest-list": (lambda p: humming.load(_manifest_file(p, "[]")), "path"),
+    "manifest-no-tensors": (lambda p: humming.load(_manifest_file(p, '{"a": {"shape": [1, 8]}}')), "path"),
+    "manifest-bad-entry": (lambda p: humming.load(_manifest_file(p, '{"a": {"tensors": {"qweight": 3}}}')), "path"),
+    "manifest-unknown-field": (
+        lambda p: humming.load(
+            _manifest_file(p, '{"a": {"tensors": {"codes": {"shape": [1], "dtype": "int32", "sha256": ""}}}}')
+        ),
+        "path",
+    ),
+    "v1-record-string": (lambda p: humming.load(_v1_record(p, "{oops")), "path"),
+}.items():
+    CASES.append(Case("save/load", make, (V, T), name, label))
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def _ckpt(tmp_path, config=None, index=None, prefix="m", name="model.safetensors", scale=1.0):
+    """A one-module GPTQ checkpoint (``config``: its quantization_config; ``index``: an index file's JSON;
+    ``scale``: the value of every scale)."""
+    from safetensors.torch import save_file
+
+    from humming.loaders.gptq import pack_gptq
+
+    codes, scales, zeros = (
+        torch.zeros(16, 64, dtype=torch.uint8),
+        torch.full((16, 2), scale).half(),
+        torch.full((16, 2), 8),
+    )
+    t = pack_gptq(codes, scales, zeros, bits=4, group_size=32)
+    save_file({f"{prefix}.{k}": v for k, v in t.items()}, str(tmp_path / name))
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True}
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": gptq if config is None else config}))
+    if index is not None:
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return tmp_path
+
+
+def _outside(tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "m").mkdir()
+    _ckpt(tmp_path / "outside", name="x.safetensors")
+    folder = _ckpt(tmp_path / "m", index={"weight_map": {"m.qweight": "../outside/x.safetensors"}})
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def _truncated(tmp_path):
+    folder = _ckpt(tmp_path)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) - 100])
+    return folder
+
+
+def _not_safetensors(tmp_path):
+    folder = _ckpt(tmp_path)
+    (folder / "model.safetensors").write_bytes(b"PK\x03\x04 a zip, not safetensors")
+    return folder
+
+
+_G = {"quant_method": "gptq", "bits": 4, "group_size": 32}
+lc = humming.load_checkpoint
+for label, (make, name) in {
+    "index-empty-weight-map": (lambda p: lc(_ckpt(p, index={"weight_map": {}})), "weight_map"),
+    "index-weight-map-list": (lambda p: lc(_ckpt(p, index={"weight_map": ["model.safetensors"]})), "weight_map"),
+    "index-outside": (lambda p: lc(_outside(p)), "../outside"),
+    "index-absolute": (lambda p: lc(_ckpt(p, index={"weight_map": {"m.qweight": "/etc/passwd"}})), "/etc/passwd"),
+    "index-missing-file": (
+        lambda p: lc(_ckpt(p, index={"weight_map": {"m.qweight": "shard-2.safetensors"}})),
+        "shard-2",
+    ),
+    "index-file-int": (lambda p: lc(_ckpt(p, index={"weight_map": {"m.qweight": 3}})), "weight_map"),
+    "modules-no-match": (lambda p: lc(_ckpt(p), modules=["nope*"]), "modules"),
+    "modules-one-no-match": (lambda p: lc(_ckpt(p), modules=["m", "q_proj"]), "q_proj"),
+    "modules-empty": (lambda p: lc(_ckpt(p), modules=[]), "modules"),
+    "bits-float": (lambda p: lc(_ckpt(p, {**_G, "bits": 4.7})), "bits"),
+    "bits-text": (lambda p: lc(_ckpt(p, {**_G, "bits": "four"})), "bits"),
+    "bits-null": (lambda p: lc(_ckpt(p, {**_G, "bits": None})), "bits"),
+    "bits-bool": (lambda p: lc(_ckpt(p, {**_G, "bits": True})), "bits"),
+    "group-zero": (lambda p: lc(_ckpt(p, {**_G, "group_size": 0})), "group_size"),
+    "group-negative": (lambda p: lc(_ckpt(p, {**_G, "group_size": -32})), "group_size"),
+    "sym-text": (lambda p: lc(_ckpt(p, {**_G, "sym": "yes"})), "sym"),
+    "dynamic-list": (lambda p: lc(_ckpt(p, {**_G, "dynamic": ["-:.*"]})), "dynamic"),
+    "dynamic-bits": (lambda p: lc(_ckpt(p, {**_G, "dynamic": {"+:m": {"bits": "8"}}})), "bits"),
+    "qconfig-list": (lambda p: lc(_ckpt(p, [_G])), "quantization_config"),
+    "method-int": (lambda p: lc(_ckpt(p, {**_G, "quant_method": 3})), "quant_method"),
+    "fp8-block-zero": (
+        lambda p: lc(_ckpt(p, {"quant_method": "fp8", "weight_block_size": [0, 128]})),
+        "weight_block_size",
+    ),
+    "fp8-block-int": (lambda p: lc(_ckpt(p, {"quant_method": "fp8", "weight_block_size": 128})), "weight_block_size"),
+    "fp8-block-one": (lambda p: lc(_ckpt(p, {"quant_method": "fp8", "weight_block_size": [128]})), "weight_block_size"),
+    "fp8-skip-str": (
+        lambda p: lc(_ckpt(p, {"quant_method": "fp8", "modules_to_not_convert": "lm_head"})),
+        "modules_to_not_convert",
+    ),
+    "awq-group-text": (lambda p: lc(_ckpt(p, {"quant_method": "awq", "group_size": "128"})), "group_size"),
+    "ct-groups-list": (
+        lambda p: lc(_ckpt(p, {"quant_method": "compressed-tensors", "config_groups": []})),
+        "config_groups",
+    ),
+    "ct-targets-str": (
+        lambda p: lc(_ckpt(p, {"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": "Linear"}}})),
+        "targets",
+    ),
+    "ct-bits-text": (
+        lambda p: lc(
+            _ckpt(p, {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": "4"}}}})
+        ),
+        "num_bits",
+    ),
+    "modelopt-layers-list": (
+        lambda p: lc(_ckpt(p, {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": []})),
+        "quantized_layers",
+    ),
+    "truncated-file": (lambda p: lc(_truncated(p)), "model.safetensors"),
+    "not-safetensors": (lambda p: lc(_not_safetensors(p)), "model.safetensors"),
+    "expert-index-1e10": (lambda p: lc(_ckpt(p, prefix=f"l.experts.{10**10}.p")), "experts"),
+    "expert-gap": (lambda p: lc(_ckpt(p, prefix="l.experts.3.p")), "experts [0, 1, 2]"),
+    "scales-nan": (lambda p: lc(_ckpt(p, scale=float("nan"))), "m: scales: expected finite values"),
+    "scales-inf": (lambda p: lc(_ckpt(p, scale=float("inf"))), "m: scales: expected finite values"),
+}.items():
+    CASES.append(Case("checkpoints", make, (V, T), name, label))
+
+
+def _ct_checkpoint(tmp_path, weight_shape):
+    """A compressed-tensors pack-quantized module whose weight_shape tensor is ``weight_shape``."""
+    from safetensors.torch import save_file
+
+    from humming.loaders.compressed_tensors import pack_int_quantized
+
+    t = pack_int_quantized(torch.zeros(16, 64, dtype=torch.int8), torch.ones(16, 2), None, bits=4)
+    t["weight_shape"] = torch.tensor(weight_shape)
+    save_file({f"m.{k}": v for k, v in t.items()}, str(tmp_path / "model.safetensors"))
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
+    group = {"targets": ["Linear"], "weights": weights, "format": "pack-quantized"}
+    qconfig = {"quant_method": "compressed-tensors", "config_groups": {"group_0": group}}
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": qconfig}))
+    return tmp_path
+
+
+for label, shape in {"negative": [-16, 64], "three": [16, 64, 1], "float": [16.0, 64.0]}.items():
+    CASES.append(
+        Case("checkpoints", lambda p, s=shape: lc(_ct_checkpoint(p, s)), (V, T), "weight_shape", f"ct-{label}")
+    )
+
+# -------------------------------------------------------------------------- norms, routing, MoE, nn, CLI
+_moe_layer = lambda: humming.nn.FusedMoE(_experts(e=4, n=32), _experts(e=4, n=64, k=16), 2)
+for label, (make, err, name) in {
+    "rmsnorm-eps-inf": (lambda: humming.rmsnorm(_x(), torch.ones(64), eps=float("inf")), V, "eps"),
+    "rmsnorm-eps-nan": (lambda: humming.rmsnorm(_x(), torch.ones(64), eps=float("nan")), V, "eps"),
+    "rmsq-eps-inf": (lambda: humming.rmsnorm_quantize(_x(), torch.ones(64), float("inf"), "fp8"), V, "eps"),
+    "rmsq-strided-weight": (
+        lambda: humming.rmsnorm_quantize(_x(), torch.ones(128)[::2], 1e-6, "fp8", backend="triton"),
+        V,
+        "weight",
+    ),
+    "topk-bias-nan": (
+        lambda: moe.topk_routing(
+            torch.randn(4, 8), 2, scoring="sigmoid", correction_bias=torch.full((8,), float("nan"))
+        ),
+        V,
+        "correction_bias",
+    ),
+    "topk-bias-inf": (
+        lambda: moe.topk_routing(
+            torch.randn(4, 8), 2, scoring="sigmoid", correction_bias=torch.tensor([float("inf")] * 8)
+        ),
+        V,
+        "correction_bias",
+    ),
+    "topk-zero": (lambda: moe.topk_routing(torch.randn(4, 8), 0), V, "top_k"),
+    "fused-moe-layer-bias-nan": (
+        lambda: humming.nn.FusedMoE(
+            _experts(e=4, n=32),
+            _experts(e=4, n=64, k=16),
+            2,
+            scoring="sigmoid",
+            correction_bias=torch.full((4,), float("nan")),
+        ),
+        V,
+        "correction_bias",
+    ),
+    "fused-moe-logits-wide": (lambda: _moe_layer()(torch.randn(3, 64), torch.randn(3, 6)), V, "router_logits"),
+    "fused-moe-logits-narrow": (lambda: _moe_layer().route(torch.randn(3, 2)), V, "router_logits"),
+    "fused-topk-zero": (
+        lambda: _fused(topk_ids=torch.zeros(4, 0, dtype=torch.int64), topk_weights=torch.ones(4, 0)),
+        V,
+        "topk_ids",
+    ),
+    "block-m-huge": (lambda: moe.moe_align(_ids(), 2, 2**40), V, "block_m"),
+    "fused-block-m-huge": (lambda: _fused(block_m=2**40), V, "block_m"),
+    "masked-k-zero": (
+        lambda: moe.grouped_linear_masked(torch.randn(2, 16, 0), _experts(), torch.ones(2, dtype=torch.int32)),
+        V,
+        "x",
+    ),
+    "from-pretrained-strict": (lambda: humming.nn.from_pretrained("/nonexistent", strict="no"), T, "strict"),
+    "from-pretrained-remote": (
+        lambda: humming.nn.from_pretrained("/nonexistent", trust_remote_code=1),
+        T,
+        "trust_remote_code",
+    ),
+    "quantized-linear-assign": (lambda: _assigned_scales(torch.full((16, 2), float("nan"))), V, "scales"),
+    "quantized-linear-assign-shape": (lambda: _assigned_scales(torch.ones(16, 3)), V, "scales"),
+}.items():
+    CASES.append(Case("layers", lambda _, f=make: f(), err, name, label))
+
+
+def _assigned_scales(scales):
+    """A QuantizedLinear whose ``scales`` buffer is replaced, then run: the weight is rebuilt (and checked)."""
+    layer = humming.nn.QuantizedLinear(_w())
+    layer.scales = scales
+    return layer(_x())
+
+
+# found by the fresh pass: op boundaries and sizes past what can be allocated or described
+_rmsq_op = lambda **c: torch.ops.humming.rmsnorm_quantize(
+    *{
+        "x": _x(),
+        "weight": torch.ones(64),
+        "eps": 1e-6,
+        "act": "fp8",
+        "residual": None,
+        "scale": None,
+        "backend": "triton",
+        **c,
+    }.values()
+)
+for label, (make, name) in {
+    "rmsq-op-eps-negative": (lambda: _rmsq_op(eps=-1.0), "eps"),
+    "rmsq-op-weight-shape": (lambda: _rmsq_op(weight=torch.ones(63)), "weight"),
+    "moe-align-experts-2pow40": (lambda: moe.moe_align(_ids(), 2**40, 16), "num_experts"),
+    "explain-m-past-int64": (lambda: humming.explain(_w(), 2**62, dtype=torch.float32), "m"),
+    "explain-m-float-tensor": (lambda: humming.explain(_w(), torch.tensor(4.0), dtype=torch.float32), "m"),
+}.items():
+    CASES.append(Case("found", lambda _, f=make: f(), V, name, label))
+if not torch.cuda.is_available():
+    CASES.append(Case("found", lambda _: _w().to("cuda"), V, "device", "to-cuda-without-cuda"))
+    CASES.append(
+        Case("found", lambda p: humming.load(_saved(p, lambda t, m: None), device="cuda"), V, "device", "load-cuda")
+    )
+
+
+def test_explain_takes_numpy_ints() -> None:
+    assert humming.explain(_w(), np.int64(16), dtype=torch.float32).kernel == "reference"
+
+
+def test_linear_op_keeps_the_rank_of_x(seed) -> None:
+    """The op's output has the shape its fake implementation promises, for an x of any rank."""
+    x = torch.randn(2, 3, 64)
+    qw = _w()
+    y = torch.ops.humming.linear(x, None, None, *humming.ops.weight_args(qw), None, None, torch.float32, "reference")
+    assert y.shape == (2, 3, 16)
+    torch.testing.assert_close(y, x @ humming.dequantize(qw).T)
+
+
+#: (label, argv, what the error names): ``python -m humming`` exits with status 2 (argparse) or 1.
+CLI_CASES = [
+    ("demo-n-zero", ["demo", "--n", "0"], "--n"),
+    ("demo-m-text", ["demo", "--m", "many"], "--m"),
+    ("explain-k-negative", ["explain", "--k", "-4"], "--k"),
+]
+
+
+@pytest.mark.parametrize("argv,option", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_arguments(argv: list[str], option: str, capsys) -> None:
+    from humming.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert option in capsys.readouterr().err
+
+
+def test_inspect_reports_a_bad_checkpoint(tmp_path, capsys) -> None:
+    """``python -m humming inspect`` on a checkpoint a loader refuses: the reason on stderr, exit status 1."""
+    from humming.__main__ import main
+
+    assert main(["inspect", str(_ckpt(tmp_path, {**_G, "bits": 4.7}))]) == 1
+    assert "quantization_config.bits" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- inputs that get the right answer
+def test_joins_keep_float_zero_points(seed) -> None:
+    """concat / stack of integer and float zero points: the float ones stay floats (exact), none truncate."""
+    w = torch.randn(16, 64)
+    a, b = humming.quantize(w, "int4", 32, True), humming.quantize(3 * w, "int4", 32, "float")
+    assert torch.equal(
+        humming.dequantize(humming.concat([a, b])), torch.cat([humming.dequantize(a), humming.dequantize(b)])
+    )
+    assert torch.equal(
+        humming.dequantize(humming.stack([b, a])), torch.stack([humming.dequantize(b), humming.dequantize(a)])
+    )
+
+
+def test_ops_rebuild_the_weight_they_are_given(seed) -> None:
+    """A custom op called with tensors (zeros) that are not the registered weight's runs on those tensors."""
+    a = humming.quantize(torch.randn(16, 64), "uint4", 32, True)
+    zeros = torch.zeros_like(a.zeros)
+    args = list(humming.ops.weight_args(a))
+    args[2] = zeros
+    x = _x()
+    y = torch.ops.humming.linear(x, None, None, *args, None, None, torch.float32, "reference")
+    torch.testing.assert_close(y, x @ humming.dequantize(a.replace(zeros=zeros)).T)
+
+
+def test_nn_modules_serve_their_buffers(seed) -> None:
+    """A replaced buffer (an assignment, load_state_dict(assign=True)) is what the module runs."""
+    x = _x()
+    w1, w2 = humming.quantize(torch.randn(16, 64), "int4", 32), humming.quantize(torch.randn(16, 64), "int4", 32)
+    layer = humming.nn.QuantizedLinear(w1)
+    layer.load_state_dict(humming.nn.QuantizedLinear(w2).state_dict(), assign=True)
+    torch.testing.assert_close(layer(x), x @ humming.dequantize(w2).T)
+    layer.scales = w2.scales * 2
+    torch.testing.assert_close(layer(x), x @ (2 * humming.dequantize(w2)).T)
+
+
+def test_quantize_model_quantizes_every_name_of_a_shared_layer() -> None:
+    model, shared = torch.nn.Module(), torch.nn.Linear(64, 16)
+    model.a, model.b = shared, shared
+    humming.nn.quantize_model(model, progress=False, ignore=())
+    assert isinstance(model.a, humming.nn.QuantizedLinear) and model.a is model.b
+
+
+def test_save_writes_through_a_symlink(tmp_path) -> None:
+    """A symlink stays a symlink; the file it points to holds the weight."""
+    target, link = tmp_path / "target.safetensors", tmp_path / "link.safetensors"
+    target.write_bytes(b"old")
+    link.symlink_to(target)
+    qw = _w()
+    humming.save(qw, link)
+    assert link.is_symlink() and torch.equal(humming.load(target).qweight, qw.qweight)
+
+
+def test_save_copies_shared_tensors(tmp_path) -> None:
+    qw = _w()
+    humming.save({"a": qw, "b": qw}, tmp_path / "s.safetensors")
+    loaded = humming.load(tmp_path / "s.safetensors")
+    assert sorted(loaded) == ["a", "b"] and torch.equal(loaded["b"].scales, qw.scales)
+
+
+def test_explain_does_not_allocate_the_input() -> None:
+    """10^12 tokens of 64 columns would be 128 TB: the plan is made without an input of that size."""
+    assert humming.explain(_w(), 10**12, dtype=torch.float32).kernel == "reference"
+    assert humming.explain(_experts(), 10**12, dtype=torch.float32).kernel == "reference"
+
+
+def test_quantized_linear_takes_no_tokens() -> None:
+    layer = humming.nn.QuantizedLinear(_w(), act="fp8", act_scale=torch.tensor(0.1))
+    assert layer(torch.randn(0, 64)).shape == (0, 16)
+
+
+@pytest.mark.parametrize("value", ["false", "no", "off", "0", "OFF", " False "])
+def test_a_flag_reads_off(value: str, monkeypatch) -> None:
+    monkeypatch.setenv("HUMMING_DETERMINISTIC", value)
+    assert humming.is_deterministic() is False
+
+
+@pytest.mark.parametrize("value", ["true", "yes", "on", "1", "TRUE"])
+def test_a_flag_reads_on(value: str, monkeypatch) -> None:
+    monkeypatch.setenv("HUMMING_DETERMINISTIC", value)
+    assert humming.is_deterministic() is True
+
+
+def test_env_reads_the_environment_through_os_environ(monkeypatch) -> None:
+    """humming._env reads ``os.environ`` itself, not CPython's private byte dictionary behind it: a plain
+    mapping put in its place is what it sees."""
+    import humming._env as env_module
+
+    monkeypatch.setattr(os, "environ", {**os.environ, "HUMMING_BACKEND": "reference"})
+    assert env_module.env("HUMMING_BACKEND") == "reference"
+
+
 # -------------------------------------------------------------------------------- python -m humming tune
 #: (label, argv, the option the error names): argparse exits with status 2 and names it on stderr.
 TUNE_CASES = [
@@ -540,4 +1200,4 @@ def test_bad_input(case: Case, tmp_path) -> None:
 
 
 def test_case_count() -> None:
-    assert len(CASES) + len(TUNE_CASES) >= 250, len(CASES) + len(TUNE_CASES)
+    assert len(CASES) + len(TUNE_CASES) >= 450, len(CASES) + len(TUNE_CASES)

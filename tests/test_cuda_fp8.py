@@ -479,8 +479,9 @@ def test_mxfp4_that_cannot_be_folded_exactly_is_refused():
         fp8_gemm.prepare(wide)
     exps[5, 6] = 120 - 11  # 12 binades: folded
     assert fp8_gemm.weight_unsupported(_mx_weight(n, k, exps)) is None
-    exps[5, 6] = 255  # e8m0 NaN
-    assert "e8m0 NaN" in fp8_gemm.weight_unsupported(_mx_weight(n, k, exps))
+    exps[5, 6] = 255  # e8m0 NaN: no weight holds one
+    with pytest.raises(ValueError, match=r"scales: expected finite values, got nan at index \[5, 6\]"):
+        _mx_weight(n, k, exps)
     x = torch.empty(4, 256, dtype=torch.bfloat16)
     narrow = _mx_weight(n, k, torch.full((n, k // 32), 120))
     assert "per-token or per-tensor" in fp8_gemm.unsupported(narrow, get_act_scheme("fp8_g128"), x)

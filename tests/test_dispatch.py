@@ -142,7 +142,7 @@ def test_overrides_and_cpu(monkeypatch):
     monkeypatch.setenv("HUMMING_BACKEND", "triton")
     assert dispatch.plan_linear(_weight(), None, x).kernel == "triton.wna16"
     monkeypatch.setenv("HUMMING_BACKEND", "tpu")
-    with pytest.raises(ValueError, match="backend: expected one of"):
+    with pytest.raises(ValueError, match="HUMMING_BACKEND: expected one of"):
         dispatch.plan_linear(qw, None, x)
     monkeypatch.delenv("HUMMING_BACKEND")
     cuda_reasons = r"backend 'cuda' cannot run this call: cuda\.wna16_sm90: .*cuda\.wna16_decode: "

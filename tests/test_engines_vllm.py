@@ -1,107 +1,191 @@
-"""humming.engines.vllm against vLLM's real base classes (skipped where vLLM does not import): the hooks vLLM
-calls (create_weights, the parameters' weight_loader as vLLM's loader calls it, process_weights_after_loading,
-apply) on the real-producer checkpoints, fused QKV / gate-up shards and a tensor-parallel rank included."""
+"""humming.engines.vllm inside vLLM's real code (skipped where vLLM does not import; CI does not install it).
+
+Runs on CPU with vLLM's CPU platform (``VLLM_TARGET_DEVICE=cpu``) and a one-process gloo group, so vLLM's own
+layer classes (``QKVParallelLinear``, ``MergedColumnParallelLinear``, ``RowParallelLinear``,
+``ReplicatedLinear``), parameter classes and weight loaders run unchanged. The one stand-in: a tensor-parallel
+rank other than 0 of 1 is vLLM's ``get_tensor_model_parallel_rank`` / ``_world_size`` patched to return it (a
+real TP group needs one process per rank)."""
 
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import humming
-
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM resolves its platform
 pytest.importorskip("vllm.model_executor.layers.linear", reason="vLLM is not installed (or does not import)")
-from vllm.model_executor.layers.linear import LinearMethodBase
-from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+import engine_layers as cases
+import vllm.model_executor.layers.linear as vllm_linear
+import vllm.model_executor.parameter as vllm_parameter
+from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+from vllm.model_executor.layers.linear import (
+    UnquantizedLinearMethod,
+)
+from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.plugins import load_plugins_by_group
+from vllm.utils.import_utils import has_humming
 
-from humming.engines.vllm import HummingConfig, HummingLinearMethod
+import humming
+from humming.engines.vllm import HummingConfig, HummingLinearMethod, HummingMoEMethod, capture_sizes
+from humming.engines.vllm_plugin import register
 
-DATA = Path(__file__).parent / "data" / "checkpoints"
-PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
-LAYERS = [  # (vLLM layer, shard ids of the checkpoint modules it fuses)
-    ("model.layers.0.self_attn.qkv_proj", {"q_proj": "q", "k_proj": "k", "v_proj": "v"}),
-    ("model.layers.0.mlp.gate_up_proj", {"gate_proj": 0, "up_proj": 1}),
-    ("model.layers.0.mlp.down_proj", {"down_proj": None}),
-]
-
-
-def _config(name: str) -> HummingConfig:
-    qconfig = json.loads((DATA / name / "config.json").read_text())["quantization_config"]
-    config = HummingConfig.from_config(qconfig)
-    config.packed_modules_mapping = dict(PACKED)
-    return config
+ROOT = Path(__file__).resolve().parents[1]
+MOE = cases.DATA.parent / "moe_gptq_w4_g128"
 
 
-def _load_layer(config: HummingConfig, prefix: str, shards: dict, tensors: dict, tp=(0, 1)) -> torch.nn.Module:
-    """What vLLM does for one linear layer: create_weights, then each checkpoint tensor through its
-    parameter's weight_loader (shard id on the tensor, as vLLM 0.33's WeightsMapper sets it), then
-    process_weights_after_loading."""
-    layer = torch.nn.Module()
-    layer.tp_rank, layer.tp_size = tp
-    method = HummingLinearMethod(config, prefix)
-    method.create_weights(layer, 0, [], 0, 0, torch.bfloat16, weight_loader=None)
-    head = prefix.rpartition(".")[0]
-    for module, shard in shards.items():
-        for key, tensor in tensors.items():
-            owner, _, leaf = key.rpartition(".")
-            if owner == f"{head}.{module}" and leaf != "bias":
-                param = getattr(layer, leaf)
-                tensor = tensor.clone()
-                if shard is not None:
-                    tensor.shard_id = shard
-                param.weight_loader(param, tensor)
-    method.process_weights_after_loading(layer)
-    layer.quant_method = method
-    return layer
+@pytest.fixture(scope="module", autouse=True)
+def vllm_process():
+    """What a vLLM worker sets up before it builds a model: its config and a (one-process) TP group."""
+    config = VllmConfig()
+    config.compilation_config.cudagraph_capture_sizes = [24, 1, 2, 4, 8, 16]  # CPU captures none: as on CUDA
+    with set_current_vllm_config(config):
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, distributed_init_method=f"file://{tempfile.mkstemp()[1]}",
+            backend="gloo",
+        )  # fmt: skip
+        initialize_model_parallel(1)
+        yield
 
 
-def test_registered_with_vllm():
-    # vLLM's own get_quantization_config cannot be called here: it imports vLLM's built-in humming-kernels
-    # method, whose package is also named humming (see humming/engines/vllm.py)
-    from vllm.model_executor.layers.quantization import _CUSTOMIZED_METHOD_TO_QUANT_CONFIG
-
-    assert "humming_ir" in QUANTIZATION_METHODS and _CUSTOMIZED_METHOD_TO_QUANT_CONFIG["humming_ir"] is HummingConfig
-    assert issubclass(HummingConfig, QuantizationConfig) and issubclass(HummingLinearMethod, LinearMethodBase)
-    assert _config("awq_w4_g128").get_quant_method(torch.nn.LayerNorm(4), "model.norm") is None
+def test_vllm_probe_and_registry():
+    """With humming installed vLLM's probe for humming-kernels is false and every quantization config vLLM
+    ships imports (the import path every quantized model takes)."""
+    assert not has_humming()
+    for method in QUANTIZATION_METHODS:
+        assert issubclass(get_quantization_config(method), QuantizationConfig), method
+    assert get_quantization_config("humming_ir") is HummingConfig
 
 
 @pytest.mark.parametrize(
-    "name", ["autogptq_w4_g128_sym", "awq_w4_g128", "ct_fp8_block", "ct_w8a8_int8", "modelopt_nvfp4"]
+    "path",
+    [cases.DATA / "autogptq_w4_g128_sym", cases.DATA / "ct_fp8_block", cases.DATA / "modelopt_nvfp4", MOE],
+    ids=lambda path: path.name,
 )
+def test_vllm_selects_the_method(path):
+    """vLLM's own checkpoint detection (ModelConfig) keeps its choice unless humming_ir is asked for."""
+    default = ModelConfig(model=str(path), skip_tokenizer_init=True)
+    assert default.quantization not in (None, "humming_ir")
+    chosen = ModelConfig(model=str(path), quantization="humming_ir", skip_tokenizer_init=True)
+    assert chosen.quantization == "humming_ir"
+
+
+@pytest.mark.parametrize("name", cases.FIXTURES)
 def test_layers_equal_humming(name, seed):
-    """Each fused layer computes humming.linear on the exact concatenation of its modules' weights, with the
-    checkpoint's activation scheme."""
-    config = _config(name)
-    tensors = load_file(DATA / name / "model.safetensors")
-    qws = humming.load_checkpoint(DATA / name)
-    acts = humming.loaders.activation_schemes(DATA / name)
-    for prefix, shards in LAYERS:
-        if name == "ct_fp8_block" and "qkv" in prefix:  # 96-row k / v in 128x128 blocks: no exact join
-            with pytest.raises(ValueError, match=r"straddle two parts"):
-                _load_layer(config, prefix, shards, tensors)
-            continue
-        layer = _load_layer(config, prefix, shards, tensors)
-        head = prefix.rpartition(".")[0]
-        parts = [qws[f"{head}.{m}"] for m in shards]
-        expect_w = humming.concat(parts) if len(parts) > 1 else parts[0]
-        act = acts[f"{head}.{next(iter(shards))}"][0]
-        x = torch.randn(5, expect_w.K, dtype=torch.bfloat16)
-        got = layer.quant_method.apply(layer, x)
-        assert torch.equal(got, humming.linear(x, expect_w, act=act)), f"{prefix}"
-        assert not hasattr(layer, "qweight") and not hasattr(layer, "weight_scale")  # placeholders dropped
+    """Each of vLLM's layers, loaded through its own weight loaders, computes what humming computes on the
+    checkpoint's modules."""
+    cases.check_layers(vllm_linear, HummingConfig, HummingLinearMethod, name)
 
 
-def test_tensor_parallel_rank():
-    """Rank 1 of 2: column-parallel layers take their half of each fused shard before joining them."""
-    config = _config("ct_w4a16_g128_sym")
-    tensors = load_file(DATA / "ct_w4a16_g128_sym" / "model.safetensors")
-    qws = humming.load_checkpoint(DATA / "ct_w4a16_g128_sym")
-    prefix, shards = LAYERS[1]
-    layer = _load_layer(config, prefix, shards, tensors, tp=(1, 2))
-    head = prefix.rpartition(".")[0]
-    expect = humming.concat([qws[f"{head}.{m}"].shard(0, 1, 2) for m in shards])
-    assert torch.equal(humming.dequantize(layer.humming.weight), humming.dequantize(expect))
+def test_ignored_layers_stay_unquantized():
+    cases.check_ignored(vllm_linear, HummingConfig, UnquantizedLinearMethod)
+
+
+@pytest.mark.parametrize(("rank", "world", "kind"), [(3, 5, "mlp"), (1, 2, "qkv"), (3, 4, "qkv"), (5, 8, "qkv")])
+def test_tensor_parallel_rank_and_replicated_kv_heads(monkeypatch, rank, world, kind, seed):
+    """Rank ``rank`` of ``world``: q, gate / up take their part along N, down along K; with more ranks than
+    the fixture's 2 KV heads vLLM replicates each on ``world // 2`` ranks and gives rank r head ``r // (world //
+    2)``."""
+    for module in (vllm_linear, vllm_parameter):
+        monkeypatch.setattr(module, "get_tensor_model_parallel_rank", lambda: rank)
+        monkeypatch.setattr(module, "get_tensor_model_parallel_world_size", lambda: world)
+    name = "autogptq_w4_g128_sym"
+    config, tensors = cases.humming_config(HummingConfig, name), load_file(cases.DATA / name / "model.safetensors")
+    qws = humming.load_checkpoint(cases.DATA / name)
+    kv_heads = json.loads((cases.DATA / name / "config.json").read_text())["num_key_value_heads"]
+    kv_part = (0, rank // (world // kv_heads), kv_heads) if world > kv_heads else (0, rank, world)
+    parts = {"q": (0, rank, world), "k": kv_part, "v": kv_part, 0: (0, rank, world), 1: (0, rank, world)}
+    for layer, shards in cases.layers(vllm_linear, config, name, kind):
+        cases.load(layer, shards, tensors)
+        x = torch.randn(3, layer.input_size_per_partition, dtype=torch.bfloat16)
+        expect = cases.expected(x, [qws[m].shard(*parts.get(s, (1, rank, world))) for m, s in shards.items()], None)
+        assert torch.equal(layer.quant_method.apply(layer, x), expect), shards
+
+
+def test_warmup_sizes_are_vllm_capture_sizes():
+    assert capture_sizes() == (1, 2, 4, 8, 16, 24)
+
+
+def test_moe_experts_equal_fused_moe(seed):
+    """vLLM's routed experts (FusedMoEFactory's RoutedExperts) on the GPTQ MoE fixture, loaded expert by expert
+    through vLLM's expert weight loader, compute humming.moe.fused_moe on the checkpoint's experts."""
+    from vllm.model_executor.layers.fused_moe import FusedMoEFactory, fused_moe_make_expert_params_mapping
+
+    hf = json.loads((MOE / "config.json").read_text())
+    config = HummingConfig(hf["quantization_config"])
+    prefix = "model.layers.0.mlp.experts"
+    runner = FusedMoEFactory(
+        num_experts=hf["num_experts"],
+        top_k=hf["num_experts_per_tok"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["moe_intermediate_size"],
+        params_dtype=torch.bfloat16,
+        quant_config=config,
+        prefix=prefix,
+    )
+    experts = runner.routed_experts
+    assert isinstance(experts.quant_method, HummingMoEMethod)
+    params = dict(experts.named_parameters())
+    mapping = fused_moe_make_expert_params_mapping(experts, "gate_proj", "down_proj", "up_proj", hf["num_experts"])
+    for key, tensor in load_file(MOE / "model.safetensors").items():
+        for param_name, weight_name, expert_id, shard_id in mapping:
+            if weight_name in key:  # what Qwen2-MoE's load_weights does, relative to the routed experts
+                name = key.replace(weight_name, param_name).rpartition("routed_experts.")[2]
+                if name in params:  # g_idx without act-order: vLLM's GPTQ experts keep none either
+                    params[name].weight_loader(params[name], tensor, name, shard_id=shard_id, expert_id=expert_id)
+    experts.quant_method.process_weights_after_loading(experts)
+    qws = humming.load_checkpoint(MOE)
+    w13 = humming.concat([qws[f"{prefix}.gate_proj"], qws[f"{prefix}.up_proj"]], dim=1)
+    x = torch.randn(7, hf["hidden_size"], dtype=torch.bfloat16)
+    topk_weights, topk_ids = torch.rand(7, 2).softmax(-1), torch.stack([torch.randperm(4)[:2] for _ in range(7)])
+    got = experts.quant_method.apply(experts, x, topk_weights, topk_ids.to(torch.int32), None, None)
+    expect = humming.moe.fused_moe(x, w13, qws[f"{prefix}.down_proj"], topk_weights, topk_ids.to(torch.int32))
+    assert torch.equal(got, expect)
+
+
+def test_plugin_entry_point_is_found_and_run(tmp_path, monkeypatch):
+    """pyproject's ``vllm.general_plugins`` entry point, as pip installs it (a dist-info's entry_points.txt),
+    is what vLLM's plugin loader finds; running it keeps the probe false and registers humming_ir."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    dist = tmp_path / "humming-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: humming\nVersion: 0.1.0\n")
+    points = project["entry-points"]["vllm.general_plugins"]
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\n" + "".join(f"{k} = {v}\n" for k, v in points.items())
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = load_plugins_by_group("vllm.general_plugins")
+    assert plugins["humming"] is register
+    plugins["humming"]()
+    assert not has_humming() and get_quantization_config("humming_ir") is HummingConfig
+
+
+def test_spawned_worker_unpickles_its_quantization_config(tmp_path):
+    """A worker started with ``spawn`` unpickles its config, importing vLLM's quantization modules (which call
+    has_humming() when imported), before it loads vLLM's plugins: humming's import inside that probe fails, so
+    the probe answers False there too and the worker starts."""
+    qconfig = json.loads((cases.DATA / "autogptq_w4_g128_sym" / "config.json").read_text())["quantization_config"]
+    (tmp_path / "config.pkl").write_bytes(pickle.dumps(get_quantization_config("auto_gptq").from_config(qconfig)))
+    code = (
+        "import pickle, sys; config = pickle.loads(open(sys.argv[1], 'rb').read()); "
+        "from vllm.utils.import_utils import has_humming; print(type(config).__name__, has_humming())"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "config.pkl")],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["AutoGPTQConfig", "False"], result.stdout

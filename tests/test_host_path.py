@@ -15,19 +15,21 @@ import torch
 from triton.compiler import CompiledKernel
 
 import humming
-from humming._env import getenv
+from humming._env import env
 from humming.triton_kernels._launch import CompiledLaunches
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_getenv_sees_changes_at_once(monkeypatch):
-    monkeypatch.delenv("HUMMING_TEST_VARIABLE", raising=False)
-    assert getenv("HUMMING_TEST_VARIABLE") is None and getenv("HUMMING_TEST_VARIABLE", "auto") == "auto"
-    monkeypatch.setenv("HUMMING_TEST_VARIABLE", "triton")
-    assert getenv("HUMMING_TEST_VARIABLE", "auto") == "triton"
-    monkeypatch.setenv("HUMMING_TEST_VARIABLE", "")
-    assert getenv("HUMMING_TEST_VARIABLE", "auto") == ""
+def test_env_sees_changes_at_once(monkeypatch):
+    monkeypatch.delenv("HUMMING_BACKEND", raising=False)
+    assert env("HUMMING_BACKEND") == "auto"
+    monkeypatch.setenv("HUMMING_BACKEND", "triton")
+    assert env("HUMMING_BACKEND") == "triton"
+    monkeypatch.setenv("HUMMING_BACKEND", "reference")
+    assert env("HUMMING_BACKEND") == "reference"
+    monkeypatch.setenv("HUMMING_BACKEND", "")
+    assert env("HUMMING_BACKEND") == "auto"
 
 
 class _Compiled(CompiledKernel):

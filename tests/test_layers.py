@@ -21,6 +21,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "humming"
+#: the import-time check (standard library only), which every layer may run
+CHECK = "humming._install_check"
 
 
 def _modules() -> dict[str, Path]:
@@ -124,16 +126,16 @@ def test_the_graph_follows_lazy_and_by_name_imports():
 
 
 def test_ir_imports_only_the_ir():
-    assert not _wrong(_imports(_modules()), ("humming.ir",), allowed=("humming.ir",))
+    assert not _wrong(_imports(_modules()), ("humming.ir",), allowed=("humming.ir", CHECK))
 
 
-def test_device_facts_and_the_kernel_protocol_import_nothing_of_humming():
+def test_device_facts_the_kernel_protocol_and_the_environment_import_nothing_of_humming():
     graph = _imports(_modules())
-    assert not graph["humming.device"] and not graph["humming.kernel"]
+    assert not any(graph[name] for name in ("humming.device", "humming.kernel", "humming._env", CHECK))
 
 
 def test_loaders_import_only_the_ir():
-    assert not _wrong(_imports(_modules()), ("humming.loaders",), allowed=("humming.loaders", "humming.ir"))
+    assert not _wrong(_imports(_modules()), ("humming.loaders",), allowed=("humming.loaders", "humming.ir", CHECK))
 
 
 def test_the_references_import_only_the_ir():
@@ -144,10 +146,11 @@ def test_the_references_import_only_the_ir():
 
 
 def test_kernels_import_only_downward():
-    """The IR, the references, the device facts and the kernel protocol; the CUDA backend also runs the Triton
-    activation quantizer (the pass before its GEMMs), and nothing else of the Triton backend."""
+    """The IR, the references, the device facts, the kernel protocol, the environment reader and the import-time
+    check; the CUDA backend also runs the Triton activation quantizer (the pass before its GEMMs), and nothing
+    else of the Triton backend."""
     graph = _imports(_modules())
-    below = ("humming.ir", "humming.reference", "humming.device", "humming.kernel")
+    below = ("humming.ir", "humming.reference", "humming.device", "humming.kernel", "humming._env", CHECK)
     assert not _wrong(graph, ("humming.triton_kernels",), allowed=("humming.triton_kernels", *below))
     cuda = ("humming.cuda_kernels", "humming.triton_kernels.act_quant", *below)
     assert not _wrong(graph, ("humming.cuda_kernels",), allowed=cuda)

@@ -73,6 +73,50 @@ def test_act_quant_values_are_the_codes_values(case, seed, device):
     assert torch.equal(scales, ref.scales), str(case)
 
 
+def _non_finite(dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Six rows of 96 (three 32-groups): NaN in row 1, +Inf in row 3, -Inf in row 4, row 5 all -Inf (a span
+    whose absmax is then 0); rows 0 and 2 finite."""
+    x = torch.randn(6, 96, dtype=torch.float64)
+    x[1, 3], x[3, 40], x[4, 95], x[5] = float("nan"), float("inf"), float("-inf"), float("-inf")
+    return x.to(dtype).to(device)
+
+
+_NON_FINITE_ROWS = [False, True, False, True, True, True]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # NaN arithmetic under the interpreter
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("act", list(humming.ACT_SCHEMES))
+def test_non_finite_activations_one_rule(act, dtype, device):
+    """README, "Non-finite activations", as the quantizers hold it: a NaN or Inf element gets its format's NaN
+    code (code 0 where the format has none), a per-token or per-group scale whose span holds one is NaN, and a
+    per-tensor scale (and NVFP4's global scale) ignores them. The Triton pass and the reference agree bit for
+    bit, and the dequantized rows that held one are NaN, the others finite: the row-only rule, but for
+    int8_tensor, whose codes have no NaN (humming.linear marks those rows itself)."""
+    x = _non_finite(dtype, device)
+    ref = humming.quantize_activation(x, act)
+    _assert_same(quantize_activation(x, act), ref, f"{act} {dtype}")
+    # a scale over the whole tensor is the one it has without those values
+    without = humming.quantize_activation(torch.where(torch.isfinite(x), x, torch.zeros_like(x)), act)
+    if humming.ACT_SCHEMES[act].group == "tensor":
+        assert_bit_exact(ref.scales, without.scales, f"{act} tensor scale")
+    if ref.global_scale is not None:
+        assert torch.equal(ref.global_scale, without.global_scale), act
+    rows = (~torch.isfinite(humming.dequantize_activation(ref))).any(1).tolist()
+    assert rows == ([False] * 6 if act == "int8_tensor" else _NON_FINITE_ROWS), f"{act}: non-finite rows {rows}"
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+@pytest.mark.parametrize("act", ["fp8", "fp8_tensor", "int8", "int8_tensor", "fp8_g128"])
+def test_non_finite_activations_static_scale(act, device):
+    """With a static scale the same codes (NaN code or 0) on both backends; the scale stays as given."""
+    x = _non_finite(torch.float16, device)
+    scale = torch.tensor(0.01, device=device)
+    ref = humming.quantize_activation(x, act, scale=scale)
+    _assert_same(quantize_activation(x, act, scale=scale), ref, act)
+    assert torch.isfinite(ref.scales).all(), act
+
+
 def test_act_quant_values_refuse_other_schemes():
     with pytest.raises(ValueError, match="e4m3 schemes with float32 scales"):
         quantize_activation_values(torch.randn(2, 64), "int8")

@@ -165,6 +165,37 @@ def test_humming_linear_dispatch(seed, device):
     _check(y, x, qw, None, "fp8", humming.quantize_activation(x.reshape(6, 128), "fp8"), 1e-6, f"seed={seed}")
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # NaN arithmetic under the interpreter
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_fp8_nan_codes_make_their_row_and_column_nan(backend, seed, device):
+    """An e4m3 NaN code (0x7F) in pre-quantized activations makes its output row NaN, one in an e4m3 weight its
+    column, on every backend (the interpreter's fp8 dot decodes NaN codes too); the other outputs stay finite."""
+    x = torch.randn(3, 64, device=device)
+    qa = humming.quantize_activation(x, "fp8")
+    codes = qa.codes.clone()
+    codes[1, 3] = 0x7F
+    qw = humming.quantize(torch.randn(16, 64, device=device), "e4m3", group_size=-1, scale_dtype=torch.float32)
+    y = humming.linear(humming.QuantizedActivation(qa.scheme, codes, qa.scales), qw, backend=backend)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all(), f"{backend} seed={seed}"
+    weight_codes = humming.ir.unpacked_codes(qw).clone()
+    weight_codes[2, 5] = 0xFF
+    w_nan = qw.replace(qweight=humming.ir.pack_codes(weight_codes, 8))
+    y = humming.linear(x.half(), w_nan, act="fp8", backend=backend, out_dtype=torch.float32)
+    assert torch.isnan(y[:, 2]).all() and torch.isfinite(y[:, [0, 1, *range(3, 16)]]).all(), f"{backend} seed={seed}"
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+@pytest.mark.parametrize("act", ["fp8_tensor", "int8_tensor", "nvfp4"])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_one_nan_activation_makes_one_nan_row(act, backend, seed, device):
+    """A tensor-wide scale ignores the NaN: only its row of the output is NaN, on every backend."""
+    x = torch.randn(4, 64, device=device, dtype=torch.bfloat16)
+    x[2, 9] = float("nan")
+    qw = humming.quantize(torch.randn(16, 64, device=device), "int8" if act == "int8_tensor" else "int4", 32)
+    y = humming.linear(x, qw, act=act, backend=backend)
+    assert torch.isnan(y[2]).all() and torch.isfinite(y[[0, 1, 3]]).all(), f"{act} {backend} seed={seed}"
+
+
 def test_unsupported_reasons():
     x = torch.zeros(2, 64, dtype=torch.bfloat16)
     fp8 = humming.ACT_SCHEMES["fp8"]

@@ -39,6 +39,8 @@ from functools import partial
 from importlib import metadata
 from pathlib import Path
 
+from .._env import env
+
 __all__ = ["CONFIGS", "DISTRIBUTION", "Worker", "find_site", "grouped_inputs", "serve"]
 
 DISTRIBUTION = "humming-kernels"
@@ -81,8 +83,8 @@ def find_site(site: str | None = None) -> tuple[str, str] | str:
 
     ``site``: that directory (``pip install --no-deps --target DIR humming-kernels==0.1.19``); ``None``:
     ``$HUMMING_KERNELS_SITE``, else wherever the distribution is installed on ``sys.path``."""
-    site = site or os.environ.get("HUMMING_KERNELS_SITE")
-    dists = metadata.distributions(path=[site]) if site else metadata.distributions()
+    site = site or env("HUMMING_KERNELS_SITE")
+    dists = metadata.distributions(path=[str(site)]) if site else metadata.distributions()
     for dist in dists:
         if (dist.metadata["Name"] or "").lower() == DISTRIBUTION:
             root = Path(dist.locate_file(""))

@@ -35,6 +35,7 @@ kernel raises ``KernelNotReadyError`` during capture).
 
 from __future__ import annotations
 
+from .. import _install_check  # noqa: F401  (its import is the check; before ..device, which it guards)
 from ..ir.activation import get_act_scheme
 from . import _wna16, fp4_gemm, fp8_gemm
 from ._support import runtime_unavailable as unavailable

@@ -29,11 +29,12 @@ from pathlib import Path
 import filelock
 import platformdirs
 
+from .._env import env
+
 __all__ = ["CacheEntry", "cache_dir", "get_or_build", "read_entry"]
 
 _MAGIC = b"HMCUBIN2"
 _HEADER = struct.Struct("<8s32sQQ32s")  # magic, key (sha256), cubin length, log length, sha256(cubin + log)
-_DEFAULT_LOCK_TIMEOUT_S = 600.0
 _UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
@@ -49,7 +50,7 @@ class CacheEntry:
 def cache_dir() -> Path:
     """``$HUMMING_CACHE_DIR/cuda``, default the user cache folder's ``humming/cuda`` (``platformdirs``:
     ``$XDG_CACHE_HOME/humming/cuda``, else ``~/.cache/humming/cuda`` on Linux)."""
-    root = os.environ.get("HUMMING_CACHE_DIR") or platformdirs.user_cache_dir("humming", appauthor=False)
+    root = env("HUMMING_CACHE_DIR") or platformdirs.user_cache_dir("humming", appauthor=False)
     return Path(root) / "cuda"
 
 
@@ -78,12 +79,8 @@ def read_entry(path: Path, key: str) -> CacheEntry | None:
 
 
 def lock_timeout_s() -> float:
-    """Seconds to wait for another process's lock on an entry (``HUMMING_CACHE_LOCK_TIMEOUT``)."""
-    value = os.environ.get("HUMMING_CACHE_LOCK_TIMEOUT")
-    try:
-        return float(value) if value else _DEFAULT_LOCK_TIMEOUT_S
-    except ValueError:
-        raise ValueError(f"HUMMING_CACHE_LOCK_TIMEOUT: expected a number of seconds, got {value!r}") from None
+    """Seconds to wait for another process's lock on an entry (``HUMMING_CACHE_LOCK_TIMEOUT``, finite)."""
+    return env("HUMMING_CACHE_LOCK_TIMEOUT")
 
 
 @contextlib.contextmanager
@@ -155,7 +152,13 @@ def get_or_build(path: Path, key: str, build: Callable[[], tuple[bytes, str]]) -
 
 
 def _build_locked(path: Path, key: str, build: Callable[[], tuple[bytes, str]]) -> CacheEntry:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError, FileNotFoundError) as err:  # a file on the way, no such root
+        raise ValueError(
+            f"HUMMING_CACHE_DIR: the CUDA kernel cache folder {path.parent} cannot be made ({err.strerror}); "
+            "set HUMMING_CACHE_DIR to a folder that can"
+        ) from None
     with _file_lock(path.with_name(path.name + ".lock"), lock_timeout_s()):
         entry = read_entry(path, key)  # another process may have built it while this one waited
         if entry is not None:

@@ -123,8 +123,8 @@ def _fold_mx(qw) -> _MxFold | str:
 
     Per (row, 128-K block) the top exponent ``t`` of the groups holding a nonzero code goes into the block
     scale as ``2^(t - 6)``; each such group keeps ``d = e - t + 6``, exact in the table while ``d >= -5``
-    (all-zero groups need no shift). Blocks whose groups span more than 12 binades are refused, as are
-    e8m0 NaN scales (0xFF: dequantize gives NaN for the whole group, which the kernel does not reproduce).
+    (all-zero groups need no shift). Blocks whose groups span more than 12 binades are refused (e8m0 NaN
+    scales cannot occur: QuantizedWeight refuses non-finite scales).
     """
     fold = _mx_folds.get(qw)
     if fold is None:
@@ -138,9 +138,6 @@ def _compute_mx_fold(qw) -> _MxFold | str:
     n, k = qw.N, qw.K
     n_pad, k_pad, groups = cdiv(n, 128) * 128, cdiv(k, 128) * 128, cdiv(k, 32)
     raw = qw.scales.view(torch.uint8)
-    if bool((raw == 0xFF).any()):
-        row, group = (int(i) for i in (raw == 0xFF).nonzero()[0])
-        return f"MXFP4 scale ({row}, {group}) is the e8m0 NaN (0xFF); the W4A8 GEMM does not compute NaN weights"
     exps = raw.to(torch.int32).repeat_interleave(qw.group_size // 32, dim=1)[:, :groups] - 127
     magnitudes = F.pad(unpacked_codes(qw) & 7, (0, groups * 32 - k)).view(n, groups, 32)
     dead = -(1 << 20)  # below every e8m0 exponent: groups without a nonzero code, and the padding

@@ -25,7 +25,6 @@ import functools
 import json
 import logging
 import math
-import os
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .._env import getenv
+from .._env import env
 from ..deterministic import is_deterministic
 from ..ir.dtypes import FLOAT_DTYPES
 from .kernels import BACKENDS, DENSE_KERNELS, GROUPED_KERNELS, Kernel, backend_module
@@ -129,7 +128,7 @@ def _table_for(device: torch.device) -> Table | None:
     from ..device import device_info
 
     info = device_info(device)
-    tables = load_tables(os.environ.get("HUMMING_TABLES_DIR") or str(TABLES_DIR))
+    tables = load_tables(str(env("HUMMING_TABLES_DIR") or TABLES_DIR))
     return next((t for t in tables if (t.capability, t.sm_count) == (info.capability, info.sm_count)), None)
 
 
@@ -179,7 +178,7 @@ _warned: set = set()
 def requested_backend(backend: str) -> str:
     """The backend a call asks for: ``backend``, with ``HUMMING_BACKEND`` in place of ``"auto"`` when set."""
     if backend == "auto":
-        backend = getenv("HUMMING_BACKEND", "auto") or "auto"
+        backend = env("HUMMING_BACKEND")
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {['auto', *BACKENDS]}, got {backend!r}")
     return backend
@@ -236,7 +235,7 @@ def _cached(qweight, key, decide) -> Plan:
             raise RuntimeError(_unwarmed(qweight, key))
         plan = decide()
         plans[key] = plan
-        if os.environ.get("HUMMING_LOG_DISPATCH", "0") not in ("", "0"):
+        if env("HUMMING_LOG_DISPATCH"):
             log.warning("humming dispatch: %s %s act=%s M=%d -> %s", qweight.describe(), key[0], key[2], key[5], plan)
     return plan
 
@@ -338,22 +337,26 @@ def explain(qweight, m: int, act=None, *, dtype: torch.dtype = torch.bfloat16, b
     blocks of ``min(m, 64)`` rows rounded to 16) would follow for ``m`` tokens of ``dtype`` on the weight's
     device. ``print(humming.explain(qw, 16, act="fp8"))`` shows the kernel, its tuning, where the choice
     came from and why every other kernel was not taken."""
+    from ..ir._checks import as_index
     from ..ir.activation import get_act_scheme
     from ..ir.weight import QuantizedWeight
 
     if not isinstance(qweight, QuantizedWeight):
         raise TypeError(f"qweight: expected a humming.QuantizedWeight, got {type(qweight).__name__}")
     act = None if act is None else get_act_scheme(act)
-    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-        raise ValueError(f"m: expected a positive number of tokens, got {m!r}")
+    m = as_index("m", m)
+    largest = (2**63 - 1) // (qweight.K + 64)  # an [m, K] tensor's element count (grouped: m rounded up) fits
+    if not 1 <= m <= largest:
+        raise ValueError(f"m: expected a positive number of tokens up to {largest}, got {m!r}")
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dtype: expected torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
-    x = torch.empty(m, qweight.K, dtype=dtype, device=qweight.device)
+    # One row of memory seen as m rows (stride 0): a plan reads the activations' shape, dtype, device and
+    # alignment, never their values, and m may be far more tokens than fit in memory.
+    row = torch.empty(1, qweight.K, dtype=dtype, device=qweight.device)
     if qweight.num_experts is not None:
         block_m = 16 * max(1, min(m, 64) // 16)
-        x = torch.empty(-(-m // block_m) * block_m, qweight.K, dtype=dtype, device=qweight.device)
-        return plan_grouped(qweight, act, x, block_m, backend)
-    return plan_linear(qweight, act, x, backend)
+        return plan_grouped(qweight, act, row.expand(-(-m // block_m) * block_m, -1), block_m, backend)
+    return plan_linear(qweight, act, row.expand(m, -1), backend)
 
 
 def prepare(qweight, backend: str = "cuda", act=None):

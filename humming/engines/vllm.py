@@ -1,189 +1,200 @@
-"""A vLLM quantization method on humming: ``quantization="humming_ir"`` for a checkpoint in any format
-:func:`humming.load_checkpoint` reads (GPTQ, AWQ, compressed-tensors, FP8, ModelOpt), dense linears.
+"""A vLLM quantization method on humming's kernels: ``--quantization humming_ir`` serves a GPTQ, AWQ,
+compressed-tensors, FP8 or ModelOpt (NVFP4 / FP8) checkpoint's linear layers with ``humming.linear``.
 
-Importing this module registers :class:`HummingConfig` under the name ``"humming_ir"`` (vLLM's
-``register_quantization_config``; vLLM >= 0.33 has a built-in ``"humming"`` method of its own, on the
-humming-kernels package). Known limit: humming-kernels' import name is also ``humming``, and vLLM 0.33's
-``get_quantization_config`` imports its built-in humming method (``humming.dtypes``) whatever method is asked
-for, so with this package installed that lookup fails (``No module named 'humming.dtypes'``) and the vLLM
-engine cannot start; the hooks below are tested against vLLM's base classes directly.
+Importing this module registers :class:`HummingConfig` as ``"humming_ir"`` (vLLM loads it in each of its
+processes through the ``vllm.general_plugins`` entry point, :mod:`humming.engines.vllm_plugin`).
 
-vLLM hands it the checkpoint's ``quantization_config``; for each linear layer
-:meth:`HummingConfig.get_quant_method` returns a :class:`HummingLinearMethod`, whose hooks vLLM calls:
-
-- ``create_weights`` registers one empty placeholder parameter per tensor name the formats use
-  (``qweight``, ``weight_packed``, ``weight_scale``, ``input_scale``...): vLLM's loader finds them by name,
-  and their ``weight_loader`` keeps each checkpoint tensor whole, by shard (``q`` / ``k`` / ``v``, ``0`` /
-  ``1`` of fused layers). Empty placeholders are exempt from vLLM's every-parameter-loaded check.
-- ``process_weights_after_loading`` decodes each shard with humming's own reader for the format (the same
-  code, bit-exact against the producers), takes this rank's part (``shard``: column-parallel along N,
-  row-parallel along K), joins fused shards (``concat``, exact), reads the activation scheme the checkpoint
-  names, and on CUDA prepares and warms the kernels. A layer the checkpoint leaves unquantized (an
-  ``ignore`` entry) is refused.
+- Selection: vLLM asks every registered method's ``override_quantization_method`` about the checkpoint's
+  ``quantization_config``; this one answers ``"humming_ir"`` only when the user asked for it, so without
+  ``--quantization humming_ir`` vLLM picks the method it always picked.
+- ``get_quant_method``: a layer the checkpoint leaves unquantized (``ignore``, ``modules_to_not_convert``,
+  ``exclude_modules``, GPTQModel ``-:`` rules; for a fused layer, all of its shards) gets vLLM's
+  ``UnquantizedLinearMethod``; other linear layers get :class:`HummingLinearMethod`.
+- ``create_weights`` registers the format's checkpoint tensors as vLLM parameters of this rank's partition
+  sizes (:mod:`._params`), so vLLM's own weight loaders write each shard's slice into place (tensor
+  parallel slicing, fused q / k / v and gate / up shards, replicated KV heads): no full tensor is kept.
+- ``process_weights_after_loading`` splits those parameters back into the layer's shards, decodes each with
+  humming's reader of the format (bit-exact against the producers), joins the shards exactly
+  (``humming.concat``; shards that cannot be joined exactly, such as 2-D weight blocks straddling two shards,
+  run one ``humming.linear`` each, their outputs concatenated), and on CUDA prepares the weights and compiles
+  the kernels of every batch size vLLM captures in CUDA graphs, in the layer's ``params_dtype``.
 - ``apply`` is ``humming.linear`` (one ``torch.ops.humming.linear`` node under vLLM's ``torch.compile``).
+- MoE: vLLM's routed experts (``RoutedExperts``) of GPTQ checkpoints get :class:`HummingMoEMethod`: vLLM's
+  expert weight loader fills expert-stacked parameters of this rank's partition, each expert is decoded and
+  stacked, ``apply`` is ``humming.moe.fused_moe`` on vLLM's routing (``topk_weights`` / ``topk_ids``, its
+  ``expert_map``); other formats' experts are an error naming the supported ones.
 
-Not covered: fused shards whose 2-D weight blocks would straddle two shards (``concat`` refuses: FP8 128x128
-blocks with 96-row k / v projections), MoE layers (``FusedMoE``: no method is returned for them), bitsandbytes
-and gpt-oss checkpoints, per-shard static activation scales that differ within a fused layer.
+Not covered: MoE experts of formats other than GPTQ, MXFP4 (gpt-oss) and bitsandbytes checkpoints, GPTQ
+act-order with a row-parallel split (every rank keeps all groups while ``g_idx`` is split), 3-, 5-, 6- and
+7-bit packings.
 """
 
 from __future__ import annotations
 
+from ._vllm_probe import make_probe_truthful
+
+make_probe_truthful()  # vLLM's quantization modules call has_humming() when they are imported
+
 import torch
-from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, ReplicatedLinear, RowParallelLinear
+from vllm.config import get_current_vllm_config
+from vllm.model_executor import parameter as vllm_parameter
+from vllm.model_executor.layers.fused_moe import (
+    FusedMoEMethodBase,
+    FusedMoeWeightScaleSupported,
+    RoutedExperts,
+    UnquantizedFusedMoEMethod,
+)
+from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
-from ..ir.concat import concat
-from ..ir.dtypes import HALF_DTYPES
-from ..linear import linear
-from ..loaders.activations import reader_activation
-from ..loaders.checkpoint import READERS, open_reader
+from ..ir.concat import concat, stack
+from ..loaders.checkpoint import open_reader
 from ..loaders.errors import UnsupportedFormatError
-from ..nn.linear import QuantizedLinear
+from ..moe import fused_moe
+from ._core import ConfigCore, LinearCore, keeping_checkpoint_dtype, param_classes
+from ._params import is_skipped, leaves, method_of
 
-__all__ = ["HummingConfig", "HummingLinearMethod"]
+__all__ = ["HummingConfig", "HummingLinearMethod", "HummingMoEMethod", "capture_sizes"]
 
-#: every per-module tensor name of the formats this adapter reads
-LEAVES = (
-    "weight",
-    "weight_packed",
-    "weight_scale",
-    "weight_shape",
-    "weight_zero_point",
-    "weight_g_idx",
-    "weight_global_scale",
-    "weight_scale_2",
-    "weight_scale_inv",
-    "input_scale",
-    "input_global_scale",
-    "qweight",
-    "qzeros",
-    "scales",
-    "g_idx",
-)
-_QKV = {"q": 0, "k": 1, "v": 2}
+#: vLLM's MoE activations -> humming.moe.fused_moe's (gate and up rows concatenated, as vLLM loads them)
+MOE_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "swigluoai_uninterleave": "swiglu_oai"}
+#: formats whose experts this adapter serves (weight-only GPTQ: the MoE fixture the tests run)
+MOE_METHODS = ("gptq",)
 
 
 @register_quantization_config("humming_ir")
-class HummingConfig(QuantizationConfig):
-    """The checkpoint's own ``quantization_config``, read by humming."""
+class HummingConfig(ConfigCore, QuantizationConfig):
+    """The checkpoint's own ``quantization_config``, read by humming (:class:`._core.ConfigCore`)."""
 
-    def __init__(self, qconfig: dict, backend: str = "auto"):
-        super().__init__()
-        method = str(qconfig.get("quant_method", "")).lower().replace("_", "-")
-        if method not in READERS or method in ("mxfp4", "bitsandbytes"):
-            raise UnsupportedFormatError(f"humming's vLLM adapter does not read quant_method {method!r}")
-        self.qconfig, self.backend = qconfig, backend
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if isinstance(layer, RoutedExperts):
+            return self._moe_method(layer, prefix)
+        if not isinstance(layer, LinearBase):
+            return None
+        names = self.linear_shards(prefix)
+        return UnquantizedLinearMethod() if names is None else HummingLinearMethod(self, prefix, names)
 
-    def get_name(self) -> str:
-        return "humming_ir"
-
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return list(HALF_DTYPES)
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return 75  # Triton kernels from Turing on
-
-    @staticmethod
-    def get_config_filenames() -> list[str]:
-        return ["hf_quant_config.json"]
-
-    @classmethod
-    def from_config(cls, config: dict) -> HummingConfig:
-        if "quantization" in config and "quant_method" not in config:  # ModelOpt's hf_quant_config.json
-            config = {"quant_method": "modelopt", **config["quantization"]}
-        return cls(config)
-
-    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> HummingLinearMethod | None:
-        if isinstance(layer, LinearBase):
-            return HummingLinearMethod(self, prefix)
-        return None
+    def _moe_method(self, layer, prefix: str):
+        projections = (layer.ckpt_gate_proj_name, layer.ckpt_up_proj_name, layer.ckpt_down_proj_name)
+        names = [f"{prefix}.0.{p}" for p in projections if p]
+        if all(is_skipped(self.qconfig, name) for name in names):
+            return UnquantizedFusedMoEMethod(layer.moe_config)
+        method = method_of(self.qconfig)
+        if method not in MOE_METHODS:
+            raise UnsupportedFormatError(
+                f"{prefix}: humming's vLLM adapter serves {', '.join(MOE_METHODS)} experts, not {method!r} ones"
+            )
+        return HummingMoEMethod(self, prefix, layer.moe_config)
 
 
-class HummingLinearMethod(LinearMethodBase):
-    """One vLLM linear layer (plain, fused QKV or gate/up) on a humming weight."""
+def capture_sizes() -> tuple[int, ...]:
+    """The batch sizes vLLM captures in CUDA graphs (its compilation config), largest last; ``(1,)`` when
+    it captures none."""
+    sizes = get_current_vllm_config().compilation_config.cudagraph_capture_sizes or []
+    return tuple(sorted({1, *sizes}))
 
-    def __init__(self, config: HummingConfig, prefix: str):
+
+class HummingLinearMethod(LinearCore, LinearMethodBase):
+    """One vLLM linear layer on humming weights (:class:`._core.LinearCore`)."""
+
+    PARAMS = param_classes(vllm_parameter)
+    capture_sizes = staticmethod(capture_sizes)
+
+
+class HummingMoEMethod(FusedMoEMethodBase):
+    """vLLM's routed experts (``RoutedExperts``) on ``humming.moe.fused_moe``: every expert's checkpoint
+    tensors loaded by vLLM's expert weight loader into expert-stacked parameters of this rank's partition
+    (w13: gate and up rows side by side, w2: down), decoded by humming's reader and stacked."""
+
+    def __init__(self, config: HummingConfig, prefix: str, moe):
+        super().__init__(moe)
         self.config, self.prefix = config, prefix
 
     def create_weights(
         self,
         layer: torch.nn.Module,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size_per_partition: int,
         params_dtype: torch.dtype,
         **extra_weight_attrs,
     ):
-        layer.humming_tensors = {}  # (shard, leaf) -> checkpoint tensor
+        inter = intermediate_size_per_partition
+        activation = str(getattr(self.moe.activation, "value", self.moe.activation))
+        if activation not in MOE_ACTIVATIONS:
+            raise UnsupportedFormatError(f"{self.prefix}: MoE activation {activation!r} ({sorted(MOE_ACTIVATIONS)})")
+        loader = keeping_checkpoint_dtype(extra_weight_attrs.pop("weight_loader"))
+        extra = {k: v for k, v in extra_weight_attrs.items() if k not in ("global_num_experts", "unpadded_hidden_size")}
+        qconfig = self.config.qconfig
+        layer.humming_leaves = {
+            "w13": (leaves(qconfig, self.prefix, 2 * inter, hidden_size, hidden_size, 2, False), [inter, inter]),
+            "w2": (leaves(qconfig, self.prefix, hidden_size, inter, inter, 1, False), [hidden_size]),
+        }
+        group = int(qconfig.get("group_size", -1))
+        scale_kind = FusedMoeWeightScaleSupported.GROUP if group > 0 else FusedMoeWeightScaleSupported.CHANNEL
+        for stem, (found, sizes) in layer.humming_leaves.items():
+            for leaf in found:
+                if not leaf.decoded:
+                    continue
+                shape = list(leaf.shape)
+                shape[leaf.out_dim] = sum(leaf.rows(n) for n in sizes)
+                param = torch.nn.Parameter(
+                    torch.empty(num_experts, *shape, dtype=leaf.dtype or params_dtype), requires_grad=False
+                )
+                # GPTQ's tensors are [K, N]: vLLM's loader splits w1 / w3 along dim 1 and w2 along dim 0
+                attrs = {**extra, "quant_method": scale_kind.value, "is_transposed": True, "weight_loader": loader}
+                for key, value in {**attrs, "humming_adopt": leaf.dtype is None}.items():
+                    setattr(param, key, value)
+                layer.register_parameter(f"{stem}_{leaf.name}", param)
+        layer.humming_activation = MOE_ACTIVATIONS[activation]
         layer.humming_params_dtype = params_dtype
-        layer.humming_sizes = (input_size_per_partition, list(output_partition_sizes))
-        for leaf in LEAVES:
 
-            def keep(param, loaded_weight, shard_id=None, leaf=leaf):
-                shard = shard_id if shard_id is not None else getattr(loaded_weight, "shard_id", None)
-                layer.humming_tensors[(shard, leaf)] = loaded_weight.detach().clone()
-
-            placeholder = torch.nn.Parameter(torch.empty(0), requires_grad=False)
-            placeholder.weight_loader = keep
-            layer.register_parameter(leaf, placeholder)
+    def get_fused_moe_quant_config(self, layer: torch.nn.Module):
+        return None  # humming's kernels take the weights as QuantizedWeight objects, not vLLM's quant config
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        shards = sorted({s for s, _ in layer.humming_tensors}, key=lambda s: _QKV.get(s, s) if s is not None else -1)
-        names = self._shard_names(len(shards))
-        rank, world = getattr(layer, "tp_rank", 0), getattr(layer, "tp_size", 1)
-        dim = None if isinstance(layer, ReplicatedLinear) or world == 1 else int(isinstance(layer, RowParallelLinear))
-        parts, specs = [], set()
-        for shard, name in zip(shards, names):
-            tensors = {f"{name}.{leaf}": t for (s, leaf), t in layer.humming_tensors.items() if s == shard}
-            reader = open_reader(self.config.qconfig, tensors)
-            if name not in reader.modules():  # left unquantized by the checkpoint
-                raise UnsupportedFormatError(
-                    f"{name}: not quantized in this checkpoint; serve it without the humming method"
-                )
-            qw = reader.load(name)
-            parts.append(qw if dim is None else qw.shard(dim, rank, world))
-            spec = reader_activation(reader, name)
-            scale = None if spec.scale_tensor is None else tensors[spec.scale_tensor]
-            specs.add((spec.act, None if scale is None else float(scale)))
-        if len(specs) != 1:
-            raise UnsupportedFormatError(f"{self.prefix}: shards with different activation settings {sorted(specs)}")
-        act, scale = specs.pop()
-        for leaf in LEAVES:
-            delattr(layer, leaf)
-        del layer.humming_tensors
-        device = layer.bias.device if getattr(layer, "bias", None) is not None else _default_device()
-        qw = (concat(parts) if len(parts) > 1 else parts[0]).to(device)
-        layer.humming = QuantizedLinear(
-            qw, act=act, act_scale=None if scale is None else torch.tensor(scale), backend=self.config.backend
-        )
-        if device.type == "cuda":
+        weights = {}
+        for stem, (found, sizes) in layer.humming_leaves.items():
+            kept = [leaf for leaf in found if leaf.decoded]
+            stacked = {leaf.name: getattr(layer, f"{stem}_{leaf.name}").data for leaf in kept}
+            experts = []
+            for e in range(next(iter(stacked.values())).shape[0]):
+                parts = []
+                for i in range(len(sizes)):
+                    name = f"{self.prefix}.{e}.{stem}.{i}"
+                    tensors = {}
+                    for leaf in kept:
+                        rows = [leaf.rows(m) for m in sizes]
+                        part = stacked[leaf.name][e].narrow(leaf.out_dim, sum(rows[:i]), rows[i])
+                        tensors[f"{name}.{leaf.name}"] = part
+                    parts.append(open_reader(self.config.qconfig, tensors).load(name))
+                experts.append(concat(parts) if len(parts) > 1 else parts[0])
+            weights[stem] = stack(experts)
+            for leaf in kept:
+                delattr(layer, f"{stem}_{leaf.name}")
+        layer.humming_w13, layer.humming_w2 = weights["w13"], weights["w2"]
+        if layer.humming_w13.device.type == "cuda":
             from .. import prepare, warmup
 
-            prepare(qw, backend="cuda", act=act)
-            warmup([qw], m_values=(1, 16, 64, 256), act=act, progress=False)
+            for qw in (layer.humming_w13, layer.humming_w2):
+                prepare(qw, backend="cuda")
+            warmup(
+                [layer.humming_w13, layer.humming_w2],
+                m_values=capture_sizes(),
+                act_dtype=layer.humming_params_dtype,
+                progress=False,
+            )
 
-    def _shard_names(self, count: int) -> list[str]:
-        """Checkpoint module names of the layer's shards: vLLM's ``packed_modules_mapping`` (``qkv_proj`` ->
-        ``q_proj``, ``k_proj``, ``v_proj``) for fused layers, the layer's own name otherwise."""
-        head, _, tail = self.prefix.rpartition(".")
-        packed = self.config.packed_modules_mapping.get(tail)
-        if count == 1 and not packed:
-            return [self.prefix]
-        if not packed or len(packed) != count:
-            raise UnsupportedFormatError(f"{self.prefix}: {count} shards, packed_modules_mapping gives {packed}")
-        return [f"{head}.{p}" if head else p for p in packed]
-
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        module: QuantizedLinear = layer.humming
-        if module.act_scale is None:
-            return linear(x, module.weight, bias, act=module.act, backend=module.backend)
-        y = module(x)
-        return y if bias is None else y + bias
-
-
-def _default_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+        # shared experts: vLLM's MoE runner runs them itself for a method without an internal modular kernel
+        return fused_moe(
+            x,
+            layer.humming_w13,
+            layer.humming_w2,
+            topk_weights,
+            topk_ids,
+            activation=layer.humming_activation,
+            expert_map=layer.expert_map,
+            backend=self.config.backend,
+        )

@@ -1,6 +1,7 @@
 """The weight IR: number formats, canonical packing, ``QuantizedWeight``, quantizers, the reference, and the
 exact transforms of weights (``concat``, ``stack``, ``shard``, ``expert_weight``)."""
 
+from .. import _install_check  # noqa: F401  (its import is the check)
 from .activation import (
     ACT_SCHEMES,
     ActScheme,

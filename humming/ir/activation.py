@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ._checks import data_readable
 from .formats import NumberFormat, get_format
-from .layout import expand_groups, parse_group_size
-from .quantize import quantize, unpacked_codes
+from .layout import expand_groups, group_reduce, parse_group_size
+from .quantize import DEQUANTIZED_DTYPES, GLOBAL_SCALE_DTYPES, quantize, unpacked_codes
+from .weight import SCALE_DTYPES
 
 __all__ = ["ACT_SCHEMES", "ActScheme", "QuantizedActivation", "dequantize_activation", "quantize_activation"]
 
@@ -28,6 +30,37 @@ class ActScheme:
     group: object  # "token", "tensor" or a group size along K
     scale_dtype: torch.dtype = torch.float32
     global_scale: bool = False
+
+    def __post_init__(self) -> None:
+        """Check every field, so that a scheme no quantizer can run is refused where it is made."""
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name: expected a non-empty str, got {self.name!r}")
+        try:
+            fmt = get_format(self.format)
+        except ValueError as err:
+            raise ValueError(f"format: ActScheme {self.name!r}: {err}") from None
+        if fmt.kind == "e8m0" or (fmt.is_int and not fmt.signed) or (fmt.is_int and fmt.bits == 1):
+            raise ValueError(
+                f"format: ActScheme {self.name!r}: activations take a signed element format (int2..int8, eXmY, "
+                f"nf4) without zero points, got {fmt.name}"
+            )
+        group = self.group
+        if group not in ("token", "tensor") and (isinstance(group, bool) or not isinstance(group, int) or group < 1):
+            raise ValueError(
+                f"group: ActScheme {self.name!r}: expected 'token', 'tensor' or a positive group size along K, "
+                f"got {group!r}"
+            )
+        if self.scale_dtype not in SCALE_DTYPES:
+            raise ValueError(
+                f"scale_dtype: ActScheme {self.name!r}: expected one of {SCALE_DTYPES}, got {self.scale_dtype!r}"
+            )
+        if not isinstance(self.global_scale, bool):
+            raise ValueError(f"global_scale: ActScheme {self.name!r}: expected a bool, got {self.global_scale!r}")
+        if self.global_scale and self.scale_dtype not in GLOBAL_SCALE_DTYPES:
+            raise ValueError(
+                f"global_scale: ActScheme {self.name!r}: a second-level scale is for 8-bit scales "
+                f"({GLOBAL_SCALE_DTYPES}), got scale_dtype {self.scale_dtype}"
+            )
 
     @property
     def element_format(self) -> NumberFormat:
@@ -118,6 +151,17 @@ class QuantizedActivation:
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)
 
+    def check_codes(self) -> None:
+        """``ValueError`` unless every code lies in ``[0, 2^bits)`` (formats under 8 bits fill the low bits of
+        their byte). Checked by the entry points that read a caller's activations (``humming.linear``,
+        ``grouped_linear``, :func:`dequantize_activation`) where the values can be read without a host sync,
+        on CPU tensors, as MoE routing ids are; the padding rows a kernel leaves unwritten are not read."""
+        fmt, codes = self.scheme.element_format, self.codes
+        if fmt.bits < 8 and data_readable(codes) and codes.device.type == "cpu" and codes.numel():
+            top = int(codes.max())
+            if top >= fmt.num_codes:
+                raise ValueError(f"codes: {fmt.name} codes lie in [0, {fmt.num_codes}), got {top}")
+
     def data(self) -> torch.Tensor:
         """The codes as the torch dtype that holds them (int8, float8_e4m3fn...), a view, where one exists."""
         dtype = self.scheme.element_format.torch_dtype
@@ -142,17 +186,25 @@ def quantize_activation(
     """Quantize ``x`` ``[M, K]`` with scheme ``act``; a given ``scale`` (per-tensor, static) or
     ``global_scale`` (NVFP4 static second-level scale) replaces the dynamic one."""
     scheme = get_act_scheme(act)
-    if x.dim() != 2 or x.numel() == 0:
-        raise ValueError(f"x: expected a non-empty [M, K], got shape {tuple(x.shape)}")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 2 or x.numel() == 0:
+        raise ValueError(f"x: expected a non-empty [M, K] float tensor, got {_describe(x)}")
     fmt = scheme.element_format
+    # NaN / Inf are left out of every absmax (README, "Non-finite activations"): quantized as zeros first.
+    finite = torch.isfinite(x)
+    x = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
     if scale is not None:
+        if scheme.scale_dtype != torch.float32 or scheme.global_scale:
+            raise ValueError(
+                f"scale: a static per-tensor scale needs a scheme with float32 scales and no global scale (int8, fp8, "
+                f"fp8_tensor...), got {scheme.name}"
+            )
         if not isinstance(scale, torch.Tensor) or scale.numel() != 1:
             raise ValueError(f"scale: expected a one-element static per-tensor scale, got {_describe(scale)}")
         scale = scale.to(device=x.device, dtype=torch.float32).reshape(1, 1)
         if not bool(torch.isfinite(scale).all() & (scale > 0).all()):
             raise ValueError(f"scale: a static scale must be positive and finite, got {float(scale)}")
         codes = fmt.encode(x.to(torch.float64) / scale.to(torch.float64))
-        return QuantizedActivation(scheme, codes, scale)
+        return QuantizedActivation(scheme, *_mark_non_finite(codes, scale, finite, scheme, static=True))
     if global_scale is not None:
         raise ValueError("global_scale: a static global scale needs the per-group scales too; pass scale")
     qx = quantize(
@@ -162,13 +214,35 @@ def quantize_activation(
         scale_dtype=scheme.scale_dtype,
         global_scale=scheme.global_scale,
     )
-    return QuantizedActivation(scheme, unpacked_codes(qx), qx.scales, qx.global_scale)
+    codes, scales = _mark_non_finite(unpacked_codes(qx), qx.scales, finite, scheme, static=False)
+    return QuantizedActivation(scheme, codes, scales, qx.global_scale)
+
+
+def _mark_non_finite(codes, scales, finite, scheme: ActScheme, static: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule for NaN / Inf activations, on every backend: such an element gets the format's NaN code (code 0
+    where the format has none: int, e2m1), and a per-token or per-group scale whose span holds one is NaN (an
+    e8m0 or e4m3 NaN code), so that the output row of every GEMM is NaN. A per-tensor scale (dynamic or static)
+    spans the other rows too: it stays finite, and only the NaN codes mark the row."""
+    if bool(finite.all()):
+        return codes, scales
+    bad = ~finite
+    codes = codes.masked_fill(bad, scheme.element_format.nan_code or 0)
+    if static or scheme.group == "tensor":
+        return codes, scales
+    spans = group_reduce(bad.to(torch.float32), scheme.group_shape, "amax") > 0
+    if scales.dtype == torch.float32:
+        return codes, scales.masked_fill(spans, float("nan"))
+    nan_code = get_format(scales.dtype).nan_code
+    return codes, scales.view(torch.uint8).masked_fill(spans, nan_code).view(scales.dtype)
 
 
 def dequantize_activation(qa: QuantizedActivation, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``decode(codes) * float32(scale) * global_scale``, rounded once to ``dtype``."""
     if not isinstance(qa, QuantizedActivation):
         raise TypeError(f"qa: expected a humming.QuantizedActivation, got {type(qa).__name__}")
+    if dtype not in DEQUANTIZED_DTYPES:
+        raise ValueError(f"dtype: expected a float dtype {DEQUANTIZED_DTYPES}, got {dtype!r}")
+    qa.check_codes()
     m, k = qa.shape
     s = qa.scales.to(torch.float32)
     if qa.global_scale is not None:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ._checks import as_index
 from .packing import msb_mask
 from .weight import QuantizedWeight, cdiv
 
@@ -13,13 +14,23 @@ __all__ = ["concat", "stack"]
 
 
 def _unify_format(parts: Sequence[QuantizedWeight]) -> list[QuantizedWeight]:
-    """Same format for all parts: ``intN`` parts become ``uintN`` + zeros when others are ``uintN``."""
+    """Same format for all parts: ``intN`` parts become ``uintN`` + zeros when others are ``uintN`` (zero points
+    need scales: without them an ``intN`` part cannot join a ``uintN`` one)."""
     names = {p.format.name for p in parts}
+    devices = {str(p.device) for p in parts}
+    if len(devices) > 1:
+        raise ValueError(f"cannot join weights on different devices {sorted(devices)}")
     if len(names) == 1:
         return list(parts)
     bits = {p.format.bits for p in parts}
     if len(bits) == 1 and all(p.format.is_int for p in parts):
-        return [to_unsigned(p) for p in parts]
+        unified = [to_unsigned(p) for p in parts]
+        if len({p.format.name for p in unified}) == 1:
+            return unified
+        raise ValueError(
+            f"cannot join weights of formats {sorted(names)} without scales: an int part joins uint ones as uint "
+            "codes with zero points, which need scales"
+        )
     raise ValueError(f"cannot join weights of formats {sorted(names)}")
 
 
@@ -29,11 +40,14 @@ def _same(values, what: str) -> None:
 
 
 def _common_dtype(tensors: list[torch.Tensor]) -> torch.dtype:
+    """One dtype holding every part's values exactly: float32 when any is floating (every scale dtype, and the
+    integer zero points of uintN formats, convert to it exactly), else the narrowest integer type that holds
+    them all."""
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) == 1:
         return dtypes.pop()
-    if all(t.is_floating_point() for t in tensors):
-        return torch.float32  # every scale dtype converts to fp32 exactly
+    if any(t.is_floating_point() for t in tensors):
+        return torch.float32
     return torch.int16 if all(d in (torch.uint8, torch.int8, torch.int16) for d in dtypes) else torch.int32
 
 
@@ -148,6 +162,7 @@ def _fold_global(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
     (the fused weight then carries fp32 scales).
     """
     gs = [p.global_scale for p in parts]
+    _same(gs, "global_scale")
     if gs[0] is None or all(torch.equal(g, gs[0]) for g in gs):
         return parts
     out = []
@@ -168,6 +183,7 @@ def concat(parts: Sequence[QuantizedWeight], dim: int = 0) -> QuantizedWeight:
     different K, act-order ``g_idx`` that differ, or a 2-D block that would straddle two parts.
     """
     _check_parts("concat", parts)
+    dim = as_index("dim", dim)
     try:
         return _concat(list(parts), dim)
     except ValueError as err:

@@ -127,6 +127,15 @@ class NumberFormat:
         return self.kind == "float" and self.nan_rule == "ieee"
 
     @property
+    def nan_code(self) -> int | None:
+        """The positive NaN code (all-ones exponent and mantissa; e8m0: 255), or ``None`` without NaN."""
+        if self.kind == "e8m0":
+            return 255
+        if not self.has_nan:
+            return None
+        return ((1 << self.exponent_bits) - 1) << self.mantissa_bits | ((1 << self.mantissa_bits) - 1)
+
+    @property
     def torch_dtype(self) -> torch.dtype | None:
         """The torch dtype whose bits equal this format's codes, where torch has one."""
         return _TORCH_DTYPES.get(self.name)
@@ -253,8 +262,7 @@ def _encode_float(fmt: NumberFormat, x: torch.Tensor, nan: torch.Tensor) -> torc
     if fmt.nan_rule == "ieee":
         code = torch.where(inf, torch.full_like(code, ((1 << e_bits) - 1) << m_bits), code)
     if fmt.has_nan:
-        nan_code = ((1 << e_bits) - 1) << m_bits | ((1 << m_bits) - 1)
-        code = torch.where(nan, torch.full_like(code, nan_code), code)
+        code = torch.where(nan, torch.full_like(code, fmt.nan_code), code)
     code = code | (sign.to(torch.int64) << (e_bits + m_bits))
     return code.to(torch.uint8)
 

@@ -47,17 +47,22 @@ def save(weights: QuantizedWeight | dict[str, QuantizedWeight], path: str | os.P
     single = isinstance(weights, QuantizedWeight)
     if not single and not isinstance(weights, dict):
         raise TypeError(f"weights: expected a QuantizedWeight or a dict of them, got {type(weights).__name__}")
-    path = _as_path(path)
+    path = _writable_path(path)
     items = {_SINGLE: weights} if single else dict(weights)
-    tensors, manifest = {}, {}
+    tensors, manifest, storages = {}, {}, set()
     for name, qw in items.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"weights: names must be non-empty strings, got {name!r}")
+        if not single and name == _SINGLE:
+            raise ValueError(f"weights: the name {_SINGLE!r} is reserved (it marks a file holding one weight)")
         if not isinstance(qw, QuantizedWeight):
             raise ValueError(f"weights[{name!r}]: expected a QuantizedWeight, got {type(qw).__name__}")
         fields = {}
         for field, t in qw.tensors().items():
             t = t.detach().contiguous().cpu()
+            if t.untyped_storage().data_ptr() in storages:  # shared with another weight (or a view of one)
+                t = t.clone()
+            storages.add(t.untyped_storage().data_ptr())
             tensors[f"{name}.{field}"] = t
             fields[field] = {"shape": list(t.shape), "dtype": _dtype_name(t.dtype), "sha256": _digest(t)}
         manifest[name] = {
@@ -81,7 +86,9 @@ def load(path: str | os.PathLike, device="cpu") -> QuantizedWeight | dict[str, Q
     Raises ``ValueError`` when the file is not a humming file or does not match its manifest (a missing or
     extra tensor, a shape, dtype or checksum that differs).
     """
-    path = _as_path(path)
+    path = _readable_path(path)
+    if isinstance(device, torch.dtype):
+        raise TypeError(f"device: expected a device such as 'cpu' or 'cuda:0', got the dtype {device}")
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as err:
@@ -107,16 +114,50 @@ def load(path: str | os.PathLike, device="cpu") -> QuantizedWeight | dict[str, Q
 
 def _as_path(path) -> str:
     try:
-        return os.fspath(path)
+        path = os.fspath(path)
     except TypeError:
         raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+    if not isinstance(path, str):
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
+    return path
+
+
+def _writable_path(path) -> str:
+    """Where :func:`save` writes: ``path`` with its symlinks resolved (the file they point to is written, the
+    symlinks stay), checked to be a regular file, or none, in a folder that exists."""
+    path = _as_path(path)
+    real = os.path.realpath(path)
+    if os.path.lexists(real) and not os.path.exists(real):
+        raise ValueError(f"path: {path} is a symlink that leads nowhere (a loop)")
+    if os.path.isdir(real):
+        raise ValueError(
+            f"path: {path} is a folder; expected a file name such as {os.path.join(path, 'w.safetensors')}"
+        )
+    if os.path.exists(real) and not os.path.isfile(real):
+        raise ValueError(f"path: {path} is not a regular file (a device, socket or pipe); expected a file name")
+    folder = os.path.dirname(real)
+    if not os.path.isdir(folder):
+        raise ValueError(f"path: the folder {folder} of {path} does not exist")
+    return real
+
+
+def _readable_path(path) -> str:
+    """``path`` checked to be a regular file (``FileNotFoundError`` when there is none)."""
+    path = _as_path(path)
+    if os.path.lexists(path) and not os.path.exists(path):
+        raise ValueError(f"path: {path} is a symlink that leads nowhere (a loop, or a missing file)")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"path: no such file: {path}")
+    if not os.path.isfile(path):
+        raise ValueError(f"path: {path} is not a file (a folder, device or pipe); expected a safetensors file")
+    return path
 
 
 def _load_v2(path, f, meta, keys) -> dict[str, QuantizedWeight]:
     text = meta.get(_MANIFEST_KEY)
     if text is None or hashlib.sha256(text.encode()).hexdigest() != meta.get(_MANIFEST_DIGEST_KEY):
         raise ValueError(f"path: {path}: the manifest is missing or does not match its checksum (damaged file)")
-    manifest = json.loads(text)
+    manifest = _manifest(path, text)
     expected_keys = {f"{name}.{field}" for name, record in manifest.items() for field in record["tensors"]}
     if keys != expected_keys:
         missing, extra = sorted(expected_keys - keys), sorted(keys - expected_keys)
@@ -137,6 +178,33 @@ def _load_v2(path, f, meta, keys) -> dict[str, QuantizedWeight]:
     return out
 
 
+def _manifest(path, text: str) -> dict:
+    """The manifest's JSON, checked to have the form :func:`save` writes: ``{name: {"shape", "format",
+    "group_shape", "tensors": {field: {"shape": [ints], "dtype": str, "sha256": str}}}}``."""
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"path: {path}: the manifest is not JSON ({err})") from None
+    bad = lambda what: ValueError(f"path: {path}: malformed manifest: {what}")
+    if not isinstance(manifest, dict) or not manifest:
+        raise bad(f"expected an object of weights, got {type(manifest).__name__}")
+    for name, record in manifest.items():
+        if not isinstance(record, dict) or not isinstance(record.get("tensors"), dict):
+            raise bad(f"weight {name!r} has no 'tensors' object")
+        for field, entry in record["tensors"].items():
+            if field not in _FIELDS:
+                raise bad(f"weight {name!r} has an unknown tensor field {field!r} (expected one of {_FIELDS})")
+            shape = entry.get("shape") if isinstance(entry, dict) else None
+            if (
+                not isinstance(shape, list)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+                or not isinstance(entry.get("dtype"), str)
+                or not isinstance(entry.get("sha256"), str)
+            ):
+                raise bad(f"tensor {name}.{field}: expected shape (non-negative ints), dtype and sha256, got {entry!r}")
+    return manifest
+
+
 def _load_v1(path, f, meta, keys) -> dict[str, QuantizedWeight]:
     warnings.warn(
         f"{path}: humming format version 1 has no manifest; its tensors cannot be verified (a missing "
@@ -150,19 +218,25 @@ def _load_v1(path, f, meta, keys) -> dict[str, QuantizedWeight]:
             continue
         name = key[: -len(".__meta__")]
         fields = {field: f.get_tensor(f"{name}.{field}") for field in _FIELDS if f"{name}.{field}" in keys}
-        out[name] = _weight(path, name, json.loads(value), fields)
+        try:
+            record = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"path: {path}: the record of weight {name!r} is not JSON ({err})") from None
+        out[name] = _weight(path, name, record, fields)
     return out
 
 
 def _weight(path, name, record, fields) -> QuantizedWeight:
+    if not isinstance(record, dict):
+        raise ValueError(f"path: {path}: the record of weight {name!r} is a {type(record).__name__}, not an object")
     for field in ("shape", "format", "group_shape"):
         if field not in record:
             raise ValueError(f"path: {path}: the record of weight {name!r} lacks its {field!r} field")
     try:
         return QuantizedWeight(
-            shape=tuple(record["shape"]),
+            shape=record["shape"],
             format=record["format"],
-            group_shape=tuple(record["group_shape"]),
+            group_shape=record["group_shape"],
             **fields,
         )
     except (ValueError, TypeError) as err:

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .dtypes import FLOAT_DTYPES, HALF_DTYPES
+from ._checks import non_finite_error
+from .dtypes import DEQUANTIZED_DTYPES, FLOAT_DTYPES, HALF_DTYPES
 from .formats import NumberFormat, exact_pow2, floor_log2, get_format
 from .layout import expand_groups, group_reduce, parse_group_size
 from .packing import pack_codes, unpack_codes
-from .weight import SCALE_DTYPES, QuantizedWeight
+from .weight import SCALE_DTYPES, QuantizedWeight, normalized_group_shape
 
 __all__ = ["WEIGHT_SCHEMES", "WeightScheme", "dequantize", "quantize", "unpacked_codes"]
 
@@ -73,8 +74,11 @@ def quantize(
         g_idx: act-order: int32 ``[K]`` group of each input column (groups need not be contiguous).
         bias: optional float ``[*E, N]`` carried with the weight.
     """
-    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() not in (2, 3):
-        raise ValueError("w: expected a floating-point tensor [N, K] or [E, N, K]")
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() not in (2, 3) or not w.numel():
+        raise ValueError(f"w: expected a non-empty floating-point tensor [N, K] or [E, N, K], got {_describe(w)}")
+    reason = non_finite_error("w", w)
+    if reason is not None:
+        raise ValueError(f"{reason}: a quantized weight holds finite values only")
     scheme = WEIGHT_SCHEMES.get(weight) if isinstance(weight, str) else None
     try:
         fmt = get_format(scheme.format if scheme else weight)
@@ -86,9 +90,6 @@ def quantize(
         scale_dtype = scheme.scale_dtype if scheme else _default_scale_dtype(w)
     if global_scale is None:
         global_scale = scheme.global_scale if scheme else False
-
-    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() not in (2, 3):
-        raise ValueError("w: expected a floating-point tensor [N, K] or [E, N, K]")
     if scale_dtype not in SCALE_DTYPES:
         raise ValueError(f"scale_dtype: expected one of {SCALE_DTYPES}, got {scale_dtype}")
     if fmt.kind == "e8m0":
@@ -115,13 +116,11 @@ def quantize(
             f"global_scale=True: a second-level scale is for 8-bit scales (scale_dtype one of "
             f"{GLOBAL_SCALE_DTYPES}), got scale_dtype {scale_dtype}"
         )
-    group_shape = parse_group_size(group_size)
+    group_shape = normalized_group_shape(parse_group_size(group_size), w.shape)
     if g_idx is not None and group_shape[0] != 1:
         raise ValueError(f"g_idx: act-order needs a per-group layout along K, got group_size {group_size!r}")
     if g_idx is not None:
-        g_idx = g_idx.to(device=w.device, dtype=torch.int32)
-        if tuple(g_idx.shape) != (w.shape[-1],):
-            raise ValueError(f"g_idx: expected shape ({w.shape[-1]},), got {tuple(g_idx.shape)}")
+        g_idx = _act_order_groups(g_idx, w)
 
     x = w.detach().to(torch.float64)
     n_groups = None if g_idx is None else math.ceil(w.shape[-1] / group_shape[1])
@@ -137,6 +136,7 @@ def quantize(
         hi = reduce(x, "amax").clamp(min=0.0)
         qmax = float((1 << fmt.bits) - 1)
         scale = _round_scale((hi - lo) / qmax, scale_dtype, fmt, ceil=True)
+        _check_representable((hi - lo) / qmax, scale)
         s = _decode_scale(scale)
         s_safe = torch.where(s == 0, torch.ones_like(s), s)
         if zero_point is True:
@@ -164,6 +164,7 @@ def quantize(
             s = _decode_scale(scale) * g
         else:
             scale = _round_scale(amax / elem_max, scale_dtype, fmt, ceil=fmt.is_int, amax=amax)
+            _check_representable(amax / elem_max, scale)
             s = _decode_scale(scale)
         s_elem = expand(s)
         scaled = torch.where(s_elem == 0, torch.zeros_like(x), x / torch.where(s_elem == 0, 1.0, s_elem))
@@ -179,6 +180,58 @@ def quantize(
         global_scale=gscale,
         g_idx=g_idx,
         bias=bias,
+    )
+
+
+def _describe(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"
+    return type(t).__name__
+
+
+def _act_order_groups(g_idx, w: torch.Tensor) -> torch.Tensor:
+    """``g_idx`` checked (an integer ``[K]`` tensor, values in ``[0, K)``: no more groups than columns), as the
+    int32 tensor on ``w``'s device that the weight stores."""
+    k = w.shape[-1]
+    if (
+        not isinstance(g_idx, torch.Tensor)
+        or g_idx.is_floating_point()
+        or g_idx.is_complex()
+        or g_idx.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"g_idx: expected an integer tensor [{k}] (the group of each input column), got {_describe(g_idx)}"
+        )
+    if tuple(g_idx.shape) != (k,):
+        raise ValueError(f"g_idx: expected shape ({k},), got {tuple(g_idx.shape)}")
+    if g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= k):
+        raise ValueError(f"g_idx: values must lie in [0, {k}) (K), got [{int(g_idx.min())}, {int(g_idx.max())}]")
+    return g_idx.to(device=w.device, dtype=torch.int32)
+
+
+def _check_representable(ideal: torch.Tensor, scale: torch.Tensor) -> None:
+    """``ValueError`` naming ``scale_dtype`` where a group's ideal scale (float64) does not survive the cast to
+    the scale dtype: it overflows (to inf, or above the largest value, where e4m3 saturates: every code of the
+    group would clip), or it underflows (to 0, or, deep in the subnormals, to a value more than twice off, where
+    the group's codes round to zero or clip). float32 and e8m0 scales hold float32's range: they only underflow
+    for groups of subnormal values, below its resolution."""
+    dtype = scale.dtype
+    info = torch.finfo(dtype)
+    decoded = scale.to(torch.float64)
+    over = ~torch.isfinite(decoded) | (ideal > info.max)
+    if dtype in (torch.float32, torch.float8_e8m0fnu):
+        under = torch.zeros_like(over)
+    else:
+        under = (ideal > 0) & ((decoded == 0) | (decoded > 2 * ideal) | (decoded < ideal / 2))
+    if not bool((over | under).any()):
+        return
+    bad = ideal[over | under]
+    kind = "overflow" if bool(over.any()) else "underflow to 0"
+    raise ValueError(
+        f"scale_dtype: {str(dtype).removeprefix('torch.')} cannot hold the scales of these values: {bad.numel()} "
+        f"group scales in [{float(bad.min()):.3g}, {float(bad.max()):.3g}] {kind} (it holds "
+        f"[{info.tiny * info.eps:.3g}, {info.max:.3g}]); use a wider scale_dtype, or global_scale=True with "
+        "8-bit scales"
     )
 
 
@@ -227,6 +280,9 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
     """
     if not isinstance(qw, QuantizedWeight):
         raise ValueError(f"qw: expected a QuantizedWeight, got {type(qw).__name__}")
+    if dtype not in DEQUANTIZED_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in DEQUANTIZED_DTYPES)
+        raise ValueError(f"dtype: expected a float dtype ({names}), got {dtype!r}")
     work = torch.float64 if dtype == torch.float64 else torch.float32
     n, k = qw.N, qw.K
     w = qw.format.decode(unpacked_codes(qw)).to(work)

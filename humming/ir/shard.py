@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ._checks import as_index
 from .packing import cdiv, pack_codes, packed_words, unpack_codes
 
 if TYPE_CHECKING:  # annotations only: weight.py imports this module for QuantizedWeight.shard
@@ -29,11 +30,15 @@ def shard(qw: QuantizedWeight, dim: int, rank: int, world_size: int) -> Quantize
     on rank 0 only, so that summing the partial outputs adds it once; act-order parts keep every group's
     scales and their slice of ``g_idx``.
     """
+    if not hasattr(qw, "format") or not hasattr(qw, "qweight"):  # the class is imported for annotations only
+        raise ValueError(f"qw: expected a humming.QuantizedWeight, got {type(qw).__name__}")
+    dim, rank, world_size = (as_index(n, v) for n, v in (("dim", dim), ("rank", rank), ("world_size", world_size)))
     ndim = len(qw.shape)
     if not -ndim <= dim < ndim:
-        raise ValueError(f"shard: dim {dim} is out of range for a {ndim}-D weight {qw.shape}")
+        raise ValueError(f"dim: {dim} is out of range for a {ndim}-D weight {qw.shape}")
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"shard: need 0 <= rank < world_size, got rank {rank}, world_size {world_size}")
+        name = "world_size" if world_size < 1 else "rank"
+        raise ValueError(f"{name}: need 0 <= rank < world_size, got rank {rank}, world_size {world_size}")
     dim %= ndim
     size = qw.shape[dim]
     if size % world_size:

@@ -13,11 +13,20 @@ from dataclasses import dataclass
 
 import torch
 
+from ._checks import as_index, non_finite_error
 from .formats import NumberFormat, get_format
 from .packing import cdiv, packed_words
 from .shard import shard as _shard
 
-__all__ = ["SCALE_DTYPES", "QuantizedWeight", "cdiv", "expert_weight", "layout_name", "weight_by_handle"]
+__all__ = [
+    "SCALE_DTYPES",
+    "QuantizedWeight",
+    "cdiv",
+    "expert_weight",
+    "layout_name",
+    "normalized_group_shape",
+    "weight_by_handle",
+]
 
 #: dtypes a scale tensor may have.
 SCALE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e8m0fnu)
@@ -157,8 +166,17 @@ class QuantizedWeight:
         return dataclasses.replace(self, **changes)
 
     def to(self, device: torch.device | str) -> QuantizedWeight:
-        """The same weight with every tensor on ``device``."""
-        return self.replace(**{n: t.to(device) for n, t in self.tensors().items()})
+        """The same weight with every tensor on ``device`` (dtypes stay: they are the format's)."""
+        if isinstance(device, torch.dtype):
+            raise TypeError(f"device: expected a device such as 'cuda' or 'cpu', got the dtype {device}")
+        try:
+            device = torch.device(device)
+            tensors = {n: t.to(device) for n, t in self.tensors().items()}
+        except (RuntimeError, TypeError, AssertionError) as err:  # torch asserts for a CUDA it was built without
+            raise ValueError(
+                f"device: expected an available device such as 'cuda:0' or 'cpu', got {device!r} ({err})"
+            ) from None
+        return self.replace(**tensors)
 
     def shard(self, dim: int, rank: int, world_size: int) -> QuantizedWeight:
         """Rank ``rank``'s equal part along ``dim`` (0 = N, column-parallel; 1 = K, row-parallel; with a
@@ -213,10 +231,13 @@ class QuantizedWeight:
         grid = (*lead, *self.scale_grid)
         if self.scales is not None:
             _check_tensor("scales", self.scales, SCALE_DTYPES, grid, device)
+            _check_finite("scales", self.scales)
         if self.zeros is not None:
             if self.scales is None:
                 raise ValueError("zeros: zero points need scales")
             _check_tensor("zeros", self.zeros, _INT_ZERO_DTYPES + _FLOAT_ZERO_DTYPES, grid, device)
+            if self.zeros.is_floating_point():
+                _check_finite("zeros", self.zeros)
             if not self.zeros.is_floating_point() and not (fmt.is_int and not fmt.signed):
                 raise ValueError(
                     f"zeros: integer zero points need an unsigned int format (uintN), got {fmt.name}; "
@@ -230,6 +251,7 @@ class QuantizedWeight:
                 raise ValueError(
                     f"global_scale: expected shape () or {tuple(lead)}, got {tuple(self.global_scale.shape)}"
                 )
+            _check_finite("global_scale", self.global_scale)
         if self.bias is not None:
             _check_tensor("bias", self.bias, _BIAS_DTYPES, (*lead, n), device)
 
@@ -252,23 +274,26 @@ def _as_format(fmt) -> NumberFormat:
 
 
 def _as_shape(shape) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(d) for d in shape)
-    except (TypeError, ValueError):
-        raise ValueError(f"shape: expected (N, K) or (E, N, K), got {shape!r}") from None
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
+        raise ValueError(f"shape: expected (N, K) or (E, N, K), got {shape!r}")
+    shape = tuple(as_index("shape", d) for d in shape)
     if len(shape) not in (2, 3) or any(d <= 0 for d in shape):
         raise ValueError(f"shape: expected (N, K) or (E, N, K) with positive sizes, got {shape}")
     return shape
 
 
 def _as_group_shape(group_shape, shape) -> tuple[int, int]:
-    try:
-        bn, bk = (int(v) for v in group_shape)
-    except (TypeError, ValueError):
-        raise ValueError(f"group_shape: expected a pair (bn, bk), got {group_shape!r}") from None
+    if isinstance(group_shape, (str, bytes)) or not hasattr(group_shape, "__len__") or len(group_shape) != 2:
+        raise ValueError(f"group_shape: expected a pair (bn, bk), got {group_shape!r}")
+    bn, bk = (as_index("group_shape", v) for v in group_shape)
     if bn == 0 or bk == 0 or bn < -1 or bk < -1:
         raise ValueError(f"group_shape: each entry must be positive or -1 (whole dimension), got {(bn, bk)}")
-    # Normalise: a block covering a whole dimension is that dimension's -1.
+    return normalized_group_shape((bn, bk), shape)
+
+
+def normalized_group_shape(group_shape: tuple[int, int], shape) -> tuple[int, int]:
+    """``(bn, bk)`` with a block covering a whole dimension written as that dimension's -1 (the one form)."""
+    bn, bk = group_shape
     n, k = shape[-2], shape[-1]
     return (-1 if bn >= n and bn != 1 else bn, -1 if bk >= k else bk)
 
@@ -283,6 +308,14 @@ def _check_tensor(name, t, dtypes, shape, device) -> None:
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: on {t.device}, but qweight is on {device}; every tensor must share one device")
+
+
+def _check_finite(name: str, t: torch.Tensor) -> None:
+    """Scales, float zero points and global scales are finite: a NaN or Inf there makes whole groups of the
+    weight NaN, which no checkpoint means."""
+    reason = non_finite_error(name, t)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def expert_weight(qweight: QuantizedWeight, expert: int) -> QuantizedWeight:

@@ -14,6 +14,7 @@ from humming.ir.packing import pack_codes
 from humming.ir.weight import QuantizedWeight, cdiv
 
 from ._common import check_shape
+from ._config import Config
 from ._files import CheckpointFiles
 from .errors import ShapeMismatchError, UnsupportedFormatError
 
@@ -31,7 +32,8 @@ class AWQReader:
 
     def __init__(self, qconfig: dict, files: CheckpointFiles):
         self.files = files
-        version = str(qconfig.get("version", "gemm")).lower()
+        config = Config(qconfig, "quantization_config")
+        version = config.str("version", "gemm", lower=True)
         if version != "gemm":
             kind = "a kernel-specific repacked layout" if version in ("marlin", "exllama", "ipex") else "unknown"
             raise UnsupportedFormatError(
@@ -39,18 +41,19 @@ class AWQReader:
                 "whose packing is documented and shared by vLLM and transformers. GEMV variants pack along K "
                 "in a different order."
             )
-        self.bits = int(qconfig.get("bits", qconfig.get("w_bit", 4)))
+        self.bits = config.int("bits", config.int("w_bit", 4))
         if self.bits != 4:
             raise UnsupportedFormatError(
                 f"AWQ GEMM with {self.bits} bits: AutoAWQ's GEMM layout is defined for 4 bits only"
             )
-        if not qconfig.get("zero_point", True):
+        if not config.bool("zero_point", True):
             raise UnsupportedFormatError(
                 "AWQ with zero_point=false: AutoAWQ's GEMM kernels and packers always use zero points; "
                 "this variant has no defined GEMM checkpoint layout"
             )
-        self.group_size = int(qconfig.get("group_size", qconfig.get("q_group_size", 128)))
-        self.skip = list(qconfig.get("modules_to_not_convert") or [])
+        group = config.int("q_group_size", 128, minimum=1, allowed=(-1,))
+        self.group_size = config.int("group_size", group, minimum=1, allowed=(-1,))
+        self.skip = config.strings("modules_to_not_convert")
 
     def describe(self) -> str:
         return f"AWQ GEMM {self.bits}-bit group {self.group_size}"

@@ -20,9 +20,10 @@ import json
 import torch
 
 from humming.ir.formats import get_format
-from humming.ir.weight import QuantizedWeight
+from humming.ir.weight import QuantizedWeight, cdiv
 
 from ._common import bytes_to_words, check_shape
+from ._config import Config
 from ._files import CheckpointFiles
 from .errors import CheckpointError, ShapeMismatchError, UnsupportedFormatError
 
@@ -36,18 +37,19 @@ class BitsAndBytesReader:
 
     def __init__(self, qconfig: dict, files: CheckpointFiles):
         self.files = files
-        if qconfig.get("load_in_8bit"):
+        config = Config(qconfig, "quantization_config")
+        if config.bool("load_in_8bit", False):
             raise UnsupportedFormatError(
                 "bitsandbytes 8-bit (LLM.int8): it dequantizes as q * SCB / 127 (a division, not q * scale) and "
                 "splits outlier columns at run time; neither fits the weight IR exactly"
             )
-        quant_type = str(qconfig.get("bnb_4bit_quant_type", "fp4")).lower()
+        quant_type = config.str("bnb_4bit_quant_type", "fp4", lower=True)
         if quant_type != "nf4":
             raise UnsupportedFormatError(
                 f"bitsandbytes 4-bit quant_type {quant_type!r}: only nf4 is read (bitsandbytes' fp4 table is "
                 "not the OCP e2m1 format)"
             )
-        self.skip = list(qconfig.get("llm_int8_skip_modules") or [])
+        self.skip = config.strings("llm_int8_skip_modules")
 
     def describe(self) -> str:
         return "bitsandbytes NF4"
@@ -61,7 +63,13 @@ class BitsAndBytesReader:
             return self.files.get(f"{module}.{name}", module)
 
         quant_type = "fp4" if f"{module}.{_STATE}fp4" in self.files else "nf4"
-        state = json.loads(bytes(get(_STATE + quant_type).tolist()).decode())
+        try:
+            state = json.loads(bytes(get(_STATE + quant_type).to(torch.uint8).tolist()).decode())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise CheckpointError(
+                f"{module}: tensor {_STATE + quant_type!r} is not a JSON quant state ({err})"
+            ) from None
+        state = Config(state, f"{module}.{_STATE}{quant_type}")
         nested = None
         if "nested_blocksize" in state:
             nested = (get("weight.nested_absmax"), get("weight.nested_quant_map"))
@@ -79,13 +87,17 @@ class BitsAndBytesReader:
 def decode_bnb_nf4(module, weight, absmax, quant_map, state, nested, *, bias=None) -> QuantizedWeight:
     """bitsandbytes NF4 tensors of one module -> ``nf4`` weight with float32 scales.
 
-    ``state`` is the decoded quant_state JSON; ``nested`` is ``(nested_absmax, nested_quant_map)`` with
-    double quantization (``absmax`` then holds uint8 codes), else ``None``.
+    ``state`` is the decoded quant_state JSON (a dict, or its :class:`Config`); ``nested`` is
+    ``(nested_absmax, nested_quant_map)`` with double quantization (``absmax`` then holds uint8 codes), else
+    ``None``.
     """
-    if state.get("quant_type") != "nf4":
-        raise UnsupportedFormatError(f"{module}: bitsandbytes quant_type {state.get('quant_type')!r} (nf4 only)")
-    n, k = (int(d) for d in state["shape"])
-    block = int(state["blocksize"])
+    if not isinstance(state, Config):
+        state = Config(state, f"{module}: quant_state")
+    quant_type = state.str("quant_type", None)
+    if quant_type != "nf4":
+        raise UnsupportedFormatError(f"{module}: bitsandbytes quant_type {quant_type!r} (nf4 only)")
+    n, k = state.int_pair("shape") or (0, 0)
+    block = state.int("blocksize", minimum=1)
     if k % block:
         raise UnsupportedFormatError(
             f"{module}: K={k} is not a multiple of the bitsandbytes blocksize {block}: its blocks run over the "
@@ -100,10 +112,16 @@ def decode_bnb_nf4(module, weight, absmax, quant_map, state, nested, *, bias=Non
         )
     if nested is not None:
         nested_absmax, nested_map = nested
-        nested_block = int(state["nested_blocksize"])
+        nested_block = state.int("nested_blocksize", minimum=1)
+        if absmax.dtype != torch.uint8:
+            raise ShapeMismatchError(
+                f"{module}: double-quantized weight.absmax must be uint8 codes, got {absmax.dtype}"
+            )
+        check_shape(module, "weight.nested_quant_map", nested_map, (256,))
+        check_shape(module, "weight.nested_absmax", nested_absmax.reshape(-1), (cdiv(absmax.numel(), nested_block),))
         idx = torch.arange(absmax.numel()) // nested_block
-        absmax = nested_map.to(torch.float32)[absmax.long()] * nested_absmax.to(torch.float32)[idx]
-        absmax = absmax + torch.tensor(float(state["nested_offset"]), dtype=torch.float32)
+        absmax = nested_map.to(torch.float32)[absmax.long()] * nested_absmax.reshape(-1).to(torch.float32)[idx]
+        absmax = absmax + torch.tensor(state.number("nested_offset"), dtype=torch.float32)
     check_shape(module, "weight.absmax", absmax.reshape(-1), (n * k // block,))
     swapped = ((weight.reshape(n, k // 2) & 0x0F) << 4) | (weight.reshape(n, k // 2) >> 4)
     return QuantizedWeight(

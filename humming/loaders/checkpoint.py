@@ -13,6 +13,7 @@ import torch
 from humming.ir.weight import QuantizedWeight
 
 from ..ir.concat import stack
+from ._config import Config
 from ._files import CheckpointFiles, TensorFiles
 from .activations import expert_activation, static_scale
 from .awq import AWQReader
@@ -55,7 +56,9 @@ _KERNEL_LEAVES = {"B_meta", "q_perm", "q_invperm"}
 def open_checkpoint(path: str | Path):
     """``(files, reader)`` for a checkpoint folder; raises ``CheckpointError`` naming the problem."""
     files = CheckpointFiles(path)
-    qconfig = files.config.get("quantization_config") or files.config.get("compression_config")
+    config = Config(files.config, f"{files.path / 'config.json'}")
+    key = "quantization_config" if "quantization_config" in config else "compression_config"
+    qconfig = config.object(key).value
     if files.hf_quant_config is not None and not qconfig:
         qconfig = {"quant_method": "modelopt"}
     if not qconfig:
@@ -83,7 +86,7 @@ def open_checkpoint(path: str | Path):
 
 
 def _method(qconfig: dict) -> str:
-    method = str(qconfig.get("quant_method", "")).lower()
+    method = Config(qconfig, "quantization_config").str("quant_method", "", lower=True)
     return "compressed-tensors" if method == "compressed_tensors" else method
 
 
@@ -119,24 +122,38 @@ def _group_key(module: str) -> tuple[str, int | None]:
 
 
 def iter_modules(reader, modules: Iterable[str] | None = None) -> Iterator[tuple[str, list[str | None]]]:
-    """``(output name, [checkpoint modules])``: one module, or the experts ``0..E-1`` of a stacked one
-    (``None`` for an expert missing from the checkpoint; :func:`load_module` raises on it)."""
+    """``(output name, [checkpoint modules])``: one module, or the experts ``0..E-1`` of a stacked one. Where
+    experts are missing (indices ``0..max`` not all present) the list is the experts found, in order, then
+    ``None``: :func:`load_module` raises on it, naming them (a list of ``max + 1`` entries could be huge)."""
     if isinstance(modules, (str, bytes)):  # a lone name would be iterated character by character
         raise TypeError(f"modules: expected a list of module names or patterns, got the string {modules!r}")
     wanted = list(modules) if modules is not None else None
     if wanted is not None and not all(isinstance(p, str) for p in wanted):
         raise TypeError(f"modules: expected module names or patterns (str), got {wanted!r}")
+    if wanted is not None and not wanted:
+        raise ValueError("modules: expected module names or patterns, got an empty list (None loads every module)")
     grouped: dict[str, dict[int | None, str]] = {}
+    all_names = set()
     for module in reader.modules():
         name, index = _group_key(module)
+        all_names.add(name)
         if wanted is not None and not any(fnmatch.fnmatchcase(name, p) for p in wanted):
             continue
+        if name in grouped and (index is None) != (None in grouped[name]):
+            raise CheckpointError(f"{name}: is both a module and a stack of experts ({module}) in the checkpoint")
         grouped.setdefault(name, {})[index] = module
+    if wanted is not None:
+        unmatched = [p for p in wanted if not any(fnmatch.fnmatchcase(n, p) for n in all_names)]
+        if unmatched:
+            shown = ", ".join(sorted(all_names)[:8]) + (" ..." if len(all_names) > 8 else "")
+            raise ValueError(f"modules: {unmatched} match no quantized module of the checkpoint (it has {shown})")
     for name, parts in grouped.items():
         if None in parts:
             yield name, [parts[None]]
+        elif max(parts) + 1 == len(parts):
+            yield name, [parts[i] for i in range(len(parts))]
         else:
-            yield name, [parts.get(i) for i in range(max(parts) + 1)]
+            yield name, [parts[i] for i in sorted(parts)] + [None]
 
 
 def load_module(reader, name: str, parts: list[str | None]) -> QuantizedWeight:
@@ -145,10 +162,15 @@ def load_module(reader, name: str, parts: list[str | None]) -> QuantizedWeight:
     Raises ``CheckpointError`` naming ``name``; a ``ValueError`` from the IR (a malformed checkpoint that
     the reader did not catch) is re-raised as one.
     """
-    missing = [i for i, p in enumerate(parts) if p is None]
-    if missing:
+    if None in parts:
+        found = sorted(_group_key(p)[1] for p in parts if p is not None)
+        missing, expected = [], 0
+        for index in found:  # the first few gaps, without a list of max + 1 entries
+            missing += range(expected, min(index, expected + 8 - len(missing)))
+            expected = index + 1
         raise MissingTensorError(
-            f"{name}: experts {missing} are missing (found {len(parts) - len(missing)} of {len(parts)})"
+            f"{name}: experts {missing}{' ...' if found[-1] + 1 - len(found) > len(missing) else ''} are missing "
+            f"(found {len(found)} of {found[-1] + 1}, the largest index found plus one)"
         )
     try:
         if len(parts) == 1 and _group_key(parts[0])[1] is None:

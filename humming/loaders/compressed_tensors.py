@@ -37,11 +37,12 @@ from ._common import (
     match_any,
     signed_if_symmetric,
 )
+from ._config import Config
 from ._files import CheckpointFiles
 from .activations import ActivationSpec, compressed_tensors_activation
 from .errors import CheckpointError, MissingTensorError, ShapeMismatchError, UnsupportedFormatError
 
-__all__ = ["CompressedTensorsReader", "pack_fp4", "pack_int_quantized"]
+__all__ = ["CompressedTensorsReader", "config_group", "pack_fp4", "pack_int_quantized"]
 
 _UNPACKED = ("int-quantized", "float-quantized", "naive-quantized")
 _PACKED_FP4 = {"nvfp4-pack-quantized": ("e4m3", 16), "mxfp4-pack-quantized": ("e8m0", 32)}
@@ -54,27 +55,29 @@ class CompressedTensorsReader:
 
     def __init__(self, qconfig: dict, files: CheckpointFiles):
         self.files = files
-        status = qconfig.get("quantization_status", "compressed")
+        config = Config(qconfig, "quantization_config")
+        status = config.str("quantization_status", "compressed")
         if status != "compressed":
             raise UnsupportedFormatError(
                 f"compressed-tensors quantization_status {status!r}: the weights are stored unquantized "
                 "(only 'compressed' checkpoints hold quantized tensors)"
             )
-        sparse = (qconfig.get("sparsity_config") or {}).get("format")
+        sparse = config.object("sparsity_config").str("format", None)
         if sparse not in (None, "dense"):
             raise UnsupportedFormatError(
                 f"compressed-tensors sparsity format {sparse!r}: sparse (2:4 / bitmask) storage is not "
                 "supported; the weight IR holds dense quantized weights"
             )
-        if (qconfig.get("transform_config") or {}).get("config_groups"):
+        if config.object("transform_config").value.get("config_groups"):
             raise UnsupportedFormatError(
                 "compressed-tensors transform_config (online rotations such as SpinQuant / QuIP Hadamards): "
                 "they also transform activations, which the weight IR does not carry"
             )
-        self.groups = qconfig.get("config_groups") or {}
-        self.format = qconfig.get("format")
-        self.ignore = list(qconfig.get("ignore") or [])
-        self.version = tuple(int(p) for p in re.findall(r"\d+", str(qconfig.get("version", "")))[:2]) or None
+        groups = config.object("config_groups")
+        self.groups = {name: _config_group(groups.object(name)) for name in groups.value}
+        self.format = config.str("format", None)
+        self.ignore = config.strings("ignore")
+        self.version = tuple(int(p) for p in re.findall(r"\d+", config.str("version", ""))[:2]) or None
 
     def describe(self) -> str:
         parts = []
@@ -85,21 +88,7 @@ class CompressedTensorsReader:
         return "compressed-tensors " + "; ".join(parts)
 
     def _group(self, module: str) -> dict:
-        """The config group for ``module``: exact name beats regex beats class name (as compressed-tensors)."""
-        best, best_rank = None, 3
-        for group in self.groups.values():
-            for target in group.get("targets", []):
-                if target == module:
-                    rank = 0
-                elif target.startswith("re:"):
-                    rank = 1 if re.match(target[3:], module) else 3
-                else:  # a class name ("Linear"): the checkpoint cannot tell classes apart
-                    rank = 2 if target[:1].isupper() else 3
-                if rank < best_rank:
-                    best, best_rank = group, rank
-        if best is None:
-            raise CheckpointError(f"{module}: has quantized tensors but no config_groups entry targets it")
-        return best
+        return config_group(self.groups, module)
 
     def activation(self, module: str) -> ActivationSpec:
         """The module's config group ``input_activations`` as a humming activation scheme."""
@@ -160,6 +149,56 @@ class CompressedTensorsReader:
         raise UnsupportedFormatError(f"{module}: compressed-tensors format {fmt!r} is not supported")
 
 
+def config_group(groups: dict, module: str) -> dict:
+    """The entry of ``config_groups`` for ``module``: exact name beats regex beats class name (as
+    compressed-tensors)."""
+    best, best_rank = None, 3
+    for group in groups.values():
+        for target in group.get("targets", []):
+            if target == module:
+                rank = 0
+            elif target.startswith("re:"):
+                rank = 1 if re.match(target[3:], module) else 3
+            else:  # a class name ("Linear"): the checkpoint cannot tell classes apart
+                rank = 2 if target[:1].isupper() else 3
+            if rank < best_rank:
+                best, best_rank = group, rank
+    if best is None:
+        raise CheckpointError(f"{module}: has quantized tensors but no config_groups entry targets it")
+    return best
+
+
+def _config_group(group: Config) -> dict:
+    """One ``config_groups`` entry, every field compressed-tensors defines for it type-checked: ``targets``,
+    ``format``, and the ``weights`` / ``input_activations`` quantization arguments (``{}`` / ``None`` unset)."""
+    activations = group.object("input_activations")
+    return {
+        "targets": group.strings("targets"),
+        "format": group.str("format", None),
+        "weights": _quantization_args(group.object("weights")),
+        "input_activations": _quantization_args(activations) if activations.value else None,
+    }
+
+
+def _quantization_args(args: Config) -> dict:
+    """compressed-tensors ``QuantizationArgs``: the fields humming reads, checked, absent ones left out."""
+    if not args.value:
+        return {}
+    dynamic = args.value.get("dynamic", False)
+    if not isinstance(dynamic, (bool, str)):
+        raise args.error("dynamic", "true, false or 'local'", dynamic)
+    fields = {
+        "num_bits": args.int("num_bits", 8, minimum=1, null=True),
+        "type": args.str("type", "int"),
+        "strategy": args.str("strategy", None),
+        "symmetric": args.bool("symmetric", True),
+        "dynamic": dynamic,
+        "group_size": args.int("group_size", None, minimum=1, null=True),
+        "block_structure": args.int_pair("block_structure"),
+    }
+    return {key: value for key, value in fields.items() if value is not None}
+
+
 def _group_shape(module: str, w: dict) -> tuple[int, int]:
     strategy = w.get("strategy")
     if strategy == "tensor":
@@ -167,10 +206,13 @@ def _group_shape(module: str, w: dict) -> tuple[int, int]:
     if strategy == "channel":
         return (1, -1)
     if strategy in ("group", "tensor_group"):
-        return (1, int(w["group_size"]))
+        if "group_size" not in w:
+            raise CheckpointError(f"{module}: weight strategy {strategy!r} without a group_size")
+        return (1, w["group_size"])
     if strategy == "block":
-        bn, bk = w["block_structure"]
-        return (int(bn), int(bk))
+        if "block_structure" not in w:
+            raise CheckpointError(f"{module}: weight strategy 'block' without a block_structure [bn, bk]")
+        return w["block_structure"]
     raise UnsupportedFormatError(f"{module}: weight strategy {strategy!r} is not a weight layout humming reads")
 
 
@@ -235,13 +277,30 @@ def _layout(module: str, width: int, count: int, bits: int, version) -> str:
     )
 
 
+def _int_bits(module: str, w: dict) -> int:
+    bits = w.get("num_bits", 8)
+    if not 1 <= bits <= 8:
+        raise UnsupportedFormatError(f"{module}: int weights of {bits} bits (humming's int formats have 1 to 8)")
+    return bits
+
+
+def _weight_shape(module: str, weight_shape: torch.Tensor) -> tuple[int, int]:
+    """``weight_shape`` ``[N, K]`` (an integer tensor of two positive values)."""
+    if weight_shape.is_floating_point() or weight_shape.numel() != 2 or int(weight_shape.min()) < 1:
+        raise ShapeMismatchError(
+            f"{module}: tensor 'weight_shape' must hold two positive ints [N, K], got {weight_shape.tolist()}"
+        )
+    n, k = (int(v) for v in weight_shape.reshape(-1).tolist())
+    return n, k
+
+
 def _decode_pack_quantized(module, w, packed, scale, zero_point, weight_shape, g_idx, bias, version):
-    bits = int(w["num_bits"])
+    bits = _int_bits(module, w)
     if packed.dtype != torch.int32 or packed.dim() != 2:
         raise ShapeMismatchError(f"{module}: weight_packed must be 2-D int32, got {packed.dtype} {tuple(packed.shape)}")
     if weight_shape is None:
         raise MissingTensorError(f"{module}: pack-quantized needs tensor '{module}.weight_shape' to know K")
-    n, k = (int(v) for v in weight_shape.reshape(-1).tolist())
+    n, k = _weight_shape(module, weight_shape)
     if packed.shape[0] != n:
         raise ShapeMismatchError(f"{module}: weight_packed has {packed.shape[0]} rows, weight_shape says {n}")
     layout = _layout(module, packed.shape[1], k, bits, version)
@@ -304,7 +363,7 @@ def _decode_unpacked(module, w, weight, scale, zero_point, g_idx, bias) -> Quant
     if weight.dim() != 2:
         raise ShapeMismatchError(f"{module}: weight must be 2-D [N, K], got {tuple(weight.shape)}")
     n, k = weight.shape
-    bits = int(w.get("num_bits", 8))
+    bits = _int_bits(module, w)
     group_shape = _group_shape(module, w)
     scales = _scales(module, scale, n, k, group_shape, g_idx)
     zeros = None
@@ -347,7 +406,7 @@ def _decode_fp4(module, packed, scale, global_scale, weight_shape, bias, scale_k
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise ShapeMismatchError(f"{module}: weight_packed must be 2-D uint8, got {packed.dtype} {tuple(packed.shape)}")
     n = packed.shape[0]
-    k = int(weight_shape.reshape(-1)[1]) if weight_shape is not None else packed.shape[1] * 2
+    k = _weight_shape(module, weight_shape)[1] if weight_shape is not None else packed.shape[1] * 2
     check_shape(module, "weight_packed", packed, (n, cdiv(k, 2)))
     check_shape(module, "weight_scale", scale, (n, cdiv(k, group_size)))
     if scale_kind == "e8m0":

@@ -13,6 +13,7 @@ import torch
 from humming.ir.weight import QuantizedWeight, cdiv
 
 from ._common import bytes_to_words, check_shape
+from ._config import Config
 from ._files import CheckpointFiles
 from .activations import ActivationSpec
 from .errors import MissingTensorError, ShapeMismatchError, UnsupportedFormatError
@@ -25,13 +26,13 @@ class FP8Reader:
 
     def __init__(self, qconfig: dict, files: CheckpointFiles):
         self.files = files
-        fmt = str(qconfig.get("fmt", "e4m3")).lower()
+        config = Config(qconfig, "quantization_config")
+        fmt = config.str("fmt", "e4m3", lower=True)
         if fmt != "e4m3":
             raise UnsupportedFormatError(f"fp8 checkpoint with fmt {fmt!r}: only e4m3 weights are defined")
-        block = qconfig.get("weight_block_size")
-        self.block = tuple(int(b) for b in block) if block else None
-        self.skip = list(qconfig.get("modules_to_not_convert") or []) + list(qconfig.get("ignored_layers") or [])
-        self.activation_scheme = str(qconfig.get("activation_scheme", "dynamic")).lower()
+        self.block = config.int_pair("weight_block_size")
+        self.skip = config.strings("modules_to_not_convert") + config.strings("ignored_layers")
+        self.activation_scheme = config.str("activation_scheme", "dynamic", lower=True)
 
     def describe(self) -> str:
         return f"FP8 e4m3 block {self.block[0]}x{self.block[1]}" if self.block else "FP8 e4m3 per-tensor/channel"

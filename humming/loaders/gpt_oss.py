@@ -17,6 +17,7 @@ import torch
 from humming.ir.weight import QuantizedWeight
 
 from ._common import bytes_to_words, check_shape
+from ._config import Config
 from ._files import CheckpointFiles
 from .errors import ShapeMismatchError
 
@@ -28,7 +29,7 @@ class GptOssReader:
 
     def __init__(self, qconfig: dict, files: CheckpointFiles):
         self.files = files
-        self.skip = list(qconfig.get("modules_to_not_convert") or [])
+        self.skip = Config(qconfig, "quantization_config").strings("modules_to_not_convert")
 
     def describe(self) -> str:
         return "gpt-oss MXFP4 experts (e2m1, e8m0 scales, group 32)"

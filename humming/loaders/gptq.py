@@ -26,6 +26,7 @@ from humming.ir.packing import pack_codes, packed_words, unpack_codes
 from humming.ir.weight import QuantizedWeight, cdiv
 
 from ._common import check_shape, drop_trivial_g_idx, signed_if_symmetric
+from ._config import Config
 from ._files import CheckpointFiles
 from .errors import CheckpointError, ShapeMismatchError, UnsupportedFormatError
 
@@ -39,27 +40,27 @@ class GPTQReader:
 
     def __init__(self, qconfig: dict, files: CheckpointFiles):
         self.files = files
-        fmt = str(qconfig.get("checkpoint_format") or qconfig.get("format") or "gptq").lower()
-        if qconfig.get("is_marlin_format") or fmt in _KERNEL_FORMATS:
+        config = Config(qconfig, "quantization_config")
+        fmt = (config.str("checkpoint_format", None) or config.str("format", None) or "gptq").lower()
+        marlin = config.bool("is_marlin_format", False)
+        if marlin or fmt in _KERNEL_FORMATS:
             raise UnsupportedFormatError(
-                f"GPTQ checkpoint_format {fmt!r} (is_marlin_format={qconfig.get('is_marlin_format', False)}) is "
+                f"GPTQ checkpoint_format {fmt!r} (is_marlin_format={marlin}) is "
                 "a kernel-specific repacked layout; humming reads the portable 'gptq' / 'gptq_v2' layouts. "
                 "Re-export the model in GPTQ format."
             )
         if fmt not in ("gptq", "gptq_v2"):
             raise UnsupportedFormatError(f"GPTQ checkpoint_format {fmt!r} is unknown (expected 'gptq' or 'gptq_v2')")
         self.version = 2 if fmt == "gptq_v2" else 1
-        self.base = {
-            "bits": int(qconfig.get("bits", 4)),
-            "group_size": int(qconfig.get("group_size", -1)),
-            "sym": bool(qconfig.get("sym", True)),
-        }
-        self.dynamic = qconfig.get("dynamic") or {}
-        for key in self.dynamic:
+        self.base = _settings(config, {"bits": 4, "group_size": -1, "sym": True})
+        self.dynamic = {}
+        dynamic = config.object("dynamic")
+        for key, overrides in dynamic.value.items():
             try:
                 re.compile(key[2:] if key[:2] in ("+:", "-:") else key)
             except re.error as err:
                 raise CheckpointError(f"GPTQ dynamic: invalid pattern {key!r} ({err})") from None
+            self.dynamic[key] = _settings(dynamic.object(key), self.base) if overrides else dict(self.base)
         self._warned = False
 
     def describe(self) -> str:
@@ -72,7 +73,7 @@ class GPTQReader:
             negative = key.startswith("-:")
             pattern = key[2:] if key[:2] in ("+:", "-:") else key
             if re.match(pattern, module):
-                return None if negative else {**self.base, **(overrides or {})}
+                return None if negative else dict(overrides)
         return dict(self.base)
 
     def modules(self) -> list[str]:
@@ -101,6 +102,16 @@ class GPTQReader:
                 stacklevel=3,
             )
         return qw
+
+
+def _settings(config: Config, defaults: dict) -> dict:
+    """GPTQ's per-module settings read from ``config`` (the quantization_config, or one ``dynamic`` override),
+    ``defaults`` for those it leaves out: ``bits`` (an int), ``group_size`` (positive or -1), ``sym``."""
+    return {
+        "bits": config.int("bits", defaults["bits"], minimum=1),
+        "group_size": config.int("group_size", defaults["group_size"], minimum=1, allowed=(-1,)),
+        "sym": config.bool("sym", defaults["sym"]),
+    }
 
 
 def decode_gptq(module, *, qweight, qzeros, scales, g_idx, bias, bits, group_size, version) -> QuantizedWeight:

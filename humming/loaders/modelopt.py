@@ -19,6 +19,7 @@ import torch
 from humming.ir.weight import QuantizedWeight, cdiv
 
 from ._common import bytes_to_words, check_shape
+from ._config import Config
 from ._files import CheckpointFiles
 from .activations import ActivationSpec
 from .errors import MissingTensorError, ShapeMismatchError, UnsupportedFormatError
@@ -40,19 +41,27 @@ class ModelOptReader:
 
     def __init__(self, qconfig: dict, files: CheckpointFiles):
         self.files = files
-        quant = (files.hf_quant_config or {}).get("quantization") or qconfig
-        self.algo = str(quant.get("quant_algo") or "").upper()
-        self.layers: dict[str, dict] = {}
+        quant = Config(files.hf_quant_config or {}, "hf_quant_config.json").object("quantization")
+        if not quant.value:  # the config.json form
+            quant = Config(qconfig, "quantization_config")
+        self.algo = quant.str("quant_algo", "").upper()
+        # module -> (its quant_algo, its group size or None)
+        self.layers: dict[str, tuple[str, int | None]] = {}
         if self.algo == "MIXED_PRECISION":
-            self.layers = dict(quant.get("quantized_layers") or {})
-            algos = {str(v.get("quant_algo", "")).upper() for v in self.layers.values()}
-            bad = sorted(a for a in algos if a not in _SUPPORTED)
+            layers = quant.object("quantized_layers")
+            for name in layers.value:
+                layer = layers.object(name)
+                self.layers[name] = (
+                    layer.str("quant_algo", "").upper(),
+                    layer.int("group_size", None, minimum=1, null=True),
+                )
+            bad = sorted({algo for algo, _ in self.layers.values() if algo not in _SUPPORTED})
             if bad:
                 raise UnsupportedFormatError(f"ModelOpt MIXED_PRECISION with quant_algo {bad}: {_why(bad[0])}")
         elif self.algo not in _SUPPORTED:
             raise UnsupportedFormatError(f"ModelOpt quant_algo {self.algo or None!r}: {_why(self.algo)}")
-        self.group_size = int(quant.get("group_size") or 16)
-        self.exclude = list(quant.get("exclude_modules") or quant.get("ignore") or [])
+        self.group_size = quant.int("group_size", 16, minimum=1, null=True)
+        self.exclude = quant.strings("exclude_modules") or quant.strings("ignore")
 
     def describe(self) -> str:
         return f"ModelOpt {self.algo}" + (f" group {self.group_size}" if self.algo == "NVFP4" else "")
@@ -60,7 +69,7 @@ class ModelOptReader:
     def _algo(self, module: str) -> str | None:
         if self.layers:
             entry = self.layers.get(module)
-            return str(entry["quant_algo"]).upper() if entry else None
+            return entry[0] if entry else None
         return self.algo
 
     def modules(self) -> list[str]:
@@ -88,7 +97,7 @@ class ModelOptReader:
         scale = self.files.get(f"{module}.weight_scale", module)
         bias = self.files.get_optional(f"{module}.bias")
         if algo == "NVFP4":
-            group = int((self.layers.get(module) or {}).get("group_size") or self.group_size)
+            group = (self.layers.get(module) or (None, None))[1] or self.group_size
             scale_2 = self.files.get(f"{module}.weight_scale_2", module)
             return decode_nvfp4(module, weight, scale, scale_2, bias, group_size=group)
         return decode_fp8(module, weight, scale, bias)

@@ -48,6 +48,7 @@ the ``T`` tokens are quantized once, routed or not).
 from __future__ import annotations
 
 from ..ir.weight import expert_weight
+from ._checks import MAX_BLOCK_M, MAX_EXPERTS
 from .align import MoeRouting, default_block_m, moe_align, padded_rows
 from .call import MoeCall, MoeLaunch
 from .fused import fused_moe
@@ -56,6 +57,8 @@ from .masked import grouped_linear_masked, masked_block_m, masked_expert_ids
 from .routing import topk_routing
 
 __all__ = [
+    "MAX_BLOCK_M",
+    "MAX_EXPERTS",
     "MoeCall",
     "MoeLaunch",
     "MoeRouting",

@@ -11,6 +11,8 @@ from ..ir.dtypes import FLOAT_DTYPES
 from ..ir.weight import QuantizedWeight
 
 __all__ = [
+    "MAX_BLOCK_M",
+    "MAX_EXPERTS",
     "check_act_scale",
     "check_block_m",
     "check_expert_map",
@@ -24,9 +26,15 @@ __all__ = [
 ]
 
 
+#: The largest routing block: every expert's segment is padded to a multiple of it (E * block_m rows at worst).
+MAX_BLOCK_M = 1024
+#: The most experts one moe_align call groups (its per-expert counts and padded rows are allocated).
+MAX_EXPERTS = 1 << 16
+
+
 def check_block_m(block_m) -> int:
-    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m <= 0 or block_m % 8:
-        raise ValueError(f"block_m: expected a positive multiple of 8, got {block_m!r}")
+    if isinstance(block_m, bool) or not isinstance(block_m, int) or not 0 < block_m <= MAX_BLOCK_M or block_m % 8:
+        raise ValueError(f"block_m: expected a positive multiple of 8 up to {MAX_BLOCK_M}, got {block_m!r}")
     return block_m
 
 
@@ -84,15 +92,15 @@ def check_rows(rows, device: torch.device) -> None:
         raise ValueError(f"rows is on {rows.device} but x is on {device}")
 
 
-def expert_bias(bias, qweight: QuantizedWeight) -> torch.Tensor | None:
-    """A grouped GEMM's bias: ``[E, N]`` floats on the weight's device, or ``qweight.bias`` when None."""
+def expert_bias(bias, qweight: QuantizedWeight, name: str = "bias") -> torch.Tensor | None:
+    """A grouped GEMM's bias checked: ``[E, N]`` floats on the weight's device, or None."""
     if bias is None:
-        return qweight.bias
+        return None
     e, n, _ = qweight.shape
     if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (e, n) or not bias.is_floating_point():
-        raise ValueError(f"bias: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
+        raise ValueError(f"{name}: expected a float tensor of shape ({e}, {n}), got {getattr(bias, 'shape', bias)!r}")
     if bias.device != qweight.device:
-        raise ValueError(f"bias is on {bias.device} but qweight is on {qweight.device}")
+        raise ValueError(f"{name} is on {bias.device} but qweight is on {qweight.device}")
     return bias
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import ops
-from ._checks import check_block_m, check_range, check_topk_ids
+from ._checks import MAX_EXPERTS, check_block_m, check_range, check_topk_ids
 
 __all__ = ["MoeRouting", "align", "default_block_m", "moe_align", "padded_rows"]
 
@@ -61,8 +61,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRout
     checked (that would read them back to the host): such slots are dropped (no row, so they add nothing).
     """
     check_topk_ids(topk_ids)
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0:
-        raise ValueError(f"num_experts: expected a positive int, got {num_experts!r}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or not 0 < num_experts <= MAX_EXPERTS:
+        raise ValueError(f"num_experts: expected a positive int up to {MAX_EXPERTS}, got {num_experts!r}")
     block_m = check_block_m(block_m)
     if ops.eager(topk_ids):
         check_range("topk_ids", topk_ids, 0, num_experts)
@@ -100,8 +100,7 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeRouting:
 
 
 def _moe_align_op(topk_ids, num_experts, block_m):
-    check_range("topk_ids", topk_ids, 0, num_experts)
-    r = align(topk_ids, num_experts, block_m)
+    r = moe_align(topk_ids, num_experts, block_m)  # eager here: every argument checked, then aligned
     return r.src_slots, r.expert_ids, r.num_rows, r.slot_rows
 
 

@@ -24,6 +24,7 @@ from ._checks import (
     check_range,
     check_topk_ids,
     check_x,
+    expert_bias,
 )
 from .align import align, default_block_m
 from .grouped import run_grouped
@@ -81,38 +82,17 @@ def fused_moe(
     """
     w13 = check_experts("w13", w13)
     w2 = check_experts("w2", w2)
-    e, two_i, k = w13.shape
-    activation = moe_layer.check_activation(activation, alpha, limit, gate_up_layout)
-    if two_i % 2:
-        raise ValueError(f"w13: expected [E, 2I, K] (gate and up rows), got an odd N={two_i}")
-    inter = two_i // 2
-    if w2.shape != (e, k, inter):
-        raise ValueError(f"w2: expected shape {(e, k, inter)} for w13 {w13.shape}, got {w2.shape}")
-    if w2.device != w13.device:
-        raise ValueError(f"w2 is on {w2.device} but w13 is on {w13.device}")
-    check_x("x", x, k, w13.device)
-    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"topk_ids: expected shape [T={x.shape[0]}, topk], got {getattr(topk_ids, 'shape', topk_ids)}")
-    if topk_ids.device != x.device:
-        raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
-    check_topk_ids(topk_ids)
-    if not isinstance(topk_weights, torch.Tensor) or not topk_weights.is_floating_point():
-        raise ValueError(f"topk_weights: expected a float tensor, got {getattr(topk_weights, 'dtype', topk_weights)}")
-    if topk_weights.shape != topk_ids.shape or topk_weights.device != x.device:
-        raise ValueError(
-            f"topk_weights: expected shape {tuple(topk_ids.shape)} on {x.device} (as topk_ids), "
-            f"got {tuple(topk_weights.shape)} on {topk_weights.device}"
-        )
-    if expert_map is not None:
-        check_expert_map(expert_map, e, x.device)
-    block_m = check_block_m(block_m) if block_m is not None else None
-    act = None if act is None else get_act_scheme(act)
-    reason = combination_error(w13.format, act) or combination_error(w2.format, act)
-    if reason:
-        raise ValueError(reason)
-    scales = tuple(
-        check_act_scale(name, scale, act, x.device)
-        for name, scale in (("w13_act_scale", w13_act_scale), ("w2_act_scale", w2_act_scale))
+    activation, act, scales, block_m = _checked(
+        x,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        (activation, alpha, limit, gate_up_layout),
+        expert_map,
+        act,
+        (w13_act_scale, w2_act_scale),
+        block_m,
     )
     if ops.eager(x):
         args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m, backend)
@@ -135,6 +115,49 @@ def fused_moe(
         0 if block_m is None else block_m,
         backend,
     )
+
+
+def _checked(x, w13, w2, topk_weights, topk_ids, activation, expert_map, act, act_scales, block_m):
+    """``(activation, act, (w13_act_scale, w2_act_scale), block_m)`` of a fused_moe call, every argument checked
+    (the entry point's and the custom op's); ``activation`` is ``(name, alpha, limit, gate_up_layout)``."""
+    e, two_i, k = w13.shape
+    activation = moe_layer.check_activation(*activation)
+    if two_i % 2:
+        raise ValueError(f"w13: expected [E, 2I, K] (gate and up rows), got an odd N={two_i}")
+    inter = two_i // 2
+    if w2.shape != (e, k, inter):
+        raise ValueError(f"w2: expected shape {(e, k, inter)} for w13 {w13.shape}, got {w2.shape}")
+    if w2.device != w13.device:
+        raise ValueError(f"w2 is on {w2.device} but w13 is on {w13.device}")
+    check_x("x", x, k, w13.device)
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_ids: expected shape [T={x.shape[0]}, topk], got {getattr(topk_ids, 'shape', topk_ids)}")
+    if topk_ids.shape[1] == 0:
+        raise ValueError(
+            f"topk_ids: expected at least one expert per token (topk >= 1), got shape {tuple(topk_ids.shape)}"
+        )
+    if topk_ids.device != x.device:
+        raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
+    check_topk_ids(topk_ids)
+    if not isinstance(topk_weights, torch.Tensor) or not topk_weights.is_floating_point():
+        raise ValueError(f"topk_weights: expected a float tensor, got {getattr(topk_weights, 'dtype', topk_weights)}")
+    if topk_weights.shape != topk_ids.shape or topk_weights.device != x.device:
+        raise ValueError(
+            f"topk_weights: expected shape {tuple(topk_ids.shape)} on {x.device} (as topk_ids), "
+            f"got {tuple(topk_weights.shape)} on {topk_weights.device}"
+        )
+    if expert_map is not None:
+        check_expert_map(expert_map, e, x.device)
+    block_m = check_block_m(block_m) if block_m is not None else None
+    act = None if act is None else get_act_scheme(act)
+    reason = combination_error(w13.format, act) or combination_error(w2.format, act)
+    if reason:
+        raise ValueError(reason)
+    scales = tuple(
+        check_act_scale(name, scale, act, x.device)
+        for name, scale in zip(("w13_act_scale", "w2_act_scale"), act_scales)
+    )
+    return activation, act, scales, block_m
 
 
 def local_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor, num_local: int) -> torch.Tensor:
@@ -209,11 +232,22 @@ def run_fused_moe(
 def _fused_moe_op(x, topk_weights, topk_ids, *args):
     w13, w13_bias, w2, w2_bias, expert_map = args[:7], args[7], args[8:15], args[15], args[16]
     name, alpha, limit, gate_up_layout, act, w13_act_scale, w2_act_scale, block_m, backend = args[17:]
-    w13, w2 = ops.weight_from_args(*w13), ops.weight_from_args(*w2)
-    activation = moe_layer.Activation(name, alpha, limit, gate_up_layout)
-    act = None if act is None else get_act_scheme(act)
-    scales = (w13_act_scale, w2_act_scale)
-    args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m or None, backend)
+    w13 = check_experts("w13", ops.weight_from_args(*w13))
+    w2 = check_experts("w2", ops.weight_from_args(*w2))
+    activation, act, scales, block_m = _checked(
+        x,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        (name, alpha, limit, gate_up_layout),
+        expert_map,
+        act,
+        (w13_act_scale, w2_act_scale),
+        block_m or None,
+    )
+    w13_bias, w2_bias = expert_bias(w13_bias, w13, "w13_bias"), expert_bias(w2_bias, w2, "w2_bias")
+    args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m, backend)
     return run_fused_moe(x, w13, w13_bias, w2, w2_bias, *args)
 
 

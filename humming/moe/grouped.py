@@ -52,12 +52,37 @@ def grouped_linear(
         ``[M_pad, N]`` in ``out_dtype`` (default ``x``'s dtype).
     """
     qweight = check_experts("qweight", qweight)
+    bias = qweight.bias if bias is None else bias
+    act, bias, out_dtype, block_m = _checked(x, qweight, expert_ids, block_m, bias, rows, act, out_dtype)
+    prequantized = isinstance(x, QuantizedActivation)
+    x_data = x.codes if prequantized else x
+    if ops.eager(x_data):
+        return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend, rows)
+    return torch.ops.humming.grouped_linear(
+        x_data,
+        x.scales if prequantized else None,
+        x.global_scale if prequantized else None,
+        expert_ids,
+        block_m,
+        rows,
+        *ops.weight_args(qweight),
+        bias,
+        ops.act_name(act),
+        out_dtype,
+        backend,
+    )
+
+
+def _checked(x, qweight: QuantizedWeight, expert_ids, block_m, bias, rows, act, out_dtype):
+    """``(act, bias, out_dtype, block_m)`` of a grouped_linear call, every argument checked (the entry point's
+    and the custom op's, which may be called directly)."""
     k = qweight.K
     prequantized = isinstance(x, QuantizedActivation)
     if prequantized:
         if act is not None and get_act_scheme(act) != x.scheme:
             raise ValueError(f"act: x is already quantized with {x.scheme.name}, but act={act!r}")
         act = x.scheme
+        x.check_codes()
         x_data = x.codes
         if x_data.shape[1] != k:
             raise ValueError(f"x: expected shape [M, {k}] (K of the weight), got {tuple(x_data.shape)}")
@@ -86,21 +111,7 @@ def grouped_linear(
     reason = combination_error(qweight.format, act)
     if reason:
         raise ValueError(reason)
-    if ops.eager(x_data):
-        return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend, rows)
-    return torch.ops.humming.grouped_linear(
-        x_data,
-        x.scales if prequantized else None,
-        x.global_scale if prequantized else None,
-        expert_ids,
-        block_m,
-        rows,
-        *ops.weight_args(qweight),
-        bias,
-        ops.act_name(act),
-        out_dtype,
-        backend,
-    )
+    return act, bias, out_dtype, block_m
 
 
 def run_grouped(
@@ -144,10 +155,12 @@ def run_grouped(
 
 def _grouped_op(x, x_scales, x_global_scale, expert_ids, block_m, rows, *args):
     *weight, bias, act, out_dtype, backend = args
-    qweight = ops.weight_from_args(*weight)
-    act = None if act is None else get_act_scheme(act)
+    qweight = check_experts("qweight", ops.weight_from_args(*weight))
     if x_scales is not None:
+        if act is None:
+            raise ValueError("act: quantized activations (x_scales given) need the scheme's name")
         x = QuantizedActivation(act, x, x_scales, x_global_scale)
+    act, bias, out_dtype, block_m = _checked(x, qweight, expert_ids, block_m, bias, rows, act, out_dtype)
     return run_grouped(x, qweight, expert_ids, block_m, bias, act, out_dtype, backend, rows)
 
 

@@ -61,6 +61,18 @@ def grouped_linear_masked(
         are unspecified (the kernels skip their blocks; garbage there never reaches a valid row).
     """
     qweight = check_experts("qweight", qweight)
+    bias = qweight.bias if bias is None else bias
+    act, bias, out_dtype = _checked(x, qweight, masked_m, bias, act, out_dtype, expected_m)
+    if ops.eager(x):
+        return run_grouped_masked(x, qweight, masked_m, bias, act, out_dtype, expected_m or 0, backend)
+    return torch.ops.humming.grouped_linear_masked(
+        x, masked_m, expected_m or 0, *ops.weight_args(qweight), bias, ops.act_name(act), out_dtype, backend
+    )
+
+
+def _checked(x, qweight: QuantizedWeight, masked_m, bias, act, out_dtype, expected_m):
+    """``(act, bias, out_dtype)`` of a grouped_linear_masked call, every argument checked (the entry point's
+    and the custom op's)."""
     e, _, k = qweight.shape
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x: expected a torch.Tensor, got {type(x).__name__}")
@@ -91,11 +103,7 @@ def grouped_linear_masked(
     reason = combination_error(qweight.format, act)
     if reason:
         raise ValueError(reason)
-    if ops.eager(x):
-        return run_grouped_masked(x, qweight, masked_m, bias, act, out_dtype, expected_m or 0, backend)
-    return torch.ops.humming.grouped_linear_masked(
-        x, masked_m, expected_m or 0, *ops.weight_args(qweight), bias, ops.act_name(act), out_dtype, backend
-    )
+    return act, bias, out_dtype
 
 
 def masked_block_m(max_m: int, expected_m: int) -> int:
@@ -134,8 +142,8 @@ def run_grouped_masked(x, qweight, masked_m, bias, act: ActScheme | None, out_dt
 
 def _grouped_masked_op(x, masked_m, expected_m, *args):
     *weight, bias, act, out_dtype, backend = args
-    qweight = ops.weight_from_args(*weight)
-    act = None if act is None else get_act_scheme(act)
+    qweight = check_experts("qweight", ops.weight_from_args(*weight))
+    act, bias, out_dtype = _checked(x, qweight, masked_m, bias, act, out_dtype, expected_m or None)
     return run_grouped_masked(x, qweight, masked_m, bias, act, out_dtype, expected_m, backend)
 
 

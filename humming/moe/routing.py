@@ -12,7 +12,9 @@ import numbers
 import torch
 
 from .. import ops
+from .._env import pass_backend
 from ..dispatch.kernels import backend_unavailable
+from ..ir._checks import non_finite_error
 from ..reference import routing as reference
 from ..reference.routing import ORDERS, SCORINGS, RoutingSpec
 
@@ -39,7 +41,7 @@ def check_routing(
 ) -> RoutingSpec:
     """The :class:`~humming.reference.routing.RoutingSpec` of a :func:`topk_routing` call (its arguments in the
     op schema's order, with its defaults); ``ValueError`` naming the argument for anything it cannot run.
-    Reads no tensor data (no host sync)."""
+    Reads tensor data only on CPU (no host sync)."""
     if not isinstance(router_logits, torch.Tensor) or not router_logits.is_floating_point():
         raise ValueError(
             f"router_logits: expected a float tensor, got {getattr(router_logits, 'dtype', router_logits)}"
@@ -80,6 +82,10 @@ def check_routing(
             raise ValueError(
                 f"correction_bias is on {correction_bias.device} but router_logits is on {router_logits.device}"
             )
+        # Its values, where reading them costs no host sync (CPU): a NaN would rank every expert alike.
+        reason = non_finite_error("correction_bias", correction_bias) if correction_bias.device.type == "cpu" else None
+        if reason is not None:
+            raise ValueError(reason)
     if (
         isinstance(routed_scaling, bool)
         or not isinstance(routed_scaling, numbers.Real)
@@ -130,8 +136,9 @@ def layer_backend(backend: str) -> str:
 
 
 def route(router_logits: torch.Tensor, correction_bias, spec: RoutingSpec, backend: str):
-    """Run a checked call: the Triton kernel for ``backend="triton"``, and for ``"auto"`` on CUDA tensors
-    where it runs the call; else the reference."""
+    """Run a checked call: the Triton kernel for ``backend="triton"``, and for ``"auto"`` (which
+    ``HUMMING_BACKEND`` may set) on CUDA tensors where it runs the call; else the reference."""
+    backend = pass_backend(backend)
     reason = triton_unsupported(router_logits, correction_bias, spec, backend)
     if reason is None:
         kernel = importlib.import_module("humming.triton_kernels.routing")

@@ -21,6 +21,16 @@ class QuantizedModule(nn.Module):
         self._weights: dict[str, QuantizedWeight] = {}
         self._act_scales: list[str] = []
 
+    def _weight(self, prefix: str) -> QuantizedWeight:
+        """The weight held under ``prefix``, made again from the buffers (and validated) where one was replaced
+        since (an assignment such as ``module.scales = t``; ``load_state_dict`` rebuilds the weights itself), so
+        that the module never serves a weight its buffers no longer hold."""
+        qw = self._weights[prefix]
+        buffers = self._buffers
+        if any(buffers[prefix + name] is not getattr(qw, name) for name in _TENSORS):
+            qw = self._weights[prefix] = qw.replace(**{name: buffers[prefix + name] for name in _TENSORS})
+        return qw
+
     def _set_weight(self, prefix: str, qw: QuantizedWeight) -> None:
         """Register ``qw``'s tensors as buffers ``{prefix}qweight``, ``{prefix}scales``... (``None`` where
         unset)."""

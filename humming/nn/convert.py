@@ -89,9 +89,10 @@ def quantize_model(
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     modules, ignore = _patterns("modules", modules), _patterns("ignore", ignore) or []
+    # Every name, a module registered under several (shared or tied) included: each gets the one quantized module.
     candidates = [
         (name, module)
-        for name, module in model.named_modules()
+        for name, module in model.named_modules(remove_duplicate=False)
         if name and (isinstance(module, nn.Linear) or is_experts_module(module))
     ]
     selected, skipped = [], []
@@ -108,15 +109,17 @@ def quantize_model(
             selected.append((name, module))
     if modules is not None and not selected:
         raise ValueError(f"modules: no nn.Linear or experts module of the model matches {modules}")
+    quantized: dict[int, tuple[nn.Module, nn.Module]] = {}  # id(module) -> (module, its quantized module)
     for name, module in tqdm(selected, desc=f"quantizing to {weight}", disable=not progress):
         parent_name, _, child = name.rpartition(".")
-        if isinstance(module, nn.Linear):
+        if id(module) not in quantized and isinstance(module, nn.Linear):
             layer = QuantizedLinear.from_float(
                 module, weight, group_size, zero_point=zero_point, act=act, backend=backend
             )
-        else:
-            layer = _quantize_experts(module, weight, group_size, zero_point, act, backend)
-        setattr(model.get_submodule(parent_name), child, layer)
+            quantized[id(module)] = (module, layer)
+        elif id(module) not in quantized:
+            quantized[id(module)] = (module, _quantize_experts(module, weight, group_size, zero_point, act, backend))
+        setattr(model.get_submodule(parent_name), child, quantized[id(module)][1])
     if skipped:
         warnings.warn(
             f"quantize_model: {len(skipped)} of {len(candidates)} modules left unquantized: {_listing(skipped)}",

@@ -106,6 +106,9 @@ def from_pretrained(
             tensor the model needs that the checkpoint lacks (``MissingTensorError``), one the model has no
             place for (``UnexpectedTensorError``), a shape that disagrees (``ShapeMismatchError``).
     """
+    for name, flag in (("strict", strict), ("trust_remote_code", trust_remote_code)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected True or False, got {flag!r}")
     transformers = _transformers()
     files, reader = open_checkpoint(_local_folder(path, revision, local_files_only))
     device = _device(device if device_map is None else device_map)

@@ -57,7 +57,7 @@ class QuantizedLinear(QuantizedModule):
 
     @property
     def weight(self) -> QuantizedWeight:
-        return self._weights[""]
+        return self._weight("")
 
     @classmethod
     def from_float(
@@ -85,7 +85,8 @@ class QuantizedLinear(QuantizedModule):
         return cls(qw, act=act, backend=backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.act_scale is None:
+        if self.act_scale is None or (isinstance(x, torch.Tensor) and x.dim() and not x.shape[:-1].numel()):
+            # no static scale, or no tokens (nothing to quantize): humming.linear as it is
             return linear(x, self.weight, act=self.act, out_dtype=self.out_dtype, backend=self.backend)
         quant_backend = self.backend if self.backend in ("reference", "triton") else "auto"
         qa = quantize_activation(x.reshape(-1, self.in_features), self.act, scale=self.act_scale, backend=quant_backend)

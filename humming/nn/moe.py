@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ir._checks import non_finite_error
 from ..ir.activation import ActScheme, get_act_scheme
 from ..ir.quantize import quantize
 from ..ir.weight import QuantizedWeight
@@ -58,11 +59,11 @@ class MoeExperts(QuantizedModule):
 
     @property
     def w13(self) -> QuantizedWeight:
-        return self._weights["w13_"]
+        return self._weight("w13_")
 
     @property
     def w2(self) -> QuantizedWeight:
-        return self._weights["w2_"]
+        return self._weight("w2_")
 
     def _options(self) -> dict:
         """The fused_moe keyword arguments the module holds, but the expert map."""
@@ -151,6 +152,8 @@ class FusedMoE(MoeExperts):
         logits = torch.empty(0, routed, device=device)
         routing = (top_k, scoring, renormalize, num_groups, topk_groups, correction_bias, routed_scaling, order)
         spec = check_routing(logits, *routing, layer_backend(backend))
+        if correction_bias is not None and non_finite_error("correction_bias", correction_bias):
+            raise ValueError(non_finite_error("correction_bias", correction_bias))
         self.top_k, self.scoring, self.renormalize, self.order = top_k, scoring, renormalize, order
         self.num_groups, self.topk_groups, self.routed_scaling = num_groups, topk_groups, spec.routed_scaling
         self.register_buffer("correction_bias", correction_bias)
@@ -170,6 +173,13 @@ class FusedMoE(MoeExperts):
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``router_logits [T, E_routed]`` -> ``(topk_weights float32, topk_ids int32)`` ``[T, top_k]``."""
+        routed = self.num_experts if self.expert_map is None else self.expert_map.shape[0]
+        width = router_logits.shape[-1] if isinstance(router_logits, torch.Tensor) and router_logits.dim() else None
+        if width != routed:
+            got = (
+                tuple(router_logits.shape) if isinstance(router_logits, torch.Tensor) else type(router_logits).__name__
+            )
+            raise ValueError(f"router_logits: expected [T, {routed}] (one logit per routed expert), got {got}")
         return topk_routing(router_logits, self.top_k, **self._routing())
 
     def experts(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:

@@ -61,13 +61,14 @@ def _encode(q, up, INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, B
 
 @triton.jit
 def _decode_e4m3(code):
-    """uint8/int32 e4m3 code (no NaN) -> float32."""
+    """uint8/int32 e4m3 code -> float32 (codes 0x7F / 0xFF: NaN)."""
     exp_field = (code >> 3) & 0xF
     mant = code & 0x7
     normal = ((exp_field - 7 + 127) << 23) | (mant << 20)
     mag = tl.where(exp_field == 0, mant.to(tl.float32) * 0.001953125, normal.to(tl.float32, bitcast=True))
     sign = ((code >> 7) & 1) << 31  # OR-ed in: negation (0 - mag) would turn code 0x80 into +0.0
-    return (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    value = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return tl.where((code & 0x7F) == 0x7F, float("nan"), value)
 
 
 @triton.jit
@@ -92,7 +93,13 @@ def quantize_chunk(x, s, e8m0_exp, ELEMENT: tl.constexpr, SCALE: tl.constexpr):
         up = tl.where(d > 0, 1.0, tl.where(d < 0, -1.0, 0.0))
         zero = (s == 0) & (x == x)
     code = _encode(q, up, ELEMENT.INT, ELEMENT.BITS, ELEMENT.MBITS, ELEMENT.BIAS, ELEMENT.MAXV)
-    return tl.where(zero, 0, code)
+    # NaN / Inf elements: the format's NaN code (0x7F, all ones but the sign, in every 8-bit eXmY format), else
+    # code 0, as humming.quantize_activation sets them (README, "Non-finite activations").
+    if ELEMENT.INT or ELEMENT.BITS < 8:
+        nan_code = 0
+    else:
+        nan_code = 0x7F
+    return tl.where(tl.abs(x) < float("inf"), tl.where(zero, 0, code), nan_code)
 
 
 @triton.jit

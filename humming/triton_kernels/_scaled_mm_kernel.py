@@ -19,7 +19,7 @@ from ._weight_tile import (
     with_global_scale,
     zero_tile,
 )
-from .interpreter import cast, dot
+from .interpreter import cast, dot, fp8_dot
 
 __all__ = ["_scaled_mm_kernel"]
 
@@ -43,7 +43,7 @@ def _mma(a, b, acc, MMA: tl.constexpr, BK: tl.constexpr):
     if MMA == "int8":
         return tl.dot(a, b, acc, out_dtype=tl.int32)
     elif MMA == "e4m3":
-        return tl.dot(a, b, acc, max_num_imprecise_acc=BK)
+        return fp8_dot(a, b, acc, BK)
     elif MMA == "fp32":
         return tl.dot(a, b, acc, input_precision="ieee")
     else:

@@ -6,8 +6,9 @@ e4m3 (+ fp32 global) scales. The reference divides in float64; the kernel divide
 the only case where that can differ (the float32 quotient lands exactly on a rounding midpoint of the
 element grid) from the sign of the exact residual ``x - q * s``, computed in float64 (two operations per
 element; the division itself stays float32). NVFP4 scales are ``e4m3 * global``, a 28-bit product, so
-that scheme divides in float64 outright. The tensor-wide absmax ignores NaN / Inf; the codes of a row that
-holds one are meaningless, and ``humming.linear`` sets that output row to NaN.
+that scheme divides in float64 outright. NaN / Inf follow the reference's rule (README, "Non-finite
+activations"): every absmax ignores them, they get the format's NaN code (0 where it has none), and a span
+scale over one is NaN.
 
 This module holds the entry points; the kernels live in ``_act_quant_kernel``, the checks, the tiling and the
 passes made ready per kind of call in ``_act_quant_pass``.

@@ -1,7 +1,7 @@
 """The one place that knows about Triton's CPU interpreter (``TRITON_INTERPRET=1``) and its gaps.
 
 CI has no GPU, so every Triton kernel of humming also runs under the interpreter (tests/conftest.py sets
-``TRITON_INTERPRET=1`` before any kernel is decorated). Triton 3.6's interpreter has three gaps that the
+``TRITON_INTERPRET=1`` before any kernel is decorated). Triton 3.6's interpreter has four gaps that the
 kernels work around here, and only here:
 
 - ``tl.dot`` on bfloat16 operands returns garbage: the interpreter stores bf16 as uint16 and multiplies
@@ -11,6 +11,9 @@ kernels work around here, and only here:
   far inside the tests' tolerances (stated in each test module).
 - fp32 -> bf16 casts truncate instead of rounding to nearest even (and mishandle fp32 subnormals).
   :func:`cast` rounds the fp32 bit pattern to nearest even itself when interpreting.
+- fp8 (``float8e4nv``) operands of ``tl.dot`` are decoded without NaN: code 0x7F reads as 480.
+  :func:`fp8_dot` decodes them to float32 with their NaN codes when interpreting (exact: every e4m3 product
+  and the fp32 sums are as before).
 - ``tl.dot_scaled`` does not run at all. Kernels that use it on GPUs that have it keep an upcasting path
   (``dot`` on dequantized operands) that the interpreter runs instead; :data:`INTERPRET` selects it.
 
@@ -20,15 +23,15 @@ the compile check (tests/test_compile_triton.py) runs in a subprocess with ``TRI
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRET", "cast", "dot"]
+from .._env import env
+
+__all__ = ["INTERPRET", "cast", "dot", "fp8_dot"]
 
 #: True when kernels run under Triton's CPU interpreter (read once, at import, as Triton itself does).
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRET = env("TRITON_INTERPRET")
 _INTERPRET = tl.constexpr(INTERPRET)
 
 
@@ -38,6 +41,19 @@ def dot(a, b, acc):
     if _INTERPRET:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     return tl.dot(a, b, acc)
+
+
+@triton.jit
+def fp8_dot(a, b, acc, max_num_imprecise_acc: tl.constexpr):
+    """``acc + a @ b`` of float8e4nv operands, fp32 accumulation (promoted every ``max_num_imprecise_acc``
+    along K); NaN codes (0x7F / 0xFF) make their outputs NaN also under the interpreter (module doc)."""
+    if _INTERPRET:
+        a_bits = a.to(tl.uint8, bitcast=True)
+        b_bits = b.to(tl.uint8, bitcast=True)
+        a32 = tl.where((a_bits & 0x7F) == 0x7F, float("nan"), a.to(tl.float32))
+        b32 = tl.where((b_bits & 0x7F) == 0x7F, float("nan"), b.to(tl.float32))
+        return tl.dot(a32, b32, acc, input_precision="ieee")
+    return tl.dot(a, b, acc, max_num_imprecise_acc=max_num_imprecise_acc)
 
 
 @triton.jit

@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import pkgutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from .._env import env
 
 __all__ = [
     "ARCHS",
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="compile only specs whose name contains this")
     parser.add_argument("--all-specs", action="store_true", help="every spec on every arch (see specs_for_arch)")
     args = parser.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if env("TRITON_INTERPRET"):
         parser.error("unset TRITON_INTERPRET: interpreted kernels cannot be compiled ahead of time")
     specs = [s for s in compile_specs() if args.only is None or args.only in s.name]
     results = [
