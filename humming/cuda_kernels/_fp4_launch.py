@@ -81,18 +81,23 @@ class _ProbeParams(ctypes.Structure):
     _fields_ = (("regs", ctypes.c_void_p), ("d", ctypes.c_void_p))
 
 
-def probe_spec(vec: int) -> KernelSpec:
-    """One block-scaled MMA on registers given per lane (``include/humming/fp4_mma_probe_sm120.cuh``)."""
+def _probe_spec(sm: int, vec: int, threads: int) -> KernelSpec:
+    """The MMA probe of ``include/humming/fp4_mma_probe_sm{sm}.cuh`` for one scale vector."""
     return KernelSpec(
-        family="fp4_mma_probe_sm120",
-        name=f"humming_fp4_mma_probe_sm120_{SCALE_VECS[vec][2]}",
-        header="humming/fp4_mma_probe_sm120.cuh",
-        entry=f"humming::fp4_sm120::mma_probe<{vec}>",
-        params="humming::fp4_sm120::ProbeParams",
-        threads=32,
-        ccs=((12, 0),),
+        family=f"fp4_mma_probe_sm{sm}",
+        name=f"humming_fp4_mma_probe_sm{sm}_{SCALE_VECS[vec][2]}",
+        header=f"humming/fp4_mma_probe_sm{sm}.cuh",
+        entry=f"humming::fp4_sm{sm}::mma_probe<{vec}>",
+        params=f"humming::fp4_sm{sm}::ProbeParams",
+        threads=threads,
+        ccs=((sm // 10, 0),),
         arch_specific=True,
     )
+
+
+def probe_spec(vec: int) -> KernelSpec:
+    """One block-scaled MMA on registers given per lane, on sm_120."""
+    return _probe_spec(120, vec, threads=32)
 
 
 def mma_probe(regs: torch.Tensor, vec: int) -> torch.Tensor:
@@ -124,17 +129,8 @@ class _Sm100ProbeParams(ctypes.Structure):
 
 
 def sm100_probe_spec(vec: int) -> KernelSpec:
-    """One block-scaled tcgen05 UMMA, 128 x 32 x 64 (``include/humming/fp4_mma_probe_sm100.cuh``)."""
-    return KernelSpec(
-        family="fp4_mma_probe_sm100",
-        name=f"humming_fp4_mma_probe_sm100_{SCALE_VECS[vec][2]}",
-        header="humming/fp4_mma_probe_sm100.cuh",
-        entry=f"humming::fp4_sm100::mma_probe<{vec}>",
-        params="humming::fp4_sm100::ProbeParams",
-        threads=128,
-        ccs=((10, 0),),
-        arch_specific=True,
-    )
+    """One block-scaled tcgen05 UMMA, 128 x 32 x 64, on sm_100."""
+    return _probe_spec(100, vec, threads=128)
 
 
 def sm100_mma_probe(a, b, sfa, sfb, vec: int, sf_id: int) -> torch.Tensor:
