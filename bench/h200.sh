@@ -8,12 +8,8 @@
 #   OUT=out LINEAR_S=0 bash bench/h200.sh   # moe.json alone: every model preset, M = 1 ... 8192 (about 9 minutes)
 # then copy the JSON files into bench/results/h200/ and run python bench/report.py bench/results/h200.
 #
-# Carried wheels (the device has no network), all optional, installed with --no-deps:
-#   .whl/*.whl                  -> /tmp/site, on PYTHONPATH (gemlite, matplotlib for the plots, ...)
-#   .whl/humming-kernels/*.whl  -> /tmp/hk-site, NOT on PYTHONPATH: humming-kernels==0.1.19 (also taken from
-#                                  .whl/humming_kernels-*.whl) and what it needs
-#                                  beyond this repo's requirements (filelock, jinja2, tabulate); its package is
-#                                  also named `humming`, so the sweep runs it in a worker process (--peer-site)
+# Carried wheels: bench/tools/carried_wheels.sh (.whl/*.whl on PYTHONPATH, .whl/humming-kernels/*.whl
+# as the peer, outside it).
 # Knobs: LINEAR_S / MOE_S (wall seconds of each sweep, default 290 / 540 - LINEAR_S: together they fit one
 # device call; 0 skips one; a sweep stops timing 40 s before its limit and writes what it has), M / MOE_M
 # (default 1,16,64,256,1024,4096,8192 / every power of two from 1 to 8192), ROUNDS / MOE_ROUNDS (interleaved
@@ -25,17 +21,8 @@ set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 LOG="$OUT/bench.log"
-install() {  # install DIR WHEELS...: no network, no dependencies
-  local dir=$1; shift
-  [ $# -gt 0 ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$dir" "$@"
-}
-shopt -s nullglob
-wheels=() peer=(.whl/humming-kernels/*.whl .whl/humming_kernels-*.whl)  # the peer never goes on PYTHONPATH
-for w in .whl/*.whl; do [[ $w == .whl/humming_kernels-* ]] || wheels+=("$w"); done
-install /tmp/site "${wheels[@]}" >>"$LOG" 2>&1
-install /tmp/hk-site "${peer[@]}" >>"$LOG" 2>&1
-shopt -u nullglob
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HUMMING_CACHE_DIR=/tmp/humming-cache TQDM_MININTERVAL=10
+source bench/tools/carried_wheels.sh "$LOG"
+export PYTHONUNBUFFERED=1 HUMMING_CACHE_DIR=/tmp/humming-cache TQDM_MININTERVAL=10
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python3 -m humming --version

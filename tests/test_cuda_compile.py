@@ -33,6 +33,8 @@ def _gemm_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(256, 5)),
         _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(256, 5)),
         _gemm_sm90.gemm_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(256, 4)),
+        _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(128, 6)),
+        _gemm_sm90.gemm_spec(L(4, 0, "e8m0_any", "e2m1"), "bf16", "f32", "bf16", T(64, 8, 2)),
     ]
 
 
@@ -43,6 +45,7 @@ def _grouped_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(16, 8), grouped=True),
         _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f32", T(32, 8), grouped=True),
         _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(64, 8), grouped=True),
+        _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(16, 8), grouped=True),
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 6), grouped=True),
     ]
 

@@ -9,7 +9,7 @@ import torch
 from helpers import assert_rel_close, backend_unsupported, capture, compile_fresh, cubin_tool
 
 import humming
-from humming.cuda_kernels import _decode_launch, jit, wna16_decode
+from humming.cuda_kernels import _decode_launch, _gemm_sm90, jit, wna16_decode
 from humming.cuda_kernels._layout import E2M1_BITS, PreparedWeight, WeightLayout, prepare_weight
 from humming.device import device_limits
 
@@ -208,9 +208,8 @@ def test_decode_matches_reference(n, k, scheme, ms, act, seed):
 @pytest.mark.parametrize("special", [None, 0, 255])
 def test_mxfp4_scales_far_apart_and_special_codes(act, special, seed):
     """Each 32-column half of a chunk gets its own scale: e8m0 codes drawn from 2^-20 .. 2^12 per group
-    (a scale applied to the wrong half is off by up to 2^32). Code 0 (2^-127, all of row 37) and code
-    255 (NaN, one group of row 37: exactly that output column is NaN, as in the reference) switch the
-    weight to the exact decode (scale "e8m0_any")."""
+    (a scale applied to the wrong half is off by up to 2^32). Code 0 (2^-127, all of row 37) switches the
+    weight to the exact decode (scale "e8m0_any"); code 255 (NaN) is refused by the IR, so no kernel sees it."""
     n, k = 256, 512
     qw = _quantize(n, k, "mxfp4", device="cuda")
     codes = torch.randint(107, 140, (n, k // 32), device="cuda", dtype=torch.uint8)
@@ -218,19 +217,24 @@ def test_mxfp4_scales_far_apart_and_special_codes(act, special, seed):
         codes[37] = 0
     elif special == 255:
         codes[37, 5] = 255
+        with pytest.raises(ValueError, match=r"scales: expected finite values, got nan at index \[37, 5\]"):
+            qw.replace(scales=codes.view(torch.float8_e8m0fnu))
+        return
     qw = qw.replace(scales=codes.view(torch.float8_e8m0fnu))
     prep = prepare_weight(qw)
     assert prep.layout.scale == ("e8m0" if special is None else "e8m0_any")
-    x = torch.randn(5, k, device="cuda", dtype=act) * (2.0**-8 if act == torch.float16 else 1.0)
-    out = torch.full((5, n), float("inf"), device="cuda", dtype=torch.float32)
-    wna16_decode.run_decode(prep, x, None, torch.float32, out=out)
-    ref = x.double() @ humming.dequantize(qw, torch.float64).T
-    assert torch.equal(out.isnan(), ref.isnan())
-    keep = torch.arange(n, device="cuda") != 37
-    assert_rel_close(out[:, keep], ref[:, keep].float(), 5e-3, precision=torch.float32)
-    if special == 255:
-        assert bool(out[:, 37].isnan().all())
-    else:  # special 0: 2^-127 scales (an fp32 subnormal), outputs near 1e-37, checked scaled up (norms underflow)
+    # the decode kernel (5 tokens), and on sm_90 with bf16 the GEMM (65 tokens, each half's scale in bf16)
+    runs = [(5, lambda x, out: wna16_decode.run_decode(prep, x, None, torch.float32, out=out))]
+    if torch.cuda.get_device_capability() == (9, 0) and act == torch.bfloat16:
+        runs.append((65, lambda x, out: _gemm_sm90.run_gemm(prep, x, None, torch.float32, out=out)))
+    for m, run in runs:
+        x = torch.randn(m, k, device="cuda", dtype=act) * (2.0**-8 if act == torch.float16 else 1.0)
+        out = torch.full((m, n), float("inf"), device="cuda", dtype=torch.float32)
+        run(x, out)
+        ref = x.double() @ humming.dequantize(qw, torch.float64).T
+        keep = torch.arange(n, device="cuda") != 37
+        assert_rel_close(out[:, keep], ref[:, keep].float(), 5e-3, precision=torch.float32)
+        # special 0: 2^-127 scales (an fp32 subnormal), outputs near 1e-37, checked scaled up (norms underflow)
         up = 2.0**120 if special == 0 else 1.0
         assert_rel_close(out[:, 37:38] * up, (ref[:, 37:38] * up).float(), 5e-3, precision=torch.float32)
 
@@ -275,7 +279,11 @@ def test_linear_backend_cuda(seed):
         _reference(x.reshape(6, -1), mx, None),
         precision=torch.float32,
     )
-    assert "integer codes" in backend_unsupported(mx, None, wide, "cuda")
+    if torch.cuda.get_device_capability() == (9, 0):  # M > 64: the sm_90a GEMM, bf16 activations only
+        xw = torch.randn(65, 512, device="cuda", dtype=torch.bfloat16)
+        assert backend_unsupported(mx, None, xw, "cuda") is None
+        assert_rel_close(humming.linear(xw, mx, backend="cuda"), _reference(xw, mx, None), precision=torch.float32)
+        assert "bfloat16 activations" in backend_unsupported(mx, None, wide.half(), "cuda")
 
 
 @pytest.mark.gpu
@@ -293,7 +301,7 @@ def test_graph_capture_never_compiles(seed, tmp_path, monkeypatch):
         graph = torch.cuda.CUDAGraph()
         with pytest.raises(jit.KernelNotReadyError, match="warmup"), torch.cuda.graph(graph, stream=stream):
             wna16_decode.run_decode(prep, x, None, torch.float16, tuning=tuning)
-    report = humming.warmup([qw], m_values=(3,), act_dtype=torch.float16, progress=False)
+    report = humming.warmup([qw], m_values=(3,), act_dtype=torch.float16, backend="cuda", progress=False)
     assert len(report.kernels) == 1
     out = torch.full((3, 512), float("nan"), device="cuda", dtype=torch.float16)
     graph = torch.cuda.CUDAGraph()
@@ -553,7 +561,7 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
 
     monkeypatch.setattr(wna16_decode, "default_tuning", lambda *args: tuning)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    humming.warmup([qw], m_values=(m,), bias_dtype=torch.bfloat16, progress=False)
+    humming.warmup([qw], m_values=(m,), bias_dtype=torch.bfloat16, backend="cuda", progress=False)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = humming.linear(x, qw, bias, out_dtype=torch.bfloat16, backend="cuda")

@@ -21,6 +21,8 @@ SCHEMES = {
     "uint4-g64-zp": ("uint4", 64, True),
     "int8-channel": ("int8", -1, False),
     "uint8-g128-zp": ("uint8", 128, True),
+    "mxfp4": ("mxfp4", 32, False),
+    "mxfp4-any-scale": ("mxfp4", 32, False),  # some e8m0 codes 0 (2^-127): the kernel's exact scale decode
 }
 CASES = [
     # (N, K, scheme, M values): real shapes, M tails (TMA zero fill), K with a partial last group
@@ -28,7 +30,19 @@ CASES = [
     (2048, 1024, "uint4-g64-zp", (100, 256)),
     (1024, 2048, "int8-channel", (77, 384)),
     (1152, 832, "uint8-g128-zp", (129,)),
+    (2048, 1024, "mxfp4", (100, 256)),
+    (1024, 2048, "mxfp4-any-scale", (77,)),
 ]
+
+
+def _quantize(w: torch.Tensor, scheme: str, act: torch.dtype):
+    weight, group, zp = SCHEMES[scheme]
+    if weight == "mxfp4":  # e8m0 scales of its own
+        qw = humming.quantize(w, weight="mxfp4")
+        if scheme == "mxfp4-any-scale":
+            qw.scales.view(torch.uint8)[::5, ::3] = 0
+        return qw
+    return humming.quantize(w, weight=weight, group_size=group, zero_point=zp, scale_dtype=act)
 
 
 #: (bias?, tuning): every token tile and blocks-per-SM choice default_gemm_tuning makes, with and without bias
@@ -45,10 +59,14 @@ TUNINGS = [
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("n", "k", "scheme", "ms"), CASES)
 def test_gemm_matches_reference(n, k, scheme, ms, act, seed):
-    weight, group, zp = SCHEMES[scheme]
-    w = torch.randn(n, k, device="cuda") * 0.05
-    qw = humming.quantize(w, weight=weight, group_size=group, zero_point=zp, scale_dtype=act)
+    qw = _quantize(torch.randn(n, k, device="cuda") * 0.05, scheme, act)
+    if qw.format.name == "e2m1" and act == torch.float16:
+        x = torch.randn(ms[0], k, device="cuda", dtype=act)
+        assert "bfloat16 activations" in _gemm_sm90.gemm_unsupported(qw, x, (9, 0))
+        return
     prep = prepare_weight(qw)
+    if qw.format.name == "e2m1":
+        assert prep.layout.scale == ("e8m0_any" if scheme == "mxfp4-any-scale" else "e8m0")
     wref = humming.dequantize(qw, torch.float32)
     bias = torch.randn(n, device="cuda", dtype=act)
     for m in ms:

@@ -104,6 +104,7 @@ SCHEMES = {
     "int4-g128": dict(weight="int4", group_size=128),
     "uint4-g128-zp": dict(weight="uint4", group_size=128, zero_point=True),
     "int8-channel": dict(weight="int8", group_size=-1),
+    "mxfp4": dict(weight="mxfp4"),
 }
 CASES = [
     # (E, N, K, scheme, block_m, max rows per expert, token tiles): real MoE shapes; rows 0..max
@@ -112,6 +113,8 @@ CASES = [
     (8, 4096, 7168, "int4-g128", 64, 300, (None, 32)),
     (8, 2816, 2048, "int8-channel", 128, 300, (None, 64)),
     (8, 1536, 2048, "uint4-g128-zp", 256, 300, (None, 128)),
+    (4, 5760, 2880, "mxfp4", 16, 12, (None,)),  # gpt-oss-120b's up projection: bf16 activations only
+    (8, 1536, 2048, "mxfp4", 64, 300, (None, 32)),
 ]
 
 
@@ -120,7 +123,12 @@ CASES = [
 @pytest.mark.parametrize(("e", "n", "k", "scheme", "block_m", "max_rows", "bms"), CASES)
 @pytest.mark.usefixtures("seed")
 def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act):
-    qw = humming.quantize(torch.randn(e, n, k, device="cuda") * 0.05, scale_dtype=act, **SCHEMES[scheme])
+    scale_dtype = {} if scheme == "mxfp4" else dict(scale_dtype=act)
+    qw = humming.quantize(torch.randn(e, n, k, device="cuda") * 0.05, **scale_dtype, **SCHEMES[scheme])
+    if scheme == "mxfp4" and act == torch.float16:
+        x = torch.randn(block_m, k, device="cuda", dtype=act)
+        assert "bfloat16 activations" in cuda_grouped.grouped_unsupported(qw, None, x, block_m)
+        return
     prep = prepare_weight(qw)
     counts = torch.randint(1, max_rows + 1, (e,)).tolist()
     for i in torch.randperm(e)[: max(1, e // 4)].tolist():  # a quarter of the experts get no rows

@@ -40,6 +40,11 @@ def main() -> None:
             torch.cuda.synchronize()
             err = ((out.float() - ref).norm() / ref.norm()).item()
             print(f"gemm_sm90 uint4 g128 zp M=130 {tuning}: rel err {err:.2e}")
+        mx = humming.quantize(torch.randn(256, 512, device="cuda"), weight="mxfp4")
+        ref = x.float() @ humming.dequantize(mx).T
+        out = _gemm_sm90.run_gemm(prepare_weight(mx), x, None, torch.bfloat16, _gemm_sm90.GemmTuning(64, 4, 2))
+        torch.cuda.synchronize()
+        print(f"gemm_sm90 mxfp4 M=130 bm=64 x2: rel err {((out.float() - ref).norm() / ref.norm()).item():.2e}")
         _grouped()
 
 
@@ -51,7 +56,7 @@ def _grouped() -> None:
     ids = torch.tensor(blocks, dtype=torch.int32, device="cuda")
     x = torch.randn(ids.numel() * block_m, k, device="cuda", dtype=torch.bfloat16)
     rows = ids.long().repeat_interleave(block_m)
-    for weight, group, act in (("uint4", 128, None), ("int4", 128, "fp8"), ("e4m3", -1, "fp8")):
+    for weight, group, act in (("uint4", 128, None), ("mxfp4", 32, None), ("int4", 128, "fp8"), ("e4m3", -1, "fp8")):
         qw = humming.quantize(torch.randn(experts, n, k, device="cuda"), weight=weight, group_size=group)
         out = humming.moe.grouped_linear(x, qw, ids, block_m, act=act, backend="cuda")
         ref = humming.moe.grouped_linear(x, qw, ids, block_m, act=act, backend="reference").float()

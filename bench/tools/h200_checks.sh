@@ -7,11 +7,12 @@
 #   fuzz        the hypothesis properties (tests/test_fuzz.py), random examples, one property per process
 # Logs under $OUT: env.log, gpu_tests.log, gpu_big.log, gpu_memory.log (each gpu test's peak), sanitizers.log,
 # fuzz.log; the last lines printed are one summary line per step.
-# Usage (repository root, on the GPU machine): OUT=out bash bench/tools/h200_checks.sh
+# Usage (repository root, on the GPU machine, carrying .whl): OUT=out bash bench/tools/h200_checks.sh
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HUMMING_CACHE_DIR=/tmp/humming-cache
+source bench/tools/carried_wheels.sh "$OUT/env.log"  # platformdirs and filelock: the image lacks them
+export PYTHONUNBUFFERED=1 HUMMING_CACHE_DIR=/tmp/humming-cache
 export HUMMING_TEST_MEMORY_LOG=$OUT/gpu_memory.log
 : >"$HUMMING_TEST_MEMORY_LOG"
 SUMMARY=()
@@ -30,10 +31,10 @@ step() {  # step NAME SECONDS CMD...: time-limited, logged to $OUT/NAME.log, kee
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
   python3 -m humming --version
   python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1
-} >"$OUT/env.log" 2>&1
+} >>"$OUT/env.log" 2>&1
 PYTEST=(python3 -m pytest -q -p no:cacheprovider --durations=15)
 WORKERS=${WORKERS:-6}
-step gpu_tests "${TESTS_S:-270}" "${PYTEST[@]}" -m "gpu and not big_memory" -n "$WORKERS" --ignore=tests/test_fuzz.py tests
+step gpu_tests "${TESTS_S:-240}" "${PYTEST[@]}" -m "gpu and not big_memory" -n "$WORKERS" --ignore=tests/test_fuzz.py tests
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30
 step gpu_big "${BIG_S:-60}" "${PYTEST[@]}" -m "gpu and big_memory" tests
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_big.log" | head -30
@@ -49,7 +50,7 @@ sanitize() {
 }
 export -f sanitize
 export SANITIZER
-step sanitizers "${SAN_S:-90}" bash -c sanitize
+step sanitizers "${SAN_S:-120}" bash -c sanitize
 # memcheck also lists cuda-bindings' cuGetProcAddress probes (host API errors); kernel errors are the rest
 grep -E "^### |ERROR SUMMARY|RACECHECK SUMMARY|Invalid __|Out of bounds" "$OUT/sanitizers.log"
 step fuzz "${FUZZ_S:-120}" env HUMMING_FUZZ_PROFILE=long HUMMING_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-40}" \

@@ -48,13 +48,12 @@ DECODE_MAX_M = 64
 def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: DecodeTuning) -> KernelSpec:
     """The kernel spec for a layout, activation / output / bias dtype codes and tuning."""
     out_kernel = "f32" if tuning.splits > 1 else out
-    codes = "e2m1" if layout.codes == "e2m1" else f"u{layout.bits}" + ("zp" if layout.zero < 0 else f"z{layout.zero}")
     if tuning.stream_k:
         schedule, suffix = "stream_k", f"_sk{tuning.stream_k}"
     else:
         schedule, suffix = ("split_k", "_splitk") if tuning.splits > 1 else ("tiles", "")
     name = (
-        f"humming_decode_{codes}_a{act}_s{layout.scale}_o{out_kernel}_b{bias}"
+        f"humming_decode_{layout.tag}_a{act}_s{layout.scale}_o{out_kernel}_b{bias}"
         f"_mt{tuning.mt}_r{tuning.r}_w{tuning.warps}_s{tuning.stages}{suffix}"
     )
     args = ", ".join(

@@ -2,7 +2,8 @@
 point): tuning, specs, checks and launch.
 
 Layout: the shared fragment layout (``_layout``) with tile groups of 8 (N % 128 == 0). Compute: w =
-(q - z) * s rounded once to the activation dtype, bf16/fp16 wgmma with fp32 accumulation. Tuning:
+(q - z) * s rounded once to the activation dtype (MXFP4, bf16 only: e2m1 * 2^e, exact), bf16/fp16 wgmma
+with fp32 accumulation. Tuning:
 tokens per block tile (the block tile is 128 weight rows x ``bm`` tokens) and pipeline ``stages``.
 
 The grouped (MoE) variant (``grouped=True``, :func:`run_grouped_gemm`) is the same kernel with a
@@ -126,8 +127,8 @@ def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:
     """``None`` when the sm_90a GEMM runs this call (given the checks of ``decode_unsupported`` pass)."""
     if cc not in GEMM_CCS:
         return f"the large-M CUDA GEMM needs compute capability 9.0 (wgmma, TMA), got {cc}"
-    if qw.format.name == "e2m1":
-        return "the large-M CUDA GEMM takes integer codes; MXFP4 x 16-bit runs in the decode kernel only"
+    if qw.format.name == "e2m1" and x.dtype != torch.bfloat16:
+        return f"the large-M CUDA GEMM takes MXFP4 weights with bfloat16 activations, not {x.dtype}"
     if qw.N % 128:
         return f"the large-M CUDA GEMM needs N % 128 == 0, got N={qw.N}"
     if x.stride(0) % 8 or x.data_ptr() % 16:
@@ -149,11 +150,10 @@ def grouped_unsupported(qw, x: torch.Tensor, block_m: int, cc: tuple[int, int]) 
 def gemm_spec(
     layout: WeightLayout, act: str, out: str, bias: str, tuning: GemmTuning, grouped: bool = False
 ) -> KernelSpec:
-    zp = "zp" if layout.zero < 0 else f"z{layout.zero}"
     kind = "grouped_" if grouped else ""
     blocks = f"_x{tuning.blocks}" if tuning.blocks > 1 else ""
     name = (
-        f"humming_gemm_sm90_{kind}u{layout.bits}{zp}_a{act}_s{layout.scale}_o{out}_b{bias}"
+        f"humming_gemm_sm90_{kind}{layout.tag}_a{act}_s{layout.scale}_o{out}_b{bias}"
         f"_bm{tuning.bm}_s{tuning.stages}{blocks}"
     )
     args = ", ".join(

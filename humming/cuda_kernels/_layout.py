@@ -65,6 +65,13 @@ class WeightLayout:
     scale: str
     codes: str = "int"
 
+    @property
+    def tag(self) -> str:
+        """The codes in kernel names: ``e2m1``, or ``u<bits>`` with ``zp`` (zero points) or ``z<zero>``."""
+        if self.codes == "e2m1":
+            return "e2m1"
+        return f"u{self.bits}" + ("zp" if self.zero < 0 else f"z{self.zero}")
+
 
 @dataclass(frozen=True)
 class PreparedWeight:

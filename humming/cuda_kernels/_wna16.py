@@ -12,10 +12,12 @@ import torch
 
 from ..device import device_index, device_info
 from ..ir.dtypes import HALF_DTYPES
+from ..kernel import Kernel
 from ._decode_launch import DECODE_CCS
 from ._layout import PreparedWeight, aligned_rows, prepare_weight, rows_aligned
+from ._support import runtime_unavailable
 
-__all__ = ["launcher", "prepare", "unsupported", "wna8_weight_unsupported"]
+__all__ = ["kernel", "launcher", "prepare", "unsupported", "wna8_weight_unsupported"]
 
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -27,6 +29,21 @@ def prepare(qweight, act=None) -> PreparedWeight:
     if prep is None:
         prep = _prepared[qweight] = prepare_weight(qweight)
     return prep
+
+
+def kernel(name: str, unsupported, run, tuning, warmup_jobs) -> Kernel:
+    """The dispatcher's object for one of the two WnA16 kernels: the CUDA backend on the fragment layout,
+    ``unsupported`` after the runtime check, prepared by :func:`prepare`."""
+    return Kernel(
+        name,
+        "cuda",
+        "fragment",
+        lambda qweight, act, x: runtime_unavailable() or unsupported(qweight, act, x),
+        run,
+        tuning=tuning,
+        warmup_jobs=warmup_jobs,
+        prepare=prepare,
+    )
 
 
 def wna8_weight_unsupported(qweight, act) -> str | None:

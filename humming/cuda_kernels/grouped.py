@@ -1,8 +1,9 @@
 """``cuda.grouped``: the MoE grouped GEMM of ``humming.moe.grouped_linear`` on the CUDA kernels' grouped
 variants: the sm_90a WnA16 GEMM (:mod:`.wna16_sm90`) for 16-bit activations (int4 / uint4 / int8 / uint8
-experts, token tiles of 16 to 256 rows dividing ``block_m``, each reading its segment's expert id, skipping
--1 segments, offsetting its weight tiles), the FP8 GEMM (:mod:`.fp8_gemm`) for e4m3 activations (e4m3 and
-int4 experts). Both read grouped rows: a gather is copied into grouped order for them first."""
+experts, and MXFP4 ones with bf16 activations; token tiles of 16 to 256 rows dividing ``block_m``, each
+reading its segment's expert id, skipping -1 segments, offsetting its weight tiles); the FP8 GEMM
+(:mod:`.fp8_gemm`) for e4m3 activations (e4m3 and int4 experts). Both read grouped rows: a gather is
+copied into grouped order for them first."""
 
 from __future__ import annotations
 

@@ -27,7 +27,6 @@ from functools import partial
 import torch
 
 from ..device import device_index, device_info
-from ..kernel import Kernel
 from . import _wna16
 from ._decode_launch import (
     DECODE_CCS,
@@ -47,7 +46,7 @@ from ._decode_tuning import (
     stream_k_blocks_per_sm,
 )
 from ._layout import weight_unsupported
-from ._support import cached_launch, runtime_unavailable
+from ._support import cached_launch
 
 __all__ = [
     "DECODE_CCS",
@@ -107,13 +106,4 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
 
 
 #: ``cuda.wna16_decode``: weight-only GEMM for M <= 64 (and the fp8-values route of integer weights).
-KERNEL = Kernel(
-    "cuda.wna16_decode",
-    "cuda",
-    "fragment",
-    lambda qweight, act, x: runtime_unavailable() or unsupported(qweight, act, x),
-    _run,
-    tuning=_tuning,
-    warmup_jobs=_warmup_jobs,
-    prepare=_wna16.prepare,
-)
+KERNEL = _wna16.kernel("cuda.wna16_decode", unsupported, _run, _tuning, _warmup_jobs)

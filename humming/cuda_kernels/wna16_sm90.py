@@ -1,9 +1,9 @@
 """``cuda.wna16_sm90``: the Hopper weight-only GEMM for M > 32 (``include/humming/gemm_sm90.cuh``, sm_90a):
 TMA + mbarrier pipeline, producer / consumer warpgroups with setmaxnreg, wgmma with the dequantized weights
-as the register A operand; int4 / uint4 / int8 / uint8 weights (the decode kernel's layout, N % 128 == 0),
-and integer weights with per-token / per-tensor e4m3 activations (their values in x's 16-bit dtype, the
-scales in the epilogue). Its grouped variant (the same kernel with a compile-time flag) runs in
-:mod:`.grouped`.
+as the register A operand; int4 / uint4 / int8 / uint8 weights and MXFP4 with bf16 activations (the decode
+kernel's layout, N % 128 == 0), and integer weights with per-token / per-tensor e4m3 activations (their
+values in x's 16-bit dtype, the scales in the epilogue). Its grouped variant (the same kernel with a
+compile-time flag) runs in :mod:`.grouped`.
 
 This module holds the support checks and the kernel object the dispatcher lists (:data:`KERNEL`); tuning,
 specs and launch live in ``_gemm_sm90``, what it shares with :mod:`.wna16_decode` in ``_wna16``.
@@ -16,7 +16,6 @@ from functools import partial
 import torch
 
 from ..device import device_index, device_info
-from ..kernel import Kernel
 from . import _wna16
 from ._gemm_sm90 import (
     GEMM_CCS,
@@ -34,7 +33,7 @@ from ._gemm_sm90 import (
     run_grouped_gemm,
 )
 from ._layout import weight_unsupported
-from ._support import cached_launch, runtime_unavailable
+from ._support import cached_launch
 
 __all__ = [
     "GEMM_CCS",
@@ -89,13 +88,4 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
 
 
 #: ``cuda.wna16_sm90``: weight-only GEMM for M > 32 on Hopper (and the fp8-values route of integer weights).
-KERNEL = Kernel(
-    "cuda.wna16_sm90",
-    "cuda",
-    "fragment",
-    lambda qweight, act, x: runtime_unavailable() or unsupported(qweight, act, x),
-    _run,
-    tuning=_tuning,
-    warmup_jobs=_warmup_jobs,
-    prepare=_wna16.prepare,
-)
+KERNEL = _wna16.kernel("cuda.wna16_sm90", unsupported, _run, _tuning, _warmup_jobs)

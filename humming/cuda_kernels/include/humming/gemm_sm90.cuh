@@ -15,6 +15,11 @@
 //   (magic-number lop3 / prmt, zero point, then the group scale in 16-bit float: w = (q - z) * s is
 //   rounded once, as humming.dequantize does), and issue four m64nkBMk16 wgmma (A = registers,
 //   B = shared-memory descriptor), fp32 accumulators in registers.
+// - MXFP4 (e2m1 codes, S = e8m0 / e8m0_any, bf16 only): dequant_e2m1, then each 32-column half times its
+//   own e8m0 scale in bf16. Both factors are powers of two times at most 2 significant bits, so the bf16
+//   product is exact (bf16 has fp32's exponent range; 2^-127, code 0, is a bf16 subnormal). The chunk's
+//   scale bytes per row pair are (row g, row g + 8) of its first 32 columns, then of its last 32: the
+//   same 256 bytes per 128-row block as 16-bit scales.
 // - Grouped (MoE) variant, kGrouped: the weights are E experts stacked as extra 128-row blocks
 //   (expert e's block b is block e * N/128 + b, likewise for scales, zero points and bias [E, N]); x
 //   rows are grouped by expert in segments of block_m rows (kBM divides block_m), and expert_ids[i] is
@@ -66,6 +71,8 @@ __device__ __forceinline__ void run(const Params& p) {
   // down to 8) the block launches with (168 or 80 per thread).
   constexpr int kProducerRegs = kBlocksPerSm == 1 ? 40 : 24;
   constexpr int kConsumerRegs = kBlocksPerSm == 1 ? 232 : 104;
+  constexpr bool kE2m1 = S == DType::e8m0 || S == DType::e8m0_any;
+  static_assert(!kE2m1 || (kBits == 4 && kZero == 0 && A == DType::bf16), "MXFP4: e2m1 codes, bf16 activations");
   using L = SmemLayout<kBits, kZero, S, kBM, kStages>;
   constexpr int kVecs = kBits / 4;
   constexpr uint32_t kStageTx = L::kXBytes + L::kWBytes + L::kSBytes + L::kZBytes;
@@ -131,15 +138,9 @@ __device__ __forceinline__ void run(const Params& p) {
     constexpr float kMagicF = kBits == 8 && A == DType::bf16 ? 8388608.0f : (A == DType::bf16 ? 128.0f : 1024.0f);
     constexpr uint32_t kNegZero = 0x80008000u;
     float acc[kBM / 2];
-    // Wait for chunk kc, load this lane's weight fragment, scales and zero points, and dequantize its
-    // four k16 steps into a (w = (q - z) * s, rounded once to the activation type).
-    auto load_dequant = [&](int kc, uint32_t (&a)[4][4]) {
-      const int s = kc % kStages;
-      while (!sm90::mbar_try_wait(full0 + 8 * s, (kc / kStages) & 1)) {}
-      const uint4* w = reinterpret_cast<const uint4*>(smem + L::kW + s * L::kWBytes) + tile * kVecs * 32 + lane;
-      uint4 wv[kVecs];
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v) wv[v] = w[v * 32];
+    // The four k16 steps of this lane's fragment of stage s (words) into a: integer codes, w = (q - z) * s
+    // rounded once to the activation type.
+    auto dequant_int = [&](int s, const uint32_t* words, uint32_t (&a)[4][4]) {
       float s_g, s_g8;
       if constexpr (S == DType::f32) {
         const float2 sp = reinterpret_cast<const float2*>(smem + L::kS + s * L::kSBytes)[tile * 8 + g];
@@ -158,7 +159,6 @@ __device__ __forceinline__ void run(const Params& p) {
       }
       const uint32_t bias_g = pack2<A>(-zf_g, -zf_g), bias_g8 = pack2<A>(-zf_g8, -zf_g8);
       const uint32_t scale_g = pack2<A>(s_g, s_g), scale_g8 = pack2<A>(s_g8, s_g8);
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[0]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if constexpr (kBits == 4) {
@@ -168,6 +168,39 @@ __device__ __forceinline__ void run(const Params& p) {
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) a[j][i] = fma2<A>(a[j][i], (i & 1) ? scale_g8 : scale_g, kNegZero);
+      }
+    };
+    // The same for MXFP4: e2m1 values (exact), each 32-column half times its e8m0 scale (exact in bf16).
+    auto dequant_mxfp4 = [&](int s, const uint32_t* words, uint32_t (&a)[4][4]) {
+      // Byte b of the row pair's word: half b / 2 (first / last 32 columns), row g + 8 * (b % 2).
+      const uint32_t sp = reinterpret_cast<const uint32_t*>(smem + L::kS + s * L::kSBytes)[tile * 8 + g];
+      uint32_t scale[4];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const uint32_t code = (sp >> (8 * b)) & 0xff;
+        const float f = S == DType::e8m0 ? __uint_as_float(code << 23) : e8m0_to_float(code);
+        scale[b] = pack2<A>(f, f);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        dequant_e2m1<A>(words[j], a[j]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[j][i] = fma2<A>(a[j][i], scale[2 * (j >> 1) + (i & 1)], kNegZero);
+      }
+    };
+    // Wait for chunk kc, load this lane's weight fragment and dequantize it.
+    auto load_dequant = [&](int kc, uint32_t (&a)[4][4]) {
+      const int s = kc % kStages;
+      while (!sm90::mbar_try_wait(full0 + 8 * s, (kc / kStages) & 1)) {}
+      const uint4* w = reinterpret_cast<const uint4*>(smem + L::kW + s * L::kWBytes) + tile * kVecs * 32 + lane;
+      uint4 wv[kVecs];
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) wv[v] = w[v * 32];
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[0]);
+      if constexpr (kE2m1) {
+        dequant_mxfp4(s, words, a);
+      } else {
+        dequant_int(s, words, a);
       }
     };
     auto issue_mma = [&](int kc, const uint32_t (&a)[4][4]) {
