@@ -19,14 +19,14 @@ processes through the ``vllm.general_plugins`` entry point, :mod:`humming.engine
   run one ``humming.linear`` each, their outputs concatenated), and on CUDA prepares the weights and compiles
   the kernels of every batch size vLLM captures in CUDA graphs, in the layer's ``params_dtype``.
 - ``apply`` is ``humming.linear`` (one ``torch.ops.humming.linear`` node under vLLM's ``torch.compile``).
-- MoE: vLLM's routed experts (``RoutedExperts``) of GPTQ checkpoints get :class:`HummingMoEMethod`: vLLM's
-  expert weight loader fills expert-stacked parameters of this rank's partition, each expert is decoded and
-  stacked, ``apply`` is ``humming.moe.fused_moe`` on vLLM's routing (``topk_weights`` / ``topk_ids``, its
-  ``expert_map``); other formats' experts are an error naming the supported ones.
+- MoE: vLLM's routed experts (``RoutedExperts``) get :class:`HummingMoEMethod` (:class:`._moe.MoECore`) for
+  every format above: vLLM's expert weight loader fills expert-stacked parameters of this rank's partition,
+  each expert is decoded by humming's reader of the format and stacked, ``apply`` is ``humming.moe.fused_moe``
+  on vLLM's routing (``topk_weights`` / ``topk_ids``, its ``expert_map``) with the checkpoint's activation
+  scheme; experts the checkpoint leaves unquantized get vLLM's ``UnquantizedFusedMoEMethod``.
 
-Not covered: MoE experts of formats other than GPTQ, MXFP4 (gpt-oss) and bitsandbytes checkpoints, GPTQ
-act-order with a row-parallel split (every rank keeps all groups while ``g_idx`` is split), 3-, 5-, 6- and
-7-bit packings.
+Not covered: MXFP4 (gpt-oss) and bitsandbytes checkpoints, GPTQ act-order with a row-parallel split (every
+rank keeps all groups while ``g_idx`` is split), 3-, 5-, 6- and 7-bit packings.
 """
 
 from __future__ import annotations
@@ -43,10 +43,8 @@ from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, Unqu
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
-from ..loaders.errors import UnsupportedFormatError
 from ._core import ConfigCore, LinearCore, param_classes
 from ._moe import MoECore
-from ._params import is_skipped
 
 __all__ = ["HummingConfig", "HummingLinearMethod", "HummingMoEMethod", "capture_sizes"]
 
@@ -66,11 +64,8 @@ class HummingConfig(ConfigCore, QuantizationConfig):
     def _moe_method(self, layer, prefix: str):
         projections = (layer.ckpt_gate_proj_name, layer.ckpt_up_proj_name, layer.ckpt_down_proj_name)
         names = [f"{prefix}.0.{p}" for p in projections if p]
-        skipped = [is_skipped(self.qconfig, name) for name in names]
-        if all(skipped):
+        if self.skipped(prefix, names):
             return UnquantizedFusedMoEMethod(layer.moe_config)
-        if any(skipped):
-            raise UnsupportedFormatError(f"{prefix}: the checkpoint quantizes some of {names} and not others")
         return HummingMoEMethod(self, prefix, layer.moe_config, names)
 
 

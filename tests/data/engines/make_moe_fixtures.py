@@ -1,6 +1,6 @@
 """Writes this folder's MoE fixtures for the engine tests: one Qwen2-MoE-style sparse MLP (4 experts, hidden
 128, intermediate 128, top-2; per-expert ``gate_proj`` / ``up_proj`` / ``down_proj``) per checkpoint format
-the engines' MoE methods read, beside ``tests/data/moe_gptq_w4_g128``:
+the engines' MoE methods read, and ``tests/data/moe_gptq_w4_g128``:
 
 - compressed-tensors, written by humming's export (``humming.loaders.export``, the layout
   ``tests/test_save.py`` checks loads back bit for bit) from ``humming.quantize`` of random experts:
@@ -8,7 +8,10 @@ the engines' MoE methods read, beside ``tests/data/moe_gptq_w4_g128``:
   ``moe_ct_fp8_block`` (e4m3, 128x128 blocks, fp8 activations per 1x128 group; at these sizes, which keep
   the fp8 fixtures under 200 KB, each projection is one block), ``moe_ct_nvfp4``, ``moe_ct_mxfp4``
   (weight-only);
-- producers humming does not write, in their own layouts from random codes and scales: ``moe_awq`` (AutoAWQ
+- producers humming does not write, in their own layouts from random codes and scales: ``moe_gptq_w4_g128``
+  (AutoGPTQ v1, 4-bit, group 128, symmetric, no act-order, hidden 256, its router gate kept in bfloat16,
+  ``humming.loaders.gptq.pack_gptq``, the layout ``tests/test_checkpoints.py`` checks against AutoGPTQ's own
+  checkpoints), ``moe_awq`` (AutoAWQ
   GEMM, 4-bit, group 64, ``humming.loaders.awq.pack_awq``), ``moe_fp8_block`` (``quant_method: fp8``,
   DeepSeek-V3's e4m3 ``weight`` and fp32 ``weight_scale_inv`` per 128x128 block) and ``moe_modelopt_nvfp4``
   (ModelOpt: uint8 ``weight`` of two e2m1 codes, e4m3 ``weight_scale`` per 16, fp32 ``weight_scale_2`` and
@@ -25,10 +28,10 @@ from safetensors.torch import save_file
 import humming
 from humming.loaders.awq import pack_awq
 from humming.loaders.export import CT_VERSION, compressed_tensors_scheme, compressed_tensors_tensors
+from humming.loaders.gptq import pack_gptq
 
 HERE = Path(__file__).parent
 EXPERTS, HIDDEN, INTER = 4, 128, 128
-PROJS = {"gate_proj": (INTER, HIDDEN), "up_proj": (INTER, HIDDEN), "down_proj": (HIDDEN, INTER)}
 PREFIX = "model.layers.0.mlp.experts"
 #: name -> (humming.quantize arguments, activation scheme)
 CT = {
@@ -40,9 +43,10 @@ CT = {
 }
 
 
-def modules():
+def modules(hidden: int = HIDDEN):
     """``(checkpoint module, n, k)`` of every expert projection."""
-    return [(f"{PREFIX}.{e}.{proj}", n, k) for e in range(EXPERTS) for proj, (n, k) in PROJS.items()]
+    projs = {"gate_proj": (INTER, hidden), "up_proj": (INTER, hidden), "down_proj": (hidden, INTER)}
+    return [(f"{PREFIX}.{e}.{proj}", n, k) for e in range(EXPERTS) for proj, (n, k) in projs.items()]
 
 
 def compressed_tensors(kwargs: dict, act) -> tuple[dict, dict]:
@@ -65,6 +69,17 @@ def compressed_tensors(kwargs: dict, act) -> tuple[dict, dict]:
         version=CT_VERSION,
     )
     return tensors, qconfig
+
+
+def gptq(gen: torch.Generator, hidden: int) -> tuple[dict, dict]:
+    tensors, group = {"model.layers.0.mlp.gate.weight": torch.randn(EXPERTS, hidden, generator=gen).bfloat16()}, 128
+    for module, n, k in modules(hidden):
+        codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+        scales = (torch.rand(n, k // group, generator=gen) * 0.02 + 0.001).to(torch.float16)
+        zeros = torch.full((n, k // group), 8, dtype=torch.int32)
+        packed = pack_gptq(codes, scales, zeros, bits=4, group_size=group)
+        tensors.update({f"{module}.{leaf}": t.contiguous() for leaf, t in packed.items()})
+    return tensors, {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False, "sym": True}
 
 
 def awq(gen: torch.Generator) -> tuple[dict, dict]:
@@ -99,14 +114,13 @@ def modelopt_nvfp4(gen: torch.Generator) -> tuple[dict, dict]:
     return tensors, qconfig
 
 
-def write(name: str, tensors: dict, qconfig: dict) -> None:
-    folder = HERE / name
+def write(folder: Path, tensors: dict, qconfig: dict, hidden: int = HIDDEN) -> None:
     folder.mkdir(exist_ok=True)
     save_file(tensors, folder / "model.safetensors")
     config = {
         "architectures": ["Qwen2MoeForCausalLM"],
         "model_type": "qwen2_moe",
-        "hidden_size": HIDDEN,
+        "hidden_size": hidden,
         "moe_intermediate_size": INTER,
         "num_experts": EXPERTS,
         "num_experts_per_tok": 2,
@@ -119,11 +133,12 @@ def write(name: str, tensors: dict, qconfig: dict) -> None:
 def main() -> None:
     torch.manual_seed(29)
     for name, (kwargs, act) in CT.items():
-        write(name, *compressed_tensors(kwargs, act))
+        write(HERE / name, *compressed_tensors(kwargs, act))
+    write(HERE.parent / "moe_gptq_w4_g128", *gptq(torch.Generator().manual_seed(29), 256), hidden=256)
     gen = torch.Generator().manual_seed(29)
-    write("moe_awq", *awq(gen))
-    write("moe_fp8_block", *fp8_block(gen))
-    write("moe_modelopt_nvfp4", *modelopt_nvfp4(gen))
+    write(HERE / "moe_awq", *awq(gen))
+    write(HERE / "moe_fp8_block", *fp8_block(gen))
+    write(HERE / "moe_modelopt_nvfp4", *modelopt_nvfp4(gen))
 
 
 if __name__ == "__main__":
