@@ -63,6 +63,15 @@ def _grouped() -> None:
         torch.cuda.synchronize()
         err = ((out.float() - ref).norm() / ref.norm()).item()
         print(f"grouped {weight} act={act} experts={experts} rows={rows.numel()}: rel err {err:.2e}")
+    # the gathering variant: 9 tokens read through the index, padding rows (-1) zero-filled
+    tokens = torch.randn(9, k, device="cuda", dtype=torch.bfloat16)
+    index = torch.arange(rows.numel(), dtype=torch.int32, device="cuda") % 10 - 1  # tokens 0..8, -1 every 10th
+    qw = humming.quantize(torch.randn(experts, n, k, device="cuda"), weight="int4", group_size=128)
+    out = humming.moe.grouped_linear(tokens, qw, ids, block_m, rows=index, backend="cuda")
+    ref = humming.moe.grouped_linear(tokens, qw, ids, block_m, rows=index, backend="reference").float()
+    torch.cuda.synchronize()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    print(f"grouped gather int4 experts={experts} rows={rows.numel()}: rel err {err:.2e}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ tokens per block tile (the block tile is 128 weight rows x ``bm`` tokens) and pi
 The grouped (MoE) variant (``grouped=True``, :func:`run_grouped_gemm`) is the same kernel with a
 compile-time flag: x rows come grouped by expert in ``block_m``-row segments (the contiguous grouped
 layout of ``humming.moe.moe_align``), each token tile reads its segment's expert id, skips the tile
-when it is -1, and offsets its weight, scale, zero-point and bias tiles to that expert.
+when it is -1, and offsets its weight, scale, zero-point and bias tiles to that expert. With
+``gather=True`` it reads grouped row ``r`` as token ``rows[r]`` of the ``[T, K]`` tokens (zeros for -1)
+in place, with cp.async instead of the TMA: no grouped copy of the tokens.
 """
 
 from __future__ import annotations
@@ -148,9 +150,17 @@ def grouped_unsupported(qw, x: torch.Tensor, block_m: int, cc: tuple[int, int]) 
 
 @per_call_cache
 def gemm_spec(
-    layout: WeightLayout, act: str, out: str, bias: str, tuning: GemmTuning, grouped: bool = False
+    layout: WeightLayout,
+    act: str,
+    out: str,
+    bias: str,
+    tuning: GemmTuning,
+    grouped: bool = False,
+    gather: bool = False,
 ) -> KernelSpec:
-    kind = "grouped_" if grouped else ""
+    if gather and not grouped:
+        raise ValueError("gather: the gathering GEMM is a grouped variant (grouped=True)")
+    kind = "grouped_gather_" if gather else "grouped_" if grouped else ""
     blocks = f"_x{tuning.blocks}" if tuning.blocks > 1 else ""
     name = (
         f"humming_gemm_sm90_{kind}{layout.tag}_a{act}_s{layout.scale}_o{out}_b{bias}"
@@ -167,6 +177,7 @@ def gemm_spec(
             str(tuning.bm),
             str(tuning.stages),
             "true" if grouped else "false",
+            "true" if gather else "false",
             str(tuning.blocks),
         )
     )
@@ -190,13 +201,14 @@ def gemm_call_spec(
     out_dtype: torch.dtype,
     tuning: GemmTuning,
     grouped: bool = False,
+    gather: bool = False,
 ) -> KernelSpec:
     bias_code = DTYPE_CODE[bias.dtype] if bias is not None else DTYPE_CODE[x.dtype]
-    return gemm_spec(prep.layout, DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped)
+    return gemm_spec(prep.layout, DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped, gather)
 
 
 class _Params(ctypes.Structure):
-    """Mirror of ``humming::gemm_sm90::Params`` (the tensor map first; 220 bytes of fields that alignas(64)
+    """Mirror of ``humming::gemm_sm90::Params`` (the tensor map first; 244 bytes of fields that alignas(64)
     pads to 256, all of which the launch copies)."""
 
     _fields_ = (
@@ -205,7 +217,9 @@ class _Params(ctypes.Structure):
         *fields(ctypes.c_int, "M N K out_stride groups chunks_per_group block_m"),
         *fields(ctypes.c_void_p, "x_scale"),
         *fields(ctypes.c_int, "x_scale_stride"),
-        ("_pad", ctypes.c_uint8 * 36),
+        *fields(ctypes.c_void_p, "x rows"),
+        *fields(ctypes.c_int, "x_stride"),
+        ("_pad", ctypes.c_uint8 * 12),
     )
 
 
@@ -235,13 +249,18 @@ def run_grouped_gemm(
     out_dtype: torch.dtype,
     tuning: GemmTuning | None = None,
     out: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Grouped ``x [M_pad, K]`` times the expert-stacked ``prep`` -> ``[M_pad, N]`` of ``out_dtype`` (sm_90a).
 
     Row ``r`` uses expert ``expert_ids[r // block_m]`` (int32, contiguous, ``M_pad // block_m`` entries);
     rows of segments whose id is -1 are not written. ``bias`` is ``[E, N]`` contiguous or ``None``.
+    ``rows``: int32 ``[M_pad]`` (contiguous), the token of each grouped row (-1: a padding row, read as
+    zeros); ``x`` is then the ``[T, K]`` tokens, read in place by the gathering variant.
     """
-    m = x.shape[0]
+    if rows is not None and x.shape[0] == 0:  # no token to read: every grouped row is padding
+        x, rows = x.new_zeros(rows.shape[0], x.shape[1]), None
+    m = x.shape[0] if rows is None else rows.shape[0]
     if tuning is None:
         smem = device_limits(_device_index(x)).smem_per_block
         tuning = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
@@ -249,8 +268,10 @@ def run_grouped_gemm(
         raise ValueError(f"tuning: the token tile bm={tuning.bm} must divide block_m={block_m}")
     x = aligned_rows(x)
     bias_dtype = None if bias is None else bias.dtype
-    launch = GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, _device_index(x), block_m)
-    return launch(x, bias, out, expert_ids)
+    device = _device_index(x)
+    gather = rows is not None
+    launch = GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device, block_m, gather)
+    return launch(x, bias, out, expert_ids, rows=rows)
 
 
 def _device_index(x: torch.Tensor) -> int:
@@ -261,8 +282,9 @@ class GemmLaunch:
     """One call shape of the sm_90a GEMM made ready: ``x [m, K]`` of ``x_dtype`` with rows ``x_stride``
     elements apart (16-byte aligned, unit column stride), the bias dtype (``None``: no bias), the output
     dtype, the tuning (``None``: :func:`default_gemm_tuning`) and, for the grouped kernel, the routing
-    ``block_m``. It holds the loaded kernel, the grid, the encoder of x's tensor map and the parameter struct
-    with everything but the addresses of the call's tensors. Calls must match the shape it was made for."""
+    ``block_m`` (and ``gather``: x is the tokens, read through the call's ``rows``). It holds the loaded
+    kernel, the grid, the encoder of x's tensor map and the parameter struct with everything but the
+    addresses of the call's tensors. Calls must match the shape it was made for."""
 
     def __init__(
         self,
@@ -275,12 +297,13 @@ class GemmLaunch:
         tuning: GemmTuning | None,
         device: int,
         block_m: int = 0,
+        gather: bool = False,
     ) -> None:
         if tuning is None:
             tuning = default_gemm_tuning(m, prep.n, prep.layout, device_limits(device))
         grouped = block_m > 0
         bias_code = DTYPE_CODE[bias_dtype if bias_dtype is not None else x_dtype]
-        spec = gemm_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped)
+        spec = gemm_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped, gather)
         self.kernel = get_kernel(spec, device)
         self.prep = prep  # the template holds its tensors' addresses
         self.m, self.n, self.out_dtype, self.device = m, prep.n, out_dtype, device
@@ -288,7 +311,7 @@ class GemmLaunch:
         self.smem = tuning.smem_bytes(prep.layout)
         self.grid = (prep.n // 128, -(-m // tuning.bm), 1)
         # TMA descriptor of x [M, K]: 64 x bm boxes (128 bytes wide), 128-byte swizzle, zero fill
-        self.x_map = tensor_map(x_dtype, m, prep.k, x_stride, 64, tuning.bm) if m else None
+        self.x_map = tensor_map(x_dtype, m, prep.k, x_stride, 64, tuning.bm) if m and not gather else None
         self.template = bytes(
             _Params(
                 (ctypes.c_uint8 * 128)(),
@@ -307,6 +330,9 @@ class GemmLaunch:
                 block_m,
                 None,
                 0,
+                None,
+                None,
+                x_stride,
             )
         )
 
@@ -317,9 +343,11 @@ class GemmLaunch:
         out: torch.Tensor | None = None,
         expert_ids: torch.Tensor | None = None,
         x_scale: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``x @ W^T * x_scale + bias`` into ``out`` (``[m, N]`` of the output dtype, unit column stride) or a
-        new tensor; ``expert_ids``: the grouped kernel's segment experts."""
+        new tensor; ``expert_ids``: the grouped kernel's segment experts; ``rows``: the gathering kernel's
+        token of each grouped row."""
         m, n = self.m, self.n
         if out is None:
             out = torch.empty((m, n), dtype=self.out_dtype, device=self.torch_device)
@@ -328,7 +356,10 @@ class GemmLaunch:
         if m == 0:
             return out
         params = _Params.from_buffer_copy(self.template)
-        ctypes.memmove(ctypes.addressof(params) + _Params.x_map.offset, self.x_map.encode(x.data_ptr()), 128)
+        if self.x_map is None:
+            params.x, params.rows = x.data_ptr(), rows.data_ptr()
+        else:
+            ctypes.memmove(ctypes.addressof(params) + _Params.x_map.offset, self.x_map.encode(x.data_ptr()), 128)
         params.out, params.out_stride = out.data_ptr(), out.stride(0)
         if bias is not None:
             params.bias = bias.data_ptr()

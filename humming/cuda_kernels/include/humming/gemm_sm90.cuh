@@ -24,6 +24,12 @@
 //   (expert e's block b is block e * N/128 + b, likewise for scales, zero points and bias [E, N]); x
 //   rows are grouped by expert in segments of block_m rows (kBM divides block_m), and expert_ids[i] is
 //   the expert of rows [i * block_m, (i + 1) * block_m), -1 for unused segments, whose tiles return at once.
+// - Gathering grouped variant, kGather: grouped row r is token rows[r] of x [T, K] (zeros where rows[r] is
+//   -1), read in place: the whole producer warpgroup copies the tile's rows with 16-byte cp.async into the
+//   128-byte-swizzled layout the TMA would have written (16-byte column c of row r at c ^ (r % 8)), keeps
+//   kStages - 1 chunks in flight, and for each chunk that has landed fences it to the async proxy (wgmma
+//   reads it there) and arrives on the chunk's full barrier (129 arrivals: thread 0's expect_tx for the
+//   weight copies, and each producer thread's).
 #include "humming/dequant.cuh"
 #include "humming/sm90_ptx.cuh"
 
@@ -47,6 +53,9 @@ struct alignas(64) Params {
   int block_m;           // grouped: rows per expert_ids entry
   const float* x_scale;  // per-token (x_scale_stride 1) or per-tensor (0) activation scale, or null: x holds
   int x_scale_stride;    // quantized activations' values (fp8 schemes run through the 16-bit kernels)
+  const void* x;         // kGather: the tokens [T, K], row stride x_stride elements
+  const int* rows;       // kGather: [M] token of each grouped row, -1 = padding
+  int x_stride;
 };
 
 template <int kBits, int kZero, DType S, int kBM, int kStages>
@@ -64,9 +73,10 @@ struct SmemLayout {
 };
 
 template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages, bool kGrouped,
-          int kBlocksPerSm>
+          bool kGather, int kBlocksPerSm>
 __device__ __forceinline__ void run(const Params& p) {
   static_assert(kBlocksPerSm == 1 || kBlocksPerSm == 2, "one or two blocks per SM");
+  static_assert(!kGather || kGrouped, "the gather reads grouped rows");
   // 128 * producer + 256 * consumer registers must fit the 384 * (65536 / 384 / kBlocksPerSm, rounded
   // down to 8) the block launches with (168 or 80 per thread).
   constexpr int kProducerRegs = kBlocksPerSm == 1 ? 40 : 24;
@@ -75,7 +85,7 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(!kE2m1 || (kBits == 4 && kZero == 0 && A == DType::bf16), "MXFP4: e2m1 codes, bf16 activations");
   using L = SmemLayout<kBits, kZero, S, kBM, kStages>;
   constexpr int kVecs = kBits / 4;
-  constexpr uint32_t kStageTx = L::kXBytes + L::kWBytes + L::kSBytes + L::kZBytes;
+  constexpr uint32_t kStageTx = (kGather ? 0 : L::kXBytes) + L::kWBytes + L::kSBytes + L::kZBytes;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The dynamic shared memory base is only 16-byte aligned by default: align to 1024 by hand
   // (decode.py reserves the slack).
@@ -100,7 +110,7 @@ __device__ __forceinline__ void run(const Params& p) {
   // per-SM build.
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(full0 + 8 * s, 1);
+      sm90::mbar_init(full0 + 8 * s, kGather ? 1 + 128 : 1);
       sm90::mbar_init(empty0 + 8 * s, 256);
     }
     sm90::fence_mbar_init();
@@ -109,7 +119,10 @@ __device__ __forceinline__ void run(const Params& p) {
 
   if (wg == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) {
+    // kGather: this thread copies 16-byte column c of the tile's rows r0 + 16 j, their tokens read again for
+    // each chunk (L1 hits) rather than held: the producer has 24 or 40 registers.
+    [[maybe_unused]] const int c = threadIdx.x % 8, r0 = threadIdx.x / 8;
+    if (kGather || threadIdx.x == 0) {
       const char* w_src = reinterpret_cast<const char*>(p.qweight);
       const char* s_src = static_cast<const char*>(p.scales);
       const char* z_src = reinterpret_cast<const char*>(p.zeros);
@@ -119,13 +132,37 @@ __device__ __forceinline__ void run(const Params& p) {
           while (!sm90::mbar_try_wait(empty0 + 8 * s, ((kc / kStages) & 1) ^ 1)) {}
         }
         const uint32_t full = full0 + 8 * s;
-        sm90::mbar_expect_tx(full, kStageTx);
-        sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
-        sm90::bulk_load(base + L::kW + s * L::kWBytes, w_src + (long(blk) * n_chunks + kc) * L::kWBytes, L::kWBytes, full);
-        const long group_block = long(blk) * p.groups + kc / p.chunks_per_group;
-        sm90::bulk_load(base + L::kS + s * L::kSBytes, s_src + group_block * L::kSBytes, L::kSBytes, full);
-        if constexpr (kZero < 0) {
-          sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
+        if (threadIdx.x == 0) {
+          sm90::mbar_expect_tx(full, kStageTx);
+          if constexpr (!kGather) sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
+          sm90::bulk_load(base + L::kW + s * L::kWBytes, w_src + (long(blk) * n_chunks + kc) * L::kWBytes, L::kWBytes, full);
+          const long group_block = long(blk) * p.groups + kc / p.chunks_per_group;
+          sm90::bulk_load(base + L::kS + s * L::kSBytes, s_src + group_block * L::kSBytes, L::kSBytes, full);
+          if constexpr (kZero < 0) {
+            sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
+          }
+        }
+        if constexpr (kGather) {
+          const char* x_src = static_cast<const char*>(p.x) + (kc * 64 + c * 8) * 2;
+#pragma unroll
+          for (int j = 0; j < kBM / 16; ++j) {
+            const int r = r0 + 16 * j, token = __ldg(p.rows + m0 + r);
+            const uint32_t dst = base + L::kX + s * L::kXBytes + r * 128 + ((c ^ (r & 7)) << 4);
+            cp_async_cg16_zfill(dst, x_src + long(token < 0 ? 0 : token) * p.x_stride * 2, token >= 0);
+          }
+          cp_async_commit();
+          cp_async_wait<kStages - 1>();  // chunk kc - (kStages - 1) has landed
+          if (kc >= kStages - 1) {
+            sm90::fence_proxy_async();
+            sm90::mbar_arrive(full0 + 8 * ((kc - (kStages - 1)) % kStages));
+          }
+        }
+      }
+      if constexpr (kGather) {  // the last kStages - 1 chunks
+        cp_async_wait<0>();
+        sm90::fence_proxy_async();
+        for (int kc = n_chunks > kStages - 1 ? n_chunks - (kStages - 1) : 0; kc < n_chunks; ++kc) {
+          sm90::mbar_arrive(full0 + 8 * (kc % kStages));
         }
       }
     }
