@@ -35,7 +35,8 @@ def main() -> None:
         qw = humming.quantize(torch.randn(256, 512, device="cuda"), weight="uint4", group_size=128, zero_point=True)
         x = torch.randn(130, 512, device="cuda", dtype=torch.bfloat16)
         ref = x.float() @ humming.dequantize(qw).T
-        for tuning in (_gemm_sm90.GemmTuning(128, 4), _gemm_sm90.GemmTuning(256, 3)):
+        T = _gemm_sm90.GemmTuning
+        for tuning in (T(128, 4), T(256, 3), T(64, 4, 2, 3)):  # the last: K in 3 splits
             out = _gemm_sm90.run_gemm(prepare_weight(qw), x, None, torch.bfloat16, tuning)
             torch.cuda.synchronize()
             err = ((out.float() - ref).norm() / ref.norm()).item()
