@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Kernel", "no_jobs", "no_tuning"]
+__all__ = ["Kernel", "always_gathers", "never_gathers", "no_jobs", "no_tuning"]
 
 
 def no_tuning(*args) -> None:
@@ -24,6 +24,16 @@ def no_tuning(*args) -> None:
 def no_jobs(*args, **kwargs) -> list:
     """The ahead-of-time compile jobs of a kernel that compiles nothing through NVRTC."""
     return []
+
+
+def never_gathers(qweight, act) -> bool:
+    """The ``gathers`` of a kernel that reads grouped rows only (and of every dense kernel)."""
+    return False
+
+
+def always_gathers(qweight, act) -> bool:
+    """The ``gathers`` of a grouped kernel that reads token rows through an index for every call it runs."""
+    return True
 
 
 @dataclass(frozen=True)
@@ -43,8 +53,9 @@ class Kernel:
       arch)`` NVRTC jobs a call of ``m`` rows compiles (``humming.warmup`` compiles them in parallel first).
     - ``layout`` names the prepared weight layout the kernel reads (``"ir"``: the QuantizedWeight as it is)
       and ``prepare(qweight, act)`` makes it for activation scheme ``act`` (``None``: 16-bit).
-    - ``gathers``: a grouped kernel that reads token rows through an index (``humming.moe.grouped_linear``'s
-      ``rows``); the caller copies the rows into grouped order for the others.
+    - ``gathers(qweight, act)``: whether the grouped kernel reads token rows through an index for this
+      weight and activation scheme (``humming.moe.grouped_linear``'s ``rows``); where it does not, the caller
+      copies the rows into grouped order.
     """
 
     name: str
@@ -56,4 +67,4 @@ class Kernel:
     deterministic_tuning: Callable[..., object] | None = None
     warmup_jobs: Callable[..., list] = no_jobs
     prepare: Callable[..., object] = lambda qweight, act=None: qweight
-    gathers: bool = False
+    gathers: Callable[..., bool] = never_gathers

@@ -35,6 +35,17 @@ def _gemm_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(256, 4)),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(128, 6)),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0_any", "e2m1"), "bf16", "f32", "bf16", T(64, 8, 2)),
+        *_split_specs(),
+    ]
+
+
+def _split_specs() -> list[jit.KernelSpec]:
+    """Split-K at the tiles its heuristic takes (two blocks of 64 tokens, one of 128 or 256)."""
+    L, T = WeightLayout, _gemm_sm90.GemmTuning
+    return [
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(64, 8, 2, 4)),
+        _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(128, 8, 1, 2)),
+        _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "f32", T(256, 5, 1, 7)),
     ]
 
 
@@ -50,8 +61,21 @@ def _grouped_specs() -> list[jit.KernelSpec]:
     ]
 
 
+def _gather_specs() -> list[jit.KernelSpec]:
+    """The grouped variant reading token rows through an index, at every token tile and blocks-per-SM choice."""
+    L, T = WeightLayout, _gemm_sm90.GemmTuning
+    g = dict(grouped=True, gather=True)
+    return [
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(16, 8, 2), **g),
+        _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f32", T(32, 8, 2), **g),
+        _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(64, 8, 2), **g),
+        _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(128, 6), **g),
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(256, 4), **g),
+    ]
+
+
 def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
-    specs = _decode_specs() + _gemm_specs() + _grouped_specs()
+    specs = _decode_specs() + _gemm_specs() + _grouped_specs() + _gather_specs()
     return [(spec, arch) for spec in specs for arch in spec.targets()]
 
 
@@ -97,12 +121,54 @@ def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
 
 
+def test_gather_gemm_copies_rows_with_cp_async_not_tma(compiled, tmp_path):
+    """The gathering variant: the tokens' rows by 16-byte cp.async (L2 only) from the whole producer
+    warpgroup, the weights still by bulk copies, no activation TMA."""
+    for spec in _gather_specs():
+        assert spec.targets() == ("sm_90a",) and "_grouped_gather_" in spec.name
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        bm = spec.name.split("_bm")[1].split("_")[0]
+        assert re.search(rf"HGMMA\.64x{bm}x16\.F32(\.BF16)? R\d+, R\d+, gdesc", sass), spec.name
+        assert "LDGSTS.E.BYPASS.128" in sass, f"{spec.name}: rows are not copied with 16-byte cp.async"
+        assert "UTMALDG" not in sass, f"{spec.name}: an activation TMA load is left"
+        assert "UBLKCP" in sass and "USETMAXREG" in sass, spec.name
+        assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
+
+
+def test_split_k_sums_with_reductions_and_reads_back_with_exchanges(compiled, tmp_path):
+    """Split-K: the partial sums go to the workspace as fp32 reductions (no return value), the last block
+    reads them back with atomic exchanges (leaving zeros); one name for every split count."""
+    for spec in _split_specs():
+        assert spec.name.endswith("_splitk") and spec.entry.endswith(f", false, false, true, {spec.min_blocks}>")
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        assert "REDG.E.ADD.F32" in sass, f"{spec.name}: partial sums are not reduced in L2"
+        assert "ATOMG.E.EXCH" in sass, f"{spec.name}: totals are not read back with exchanges"
+    dense = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(64, 8, 2))
+    split = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(64, 8, 2, 3))
+    assert split.name == _split_specs()[0].name and split.name != dense.name
+    with pytest.raises(ValueError, match="does not split K"):
+        _gemm_sm90.gemm_spec(
+            WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(64, 8, 2, 2), grouped=True
+        )
+
+
+def test_gather_is_a_grouped_variant():
+    with pytest.raises(ValueError, match="grouped variant"):
+        _gemm_sm90.gemm_spec(
+            WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(128, 6), gather=True
+        )
+
+
 def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path):
     """The grouped flag is compiled in: a global load of the segment's expert id ahead of the first
     barrier (the early exit), which the dense kernel of the same tuning does not have."""
     grouped = _grouped_specs()[-1]
     dense = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(128, 6))
-    assert grouped.name != dense.name and ", true, 1>" in grouped.entry and ", false, 1>" in dense.entry
+    assert (
+        grouped.name != dense.name
+        and ", true, false, false, 1>" in grouped.entry
+        and ", false, false, false, 1>" in dense.entry
+    )
     sass = {
         spec.name: cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         for spec in (grouped, dense)

@@ -53,6 +53,10 @@ TUNINGS = [
     (None, _gemm_sm90.GemmTuning(64, 8, 2)),
     ("bias", _gemm_sm90.GemmTuning(64, 8, 1)),
     (None, _gemm_sm90.GemmTuning(128, 8, 1)),
+    # split-K: K in 2 to 4 blocks summed in the workspace (K = 832 has 13 chunks: splits of 3 and 4 chunks)
+    (None, _gemm_sm90.GemmTuning(64, 8, 2, 3)),
+    ("bias", _gemm_sm90.GemmTuning(128, 6, 1, 2)),
+    ("bias", _gemm_sm90.GemmTuning(256, 4, 1, 4)),
 ]
 
 
@@ -91,3 +95,31 @@ def test_gemm_through_linear_and_graph_capture(seed):
     graph.replay()
     torch.cuda.synchronize()
     assert_rel_close(out, x.float() @ humming.dequantize(qw).T, precision=torch.float32)
+
+
+def test_split_k_workspace_is_zero_between_calls_and_in_a_graph(seed):
+    """Split-K sums into a workspace that the last block of each tile reads back as zeros: a second call (of
+    another M on the same stream), and CUDA graph replays on fresh inputs, see none of the earlier sums."""
+    qw = humming.quantize(torch.randn(1024, 4096, device="cuda") * 0.05, weight="int4", group_size=128)
+    prep = prepare_weight(qw)
+    wref = humming.dequantize(qw, torch.float32)
+    tuning = _gemm_sm90.GemmTuning(64, 8, 2, 4)
+    for m in (100, 37, 100):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        first = _gemm_sm90.run_gemm(prep, x, None, torch.float32, tuning)
+        second = _gemm_sm90.run_gemm(prep, x, None, torch.float32, tuning)
+        ref = x.float() @ wref.T
+        assert_rel_close(first, ref, 1e-3, precision=torch.float32)
+        assert (first - second).abs().max() <= 1e-5 * ref.abs().max(), "a second call sees the first's sums"
+    x = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)
+    _gemm_sm90.reserve_gemm_workspace(200, 1024, 4096, tuning, prep.layout, 0)
+    out = torch.full((200, 1024), float("nan"), device="cuda", dtype=torch.float32)
+    _gemm_sm90.run_gemm(prep, x, None, torch.float32, tuning, out=out)  # loads the kernel before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _gemm_sm90.run_gemm(prep, x, None, torch.float32, tuning, out=out)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_rel_close(out, x.float() @ wref.T, 1e-3, precision=torch.float32)

@@ -35,7 +35,8 @@ def main() -> None:
         qw = humming.quantize(torch.randn(256, 512, device="cuda"), weight="uint4", group_size=128, zero_point=True)
         x = torch.randn(130, 512, device="cuda", dtype=torch.bfloat16)
         ref = x.float() @ humming.dequantize(qw).T
-        for tuning in (_gemm_sm90.GemmTuning(128, 4), _gemm_sm90.GemmTuning(256, 3)):
+        T = _gemm_sm90.GemmTuning
+        for tuning in (T(128, 4), T(256, 3), T(64, 4, 2, 3)):  # the last: K in 3 splits
             out = _gemm_sm90.run_gemm(prepare_weight(qw), x, None, torch.bfloat16, tuning)
             torch.cuda.synchronize()
             err = ((out.float() - ref).norm() / ref.norm()).item()
@@ -63,6 +64,15 @@ def _grouped() -> None:
         torch.cuda.synchronize()
         err = ((out.float() - ref).norm() / ref.norm()).item()
         print(f"grouped {weight} act={act} experts={experts} rows={rows.numel()}: rel err {err:.2e}")
+    # the gathering variant: 9 tokens read through the index, padding rows (-1) zero-filled
+    tokens = torch.randn(9, k, device="cuda", dtype=torch.bfloat16)
+    index = torch.arange(rows.numel(), dtype=torch.int32, device="cuda") % 10 - 1  # tokens 0..8, -1 every 10th
+    qw = humming.quantize(torch.randn(experts, n, k, device="cuda"), weight="int4", group_size=128)
+    out = humming.moe.grouped_linear(tokens, qw, ids, block_m, rows=index, backend="cuda")
+    ref = humming.moe.grouped_linear(tokens, qw, ids, block_m, rows=index, backend="reference").float()
+    torch.cuda.synchronize()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    print(f"grouped gather int4 experts={experts} rows={rows.numel()}: rel err {err:.2e}")
 
 
 if __name__ == "__main__":

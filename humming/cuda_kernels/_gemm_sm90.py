@@ -9,7 +9,9 @@ tokens per block tile (the block tile is 128 weight rows x ``bm`` tokens) and pi
 The grouped (MoE) variant (``grouped=True``, :func:`run_grouped_gemm`) is the same kernel with a
 compile-time flag: x rows come grouped by expert in ``block_m``-row segments (the contiguous grouped
 layout of ``humming.moe.moe_align``), each token tile reads its segment's expert id, skips the tile
-when it is -1, and offsets its weight, scale, zero-point and bias tiles to that expert.
+when it is -1, and offsets its weight, scale, zero-point and bias tiles to that expert. With
+``gather=True`` it reads grouped row ``r`` as token ``rows[r]`` of the ``[T, K]`` tokens (zeros for -1)
+in place, with cp.async instead of the TMA: no grouped copy of the tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from ..device import device_index, device_limits
 from ._driver import current_stream, fields, get_kernel, tensor_map
 from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
+from ._workspace import WORKSPACES
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "gemm_spec",
     "gemm_unsupported",
     "grouped_unsupported",
+    "reserve_gemm_workspace",
     "run_gemm",
     "run_grouped_gemm",
     "tile_time",
@@ -51,17 +55,21 @@ GROUPED_BMS = (256, 128, 64, 32, 16)
 @dataclass(frozen=True)
 class GemmTuning:
     """Speed-only knobs: tokens per block tile (``bm``: 128 or 256 dense; 16, 32, 64, 128 or 256 grouped),
-    pipeline ``stages`` (chunks of 64 columns in flight) and ``blocks`` per SM (1, or 2 for tiles of at
-    most 64 tokens: fewer registers per consumer, two blocks' copies in flight)."""
+    pipeline ``stages`` (chunks of 64 columns in flight), ``blocks`` per SM (1, or 2 for tiles of at
+    most 64 tokens: fewer registers per consumer, two blocks' copies in flight) and ``splits`` of K (dense
+    only: each tile's K in that many blocks, summed in an fp32 workspace with atomics)."""
 
     bm: int
     stages: int
     blocks: int = 1
+    splits: int = 1
 
     def __post_init__(self) -> None:
         blocks_ok = self.blocks == 1 or (self.blocks == 2 and self.bm <= 64)
-        if self.bm not in GROUPED_BMS or self.stages < 1 or not blocks_ok:
-            raise ValueError(f"tuning: bm in {GROUPED_BMS}, stages >= 1, blocks 1 (or 2 with bm <= 64), got {self}")
+        if self.bm not in GROUPED_BMS or self.stages < 1 or not blocks_ok or self.splits < 1:
+            raise ValueError(
+                f"tuning: bm in {GROUPED_BMS}, stages >= 1, blocks 1 (or 2 with bm <= 64), splits >= 1, got {self}"
+            )
 
     def smem_bytes(self, layout: WeightLayout) -> int:
         """Dynamic shared memory (``SmemLayout::kTotal`` in gemm_sm90.cuh) plus 1 KiB alignment slack."""
@@ -79,37 +87,56 @@ _PAIR_NS = {32: 8.1, 64: 9.1}
 #: (tokens per tile, blocks per SM) :func:`default_gemm_tuning` chooses among.
 _DENSE_TILES = ((32, 2), (64, 2), (64, 1), (128, 1), (256, 1))
 _MAX_STAGES = 8
+#: K splits :func:`default_gemm_tuning` considers: up to 8, each split at least 16 chunks (1,024 columns);
+#: a split must gain a quarter of the modelled time to be taken (its atomics and workspace are not modelled).
+_MAX_SPLITS = 8
+_MIN_SPLIT_CHUNKS = 16
+_SPLIT_COST = 1.25
 
 
-def tile_time(m: int, n: int, bm: int, blocks: int, sm_count: int) -> float:
-    """The modelled time of the dense GEMM per 1,000 K columns: the tiles (128 rows x ``bm`` tokens) spread
-    over the SMs, each SM running its share one at a time, or two at a time with two blocks per SM."""
-    per_sm = -(-(n // 128) * -(-m // bm) // sm_count)
+def tile_time(m: int, n: int, bm: int, blocks: int, sm_count: int, splits: int = 1) -> float:
+    """The modelled time of the dense GEMM per 1,000 K columns: the blocks (128 rows x ``bm`` tokens x
+    1 / ``splits`` of K) spread over the SMs, each SM running its share one at a time, or two at a time
+    with two blocks per SM."""
+    per_sm = -(-(n // 128) * -(-m // bm) * splits // sm_count)
     if blocks == 1:
-        return per_sm * _TILE_NS[bm]
-    return per_sm // 2 * _PAIR_NS[bm] + per_sm % 2 * _TILE_NS[bm]
+        return per_sm * _TILE_NS[bm] / splits
+    return (per_sm // 2 * _PAIR_NS[bm] + per_sm % 2 * _TILE_NS[bm]) / splits
 
 
 @per_call_cache
-def default_gemm_tuning(m: int, n: int, layout: WeightLayout, limits) -> GemmTuning:
-    """The token tile and blocks per SM of least modelled time (:func:`tile_time`: small tiles spread a
-    small grid over every SM, two blocks per SM hide each other's copies, 256-token tiles halve the
-    dequantization per FLOP once the grid is full), the smaller tile and fewer blocks on a tie; then as
-    many stages (up to 8) as the block's share of shared memory holds. Tiles of fewer than 128 tokens are
-    candidates up to M = 4 x their size, the range the model was fitted on."""
+def default_gemm_tuning(
+    m: int, n: int, k: int, layout: WeightLayout, limits, max_splits: int = _MAX_SPLITS
+) -> GemmTuning:
+    """The token tile, blocks per SM and K splits of least modelled time (:func:`tile_time`: small tiles
+    spread a small grid over every SM, two blocks per SM hide each other's copies, 256-token tiles halve
+    the dequantization per FLOP once the grid is full, K splits fill the SMs that a small grid leaves idle,
+    at :data:`_SPLIT_COST`), the smaller tile, fewer blocks and fewer splits on a tie; then as many stages
+    (up to 8) as the block's share of shared memory holds. Tiles of fewer than 128 tokens are candidates up
+    to M = 4 x their size, the range the model was fitted on. ``max_splits``: 1 for the tile model alone."""
     tiles = [t for t in _DENSE_TILES if t[0] >= 128 or 4 * t[0] >= m]  # small tiles: measured up to M = 4 bm
-    bm, blocks = min(tiles, key=lambda t: (tile_time(m, n, *t, limits.sm_count), t[0], t[1]))
-    return _with_stages(bm, blocks, layout, limits.smem_per_block, _MAX_STAGES)
+    most = min(max_splits, max(1, k // 64 // _MIN_SPLIT_CHUNKS))
+    candidates = [(bm, blocks, splits) for bm, blocks in tiles for splits in range(1, most + 1)]
+
+    def cost(c: tuple[int, int, int]) -> tuple:
+        bm, blocks, splits = c
+        modelled = tile_time(m, n, bm, blocks, limits.sm_count, splits) * (_SPLIT_COST if splits > 1 else 1.0)
+        return round(modelled, 6), bm, blocks, splits  # rounded: equal models tie, whatever the float noise
+
+    bm, blocks, splits = min(candidates, key=cost)
+    return _with_stages(bm, blocks, layout, limits.smem_per_block, _MAX_STAGES, splits)
 
 
-def _with_stages(bm: int, blocks: int, layout: WeightLayout, smem_per_block: int, most: int) -> GemmTuning:
-    """``GemmTuning(bm, stages, blocks)`` with as many stages (2 to ``most``) as fit the block's share of
-    shared memory (the SM reserves 1 KiB per block)."""
+def _with_stages(
+    bm: int, blocks: int, layout: WeightLayout, smem_per_block: int, most: int, splits: int = 1
+) -> GemmTuning:
+    """``GemmTuning(bm, stages, blocks, splits)`` with as many stages (2 to ``most``) as fit the block's share
+    of shared memory (the SM reserves 1 KiB per block)."""
     budget = smem_per_block // blocks - 1024 * (blocks - 1)
     stages = most
     while stages > 2 and GemmTuning(bm, stages, blocks).smem_bytes(layout) > budget:
         stages -= 1
-    return GemmTuning(bm, stages, blocks)
+    return GemmTuning(bm, stages, blocks, splits)
 
 
 def default_grouped_tuning(block_m: int, rows: int, num_experts: int, layout: WeightLayout, smem_per_block: int):
@@ -148,13 +175,24 @@ def grouped_unsupported(qw, x: torch.Tensor, block_m: int, cc: tuple[int, int]) 
 
 @per_call_cache
 def gemm_spec(
-    layout: WeightLayout, act: str, out: str, bias: str, tuning: GemmTuning, grouped: bool = False
+    layout: WeightLayout,
+    act: str,
+    out: str,
+    bias: str,
+    tuning: GemmTuning,
+    grouped: bool = False,
+    gather: bool = False,
 ) -> KernelSpec:
-    kind = "grouped_" if grouped else ""
+    if gather and not grouped:
+        raise ValueError("gather: the gathering GEMM is a grouped variant (grouped=True)")
+    if grouped and tuning.splits > 1:
+        raise ValueError(f"tuning: the grouped GEMM does not split K, got splits={tuning.splits}")
+    kind = "grouped_gather_" if gather else "grouped_" if grouped else ""
     blocks = f"_x{tuning.blocks}" if tuning.blocks > 1 else ""
+    split_k = "_splitk" if tuning.splits > 1 else ""
     name = (
         f"humming_gemm_sm90_{kind}{layout.tag}_a{act}_s{layout.scale}_o{out}_b{bias}"
-        f"_bm{tuning.bm}_s{tuning.stages}{blocks}"
+        f"_bm{tuning.bm}_s{tuning.stages}{blocks}{split_k}"
     )
     args = ", ".join(
         (
@@ -167,6 +205,8 @@ def gemm_spec(
             str(tuning.bm),
             str(tuning.stages),
             "true" if grouped else "false",
+            "true" if gather else "false",
+            "true" if tuning.splits > 1 else "false",
             str(tuning.blocks),
         )
     )
@@ -190,14 +230,15 @@ def gemm_call_spec(
     out_dtype: torch.dtype,
     tuning: GemmTuning,
     grouped: bool = False,
+    gather: bool = False,
 ) -> KernelSpec:
     bias_code = DTYPE_CODE[bias.dtype] if bias is not None else DTYPE_CODE[x.dtype]
-    return gemm_spec(prep.layout, DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped)
+    return gemm_spec(prep.layout, DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped, gather)
 
 
 class _Params(ctypes.Structure):
-    """Mirror of ``humming::gemm_sm90::Params`` (the tensor map first; 220 bytes of fields that alignas(64)
-    pads to 256, all of which the launch copies)."""
+    """Mirror of ``humming::gemm_sm90::Params`` (the tensor map first; 264 bytes of fields that alignas(64)
+    pads to 320, all of which the launch copies)."""
 
     _fields_ = (
         *fields(ctypes.c_uint8 * 128, "x_map"),
@@ -205,7 +246,10 @@ class _Params(ctypes.Structure):
         *fields(ctypes.c_int, "M N K out_stride groups chunks_per_group block_m"),
         *fields(ctypes.c_void_p, "x_scale"),
         *fields(ctypes.c_int, "x_scale_stride"),
-        ("_pad", ctypes.c_uint8 * 36),
+        *fields(ctypes.c_void_p, "x rows"),
+        *fields(ctypes.c_int, "x_stride splits"),
+        *fields(ctypes.c_void_p, "sums arrivals"),
+        ("_pad", ctypes.c_uint8 * 56),
     )
 
 
@@ -235,13 +279,18 @@ def run_grouped_gemm(
     out_dtype: torch.dtype,
     tuning: GemmTuning | None = None,
     out: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Grouped ``x [M_pad, K]`` times the expert-stacked ``prep`` -> ``[M_pad, N]`` of ``out_dtype`` (sm_90a).
 
     Row ``r`` uses expert ``expert_ids[r // block_m]`` (int32, contiguous, ``M_pad // block_m`` entries);
     rows of segments whose id is -1 are not written. ``bias`` is ``[E, N]`` contiguous or ``None``.
+    ``rows``: int32 ``[M_pad]`` (contiguous), the token of each grouped row (-1: a padding row, read as
+    zeros); ``x`` is then the ``[T, K]`` tokens, read in place by the gathering variant.
     """
-    m = x.shape[0]
+    if rows is not None and x.shape[0] == 0:  # no token to read: every grouped row is padding
+        x, rows = x.new_zeros(rows.shape[0], x.shape[1]), None
+    m = x.shape[0] if rows is None else rows.shape[0]
     if tuning is None:
         smem = device_limits(_device_index(x)).smem_per_block
         tuning = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
@@ -249,8 +298,10 @@ def run_grouped_gemm(
         raise ValueError(f"tuning: the token tile bm={tuning.bm} must divide block_m={block_m}")
     x = aligned_rows(x)
     bias_dtype = None if bias is None else bias.dtype
-    launch = GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, _device_index(x), block_m)
-    return launch(x, bias, out, expert_ids)
+    device = _device_index(x)
+    gather = rows is not None
+    launch = GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device, block_m, gather)
+    return launch(x, bias, out, expert_ids, rows=rows)
 
 
 def _device_index(x: torch.Tensor) -> int:
@@ -261,8 +312,9 @@ class GemmLaunch:
     """One call shape of the sm_90a GEMM made ready: ``x [m, K]`` of ``x_dtype`` with rows ``x_stride``
     elements apart (16-byte aligned, unit column stride), the bias dtype (``None``: no bias), the output
     dtype, the tuning (``None``: :func:`default_gemm_tuning`) and, for the grouped kernel, the routing
-    ``block_m``. It holds the loaded kernel, the grid, the encoder of x's tensor map and the parameter struct
-    with everything but the addresses of the call's tensors. Calls must match the shape it was made for."""
+    ``block_m`` (and ``gather``: x is the tokens, read through the call's ``rows``). It holds the loaded
+    kernel, the grid, the encoder of x's tensor map and the parameter struct with everything but the
+    addresses of the call's tensors. Calls must match the shape it was made for."""
 
     def __init__(
         self,
@@ -275,20 +327,25 @@ class GemmLaunch:
         tuning: GemmTuning | None,
         device: int,
         block_m: int = 0,
+        gather: bool = False,
     ) -> None:
         if tuning is None:
-            tuning = default_gemm_tuning(m, prep.n, prep.layout, device_limits(device))
+            tuning = default_gemm_tuning(m, prep.n, prep.k, prep.layout, device_limits(device))
         grouped = block_m > 0
+        if tuning.splits > prep.k // 64:
+            raise ValueError(f"tuning: splits={tuning.splits} exceeds the {prep.k // 64} chunks of 64 columns of K")
         bias_code = DTYPE_CODE[bias_dtype if bias_dtype is not None else x_dtype]
-        spec = gemm_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped)
+        spec = gemm_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped, gather)
         self.kernel = get_kernel(spec, device)
         self.prep = prep  # the template holds its tensors' addresses
         self.m, self.n, self.out_dtype, self.device = m, prep.n, out_dtype, device
         self.torch_device = torch.device("cuda", device)
         self.smem = tuning.smem_bytes(prep.layout)
-        self.grid = (prep.n // 128, -(-m // tuning.bm), 1)
+        self.grid = (prep.n // 128, -(-m // tuning.bm), tuning.splits)
+        # split-K: the fp32 sums [m, N], then one arrival counter per tile (decode's zero-between-calls buffers)
+        self.workspace_words = m * prep.n + self.grid[0] * self.grid[1] if tuning.splits > 1 else 0
         # TMA descriptor of x [M, K]: 64 x bm boxes (128 bytes wide), 128-byte swizzle, zero fill
-        self.x_map = tensor_map(x_dtype, m, prep.k, x_stride, 64, tuning.bm) if m else None
+        self.x_map = tensor_map(x_dtype, m, prep.k, x_stride, 64, tuning.bm) if m and not gather else None
         self.template = bytes(
             _Params(
                 (ctypes.c_uint8 * 128)(),
@@ -307,6 +364,10 @@ class GemmLaunch:
                 block_m,
                 None,
                 0,
+                None,
+                None,
+                x_stride,
+                tuning.splits,
             )
         )
 
@@ -317,9 +378,11 @@ class GemmLaunch:
         out: torch.Tensor | None = None,
         expert_ids: torch.Tensor | None = None,
         x_scale: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``x @ W^T * x_scale + bias`` into ``out`` (``[m, N]`` of the output dtype, unit column stride) or a
-        new tensor; ``expert_ids``: the grouped kernel's segment experts."""
+        new tensor; ``expert_ids``: the grouped kernel's segment experts; ``rows``: the gathering kernel's
+        token of each grouped row."""
         m, n = self.m, self.n
         if out is None:
             out = torch.empty((m, n), dtype=self.out_dtype, device=self.torch_device)
@@ -328,7 +391,10 @@ class GemmLaunch:
         if m == 0:
             return out
         params = _Params.from_buffer_copy(self.template)
-        ctypes.memmove(ctypes.addressof(params) + _Params.x_map.offset, self.x_map.encode(x.data_ptr()), 128)
+        if self.x_map is None:
+            params.x, params.rows = x.data_ptr(), rows.data_ptr()
+        else:
+            ctypes.memmove(ctypes.addressof(params) + _Params.x_map.offset, self.x_map.encode(x.data_ptr()), 128)
         params.out, params.out_stride = out.data_ptr(), out.stride(0)
         if bias is not None:
             params.bias = bias.data_ptr()
@@ -336,5 +402,18 @@ class GemmLaunch:
             params.expert_ids = expert_ids.data_ptr()
         if x_scale is not None:
             params.x_scale, params.x_scale_stride = x_scale_args(x_scale, m)
-        self.kernel.launch(self.grid, self.smem, params, current_stream(self.device))
+        stream = current_stream(self.device)
+        if self.workspace_words:
+            sums = WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
+            params.sums, params.arrivals = sums, sums + 4 * m * n
+        self.kernel.launch(self.grid, self.smem, params, stream)
         return out
+
+
+def reserve_gemm_workspace(m: int, n: int, k: int, tuning: GemmTuning | None, layout: WeightLayout, device: int):
+    """Allocate, outside graph capture, the split-K workspace of a call ``[m, n]`` (``tuning`` None: the
+    default's) for the current stream and one CUDA graph capture stream (no-op without split-K)."""
+    if tuning is None:
+        tuning = default_gemm_tuning(m, n, k, layout, device_limits(device))
+    if tuning.splits > 1:
+        WORKSPACES.reserve(m * n + (n // 128) * -(-m // tuning.bm), device)

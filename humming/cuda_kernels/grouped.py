@@ -1,9 +1,9 @@
 """``cuda.grouped``: the MoE grouped GEMM of ``humming.moe.grouped_linear`` on the CUDA kernels' grouped
 variants: the sm_90a WnA16 GEMM (:mod:`.wna16_sm90`) for 16-bit activations (int4 / uint4 / int8 / uint8
 experts, and MXFP4 ones with bf16 activations; token tiles of 16 to 256 rows dividing ``block_m``, each
-reading its segment's expert id, skipping -1 segments, offsetting its weight tiles); the FP8 GEMM
-(:mod:`.fp8_gemm`) for e4m3 activations (e4m3 and int4 experts). Both read grouped rows: a gather is
-copied into grouped order for them first."""
+reading its segment's expert id, skipping -1 segments, offsetting its weight tiles; token rows read in place
+through ``rows``); the FP8 GEMM (:mod:`.fp8_gemm`) for e4m3 activations (e4m3 and int4 experts), which reads
+grouped rows (the caller copies a gather into grouped order for it)."""
 
 from __future__ import annotations
 
@@ -40,17 +40,27 @@ def grouped_linear(
     bias: torch.Tensor | None,
     act,
     out_dtype: torch.dtype,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x [M_pad, K]`` grouped by expert -> ``[M_pad, N]`` of ``out_dtype``: row ``r`` is ``x[r] @
     dequantize(qweight)[e]^T + bias[e]`` with ``e = expert_ids[r // block_m]`` (int32, ``M_pad // block_m``
     entries); segments whose id is -1 are skipped (their rows unspecified). Ids outside [-1, E) are not
     checked (that would need a host sync) and fault. ``bias`` is ``[E, N]`` or ``None``. With ``act``, ``x``
-    may be a ``QuantizedActivation`` of that scheme (the FP8 GEMM then skips its quantization pass)."""
+    may be a ``QuantizedActivation`` of that scheme (the FP8 GEMM then skips its quantization pass).
+    ``rows`` (16-bit activations only): int32 ``[M_pad]``, grouped row ``r`` is token ``rows[r]`` of ``x
+    [T, K]`` (-1: padding), read in place; values are not checked on the GPU."""
     codes = getattr(x, "codes", x)
     reason = grouped_unsupported(qweight, act, codes, block_m)
     if reason is not None:
         raise ValueError(f"humming CUDA backend: {reason}")
-    m, e, n, device = codes.shape[0], qweight.num_experts, qweight.N, codes.device
+    if rows is not None and act is not None:
+        raise ValueError("rows: the grouped FP8 GEMM reads grouped rows (copy the tokens into grouped order first)")
+    m = codes.shape[0] if rows is None else rows.shape[0]
+    e, n, device = qweight.num_experts, qweight.N, codes.device
+    if rows is not None and (rows.dtype != torch.int32 or rows.dim() != 1 or rows.device != device):
+        raise ValueError(
+            f"rows: expected int32 [M_pad] on {device}, got {rows.dtype} {tuple(rows.shape)} on {rows.device}"
+        )
     if m % block_m or expert_ids.shape != (m // block_m,):
         raise ValueError(f"expert_ids: expected shape ({m // block_m},) for M_pad={m}, block_m={block_m}")
     if expert_ids.dtype != torch.int32 or expert_ids.device != device:
@@ -61,11 +71,13 @@ def grouped_linear(
     if act is not None:
         return fp8_gemm.run_grouped(fp8_gemm.prepare(qweight), x, act, expert_ids, block_m, bias, out_dtype)
     prep = _wna16.prepare(qweight)
-    return _gemm_sm90.run_grouped_gemm(prep, x, expert_ids.contiguous(), block_m, bias, out_dtype)
+    rows = None if rows is None else rows.contiguous()
+    return _gemm_sm90.run_grouped_gemm(prep, x, expert_ids.contiguous(), block_m, bias, out_dtype, rows=rows)
 
 
 def grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, device: int, cc) -> list:
-    """The ``(spec, arch)`` of the grouped WnA16 GEMM for each ``block_m`` and grouped row count ``m``."""
+    """The ``(spec, arch)`` of the grouped WnA16 GEMM for each ``block_m`` and grouped row count ``m``, reading
+    grouped rows and gathering token rows (fused_moe's first GEMM)."""
     from .jit import device_arch
 
     jobs = []
@@ -78,8 +90,9 @@ def grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, devic
         smem = device_limits(device).smem_per_block
         for m in m_values:
             tuning = _gemm_sm90.default_grouped_tuning(block_m, m, qw.num_experts, prep.layout, smem)
-            spec = _gemm_sm90.gemm_call_spec(prep, x, bias, out_dtype, tuning, grouped=True)
-            jobs.append((spec, device_arch(spec, cc)))
+            for gather in (False, True):
+                spec = _gemm_sm90.gemm_call_spec(prep, x, bias, out_dtype, tuning, grouped=True, gather=gather)
+                jobs.append((spec, device_arch(spec, cc)))
     return jobs
 
 
@@ -91,11 +104,11 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
     return grouped_jobs(qweight, (m,), (block_m,), act_dtype, out_dtype, bias_dtype, device, info.capability)
 
 
-def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning):
-    return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype)
+def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning, rows=None):
+    return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows)
 
 
-#: ``cuda.grouped``: the grouped sm_90a GEMMs (WnA16, and FP8 with e4m3 activations), on grouped rows.
+#: ``cuda.grouped``: the grouped sm_90a GEMMs (WnA16, gathering token rows; FP8 with e4m3 activations).
 KERNEL = Kernel(
     "cuda.grouped",
     "cuda",
@@ -104,4 +117,5 @@ KERNEL = Kernel(
     _run,
     warmup_jobs=_warmup_jobs,
     prepare=lambda qweight, act=None: _wna16.prepare(qweight) if act is None else fp8_gemm.prepare(qweight),
+    gathers=lambda qweight, act: act is None,
 )

@@ -29,6 +29,7 @@ from ._gemm_sm90 import (
     gemm_spec,
     gemm_unsupported,
     grouped_unsupported,
+    reserve_gemm_workspace,
     run_gemm,
     run_grouped_gemm,
 )
@@ -71,7 +72,7 @@ def unsupported(qweight, act, x) -> str | None:
 def _tuning(qweight, act, x) -> GemmTuning:
     """:func:`default_gemm_tuning` of ``x [M, K]`` (the activation, or a QuantizedActivation's codes)."""
     prep, x = _wna16.prepare(qweight), getattr(x, "codes", x)
-    return default_gemm_tuning(x.shape[0], prep.n, prep.layout, device_info(device_index(x.device)).limits)
+    return default_gemm_tuning(x.shape[0], prep.n, prep.k, prep.layout, device_info(device_index(x.device)).limits)
 
 
 def _run(x, qweight, bias, act, out_dtype, tuning):
@@ -83,7 +84,9 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
 
     x = torch.empty(m, qweight.K, dtype=act_dtype, device=f"cuda:{device}")
     bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
-    spec = gemm_call_spec(_wna16.prepare(qweight), x, bias, out_dtype, _tuning(qweight, act, x))
+    prep, tuning = _wna16.prepare(qweight), _tuning(qweight, act, x)
+    spec = gemm_call_spec(prep, x, bias, out_dtype, tuning)
+    reserve_gemm_workspace(m, prep.n, prep.k, tuning, prep.layout, device)
     return [(spec, device_arch(spec, device_info(device).capability))]
 
 

@@ -139,7 +139,7 @@ class MoeCall:
                 launches.append(MoeLaunch(f"{step} input", kernel, f"{act.name} static rows={x.shape[0]}"))
                 x = torch.empty(x.shape, dtype=torch.uint8, device=device)
             plan = plan_grouped(qw, act, x, block_m, self.backend, m_pad if gather else None)
-            gathers = gather and GROUPED_KERNELS[plan.kernel].gathers
+            gathers = gather and GROUPED_KERNELS[plan.kernel].gathers(qw, act)
             if gather and not gathers:  # a kernel that reads grouped rows: the tokens copied into that order
                 launches.append(MoeLaunch(f"{step} input", "torch", f"gather rows={m_pad}"))
             if act is not None and x.dtype != torch.uint8 and plan.backend != "reference":

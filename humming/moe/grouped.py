@@ -43,8 +43,8 @@ def grouped_linear(
         bias: ``[E, N]``; defaults to ``qweight.bias``.
         rows: the gather, int32 ``[M_pad]`` on ``x``'s device (:meth:`humming.moe.MoeRouting.token_rows`): output row
             ``r`` is token ``rows[r]``, or a padding row (unspecified) where it is -1; values in ``[-1, T)``,
-            checked on CPU only. The Triton kernels read the tokens through it; other backends get
-            ``x[rows]`` copied first.
+            checked on CPU only. The Triton kernels, the reference and the CUDA WnA16 GEMM read the tokens
+            through it; the CUDA FP8 GEMM gets ``x[rows]`` copied first.
         act, out_dtype, backend: as :func:`humming.linear` (``act`` may be omitted for a quantized ``x``;
             ``out_dtype`` then defaults to bfloat16). Dynamic tensor-wide activation scales span the rows of
             blocks in use (expert id >= 0), or with ``rows`` the ``T`` tokens.
@@ -131,11 +131,12 @@ def run_grouped(
     plan = plan_grouped(qweight, act, x_data, block_m, backend, m_pad)
     kernel = GROUPED_KERNELS[plan.kernel]
     gather = {}
-    if rows is not None and kernel.gathers:
+    if rows is not None and kernel.gathers(qweight, act):
         gather = {"rows": rows}
     elif rows is not None:
-        # Copied into grouped order. Exact for the kernels that do not gather (CUDA's): they take row-wise
-        # activation scales only, for which quantizing the gathered rows equals gathering the quantized tokens.
+        # Copied into grouped order. Exact for the kernels that do not gather (CUDA's FP8 GEMM): they take
+        # row-wise activation scales only, for which quantizing the gathered rows equals gathering the
+        # quantized tokens.
         x = gather_rows(x, rows)
     try:
         out = kernel.run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning, **gather)

@@ -24,6 +24,17 @@
 //   (expert e's block b is block e * N/128 + b, likewise for scales, zero points and bias [E, N]); x
 //   rows are grouped by expert in segments of block_m rows (kBM divides block_m), and expert_ids[i] is
 //   the expert of rows [i * block_m, (i + 1) * block_m), -1 for unused segments, whose tiles return at once.
+// - Gathering grouped variant, kGather: grouped row r is token rows[r] of x [T, K] (zeros where rows[r] is
+//   -1), read in place: the whole producer warpgroup copies the tile's rows with 16-byte cp.async into the
+//   128-byte-swizzled layout the TMA would have written (16-byte column c of row r at c ^ (r % 8)), keeps
+//   kStages - 1 chunks in flight, and for each chunk that has landed fences it to the async proxy (wgmma
+//   reads it there) and arrives on the chunk's full barrier (129 arrivals: thread 0's expect_tx for the
+//   weight copies, and each producer thread's).
+// - Split-K (dense only), kSplitK: blockIdx.z takes chunks [z * C / splits, (z + 1) * C / splits) of the
+//   C = K / 64; each block red.adds its fp32 sums into a workspace [M, N] and counts itself in at the tile's
+//   arrival counter; the block that arrives last reads the totals back (atomicExch, which leaves zeros),
+//   applies the epilogue and resets the counter: the workspace is zero between calls (no memset). The
+//   order of the adds varies, so results vary in the last bits of fp32 from call to call.
 #include "humming/dequant.cuh"
 #include "humming/sm90_ptx.cuh"
 
@@ -47,6 +58,12 @@ struct alignas(64) Params {
   int block_m;           // grouped: rows per expert_ids entry
   const float* x_scale;  // per-token (x_scale_stride 1) or per-tensor (0) activation scale, or null: x holds
   int x_scale_stride;    // quantized activations' values (fp8 schemes run through the 16-bit kernels)
+  const void* x;         // kGather: the tokens [T, K], row stride x_stride elements
+  const int* rows;       // kGather: [M] token of each grouped row, -1 = padding
+  int x_stride;
+  int splits;            // kSplitK: K splits (gridDim.z)
+  float* sums;           // kSplitK: [M, N] fp32, zero between calls
+  int* arrivals;         // kSplitK: [gridDim.y * gridDim.x] counters, zero between calls
 };
 
 template <int kBits, int kZero, DType S, int kBM, int kStages>
@@ -64,9 +81,11 @@ struct SmemLayout {
 };
 
 template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages, bool kGrouped,
-          int kBlocksPerSm>
+          bool kGather, bool kSplitK, int kBlocksPerSm>
 __device__ __forceinline__ void run(const Params& p) {
   static_assert(kBlocksPerSm == 1 || kBlocksPerSm == 2, "one or two blocks per SM");
+  static_assert(!kGather || kGrouped, "the gather reads grouped rows");
+  static_assert(!(kSplitK && kGrouped), "split-K is a dense schedule");
   // 128 * producer + 256 * consumer registers must fit the 384 * (65536 / 384 / kBlocksPerSm, rounded
   // down to 8) the block launches with (168 or 80 per thread).
   constexpr int kProducerRegs = kBlocksPerSm == 1 ? 40 : 24;
@@ -75,7 +94,7 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(!kE2m1 || (kBits == 4 && kZero == 0 && A == DType::bf16), "MXFP4: e2m1 codes, bf16 activations");
   using L = SmemLayout<kBits, kZero, S, kBM, kStages>;
   constexpr int kVecs = kBits / 4;
-  constexpr uint32_t kStageTx = L::kXBytes + L::kWBytes + L::kSBytes + L::kZBytes;
+  constexpr uint32_t kStageTx = (kGather ? 0 : L::kXBytes) + L::kWBytes + L::kSBytes + L::kZBytes;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The dynamic shared memory base is only 16-byte aligned by default: align to 1024 by hand
   // (decode.py reserves the slack).
@@ -93,6 +112,9 @@ __device__ __forceinline__ void run(const Params& p) {
   }
   const int blk = expert * (p.N / 128) + blockIdx.x;  // 128-row block of the (stacked) weights
   const int n_chunks = p.K / 64;
+  // This block's chunks: [k_begin, k_begin + count) (all of K but with kSplitK; the host keeps count >= 1)
+  const int k_begin = kSplitK ? int(blockIdx.z) * n_chunks / p.splits : 0;
+  const int count = kSplitK ? (int(blockIdx.z) + 1) * n_chunks / p.splits - k_begin : n_chunks;
 
   // Both sides wait on a barrier by spinning in C++ around mbar_try_wait, not with sm90::mbar_wait (which
   // spins inside PTX): with the loop visible the compiler keeps the pipeline loops rolled, where the PTX spin
@@ -100,7 +122,7 @@ __device__ __forceinline__ void run(const Params& p) {
   // per-SM build.
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(full0 + 8 * s, 1);
+      sm90::mbar_init(full0 + 8 * s, kGather ? 1 + 128 : 1);
       sm90::mbar_init(empty0 + 8 * s, 256);
     }
     sm90::fence_mbar_init();
@@ -109,23 +131,50 @@ __device__ __forceinline__ void run(const Params& p) {
 
   if (wg == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) {
+    // kGather: this thread copies 16-byte column c of the tile's rows r0 + 16 j, their tokens read again for
+    // each chunk (L1 hits) rather than held: the producer has 24 or 40 registers.
+    [[maybe_unused]] const int c = threadIdx.x % 8, r0 = threadIdx.x / 8;
+    if (kGather || threadIdx.x == 0) {
       const char* w_src = reinterpret_cast<const char*>(p.qweight);
       const char* s_src = static_cast<const char*>(p.scales);
       const char* z_src = reinterpret_cast<const char*>(p.zeros);
-      for (int kc = 0; kc < n_chunks; ++kc) {
-        const int s = kc % kStages;
-        if (kc >= kStages) {
-          while (!sm90::mbar_try_wait(empty0 + 8 * s, ((kc / kStages) & 1) ^ 1)) {}
+      for (int i = 0; i < count; ++i) {  // i: the pipeline's step, kc: the chunk of K it loads
+        const int kc = k_begin + i, s = i % kStages;
+        if (i >= kStages) {
+          while (!sm90::mbar_try_wait(empty0 + 8 * s, ((i / kStages) & 1) ^ 1)) {}
         }
         const uint32_t full = full0 + 8 * s;
-        sm90::mbar_expect_tx(full, kStageTx);
-        sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
-        sm90::bulk_load(base + L::kW + s * L::kWBytes, w_src + (long(blk) * n_chunks + kc) * L::kWBytes, L::kWBytes, full);
-        const long group_block = long(blk) * p.groups + kc / p.chunks_per_group;
-        sm90::bulk_load(base + L::kS + s * L::kSBytes, s_src + group_block * L::kSBytes, L::kSBytes, full);
-        if constexpr (kZero < 0) {
-          sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
+        if (threadIdx.x == 0) {
+          sm90::mbar_expect_tx(full, kStageTx);
+          if constexpr (!kGather) sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
+          sm90::bulk_load(base + L::kW + s * L::kWBytes, w_src + (long(blk) * n_chunks + kc) * L::kWBytes, L::kWBytes, full);
+          const long group_block = long(blk) * p.groups + kc / p.chunks_per_group;
+          sm90::bulk_load(base + L::kS + s * L::kSBytes, s_src + group_block * L::kSBytes, L::kSBytes, full);
+          if constexpr (kZero < 0) {
+            sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
+          }
+        }
+        if constexpr (kGather) {
+          const char* x_src = static_cast<const char*>(p.x) + (kc * 64 + c * 8) * 2;
+#pragma unroll
+          for (int j = 0; j < kBM / 16; ++j) {
+            const int r = r0 + 16 * j, token = __ldg(p.rows + m0 + r);
+            const uint32_t dst = base + L::kX + s * L::kXBytes + r * 128 + ((c ^ (r & 7)) << 4);
+            cp_async_cg16_zfill(dst, x_src + long(token < 0 ? 0 : token) * p.x_stride * 2, token >= 0);
+          }
+          cp_async_commit();
+          cp_async_wait<kStages - 1>();  // step i - (kStages - 1) has landed
+          if (i >= kStages - 1) {
+            sm90::fence_proxy_async();
+            sm90::mbar_arrive(full0 + 8 * ((i - (kStages - 1)) % kStages));
+          }
+        }
+      }
+      if constexpr (kGather) {  // the last kStages - 1 steps
+        cp_async_wait<0>();
+        sm90::fence_proxy_async();
+        for (int i = count > kStages - 1 ? count - (kStages - 1) : 0; i < count; ++i) {
+          sm90::mbar_arrive(full0 + 8 * (i % kStages));
         }
       }
     }
@@ -188,10 +237,10 @@ __device__ __forceinline__ void run(const Params& p) {
         for (int i = 0; i < 4; ++i) a[j][i] = fma2<A>(a[j][i], scale[2 * (j >> 1) + (i & 1)], kNegZero);
       }
     };
-    // Wait for chunk kc, load this lane's weight fragment and dequantize it.
-    auto load_dequant = [&](int kc, uint32_t (&a)[4][4]) {
-      const int s = kc % kStages;
-      while (!sm90::mbar_try_wait(full0 + 8 * s, (kc / kStages) & 1)) {}
+    // Wait for pipeline step i, load this lane's weight fragment and dequantize it.
+    auto load_dequant = [&](int i, uint32_t (&a)[4][4]) {
+      const int s = i % kStages;
+      while (!sm90::mbar_try_wait(full0 + 8 * s, (i / kStages) & 1)) {}
       const uint4* w = reinterpret_cast<const uint4*>(smem + L::kW + s * L::kWBytes) + tile * kVecs * 32 + lane;
       uint4 wv[kVecs];
 #pragma unroll
@@ -203,26 +252,52 @@ __device__ __forceinline__ void run(const Params& p) {
         dequant_int(s, words, a);
       }
     };
-    auto issue_mma = [&](int kc, const uint32_t (&a)[4][4]) {
-      const uint64_t desc = sm90::sw128_desc(base + L::kX + (kc % kStages) * L::kXBytes);
+    auto issue_mma = [&](int i, const uint32_t (&a)[4][4]) {
+      const uint64_t desc = sm90::sw128_desc(base + L::kX + (i % kStages) * L::kXBytes);
       sm90::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) sm90::wgmma_rs<A, kBM>(acc, a[j], desc + 2 * j, kc > 0 || j > 0);
+      for (int j = 0; j < 4; ++j) sm90::wgmma_rs<A, kBM>(acc, a[j], desc + 2 * j, i > 0 || j > 0);
       sm90::wgmma_commit();
     };
     // One chunk at a time: the dequantized A registers must stay untouched until the wgmmas that read
     // them complete, and ptxas serializes wgmmas whose register inputs are written while earlier ones
     // are in flight (C7513), so the overlap of dequantization and tensor-core work comes from the two
     // consumer warpgroups taking turns.
-    for (int kc = 0; kc < n_chunks; ++kc) {
+    for (int i = 0; i < count; ++i) {
       uint32_t a[4][4];
-      load_dequant(kc, a);
-      issue_mma(kc, a);
+      load_dequant(i, a);
+      issue_mma(i, a);
       sm90::wgmma_wait<0>();
-      sm90::mbar_arrive(empty0 + 8 * (kc % kStages));
+      sm90::mbar_arrive(empty0 + 8 * (i % kStages));
     }
     // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).
     const long n_base = long(blockIdx.x) * 128 + tile * 16 + g;  // column of out (row of the expert)
+    if constexpr (kSplitK) {
+#pragma unroll
+      for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int token = m0 + 8 * i + 2 * c + (e & 1);
+          if (token < p.M) red_add_f32(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), acc[4 * i + e]);
+        }
+      __threadfence();  // this thread's adds are visible before the block's arrival below
+      __shared__ int last;
+      sm90::named_barrier_sync(1, 256);  // both consumer warpgroups
+      const int counter = blockIdx.y * gridDim.x + blockIdx.x;
+      if (t == 0) last = atomicAdd(p.arrivals + counter, 1) == p.splits - 1;
+      sm90::named_barrier_sync(1, 256);
+      if (!last) return;
+      __threadfence();  // every other block's adds happened before its arrival, which this block saw
+#pragma unroll
+      for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int token = m0 + 8 * i + 2 * c + (e & 1);
+          // atomicExch reads the total at L2, where the adds went, and restores the zero.
+          if (token < p.M) acc[4 * i + e] = atomicExch(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), 0.0f);
+        }
+      if (t == 0) p.arrivals[counter] = 0;
+    }
 #pragma unroll
     for (int i = 0; i < kBM / 8; ++i)
 #pragma unroll
