@@ -29,12 +29,13 @@ class CompiledLaunches:
         self.keep = keep
         self.compiled: dict = {}
 
-    def launch(self, key, grid: tuple[int, int, int], args: tuple, num_warps: int, device: int) -> None:
+    def launch(self, key, grid: tuple[int, int, int], args: tuple, num_warps: int, device: int, **options) -> None:
         """Launch ``fn`` on ``grid`` with ``args`` (every parameter in order, constexprs included) on the
-        current stream of CUDA device ``device``; ``key`` as the module docstring says."""
+        current stream of CUDA device ``device``; ``key`` as the module docstring says (it covers ``options``,
+        further launch options such as ``num_stages``, too)."""
         kernel = self.compiled.get(key)
         if kernel is None:
-            kernel = self.fn[grid](*args, num_warps=num_warps)
+            kernel = self.fn[grid](*args, num_warps=num_warps, **options)
             if isinstance(kernel, CompiledKernel):
                 if len(self.compiled) >= self.keep:
                     self.compiled.clear()
