@@ -17,7 +17,7 @@ from triton.compiler import CompiledKernel
 
 import humming
 from humming._env import env
-from humming.triton_kernels._launch import CompiledLaunches
+from humming.triton_kernels._launch import CompiledLaunches, PreparedLaunch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,6 +92,29 @@ def test_compiled_launches_keep_nothing_under_the_interpreter():
     assert Interpreted.calls == 3 and not launches.compiled
 
 
+def test_prepared_launch_keys_on_each_tensors_dtype_and_alignment(monkeypatch):
+    """A prepared launch fills in its per-call tensors among the kept arguments, in the kernel's order; a tensor
+    of another dtype or 16-byte alignment is another compiled kernel, the same ones launch the kept one."""
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    fn = _JitFunction()
+    fn.arg_names, fn.__name__ = ["a_ptr", "N", "out_ptr", "BLOCK"], "kernel"
+    with pytest.raises(ValueError, match=r"no value for \['BLOCK'\]"):
+        PreparedLaunch(fn, (2,), {"N": 7}, ("a_ptr", "out_ptr"), 4)
+    launch = PreparedLaunch(fn, (2,), {"N": 7, "BLOCK": 64}, ("a_ptr", "out_ptr"), 4, num_stages=2)
+    a, out = torch.zeros(8), torch.zeros(8)
+    launch(0, a, out)
+    launch(0, torch.zeros(8), torch.zeros(8))  # fresh tensors, same dtypes and alignment
+    launch(0, a, out.double())
+    launch(0, a[1:], out)
+    assert [(run[0], run[1][1:2], run[1][3], run[3]) for run in fn.runs] == [
+        ((2, 1, 1), (7,), 64, {"num_stages": 2})
+    ] * 3
+    assert fn.runs[0][1][0] is a and fn.runs[0][1][2] is out
+    assert len(launch.launches.compiled) == 3
+    (kept,) = [k for key, k in launch.launches.compiled.items() if key[1:] == (torch.float32, 0, torch.float32, 0)]
+    assert len(kept.launches) == 1 and kept.launches[0][2] == 1000
+
+
 def _int8_linear_reference(x, qw):
     """float64 ``dequantize_activation(quantize_activation(x, "int8")) @ dequantize(qw)^T``."""
     a = humming.dequantize_activation(humming.quantize_activation(x, "int8")).double()
@@ -127,7 +150,11 @@ def test_scaled_mm_launches_made_ready_once_per_kind_of_call(seed, monkeypatch):
 
     call(torch.randn(5, 128, dtype=torch.float16))
     call(x, out_dtype=torch.float32)
-    call(x, bias=torch.randn(64, dtype=torch.float16))
+    bias = torch.randn(64, dtype=torch.float16)
+    keys.clear()
+    with_bias = call(x, bias=bias)
+    assert torch.equal(call(x, bias=bias.float()), with_bias)  # bias added in fp32 either way
+    assert keys[1][7] == torch.float16 and keys[3][7] == torch.float32  # the GEMM's bias pointer: its dtype
     qa = humming.quantize_activation(x, "int8")
     wide = torch.zeros(3, 256, dtype=torch.uint8)
     wide[:, :128] = qa.codes
@@ -144,7 +171,7 @@ def test_scaled_mm_launches_made_ready_once_per_kind_of_call(seed, monkeypatch):
         scaled_mm.linear(humming.QuantizedActivation(qa.scheme, shifted, qa.scales), qw, None, None, torch.float16),
         again,
     )
-    assert len(kinds()) == 5 and keys[0][1] == 0 and keys[1][1] == 1  # same entry, codes' alignment in the key
+    assert len(kinds()) == 5 and keys[0][2] == 0 and keys[1][2] == 1  # same entry, the codes' alignment in the key
 
     held = len(launch_module._ready)
     other = humming.quantize(torch.randn(64, 128), "int8", -1, scale_dtype=torch.float32)
@@ -153,6 +180,30 @@ def test_scaled_mm_launches_made_ready_once_per_kind_of_call(seed, monkeypatch):
     del other
     gc.collect()
     assert len(launch_module._ready) == held
+
+
+@pytest.mark.parametrize("m", [1, 24])
+def test_wna16_launches_made_ready_once_per_kind_of_call(m, seed):
+    """The Triton WnA16 kernels (GEMV for M = 1, tiled for 24) keep their launches per weight object and kind of
+    call: fresh activations reuse the entry and give what a launch made ready anew gives; another M or a bias
+    is a new entry."""
+    from humming.triton_kernels import _wna16_launch as launch_module
+
+    qw = humming.quantize(torch.randn(64, 256), "int4", 128, scale_dtype=torch.float16)
+    call = lambda x, **kw: humming.linear(x, qw, backend="triton", **kw)
+    kinds = lambda: launch_module._ready.get(qw, {})
+    call(torch.randn(m, 256, dtype=torch.float16))
+    (ready,) = kinds().values()
+    x = torch.randn(m, 256, dtype=torch.float16)
+    again = call(x)
+    assert list(kinds().values()) == [ready]
+    reference = x.double() @ humming.dequantize(qw).double().T
+    torch.testing.assert_close(again.double(), reference, rtol=2e-3, atol=2e-2)
+    launch_module._ready.pop(qw)
+    assert torch.equal(call(x), again)
+    call(torch.randn(m + 1, 256, dtype=torch.float16))
+    call(x, bias=torch.randn(64, dtype=torch.float16))
+    assert len(kinds()) == 3
 
 
 def test_tensor_map_encoder_keeps_recent_descriptors(monkeypatch):

@@ -12,7 +12,9 @@ Faked (see :func:`fake_gpu`):
 - Triton: its driver (device 0, stream 0, target sm_90) and its compiler: a kernel "compiles" into a
   ``CompiledKernel`` whose launcher only counts.
 
-The figures are microseconds of Python and torch dispatch on this CPU, not GPU times: on a GPU each real
+Per combination: the eager call (``us``), and ``torch.ops.humming.linear`` called directly (``op us``: what
+code compiled by ``torch.compile`` calls per linear, the wrapper's own cost left out). The figures are
+microseconds of Python and torch dispatch on this CPU, not GPU times: on a GPU each real
 launch, stream query and caching-allocator allocation costs a little more. Each combination also reports
 the launches and the aten ops of one call (views left out: the allocations, and torch ops that launch GPU
 kernels of their own).
@@ -30,6 +32,7 @@ import argparse
 import collections
 import contextlib
 import cProfile
+import functools
 import json
 import os
 import pstats
@@ -217,7 +220,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     import humming
-    from humming import cuda_kernels
+    from humming import cuda_kernels, ops
     from humming.dispatch.plan import plan_linear
     from humming.ir.activation import get_act_scheme
 
@@ -231,8 +234,8 @@ def main() -> None:
     if args.compare:
         before = {(r["combination"], r["m"], r["backend"]): r for r in json.loads(Path(args.compare).read_text())}
     print(f"N={args.n} K={args.k}: host us per eager humming.linear call (CPU-side, GPU faked)")
-    columns = f"{'combination':32} {'M':>3} {'backend':>7} {'us':>7}  {'kernel':17} launches  aten ops"
-    print(columns + ("  | before: us  launches  aten ops" if before else ""))
+    columns = f"{'combination':32} {'M':>3} {'backend':>7} {'us':>7} {'op us':>7}  {'kernel':17} launches  aten ops"
+    print(columns + ("  | before: us   op us  launches  aten ops" if before else ""))
     rows = []
     for name, (qw, act) in combos.items():
         scheme = None if act is None else get_act_scheme(act)
@@ -244,6 +247,9 @@ def main() -> None:
             )
             for backend in backends:
                 call = lambda: humming.linear(x, qw, act=act, backend=backend)  # noqa: B023 (called in this loop)
+                # what compiled code calls per call: the custom op, which finds the weight by its handle
+                args_of_op = (x, None, None, *ops.weight_args(qw), None, act, torch.bfloat16, backend)
+                op = functools.partial(torch.ops.humming.linear, *args_of_op)
                 call()  # plan, prepare, "compile"
                 COUNTS.clear()
                 with _CountOps():
@@ -256,13 +262,15 @@ def main() -> None:
                     "launches": COUNTS["cuda launch"] + COUNTS["triton launch"],
                     "aten_ops": sum(v for key, v in COUNTS.items() if key.startswith("aten ")),
                     "us": round(measure(call, args.iters), 1),
+                    "op_us": round(measure(op, args.iters), 1),
                 }
                 rows.append(row)
-                line = f"{name:32} {m:>3} {backend:>7} {row['us']:7.1f}  {row['kernel']:17} {row['launches']:>8}"
-                line += f"  {row['aten_ops']:>8}"
+                line = f"{name:32} {m:>3} {backend:>7} {row['us']:7.1f} {row['op_us']:7.1f}  {row['kernel']:17}"
+                line += f" {row['launches']:>8}  {row['aten_ops']:>8}"
                 old = before.get((name, m, backend))
                 if old:
-                    line += f"  | {old['us']:10.1f}  {old['launches']:>8}  {old['aten_ops']:>8}"
+                    line += f"  | {old['us']:10.1f} {old.get('op_us', float('nan')):7.1f}"
+                    line += f"  {old['launches']:>8}  {old['aten_ops']:>8}"
                 print(line)
                 if args.profile and args.profile in name:
                     profile = cProfile.Profile()

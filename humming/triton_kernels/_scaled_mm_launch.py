@@ -11,7 +11,7 @@ import torch
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
 from . import registry
-from ._launch import CompiledLaunches
+from ._launch import PreparedLaunch
 from ._scaled_mm_kernel import _scaled_mm_kernel
 from ._scaled_mm_plan import (
     ComputePlan,
@@ -102,15 +102,15 @@ def launch_codes(
 _ready: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MAX_KINDS = 1024
 
-#: Where each per-call argument sits among the kernel's parameters.
-_SLOT = {name: i for i, name in enumerate(_scaled_mm_kernel.arg_names)}
+#: The kernel's parameters that change between calls of one kind (the weight's codes stand in for an absent
+#: bias, expert ids and rows: never read).
+_PER_CALL = ("a_ptr", "as_ptr", "ags_ptr", "bias_ptr", "out_ptr", "expert_ptr", "rows_ptr")
 
 
 class _Ready:
     """One kind of call of the scaled GEMM with a weight, made ready once: its plan, tile, grid, the weight's
-    tensors, every integer and constexpr argument in the kernel's order, and its compiled kernels (by the
-    alignment of the pointers that change between calls). A call allocates the output (and the split-K
-    workspace), fills in its pointers and launches through :class:`~._launch.CompiledLaunches`."""
+    tensors, every integer and constexpr argument (a :class:`~._launch.PreparedLaunch`). A call allocates the
+    output (and the split-K workspace), and launches on its pointers."""
 
     def __init__(self, scheme, codes, a_scales, qweight, bias, out_dtype, config, out, grouped, route_bm, rows):
         m, k = (codes.shape[0] if rows is None else rows.shape[0]), codes.shape[1]
@@ -129,9 +129,7 @@ class _Ready:
         )
         self.m, self.n, self.out_dtype, self.device, self.route_bm = m, n, out_dtype, device, route_bm
         self.split = cfg.split_k > 1
-        self.num_warps, self.num_stages = cfg.num_warps, cfg.num_stages
-        self.grid = (*grid(cfg, m, n), 1)
-        dest_stride = n if self.split or out is None else out.stride(0)
+        self.stand_in = t["qw"]
         values = {
             "qw_ptr": t["qw"],
             "qb_ptr": t["qw"].view(torch.uint8),
@@ -148,7 +146,7 @@ class _Ready:
             "stride_qb": t["qw"].stride(-2) * 4,
             "stride_sn": t["s"].stride(-2),
             "stride_zn": t["z"].stride(-2),
-            "stride_om": dest_stride,
+            "stride_om": n if self.split or out is None else out.stride(0),
             "stride_qe": e_stride("qw", 3),
             "stride_se": e_stride("s", 3),
             "stride_ze": e_stride("z", 3),
@@ -167,10 +165,10 @@ class _Ready:
             "GROUPED": grouped,
             "GATHER": rows is not None,
         }
-        # The weight's codes stand in for the absent bias, expert ids and rows (never read); the per-call
-        # pointers are filled in by each call.
-        self.template = [values.get(name, t["qw"]) for name in _scaled_mm_kernel.arg_names]
-        self.launches = CompiledLaunches(_scaled_mm_kernel)
+        cfg_grid = grid(cfg, m, n)
+        self.launch = PreparedLaunch(
+            _scaled_mm_kernel, cfg_grid, values, _PER_CALL, cfg.num_warps, num_stages=cfg.num_stages
+        )
 
     def __call__(self, codes, a_scales, global_scale, bias, out, expert_ids, rows) -> torch.Tensor:
         m, n = self.m, self.n
@@ -181,23 +179,17 @@ class _Ready:
                 f"out: expected [{m}, {n}] {self.out_dtype} with contiguous rows, got {out.shape} {out.dtype}"
             )
         dest = torch.zeros(m, n, dtype=torch.float32, device=self.device) if self.split else out
-        args = self.template.copy()
-        args[_SLOT["a_ptr"]] = codes
-        args[_SLOT["as_ptr"]] = a_scales
-        args[_SLOT["ags_ptr"]] = a_scales if global_scale is None else global_scale
-        args[_SLOT["out_ptr"]] = dest
-        if bias is not None:
-            args[_SLOT["bias_ptr"]] = bias
-        if expert_ids is not None:
-            args[_SLOT["expert_ptr"]] = expert_ids
-        if rows is not None:
-            args[_SLOT["rows_ptr"]] = rows
-        index = self.device.index
-        align = lambda tensor: -1 if tensor is None else tensor.data_ptr() % 16
-        key = (index, align(codes), align(a_scales), align(global_scale), align(bias), align(dest))
-        if expert_ids is not None:
-            key += (align(expert_ids), align(rows))
-        self.launches.launch(key, self.grid, tuple(args), self.num_warps, index, num_stages=self.num_stages)
+        stand_in = self.stand_in
+        self.launch(
+            self.device.index,
+            codes,
+            a_scales,
+            a_scales if global_scale is None else global_scale,
+            stand_in if bias is None else bias,
+            dest,
+            stand_in if expert_ids is None else expert_ids,
+            stand_in if rows is None else rows,
+        )
         if self.split:
             finish_split_k(dest, out, bias, expert_ids, self.route_bm)
         return out
