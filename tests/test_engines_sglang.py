@@ -14,13 +14,15 @@ import pytest
 pytest.importorskip("sglang.srt.layers.linear", reason="SGLang is not installed (or does not import)")
 
 import engine_layers as cases
+import engine_moe as moe_cases
 import sglang.srt.layers.linear as sglang_linear
+import torch
 from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
 from sglang.srt.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
 from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from humming.engines.sglang import HummingConfig, HummingLinearMethod, register
+from humming.engines.sglang import HummingConfig, HummingLinearMethod, HummingMoEMethod, register
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,3 +63,35 @@ def test_layers_equal_humming(name, seed):
 
 def test_ignored_layers_stay_unquantized():
     cases.check_ignored(sglang_linear, HummingConfig, UnquantizedLinearMethod)
+
+
+@pytest.mark.parametrize("name", list(moe_cases.FIXTURES))
+def test_moe_experts_equal_fused_moe(name, seed):
+    """SGLang's FusedMoE on each MoE fixture, loaded expert by expert through SGLang's expert weight loader,
+    computes humming.moe.fused_moe on the checkpoint's experts (apply on SGLang's standard dispatch output)."""
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+    from sglang.srt.runtime_context import get_parallel
+
+    hf = moe_cases.model_config(name)
+    with get_parallel().override(moe_ep_rank=0, moe_tp_rank=0, moe_dp_rank=0):  # one rank's MoE groups
+        experts = FusedMoE(
+            num_experts=hf["num_experts"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["moe_intermediate_size"],
+            layer_id=0,
+            top_k=hf["num_experts_per_tok"],
+            params_dtype=torch.bfloat16,
+            quant_config=HummingConfig(hf["quantization_config"]),
+            prefix=moe_cases.PREFIX,
+        )
+    assert isinstance(experts.quant_method, HummingMoEMethod)
+    mapping = FusedMoE.make_expert_params_mapping("gate_proj", "down_proj", "up_proj", hf["num_experts"])
+    moe_cases.load(experts, dict(experts.named_parameters()), mapping, name)
+
+    def run(x, topk_weights, topk_ids):
+        topk = StandardTopKOutput(topk_weights, topk_ids, torch.empty(0))
+        return experts.quant_method.apply(experts, StandardDispatchOutput(x, None, topk)).hidden_states
+
+    moe_cases.check_experts(run, name)

@@ -24,6 +24,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM resolves its p
 pytest.importorskip("vllm.model_executor.layers.linear", reason="vLLM is not installed (or does not import)")
 
 import engine_layers as cases
+import engine_moe as moe_cases
 import vllm.model_executor.layers.linear as vllm_linear
 import vllm.model_executor.parameter as vllm_parameter
 from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
@@ -41,7 +42,6 @@ from humming.engines.vllm import HummingConfig, HummingLinearMethod, HummingMoEM
 from humming.engines.vllm_plugin import register
 
 ROOT = Path(__file__).resolve().parents[1]
-MOE = cases.DATA.parent / "moe_gptq_w4_g128"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,7 +69,8 @@ def test_vllm_probe_and_registry():
 
 @pytest.mark.parametrize(
     "path",
-    [cases.DATA / "autogptq_w4_g128_sym", cases.DATA / "ct_fp8_block", cases.DATA / "modelopt_nvfp4", MOE],
+    [cases.DATA / name for name in ("autogptq_w4_g128_sym", "ct_fp8_block", "modelopt_nvfp4")]
+    + list(moe_cases.FIXTURES.values()),
     ids=lambda path: path.name,
 )
 def test_vllm_selects_the_method(path):
@@ -116,41 +117,28 @@ def test_warmup_sizes_are_vllm_capture_sizes():
     assert capture_sizes() == (1, 2, 4, 8, 16, 24)
 
 
-def test_moe_experts_equal_fused_moe(seed):
-    """vLLM's routed experts (FusedMoEFactory's RoutedExperts) on the GPTQ MoE fixture, loaded expert by expert
+@pytest.mark.parametrize("name", list(moe_cases.FIXTURES))
+def test_moe_experts_equal_fused_moe(name, seed):
+    """vLLM's routed experts (FusedMoEFactory's RoutedExperts) on each MoE fixture, loaded expert by expert
     through vLLM's expert weight loader, compute humming.moe.fused_moe on the checkpoint's experts."""
     from vllm.model_executor.layers.fused_moe import FusedMoEFactory, fused_moe_make_expert_params_mapping
 
-    hf = json.loads((MOE / "config.json").read_text())
-    config = HummingConfig(hf["quantization_config"])
-    prefix = "model.layers.0.mlp.experts"
-    runner = FusedMoEFactory(
-        num_experts=hf["num_experts"],
-        top_k=hf["num_experts_per_tok"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["moe_intermediate_size"],
-        params_dtype=torch.bfloat16,
-        quant_config=config,
-        prefix=prefix,
-    )
+    hf = moe_cases.model_config(name)
+    with set_current_vllm_config(VllmConfig()):  # a model's layer names are its config's: one model per test
+        runner = FusedMoEFactory(
+            num_experts=hf["num_experts"],
+            top_k=hf["num_experts_per_tok"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["moe_intermediate_size"],
+            params_dtype=torch.bfloat16,
+            quant_config=HummingConfig(hf["quantization_config"]),
+            prefix=moe_cases.PREFIX,
+        )
     experts = runner.routed_experts
     assert isinstance(experts.quant_method, HummingMoEMethod)
-    params = dict(experts.named_parameters())
     mapping = fused_moe_make_expert_params_mapping(experts, "gate_proj", "down_proj", "up_proj", hf["num_experts"])
-    for key, tensor in load_file(MOE / "model.safetensors").items():
-        for param_name, weight_name, expert_id, shard_id in mapping:
-            if weight_name in key:  # what Qwen2-MoE's load_weights does, relative to the routed experts
-                name = key.replace(weight_name, param_name).rpartition("routed_experts.")[2]
-                if name in params:  # g_idx without act-order: vLLM's GPTQ experts keep none either
-                    params[name].weight_loader(params[name], tensor, name, shard_id=shard_id, expert_id=expert_id)
-    experts.quant_method.process_weights_after_loading(experts)
-    qws = humming.load_checkpoint(MOE)
-    w13 = humming.concat([qws[f"{prefix}.gate_proj"], qws[f"{prefix}.up_proj"]], dim=1)
-    x = torch.randn(7, hf["hidden_size"], dtype=torch.bfloat16)
-    topk_weights, topk_ids = torch.rand(7, 2).softmax(-1), torch.stack([torch.randperm(4)[:2] for _ in range(7)])
-    got = experts.quant_method.apply(experts, x, topk_weights, topk_ids.to(torch.int32), None, None)
-    expect = humming.moe.fused_moe(x, w13, qws[f"{prefix}.down_proj"], topk_weights, topk_ids.to(torch.int32))
-    assert torch.equal(got, expect)
+    moe_cases.load(experts, dict(experts.named_parameters()), mapping, name)
+    moe_cases.check_experts(lambda x, w, ids: experts.quant_method.apply(experts, x, w, ids, None, None), name)
 
 
 def test_plugin_entry_point_is_found_and_run(tmp_path, monkeypatch):

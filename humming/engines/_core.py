@@ -80,14 +80,17 @@ class ConfigCore:
         """The checkpoint modules of linear layer ``prefix``; None when the checkpoint leaves them all
         unquantized (the engine's own unquantized method serves the layer then)."""
         names = shard_names(prefix, self.packed_modules_mapping)
+        return None if self.skipped(prefix, names) else names
+
+    def skipped(self, prefix: str, names: list[str]) -> bool:
+        """Whether the checkpoint leaves all of layer ``prefix``'s modules ``names`` unquantized (an error
+        when it quantizes some of them only)."""
         skipped = [is_skipped(self.qconfig, name) for name in names]
-        if all(skipped):
-            return None
-        if any(skipped):
+        if any(skipped) and not all(skipped):
             raise UnsupportedFormatError(
-                f"{prefix}: the checkpoint quantizes some of its shards {names} and not others ({skipped})"
+                f"{prefix}: the checkpoint quantizes some of its modules {names} and not others ({skipped})"
             )
-        return names
+        return all(skipped)
 
 
 def shard_names(prefix: str, packed_modules_mapping: dict) -> list[str]:
