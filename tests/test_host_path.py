@@ -17,7 +17,7 @@ from triton.compiler import CompiledKernel
 
 import humming
 from humming._env import env
-from humming.triton_kernels._launch import CompiledLaunches, PreparedLaunch
+from humming.triton_kernels._launch import CompiledLaunches, LaunchesByWeight, PreparedLaunch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,6 +115,28 @@ def test_prepared_launch_keys_on_each_tensors_dtype_and_alignment(monkeypatch):
     assert len(kept.launches) == 1 and kept.launches[0][2] == 1000
 
 
+def test_launches_by_weight_make_each_once_and_start_over_past_keep():
+    """One launch made per weight and key; another weight or key is another; past ``keep`` per weight they
+    start over (made again), and a weight's entries go with it."""
+
+    class Weight:
+        pass
+
+    made = []
+    cache = LaunchesByWeight(keep=2)
+    make = lambda name: lambda: made.append(name) or name
+    a, b = Weight(), Weight()
+    assert [cache.get(a, 1, make("a1")), cache.get(a, 1, make("again")), cache.get(b, 1, make("b1"))] == ["a1"] * 2 + [
+        "b1"
+    ]
+    cache.get(a, 2, make("a2"))
+    cache.get(a, 3, make("a3"))  # a third key for a: a's first two are dropped
+    assert cache.get(a, 1, make("a1 again")) == "a1 again" and made == ["a1", "b1", "a2", "a3", "a1 again"]
+    del b
+    gc.collect()
+    assert list(cache.kinds.keys()) == [a]
+
+
 def _int8_linear_reference(x, qw):
     """float64 ``dequantize_activation(quantize_activation(x, "int8")) @ dequantize(qw)^T``."""
     a = humming.dequantize_activation(humming.quantize_activation(x, "int8")).double()
@@ -135,7 +157,7 @@ def test_scaled_mm_launches_made_ready_once_per_kind_of_call(seed, monkeypatch):
         CompiledLaunches, "launch", lambda self, key, *a, **o: keys.append(key) or launch(self, key, *a, **o)
     )
     qw = humming.quantize(torch.randn(64, 128), "int8", -1, scale_dtype=torch.float32)
-    kinds = lambda: launch_module._ready.get(qw, {})
+    kinds = lambda: launch_module._ready.kinds.get(qw, {})
     call = lambda x, **kw: humming.linear(x, qw, act="int8", backend="triton", **kw)
     x = torch.randn(3, 128, dtype=torch.float16)
     first = call(x)
@@ -145,7 +167,7 @@ def test_scaled_mm_launches_made_ready_once_per_kind_of_call(seed, monkeypatch):
     assert list(kinds().values()) == [ready]
     torch.testing.assert_close(again.double(), _int8_linear_reference(x, qw), rtol=2e-3, atol=2e-3)
     assert not torch.equal(first, again)  # fresh activations, not a kept output
-    launch_module._ready.pop(qw)
+    launch_module._ready.kinds.pop(qw)
     assert torch.equal(call(x), again)  # made ready anew: the same bits
 
     call(torch.randn(5, 128, dtype=torch.float16))
@@ -173,13 +195,13 @@ def test_scaled_mm_launches_made_ready_once_per_kind_of_call(seed, monkeypatch):
     )
     assert len(kinds()) == 5 and keys[0][2] == 0 and keys[1][2] == 1  # same entry, the codes' alignment in the key
 
-    held = len(launch_module._ready)
+    held = len(launch_module._ready.kinds)
     other = humming.quantize(torch.randn(64, 128), "int8", -1, scale_dtype=torch.float32)
     humming.linear(x, other, act="int8", backend="triton")
-    assert len(launch_module._ready) == held + 1
+    assert len(launch_module._ready.kinds) == held + 1
     del other
     gc.collect()
-    assert len(launch_module._ready) == held
+    assert len(launch_module._ready.kinds) == held
 
 
 @pytest.mark.parametrize("m", [1, 24])
@@ -191,7 +213,7 @@ def test_wna16_launches_made_ready_once_per_kind_of_call(m, seed):
 
     qw = humming.quantize(torch.randn(64, 256), "int4", 128, scale_dtype=torch.float16)
     call = lambda x, **kw: humming.linear(x, qw, backend="triton", **kw)
-    kinds = lambda: launch_module._ready.get(qw, {})
+    kinds = lambda: launch_module._ready.kinds.get(qw, {})
     call(torch.randn(m, 256, dtype=torch.float16))
     (ready,) = kinds().values()
     x = torch.randn(m, 256, dtype=torch.float16)
@@ -199,7 +221,7 @@ def test_wna16_launches_made_ready_once_per_kind_of_call(m, seed):
     assert list(kinds().values()) == [ready]
     reference = x.double() @ humming.dequantize(qw).double().T
     torch.testing.assert_close(again.double(), reference, rtol=2e-3, atol=2e-2)
-    launch_module._ready.pop(qw)
+    launch_module._ready.kinds.pop(qw)
     assert torch.equal(call(x), again)
     call(torch.randn(m + 1, 256, dtype=torch.float16))
     call(x, bias=torch.randn(64, dtype=torch.float16))

@@ -4,14 +4,12 @@ representative ones the all-architecture compile check builds (:func:`compile_sp
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
 from . import registry
-from ._launch import PreparedLaunch
+from ._launch import LaunchesByWeight, PreparedLaunch
 from ._scaled_mm_kernel import _scaled_mm_kernel
 from ._scaled_mm_plan import (
     ComputePlan,
@@ -85,22 +83,13 @@ def launch_codes(
         None if out is None else out.stride(0),
         codes.device,
     )
-    kinds = _ready.get(qweight)
-    if kinds is None:
-        kinds = _ready[qweight] = {}
-    ready = kinds.get(key)
-    if ready is None:
-        ready = _Ready(scheme, codes, a_scales, qweight, bias, out_dtype, config, out, grouped, route_bm, rows)
-        if len(kinds) >= _MAX_KINDS:
-            kinds.clear()
-        kinds[key] = ready
+    make = lambda: _Ready(scheme, codes, a_scales, qweight, bias, out_dtype, config, out, grouped, route_bm, rows)
+    ready = _ready.get(qweight, key, make)
     return ready(codes, a_scales, global_scale, bias, out, expert_ids, rows)
 
 
-#: The launches made ready, per weight object, by the kind of call (everything :func:`launch_codes` keys them
-#: on); bounded per weight, since serving sees many M.
-_ready: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_MAX_KINDS = 1024
+#: The launches made ready, per weight object, by the kind of call (everything :func:`launch_codes` keys them on).
+_ready = LaunchesByWeight()
 
 #: The kernel's parameters that change between calls of one kind (the weight's codes stand in for an absent
 #: bias, expert ids and rows: never read).

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import triton
 
 from ..device import KNOWN_LIMITS
 from ..ir.weight import QuantizedWeight
 from . import registry
-from ._launch import PreparedLaunch
+from ._launch import LaunchesByWeight, PreparedLaunch
 from ._weight_tile import kernel_tensors, pointer_types, triton_type, weight_spec
 from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel
 from .configs import TileConfig, finish_split_k
@@ -37,22 +35,12 @@ def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: in
         rows is not None,
         x.device,
     )
-    kinds = _ready.get(qweight)
-    if kinds is None:
-        kinds = _ready[qweight] = {}
-    ready = kinds.get(key)
-    if ready is None:
-        ready = _Ready(x, qweight, bias, out, cfg, grouped, route_bm, rows)
-        if len(kinds) >= _MAX_KINDS:
-            kinds.clear()
-        kinds[key] = ready
+    ready = _ready.get(qweight, key, lambda: _Ready(x, qweight, bias, out, cfg, grouped, route_bm, rows))
     return ready(x, bias, out, expert_ids, rows)
 
 
-#: The launches made ready, per weight object, by the kind of call (what :func:`launch` keys them on); bounded
-#: per weight, since serving sees many M.
-_ready: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_MAX_KINDS = 1024
+#: The launches made ready, per weight object, by the kind of call (what :func:`launch` keys them on).
+_ready = LaunchesByWeight()
 
 
 class _Ready:
