@@ -5,6 +5,7 @@ repeated calls with fresh activations on every route, then a CUDA graph captured
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from triton.compiler import CompiledKernel
 
 import humming
 from humming._env import env
-from humming.triton_kernels._launch import CompiledLaunches
+from humming.triton_kernels._launch import CompiledLaunches, LaunchesByWeight, PreparedLaunch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,8 +50,8 @@ class _JitFunction:
         self.runs = []
 
     def __getitem__(self, grid):
-        def run(*args, num_warps):
-            self.runs.append((grid, args, num_warps))
+        def run(*args, num_warps, **options):
+            self.runs.append((grid, args, num_warps, options))
             return _Compiled()
 
         return run
@@ -66,7 +67,9 @@ def test_compiled_launches_go_to_the_kept_kernel(monkeypatch):
     launches.launch(("a",), (3, 1, 1), ("y", 2), 4, 0)
     launches.launch(("b",), (1, 1, 1), ("z", 3), 8, 1)
     launches.launch(("b",), (1, 1, 1), ("w", 4), 8, 1)
-    assert [run[1] for run in fn.runs] == [("x", 1), ("z", 3)]
+    launches.launch(("c",), (1, 1, 1), ("v", 5), 4, 0, num_stages=3)
+    assert [run[1] for run in fn.runs] == [("x", 1), ("z", 3), ("v", 5)]
+    assert fn.runs[-1][2:] == (4, {"num_stages": 3})  # launch options reach the JIT function
     assert launches.compiled[("a",)].launches == [((3, 1, 1), ("y", 2), 1000)]
     assert launches.compiled[("b",)].launches == [((1, 1, 1), ("w", 4), 1001)]
 
@@ -87,6 +90,142 @@ def test_compiled_launches_keep_nothing_under_the_interpreter():
     for _ in range(3):
         launches.launch(("a",), (1, 1, 1), (), 4, 0)
     assert Interpreted.calls == 3 and not launches.compiled
+
+
+def test_prepared_launch_keys_on_each_tensors_dtype_and_alignment(monkeypatch):
+    """A prepared launch fills in its per-call tensors among the kept arguments, in the kernel's order; a tensor
+    of another dtype or 16-byte alignment is another compiled kernel, the same ones launch the kept one."""
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    fn = _JitFunction()
+    fn.arg_names, fn.__name__ = ["a_ptr", "N", "out_ptr", "BLOCK"], "kernel"
+    with pytest.raises(ValueError, match=r"no value for \['BLOCK'\]"):
+        PreparedLaunch(fn, (2,), {"N": 7}, ("a_ptr", "out_ptr"), 4)
+    launch = PreparedLaunch(fn, (2,), {"N": 7, "BLOCK": 64}, ("a_ptr", "out_ptr"), 4, num_stages=2)
+    a, out = torch.zeros(8), torch.zeros(8)
+    launch(0, a, out)
+    launch(0, torch.zeros(8), torch.zeros(8))  # fresh tensors, same dtypes and alignment
+    launch(0, a, out.double())
+    launch(0, a[1:], out)
+    assert [(run[0], run[1][1:2], run[1][3], run[3]) for run in fn.runs] == [
+        ((2, 1, 1), (7,), 64, {"num_stages": 2})
+    ] * 3
+    assert fn.runs[0][1][0] is a and fn.runs[0][1][2] is out
+    assert len(launch.launches.compiled) == 3
+    (kept,) = [k for key, k in launch.launches.compiled.items() if key[1:] == (torch.float32, 0, torch.float32, 0)]
+    assert len(kept.launches) == 1 and kept.launches[0][2] == 1000
+
+
+def test_launches_by_weight_make_each_once_and_start_over_past_keep():
+    """One launch made per weight and key; another weight or key is another; past ``keep`` per weight they
+    start over (made again), and a weight's entries go with it."""
+
+    class Weight:
+        pass
+
+    made = []
+    cache = LaunchesByWeight(keep=2)
+    make = lambda name: lambda: made.append(name) or name
+    a, b = Weight(), Weight()
+    assert [cache.get(a, 1, make("a1")), cache.get(a, 1, make("again")), cache.get(b, 1, make("b1"))] == ["a1"] * 2 + [
+        "b1"
+    ]
+    cache.get(a, 2, make("a2"))
+    cache.get(a, 3, make("a3"))  # a third key for a: a's first two are dropped
+    assert cache.get(a, 1, make("a1 again")) == "a1 again" and made == ["a1", "b1", "a2", "a3", "a1 again"]
+    del b
+    gc.collect()
+    assert list(cache.kinds.keys()) == [a]
+
+
+def _int8_linear_reference(x, qw):
+    """float64 ``dequantize_activation(quantize_activation(x, "int8")) @ dequantize(qw)^T``."""
+    a = humming.dequantize_activation(humming.quantize_activation(x, "int8")).double()
+    return a @ humming.dequantize(qw).double().T
+
+
+def test_scaled_mm_launches_made_ready_once_per_kind_of_call(seed, monkeypatch):
+    """The Triton scaled GEMM keeps what a kind of call launches per weight object: a repeat with fresh
+    activations finds its entry (and gives what a launch made ready anew gives, bit for bit); another M, output
+    dtype, bias, codes row stride or weight object makes a new one; an entry goes with its weight. Within an
+    entry, a pointer of another 16-byte alignment is another compiled kernel's launch key."""
+    from humming.triton_kernels import _scaled_mm_launch as launch_module
+    from humming.triton_kernels import scaled_mm
+
+    keys = []
+    launch = CompiledLaunches.launch
+    monkeypatch.setattr(
+        CompiledLaunches, "launch", lambda self, key, *a, **o: keys.append(key) or launch(self, key, *a, **o)
+    )
+    qw = humming.quantize(torch.randn(64, 128), "int8", -1, scale_dtype=torch.float32)
+    kinds = lambda: launch_module._ready.kinds.get(qw, {})
+    call = lambda x, **kw: humming.linear(x, qw, act="int8", backend="triton", **kw)
+    x = torch.randn(3, 128, dtype=torch.float16)
+    first = call(x)
+    (ready,) = kinds().values()
+    x = torch.randn(3, 128, dtype=torch.float16)
+    again = call(x)
+    assert list(kinds().values()) == [ready]
+    torch.testing.assert_close(again.double(), _int8_linear_reference(x, qw), rtol=2e-3, atol=2e-3)
+    assert not torch.equal(first, again)  # fresh activations, not a kept output
+    launch_module._ready.kinds.pop(qw)
+    assert torch.equal(call(x), again)  # made ready anew: the same bits
+
+    call(torch.randn(5, 128, dtype=torch.float16))
+    call(x, out_dtype=torch.float32)
+    bias = torch.randn(64, dtype=torch.float16)
+    keys.clear()
+    with_bias = call(x, bias=bias)
+    assert torch.equal(call(x, bias=bias.float()), with_bias)  # bias added in fp32 either way
+    assert keys[1][7] == torch.float16 and keys[3][7] == torch.float32  # the GEMM's bias pointer: its dtype
+    qa = humming.quantize_activation(x, "int8")
+    wide = torch.zeros(3, 256, dtype=torch.uint8)
+    wide[:, :128] = qa.codes
+    strided = humming.QuantizedActivation(qa.scheme, wide[:, :128], qa.scales)
+    out = scaled_mm.linear(strided, qw, None, None, torch.float16)
+    assert torch.equal(out, again)
+    assert len(kinds()) == 5
+
+    keys.clear()
+    scaled_mm.linear(qa, qw, None, None, torch.float16)
+    shifted = torch.zeros(3 * 128 + 1, dtype=torch.uint8)[1:].view(3, 128)
+    shifted.copy_(qa.codes)
+    assert torch.equal(
+        scaled_mm.linear(humming.QuantizedActivation(qa.scheme, shifted, qa.scales), qw, None, None, torch.float16),
+        again,
+    )
+    assert len(kinds()) == 5 and keys[0][2] == 0 and keys[1][2] == 1  # same entry, the codes' alignment in the key
+
+    held = len(launch_module._ready.kinds)
+    other = humming.quantize(torch.randn(64, 128), "int8", -1, scale_dtype=torch.float32)
+    humming.linear(x, other, act="int8", backend="triton")
+    assert len(launch_module._ready.kinds) == held + 1
+    del other
+    gc.collect()
+    assert len(launch_module._ready.kinds) == held
+
+
+@pytest.mark.parametrize("m", [1, 24])
+def test_wna16_launches_made_ready_once_per_kind_of_call(m, seed):
+    """The Triton WnA16 kernels (GEMV for M = 1, tiled for 24) keep their launches per weight object and kind of
+    call: fresh activations reuse the entry and give what a launch made ready anew gives; another M or a bias
+    is a new entry."""
+    from humming.triton_kernels import _wna16_launch as launch_module
+
+    qw = humming.quantize(torch.randn(64, 256), "int4", 128, scale_dtype=torch.float16)
+    call = lambda x, **kw: humming.linear(x, qw, backend="triton", **kw)
+    kinds = lambda: launch_module._ready.kinds.get(qw, {})
+    call(torch.randn(m, 256, dtype=torch.float16))
+    (ready,) = kinds().values()
+    x = torch.randn(m, 256, dtype=torch.float16)
+    again = call(x)
+    assert list(kinds().values()) == [ready]
+    reference = x.double() @ humming.dequantize(qw).double().T
+    torch.testing.assert_close(again.double(), reference, rtol=2e-3, atol=2e-2)
+    launch_module._ready.kinds.pop(qw)
+    assert torch.equal(call(x), again)
+    call(torch.randn(m + 1, 256, dtype=torch.float16))
+    call(x, bias=torch.randn(64, dtype=torch.float16))
+    assert len(kinds()) == 3
 
 
 def test_tensor_map_encoder_keeps_recent_descriptors(monkeypatch):
@@ -130,9 +269,10 @@ def test_host_overhead_harness_runs():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [line.split() for line in run.stdout.splitlines() if line[:1].isalpha() and line.split()[-1].isdigit()]
-    assert len(rows) >= 12 and {row[0] for row in rows} == {"W4A16", "MXFP4", "W8A8", "W4A8"}, run.stdout
+    assert len(rows) >= 18 and {row[0] for row in rows} == {"W4A16", "MXFP4", "W8A8", "W4A8", "NVFP4"}, run.stdout
     for row in rows:
-        assert int(row[-2]) == (1 if "act" not in row and "fp8" not in row else 2), row
+        activation_passes = 0 if "bf16" in row or row[0] == "W4A16" else 2 if "nvfp4" in row else 1
+        assert int(row[-2]) == 1 + activation_passes, row  # nvfp4: the global scale's absmax pass first
 
 
 WEIGHTS = {

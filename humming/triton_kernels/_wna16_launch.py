@@ -9,6 +9,7 @@ import triton
 from ..device import KNOWN_LIMITS
 from ..ir.weight import QuantizedWeight
 from . import registry
+from ._launch import LaunchesByWeight, PreparedLaunch
 from ._weight_tile import kernel_tensors, pointer_types, triton_type, weight_spec
 from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel
 from .configs import TileConfig, finish_split_k
@@ -20,64 +21,93 @@ __all__ = ["compile_specs", "kernel_spec", "launch"]
 def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1, rows=None) -> torch.Tensor:
     """One launch of the tiled (or GEMV) kernel into ``out`` (``[M, N]``: ``x``'s rows, or ``rows``' count
     when the grouped kernel gathers them); split-K accumulates in an fp32 workspace."""
-    m, n, k = out.shape[0], qweight.N, x.shape[1]
-    t = kernel_tensors(qweight)
     grouped = expert_ids is not None
-    split = cfg.split_k > 1
-    acc = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split else out
-    gemv = cfg.block_m <= 4
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
-    if gemv:
-        kernel, extra = _wna16_gemv_kernel, {}
-    else:
-        e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
-        kernel = _wna16_kernel
-        extra = {
-            "GROUP_M": cfg.group_m,
-            "GROUPED": grouped,
-            "GATHER": rows is not None,
-            "expert_ptr": expert_ids if grouped else t["qw"],
-            "rows_ptr": rows if rows is not None else t["qw"],
-            "stride_qe": e_stride("qw", 3) if grouped else 0,
-            "stride_se": e_stride("s", 3) if grouped else 0,
-            "stride_ze": e_stride("z", 3) if grouped else 0,
-            "stride_gse": e_stride("gs", 1) if grouped else 0,
-            "stride_gie": e_stride("gidx", 2) if grouped else 0,
-            "stride_be": bias.stride(0) if grouped and bias is not None else 0,
-            "route_bm": route_bm,
-        }
-    kernel[grid](
-        x_ptr=x,
-        qw_ptr=t["qw"],
-        s_ptr=t["s"],
-        z_ptr=t["z"],
-        gs_ptr=t["gs"],
-        gidx_ptr=t["gidx"],
-        lut_ptr=t["lut"],
-        bias_ptr=t["qw"] if bias is None else bias,
-        out_ptr=acc,
-        M=m,
-        N=n,
-        K=k,
-        stride_xm=x.stride(0),
-        stride_qn=t["qw"].stride(-2),
-        stride_sn=t["s"].stride(-2),
-        stride_zn=t["z"].stride(-2),
-        stride_om=acc.stride(0),
-        BM=cfg.block_m,
-        BN=cfg.block_n,
-        BK=cfg.block_k,
-        SPLIT_K=cfg.split_k,
-        HAS_BIAS=bias is not None,
-        EVEN_K=k % cfg.block_k == 0,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **extra,
-        WEIGHT=weight_spec(qweight),
+    key = (
+        out.shape[0],
+        x.shape[1],
+        x.stride(0),
+        out.stride(0),
+        cfg,
+        bias is None,
+        bias.stride(0) if grouped and bias is not None else 0,
+        grouped,
+        route_bm,
+        rows is not None,
+        x.device,
     )
-    if split:
-        finish_split_k(acc, out, bias, expert_ids, route_bm)
-    return out
+    ready = _ready.get(qweight, key, lambda: _Ready(x, qweight, bias, out, cfg, grouped, route_bm, rows))
+    return ready(x, bias, out, expert_ids, rows)
+
+
+#: The launches made ready, per weight object, by the kind of call (what :func:`launch` keys them on).
+_ready = LaunchesByWeight()
+
+
+class _Ready:
+    """One kind of call of the WnA16 kernels with a weight, made ready once: the kernel (tiled or GEMV), its
+    grid, the weight's tensors and every integer and constexpr argument (a :class:`~._launch.PreparedLaunch`).
+    A call allocates the split-K workspace and launches on its pointers (the weight's codes stand in for an
+    absent bias, expert ids and rows: never read)."""
+
+    def __init__(self, x, qweight, bias, out, cfg: TileConfig, grouped: bool, route_bm: int, rows) -> None:
+        m, n, k = out.shape[0], qweight.N, x.shape[1]
+        t = kernel_tensors(qweight)
+        self.m, self.n, self.route_bm, self.stand_in = m, n, route_bm, t["qw"]
+        self.split = cfg.split_k > 1
+        self.gemv = cfg.block_m <= 4
+        values = {
+            "qw_ptr": t["qw"],
+            "s_ptr": t["s"],
+            "z_ptr": t["z"],
+            "gs_ptr": t["gs"],
+            "gidx_ptr": t["gidx"],
+            "lut_ptr": t["lut"],
+            "M": m,
+            "N": n,
+            "K": k,
+            "stride_xm": x.stride(0),
+            "stride_qn": t["qw"].stride(-2),
+            "stride_sn": t["s"].stride(-2),
+            "stride_zn": t["z"].stride(-2),
+            "stride_om": n if self.split else out.stride(0),
+            "BM": cfg.block_m,
+            "BN": cfg.block_n,
+            "BK": cfg.block_k,
+            "SPLIT_K": cfg.split_k,
+            "HAS_BIAS": bias is not None,
+            "EVEN_K": k % cfg.block_k == 0,
+            "WEIGHT": weight_spec(qweight),
+        }
+        per_call = ("x_ptr", "bias_ptr", "out_ptr")
+        kernel = _wna16_gemv_kernel
+        if not self.gemv:
+            e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
+            kernel, per_call = _wna16_kernel, (*per_call, "expert_ptr", "rows_ptr")
+            values.update(
+                GROUP_M=cfg.group_m,
+                GROUPED=grouped,
+                GATHER=rows is not None,
+                stride_qe=e_stride("qw", 3) if grouped else 0,
+                stride_se=e_stride("s", 3) if grouped else 0,
+                stride_ze=e_stride("z", 3) if grouped else 0,
+                stride_gse=e_stride("gs", 1) if grouped else 0,
+                stride_gie=e_stride("gidx", 2) if grouped else 0,
+                stride_be=bias.stride(0) if grouped and bias is not None else 0,
+                route_bm=route_bm,
+            )
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+        self.launch = PreparedLaunch(kernel, grid, values, per_call, cfg.num_warps, num_stages=cfg.num_stages)
+
+    def __call__(self, x, bias, out, expert_ids, rows) -> torch.Tensor:
+        acc = torch.zeros(self.m, self.n, dtype=torch.float32, device=x.device) if self.split else out
+        stand_in = self.stand_in
+        tensors = (x, stand_in if bias is None else bias, acc)
+        if not self.gemv:
+            tensors += (stand_in if expert_ids is None else expert_ids, stand_in if rows is None else rows)
+        self.launch(x.device.index, *tensors)
+        if self.split:
+            finish_split_k(acc, out, bias, expert_ids, self.route_bm)
+        return out
 
 
 def compile_specs() -> list[registry.CompileSpec]:

@@ -38,7 +38,8 @@ from ..ir.weight import QuantizedWeight
 from ..kernel import Kernel
 from . import act_quant, registry
 from ._act_order import act_order_layout
-from ._scaled_mm_launch import compile_specs, kernel_spec, launch
+from ._act_quant_pass import pass_for
+from ._scaled_mm_launch import compile_specs, kernel_spec, launch, launch_codes
 from ._scaled_mm_plan import (
     ACT_SCALE_DTYPES,
     ComputePlan,
@@ -253,7 +254,13 @@ def _kernel_unsupported(qweight: QuantizedWeight, act, x: torch.Tensor) -> str |
 
 
 def _run(x, qweight, bias, act, out_dtype, tuning):
-    return linear(x, qweight, bias, act, out_dtype, config=tuning)
+    """The dispatcher's call, whose plan has checked it (``unsupported``, for this weight, scheme, dtype, device,
+    M and alignment): 16-bit ``x`` is quantized by its cached pass and launched without building a
+    QuantizedActivation; act-order weights and quantized ``x`` take :func:`linear`."""
+    if isinstance(x, QuantizedActivation) or qweight.g_idx is not None:
+        return linear(x, qweight, bias, act, out_dtype, config=tuning)
+    codes, scales, global_scale = pass_for(x, act, False, None, 0)(x)
+    return launch_codes(act, codes, scales, global_scale, qweight, bias, out_dtype, tuning, None)
 
 
 #: ``triton.scaled_mm``: quantized activations x quantized weights (W8A8, W4A8, W4A4), batch-invariant with

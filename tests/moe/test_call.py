@@ -100,12 +100,14 @@ def test_launches_on_cpu_auto(seed):
 @pytest.mark.parametrize(("act", "t", "static"), [(None, 3, False), ("fp8", 1, False), ("fp8", 2, True)])
 def test_launches_name_every_triton_kernel_the_call_runs(act, t, static, monkeypatch, seed):
     """Running the call (what warmup does) launches exactly the Triton kernels of routing, activation and
-    combine that MoeCall.launches lists, and makes the grouped GEMM plans it lists; static activation scales
+    combine that MoeCall.launches lists, and one grouped GEMM per GEMM step it lists; static activation scales
     (``static``) quantize the GEMMs' inputs in passes of their own."""
     launched = []
     launch = CompiledLaunches.launch
     monkeypatch.setattr(
-        CompiledLaunches, "launch", lambda self, *a: launched.append(self.fn.__name__) or launch(self, *a)
+        CompiledLaunches,
+        "launch",
+        lambda self, *a, **options: launched.append(self.fn.__name__) or launch(self, *a, **options),
     )
     w13, w2 = _experts(bias=True, e=2)  # few experts: few grouped rows for the interpreter
     scales = dict(w13_act_scale=torch.tensor(0.02), w2_act_scale=torch.tensor(4.0)) if static else {}
@@ -113,7 +115,9 @@ def test_launches_name_every_triton_kernel_the_call_runs(act, t, static, monkeyp
     listed = [TRITON_FUNCTIONS[la.kernel] for la in call.launches(t) if la.kernel in TRITON_FUNCTIONS]
     out = call.run(t)
     assert out.shape == (t, K) and torch.isfinite(out).all()
-    assert launched == listed
+    gemms = {"_scaled_mm_kernel", "_wna16_kernel"}
+    assert [name for name in launched if name not in gemms] == listed
+    assert sum(name in gemms for name in launched) == sum(la.step in ("w13", "w2") for la in call.launches(t))
 
 
 def test_modules_describe_their_calls(seed):
