@@ -75,7 +75,7 @@ class GemmTuning:
         """Dynamic shared memory (``SmemLayout::kTotal`` in gemm_sm90.cuh) plus 1 KiB alignment slack."""
         per_stage = self.bm * 128 + 128 * 64 * layout.bits // 8 + 128 * (4 if layout.scale == "f32" else 2)
         per_stage += 128 * 2 if layout.zero < 0 else 0
-        return self.stages * (per_stage + 16) + 1024
+        return self.stages * (per_stage + 16) + (16 if self.splits > 1 else 0) + 1024
 
 
 #: Time of one 128-row tile over 1,000 K columns (ns) by token tile, alone on its SM (``_TILE_NS``) and
@@ -134,7 +134,7 @@ def _with_stages(
     of shared memory (the SM reserves 1 KiB per block)."""
     budget = smem_per_block // blocks - 1024 * (blocks - 1)
     stages = most
-    while stages > 2 and GemmTuning(bm, stages, blocks).smem_bytes(layout) > budget:
+    while stages > 2 and GemmTuning(bm, stages, blocks, splits).smem_bytes(layout) > budget:
         stages -= 1
     return GemmTuning(bm, stages, blocks, splits)
 

@@ -77,7 +77,8 @@ struct SmemLayout {
   static constexpr int kS = kW + kStages * kWBytes;
   static constexpr int kZ = kS + kStages * kSBytes;
   static constexpr int kBar = kZ + kStages * kZBytes;       // full[kStages], empty[kStages]
-  static constexpr int kTotal = kBar + 2 * kStages * 8;
+  static constexpr int kFlag = kBar + 2 * kStages * 8;     // kSplitK: the "last block of the tile" flag
+  static constexpr int kTotal = kFlag + 16;                 // (GemmTuning.smem_bytes counts it with splits)
 };
 
 template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages, bool kGrouped,
@@ -281,12 +282,13 @@ __device__ __forceinline__ void run(const Params& p) {
           if (token < p.M) red_add_f32(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), acc[4 * i + e]);
         }
       __threadfence();  // this thread's adds are visible before the block's arrival below
-      __shared__ int last;
+      // the flag in dynamic shared memory: a static __shared__ would add a whole 1 KiB-aligned segment
+      volatile int* last = reinterpret_cast<volatile int*>(smem + L::kFlag);
       sm90::named_barrier_sync(1, 256);  // both consumer warpgroups
       const int counter = blockIdx.y * gridDim.x + blockIdx.x;
-      if (t == 0) last = atomicAdd(p.arrivals + counter, 1) == p.splits - 1;
+      if (t == 0) *last = atomicAdd(p.arrivals + counter, 1) == p.splits - 1;
       sm90::named_barrier_sync(1, 256);
-      if (!last) return;
+      if (!*last) return;
       __threadfence();  // every other block's adds happened before its arrival, which this block saw
 #pragma unroll
       for (int i = 0; i < kBM / 8; ++i)
