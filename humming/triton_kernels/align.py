@@ -264,7 +264,7 @@ def layout(num_slots: int, num_experts: int, block: int | None = None) -> Layout
 def _work_elements(lay: Layout, num_experts: int) -> int:
     """The int32 workspace of a call. One program: counts, ``base`` and block ends, ``E`` each. Three launches:
     counts ``[blocks, E]``, ``base [blocks, E]``, block ends ``[E]``, sorted keys ``[blocks, block]``."""
-    if lay.blocks == 1 and lay.block_b == 1:
+    if lay.blocks == 1:
         return 3 * num_experts
     return (2 * lay.blocks + 1) * num_experts + lay.blocks * lay.block
 
@@ -312,7 +312,7 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, block: int | N
     # Launch keys: what Triton specializes on besides the constexprs (the sizes are not specialized): the ids'
     # dtype and 16-byte alignment (the other pointers are fresh allocations), and the device.
     key = (dev.index, ids.dtype, ids.data_ptr() % 16, num_experts, block_m, lay)
-    if lay.blocks == 1 and lay.block_b == 1:
+    if lay.blocks == 1:
         args = (ids, src_slots, expert_ids, num_rows, slot_rows, work, num_slots)
         constexprs = (num_experts, block_m, lay.block, lay.block_e, steps)
         _one.launch(key, (1, 1, 1), (*args, *constexprs), lay.num_warps, dev.index)
