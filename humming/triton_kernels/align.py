@@ -87,6 +87,39 @@ def _padded(counts, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _padded_rows(num_slots, NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``M_pad`` (:func:`humming.reference.align.padded_rows`)."""
+    return _padded(num_slots + NUM_EXPERTS * (BLOCK_M - 1), BLOCK_M)
+
+
+@triton.jit
+def _count_block(
+    ids_ptr,
+    src_slots_ptr,
+    counts_ptr,
+    start,
+    num_slots,
+    fill_step,
+    NUM_EXPERTS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    """The sorted packed keys of the slots ``[start, start + BLOCK)`` (:func:`_sort_keys`), with their counts per
+    expert in ``counts [E]`` (zeroed first); sets this program's share of ``src_slots`` to -1 on the way: the
+    runs of ``_FILL`` from the ``start // BLOCK``-th, every ``fill_step``."""
+    expert = tl.arange(0, BLOCK_E)
+    for first in range(0, NUM_EXPERTS, BLOCK_E):
+        tl.store(counts_ptr + first + expert, 0, mask=first + expert < NUM_EXPERTS)
+    m_pad = _padded_rows(num_slots, NUM_EXPERTS, BLOCK_M)
+    _fill(src_slots_ptr, start // BLOCK * _FILL, m_pad, fill_step, -1)
+    tl.debug_barrier()
+    key, packed = _sort_keys(ids_ptr, start, num_slots, NUM_EXPERTS, BLOCK)
+    tl.atomic_add(counts_ptr + key, 1, mask=key < NUM_EXPERTS, sem="relaxed")
+    return packed
+
+
+@triton.jit
 def _expert_ids(ends_ptr, expert_ids_ptr, num_blocks, NUM_EXPERTS: tl.constexpr, STEPS: tl.constexpr):
     """``expert_ids[b]``: the number of experts whose blocks end at or before block ``b`` (a binary search of
     the non-decreasing ``ends``, the reference's ``searchsorted(right=True)``), -1 past the last used block."""
@@ -125,15 +158,9 @@ def _align_one_kernel(
     counts_ptr = work_ptr
     base_ptr = work_ptr + NUM_EXPERTS
     ends_ptr = work_ptr + 2 * NUM_EXPERTS
-    m_pad = (num_slots + NUM_EXPERTS * (BLOCK_M - 1) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    packed = _count_block(ids_ptr, src_slots_ptr, counts_ptr, 0, num_slots, _FILL, NUM_EXPERTS, BLOCK_M, BLOCK, BLOCK_E)
+    tl.debug_barrier()
     expert = tl.arange(0, BLOCK_E)
-    for first in range(0, NUM_EXPERTS, BLOCK_E):
-        tl.store(counts_ptr + first + expert, 0, mask=first + expert < NUM_EXPERTS)
-    _fill(src_slots_ptr, 0, m_pad, _FILL, -1)
-    tl.debug_barrier()
-    key, packed = _sort_keys(ids_ptr, 0, num_slots, NUM_EXPERTS, BLOCK)
-    tl.atomic_add(counts_ptr + key, 1, mask=key < NUM_EXPERTS, sem="relaxed")
-    tl.debug_barrier()
     rows = tl.sum(tl.zeros([BLOCK_E], dtype=tl.int32), 0)  # running sums over the experts so far
     slots = rows
     for first in range(0, NUM_EXPERTS, BLOCK_E):
@@ -148,7 +175,7 @@ def _align_one_kernel(
         slots += tl.sum(counts, 0)
     tl.store(num_rows_ptr, rows)
     tl.debug_barrier()
-    _expert_ids(ends_ptr, expert_ids_ptr, m_pad // BLOCK_M, NUM_EXPERTS, STEPS)
+    _expert_ids(ends_ptr, expert_ids_ptr, _padded_rows(num_slots, NUM_EXPERTS, BLOCK_M) // BLOCK_M, NUM_EXPERTS, STEPS)
     _scatter(packed, base_ptr, 0, src_slots_ptr, slot_rows_ptr, NUM_EXPERTS, BLOCK)
 
 
@@ -170,14 +197,18 @@ def _align_count_kernel(
     num_blocks = tl.num_programs(0)
     counts_ptr = work_ptr + block * NUM_EXPERTS
     sorted_ptr = work_ptr + (2 * num_blocks + 1) * NUM_EXPERTS + block * BLOCK
-    m_pad = (num_slots + NUM_EXPERTS * (BLOCK_M - 1) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    expert = tl.arange(0, BLOCK_E)
-    for first in range(0, NUM_EXPERTS, BLOCK_E):
-        tl.store(counts_ptr + first + expert, 0, mask=first + expert < NUM_EXPERTS)
-    _fill(src_slots_ptr, block * _FILL, m_pad, num_blocks * _FILL, -1)
-    tl.debug_barrier()
-    key, packed = _sort_keys(ids_ptr, block * BLOCK, num_slots, NUM_EXPERTS, BLOCK)
-    tl.atomic_add(counts_ptr + key, 1, mask=key < NUM_EXPERTS, sem="relaxed")
+    packed = _count_block(
+        ids_ptr,
+        src_slots_ptr,
+        counts_ptr,
+        block * BLOCK,
+        num_slots,
+        num_blocks * _FILL,
+        NUM_EXPERTS,
+        BLOCK_M,
+        BLOCK,
+        BLOCK_E,
+    )
     tl.store(sorted_ptr + tl.arange(0, BLOCK), packed)
 
 
@@ -218,8 +249,7 @@ def _align_offsets_kernel(
         rows += tl.sum(padded, 0)
     tl.store(num_rows_ptr, rows)
     tl.debug_barrier()
-    m_pad = (num_slots + NUM_EXPERTS * (BLOCK_M - 1) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    _expert_ids(ends_ptr, expert_ids_ptr, m_pad // BLOCK_M, NUM_EXPERTS, STEPS)
+    _expert_ids(ends_ptr, expert_ids_ptr, _padded_rows(num_slots, NUM_EXPERTS, BLOCK_M) // BLOCK_M, NUM_EXPERTS, STEPS)
 
 
 @triton.jit
