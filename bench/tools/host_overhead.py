@@ -245,7 +245,7 @@ def _moe_rows(args, layer) -> list[dict]:
         row |= {"aten_ops": aten_ops, "us": round(measure(call, args.iters), 1)}
         rows.append(row)
         print(f"{m:>4} {row['us']:8.1f}  {launches:>8}  {aten_ops:>8}")
-        if args.profile:
+        if args.profile and args.profile in row["combination"]:
             profile = cProfile.Profile()
             profile.runcall(lambda: [call() for _ in range(args.iters)])  # noqa: B023
             pstats.Stats(profile).sort_stats("tottime").print_stats(30)

@@ -30,6 +30,8 @@ class MoeRouting:
     ``num_rows``: int32 0-d, the grouped rows in use (padding included).
     ``slot_rows``: int32 ``[T * topk]``, the grouped row of each slot (the inverse of ``src_slots``), -1 for
     dropped slots: combining gathers each token's rows through it, with no atomics and no padding rows.
+    ``rows``: :meth:`token_rows` for ``rows_topk`` slots per token, where the alignment wrote them (the Triton
+    kernels do, in the same pass), else ``None``.
     """
 
     src_slots: torch.Tensor
@@ -37,6 +39,8 @@ class MoeRouting:
     block_m: int
     num_rows: torch.Tensor
     slot_rows: torch.Tensor
+    rows: torch.Tensor | None = None
+    rows_topk: int = 0
 
     @property
     def m_pad(self) -> int:
@@ -45,6 +49,8 @@ class MoeRouting:
     def token_rows(self, topk: int) -> torch.Tensor:
         """int32 ``[M_pad]``: the token of each grouped row (``src_slots // topk``), -1 for padding rows:
         :func:`humming.moe.grouped_linear`'s ``rows``, which reads the ``[T, K]`` tokens in place."""
+        if self.rows is not None and topk == self.rows_topk:
+            return self.rows
         return torch.where(self.src_slots >= 0, self.src_slots // topk, -1)
 
 
@@ -96,11 +102,11 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, backend: str =
     reason = triton_unsupported(topk_ids, num_experts, backend)
     if reason is None:
         kernel = importlib.import_module("humming.triton_kernels.align")
-        src_slots, expert_ids, num_rows, slot_rows = kernel.align(topk_ids, num_experts, block_m)
-    elif backend == "triton":
+        src_slots, expert_ids, num_rows, slot_rows, rows = kernel.align(topk_ids, num_experts, block_m)
+        return MoeRouting(src_slots, expert_ids, block_m, num_rows, slot_rows, rows, topk_ids.shape[1])
+    if backend == "triton":
         raise ValueError(f"backend: 'triton' cannot run this moe_align call: {reason}")
-    else:
-        src_slots, expert_ids, num_rows, slot_rows = reference.align(topk_ids, num_experts, block_m)
+    src_slots, expert_ids, num_rows, slot_rows = reference.align(topk_ids, num_experts, block_m)
     return MoeRouting(src_slots, expert_ids, block_m, num_rows, slot_rows)
 
 

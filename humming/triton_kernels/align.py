@@ -62,23 +62,37 @@ def _sort_keys(ids_ptr, start, num_slots, NUM_EXPERTS: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def _scatter(packed, base_ptr, start, src_slots_ptr, slot_rows_ptr, NUM_EXPERTS: tl.constexpr, BLOCK: tl.constexpr):
+def _scatter(
+    packed,
+    base_ptr,
+    start,
+    src_slots_ptr,
+    token_rows_ptr,
+    slot_rows_ptr,
+    NUM_EXPERTS: tl.constexpr,
+    TOPK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Write the rows of a block's sorted ``packed`` keys: the slot at sorted position ``p`` goes to row
-    ``base[key] + p``; a dropped slot's ``slot_rows`` is -1."""
+    ``base[key] + p`` (its token, ``slot // TOPK``, to that row of ``token_rows``); a dropped slot's
+    ``slot_rows`` is -1."""
     key = packed // BLOCK
     slot = start + packed % BLOCK
     kept = key < NUM_EXPERTS
     row = tl.load(base_ptr + key, mask=kept, other=0) + tl.arange(0, BLOCK)
     tl.store(src_slots_ptr + row, slot, mask=kept)
+    tl.store(token_rows_ptr + row, slot // TOPK, mask=kept)
     tl.store(slot_rows_ptr + slot, tl.where(kept, row, -1), mask=key <= NUM_EXPERTS)
 
 
 @triton.jit
-def _fill(ptr, begin, end, step, value):
-    """``ptr[begin:end] = value`` in runs of ``_FILL``, every ``step``-th run from ``begin`` (a program's share)."""
+def _fill_padding(src_slots_ptr, token_rows_ptr, begin, end, step):
+    """``src_slots[begin:end]`` and ``token_rows[begin:end]`` = -1 (the padding rows' value) in runs of
+    ``_FILL``, every ``step``-th run from ``begin`` (a program's share)."""
     offs = tl.arange(0, _FILL)
     for first in range(begin, end, step):
-        tl.store(ptr + first + offs, value, mask=first + offs < end)
+        tl.store(src_slots_ptr + first + offs, -1, mask=first + offs < end)
+        tl.store(token_rows_ptr + first + offs, -1, mask=first + offs < end)
 
 
 @triton.jit
@@ -96,6 +110,7 @@ def _padded_rows(num_slots, NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr):
 def _count_block(
     ids_ptr,
     src_slots_ptr,
+    token_rows_ptr,
     counts_ptr,
     start,
     num_slots,
@@ -106,13 +121,13 @@ def _count_block(
     BLOCK_E: tl.constexpr,
 ):
     """The sorted packed keys of the slots ``[start, start + BLOCK)`` (:func:`_sort_keys`), with their counts per
-    expert in ``counts [E]`` (zeroed first); sets this program's share of ``src_slots`` to -1 on the way: the
-    runs of ``_FILL`` from the ``start // BLOCK``-th, every ``fill_step``."""
+    expert in ``counts [E]`` (zeroed first); sets this program's share of the padding on the way
+    (:func:`_fill_padding`: the runs of ``_FILL`` from the ``start // BLOCK``-th, every ``fill_step``)."""
     expert = tl.arange(0, BLOCK_E)
     for first in range(0, NUM_EXPERTS, BLOCK_E):
         tl.store(counts_ptr + first + expert, 0, mask=first + expert < NUM_EXPERTS)
     m_pad = _padded_rows(num_slots, NUM_EXPERTS, BLOCK_M)
-    _fill(src_slots_ptr, start // BLOCK * _FILL, m_pad, fill_step, -1)
+    _fill_padding(src_slots_ptr, token_rows_ptr, start // BLOCK * _FILL, m_pad, fill_step)
     tl.debug_barrier()
     key, packed = _sort_keys(ids_ptr, start, num_slots, NUM_EXPERTS, BLOCK)
     tl.atomic_add(counts_ptr + key, 1, mask=key < NUM_EXPERTS, sem="relaxed")
@@ -142,6 +157,7 @@ def _expert_ids(ends_ptr, expert_ids_ptr, num_blocks, NUM_EXPERTS: tl.constexpr,
 def _align_one_kernel(
     ids_ptr,
     src_slots_ptr,
+    token_rows_ptr,
     expert_ids_ptr,
     num_rows_ptr,
     slot_rows_ptr,
@@ -149,6 +165,7 @@ def _align_one_kernel(
     num_slots,
     NUM_EXPERTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    TOPK: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_E: tl.constexpr,
     STEPS: tl.constexpr,
@@ -158,7 +175,9 @@ def _align_one_kernel(
     counts_ptr = work_ptr
     base_ptr = work_ptr + NUM_EXPERTS
     ends_ptr = work_ptr + 2 * NUM_EXPERTS
-    packed = _count_block(ids_ptr, src_slots_ptr, counts_ptr, 0, num_slots, _FILL, NUM_EXPERTS, BLOCK_M, BLOCK, BLOCK_E)
+    packed = _count_block(
+        ids_ptr, src_slots_ptr, token_rows_ptr, counts_ptr, 0, num_slots, _FILL, NUM_EXPERTS, BLOCK_M, BLOCK, BLOCK_E
+    )
     tl.debug_barrier()
     expert = tl.arange(0, BLOCK_E)
     rows = tl.sum(tl.zeros([BLOCK_E], dtype=tl.int32), 0)  # running sums over the experts so far
@@ -176,13 +195,14 @@ def _align_one_kernel(
     tl.store(num_rows_ptr, rows)
     tl.debug_barrier()
     _expert_ids(ends_ptr, expert_ids_ptr, _padded_rows(num_slots, NUM_EXPERTS, BLOCK_M) // BLOCK_M, NUM_EXPERTS, STEPS)
-    _scatter(packed, base_ptr, 0, src_slots_ptr, slot_rows_ptr, NUM_EXPERTS, BLOCK)
+    _scatter(packed, base_ptr, 0, src_slots_ptr, token_rows_ptr, slot_rows_ptr, NUM_EXPERTS, TOPK, BLOCK)
 
 
 @triton.jit(do_not_specialize=["num_slots"])
 def _align_count_kernel(
     ids_ptr,
     src_slots_ptr,
+    token_rows_ptr,
     work_ptr,
     num_slots,
     NUM_EXPERTS: tl.constexpr,
@@ -200,6 +220,7 @@ def _align_count_kernel(
     packed = _count_block(
         ids_ptr,
         src_slots_ptr,
+        token_rows_ptr,
         counts_ptr,
         block * BLOCK,
         num_slots,
@@ -253,13 +274,21 @@ def _align_offsets_kernel(
 
 
 @triton.jit
-def _align_scatter_kernel(work_ptr, src_slots_ptr, slot_rows_ptr, NUM_EXPERTS: tl.constexpr, BLOCK: tl.constexpr):
+def _align_scatter_kernel(
+    work_ptr,
+    src_slots_ptr,
+    token_rows_ptr,
+    slot_rows_ptr,
+    NUM_EXPERTS: tl.constexpr,
+    TOPK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Block ``program_id(0)``'s rows from its sorted keys and its row of ``base``. Grid: (blocks,)."""
     block = tl.program_id(0)
     num_blocks = tl.num_programs(0)
     base_ptr = work_ptr + (num_blocks + block) * NUM_EXPERTS
     packed = tl.load(work_ptr + (2 * num_blocks + 1) * NUM_EXPERTS + block * BLOCK + tl.arange(0, BLOCK))
-    _scatter(packed, base_ptr, block * BLOCK, src_slots_ptr, slot_rows_ptr, NUM_EXPERTS, BLOCK)
+    _scatter(packed, base_ptr, block * BLOCK, src_slots_ptr, token_rows_ptr, slot_rows_ptr, NUM_EXPERTS, TOPK, BLOCK)
 
 
 @dataclass(frozen=True)
@@ -322,38 +351,42 @@ _scatter_blocks = CompiledLaunches(_align_scatter_kernel)
 
 
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, block: int | None = None):
-    """``(src_slots, expert_ids, num_rows, slot_rows)`` of the reference for a call :func:`unsupported` accepts
-    (checked arguments; ids out of range are dropped). ``block``: force the three-launch path with blocks of
-    that many slots (a power of two, at least 16)."""
-    num_slots = topk_ids.numel()
+    """``(src_slots, expert_ids, num_rows, slot_rows, token_rows)``: the reference's outputs, and each grouped
+    row's token (``src_slots // topk``, -1 for padding rows), for a call :func:`unsupported` accepts (checked
+    arguments; ids out of range are dropped). ``block``: force the three-launch path with blocks of that many
+    slots (a power of two, at least 16)."""
+    num_slots, topk = topk_ids.numel(), topk_ids.shape[1]
     dev = topk_ids.device
     m_pad = padded_rows(num_slots, num_experts, block_m)
     new = lambda size: torch.empty(size, dtype=torch.int32, device=dev)
-    src_slots, expert_ids, num_rows, slot_rows = new(m_pad), new(m_pad // block_m), new(()), new(num_slots)
+    src_slots, token_rows, expert_ids = new(m_pad), new(m_pad), new(m_pad // block_m)
+    num_rows, slot_rows = new(()), new(num_slots)
+    outputs = src_slots, expert_ids, num_rows, slot_rows, token_rows
     if num_slots == 0:  # no slot: no row, and no launch
-        src_slots.fill_(-1)
-        expert_ids.fill_(-1)
+        for padding in (src_slots, expert_ids, token_rows):
+            padding.fill_(-1)
         num_rows.zero_()
-        return src_slots, expert_ids, num_rows, slot_rows
+        return outputs
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
     lay = layout(num_slots, num_experts, block)
     work = new(_work_elements(lay, num_experts))
     steps = _steps(num_experts)
     # Launch keys: what Triton specializes on besides the constexprs (the sizes are not specialized): the ids'
     # dtype and 16-byte alignment (the other pointers are fresh allocations), and the device.
-    key = (dev.index, ids.dtype, ids.data_ptr() % 16, num_experts, block_m, lay)
+    key = (dev.index, ids.dtype, ids.data_ptr() % 16, num_experts, block_m, topk, lay)
     if lay.blocks == 1:
-        args = (ids, src_slots, expert_ids, num_rows, slot_rows, work, num_slots)
-        constexprs = (num_experts, block_m, lay.block, lay.block_e, steps)
+        args = (ids, src_slots, token_rows, expert_ids, num_rows, slot_rows, work, num_slots)
+        constexprs = (num_experts, block_m, topk, lay.block, lay.block_e, steps)
         _one.launch(key, (1, 1, 1), (*args, *constexprs), lay.num_warps, dev.index)
-        return src_slots, expert_ids, num_rows, slot_rows
+        return outputs
     grid = (lay.blocks, 1, 1)
-    count_args = (ids, src_slots, work, num_slots, num_experts, block_m, lay.block, lay.block_e)
+    count_args = (ids, src_slots, token_rows, work, num_slots, num_experts, block_m, lay.block, lay.block_e)
     _count.launch(key, grid, count_args, lay.num_warps, dev.index)
     offsets_args = (work, expert_ids, num_rows, num_slots, lay.blocks, num_experts, block_m)
     _offsets.launch(key, (1, 1, 1), (*offsets_args, lay.block_b, lay.block_e, steps), 8, dev.index)
-    _scatter_blocks.launch(key, grid, (work, src_slots, slot_rows, num_experts, lay.block), lay.num_warps, dev.index)
-    return src_slots, expert_ids, num_rows, slot_rows
+    scatter_args = (work, src_slots, token_rows, slot_rows, num_experts, topk, lay.block)
+    _scatter_blocks.launch(key, grid, scatter_args, lay.num_warps, dev.index)
+    return outputs
 
 
 def _compile_specs() -> list[registry.CompileSpec]:
@@ -361,31 +394,26 @@ def _compile_specs() -> list[registry.CompileSpec]:
     family: the kernels have no path that differs by architecture."""
     from ..moe._checks import MAX_EXPERTS
 
-    pointers = {"ids_ptr": "*i32", "src_slots_ptr": "*i32", "expert_ids_ptr": "*i32", "num_rows_ptr": "*i32"}
-    pointers |= {"slot_rows_ptr": "*i32", "work_ptr": "*i32"}
+    outputs = ("src_slots", "token_rows", "expert_ids", "num_rows", "slot_rows", "work")
+    pointers = {"ids_ptr": "*i32"} | {f"{name}_ptr": "*i32" for name in outputs}
     specs = []
-    for name, slots, experts, block_m, ids in [
-        ("e128-i64", 8, 128, 16, "i64"),
-        ("blocks-e256", 65536, 256, 128, "i32"),
-        ("emax", 16, MAX_EXPERTS, 8, "i32"),
+    for name, slots, topk, experts, block_m, ids in [
+        ("e128-i64", 8, 8, 128, 16, "i64"),
+        ("blocks-e256", 65536, 8, 256, 128, "i32"),
+        ("emax", 16, 2, MAX_EXPERTS, 8, "i32"),
     ]:
         lay = layout(slots, experts)
         typed = pointers | {"ids_ptr": f"*{ids}"}
-        common = {"NUM_EXPERTS": experts, "BLOCK_M": block_m}
+        sizes = {"NUM_EXPERTS": experts, "BLOCK_M": block_m, "TOPK": topk, "BLOCK": lay.block}
+        sizes |= {"BLOCK_B": lay.block_b, "BLOCK_E": lay.block_e, "STEPS": _steps(experts)}
         kernels = (
-            [(_align_one_kernel, common | {"BLOCK": lay.block, "BLOCK_E": lay.block_e, "STEPS": _steps(experts)})]
+            [_align_one_kernel]
             if lay.blocks == 1
-            else [
-                (_align_count_kernel, common | {"BLOCK": lay.block, "BLOCK_E": lay.block_e}),
-                (
-                    _align_offsets_kernel,
-                    common | {"BLOCK_B": lay.block_b, "BLOCK_E": lay.block_e, "STEPS": _steps(experts)},
-                ),
-                (_align_scatter_kernel, {"NUM_EXPERTS": experts, "BLOCK": lay.block}),
-            ]
+            else [_align_count_kernel, _align_offsets_kernel, _align_scatter_kernel]
         )
-        for kernel, constexprs in kernels:
+        for kernel in kernels:
             names = set(kernel.arg_names)
+            constexprs = {arg: value for arg, value in sizes.items() if arg in names}
             specs.append(
                 registry.CompileSpec(
                     name=f"align-{kernel.__name__.strip('_').removesuffix('_kernel').removeprefix('align_')}-{name}",

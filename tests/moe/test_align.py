@@ -55,6 +55,7 @@ def test_moe_align(t: int, topk: int, e: int, block_m: int, empty: int, backend:
     assert r.src_slots[r.slot_rows.long()].tolist() == list(range(t * topk))  # the inverse of src_slots
     slots = r.src_slots[r.src_slots >= 0]
     assert sorted(slots.tolist()) == list(range(t * topk))  # every slot once
+    assert r.token_rows(topk).tolist() == [-1 if s < 0 else s // topk for s in r.src_slots.tolist()]
     row_expert = r.expert_ids.long().repeat_interleave(block_m)
     assert torch.equal(row_expert[r.src_slots >= 0], ids.reshape(-1).long()[slots.long()])
 
@@ -104,8 +105,10 @@ def _triton_align(monkeypatch, ids: torch.Tensor, e: int, block_m: int, block: i
         return kernels.align(ids, e, block_m, block)
 
 
-def _assert_bit_equal(got, want, label: str) -> None:
-    for name, a, b in zip(("src_slots", "expert_ids", "num_rows", "slot_rows"), got, want, strict=True):
+def _assert_bit_equal(got, want, topk: int, label: str) -> None:
+    """The kernels' outputs are the reference's, and their token rows the reference's ``src_slots // topk``."""
+    want = (*want, torch.where(want[0] >= 0, want[0] // topk, -1).to(torch.int32))
+    for name, a, b in zip(("src_slots", "expert_ids", "num_rows", "slot_rows", "token_rows"), got, want, strict=True):
         assert a.dtype == b.dtype == torch.int32 and a.shape == b.shape, f"{label}: {name} {a.shape} vs {b.shape}"
         assert torch.equal(a, b), f"{label}: {name} differs at {(a != b).nonzero().flatten()[:8].tolist()}"
 
@@ -132,9 +135,8 @@ _SIZES = [
 def test_triton_align_matches_reference(monkeypatch, t, topk, e, block_m, block, empty, seed, device) -> None:
     ids = random_routing(t, topk, e, device, min(empty, e - topk))
     ids = ids.long() if t % 2 else ids
-    _assert_bit_equal(
-        _triton_align(monkeypatch, ids, e, block_m, block), reference.align(ids, e, block_m), f"seed {seed}"
-    )
+    got = _triton_align(monkeypatch, ids, e, block_m, block)
+    _assert_bit_equal(got, reference.align(ids, e, block_m), topk, f"seed {seed}")
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
@@ -151,7 +153,7 @@ def test_triton_align_drops_out_of_range_ids(monkeypatch, dtype, block, seed, de
         wild = wild.clamp(min=e)  # no negative uint8
     ids = torch.where(bad, wild, ids).to(dtype).to(device)
     got = _triton_align(monkeypatch, ids, e, 16, block)
-    _assert_bit_equal(got, reference.align(ids, e, 16), f"seed {seed}")
+    _assert_bit_equal(got, reference.align(ids, e, 16), topk, f"seed {seed}")
     dropped = bad.reshape(-1).to(device)
     assert dropped.any() and (got[3][dropped] == -1).all() and (got[3][~dropped] >= 0).all()
 
@@ -160,12 +162,12 @@ def test_triton_align_drops_out_of_range_ids(monkeypatch, dtype, block, seed, de
 def test_triton_align_at_the_expert_limit(monkeypatch, block, device) -> None:
     ids = torch.tensor([[MAX_EXPERTS - 1, 0], [5, MAX_EXPERTS - 1], [40000, 5]], device=device)
     got = _triton_align(monkeypatch, ids, MAX_EXPERTS, 8, block)
-    _assert_bit_equal(got, reference.align(ids, MAX_EXPERTS, 8), f"E={MAX_EXPERTS}")
+    _assert_bit_equal(got, reference.align(ids, MAX_EXPERTS, 8), 2, f"E={MAX_EXPERTS}")
 
 
 def test_triton_align_no_slots(device) -> None:
     ids = torch.zeros(0, 2, dtype=torch.int32, device=device)
-    _assert_bit_equal(kernels.align(ids, 4, 16), reference.align(ids, 4, 16), "T=0")
+    _assert_bit_equal(kernels.align(ids, 4, 16), reference.align(ids, 4, 16), 2, "T=0")
 
 
 def test_layout_paths() -> None:
@@ -196,7 +198,7 @@ def test_triton_align_gpu(monkeypatch, slots: int, e: int, block_m: int, seed: i
         got = _triton_align(monkeypatch, ids, e, block_m)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    _assert_bit_equal(got, want, f"seed {seed}")
+    _assert_bit_equal(got, want, 8, f"seed {seed}")
 
 
 @pytest.mark.gpu
@@ -209,7 +211,8 @@ def test_triton_align_graph_capture(t: int, seed: int) -> None:
     ids.copy_(random_routing(t, topk, e, "cuda", empty=5))
     graph.replay()
     torch.cuda.synchronize()
-    _assert_bit_equal((got.src_slots, got.expert_ids, got.num_rows, got.slot_rows), reference.align(ids, e, 16), "")
+    outputs = (got.src_slots, got.expert_ids, got.num_rows, got.slot_rows, got.token_rows(topk))
+    _assert_bit_equal(outputs, reference.align(ids, e, 16), topk, "replayed")
 
 
 @pytest.mark.gpu
