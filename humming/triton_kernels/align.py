@@ -6,12 +6,13 @@ Each slot's key is its expert, or ``E`` for an id outside ``[0, E)`` (dropped: n
 ``key * BLOCK + slot`` of a block of slots orders them by expert and, within an expert, by slot (stable). A
 slot at sorted position ``p`` of a block then lands on row ``base[key] + p``, where ``base`` is the expert's
 first grouped row plus its slots in earlier blocks, minus the block's slots of lower experts. The per-expert
-counts are integer atomics (their order does not matter), so every output is exact.
+counts are integer atomics (their order does not matter), so every output is exact. The scatter also writes
+each row's token (``slot // topk``, -1 for padding): ``grouped_linear``'s ``rows``, with no pass of its own.
 
 - One program (``T * topk <= ONE_PROGRAM_SLOTS``): counts, the prefix sums over experts, the blocks' expert
   ids and the scatter, phases separated by CTA barriers, with the counts and ``base`` in a workspace.
-- Three launches for more slots, blocks of ``chunk`` slots: each program of the first counts its block's
-  experts and sorts it (and fills its share of ``src_slots`` with -1); one program takes the prefix sums over
+- Three launches for more slots, blocks of :data:`CHUNK` slots or more: each program of the first counts its
+  block's experts and sorts it (and fills its share of the padding with -1); one program takes the prefix sums over
   blocks and experts into ``base [blocks, E]`` and writes the expert ids; each program of the third scatters
   its sorted block.
 """
@@ -30,7 +31,7 @@ from . import registry
 from ._launch import CompiledLaunches
 from .interpreter import INTERPRET, sort_distinct
 
-__all__ = ["MAX_CHUNKS", "ONE_PROGRAM_SLOTS", "Layout", "align", "layout", "unsupported"]
+__all__ = ["CHUNK", "MAX_CHUNK", "MAX_CHUNKS", "ONE_PROGRAM_SLOTS", "Layout", "align", "layout", "unsupported"]
 
 #: The most slots (``T * topk``) the one-program kernel aligns; more take the three-launch path. Each power of
 #: two up to it is a compiled kernel (a sort network: seconds to compile), so it stays at decode sizes.

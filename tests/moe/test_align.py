@@ -192,6 +192,7 @@ def test_triton_align_gpu(monkeypatch, slots: int, e: int, block_m: int, seed: i
     """Real sizes on both paths: bit for bit the reference, and no host sync (an error if one happens)."""
     ids = torch.randint(0, e, (slots // 8, 8), device="cuda")
     want = reference.align(ids, e, block_m)
+    kernels.align(ids, e, block_m)  # compiled outside the check: only the steady-state call is watched
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
