@@ -165,6 +165,10 @@ def test_triton_align_at_the_expert_limit(monkeypatch, block, device) -> None:
     _assert_bit_equal(got, reference.align(ids, MAX_EXPERTS, 8), 2, f"E={MAX_EXPERTS}")
 
 
+def test_compile_specs_reach_the_expert_limit() -> None:
+    assert MAX_EXPERTS in {spec.constexprs["NUM_EXPERTS"] for spec in kernels._compile_specs()}
+
+
 def test_triton_align_no_slots(device) -> None:
     ids = torch.zeros(0, 2, dtype=torch.int32, device=device)
     _assert_bit_equal(kernels.align(ids, 4, 16), reference.align(ids, 4, 16), 2, "T=0")
