@@ -72,7 +72,8 @@ _SCHEMAS = {
     f"Tensor? w13_bias, {_weight_schema('w2_')}, Tensor? w2_bias, Tensor? expert_map, str activation, "
     "float? alpha, float? limit, str gate_up_layout, str? act, Tensor? w13_act_scale, Tensor? w2_act_scale, "
     "int block_m, str backend) -> Tensor",
-    "moe_align": "moe_align(Tensor topk_ids, int num_experts, int block_m) -> (Tensor, Tensor, Tensor, Tensor)",
+    "moe_align": "moe_align(Tensor topk_ids, int num_experts, int block_m, str backend='auto') "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
     "topk_routing": "topk_routing(Tensor router_logits, int top_k, str scoring, bool renormalize, "
     "int? num_groups=None, int? topk_groups=None, Tensor? correction_bias=None, float routed_scaling=1., "
     "str order='score_then_topk', str backend='auto') -> (Tensor, Tensor)",

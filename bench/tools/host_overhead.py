@@ -19,9 +19,13 @@ launch, stream query and caching-allocator allocation costs a little more. Each 
 the launches and the aten ops of one call (views left out: the allocations, and torch ops that launch GPU
 kernels of their own).
 
+``--moe``: one eager ``humming.moe.fused_moe`` call instead (int4 g128 experts, ``--experts`` of them,
+``--topk`` each; ``w13 [E, 2 * --moe-inter, --moe-k]``, small so that the host time shows), with ``topk_ids``
+already on the "GPU"; routing, alignment, both grouped GEMMs, the activation pass and the combine.
+
 Usage: ``python bench/tools/host_overhead.py [--n 28672] [--k 8192] [--iters 2000] [--only COMBO] [--m 1,16]
-[--profile COMBO] [--save FILE.json] [--compare FILE.json]`` (preparing the weights at full size takes a
-minute or two of CPU). ``--save`` writes the rows as JSON; ``--compare`` prints a saved run's figures next to
+[--profile COMBO] [--save FILE.json] [--compare FILE.json] [--moe]`` (preparing the weights at full size takes
+a minute or two of CPU). ``--save`` writes the rows as JSON; ``--compare`` prints a saved run's figures next to
 this one's (before / after a change). torch runs on one thread: the aten ops the fake runs on the CPU
 would otherwise wait on a thread pool shared with other processes.
 """
@@ -195,6 +199,59 @@ def _runs_on_cuda(qw, scheme, x) -> bool:
     return True
 
 
+def _moe_layer(experts: int, inter: int, k: int) -> tuple:
+    """``(w13, w2)``: int4 g128 expert weights of random codes, prepared for the CUDA grouped kernels."""
+    from humming import cuda_kernels
+    from humming.ir.weight import QuantizedWeight
+
+    def weight(n, width):
+        codes = torch.randint(-(2**31), 2**31 - 1, (experts, n, width // 8), dtype=torch.int32)
+        scales = (torch.rand(experts, n, width // 128) + 0.5).to(torch.bfloat16)
+        return QuantizedWeight((experts, n, width), "int4", codes, scales, (1, 128))
+
+    layer = weight(2 * inter, k), weight(k, inter)
+    for qw in layer:
+        with contextlib.suppress(ValueError, RuntimeError):
+            cuda_kernels.prepare(qw)
+    return layer
+
+
+def _count(call) -> tuple[int, int]:
+    """``(launches, aten ops)`` of one ``call()`` (after a first call that plans, prepares and "compiles")."""
+    call()
+    COUNTS.clear()
+    with _CountOps():
+        call()
+    launches = COUNTS["cuda launch"] + COUNTS["triton launch"]
+    return launches, sum(v for key, v in COUNTS.items() if key.startswith("aten "))
+
+
+def _moe_rows(args, layer) -> list[dict]:
+    """The rows of ``--moe``: one eager fused_moe call per M."""
+    from humming import moe
+
+    w13, w2 = layer
+    rows = []
+    print(f"E={args.experts} topk={args.topk} w13 [E, {2 * args.moe_inter}, {args.moe_k}] int4 g128: host us per")
+    print("eager fused_moe call (CPU-side, GPU faked)")
+    print(f"{'M':>4} {'us':>8}  launches  aten ops")
+    for m in (int(v) for v in args.m.split(",")):
+        x = torch.randn(m, args.moe_k, dtype=torch.bfloat16)
+        ids = torch.stack([torch.randperm(args.experts)[: args.topk] for _ in range(m)]).to(torch.int32)
+        weights = torch.rand(m, args.topk)
+        call = lambda: moe.fused_moe(x, w13, w2, weights, ids)  # noqa: B023 (called in this loop)
+        launches, aten_ops = _count(call)
+        row = {"combination": "fused_moe int4 g128", "m": m, "backend": "auto", "launches": launches}
+        row |= {"aten_ops": aten_ops, "us": round(measure(call, args.iters), 1)}
+        rows.append(row)
+        print(f"{m:>4} {row['us']:8.1f}  {launches:>8}  {aten_ops:>8}")
+        if args.profile and args.profile in row["combination"]:
+            profile = cProfile.Profile()
+            profile.runcall(lambda: [call() for _ in range(args.iters)])  # noqa: B023
+            pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+    return rows
+
+
 def measure(fn, iters: int) -> float:
     """The mean host microseconds of ``fn()`` in the fastest of 7 rounds (other processes only add time)."""
     rounds = []
@@ -216,8 +273,20 @@ def main() -> None:
     parser.add_argument("--profile", metavar="COMBO", help="cProfile this combination (a substring of its name)")
     parser.add_argument("--save", metavar="FILE", help="write the rows as JSON")
     parser.add_argument("--compare", metavar="FILE", help="print the rows of a run saved with --save alongside")
+    parser.add_argument("--moe", action="store_true", help="time fused_moe instead of humming.linear")
+    parser.add_argument("--experts", type=int, default=128)
+    parser.add_argument("--topk", type=int, default=8)
+    parser.add_argument("--moe-inter", type=int, default=256)
+    parser.add_argument("--moe-k", type=int, default=512)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.moe:
+        layer = _moe_layer(args.experts, args.moe_inter, args.moe_k)
+        fake_gpu()
+        rows = _moe_rows(args, layer)
+        if args.save:
+            Path(args.save).write_text(json.dumps(rows, indent=1) + "\n")
+        return
 
     import humming
     from humming import cuda_kernels, ops
@@ -250,17 +319,14 @@ def main() -> None:
                 # what compiled code calls per call: the custom op, which finds the weight by its handle
                 args_of_op = (x, None, None, *ops.weight_args(qw), None, act, torch.bfloat16, backend)
                 op = functools.partial(torch.ops.humming.linear, *args_of_op)
-                call()  # plan, prepare, "compile"
-                COUNTS.clear()
-                with _CountOps():
-                    call()
+                launches, aten_ops = _count(call)
                 row = {
                     "combination": name,
                     "m": m,
                     "backend": backend,
                     "kernel": plan_linear(qw, scheme, x, backend).kernel,
-                    "launches": COUNTS["cuda launch"] + COUNTS["triton launch"],
-                    "aten_ops": sum(v for key, v in COUNTS.items() if key.startswith("aten ")),
+                    "launches": launches,
+                    "aten_ops": aten_ops,
                     "us": round(measure(call, args.iters), 1),
                     "op_us": round(measure(op, args.iters), 1),
                 }

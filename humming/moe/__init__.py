@@ -8,7 +8,8 @@ TMA needs). ``M_pad`` is the worst case, fixed by ``(T, topk, E, block_m)``, so 
 anything back to the host and the whole layer can be captured in a CUDA graph; blocks past the last used
 one have expert id -1 and kernels skip them.
 
-- :func:`moe_align`: routing ``topk_ids [T, topk]`` -> :class:`MoeRouting` (torch ops only, no host sync).
+- :func:`moe_align`: routing ``topk_ids [T, topk]`` -> :class:`MoeRouting` (Triton kernels on CUDA tensors, no
+  host sync).
 - :func:`grouped_linear`: ``[M_pad, K]`` rows times their block's expert -> ``[M_pad, N]``; with ``rows``
   (:meth:`MoeRouting.token_rows`) the ``[T, K]`` tokens are read through that index instead, so that the
   routed rows are never copied into grouped order.

@@ -28,6 +28,7 @@ from ._checks import (
 )
 from .align import align, default_block_m
 from .grouped import run_grouped
+from .routing import layer_backend
 
 __all__ = ["fused_moe", "local_ids", "on_triton", "run_fused_moe"]
 
@@ -209,7 +210,7 @@ def run_fused_moe(
     if x.shape[0] == 0:
         return torch.empty(0, k, dtype=x.dtype, device=x.device)
     block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
-    routing = align(ids, e, block_m)
+    routing = align(ids, e, block_m, layer_backend(backend))
     triton_layer = on_triton(x, backend)
     quant = "triton" if triton_layer else "reference"
     static = lambda v, scale: v if scale is None else ops.quantize_activation(v, act, scale=scale, backend=quant)
