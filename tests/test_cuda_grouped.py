@@ -68,6 +68,23 @@ def test_prepare_unpacks_a_bounded_number_of_rows_at_a_time(qargs, monkeypatch, 
     assert torch.equal(prep.qweight, whole.qweight) and torch.equal(prep.scales, whole.scales)
 
 
+@pytest.mark.parametrize(
+    ("qargs", "match"),
+    [
+        (dict(weight="nvfp4"), "as MXFP4"),
+        (dict(weight="e4m3", group_size=-1), "int4/uint4/int8/uint8/MXFP4 weights, not e4m3"),
+        (dict(weight="int4", group_size=96), "group size of 64 times a power of two"),
+        (dict(weight="fp8_block"), "int4/uint4/int8/uint8/MXFP4"),
+    ],
+)
+def test_prepare_refuses_what_the_layout_cannot_hold(qargs, match):
+    """Repacking a weight the fragment layout cannot hold is a ValueError naming qweight and why, not an error
+    from deep inside the re-tiling."""
+    qw = humming.quantize(torch.randn(256, 384), **qargs)
+    with pytest.raises(ValueError, match=rf"qweight: .*{match}"):
+        humming.prepare(qw, backend="cuda")
+
+
 def test_grouped_unsupported_says_why_not():
     qw = humming.quantize(torch.randn(2, 256, 128), weight="int4", group_size=128)
     x = torch.randn(32, 128, dtype=torch.bfloat16)

@@ -42,6 +42,7 @@ __all__ = [
     "WeightLayout",
     "aligned_rows",
     "check_out",
+    "layout_unsupported",
     "prepare_weight",
     "rows_aligned",
     "tile_group",
@@ -214,7 +215,11 @@ def _retile_codes(qw, tg: int, pack, flip: int = 0) -> torch.Tensor:
 
 def prepare_weight(qw) -> PreparedWeight:
     """Re-tile an int4 / uint4 / int8 / uint8 / MXFP4 ``QuantizedWeight`` ``[N, K]`` or ``[E, N, K]`` with
-    N % 16 == 0 and K % 64 == 0, a few hundred rows at a time (:data:`_ROWS_PER_STEP`)."""
+    N % 16 == 0 and K % 64 == 0, a few hundred rows at a time (:data:`_ROWS_PER_STEP`); any other weight is a
+    ``ValueError`` saying why (:func:`layout_unsupported`)."""
+    reason = layout_unsupported(qw)
+    if reason is not None:
+        raise ValueError(f"qweight: {reason}")
     n, k, bits = qw.N, qw.K, qw.bits
     experts = qw.num_experts or 1
     tg = tile_group(n)
@@ -252,10 +257,15 @@ def prepare_weight(qw) -> PreparedWeight:
 
 def weight_unsupported(qw, x: torch.Tensor) -> str | None:
     """``None`` when the fragment layout holds ``qw`` and the kernels take ``x``'s dtype, else why not."""
-    if qw.format.name not in ("int4", "uint4", "int8", "uint8", "e2m1"):
-        return f"the CUDA kernels take int4/uint4/int8/uint8/MXFP4 weights, not {qw.format.name}"
     if x.dtype not in HALF_DTYPES:
         return f"the CUDA kernels take bfloat16 or float16 activations, not {x.dtype}"
+    return layout_unsupported(qw)
+
+
+def layout_unsupported(qw) -> str | None:
+    """``None`` when the fragment layout holds ``qw``, else why not."""
+    if qw.format.name not in ("int4", "uint4", "int8", "uint8", "e2m1"):
+        return f"the CUDA kernels take int4/uint4/int8/uint8/MXFP4 weights, not {qw.format.name}"
     if qw.N % 16 or qw.K % 64:
         return f"the CUDA kernels need N % 16 == 0 and K % 64 == 0, got N={qw.N}, K={qw.K}"
     if qw.g_idx is not None:
