@@ -43,6 +43,8 @@ def check_topk_ids(topk_ids) -> None:
         raise ValueError(f"topk_ids: expected a torch.Tensor, got {type(topk_ids).__name__}")
     if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
         raise ValueError(f"topk_ids: expected an integer dtype, got {topk_ids.dtype}")
+    if topk_ids.dtype in (torch.uint16, torch.uint32, torch.uint64):  # torch has few ops for these
+        raise ValueError(f"topk_ids: expected int8, int16, int32, int64 or uint8 ids, got {topk_ids.dtype}")
     if topk_ids.dim() != 2:
         raise ValueError(f"topk_ids: expected shape [T, topk], got {tuple(topk_ids.shape)}")
 

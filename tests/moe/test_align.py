@@ -71,8 +71,21 @@ def test_moe_align(t: int, topk: int, e: int, block_m: int, empty: int, backend:
         (torch.zeros(2, 2, dtype=torch.int32), 4, True, "multiple of 8"),
         (torch.tensor([[0, 4]]), 4, 16, r"\[0, 4\), found 4"),
         (torch.tensor([[-1, 0]]), 4, 16, r"\[0, 4\), found -1"),
+        (torch.zeros(2, 2, dtype=torch.uint16), 4, 16, "int8, int16, int32, int64 or uint8 ids, got torch.uint16"),
+        (torch.zeros(2, 2, dtype=torch.uint32), 4, 16, "got torch.uint32"),
     ],
-    ids=["float", "1-d", "no-experts", "block-12", "block-0", "block-bool", "id-too-large", "id-negative"],
+    ids=[
+        "float",
+        "1-d",
+        "no-experts",
+        "block-12",
+        "block-0",
+        "block-bool",
+        "id-too-large",
+        "id-negative",
+        "uint16",
+        "uint32",
+    ],
 )
 @pytest.mark.parametrize("backend", ["auto", "triton"])
 def test_moe_align_rejects(ids, e, block_m, match: str, backend: str) -> None:
