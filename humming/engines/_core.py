@@ -174,10 +174,11 @@ class LinearCore:
             QuantizedLinear(qw, act=act, act_scale=scale, backend=self.config.backend) for qw, (act, scale) in weights
         )
         if parts[0].device.type == "cuda":
-            from .. import prepare, warmup
+            # warmup runs each capture size once: the planned kernel prepares the weights it reads (a repack
+            # for a backend that does not run them, such as the CUDA kernels for NVFP4 x bf16, would fail)
+            from .. import warmup
 
             for module in layer.humming:
-                prepare(module.weight, backend="cuda", act=module.act)
                 warmup(
                     [module.weight],
                     m_values=self.capture_sizes(),

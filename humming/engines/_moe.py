@@ -117,11 +117,9 @@ class MoECore:
                 delattr(layer, f"{stem}_weight_shape")
         layer.humming_w13, layer.humming_w2 = weights["w13"], weights["w2"]
         layer.humming_act, layer.humming_act_scales = _activation(self.prefix, specs)
-        if layer.humming_w13.device.type == "cuda":
-            from .. import prepare, warmup
+        if layer.humming_w13.device.type == "cuda":  # the planned kernels prepare what they read (_core.py)
+            from .. import warmup
 
-            for qw in (layer.humming_w13, layer.humming_w2):
-                prepare(qw, backend="cuda", act=layer.humming_act)
             warmup(
                 [layer.humming_w13, layer.humming_w2],
                 m_values=self.capture_sizes(),
