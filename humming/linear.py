@@ -73,10 +73,7 @@ def _checked(x, qweight: QuantizedWeight, bias, act, out_dtype):
 
     prequantized = isinstance(x, QuantizedActivation)
     if prequantized:
-        if act is not None and get_act_scheme(act) != x.scheme:
-            raise ValueError(f"act: x is already quantized with {x.scheme.name}, but act={act!r}")
-        act = x.scheme
-        x.check_codes()
+        act = x.checked_scheme(act)
         x_data = x.codes
     elif isinstance(x, torch.Tensor):
         if x.dtype not in FLOAT_DTYPES:

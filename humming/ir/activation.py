@@ -162,6 +162,14 @@ class QuantizedActivation:
             if top >= fmt.num_codes:
                 raise ValueError(f"codes: {fmt.name} codes lie in [0, {fmt.num_codes}), got {top}")
 
+    def checked_scheme(self, act) -> ActScheme:
+        """This input's scheme, its codes checked (:meth:`check_codes`), for an op called with ``act`` (``None``,
+        or a name of the same scheme): what ``humming.linear`` and ``grouped_linear`` run a pre-quantized x as."""
+        if act is not None and get_act_scheme(act) != self.scheme:
+            raise ValueError(f"act: x is already quantized with {self.scheme.name}, but act={act!r}")
+        self.check_codes()
+        return self.scheme
+
     def data(self) -> torch.Tensor:
         """The codes as the torch dtype that holds them (int8, float8_e4m3fn...), a view, where one exists."""
         dtype = self.scheme.element_format.torch_dtype

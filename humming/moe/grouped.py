@@ -79,10 +79,7 @@ def _checked(x, qweight: QuantizedWeight, expert_ids, block_m, bias, rows, act, 
     k = qweight.K
     prequantized = isinstance(x, QuantizedActivation)
     if prequantized:
-        if act is not None and get_act_scheme(act) != x.scheme:
-            raise ValueError(f"act: x is already quantized with {x.scheme.name}, but act={act!r}")
-        act = x.scheme
-        x.check_codes()
+        act = x.checked_scheme(act)
         x_data = x.codes
         if x_data.shape[1] != k:
             raise ValueError(f"x: expected shape [M, {k}] (K of the weight), got {tuple(x_data.shape)}")
