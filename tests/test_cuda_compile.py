@@ -126,13 +126,17 @@ def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
 
 def test_gather_gemm_copies_rows_with_cp_async_not_tma(compiled, tmp_path):
     """The gathering variant: the tokens' rows by 16-byte cp.async (L2 only) from the whole producer
-    warpgroup, the weights still by bulk copies, no activation TMA."""
+    warpgroup, each thread's copies arriving on the chunk's barrier, the weights still by bulk copies, no
+    activation TMA."""
     for spec in _gather_specs():
         assert spec.targets() == ("sm_90a",) and "_grouped_gather_" in spec.name
         sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         bm = spec.name.split("_bm")[1].split("_")[0]
         assert re.search(rf"HGMMA\.64x{bm}x16\.F32(\.BF16)? R\d+, R\d+, gdesc", sass), spec.name
         assert "LDGSTS.E.BYPASS.128" in sass, f"{spec.name}: rows are not copied with 16-byte cp.async"
+        # Each copy arrives on its chunk's barrier by itself: no commit groups the producer would wait on.
+        assert "ARRIVES.LDGSTSBAR.64" in sass, f"{spec.name}: the copies do not arrive on the full barrier"
+        assert "LDGDEPBAR" not in sass, f"{spec.name}: the producer waits on its own copies"
         assert "UTMALDG" not in sass, f"{spec.name}: an activation TMA load is left"
         assert "UBLKCP" in sass and "USETMAXREG" in sass, spec.name
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"

@@ -78,49 +78,57 @@ class GemmTuning:
         return self.stages * (per_stage + 16) + (16 if self.splits > 1 else 0) + 1024
 
 
-#: Time of one 128-row tile over 1,000 K columns (ns) by token tile, alone on its SM (``_TILE_NS``) and
-#: two at a time on one SM with two blocks per SM (``_PAIR_NS``): measured on the H200 over the standard
-#: shapes (bench/results/h200/tuning.json, bench/tools/tuning_sweep.py). Only their ratios matter: they rank
-#: the candidates of :func:`default_gemm_tuning`.
-_TILE_NS = {32: 6.0, 64: 6.3, 128: 7.1, 256: 10.5}
-_PAIR_NS = {32: 8.1, 64: 9.1}
+#: Time of one 128-row tile over 1,000 K columns (us) by token tile, alone on its SM (``_TILE_US``) and
+#: two at a time on one SM with two blocks per SM (``_PAIR_US``): measured on the H200 over the standard
+#: shapes (bench/results/h200/tuning.json, bench/tools/tuning_sweep.py).
+_TILE_US = {32: 6.0, 64: 6.3, 128: 7.1, 256: 10.5}
+_PAIR_US = {32: 8.1, 64: 9.1}
 #: (tokens per tile, blocks per SM) :func:`default_gemm_tuning` chooses among.
 _DENSE_TILES = ((32, 2), (64, 2), (64, 1), (128, 1), (256, 1))
 _MAX_STAGES = 8
-#: K splits :func:`default_gemm_tuning` considers: up to 8, each split at least 16 chunks (1,024 columns);
-#: a split must gain a quarter of the modelled time to be taken (its atomics and workspace are not modelled).
+#: K splits :func:`default_gemm_tuning` considers: up to 8, each split at least 16 chunks (1,024 columns).
 _MAX_SPLITS = 8
 _MIN_SPLIT_CHUNKS = 16
-_SPLIT_COST = 1.25
+#: Time per million fp32 words of the split-K reduction: each of the ``splits`` blocks of a tile red.adds
+#: its sums into the workspace and the last one reads the totals back, ``(splits + 1) * M * N`` words
+#: through L2 (fitted on the H200's split runs, bench/results/h200/linear_splitk.json).
+_REDUCE_US_PER_MWORD = 4.0
 
 
 def tile_time(m: int, n: int, bm: int, blocks: int, sm_count: int, splits: int = 1) -> float:
-    """The modelled time of the dense GEMM per 1,000 K columns: the blocks (128 rows x ``bm`` tokens x
-    1 / ``splits`` of K) spread over the SMs, each SM running its share one at a time, or two at a time
-    with two blocks per SM."""
+    """The modelled time (us) of the dense GEMM's tiles per 1,000 K columns: the blocks (128 rows x ``bm``
+    tokens x 1 / ``splits`` of K) spread over the SMs, each SM running its share one at a time, or two at
+    a time with two blocks per SM."""
     per_sm = -(-(n // 128) * -(-m // bm) * splits // sm_count)
     if blocks == 1:
-        return per_sm * _TILE_NS[bm] / splits
-    return (per_sm // 2 * _PAIR_NS[bm] + per_sm % 2 * _TILE_NS[bm]) / splits
+        return per_sm * _TILE_US[bm] / splits
+    return (per_sm // 2 * _PAIR_US[bm] + per_sm % 2 * _TILE_US[bm]) / splits
+
+
+def gemm_time(m: int, n: int, k: int, bm: int, blocks: int, sm_count: int, splits: int = 1) -> float:
+    """The modelled time (us) of the dense GEMM: its tiles over all of K, plus the split-K reduction."""
+    reduction = _REDUCE_US_PER_MWORD * (splits + 1) * m * n / 1e6 if splits > 1 else 0.0
+    return tile_time(m, n, bm, blocks, sm_count, splits) * k / 1000 + reduction
 
 
 @per_call_cache
 def default_gemm_tuning(
     m: int, n: int, k: int, layout: WeightLayout, limits, max_splits: int = _MAX_SPLITS
 ) -> GemmTuning:
-    """The token tile, blocks per SM and K splits of least modelled time (:func:`tile_time`: small tiles
+    """The token tile, blocks per SM and K splits of least modelled time (:func:`gemm_time`: small tiles
     spread a small grid over every SM, two blocks per SM hide each other's copies, 256-token tiles halve
-    the dequantization per FLOP once the grid is full, K splits fill the SMs that a small grid leaves idle,
-    at :data:`_SPLIT_COST`), the smaller tile, fewer blocks and fewer splits on a tie; then as many stages
-    (up to 8) as the block's share of shared memory holds. Tiles of fewer than 128 tokens are candidates up
-    to M = 4 x their size, the range the model was fitted on. ``max_splits``: 1 for the tile model alone."""
+    the dequantization per FLOP once the grid is full, K splits fill the SMs that a small grid leaves idle
+    at the cost of their reduction), the smaller tile, fewer blocks and fewer splits on a tie; then as many
+    stages (up to 8) as the block's share of shared memory holds. Tiles of fewer than 128 tokens are
+    candidates up to M = 4 x their size, the range the model was fitted on. ``max_splits``: 1 for the tile
+    model alone."""
     tiles = [t for t in _DENSE_TILES if t[0] >= 128 or 4 * t[0] >= m]  # small tiles: measured up to M = 4 bm
     most = min(max_splits, max(1, k // 64 // _MIN_SPLIT_CHUNKS))
     candidates = [(bm, blocks, splits) for bm, blocks in tiles for splits in range(1, most + 1)]
 
     def cost(c: tuple[int, int, int]) -> tuple:
         bm, blocks, splits = c
-        modelled = tile_time(m, n, bm, blocks, limits.sm_count, splits) * (_SPLIT_COST if splits > 1 else 1.0)
+        modelled = gemm_time(m, n, k, bm, blocks, limits.sm_count, splits)
         return round(modelled, 6), bm, blocks, splits  # rounded: equal models tie, whatever the float noise
 
     bm, blocks, splits = min(candidates, key=cost)

@@ -26,10 +26,11 @@
 //   the expert of rows [i * block_m, (i + 1) * block_m), -1 for unused segments, whose tiles return at once.
 // - Gathering grouped variant, kGather: grouped row r is token rows[r] of x [T, K] (zeros where rows[r] is
 //   -1), read in place: the whole producer warpgroup copies the tile's rows with 16-byte cp.async into the
-//   128-byte-swizzled layout the TMA would have written (16-byte column c of row r at c ^ (r % 8)), keeps
-//   kStages - 1 chunks in flight, and for each chunk that has landed fences it to the async proxy (wgmma
-//   reads it there) and arrives on the chunk's full barrier (129 arrivals: thread 0's expect_tx for the
-//   weight copies, and each producer thread's).
+//   128-byte-swizzled layout the TMA would have written (16-byte column c of row r at c ^ (r % 8)); each
+//   thread's cp.async.mbarrier.arrive counts it in on the chunk's full barrier once its copies have landed
+//   (129 arrivals: thread 0's expect_tx for the weight copies, and each producer thread's), so the producer
+//   never waits on its own copies and a chunk is ready as soon as its data is. Consumers fence the chunk to
+//   the async proxy (wgmma reads it there) after the wait.
 // - Split-K (dense only), kSplitK: blockIdx.z takes chunks [z * C / splits, (z + 1) * C / splits) of the
 //   C = K / 64; each block red.adds its fp32 sums into a workspace [M, N] and counts itself in at the tile's
 //   arrival counter; the block that arrives last reads the totals back (atomicExch, which leaves zeros),
@@ -163,19 +164,7 @@ __device__ __forceinline__ void run(const Params& p) {
             const uint32_t dst = base + L::kX + s * L::kXBytes + r * 128 + ((c ^ (r & 7)) << 4);
             cp_async_cg16_zfill(dst, x_src + long(token < 0 ? 0 : token) * p.x_stride * 2, token >= 0);
           }
-          cp_async_commit();
-          cp_async_wait<kStages - 1>();  // step i - (kStages - 1) has landed
-          if (i >= kStages - 1) {
-            sm90::fence_proxy_async();
-            sm90::mbar_arrive(full0 + 8 * ((i - (kStages - 1)) % kStages));
-          }
-        }
-      }
-      if constexpr (kGather) {  // the last kStages - 1 steps
-        cp_async_wait<0>();
-        sm90::fence_proxy_async();
-        for (int i = count > kStages - 1 ? count - (kStages - 1) : 0; i < count; ++i) {
-          sm90::mbar_arrive(full0 + 8 * (i % kStages));
+          sm90::cp_async_mbar_arrive_noinc(full);  // arrives once this thread's copies have landed
         }
       }
     }
@@ -242,6 +231,7 @@ __device__ __forceinline__ void run(const Params& p) {
     auto load_dequant = [&](int i, uint32_t (&a)[4][4]) {
       const int s = i % kStages;
       while (!sm90::mbar_try_wait(full0 + 8 * s, (i / kStages) & 1)) {}
+      if constexpr (kGather) sm90::fence_proxy_async();  // the gathered rows, written by cp.async, read by wgmma
       const uint4* w = reinterpret_cast<const uint4*>(smem + L::kW + s * L::kWBytes) + tile * kVecs * 32 + lane;
       uint4 wv[kVecs];
 #pragma unroll
