@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import compile_fresh, cubin_tool, needs_nvrtc
+from helpers import compile_fresh, cubin_tool, instructions_before_each_wait, needs_nvrtc
 
 from humming.cuda_kernels import _decode_launch, _gemm_sm90, jit, wna16_decode
 from humming.cuda_kernels._layout import WeightLayout
@@ -124,30 +124,12 @@ def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
 
 
-def _instructions_before_each_wait(sass: str) -> list[int]:
-    """For every wgmma group (HGMMA ... WARPGROUP.DEPBAR), the instructions between its last HGMMA and the
-    wait: the work the consumer does while its tensor-core operations run."""
-    gaps, last = [], None
-    ops = [
-        line.split("*/", 1)[1].split(";")[0].strip()
-        for line in sass.splitlines()
-        if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)
-    ]
-    for n, op in enumerate(ops):
-        if op.startswith("HGMMA"):
-            last = n
-        elif op.startswith("WARPGROUP.DEPBAR") and last is not None:
-            gaps.append(n - last - 1)
-            last = None
-    return gaps
-
-
 def test_gemm_sm90_dequantizes_the_next_chunk_while_wgmmas_run(compiled, tmp_path):
     """The consumer loop's two wgmma groups each overlap the next chunk's whole dequantization (its weight
     fragment unpacked, zero point and scale applied: 80+ instructions), rather than waiting first."""
     for spec in _gemm_specs() + _grouped_specs() + _gather_specs():
         sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
-        gaps = _instructions_before_each_wait(sass)
+        gaps = instructions_before_each_wait(sass, "HGMMA")
         assert len(gaps) >= 2 and min(gaps[:2]) >= 80, f"{spec.name}: {gaps}"
 
 
