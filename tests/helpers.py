@@ -213,3 +213,10 @@ def instructions_before_each_wait(sass: str, mma: str) -> list[int]:
             gaps.append(n - last - 1)
             last = None
     return gaps
+
+
+def with_sm_count(monkeypatch, module, sm_count: int) -> None:
+    """Makes ``module``'s ``device_limits`` report ``sm_count`` multiprocessors (the rest as the device has):
+    a persistent grid of that few blocks walks many tiles per block even on small test shapes."""
+    real = module.device_limits
+    monkeypatch.setattr(module, "device_limits", lambda device=None: real(device)._replace(sm_count=sm_count))
