@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Kernel", "always_gathers", "never_gathers", "no_jobs", "no_tuning"]
+__all__ = ["Kernel", "always_gathers", "never_gates", "never_gathers", "no_jobs", "no_tuning"]
 
 
 def no_tuning(*args) -> None:
@@ -28,6 +28,11 @@ def no_jobs(*args, **kwargs) -> list:
 
 def never_gathers(qweight, act) -> bool:
     """The ``gathers`` of a kernel that reads grouped rows only (and of every dense kernel)."""
+    return False
+
+
+def never_gates(qweight, x, activation) -> bool:
+    """The ``gates`` of a kernel without a fused gated activation (every dense kernel, most grouped ones)."""
     return False
 
 
@@ -56,6 +61,9 @@ class Kernel:
     - ``gathers(qweight, act)``: whether the grouped kernel reads token rows through an index for this
       weight and activation scheme (``humming.moe.grouped_linear``'s ``rows``); where it does not, the caller
       copies the rows into grouped order.
+    - ``gates(qweight, x, activation)``: whether the grouped kernel applies fused_moe's gated activation
+      (a ``humming.reference.moe_layer.Activation``) to ``w13`` = ``qweight`` in its epilogue for 16-bit
+      ``x``; it then runs with ``gated=activation`` and returns ``[M_pad, N / 2]``.
     """
 
     name: str
@@ -68,3 +76,4 @@ class Kernel:
     warmup_jobs: Callable[..., list] = no_jobs
     prepare: Callable[..., object] = lambda qweight, act=None: qweight
     gathers: Callable[..., bool] = never_gathers
+    gates: Callable[..., bool] = never_gates

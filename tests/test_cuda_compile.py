@@ -74,6 +74,15 @@ def _gather_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(128, 6), **g),
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(256, 4), **g),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(16, 8, 2, persistent=True), **g),
+        # fused_moe's w13 with its activation in the epilogue: every activation, 16-bit outputs
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(16, 8, 2, persistent=True), **g, gated="silu"),
+        _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f32", T(64, 8, 2, persistent=True), **g, gated="gelu"),
+        _gemm_sm90.gemm_spec(
+            L(8, 128, "bf16"), "bf16", "bf16", "bf16", T(128, 6, persistent=True), **g, gated="gelu_tanh"
+        ),
+        _gemm_sm90.gemm_spec(
+            L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(16, 8, 2, persistent=True), **g, gated="swiglu_oai"
+        ),
     ]
 
 
@@ -158,7 +167,9 @@ def test_split_k_sums_with_reductions_and_reads_back_with_exchanges(compiled, tm
     """Split-K: the partial sums go to the workspace as fp32 reductions (no return value), the last block
     reads them back with atomic exchanges (leaving zeros); one name for every split count."""
     for spec in _split_specs():
-        assert spec.name.endswith("_splitk") and spec.entry.endswith(f", false, false, true, {spec.min_blocks}, false>")
+        assert spec.name.endswith("_splitk") and spec.entry.endswith(
+            f", false, false, true, {spec.min_blocks}, false, 0>"
+        )
         sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         assert "REDG.E.ADD.F32" in sass, f"{spec.name}: partial sums are not reduced in L2"
         assert "ATOMG.E.EXCH" in sass, f"{spec.name}: totals are not read back with exchanges"
@@ -177,10 +188,21 @@ def test_persistent_is_a_variant_of_its_own():
     plain = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(16, 8, 2), grouped=True)
     tuning = _gemm_sm90.GemmTuning(16, 8, 2, persistent=True)
     persistent = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, grouped=True)
-    assert persistent.name == plain.name + "_p" and persistent.entry.endswith(", 2, true>")
-    assert plain.entry.endswith(", 2, false>")
+    assert persistent.name == plain.name + "_p" and persistent.entry.endswith(", 2, true, 0>")
+    assert plain.entry.endswith(", 2, false, 0>")
     with pytest.raises(ValueError, match="persistent grid does not split K"):
         _gemm_sm90.GemmTuning(64, 8, 2, 2, persistent=True)
+
+
+def test_gated_is_a_grouped_variant_with_a_16_bit_output():
+    layout, tuning = WeightLayout(4, 8, "bf16"), _gemm_sm90.GemmTuning(16, 8, 2)
+    spec = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, grouped=True, gated="swiglu_oai")
+    assert spec.name.endswith("_swiglu_oai") and spec.entry.endswith(", false, 4>")
+    for bad in (dict(grouped=False, gated="silu"), dict(grouped=True, gated="relu")):
+        with pytest.raises(ValueError, match="gated: a grouped variant"):
+            _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, **bad)
+    with pytest.raises(ValueError, match="16-bit output"):
+        _gemm_sm90.gemm_spec(layout, "bf16", "f32", "bf16", tuning, grouped=True, gated="silu")
 
 
 def test_gather_is_a_grouped_variant():
@@ -197,8 +219,8 @@ def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path
     dense = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(128, 6))
     assert (
         grouped.name != dense.name
-        and ", true, false, false, 1, false>" in grouped.entry
-        and ", false, false, false, 1, false>" in dense.entry
+        and ", true, false, false, 1, false, 0>" in grouped.entry
+        and ", false, false, false, 1, false, 0>" in dense.entry
     )
     sass = {
         spec.name: cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)

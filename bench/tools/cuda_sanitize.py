@@ -78,6 +78,15 @@ def _grouped() -> None:
     torch.cuda.synchronize()
     err = ((out.float() - ref).norm() / ref.norm()).item()
     print(f"grouped gather int4 experts={experts} rows={rows.numel()}: rel err {err:.2e}")
+    # fused_moe: w13 with the activation in its epilogue (gate-up rows), then w2
+    w13 = humming.quantize(torch.randn(experts, 2 * n, k, device="cuda"), weight="int4", group_size=128)
+    w2 = humming.quantize(torch.randn(experts, k, n, device="cuda"), weight="int4", group_size=128)
+    weights, topk = torch.rand(9, 2, device="cuda"), torch.randint(0, experts, (9, 2), device="cuda")
+    out = humming.moe.fused_moe(tokens, w13, w2, weights, topk, activation="swiglu_oai")
+    ref = humming.moe.fused_moe(tokens, w13, w2, weights, topk, activation="swiglu_oai", backend="reference")
+    torch.cuda.synchronize()
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    print(f"fused_moe int4 swiglu_oai (gated w13 epilogue) experts={experts}: rel err {err:.2e}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from ._workspace import WORKSPACES
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
+    "GATED_ACTS",
     "GEMM_CCS",
     "GEMM_MIN_M",
     "GROUPED_BMS",
@@ -50,6 +51,8 @@ GEMM_CCS = ((9, 0),)
 GEMM_MIN_M = 32
 #: Token tiles of the grouped kernel (wgmma N): each must divide ``block_m``.
 GROUPED_BMS = (256, 128, 64, 32, 16)
+#: The gated activations of the grouped kernel's fused epilogue, by name -> ``humming::gemm_sm90::Act``.
+GATED_ACTS = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "swiglu_oai": 4}
 
 
 @dataclass(frozen=True)
@@ -197,18 +200,27 @@ def gemm_spec(
     tuning: GemmTuning,
     grouped: bool = False,
     gather: bool = False,
+    gated: str | None = None,
 ) -> KernelSpec:
+    """The sm_90a GEMM for one layout, dtypes and tuning; ``grouped`` (MoE), ``gather`` (token rows through
+    an index) and ``gated`` (a :data:`GATED_ACTS` name: the fused activation of gate-up rows) variants."""
     if gather and not grouped:
         raise ValueError("gather: the gathering GEMM is a grouped variant (grouped=True)")
+    if gated is not None and (not grouped or gated not in GATED_ACTS or out == "f32"):
+        raise ValueError(
+            f"gated: a grouped variant with a 16-bit output and an activation in {sorted(GATED_ACTS)}, got "
+            f"gated={gated!r}, grouped={grouped}, out={out}"
+        )
     if grouped and tuning.splits > 1:
         raise ValueError(f"tuning: the grouped GEMM does not split K, got splits={tuning.splits}")
     kind = "grouped_gather_" if gather else "grouped_" if grouped else ""
     blocks = f"_x{tuning.blocks}" if tuning.blocks > 1 else ""
     split_k = "_splitk" if tuning.splits > 1 else ""
     persistent = "_p" if tuning.persistent else ""
+    activation = f"_{gated}" if gated is not None else ""
     name = (
         f"humming_gemm_sm90_{kind}{layout.tag}_a{act}_s{layout.scale}_o{out}_b{bias}"
-        f"_bm{tuning.bm}_s{tuning.stages}{blocks}{split_k}{persistent}"
+        f"_bm{tuning.bm}_s{tuning.stages}{blocks}{split_k}{persistent}{activation}"
     )
     args = ", ".join(
         (
@@ -225,6 +237,7 @@ def gemm_spec(
             "true" if tuning.splits > 1 else "false",
             str(tuning.blocks),
             "true" if tuning.persistent else "false",
+            str(GATED_ACTS.get(gated, 0)),
         )
     )
     return KernelSpec(
@@ -248,13 +261,15 @@ def gemm_call_spec(
     tuning: GemmTuning,
     grouped: bool = False,
     gather: bool = False,
+    gated: str | None = None,
 ) -> KernelSpec:
     bias_code = DTYPE_CODE[bias.dtype] if bias is not None else DTYPE_CODE[x.dtype]
-    return gemm_spec(prep.layout, DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped, gather)
+    codes = DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code
+    return gemm_spec(prep.layout, *codes, tuning, grouped, gather, gated)
 
 
 class _Params(ctypes.Structure):
-    """Mirror of ``humming::gemm_sm90::Params`` (the tensor map first; 264 bytes of fields that alignas(64)
+    """Mirror of ``humming::gemm_sm90::Params`` (the tensor map first; 276 bytes of fields that alignas(64)
     pads to 320, all of which the launch copies)."""
 
     _fields_ = (
@@ -266,7 +281,9 @@ class _Params(ctypes.Structure):
         *fields(ctypes.c_void_p, "x rows"),
         *fields(ctypes.c_int, "x_stride splits"),
         *fields(ctypes.c_void_p, "sums arrivals"),
-        ("_pad", ctypes.c_uint8 * 56),
+        *fields(ctypes.c_float, "act_alpha act_limit"),
+        *fields(ctypes.c_int, "gate_up_interleaved"),
+        ("_pad", ctypes.c_uint8 * 44),
     )
 
 
@@ -297,13 +314,16 @@ def run_grouped_gemm(
     tuning: GemmTuning | None = None,
     out: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
+    gated=None,
 ) -> torch.Tensor:
     """Grouped ``x [M_pad, K]`` times the expert-stacked ``prep`` -> ``[M_pad, N]`` of ``out_dtype`` (sm_90a).
 
     Row ``r`` uses expert ``expert_ids[r // block_m]`` (int32, contiguous, ``M_pad // block_m`` entries);
     rows of segments whose id is -1 are not written. ``bias`` is ``[E, N]`` contiguous or ``None``.
     ``rows``: int32 ``[M_pad]`` (contiguous), the token of each grouped row (-1: a padding row, read as
-    zeros); ``x`` is then the ``[T, K]`` tokens, read in place by the gathering variant.
+    zeros); ``x`` is then the ``[T, K]`` tokens, read in place by the gathering variant. ``gated``: a
+    ``humming.reference.moe_layer.Activation``; ``prep`` then holds w13's rows in gate-up order
+    (:func:`~._layout.gate_up_rows`) and the result is the activation, ``[M_pad, N / 2]``.
     """
     if rows is not None and x.shape[0] == 0:  # no token to read: every grouped row is padding
         x, rows = x.new_zeros(rows.shape[0], x.shape[1]), None
@@ -317,7 +337,7 @@ def run_grouped_gemm(
     bias_dtype = None if bias is None else bias.dtype
     device = _device_index(x)
     gather = rows is not None
-    launch = GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device, block_m, gather)
+    launch = GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
     return launch(x, bias, out, expert_ids, rows=rows)
 
 
@@ -329,9 +349,10 @@ class GemmLaunch:
     """One call shape of the sm_90a GEMM made ready: ``x [m, K]`` of ``x_dtype`` with rows ``x_stride``
     elements apart (16-byte aligned, unit column stride), the bias dtype (``None``: no bias), the output
     dtype, the tuning (``None``: :func:`default_gemm_tuning`) and, for the grouped kernel, the routing
-    ``block_m`` (and ``gather``: x is the tokens, read through the call's ``rows``). It holds the loaded
-    kernel, the grid, the encoder of x's tensor map and the parameter struct with everything but the
-    addresses of the call's tensors. Calls must match the shape it was made for."""
+    ``block_m`` (and ``gather``: x is the tokens, read through the call's ``rows``; ``gated``: the fused
+    activation of gate-up rows, see :func:`run_grouped_gemm`). It holds the loaded kernel, the grid, the
+    encoder of x's tensor map and the parameter struct with everything but the addresses of the call's
+    tensors. Calls must match the shape it was made for."""
 
     def __init__(
         self,
@@ -345,6 +366,7 @@ class GemmLaunch:
         device: int,
         block_m: int = 0,
         gather: bool = False,
+        gated=None,
     ) -> None:
         if tuning is None:
             tuning = default_gemm_tuning(m, prep.n, prep.k, prep.layout, device_limits(device))
@@ -352,10 +374,12 @@ class GemmLaunch:
         if tuning.splits > prep.k // 64:
             raise ValueError(f"tuning: splits={tuning.splits} exceeds the {prep.k // 64} chunks of 64 columns of K")
         bias_code = DTYPE_CODE[bias_dtype if bias_dtype is not None else x_dtype]
-        spec = gemm_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning, grouped, gather)
+        codes = DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code
+        spec = gemm_spec(prep.layout, *codes, tuning, grouped, gather, None if gated is None else gated.name)
         self.kernel = get_kernel(spec, device)
         self.prep = prep  # the template holds its tensors' addresses
-        self.m, self.n, self.out_dtype, self.device = m, prep.n, out_dtype, device
+        self.m, self.out_dtype, self.device = m, out_dtype, device
+        self.n = prep.n // 2 if gated is not None else prep.n  # the output's columns
         self.torch_device = torch.device("cuda", device)
         self.smem = tuning.smem_bytes(prep.layout)
         tiles = (prep.n // 128, -(-m // tuning.bm))
@@ -389,6 +413,11 @@ class GemmLaunch:
                 None,
                 x_stride,
                 tuning.splits,
+                None,
+                None,
+                1.0 if gated is None or gated.alpha is None else gated.alpha,
+                1.0 if gated is None or gated.limit is None else gated.limit,
+                int(gated is not None and gated.gate_up_layout == "interleaved"),
             )
         )
 

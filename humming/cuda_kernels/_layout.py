@@ -42,6 +42,7 @@ __all__ = [
     "WeightLayout",
     "aligned_rows",
     "check_out",
+    "gate_up_rows",
     "layout_unsupported",
     "prepare_weight",
     "rows_aligned",
@@ -253,6 +254,23 @@ def prepare_weight(qw) -> PreparedWeight:
     chunks_per_group = (qw.group_size if qw.layout == "group" else k) // 64
     layout = WeightLayout(bits, zero, DTYPE_CODE[scales.dtype])
     return PreparedWeight(layout, n, k, groups, chunks_per_group, tg, packed, _tile_rows(scales, tg), zeros, experts)
+
+
+def gate_up_rows(two_i: int, gate_up_layout: str) -> torch.Tensor:
+    """The row order of w13 ``[E, 2I, K]`` for the grouped GEMM's gated epilogue: row ``j`` of the reordered
+    weight is row ``rows[j]`` of w13. In each 16-row tile (a consumer warp's rows) rows ``g < 8`` are the
+    gates and rows ``8 + g`` the ups of 8 consecutive features, so one thread holds a feature's gate and up;
+    features ``f`` of 128-row block ``b`` are ``64 b .. 64 b + 63``. ``gate_up_layout``: ``"concat"`` (gate
+    ``f`` at row ``f``, up at ``I + f``) or ``"interleaved"`` (``2f`` and ``2f + 1``). ``2I % 128 == 0``."""
+    if two_i % 128:
+        raise ValueError(f"w13: the gated epilogue needs 2I % 128 == 0, got 2I={two_i}")
+    inter = two_i // 2
+    features = torch.arange(inter).reshape(-1, 8)
+    if gate_up_layout == "interleaved":
+        gate, up = 2 * features, 2 * features + 1
+    else:
+        gate, up = features, inter + features
+    return torch.stack((gate, up), dim=1).reshape(-1)
 
 
 def weight_unsupported(qw, x: torch.Tensor) -> str | None:

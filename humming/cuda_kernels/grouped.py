@@ -2,8 +2,9 @@
 variants: the sm_90a WnA16 GEMM (:mod:`.wna16_sm90`) for 16-bit activations (int4 / uint4 / int8 / uint8
 experts, and MXFP4 ones with bf16 activations; token tiles of 16 to 256 rows dividing ``block_m``, each
 reading its segment's expert id, skipping -1 segments, offsetting its weight tiles; token rows read in place
-through ``rows``); the FP8 GEMM (:mod:`.fp8_gemm`) for e4m3 activations (e4m3 and int4 experts), which reads
-grouped rows (the caller copies a gather into grouped order for it)."""
+through ``rows``; fused_moe's gated activation of w13 in its epilogue); the FP8 GEMM (:mod:`.fp8_gemm`) for
+e4m3 activations (e4m3 and int4 experts), which reads grouped rows (the caller copies a gather into grouped
+order for it)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from . import _gemm_sm90, _wna16, fp8_gemm
 from ._layout import weight_unsupported
 from ._support import runtime_unavailable
 
-__all__ = ["KERNEL", "grouped_linear", "grouped_unsupported"]
+__all__ = ["KERNEL", "gated_unsupported", "grouped_linear", "grouped_unsupported"]
 
 
 def grouped_unsupported(qweight, act, x: torch.Tensor, block_m: int) -> str | None:
@@ -41,6 +42,7 @@ def grouped_linear(
     act,
     out_dtype: torch.dtype,
     rows: torch.Tensor | None = None,
+    gated=None,
 ) -> torch.Tensor:
     """``x [M_pad, K]`` grouped by expert -> ``[M_pad, N]`` of ``out_dtype``: row ``r`` is ``x[r] @
     dequantize(qweight)[e]^T + bias[e]`` with ``e = expert_ids[r // block_m]`` (int32, ``M_pad // block_m``
@@ -48,7 +50,9 @@ def grouped_linear(
     checked (that would need a host sync) and fault. ``bias`` is ``[E, N]`` or ``None``. With ``act``, ``x``
     may be a ``QuantizedActivation`` of that scheme (the FP8 GEMM then skips its quantization pass).
     ``rows`` (16-bit activations only): int32 ``[M_pad]``, grouped row ``r`` is token ``rows[r]`` of ``x
-    [T, K]`` (-1: padding), read in place; values are not checked on the GPU."""
+    [T, K]`` (-1: padding), read in place; values are not checked on the GPU. ``gated``: fused_moe's
+    activation (a ``humming.reference.moe_layer.Activation``; ``qweight`` is then its w13, see
+    :func:`gated_unsupported`): the result is the activation of each row's gate and up, ``[M_pad, N / 2]``."""
     codes = getattr(x, "codes", x)
     reason = grouped_unsupported(qweight, act, codes, block_m)
     if reason is not None:
@@ -70,9 +74,23 @@ def grouped_linear(
     bias = bias.contiguous() if bias is not None else None
     if act is not None:
         return fp8_gemm.run_grouped(fp8_gemm.prepare(qweight), x, act, expert_ids, block_m, bias, out_dtype)
-    prep = _wna16.prepare(qweight)
+    if gated is not None and (reason := gated_unsupported(qweight, gated)) is not None:
+        raise ValueError(f"humming CUDA backend: {reason}")
+    prep = _wna16.prepare(qweight) if gated is None else _wna16.prepare_gate_up(qweight, gated.gate_up_layout)
     rows = None if rows is None else rows.contiguous()
-    return _gemm_sm90.run_grouped_gemm(prep, x, expert_ids.contiguous(), block_m, bias, out_dtype, rows=rows)
+    ids = expert_ids.contiguous()
+    return _gemm_sm90.run_grouped_gemm(prep, x, ids, block_m, bias, out_dtype, rows=rows, gated=gated)
+
+
+def gated_unsupported(qweight, activation) -> str | None:
+    """``None`` when the grouped WnA16 GEMM, given that it runs the call, applies ``activation`` to w13 =
+    ``qweight`` in its epilogue: a gated activation it has, and scales per row or per tensor along N (w13's
+    rows are reordered, :func:`~._layout.gate_up_rows`)."""
+    if activation.name not in _gemm_sm90.GATED_ACTS:
+        return f"the grouped GEMM's epilogue has no {activation.name!r} activation"
+    if qweight.group_shape[0] not in (1, -1):
+        return f"w13's rows are reordered for the gated epilogue: its scales must be per row, not {qweight.group_shape}"
+    return None
 
 
 def grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, device: int, cc) -> list:
@@ -104,8 +122,8 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
     return grouped_jobs(qweight, (m,), (block_m,), act_dtype, out_dtype, bias_dtype, device, info.capability)
 
 
-def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning, rows=None):
-    return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows)
+def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning, rows=None, gated=None):
+    return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows, gated)
 
 
 #: ``cuda.grouped``: the grouped sm_90a GEMMs (WnA16, gathering token rows; FP8 with e4m3 activations).
@@ -118,4 +136,5 @@ KERNEL = Kernel(
     warmup_jobs=_warmup_jobs,
     prepare=lambda qweight, act=None: _wna16.prepare(qweight) if act is None else fp8_gemm.prepare(qweight),
     gathers=lambda qweight, act: act is None,
+    gates=lambda qweight, x, activation: gated_unsupported(qweight, activation) is None,
 )

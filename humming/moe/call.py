@@ -43,7 +43,8 @@ class MoeLaunch:
     ``"triton.moe_align"`` (or its three launches ``"triton.moe_align_count"``, ``"..._offsets"``,
     ``"..._scatter"``), ``"triton.act_quant"``, a grouped plan's kernel such as ``"cuda.grouped"`` /
     ``"triton.grouped"`` / ``"reference"``, ``"triton.moe_act"``, ``"triton.moe_combine"``, or ``"torch"`` for
-    torch ops) and what it is specialised on."""
+    torch ops) and what it is specialised on. A ``"w13"`` launch whose kernel applies the activation in its
+    epilogue (``Kernel.gates``) has no ``"activation"`` launch after it."""
 
     step: str
     kernel: str
@@ -154,17 +155,25 @@ class MoeCall:
             detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act={_name(act)}" + (" gathered" if gathers else "")
             launches.append(MoeLaunch(step, plan.kernel, detail))
 
-        gemm("w13", self.w13, x, self.w13_act_scale, gather=True)
         activation = Activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
         hidden = torch.empty(m_pad, self.w2.K, dtype=x_dtype, device=device)
         detail = f"{activation.name} {activation.gate_up_layout} rows={m_pad}"
-        if triton_layer:
-            kernels = importlib.import_module("humming.triton_kernels.moe_layer")
-            # w2's input quantized in this pass, unless its scale is static
-            if act is not None and self.w2_act_scale is None and kernels.act_unsupported(act) is None:
-                hidden = torch.empty(m_pad, self.w2.K, dtype=torch.uint8, device=device)
-                detail += f" -> {act.name} codes"
-        launches.append(MoeLaunch("activation", "triton.moe_act" if triton_layer else "torch", detail))
+        gated = None  # the activation in w13's epilogue, where its grouped kernel has one (16-bit activations)
+        if triton_layer and act is None:
+            plan = plan_grouped(self.w13, None, x, block_m, self.backend, m_pad)
+            gated = plan.kernel if GROUPED_KERNELS[plan.kernel].gates(self.w13, x, activation) else None
+        if gated is not None:
+            w13_detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act=None gathered, then {detail}"
+            launches.append(MoeLaunch("w13", gated, w13_detail))
+        else:
+            gemm("w13", self.w13, x, self.w13_act_scale, gather=True)
+            if triton_layer:
+                kernels = importlib.import_module("humming.triton_kernels.moe_layer")
+                # w2's input quantized in this pass, unless its scale is static
+                if act is not None and self.w2_act_scale is None and kernels.act_unsupported(act) is None:
+                    hidden = torch.empty(m_pad, self.w2.K, dtype=torch.uint8, device=device)
+                    detail += f" -> {act.name} codes"
+            launches.append(MoeLaunch("activation", "triton.moe_act" if triton_layer else "torch", detail))
         gemm("w2", self.w2, hidden, self.w2_act_scale)
         detail = f"top_k={self.top_k} tokens={num_tokens}"
         launches.append(MoeLaunch("combine", "triton.moe_combine" if triton_layer else "torch", detail))

@@ -27,7 +27,7 @@ from ._checks import (
     expert_bias,
 )
 from .align import align, default_block_m
-from .grouped import run_grouped
+from .grouped import run_gated, run_grouped
 from .routing import layer_backend
 
 __all__ = ["fused_moe", "local_ids", "on_triton", "run_fused_moe"]
@@ -216,15 +216,23 @@ def run_fused_moe(
     static = lambda v, scale: v if scale is None else ops.quantize_activation(v, act, scale=scale, backend=quant)
     # w13 reads each routed row's token through the index (padding rows read zeros: finite, then dropped)
     rows = routing.token_rows(topk_ids.shape[1])
-    h = run_grouped(static(x, w13_act_scale), w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend, rows)
     if triton_layer:
         kernels = importlib.import_module("humming.triton_kernels.moe_layer")
-        # w2's quantization in the activation pass, where its scales are per token or per group
-        fuse = act is not None and w2_act_scale is None and kernels.act_unsupported(act) is None
-        hidden = kernels.activate(h, activation, act if fuse else None, routing.num_rows)
+        # 16-bit activations: the activation in w13's epilogue where its grouped kernel has one
+        hidden = None
+        if act is None:
+            hidden = run_gated(x, w13, routing.expert_ids, block_m, w13_bias, activation, x.dtype, backend, rows)
+        if hidden is None:
+            h = run_grouped(
+                static(x, w13_act_scale), w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend, rows
+            )
+            # w2's quantization in the activation pass, where its scales are per token or per group
+            fuse = act is not None and w2_act_scale is None and kernels.act_unsupported(act) is None
+            hidden = kernels.activate(h, activation, act if fuse else None, routing.num_rows)
         hidden = static(hidden, w2_act_scale)
         y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
         return kernels.combine(y, routing.slot_rows, topk_weights, x.dtype)
+    h = run_grouped(static(x, w13_act_scale), w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend, rows)
     hidden = static(moe_layer.activate(h, activation, x.dtype), w2_act_scale)
     y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
     return moe_layer.combine(y, routing.slot_rows, topk_weights, x.dtype)

@@ -15,7 +15,7 @@ from ..ir.weight import QuantizedWeight
 from ..reference.moe_layer import gather_rows
 from ._checks import check_block_m, check_experts, check_out_dtype, check_range, check_rows, check_x, expert_bias
 
-__all__ = ["grouped_linear", "run_grouped"]
+__all__ = ["grouped_linear", "run_gated", "run_grouped"]
 
 
 def grouped_linear(
@@ -149,6 +149,23 @@ def run_grouped(
         routed = (expert_ids >= 0).repeat_interleave(block_m)
         out = out.masked_fill((bad & routed)[:, None], float("nan"))
     return out
+
+
+def run_gated(x, w13, expert_ids, block_m: int, bias, activation, out_dtype, backend: str, rows) -> torch.Tensor | None:
+    """fused_moe's first GEMM with its gated ``activation`` in the kernel's epilogue: the 16-bit tokens ``x``
+    through ``rows`` -> the activated ``[M_pad, I]``, where the grouped kernel the dispatcher plans for w13
+    has that epilogue (:attr:`humming.kernel.Kernel.gates`); ``None`` where it has not (the caller then runs
+    :func:`run_grouped` and the activation pass)."""
+    plan = plan_grouped(w13, None, x, block_m, backend, rows.shape[0])
+    kernel = GROUPED_KERNELS[plan.kernel]
+    if not kernel.gates(w13, x, activation):
+        return None
+    check_range("expert_ids", expert_ids, -1, w13.num_experts)
+    check_range("rows", rows, -1, x.shape[0])
+    try:
+        return kernel.run(x, w13, expert_ids, block_m, bias, None, out_dtype, plan.tuning, rows=rows, gated=activation)
+    except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
+        raise unwarmed_error(err, w13, None, x, backend, block_m, rows.shape[0]) from None
 
 
 def _grouped_op(x, x_scales, x_global_scale, expert_ids, block_m, rows, *args):

@@ -32,6 +32,10 @@
 //   (129 arrivals: thread 0's expect_tx for the weight copies, and each producer thread's), so the producer
 //   never waits on its own copies and a chunk is ready as soon as its data is. Consumers fence the chunk to
 //   the async proxy (wgmma reads it there) after the wait.
+// - Gated epilogue (grouped only), kAct: the weights' rows are fused_moe's w13 in gate-up order (within each
+//   16-row tile, rows g are gates and rows g + 8 the ups of the same 8 features: gate_up_rows in _layout.py),
+//   so each thread holds a feature's gate and up sums; it writes act(gate, up) to out [M, N / 2], each input
+//   rounded to O first (as the unfused GEMM's output), the activation in fp32 (humming.reference.moe_layer).
 // - Split-K (dense only), kSplitK: blockIdx.z takes chunks [z * C / splits, (z + 1) * C / splits) of the
 //   C = K / 64; each block red.adds its fp32 sums into a workspace [M, N] and counts itself in at the tile's
 //   arrival counter; the block that arrives last reads the totals back (atomicExch, which leaves zeros),
@@ -66,7 +70,29 @@ struct alignas(64) Params {
   int splits;            // kSplitK: K splits (gridDim.z)
   float* sums;           // kSplitK: [M, N] fp32, zero between calls
   int* arrivals;         // kSplitK: [gridDim.y * gridDim.x] counters, zero between calls
+  float act_alpha;       // kAct == kSwigluOai: the sigmoid's slope and the clamp bound
+  float act_limit;
+  int gate_up_interleaved;  // kAct: the bias's gate / up columns are 2f / 2f + 1 (else f / N / 2 + f)
 };
+
+// The gated activations of the grouped kernel's fused epilogue (kAct): humming.reference.moe_layer's.
+enum Act : int { kNoAct = 0, kSilu = 1, kGelu = 2, kGeluTanh = 3, kSwigluOai = 4 };
+
+template <int kAct>
+__device__ __forceinline__ float gated(float gate, float up, float alpha, float limit) {
+  if constexpr (kAct == kSilu) {
+    return gate / (1.0f + expf(-gate)) * up;
+  } else if constexpr (kAct == kGelu) {
+    return 0.5f * gate * (1.0f + erff(gate * 0.70710678118654752f)) * up;
+  } else if constexpr (kAct == kGeluTanh) {
+    const float y = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
+    return 0.5f * gate * (1.0f + tanhf(y)) * up;
+  } else {
+    gate = fminf(gate, limit);
+    up = fminf(fmaxf(up, -limit), limit);
+    return gate / (1.0f + expf(-alpha * gate)) * (up + 1.0f);
+  }
+}
 
 template <int kBits, int kZero, DType S, int kBM, int kStages>
 struct SmemLayout {
@@ -84,8 +110,10 @@ struct SmemLayout {
 };
 
 template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages, bool kGrouped,
-          bool kGather, bool kSplitK, int kBlocksPerSm, bool kPersistent>
+          bool kGather, bool kSplitK, int kBlocksPerSm, bool kPersistent, int kAct>
 __device__ __forceinline__ void run(const Params& p) {
+  static_assert(kAct == kNoAct || (kGrouped && !kSplitK), "the gated epilogue is the grouped kernel's");
+  static_assert(kAct == kNoAct || O != DType::f32, "the gated epilogue rounds gate and up to a 16-bit O");
   static_assert(kBlocksPerSm == 1 || kBlocksPerSm == 2, "one or two blocks per SM");
   static_assert(!(kSplitK && kPersistent), "split-K blocks own one tile's share of K each");
   static_assert(!kGather || kGrouped, "the gather reads grouped rows");
@@ -318,19 +346,43 @@ __device__ __forceinline__ void run(const Params& p) {
           }
         if (t == 0) p.arrivals[counter] = 0;
       }
-#pragma unroll
-      for (int i = 0; i < kBM / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int token = m0 + 8 * i + 2 * c + (e & 1);
-          const long n = n_base + 8 * (e >> 1);
-          if (token < p.M) {
-            float v = acc[4 * i + e];
-            if (p.x_scale != nullptr) v *= p.x_scale[token * p.x_scale_stride];
-            if (p.bias != nullptr) v += load_float<B>(p.bias, long(expert) * p.N + n);
-            store_float<O>(p.out, long(token) * p.out_stride + n, v);
-          }
+      if constexpr (kAct != kNoAct) {
+        // Gate-up rows (gate_up_rows in _layout.py): row g of the 16-row tile is the gate of feature
+        // f = 64 * block + 8 * tile + g, row g + 8 its up; out is [M, N / 2]. Each is rounded to O as the
+        // unfused GEMM's output would be, then activated in fp32.
+        const int inter = p.N / 2, f = n_block_of(ti) * 64 + tile * 8 + g;
+        const long gate_col = p.gate_up_interleaved ? 2 * f : f, up_col = p.gate_up_interleaved ? 2 * f + 1 : inter + f;
+        float gate_bias = 0.0f, up_bias = 0.0f;
+        if (p.bias != nullptr) {
+          gate_bias = load_float<B>(p.bias, long(expert) * p.N + gate_col);
+          up_bias = load_float<B>(p.bias, long(expert) * p.N + up_col);
         }
+#pragma unroll
+        for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int token = m0 + 8 * i + 2 * c + e;
+            if (token < p.M) {
+              const float gate = to_float<O>(from_float<O>(acc[4 * i + e] + gate_bias));
+              const float up = to_float<O>(from_float<O>(acc[4 * i + 2 + e] + up_bias));
+              store_float<O>(p.out, long(token) * p.out_stride + f, gated<kAct>(gate, up, p.act_alpha, p.act_limit));
+            }
+          }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int token = m0 + 8 * i + 2 * c + (e & 1);
+            const long n = n_base + 8 * (e >> 1);
+            if (token < p.M) {
+              float v = acc[4 * i + e];
+              if (p.x_scale != nullptr) v *= p.x_scale[token * p.x_scale_stride];
+              if (p.bias != nullptr) v += load_float<B>(p.bias, long(expert) * p.N + n);
+              store_float<O>(p.out, long(token) * p.out_stride + n, v);
+            }
+          }
+      }
     }
   }
 }
