@@ -10,7 +10,7 @@ from helpers import assert_rel_close, backend_unsupported, capture, compile_fres
 
 import humming
 from humming.cuda_kernels import _decode_launch, _gemm_sm90, _workspace, jit, wna16_decode
-from humming.cuda_kernels._layout import E2M1_BITS, PreparedWeight, WeightLayout, prepare_weight
+from humming.cuda_kernels._layout import E2M1_BITS, PreparedWeight, WeightLayout, prepare_weight, weight_layout
 from humming.device import device_limits
 
 HAS_CUDA = torch.cuda.is_available()
@@ -64,6 +64,7 @@ def _fragment_codes(prep: PreparedWeight) -> torch.Tensor:
 def test_prepared_layout_matches_the_fragments(scheme, n, seed):
     qw = _quantize(n, 192, scheme)
     prep = prepare_weight(qw)
+    assert prep.layout == weight_layout(qw)  # what warmup compiles for without preparing
     assert prep.tile_group == (8 if n % 128 == 0 else 1)
     codes = humming.ir.unpacked_codes(qw).to(torch.int64)
     if qw.format.signed and qw.format.kind == "int":

@@ -13,7 +13,7 @@ import torch
 from ..device import device_info, device_limits
 from ..kernel import Kernel
 from . import _gemm_sm90, _wna16, fp8_gemm
-from ._layout import weight_unsupported
+from ._layout import DTYPE_CODE, weight_layout, weight_unsupported
 from ._support import runtime_unavailable
 
 __all__ = ["KERNEL", "gated_unsupported", "grouped_linear", "grouped_unsupported"]
@@ -99,17 +99,17 @@ def grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, devic
     from .jit import device_arch
 
     jobs = []
-    bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
     for block_m in block_ms:
         x = torch.empty(block_m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
         if grouped_unsupported(qw, None, x, block_m) is not None:
             continue
-        prep = _wna16.prepare(qw)
+        layout = weight_layout(qw)  # not prepare: fused_moe's w13 is prepared in another row order
         smem = device_limits(device).smem_per_block
+        codes = DTYPE_CODE[act_dtype], DTYPE_CODE[out_dtype], DTYPE_CODE[bias_dtype or act_dtype]
         for m in m_values:
-            tuning = _gemm_sm90.default_grouped_tuning(block_m, m, qw.num_experts, prep.layout, smem)
+            tuning = _gemm_sm90.default_grouped_tuning(block_m, m, qw.num_experts, layout, smem)
             for gather in (False, True):
-                spec = _gemm_sm90.gemm_call_spec(prep, x, bias, out_dtype, tuning, grouped=True, gather=gather)
+                spec = _gemm_sm90.gemm_spec(layout, *codes, tuning, grouped=True, gather=gather)
                 jobs.append((spec, device_arch(spec, cc)))
     return jobs
 
