@@ -84,6 +84,14 @@ def test_compiles_for_sm90a_without_spills(compiled):
 
 
 @needs_nvrtc
+def test_no_wgmma_is_serialized(compiled):
+    """ptxas reports (C751x) where it serialises wgmmas or injects waits (accumulators read while in flight,
+    A registers written): none of these kernels may have it."""
+    for name, kernel in compiled.items():
+        assert not re.search(r"C751\d", kernel.log), f"{name}:\n{kernel.log}"
+
+
+@needs_nvrtc
 def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
     for name, kernel in compiled.items():
         sass = cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path)

@@ -241,45 +241,49 @@ __device__ __forceinline__ void run(const Params& p) {
       }
       return b;
     };
-    // Waits for the block's wgmmas, releases its stage and adds its partial sum into the total.
-    auto finish = [&](int s, const BlockScales& b) {
-      wgmma_wait<0>();
-      fence_registers(acc);
+    // Releases a finished block's stage and adds its partial sum `d` into the total.
+    auto promote = [&](float (&d)[kAcc], int s, const BlockScales& b) {
+      fence_registers(d);
       if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(s));
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
         if constexpr (kBlockScale) {
           const float s0 = b.w_block * b.x_block[j].x;
           const float s1 = b.w_block * b.x_block[j].y;
-          total[4 * j + 0] = fmaf(acc[4 * j + 0], s0, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(acc[4 * j + 1], s1, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(acc[4 * j + 2], s0, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(acc[4 * j + 3], s1, total[4 * j + 3]);
+          total[4 * j + 0] = fmaf(d[4 * j + 0], s0, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(d[4 * j + 1], s1, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(d[4 * j + 2], s0, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(d[4 * j + 3], s1, total[4 * j + 3]);
         } else if constexpr (kScaleMode == 2) {
-          total[4 * j + 0] = fmaf(acc[4 * j + 0], b.w_row0, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(acc[4 * j + 1], b.w_row0, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(acc[4 * j + 2], b.w_row1, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(acc[4 * j + 3], b.w_row1, total[4 * j + 3]);
+          total[4 * j + 0] = fmaf(d[4 * j + 0], b.w_row0, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(d[4 * j + 1], b.w_row0, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(d[4 * j + 2], b.w_row1, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(d[4 * j + 3], b.w_row1, total[4 * j + 3]);
         } else {
 #pragma unroll
-          for (int c = 0; c < 4; ++c) total[4 * j + c] += acc[4 * j + c];
+          for (int c = 0; c < 4; ++c) total[4 * j + c] += d[4 * j + c];
         }
       }
     };
 
     if constexpr (kWFormat == kE4m3) {
-      for (int i = 0; i < kb_count; ++i) {
+      // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
+      auto issue_ss = [&](int i, float (&d)[kAcc]) {
         const int s = i % kStages;
-        const BlockScales b = load_scales(kb_begin + i);
         mbar_wait(full(s), (i / kStages) & 1);
         const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
         const uint64_t b_desc = sw128_desc(x_tile(s));
-        fence_registers(acc);
+        fence_registers(d);
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(acc, a_desc + 2 * k, b_desc + 2 * k, k);
+        for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k);
         wgmma_commit();
-        finish(s, b);
+      };
+      for (int i = 0; i < kb_count; ++i) {
+        const BlockScales b = load_scales(kb_begin + i);
+        issue_ss(i, acc);
+        wgmma_wait<0>();
+        promote(acc, i % kStages, b);
       }
     } else {
       // Waits for pipeline step i and turns this thread's 4-bit codes of it into e4m3 A fragments.
@@ -330,12 +334,14 @@ __device__ __forceinline__ void run(const Params& p) {
         BlockScales b = load_scales(kb_begin + i);
         issue(i, a0);
         if (i + 1 < kb_count) convert(i + 1, a1);
-        finish(i % kStages, b);
+        wgmma_wait<0>();
+        promote(acc, i % kStages, b);
         if (i + 1 >= kb_count) break;
         b = load_scales(kb_begin + i + 1);
         issue(i + 1, a1);
         if (i + 2 < kb_count) convert(i + 2, a0);
-        finish((i + 1) % kStages, b);
+        wgmma_wait<0>();
+        promote(acc, (i + 1) % kStages, b);
       }
     }
 
