@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import compile_fresh, cubin_tool, needs_nvrtc
+from helpers import compile_fresh, cubin_tool, instructions_before_each_wait, needs_nvrtc
 
 from humming.cuda_kernels import _decode_launch, _gemm_sm90, jit, wna16_decode
 from humming.cuda_kernels._layout import WeightLayout
@@ -122,6 +122,15 @@ def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
         assert "UBLKCP" in sass, f"{spec.name}: weights are not loaded by bulk copies"
         assert "USETMAXREG" in sass, f"{spec.name}: setmaxnreg was dropped"
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
+
+
+def test_gemm_sm90_dequantizes_the_next_chunk_while_wgmmas_run(compiled, tmp_path):
+    """The consumer loop's two wgmma groups each overlap the next chunk's whole dequantization (its weight
+    fragment unpacked, zero point and scale applied: 80+ instructions), rather than waiting first."""
+    for spec in _gemm_specs() + _grouped_specs() + _gather_specs():
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        gaps = instructions_before_each_wait(sass, "HGMMA")
+        assert len(gaps) >= 2 and min(gaps[:2]) >= 80, f"{spec.name}: {gaps}"
 
 
 def test_gather_gemm_copies_rows_with_cp_async_not_tma(compiled, tmp_path):

@@ -14,7 +14,8 @@
 // - Consumers load their lane's 16-byte weight fragment from shared memory, dequantize it in registers
 //   (magic-number lop3 / prmt, zero point, then the group scale in 16-bit float: w = (q - z) * s is
 //   rounded once, as humming.dequantize does), and issue four m64nkBMk16 wgmma (A = registers,
-//   B = shared-memory descriptor), fp32 accumulators in registers.
+//   B = shared-memory descriptor), fp32 accumulators in registers; the next chunk is dequantized into a
+//   second set of A registers while those wgmmas run.
 // - MXFP4 (e2m1 codes, S = e8m0 / e8m0_any, bf16 only): dequant_e2m1, then each 32-column half times its
 //   own e8m0 scale in bf16. Both factors are powers of two times at most 2 significant bits, so the bf16
 //   product is exact (bf16 has fp32's exponent range; 2^-127, code 0, is a bf16 subnormal). The chunk's
@@ -250,16 +251,23 @@ __device__ __forceinline__ void run(const Params& p) {
       for (int j = 0; j < 4; ++j) sm90::wgmma_rs<A, kBM>(acc, a[j], desc + 2 * j, i > 0 || j > 0);
       sm90::wgmma_commit();
     };
-    // One chunk at a time: the dequantized A registers must stay untouched until the wgmmas that read
-    // them complete, and ptxas serializes wgmmas whose register inputs are written while earlier ones
-    // are in flight (C7513), so the overlap of dequantization and tensor-core work comes from the two
-    // consumer warpgroups taking turns.
-    for (int i = 0; i < count; ++i) {
-      uint32_t a[4][4];
-      load_dequant(i, a);
-      issue_mma(i, a);
+    // Two register sets for the dequantized A operand: chunk i + 1 is dequantized into one while the
+    // wgmmas of chunk i read the other (the loop is unrolled by two so that each set is a fixed set of
+    // registers; ptxas serializes wgmmas whose register inputs are written while they are in flight).
+    // Each dequantization sits in its own conditional block: ptxas schedules within a block, and inside
+    // one it would hoist the wgmma wait above the arithmetic, serialising the two again.
+    uint32_t a0[4][4], a1[4][4];
+    load_dequant(0, a0);
+    for (int i = 0; i < count; i += 2) {
+      issue_mma(i, a0);
+      if (i + 1 < count) load_dequant(i + 1, a1);
       sm90::wgmma_wait<0>();
       sm90::mbar_arrive(empty0 + 8 * (i % kStages));
+      if (i + 1 >= count) break;
+      issue_mma(i + 1, a1);
+      if (i + 2 < count) load_dequant(i + 2, a0);
+      sm90::wgmma_wait<0>();
+      sm90::mbar_arrive(empty0 + 8 * ((i + 1) % kStages));
     }
     // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).
     const long n_base = long(blockIdx.x) * 128 + tile * 16 + g;  // column of out (row of the expert)
