@@ -11,16 +11,16 @@ from ..ir.weight import QuantizedWeight
 from . import registry
 from ._launch import LaunchesByWeight, PreparedLaunch
 from ._weight_tile import kernel_tensors, pointer_types, triton_type, weight_spec
-from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel
+from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel, _wna16_swap_kernel
 from .configs import TileConfig, finish_split_k
-from .wna16_configs import _BUCKETS, grouped_config, wna16_config
+from .wna16_configs import _BUCKETS, TILED_16, grouped_config, wna16_config
 
 __all__ = ["compile_specs", "kernel_spec", "launch"]
 
 
 def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1, rows=None) -> torch.Tensor:
-    """One launch of the tiled (or GEMV) kernel into ``out`` (``[M, N]``: ``x``'s rows, or ``rows``' count
-    when the grouped kernel gathers them); split-K accumulates in an fp32 workspace."""
+    """One launch of the tiled (or swapped-operand, or GEMV) kernel into ``out`` (``[M, N]``: ``x``'s rows, or
+    ``rows``' count when the grouped kernel gathers them); split-K accumulates in an fp32 workspace."""
     grouped = expert_ids is not None
     key = (
         out.shape[0],
@@ -44,7 +44,7 @@ _ready = LaunchesByWeight()
 
 
 class _Ready:
-    """One kind of call of the WnA16 kernels with a weight, made ready once: the kernel (tiled or GEMV), its
+    """One kind of call of the WnA16 kernels with a weight, made ready once: the kernel (tiled, swapped or GEMV), its
     grid, the weight's tensors and every integer and constexpr argument (a :class:`~._launch.PreparedLaunch`).
     A call allocates the split-K workspace and launches on its pointers (the weight's codes stand in for an
     absent bias, expert ids and rows: never read)."""
@@ -54,7 +54,7 @@ class _Ready:
         t = kernel_tensors(qweight)
         self.m, self.n, self.route_bm, self.stand_in = m, n, route_bm, t["qw"]
         self.split = cfg.split_k > 1
-        self.gemv = cfg.block_m <= 4
+        self.tiled = not cfg.swap and cfg.block_m > 4  # else the swapped-operand or the GEMV kernel
         values = {
             "qw_ptr": t["qw"],
             "s_ptr": t["s"],
@@ -79,8 +79,8 @@ class _Ready:
             "WEIGHT": weight_spec(qweight),
         }
         per_call = ("x_ptr", "bias_ptr", "out_ptr")
-        kernel = _wna16_gemv_kernel
-        if not self.gemv:
+        kernel = _wna16_swap_kernel if cfg.swap else _wna16_gemv_kernel
+        if self.tiled:
             e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
             kernel, per_call = _wna16_kernel, (*per_call, "expert_ptr", "rows_ptr")
             values.update(
@@ -102,7 +102,7 @@ class _Ready:
         acc = torch.zeros(self.m, self.n, dtype=torch.float32, device=x.device) if self.split else out
         stand_in = self.stand_in
         tensors = (x, stand_in if bias is None else bias, acc)
-        if not self.gemv:
+        if self.tiled:
             tensors += (stand_in if expert_ids is None else expert_ids, stand_in if rows is None else rows)
         self.launch(x.device.index, *tensors)
         if self.split:
@@ -115,15 +115,19 @@ def compile_specs() -> list[registry.CompileSpec]:
     from ..ir.quantize import quantize
 
     w = torch.ones(256, 512)
-    small, large = _BUCKETS[1][1], _BUCKETS[-1][1].replace(dequant_first=False)  # the kernel's own tiles
+    small, large = TILED_16, _BUCKETS[-1][1].replace(dequant_first=False)  # the kernel's own tiles
     medium = next(c for bound, c in _BUCKETS if bound == 128)
     h200 = KNOWN_LIMITS["NVIDIA H200"]  # the tiles of an H200-like problem
     gemv = lambda m, group_k: wna16_config(m, 28672, 8192, 4, h200.sm_count, group_k)
+    swap = wna16_config(8, 28672, 8192, 4, h200.sm_count, 128, h200.smem_per_block)
     cases = (
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 128), 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 0), 80),
         ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, gemv(1, 32), 80),
         ("uint4-zp-g128", quantize(w, "int4", 128, True), torch.float16, TileConfig(4, 16, 128, num_stages=1), 75),
+        ("nvfp4", quantize(w, "nvfp4"), torch.bfloat16, gemv(1, 16), 80),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, swap, 80),
+        ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, swap, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
@@ -154,24 +158,26 @@ def kernel_spec(
     an expert-stacked ``qw``; ``gather``: reading token rows through ``rows``) launches for ``qw`` with
     ``x_dtype`` activations and tile ``cfg``."""
     spec = weight_spec(qw)
-    is_gemv = cfg.block_m <= 4
+    is_gemv = cfg.block_m <= 4 and not cfg.swap
+    narrow = is_gemv or cfg.swap  # the kernels without expert and row pointers
     tiled = {"GROUP_M": cfg.group_m, "GROUPED": qw.num_experts is not None, "GATHER": gather}
+    kind = "_gemv" if is_gemv else "_swap" if cfg.swap else ""
     return registry.CompileSpec(
-        name=f"wna16{'_gemv' if is_gemv else ''}-{label}-{triton_type(x_dtype)}-{cfg.name()}",
-        kernel=_wna16_gemv_kernel if is_gemv else _wna16_kernel,
+        name=f"wna16{kind}-{label}-{triton_type(x_dtype)}-{cfg.name()}",
+        kernel=_wna16_gemv_kernel if is_gemv else _wna16_swap_kernel if cfg.swap else _wna16_kernel,
         pointers={
             **pointer_types(qw),
             "x_ptr": "*" + triton_type(x_dtype),
             "bias_ptr": "*fp32",
             "out_ptr": "*fp32" if cfg.split_k > 1 else "*" + triton_type(x_dtype),  # split-K: the fp32 workspace
-            **({} if is_gemv else {"expert_ptr": "*i32", "rows_ptr": "*i32"}),
+            **({} if narrow else {"expert_ptr": "*i32", "rows_ptr": "*i32"}),
         },
         constexprs={
             "BM": cfg.block_m,
             "BN": cfg.block_n,
             "BK": cfg.block_k,
             "SPLIT_K": cfg.split_k,
-            **({} if is_gemv else tiled),
+            **({} if narrow else tiled),
             "HAS_BIAS": True,
             "EVEN_K": True,
             "WEIGHT": spec,

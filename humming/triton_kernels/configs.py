@@ -28,6 +28,9 @@ class TileConfig:
     #: numerics as the tensor-core kernel (bf16/fp16 weights, fp32 accumulation, one output rounding); used
     #: only without bias and with ``out_dtype == x.dtype`` (otherwise the Triton kernel runs).
     dequant_first: bool = False
+    #: Few tokens on tensor cores with the operands swapped (the WnA16 ``_wna16_swap_kernel``: the weight tile
+    #: is the MMA's large side, the ``block_m`` (16) tokens its narrow one). Same numerics as the tiled kernel.
+    swap: bool = False
 
     def replace(self, **overrides) -> TileConfig:
         """A copy with some fields changed; an unknown field name is an error."""
@@ -39,7 +42,7 @@ class TileConfig:
     def name(self) -> str:
         c = self
         tiles = f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}g{c.group_m}w{c.num_warps}st{c.num_stages}"
-        return tiles + ("-dequant-first" if c.dequant_first else "")
+        return tiles + ("-dequant-first" if c.dequant_first else "") + ("-swap" if c.swap else "")
 
 
 def choose_split_k(tiles: int, k_tiles: int, sm_count: int, waves: int = 2) -> int:
@@ -77,7 +80,7 @@ def grouped_tile(cfg: TileConfig, block_m: int, m_pad: int, n: int, k: int, sm_c
     tile_m = max(bm for bm in (16, 32, 64, 128) if block_m % bm == 0 and bm <= max(cfg.block_m, 16))
     tiles = -(-m_pad // tile_m) * -(-n // cfg.block_n)
     split = choose_split_k(tiles, -(-k // cfg.block_k), sm_count)
-    return cfg.replace(block_m=tile_m, split_k=split, dequant_first=False)
+    return cfg.replace(block_m=tile_m, split_k=split, dequant_first=False, swap=False)
 
 
 def finish_split_k(workspace, out, bias, expert_ids, route_bm: int) -> None:

@@ -116,8 +116,9 @@ def linear(
     cfg = config or default_config(qweight, x)
     if cfg.dequant_first and bias is None and out_dtype == x.dtype:
         return torch.matmul(x, dequant.dequantize(qweight, x.dtype).T, out=out)
-    if cfg.block_m <= 4 and m > cfg.block_m:
-        raise ValueError(f"triton wna16: GEMV config block_m={cfg.block_m} cannot take M={m}")
+    if (cfg.block_m <= 4 or cfg.swap) and m > cfg.block_m:
+        kind = "swapped-operand" if cfg.swap else "GEMV"
+        raise ValueError(f"triton wna16: {kind} config block_m={cfg.block_m} cannot take M={m}")
     return launch(x, qweight, bias, out, cfg)
 
 
