@@ -56,6 +56,10 @@ class Kernel:
     - ``gathers(qweight, act)``: whether the grouped kernel reads token rows through an index for this
       weight and activation scheme (``humming.moe.grouped_linear``'s ``rows``); where it does not, the caller
       copies the rows into grouped order.
+    - ``launcher(x, qweight, act, bias_dtype, out_dtype, tuning)`` (dense kernels): a callable ``(x, bias) ->
+      out`` that runs what ``run`` runs for every call shaped as ``x`` (dtype, shape, strides, 16-byte
+      alignment, device) with a bias of ``bias_dtype`` (``None``: no bias), everything that depends only on
+      that shape done once when it is made; ``None`` where the kernel has no such split (``run`` is called).
     """
 
     name: str
@@ -68,3 +72,4 @@ class Kernel:
     warmup_jobs: Callable[..., list] = no_jobs
     prepare: Callable[..., object] = lambda qweight, act=None: qweight
     gathers: Callable[..., bool] = never_gathers
+    launcher: Callable[..., Callable] | None = None
