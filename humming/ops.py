@@ -111,9 +111,9 @@ def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, m
     rebuilt (and validated) from the tensors and ``meta`` (no bias: ops take the bias apart)."""
     qw = weight_by_handle(handle)
     if qw is not None and qw.signature == meta:
-        if qw.qweight is qweight and qw.scales is scales and qw.zeros is zeros and qw.g_idx is g_idx:
-            if qw.global_scale is global_scale:  # the weight's own tensors, as compiled code passes them
-                return qw
+        own = qw.qweight is qweight and qw.scales is scales and qw.zeros is zeros and qw.g_idx is g_idx
+        if own and qw.global_scale is global_scale:  # the weight's own tensors, as compiled code passes them
+            return qw
         tensors = (qweight, scales, zeros, global_scale, g_idx)
         if all(map(_same, (qw.qweight, *_fields(qw)), tensors)):
             return qw
