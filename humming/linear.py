@@ -138,6 +138,8 @@ def _prepared_call(x: torch.Tensor, qweight: QuantizedWeight, bias, act, out_dty
     else:
         bias_key = bias  # not a tensor: the checks name it
     requested = env("HUMMING_BACKEND") if backend == "auto" else backend
+    if out_dtype is None:  # x's dtype: the op's calls (which name it) and linear's share an entry
+        out_dtype = x.dtype
     key = (x.dtype, x.shape, x.stride(), x.data_ptr() % 16 == 0, x.device, bias_key, act, out_dtype, requested)
     key += (is_deterministic(),)
     calls = _calls.get(qweight)

@@ -21,10 +21,10 @@ import ctypes
 import torch
 
 from ..device import device_index, device_limits
+from ..workspaces import WORKSPACES
 from ._decode_tuning import DecodeTuning, default_tuning
 from ._driver import PackedLaunch, current_stream, fields, get_kernel
 from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
-from ._workspace import WORKSPACES
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [

@@ -40,6 +40,7 @@ def _wna16_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    ws_ptr,
     expert_ptr,
     rows_ptr,
     M,
@@ -101,7 +102,7 @@ def _wna16_kernel(
         w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
         acc = dot(x, tl.trans(cast(w, x.dtype)), acc)
 
-    store_tile(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, GROUPED)
+    store_tile(acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -115,6 +116,7 @@ def _wna16_gemv_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    ws_ptr,
     M,
     N,
     K,
@@ -193,4 +195,4 @@ def _wna16_gemv_kernel(
             w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
             acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
     y = tl.sum(acc, axis=1)[None, :] if PACKED and BM == 1 else tl.sum(acc, axis=2)
-    store_tile(y, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, False)
+    store_tile(y, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
