@@ -6,9 +6,11 @@ repeated calls with fresh activations on every route, then a CUDA graph captured
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -387,3 +389,27 @@ def test_triton_split_k_workspace_is_zero_between_calls(seed, monkeypatch):
     torch.testing.assert_close(out.double(), reference, rtol=2e-3, atol=2e-2)
     assert WORKSPACES.by_stream[(x.device, None)] is workspace and not workspace.any()  # sums and counts zero
     assert torch.equal(wna16.linear(x, qw, bias, config=cfg), out)
+
+
+def _host_h200(*args: str) -> list[dict]:
+    """The rows bench/tools/host_h200.py writes with ``--dry-run --m 1`` and ``args``."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "host.json"
+        script = str(ROOT / "bench/tools/host_h200.py")
+        command = [sys.executable, script, "--dry-run", "--m", "1", "--out", str(out), *args]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(out.read_text())["rows"]
+
+
+def test_host_h200_benchmark_dry_run():
+    """bench/tools/host_h200.py (the GPU host-time benchmark) on the CPU: a linear row (eager and compiled), the
+    torch reference row and a fused_moe row reach the JSON it writes."""
+    rows = _host_h200("--only", "qwen3")
+    assert [(r["name"], r["kind"]) for r in rows] == [
+        ("torch matmul bf16", "reference"),
+        ("fused_moe qwen3-30b-a3b int4 g128", "fused_moe"),
+    ], rows
+    assert all(r["eager_us"] > 0 and "error" not in r for r in rows) and rows[1]["compiled_us"] > 0
+    row, _ = _host_h200("--only", "int4 x fp8", "--no-moe")
+    assert row["name"] == "int4 x fp8" and row["eager_us"] > 0 and row["compiled_us"] > 0 and "error" not in row
