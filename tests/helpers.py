@@ -5,6 +5,7 @@ as ``helpers``: pytest's rootdir-relative imports put tests/ on sys.path."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -193,3 +194,29 @@ def assert_fp4_matches_reference(got: torch.Tensor, qw, qa, bias) -> None:
     bad = ~(err <= 2.5e-7 * magnitude + 1e-12)
     worst = divmod(int(torch.nan_to_num(err / (magnitude + 1e-30), nan=float("inf")).argmax()), ref.shape[1])
     assert not bad.any(), f"{int(bad.sum())} elements off; worst relative to |x| @ |w|^T at (m, n) = {worst}"
+
+
+def instructions_before_each_wait(sass: str, mma: str) -> list[int]:
+    """For every wgmma group of ``sass`` (``mma`` instructions, e.g. ``"HGMMA"``, then a
+    ``WARPGROUP.DEPBAR``), the instructions between its last MMA and the wait: the work the consumer does
+    while its tensor-core operations run."""
+    gaps, last = [], None
+    ops = [
+        line.split("*/", 1)[1].split(";")[0].strip()
+        for line in sass.splitlines()
+        if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)
+    ]
+    for n, op in enumerate(ops):
+        if op.startswith(mma):
+            last = n
+        elif op.startswith("WARPGROUP.DEPBAR") and last is not None:
+            gaps.append(n - last - 1)
+            last = None
+    return gaps
+
+
+def with_sm_count(monkeypatch, module, sm_count: int) -> None:
+    """Makes ``module``'s ``device_limits`` report ``sm_count`` multiprocessors (the rest as the device has):
+    a persistent grid of that few blocks walks many tiles per block even on small test shapes."""
+    real = module.device_limits
+    monkeypatch.setattr(module, "device_limits", lambda device=None: real(device)._replace(sm_count=sm_count))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import compile_fresh, cubin_tool, needs_nvrtc
+from helpers import compile_fresh, cubin_tool, instructions_before_each_wait, needs_nvrtc
 
 from humming.cuda_kernels import _decode_launch, _gemm_sm90, jit, wna16_decode
 from humming.cuda_kernels._layout import WeightLayout
@@ -35,6 +35,7 @@ def _gemm_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(256, 4)),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(128, 6)),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0_any", "e2m1"), "bf16", "f32", "bf16", T(64, 8, 2)),
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 6, persistent=True)),
         *_split_specs(),
     ]
 
@@ -57,6 +58,7 @@ def _grouped_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f32", T(32, 8), grouped=True),
         _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(64, 8), grouped=True),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(16, 8), grouped=True),
+        _gemm_sm90.gemm_spec(L(4, -1, "bf16"), "bf16", "bf16", "bf16", T(16, 8, 2, persistent=True), grouped=True),
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 6), grouped=True),
     ]
 
@@ -71,6 +73,7 @@ def _gather_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(64, 8, 2), **g),
         _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(128, 6), **g),
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(256, 4), **g),
+        _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(16, 8, 2, persistent=True), **g),
     ]
 
 
@@ -124,6 +127,15 @@ def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
 
 
+def test_gemm_sm90_dequantizes_the_next_chunk_while_wgmmas_run(compiled, tmp_path):
+    """The consumer loop's two wgmma groups each overlap the next chunk's whole dequantization (its weight
+    fragment unpacked, zero point and scale applied: 80+ instructions), rather than waiting first."""
+    for spec in _gemm_specs() + _grouped_specs() + _gather_specs():
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        gaps = instructions_before_each_wait(sass, "HGMMA")
+        assert len(gaps) >= 2 and min(gaps[:2]) >= 80, f"{spec.name}: {gaps}"
+
+
 def test_gather_gemm_copies_rows_with_cp_async_not_tma(compiled, tmp_path):
     """The gathering variant: the tokens' rows by 16-byte cp.async (L2 only) from the whole producer
     warpgroup, each thread's copies arriving on the chunk's barrier, the weights still by bulk copies, no
@@ -146,7 +158,7 @@ def test_split_k_sums_with_reductions_and_reads_back_with_exchanges(compiled, tm
     """Split-K: the partial sums go to the workspace as fp32 reductions (no return value), the last block
     reads them back with atomic exchanges (leaving zeros); one name for every split count."""
     for spec in _split_specs():
-        assert spec.name.endswith("_splitk") and spec.entry.endswith(f", false, false, true, {spec.min_blocks}>")
+        assert spec.name.endswith("_splitk") and spec.entry.endswith(f", false, false, true, {spec.min_blocks}, false>")
         sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         assert "REDG.E.ADD.F32" in sass, f"{spec.name}: partial sums are not reduced in L2"
         assert "ATOMG.E.EXCH" in sass, f"{spec.name}: totals are not read back with exchanges"
@@ -157,6 +169,18 @@ def test_split_k_sums_with_reductions_and_reads_back_with_exchanges(compiled, tm
         _gemm_sm90.gemm_spec(
             WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(64, 8, 2, 2), grouped=True
         )
+
+
+def test_persistent_is_a_variant_of_its_own():
+    """A persistent grid is its own kernel (name and template argument), and never splits K."""
+    layout = WeightLayout(4, 8, "bf16")
+    plain = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(16, 8, 2), grouped=True)
+    tuning = _gemm_sm90.GemmTuning(16, 8, 2, persistent=True)
+    persistent = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, grouped=True)
+    assert persistent.name == plain.name + "_p" and persistent.entry.endswith(", 2, true>")
+    assert plain.entry.endswith(", 2, false>")
+    with pytest.raises(ValueError, match="persistent grid does not split K"):
+        _gemm_sm90.GemmTuning(64, 8, 2, 2, persistent=True)
 
 
 def test_gather_is_a_grouped_variant():
@@ -173,8 +197,8 @@ def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path
     dense = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(128, 6))
     assert (
         grouped.name != dense.name
-        and ", true, false, false, 1>" in grouped.entry
-        and ", false, false, false, 1>" in dense.entry
+        and ", true, false, false, 1, false>" in grouped.entry
+        and ", false, false, false, 1, false>" in dense.entry
     )
     sass = {
         spec.name: cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import assert_rel_close, capture, compile_fresh, cubin_tool, needs_nvrtc
+from helpers import assert_rel_close, capture, compile_fresh, cubin_tool, instructions_before_each_wait, needs_nvrtc
 
 import humming
 from humming.cuda_kernels import _fp8_launch, _fp8_layout, fp8_gemm, jit
@@ -100,6 +100,16 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
         # split-K: fp32 reductions in L2 (red.global.add.f32) instead of stores; nowhere else
         assert bool(re.search(r"REDG\.E\.ADD\.F32", sass)) == ("_sk_" in name), name
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{name} uses local memory"
+
+
+@needs_nvrtc
+def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
+    """W4A8 (int4, MXFP4): both wgmma groups of the unrolled K loop overlap the next K block's whole
+    conversion of codes to e4m3 (100+ instructions) rather than waiting first."""
+    for name, kernel in compiled.items():
+        if "_w4a8_" in name or "_wmxfp4a8_" in name:
+            gaps = instructions_before_each_wait(cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path), "QGMMA")
+            assert len(gaps) >= 2 and min(gaps[:2]) >= 100, (name, gaps)
 
 
 def test_tuning_is_pure_and_fits_the_device():

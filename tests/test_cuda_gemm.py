@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close, backend_unsupported
+from helpers import assert_rel_close, backend_unsupported, with_sm_count
 
 import humming
 from humming.cuda_kernels import _gemm_sm90
@@ -57,12 +57,16 @@ TUNINGS = [
     (None, _gemm_sm90.GemmTuning(64, 8, 2, 3)),
     ("bias", _gemm_sm90.GemmTuning(128, 6, 1, 2)),
     ("bias", _gemm_sm90.GemmTuning(256, 4, 1, 4)),
+    # persistent grids: each block walks several tiles (the cases' grids exceed 132 block slots at large M)
+    (None, _gemm_sm90.GemmTuning(128, 6, persistent=True)),
+    ("bias", _gemm_sm90.GemmTuning(32, 8, 2, persistent=True)),
 ]
 
 
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("n", "k", "scheme", "ms"), CASES)
-def test_gemm_matches_reference(n, k, scheme, ms, act, seed):
+def test_gemm_matches_reference(n, k, scheme, ms, act, seed, monkeypatch):
+    with_sm_count(monkeypatch, _gemm_sm90, 3)  # the persistent grids: 3 or 6 blocks walk every tile
     qw = _quantize(torch.randn(n, k, device="cuda") * 0.05, scheme, act)
     if qw.format.name == "e2m1" and act == torch.float16:
         x = torch.randn(ms[0], k, device="cuda", dtype=act)

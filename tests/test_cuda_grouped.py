@@ -3,9 +3,11 @@ results against a float64 reference built per expert from ``humming.dequantize``
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, with_sm_count
 
 import humming
 from humming.bench.inputs import random_experts
@@ -139,7 +141,8 @@ CASES = [
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("e", "n", "k", "scheme", "block_m", "max_rows", "bms"), CASES)
 @pytest.mark.usefixtures("seed")
-def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act):
+def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act, monkeypatch):
+    with_sm_count(monkeypatch, _gemm_sm90, 3)  # the persistent grid: 6 blocks walk every segment's tiles
     scale_dtype = {} if scheme == "mxfp4" else dict(scale_dtype=act)
     qw = humming.quantize(torch.randn(e, n, k, device="cuda") * 0.05, **scale_dtype, **SCHEMES[scheme])
     if scheme == "mxfp4" and act == torch.float16:
@@ -156,9 +159,10 @@ def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act)
     row_expert = expert_ids.repeat_interleave(block_m)
     ref = _reference(x, qw, row_expert, act)
     used = row_expert >= 0
+    tunings = [None if bm is None else _gemm_sm90.GemmTuning(bm, 8) for bm in bms]
+    tunings.append(_gemm_sm90.GemmTuning(16, 8, 2, persistent=True))  # blocks walking the segments' tiles
     for b in (None, bias):
-        for bm in bms:
-            tuning = None if bm is None else _gemm_sm90.GemmTuning(bm, 8)
+        for tuning in tunings:
             out = torch.full((m_pad, n), float("nan"), device="cuda", dtype=act)
             _gemm_sm90.run_grouped_gemm(prep, x, expert_ids, block_m, b, act, tuning, out=out)
             want = ref if b is None else ref + b.double()[row_expert.clamp(min=0)]
@@ -183,12 +187,13 @@ def _reference(x, qw, row_expert, act):
 @pytest.mark.parametrize(
     ("block_m", "bm", "blocks"), [(16, 16, 2), (64, 32, 2), (64, 64, 2), (128, 128, 1), (256, 256, 1)]
 )
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.usefixtures("seed")
-def test_gather_reads_the_tokens_in_place(scheme, block_m, bm, blocks, act):
+def test_gather_reads_the_tokens_in_place(scheme, block_m, bm, blocks, persistent, act, monkeypatch):
     """Grouped row r read as token rows[r] of x [T, K] (zeros for padding, -1) gives bit for bit what the
-    grouped rows copied beforehand give (the same kernel math in the same order), and matches float64:
-    every token tile and blocks-per-SM choice, x rows strided (a column slice of a wider tensor), repeated
-    tokens (top-2), bias."""
+    grouped rows copied beforehand give to the one-tile-per-block grid (the same kernel math in the same
+    order), and matches float64: every token tile and blocks-per-SM choice, gathered by one-tile blocks and
+    by a persistent grid, x rows strided (a column slice of a wider tensor), repeated tokens (top-2), bias."""
     if scheme == "mxfp4" and act == torch.float16:
         pytest.skip("MXFP4 runs the sm_90a GEMM with bf16 activations only (test_grouped_matches_reference)")
     e, n, k, t, topk = 8, 256, 512, 37, 2
@@ -204,6 +209,8 @@ def test_gather_reads_the_tokens_in_place(scheme, block_m, bm, blocks, act):
     gathered = copied.clone()
     grouped = torch.where(rows[:, None] >= 0, x[rows.clamp(min=0).long()], 0)
     _gemm_sm90.run_grouped_gemm(prep, grouped, expert_ids, block_m, bias, act, tuning, out=copied)
+    tuning = dataclasses.replace(tuning, persistent=persistent)
+    with_sm_count(monkeypatch, _gemm_sm90, 1)  # persistent: one or two blocks walk every tile
     _gemm_sm90.run_grouped_gemm(prep, x, expert_ids, block_m, bias, act, tuning, out=gathered, rows=rows)
     row_expert = expert_ids.repeat_interleave(block_m)
     used = row_expert >= 0

@@ -55,7 +55,7 @@ def gemm_tunings(m: int, n: int, k: int, layout, limits) -> list[_gemm_sm90.Gemm
     """Token tiles of 32 to 256 (two blocks per SM for tiles of up to 64 tokens, also one for 64), each with
     as many stages as shared memory holds (two blocks: half of it each), and 4 stages for 128 and 256; each
     of those whose grid leaves block slots idle also with K in 2, 4 and the splits that fill the slots once
-    (16 chunks of K per split at least)."""
+    (16 chunks of K per split at least), and those with more tiles than block slots also persistent."""
     smem = limits.smem_per_block
     out = []
     for bm, blocks in ((32, 2), (64, 2), (64, 1), (128, 1), (256, 1)):
@@ -69,6 +69,8 @@ def gemm_tunings(m: int, n: int, k: int, layout, limits) -> list[_gemm_sm90.Gemm
         if bm >= 128 and stages > 4:
             out.append(_gemm_sm90.GemmTuning(bm, 4, blocks))
         tiles = (n // 128) * -(-m // bm)
+        if tiles > limits.sm_count * blocks:  # more tiles than block slots: a persistent grid walks them
+            out.append(_gemm_sm90.GemmTuning(bm, stages, blocks, persistent=True))
         fill = min(limits.sm_count * blocks // tiles, k // 64 // 16)
         for splits in sorted({2, 4, fill} & set(range(2, fill + 1))):
             out.append(_gemm_sm90.GemmTuning(bm, stages, blocks, splits))

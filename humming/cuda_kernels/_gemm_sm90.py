@@ -17,7 +17,7 @@ in place, with cp.async instead of the TMA: no grouped copy of the tokens.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -57,12 +57,15 @@ class GemmTuning:
     """Speed-only knobs: tokens per block tile (``bm``: 128 or 256 dense; 16, 32, 64, 128 or 256 grouped),
     pipeline ``stages`` (chunks of 64 columns in flight), ``blocks`` per SM (1, or 2 for tiles of at
     most 64 tokens: fewer registers per consumer, two blocks' copies in flight) and ``splits`` of K (dense
-    only: each tile's K in that many blocks, summed in an fp32 workspace with atomics)."""
+    only: each tile's K in that many blocks, summed in an fp32 workspace with atomics). ``persistent``: one
+    grid of ``blocks`` per SM that walks the tiles (a block's pipeline runs on from one tile into the next,
+    and the grouped kernel's unused segments cost a skip rather than a block launch); not with splits."""
 
     bm: int
     stages: int
     blocks: int = 1
     splits: int = 1
+    persistent: bool = False
 
     def __post_init__(self) -> None:
         blocks_ok = self.blocks == 1 or (self.blocks == 2 and self.bm <= 64)
@@ -70,6 +73,8 @@ class GemmTuning:
             raise ValueError(
                 f"tuning: bm in {GROUPED_BMS}, stages >= 1, blocks 1 (or 2 with bm <= 64), splits >= 1, got {self}"
             )
+        if self.persistent and self.splits > 1:
+            raise ValueError(f"tuning: a persistent grid does not split K, got {self}")
 
     def smem_bytes(self, layout: WeightLayout) -> int:
         """Dynamic shared memory (``SmemLayout::kTotal`` in gemm_sm90.cuh) plus 1 KiB alignment slack."""
@@ -152,10 +157,12 @@ def default_grouped_tuning(block_m: int, rows: int, num_experts: int, layout: We
     padding rows from used ones), 256 only when the ``rows`` (grouped rows, padding included) average
     512 per expert, as in the dense choice. Tiles of up to 64 tokens run two blocks per SM (their
     consumers need few registers; the second block hides the first one's copy latency) with up to 8
-    stages each in half the shared memory; larger tiles as the dense kernel."""
+    stages each in half the shared memory; larger tiles as the dense kernel. The grid is persistent: the
+    rows are sized for the worst case of the routing, and most segments of a decode call are unused (a
+    skip inside a block, where a block of their own would be launched and retired)."""
     bm = next(b for b in GROUPED_BMS if block_m % b == 0 and (b < 256 or rows >= 512 * num_experts))
     blocks, stages = (2, 8) if bm <= 64 else (1, 6)
-    return _with_stages(bm, blocks, layout, smem_per_block, stages)
+    return replace(_with_stages(bm, blocks, layout, smem_per_block, stages), persistent=True)
 
 
 def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:
@@ -198,9 +205,10 @@ def gemm_spec(
     kind = "grouped_gather_" if gather else "grouped_" if grouped else ""
     blocks = f"_x{tuning.blocks}" if tuning.blocks > 1 else ""
     split_k = "_splitk" if tuning.splits > 1 else ""
+    persistent = "_p" if tuning.persistent else ""
     name = (
         f"humming_gemm_sm90_{kind}{layout.tag}_a{act}_s{layout.scale}_o{out}_b{bias}"
-        f"_bm{tuning.bm}_s{tuning.stages}{blocks}{split_k}"
+        f"_bm{tuning.bm}_s{tuning.stages}{blocks}{split_k}{persistent}"
     )
     args = ", ".join(
         (
@@ -216,6 +224,7 @@ def gemm_spec(
             "true" if gather else "false",
             "true" if tuning.splits > 1 else "false",
             str(tuning.blocks),
+            "true" if tuning.persistent else "false",
         )
     )
     return KernelSpec(
@@ -349,7 +358,11 @@ class GemmLaunch:
         self.m, self.n, self.out_dtype, self.device = m, prep.n, out_dtype, device
         self.torch_device = torch.device("cuda", device)
         self.smem = tuning.smem_bytes(prep.layout)
-        self.grid = (prep.n // 128, -(-m // tuning.bm), tuning.splits)
+        tiles = (prep.n // 128, -(-m // tuning.bm))
+        if tuning.persistent:  # the block slots of the device, at most one block per tile
+            self.grid = (min(tiles[0] * tiles[1], device_limits(device).sm_count * tuning.blocks), 1, 1)
+        else:
+            self.grid = (*tiles, tuning.splits)
         # split-K: the fp32 sums [m, N], then one arrival counter per tile (decode's zero-between-calls buffers)
         self.workspace_words = m * prep.n + self.grid[0] * self.grid[1] if tuning.splits > 1 else 0
         # TMA descriptor of x [M, K]: 64 x bm boxes (128 bytes wide), 128-byte swizzle, zero fill

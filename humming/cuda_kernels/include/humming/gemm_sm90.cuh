@@ -14,7 +14,8 @@
 // - Consumers load their lane's 16-byte weight fragment from shared memory, dequantize it in registers
 //   (magic-number lop3 / prmt, zero point, then the group scale in 16-bit float: w = (q - z) * s is
 //   rounded once, as humming.dequantize does), and issue four m64nkBMk16 wgmma (A = registers,
-//   B = shared-memory descriptor), fp32 accumulators in registers.
+//   B = shared-memory descriptor), fp32 accumulators in registers; the next chunk is dequantized into a
+//   second set of A registers while those wgmmas run.
 // - MXFP4 (e2m1 codes, S = e8m0 / e8m0_any, bf16 only): dequant_e2m1, then each 32-column half times its
 //   own e8m0 scale in bf16. Both factors are powers of two times at most 2 significant bits, so the bf16
 //   product is exact (bf16 has fp32's exponent range; 2^-127, code 0, is a bf16 subnormal). The chunk's
@@ -83,9 +84,10 @@ struct SmemLayout {
 };
 
 template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages, bool kGrouped,
-          bool kGather, bool kSplitK, int kBlocksPerSm>
+          bool kGather, bool kSplitK, int kBlocksPerSm, bool kPersistent>
 __device__ __forceinline__ void run(const Params& p) {
   static_assert(kBlocksPerSm == 1 || kBlocksPerSm == 2, "one or two blocks per SM");
+  static_assert(!(kSplitK && kPersistent), "split-K blocks own one tile's share of K each");
   static_assert(!kGather || kGrouped, "the gather reads grouped rows");
   static_assert(!(kSplitK && kGrouped), "split-K is a dense schedule");
   // 128 * producer + 256 * consumer registers must fit the 384 * (65536 / 384 / kBlocksPerSm, rounded
@@ -106,15 +108,19 @@ __device__ __forceinline__ void run(const Params& p) {
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
 
   const int wg = threadIdx.x / 128;
-  const int m0 = blockIdx.y * kBM;  // first token of the tile
-  int expert = 0;
-  if constexpr (kGrouped) {
-    expert = p.expert_ids[m0 / p.block_m];
-    if (expert < 0) return;  // the whole block: before any barrier
-  }
-  const int blk = expert * (p.N / 128) + blockIdx.x;  // 128-row block of the (stacked) weights
+  const int n_blocks = p.N / 128, m_tiles = (p.M + kBM - 1) / kBM;
+  // The block's tiles: (blockIdx.x, blockIdx.y), or with kPersistent tiles blockIdx.x, + gridDim.x, ... of
+  // the n_blocks * m_tiles in (n block, m tile) order, so that the tiles of one weight block run together.
+  const int first_tile = kPersistent ? int(blockIdx.x) : 0;
+  const int tile_end = kPersistent ? n_blocks * m_tiles : 1;
+  const int tile_step = kPersistent ? int(gridDim.x) : 1;
+  auto n_block_of = [&](int t) { return kPersistent ? t / m_tiles : int(blockIdx.x); };
+  auto m_tile_of = [&](int t) { return kPersistent ? t % m_tiles : int(blockIdx.y); };
+  // The expert of a tile's rows (-1: an unused segment, skipped by every thread alike).
+  auto expert_of = [&](int t) { return kGrouped ? p.expert_ids[m_tile_of(t) * kBM / p.block_m] : 0; };
+  if (!kPersistent && expert_of(0) < 0) return;  // the whole block: before any barrier
   const int n_chunks = p.K / 64;
-  // This block's chunks: [k_begin, k_begin + count) (all of K but with kSplitK; the host keeps count >= 1)
+  // Each tile's chunks: [k_begin, k_begin + count) (all of K but with kSplitK; the host keeps count >= 1)
   const int k_begin = kSplitK ? int(blockIdx.z) * n_chunks / p.splits : 0;
   const int count = kSplitK ? (int(blockIdx.z) + 1) * n_chunks / p.splits - k_begin : n_chunks;
 
@@ -140,31 +146,38 @@ __device__ __forceinline__ void run(const Params& p) {
       const char* w_src = reinterpret_cast<const char*>(p.qweight);
       const char* s_src = static_cast<const char*>(p.scales);
       const char* z_src = reinterpret_cast<const char*>(p.zeros);
-      for (int i = 0; i < count; ++i) {  // i: the pipeline's step, kc: the chunk of K it loads
-        const int kc = k_begin + i, s = i % kStages;
-        if (i >= kStages) {
-          while (!sm90::mbar_try_wait(empty0 + 8 * s, ((i / kStages) & 1) ^ 1)) {}
-        }
-        const uint32_t full = full0 + 8 * s;
-        if (threadIdx.x == 0) {
-          sm90::mbar_expect_tx(full, kStageTx);
-          if constexpr (!kGather) sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
-          sm90::bulk_load(base + L::kW + s * L::kWBytes, w_src + (long(blk) * n_chunks + kc) * L::kWBytes, L::kWBytes, full);
-          const long group_block = long(blk) * p.groups + kc / p.chunks_per_group;
-          sm90::bulk_load(base + L::kS + s * L::kSBytes, s_src + group_block * L::kSBytes, L::kSBytes, full);
-          if constexpr (kZero < 0) {
-            sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
+      int step = 0;  // the pipeline's step, counted over the block's tiles
+      for (int ti = first_tile; ti < tile_end; ti += tile_step) {
+        const int expert = expert_of(ti);
+        if (expert < 0) continue;
+        const int m0 = m_tile_of(ti) * kBM;                  // first token of the tile
+        const int blk = expert * n_blocks + n_block_of(ti);  // 128-row block of the (stacked) weights
+        for (int i = 0; i < count; ++i, ++step) {  // kc: the chunk of K step `step` loads
+          const int kc = k_begin + i, s = step % kStages;
+          if (step >= kStages) {
+            while (!sm90::mbar_try_wait(empty0 + 8 * s, ((step / kStages) & 1) ^ 1)) {}
           }
-        }
-        if constexpr (kGather) {
-          const char* x_src = static_cast<const char*>(p.x) + (kc * 64 + c * 8) * 2;
+          const uint32_t full = full0 + 8 * s;
+          if (threadIdx.x == 0) {
+            sm90::mbar_expect_tx(full, kStageTx);
+            if constexpr (!kGather) sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
+            sm90::bulk_load(base + L::kW + s * L::kWBytes, w_src + (long(blk) * n_chunks + kc) * L::kWBytes, L::kWBytes, full);
+            const long group_block = long(blk) * p.groups + kc / p.chunks_per_group;
+            sm90::bulk_load(base + L::kS + s * L::kSBytes, s_src + group_block * L::kSBytes, L::kSBytes, full);
+            if constexpr (kZero < 0) {
+              sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
+            }
+          }
+          if constexpr (kGather) {
+            const char* x_src = static_cast<const char*>(p.x) + (kc * 64 + c * 8) * 2;
 #pragma unroll
-          for (int j = 0; j < kBM / 16; ++j) {
-            const int r = r0 + 16 * j, token = __ldg(p.rows + m0 + r);
-            const uint32_t dst = base + L::kX + s * L::kXBytes + r * 128 + ((c ^ (r & 7)) << 4);
-            cp_async_cg16_zfill(dst, x_src + long(token < 0 ? 0 : token) * p.x_stride * 2, token >= 0);
+            for (int j = 0; j < kBM / 16; ++j) {
+              const int r = r0 + 16 * j, token = __ldg(p.rows + m0 + r);
+              const uint32_t dst = base + L::kX + s * L::kXBytes + r * 128 + ((c ^ (r & 7)) << 4);
+              cp_async_cg16_zfill(dst, x_src + long(token < 0 ? 0 : token) * p.x_stride * 2, token >= 0);
+            }
+            sm90::cp_async_mbar_arrive_noinc(full);  // arrives once this thread's copies have landed
           }
-          sm90::cp_async_mbar_arrive_noinc(full);  // arrives once this thread's copies have landed
         }
       }
     }
@@ -227,7 +240,8 @@ __device__ __forceinline__ void run(const Params& p) {
         for (int i = 0; i < 4; ++i) a[j][i] = fma2<A>(a[j][i], scale[2 * (j >> 1) + (i & 1)], kNegZero);
       }
     };
-    // Wait for pipeline step i, load this lane's weight fragment and dequantize it.
+    // Wait for pipeline step i (counted over the block's tiles), load this lane's weight fragment and
+    // dequantize it.
     auto load_dequant = [&](int i, uint32_t (&a)[4][4]) {
       const int s = i % kStages;
       while (!sm90::mbar_try_wait(full0 + 8 * s, (i / kStages) & 1)) {}
@@ -243,66 +257,81 @@ __device__ __forceinline__ void run(const Params& p) {
         dequant_int(s, words, a);
       }
     };
-    auto issue_mma = [&](int i, const uint32_t (&a)[4][4]) {
+    // The wgmmas of pipeline step i; the tile's first step (`first`) overwrites the accumulators.
+    auto issue_mma = [&](int i, bool first, const uint32_t (&a)[4][4]) {
       const uint64_t desc = sm90::sw128_desc(base + L::kX + (i % kStages) * L::kXBytes);
       sm90::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) sm90::wgmma_rs<A, kBM>(acc, a[j], desc + 2 * j, i > 0 || j > 0);
+      for (int j = 0; j < 4; ++j) sm90::wgmma_rs<A, kBM>(acc, a[j], desc + 2 * j, !first || j > 0);
       sm90::wgmma_commit();
     };
-    // One chunk at a time: the dequantized A registers must stay untouched until the wgmmas that read
-    // them complete, and ptxas serializes wgmmas whose register inputs are written while earlier ones
-    // are in flight (C7513), so the overlap of dequantization and tensor-core work comes from the two
-    // consumer warpgroups taking turns.
-    for (int i = 0; i < count; ++i) {
-      uint32_t a[4][4];
-      load_dequant(i, a);
-      issue_mma(i, a);
-      sm90::wgmma_wait<0>();
-      sm90::mbar_arrive(empty0 + 8 * (i % kStages));
-    }
-    // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).
-    const long n_base = long(blockIdx.x) * 128 + tile * 16 + g;  // column of out (row of the expert)
-    if constexpr (kSplitK) {
-#pragma unroll
-      for (int i = 0; i < kBM / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int token = m0 + 8 * i + 2 * c + (e & 1);
-          if (token < p.M) red_add_f32(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), acc[4 * i + e]);
-        }
-      __threadfence();  // this thread's adds are visible before the block's arrival below
-      // the flag in dynamic shared memory: a static __shared__ would add a whole 1 KiB-aligned segment
-      volatile int* last = reinterpret_cast<volatile int*>(smem + L::kFlag);
-      sm90::named_barrier_sync(1, 256);  // both consumer warpgroups
-      const int counter = blockIdx.y * gridDim.x + blockIdx.x;
-      if (t == 0) *last = atomicAdd(p.arrivals + counter, 1) == p.splits - 1;
-      sm90::named_barrier_sync(1, 256);
-      if (!*last) return;
-      __threadfence();  // every other block's adds happened before its arrival, which this block saw
-#pragma unroll
-      for (int i = 0; i < kBM / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int token = m0 + 8 * i + 2 * c + (e & 1);
-          // atomicExch reads the total at L2, where the adds went, and restores the zero.
-          if (token < p.M) acc[4 * i + e] = atomicExch(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), 0.0f);
-        }
-      if (t == 0) p.arrivals[counter] = 0;
-    }
-#pragma unroll
-    for (int i = 0; i < kBM / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int token = m0 + 8 * i + 2 * c + (e & 1);
-        const long n = n_base + 8 * (e >> 1);
-        if (token < p.M) {
-          float v = acc[4 * i + e];
-          if (p.x_scale != nullptr) v *= p.x_scale[token * p.x_scale_stride];
-          if (p.bias != nullptr) v += load_float<B>(p.bias, long(expert) * p.N + n);
-          store_float<O>(p.out, long(token) * p.out_stride + n, v);
-        }
+    // Two register sets for the dequantized A operand: chunk i + 1 is dequantized into one while the
+    // wgmmas of chunk i read the other (the loop is unrolled by two so that each set is a fixed set of
+    // registers; ptxas serializes wgmmas whose register inputs are written while they are in flight).
+    // Each dequantization sits in its own conditional block: ptxas schedules within a block, and inside
+    // one it would hoist the wgmma wait above the arithmetic, serialising the two again.
+    uint32_t a0[4][4], a1[4][4];
+    int step = 0;  // the pipeline's step, counted over the block's tiles
+    for (int ti = first_tile; ti < tile_end; ti += tile_step) {
+      const int expert = expert_of(ti);
+      if (expert < 0) continue;
+      const int m0 = m_tile_of(ti) * kBM;  // first token of the tile
+      load_dequant(step, a0);
+      for (int i = 0; i < count; i += 2) {
+        issue_mma(step + i, i == 0, a0);
+        if (i + 1 < count) load_dequant(step + i + 1, a1);
+        sm90::wgmma_wait<0>();
+        sm90::mbar_arrive(empty0 + 8 * ((step + i) % kStages));
+        if (i + 1 >= count) break;
+        issue_mma(step + i + 1, false, a1);
+        if (i + 2 < count) load_dequant(step + i + 2, a0);
+        sm90::wgmma_wait<0>();
+        sm90::mbar_arrive(empty0 + 8 * ((step + i + 1) % kStages));
       }
+      step += count;
+      // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).
+      const long n_base = long(n_block_of(ti)) * 128 + tile * 16 + g;  // column of out (row of the expert)
+      if constexpr (kSplitK) {
+#pragma unroll
+        for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int token = m0 + 8 * i + 2 * c + (e & 1);
+            if (token < p.M) red_add_f32(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), acc[4 * i + e]);
+          }
+        __threadfence();  // this thread's adds are visible before the block's arrival below
+        // the flag in dynamic shared memory: a static __shared__ would add a whole 1 KiB-aligned segment
+        volatile int* last = reinterpret_cast<volatile int*>(smem + L::kFlag);
+        sm90::named_barrier_sync(1, 256);  // both consumer warpgroups
+        const int counter = blockIdx.y * gridDim.x + blockIdx.x;
+        if (t == 0) *last = atomicAdd(p.arrivals + counter, 1) == p.splits - 1;
+        sm90::named_barrier_sync(1, 256);
+        if (!*last) return;
+        __threadfence();  // every other block's adds happened before its arrival, which this block saw
+#pragma unroll
+        for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int token = m0 + 8 * i + 2 * c + (e & 1);
+            // atomicExch reads the total at L2, where the adds went, and restores the zero.
+            if (token < p.M) acc[4 * i + e] = atomicExch(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), 0.0f);
+          }
+        if (t == 0) p.arrivals[counter] = 0;
+      }
+#pragma unroll
+      for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int token = m0 + 8 * i + 2 * c + (e & 1);
+          const long n = n_base + 8 * (e >> 1);
+          if (token < p.M) {
+            float v = acc[4 * i + e];
+            if (p.x_scale != nullptr) v *= p.x_scale[token * p.x_scale_stride];
+            if (p.bias != nullptr) v += load_float<B>(p.bias, long(expert) * p.N + n);
+            store_float<O>(p.out, long(token) * p.out_stride + n, v);
+          }
+        }
+    }
   }
 }
 
