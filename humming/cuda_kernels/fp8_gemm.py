@@ -314,4 +314,5 @@ KERNEL = Kernel(
     _run,
     warmup_jobs=_warmup_jobs,
     prepare=lambda qweight, act=None: prepare(qweight),
+    launcher=_launcher,
 )
