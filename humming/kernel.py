@@ -8,12 +8,13 @@ codes for pre-quantized input); a grouped (MoE) kernel takes ``(qweight, act, x,
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Kernel", "always_gathers", "never_gates", "never_gathers", "no_jobs", "no_tuning"]
+__all__ = ["Kernel", "LaunchesByWeight", "always_gathers", "never_gates", "never_gathers", "no_jobs", "no_tuning"]
 
 
 def no_tuning(*args) -> None:
@@ -82,3 +83,25 @@ class Kernel:
     gathers: Callable[..., bool] = never_gathers
     gates: Callable[..., bool] = never_gates
     launcher: Callable[..., Callable] | None = None
+
+
+class LaunchesByWeight:
+    """Prepared launches per weight object (held weakly: they go with it) and kind of call, at most ``keep`` per
+    weight (then they start over: serving sees many M)."""
+
+    def __init__(self, keep: int = 1024) -> None:
+        self.keep = keep
+        self.kinds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get(self, qweight, key, make):
+        """The launch kept for ``qweight`` and ``key``, made by ``make()`` the first time."""
+        kinds = self.kinds.get(qweight)
+        if kinds is None:
+            kinds = self.kinds[qweight] = {}
+        ready = kinds.get(key)
+        if ready is None:
+            ready = make()
+            if len(kinds) >= self.keep:
+                kinds.clear()
+            kinds[key] = ready
+        return ready

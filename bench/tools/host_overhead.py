@@ -200,8 +200,10 @@ def _runs_on_cuda(qw, scheme, x) -> bool:
 
 
 def _moe_layer(experts: int, inter: int, k: int) -> tuple:
-    """``(w13, w2)``: int4 g128 expert weights of random codes, prepared for the CUDA grouped kernels."""
+    """``(w13, w2)``: int4 g128 expert weights of random codes, prepared for the CUDA grouped kernels (w13
+    with its rows in the gated epilogue's order, as fused_moe runs it)."""
     from humming import cuda_kernels
+    from humming.cuda_kernels import _wna16
     from humming.ir.weight import QuantizedWeight
 
     def weight(n, width):
@@ -210,9 +212,10 @@ def _moe_layer(experts: int, inter: int, k: int) -> tuple:
         return QuantizedWeight((experts, n, width), "int4", codes, scales, (1, 128))
 
     layer = weight(2 * inter, k), weight(k, inter)
-    for qw in layer:
-        with contextlib.suppress(ValueError, RuntimeError):
-            cuda_kernels.prepare(qw)
+    with contextlib.suppress(ValueError, RuntimeError):
+        # w13 in the gated epilogue's row order (fused_moe's path), w2 in the plain one
+        _wna16.prepare_gate_up(layer[0], "concat")
+        cuda_kernels.prepare(layer[1])
     return layer
 
 

@@ -315,6 +315,7 @@ def run_grouped_gemm(
     out: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
     gated=None,
+    kept=None,
 ) -> torch.Tensor:
     """Grouped ``x [M_pad, K]`` times the expert-stacked ``prep`` -> ``[M_pad, N]`` of ``out_dtype`` (sm_90a).
 
@@ -323,21 +324,29 @@ def run_grouped_gemm(
     ``rows``: int32 ``[M_pad]`` (contiguous), the token of each grouped row (-1: a padding row, read as
     zeros); ``x`` is then the ``[T, K]`` tokens, read in place by the gathering variant. ``gated``: a
     ``humming.reference.moe_layer.Activation``; ``prep`` then holds w13's rows in gate-up order
-    (:func:`~._layout.gate_up_rows`) and the result is the activation, ``[M_pad, N / 2]``.
+    (:func:`~._layout.gate_up_rows`) and the result is the activation, ``[M_pad, N / 2]``. ``kept``: where
+    the launch made ready for this kind of call is kept, ``kept(key, make) -> GemmLaunch`` (the caller's
+    per-weight store), or ``None`` (made for this call).
     """
     if rows is not None and x.shape[0] == 0:  # no token to read: every grouped row is padding
         x, rows = x.new_zeros(rows.shape[0], x.shape[1]), None
     m = x.shape[0] if rows is None else rows.shape[0]
-    if tuning is None:
-        smem = device_limits(_device_index(x)).smem_per_block
-        tuning = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
-    if block_m % tuning.bm:
-        raise ValueError(f"tuning: the token tile bm={tuning.bm} must divide block_m={block_m}")
     x = aligned_rows(x)
     bias_dtype = None if bias is None else bias.dtype
     device = _device_index(x)
     gather = rows is not None
-    launch = GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
+
+    def make() -> GemmLaunch:
+        chosen = tuning
+        if chosen is None:
+            smem = device_limits(device).smem_per_block
+            chosen = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
+        if block_m % chosen.bm:
+            raise ValueError(f"tuning: the token tile bm={chosen.bm} must divide block_m={block_m}")
+        return GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, chosen, device, block_m, gather, gated)
+
+    key = (m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
+    launch = make() if kept is None else kept(key, make)
     return launch(x, bias, out, expert_ids, rows=rows)
 
 

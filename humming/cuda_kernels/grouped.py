@@ -11,12 +11,15 @@ from __future__ import annotations
 import torch
 
 from ..device import device_info, device_limits
-from ..kernel import Kernel
+from ..kernel import Kernel, LaunchesByWeight
 from . import _gemm_sm90, _wna16, fp8_gemm
 from ._layout import DTYPE_CODE, weight_layout, weight_unsupported
 from ._support import runtime_unavailable
 
 __all__ = ["KERNEL", "gated_unsupported", "grouped_linear", "grouped_unsupported"]
+
+#: The grouped WnA16 GEMM's launches made ready, per weight and kind of call (shape, dtypes, gather, gate).
+_launches = LaunchesByWeight()
 
 
 def grouped_unsupported(qweight, act, x: torch.Tensor, block_m: int) -> str | None:
@@ -79,7 +82,8 @@ def grouped_linear(
     prep = _wna16.prepare(qweight) if gated is None else _wna16.prepare_gate_up(qweight, gated.gate_up_layout)
     rows = None if rows is None else rows.contiguous()
     ids = expert_ids.contiguous()
-    return _gemm_sm90.run_grouped_gemm(prep, x, ids, block_m, bias, out_dtype, rows=rows, gated=gated)
+    kept = lambda key, make: _launches.get(qweight, key, make)
+    return _gemm_sm90.run_grouped_gemm(prep, x, ids, block_m, bias, out_dtype, rows=rows, gated=gated, kept=kept)
 
 
 def gated_unsupported(qweight, activation) -> str | None:

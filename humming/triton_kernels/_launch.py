@@ -15,10 +15,10 @@ Under Triton's interpreter (``TRITON_INTERPRET=1``) nothing is kept: every launc
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from triton.compiler import CompiledKernel
+
+from ..kernel import LaunchesByWeight
 
 __all__ = ["CompiledLaunches", "LaunchesByWeight", "PreparedLaunch"]
 
@@ -72,25 +72,3 @@ class PreparedLaunch:
             args[slot] = tensor
             key += (tensor.dtype, tensor.data_ptr() % 16)
         self.launches.launch(tuple(key), self.grid, tuple(args), self.num_warps, device, **self.options)
-
-
-class LaunchesByWeight:
-    """Prepared launches per weight object (held weakly: they go with it) and kind of call, at most ``keep`` per
-    weight (then they start over: serving sees many M)."""
-
-    def __init__(self, keep: int = 1024) -> None:
-        self.keep = keep
-        self.kinds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    def get(self, qweight, key, make):
-        """The launch kept for ``qweight`` and ``key``, made by ``make()`` the first time."""
-        kinds = self.kinds.get(qweight)
-        if kinds is None:
-            kinds = self.kinds[qweight] = {}
-        ready = kinds.get(key)
-        if ready is None:
-            ready = make()
-            if len(kinds) >= self.keep:
-                kinds.clear()
-            kinds[key] = ready
-        return ready
