@@ -331,6 +331,8 @@ def run_grouped_gemm(
     if rows is not None and x.shape[0] == 0:  # no token to read: every grouped row is padding
         x, rows = x.new_zeros(rows.shape[0], x.shape[1]), None
     m = x.shape[0] if rows is None else rows.shape[0]
+    if tuning is not None and block_m % tuning.bm:
+        raise ValueError(f"tuning: the token tile bm={tuning.bm} must divide block_m={block_m}")
     x = aligned_rows(x)
     bias_dtype = None if bias is None else bias.dtype
     device = _device_index(x)
@@ -341,8 +343,6 @@ def run_grouped_gemm(
         if chosen is None:
             smem = device_limits(device).smem_per_block
             chosen = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
-        if block_m % chosen.bm:
-            raise ValueError(f"tuning: the token tile bm={chosen.bm} must divide block_m={block_m}")
         return GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, chosen, device, block_m, gather, gated)
 
     key = (m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
