@@ -69,6 +69,9 @@ class Kernel:
       out`` that runs what ``run`` runs for every call shaped as ``x`` (dtype, shape, strides, 16-byte
       alignment, device) with a bias of ``bias_dtype`` (``None``: no bias), everything that depends only on
       that shape done once when it is made; ``None`` where the kernel has no such split (``run`` is called).
+      Grouped kernels: ``launcher(x, qweight, act, block_m, m_pad, bias_dtype, out_dtype, tuning, gather,
+      gated)`` -> ``(x, expert_ids, bias, rows) -> out`` for calls of ``m_pad`` grouped rows shaped as ``x``
+      (``gather``: through ``rows``; ``gated``: as ``gates``), or ``None`` for a call it does not split so.
     """
 
     name: str

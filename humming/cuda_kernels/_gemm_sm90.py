@@ -38,6 +38,7 @@ __all__ = [
     "default_grouped_tuning",
     "gemm_spec",
     "gemm_unsupported",
+    "grouped_launch",
     "grouped_unsupported",
     "reserve_gemm_workspace",
     "run_gemm",
@@ -339,15 +340,21 @@ def run_grouped_gemm(
     gather = rows is not None
 
     def make() -> GemmLaunch:
-        chosen = tuning
-        if chosen is None:
-            smem = device_limits(device).smem_per_block
-            chosen = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
-        return GemmLaunch(prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, chosen, device, block_m, gather, gated)
+        return grouped_launch(
+            prep, m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device, block_m, gather, gated
+        )
 
     key = (m, x.dtype, x.stride(0), bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
     launch = make() if kept is None else kept(key, make)
     return launch(x, bias, out, expert_ids, rows=rows)
+
+
+def grouped_launch(prep, m, x_dtype, x_stride, bias_dtype, out_dtype, tuning, device, block_m, gather, gated):
+    """The :class:`GemmLaunch` of a grouped call of ``m`` grouped rows (``tuning`` None: the default one)."""
+    if tuning is None:
+        smem = device_limits(device).smem_per_block
+        tuning = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
+    return GemmLaunch(prep, m, x_dtype, x_stride, bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
 
 
 def _device_index(x: torch.Tensor) -> int:

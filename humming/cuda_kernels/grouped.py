@@ -8,15 +8,17 @@ order for it)."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-from ..device import device_info, device_limits
+from ..device import device_index, device_info, device_limits
 from ..kernel import Kernel, LaunchesByWeight
 from . import _gemm_sm90, _wna16, fp8_gemm
-from ._layout import DTYPE_CODE, weight_layout, weight_unsupported
+from ._layout import DTYPE_CODE, aligned_rows, weight_layout, weight_unsupported
 from ._support import runtime_unavailable
 
-__all__ = ["KERNEL", "gated_unsupported", "grouped_linear", "grouped_unsupported"]
+__all__ = ["KERNEL", "gated_unsupported", "grouped_linear", "grouped_unsupported", "launcher"]
 
 #: The grouped WnA16 GEMM's launches made ready, per weight and kind of call (shape, dtypes, gather, gate).
 _launches = LaunchesByWeight()
@@ -86,6 +88,39 @@ def grouped_linear(
     return _gemm_sm90.run_grouped_gemm(prep, x, ids, block_m, bias, out_dtype, rows=rows, gated=gated, kept=kept)
 
 
+def launcher(x, qweight, act, block_m: int, m_pad: int, bias_dtype, out_dtype, tuning, gather: bool, gated=None):
+    """The grouped WnA16 GEMM's :attr:`humming.kernel.Kernel.launcher`: ``(x, expert_ids, bias, rows) -> out``
+    for every call of :func:`grouped_linear` shaped as this one (``x``'s dtype, shape, strides and alignment,
+    ``m_pad`` grouped rows, gathering or not, gated or not, a bias of ``bias_dtype``), checked once, its launch
+    made ready; ``None`` for activation schemes (the FP8 GEMM: ``run`` is called). ``expert_ids`` and ``rows``
+    contiguous, ``bias`` contiguous or ``None``."""
+    if act is not None:
+        return None
+    reason = grouped_unsupported(qweight, None, x, block_m)
+    if reason is None and gated is not None:
+        reason = gated_unsupported(qweight, gated)
+    if reason is not None:
+        raise ValueError(f"humming CUDA backend: {reason}")
+    if gather and x.shape[0] == 0:  # no token to read: the general path (the weight held weakly, as launches are)
+        weight = weakref.ref(qweight)
+        return lambda x, ids, bias, rows: grouped_linear(x, weight(), ids, block_m, bias, None, out_dtype, rows, gated)
+    prep = _wna16.prepare(qweight) if gated is None else _wna16.prepare_gate_up(qweight, gated.gate_up_layout)
+    if tuning is not None and block_m % tuning.bm:
+        raise ValueError(f"tuning: the token tile bm={tuning.bm} must divide block_m={block_m}")
+    aligned = aligned_rows(x)  # the rows the kernel reads (a copy of unaligned ones)
+    copy, stride, device = aligned is not x, aligned.stride(0), device_index(x.device)
+    kind = (bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
+    make = lambda: _gemm_sm90.grouped_launch(prep, m_pad, x.dtype, stride, *kind)
+    key = (m_pad, x.dtype, stride, *kind)  # run_grouped_gemm's: the calls of both paths share a launch
+    launch = _launches.get(qweight, key, make)
+
+    def run(x, expert_ids, bias, rows):
+        bias = None if bias is None else bias.contiguous()
+        return launch(aligned_rows(x) if copy else x, bias, None, expert_ids, rows=rows)
+
+    return run
+
+
 def gated_unsupported(qweight, activation) -> str | None:
     """``None`` when the grouped WnA16 GEMM, given that it runs the call, applies ``activation`` to w13 =
     ``qweight`` in its epilogue: a gated activation it has, and scales per row or per tensor along N (w13's
@@ -141,4 +176,5 @@ KERNEL = Kernel(
     prepare=lambda qweight, act=None: _wna16.prepare(qweight) if act is None else fp8_gemm.prepare(qweight),
     gathers=lambda qweight, act: act is None,
     gates=lambda qweight, x, activation: gated_unsupported(qweight, activation) is None,
+    launcher=launcher,
 )

@@ -18,7 +18,15 @@ from ..reference.align import padded_rows
 from ._checks import MAX_EXPERTS, check_block_m, check_range, check_topk_ids
 from .routing import BACKENDS
 
-__all__ = ["MoeRouting", "align", "default_block_m", "moe_align", "padded_rows", "triton_unsupported"]
+__all__ = [
+    "MoeRouting",
+    "align",
+    "default_block_m",
+    "moe_align",
+    "padded_rows",
+    "prepare_align",
+    "triton_unsupported",
+]
 
 
 @dataclass(frozen=True)
@@ -98,16 +106,23 @@ def triton_unsupported(topk_ids: torch.Tensor, num_experts: int, backend: str) -
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, backend: str = "auto") -> MoeRouting:
     """:func:`moe_align` once its arguments are checked; slots with ids out of range get no row. ``backend``
     as :func:`moe_align`'s (``HUMMING_BACKEND`` may set ``"auto"``)."""
+    src_slots, expert_ids, num_rows, slot_rows, rows = prepare_align(topk_ids, num_experts, block_m, backend)(topk_ids)
+    rows_topk = 0 if rows is None else topk_ids.shape[1]
+    return MoeRouting(src_slots, expert_ids, block_m, num_rows, slot_rows, rows, rows_topk)
+
+
+def prepare_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, backend: str = "auto"):
+    """:func:`align` made ready for every call of ids with ``topk_ids``' shape, dtype and device (checked):
+    a callable ``ids -> (src_slots, expert_ids, num_rows, slot_rows, rows)`` (the fields of
+    :class:`MoeRouting`; ``rows`` ``None`` where the alignment does not write them)."""
     backend = pass_backend(backend)
     reason = triton_unsupported(topk_ids, num_experts, backend)
     if reason is None:
         kernel = importlib.import_module("humming.triton_kernels.align")
-        src_slots, expert_ids, num_rows, slot_rows, rows = kernel.align(topk_ids, num_experts, block_m)
-        return MoeRouting(src_slots, expert_ids, block_m, num_rows, slot_rows, rows, topk_ids.shape[1])
+        return kernel.PreparedAlign(topk_ids.shape, num_experts, block_m, topk_ids.device)
     if backend == "triton":
         raise ValueError(f"backend: 'triton' cannot run this moe_align call: {reason}")
-    src_slots, expert_ids, num_rows, slot_rows = reference.align(topk_ids, num_experts, block_m)
-    return MoeRouting(src_slots, expert_ids, block_m, num_rows, slot_rows)
+    return lambda ids: (*reference.align(ids, num_experts, block_m), None)
 
 
 def _moe_align_op(topk_ids, num_experts, block_m, backend="auto"):

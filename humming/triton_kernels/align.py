@@ -31,7 +31,17 @@ from . import registry
 from ._launch import CompiledLaunches
 from .interpreter import INTERPRET, sort_distinct
 
-__all__ = ["CHUNK", "MAX_CHUNK", "MAX_CHUNKS", "ONE_PROGRAM_SLOTS", "Layout", "align", "layout", "unsupported"]
+__all__ = [
+    "CHUNK",
+    "MAX_CHUNK",
+    "MAX_CHUNKS",
+    "ONE_PROGRAM_SLOTS",
+    "Layout",
+    "PreparedAlign",
+    "align",
+    "layout",
+    "unsupported",
+]
 
 #: The most slots (``T * topk``) the one-program kernel aligns; more take the three-launch path. Each power of
 #: two up to it is a compiled kernel (a sort network: seconds to compile), so it stays at decode sizes.
@@ -356,38 +366,59 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, block: int | N
     row's token (``src_slots // topk``, -1 for padding rows), for a call :func:`unsupported` accepts (checked
     arguments; ids out of range are dropped). ``block``: force the three-launch path with blocks of that many
     slots (a power of two, at least 16)."""
-    num_slots, topk = topk_ids.numel(), topk_ids.shape[1]
-    dev = topk_ids.device
-    m_pad = padded_rows(num_slots, num_experts, block_m)
-    new = lambda size: torch.empty(size, dtype=torch.int32, device=dev)
-    src_slots, token_rows, expert_ids = new(m_pad), new(m_pad), new(m_pad // block_m)
-    num_rows, slot_rows = new(()), new(num_slots)
-    outputs = src_slots, expert_ids, num_rows, slot_rows, token_rows
-    if num_slots == 0:  # no slot: no row, and no launch
-        for padding in (src_slots, expert_ids, token_rows):
-            padding.fill_(-1)
-        num_rows.zero_()
+    return PreparedAlign(topk_ids.shape, num_experts, block_m, topk_ids.device, block)(topk_ids)
+
+
+class PreparedAlign:
+    """:func:`align` for every call of ``topk_ids`` shaped ``shape`` on ``device`` made ready: the sizes, the
+    layout, the kernels' arguments but the tensors. One allocation per call holds every output and the
+    workspace (each part 16-byte aligned, as the launch keys assume of the outputs)."""
+
+    def __init__(self, shape, num_experts: int, block_m: int, device: torch.device, block: int | None = None) -> None:
+        num_slots, topk = shape[0] * shape[1], shape[1]
+        self.num_slots, self.device = num_slots, device
+        m_pad = padded_rows(num_slots, num_experts, block_m)
+        self.layout = lay = layout(num_slots, num_experts, block) if num_slots else None
+        work = _work_elements(lay, num_experts) if num_slots else 0
+        # src_slots, expert_ids, num_rows, slot_rows, token_rows, work: offsets rounded to 4 int32 (16 bytes)
+        sizes = (m_pad, m_pad // block_m, 1, num_slots, m_pad, work)
+        self.parts, at = [], 0
+        for size in sizes:
+            self.parts.append((at, at + size))
+            at += -(-size // 4) * 4
+        self.elements = at
+        self.key = (device.index, num_experts, block_m, topk, lay)
+        self.constexprs = (num_experts, block_m, topk) + ((lay.block, lay.block_e, _steps(num_experts)) if lay else ())
+
+    def __call__(self, topk_ids: torch.Tensor):
+        """The outputs of :func:`align` for ``topk_ids`` (checked, shaped as this one was made for)."""
+        buffer = torch.empty(self.elements, dtype=torch.int32, device=self.device)
+        src_slots, expert_ids, num_rows, slot_rows, token_rows, work = (buffer[a:b] for a, b in self.parts)
+        num_rows = num_rows[0]
+        outputs = src_slots, expert_ids, num_rows, slot_rows, token_rows
+        lay, num_slots, index = self.layout, self.num_slots, self.device.index
+        if num_slots == 0:  # no slot: no row, and no launch
+            for padding in (src_slots, expert_ids, token_rows):
+                padding.fill_(-1)
+            num_rows.zero_()
+            return outputs
+        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+        # Launch keys: what Triton specializes on besides the constexprs (the sizes are not specialized): the ids'
+        # dtype and 16-byte alignment (the other pointers are 16-byte aligned), and the device.
+        key = (index, ids.dtype, ids.data_ptr() % 16, *self.key[1:])
+        num_experts, block_m, topk = self.constexprs[:3]
+        if lay.blocks == 1:
+            args = (ids, src_slots, token_rows, expert_ids, num_rows, slot_rows, work, num_slots)
+            _one.launch(key, (1, 1, 1), (*args, *self.constexprs), lay.num_warps, index)
+            return outputs
+        grid = (lay.blocks, 1, 1)
+        count_args = (ids, src_slots, token_rows, work, num_slots, num_experts, block_m, lay.block, lay.block_e)
+        _count.launch(key, grid, count_args, lay.num_warps, index)
+        offsets_args = (work, expert_ids, num_rows, num_slots, lay.blocks, num_experts, block_m)
+        _offsets.launch(key, (1, 1, 1), (*offsets_args, lay.block_b, lay.block_e, self.constexprs[-1]), 8, index)
+        scatter_args = (work, src_slots, token_rows, slot_rows, num_experts, topk, lay.block)
+        _scatter_blocks.launch(key, grid, scatter_args, lay.num_warps, index)
         return outputs
-    ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
-    lay = layout(num_slots, num_experts, block)
-    work = new(_work_elements(lay, num_experts))
-    steps = _steps(num_experts)
-    # Launch keys: what Triton specializes on besides the constexprs (the sizes are not specialized): the ids'
-    # dtype and 16-byte alignment (the other pointers are fresh allocations), and the device.
-    key = (dev.index, ids.dtype, ids.data_ptr() % 16, num_experts, block_m, topk, lay)
-    if lay.blocks == 1:
-        args = (ids, src_slots, token_rows, expert_ids, num_rows, slot_rows, work, num_slots)
-        constexprs = (num_experts, block_m, topk, lay.block, lay.block_e, steps)
-        _one.launch(key, (1, 1, 1), (*args, *constexprs), lay.num_warps, dev.index)
-        return outputs
-    grid = (lay.blocks, 1, 1)
-    count_args = (ids, src_slots, token_rows, work, num_slots, num_experts, block_m, lay.block, lay.block_e)
-    _count.launch(key, grid, count_args, lay.num_warps, dev.index)
-    offsets_args = (work, expert_ids, num_rows, num_slots, lay.blocks, num_experts, block_m)
-    _offsets.launch(key, (1, 1, 1), (*offsets_args, lay.block_b, lay.block_e, steps), 8, dev.index)
-    scatter_args = (work, src_slots, token_rows, slot_rows, num_experts, topk, lay.block)
-    _scatter_blocks.launch(key, grid, scatter_args, lay.num_warps, dev.index)
-    return outputs
 
 
 def _compile_specs() -> list[registry.CompileSpec]:
