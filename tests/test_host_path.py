@@ -277,6 +277,20 @@ def test_host_overhead_harness_runs():
         assert int(row[-2]) == 1 + activation_passes, row  # nvfp4: the global scale's absmax pass first
 
 
+def test_host_overhead_harness_runs_fused_moe():
+    """bench/tools/host_overhead.py --moe at a small shape, the faked H200 running fused_moe's prepared call on
+    the CUDA path: four launches (the alignment, w13 with its gated activation, w2, the combine) and four
+    aten ops (the alignment's buffer, both GEMMs' outputs, the result), repeated calls included."""
+    pytest.importorskip("cuda.bindings.driver")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = str(ROOT / "bench/tools/host_overhead.py")
+    command = [sys.executable, script, "--moe", "--iters", "2", "--experts", "8", "--topk", "2", "--moe-inter", "128"]
+    run = subprocess.run([*command, "--moe-k", "256"], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line.split() for line in run.stdout.splitlines() if line.split()[:1] in (["1"], ["16"])]
+    assert [(row[0], row[2], row[3]) for row in rows] == [("1", "4", "4"), ("16", "4", "4")], run.stdout
+
+
 WEIGHTS = {
     "int4-g128": dict(weight="int4", group_size=128),
     "mxfp4": dict(weight="mxfp4"),
@@ -413,3 +427,65 @@ def test_host_h200_benchmark_dry_run():
     assert all(r["eager_us"] > 0 and "error" not in r for r in rows) and rows[1]["compiled_us"] > 0
     row, _ = _host_h200("--only", "int4 x fp8", "--no-moe")
     assert row["name"] == "int4 x fp8" and row["eager_us"] > 0 and row["compiled_us"] > 0 and "error" not in row
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_fused_moe_prepared_calls_hit_miss_and_go_with_their_weights(backend, seed, monkeypatch):
+    """fused_moe and its custom op find a kind of call's prepared call in one lookup per weight: a repeat with
+    fresh tokens and routing is a hit (the same bits as the unprepared path); another T, topk_weights dtype,
+    activation, block_m, expert map or HUMMING_BACKEND is a miss; ids out of range still raise on a hit; a
+    refused call raises and is not kept; the entries go with either weight."""
+    from humming import moe, ops
+    from humming.reference.moe_layer import check_activation
+
+    fused = sys.modules["humming.moe.fused"]
+    made = []
+    make = fused._make_call
+    monkeypatch.setattr(fused, "_make_call", lambda *a: made.append(a[0].shape) or make(*a))
+    e, k, inter, topk = 4, 64, 32, 2
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k), "int4", 32)
+    w2 = humming.quantize(torch.randn(e, k, inter), "int4", 32)
+    dtype = torch.float32 if backend == "reference" else torch.float16
+    tokens = lambda t: (
+        torch.randn(t, k).to(dtype),
+        torch.softmax(torch.randn(t, topk), -1),
+        torch.stack([torch.randperm(e)[:topk] for _ in range(t)]).to(torch.int32),
+    )
+    entries = lambda a, b: len(fused._calls[a][b])
+    out = moe.fused_moe(*tokens(3)[:1], w13, w2, *tokens(3)[1:], backend=backend)
+    x, weights, ids = tokens(3)
+    again = moe.fused_moe(x, w13, w2, weights, ids, backend=backend)
+    op_args = (x, weights, ids, *ops.weight_args(w13), None, *ops.weight_args(w2), None, None)
+    op = torch.ops.humming.fused_moe(*op_args, "silu", None, None, "concat", None, None, None, 0, backend)
+    assert len(made) == 1 and entries(w13, w2) == 1 and not torch.equal(out, again)
+    activation = check_activation("silu", None, None, "concat")
+    unprepared = fused.run_fused_moe(
+        x, w13, None, w2, None, weights, ids, None, activation, None, None, None, None, backend
+    )
+    assert torch.equal(again, unprepared) and torch.equal(op, unprepared) and not again.isnan().any()
+    moe.fused_moe(*tokens(5)[:1], w13, w2, *tokens(5)[1:], backend=backend)  # another T
+    moe.fused_moe(x, w13, w2, weights.bfloat16(), ids, backend=backend)
+    moe.fused_moe(x, w13, w2, weights, ids, activation="gelu", backend=backend)
+    moe.fused_moe(x, w13, w2, weights, ids, block_m=32, backend=backend)
+    moe.fused_moe(x, w13, w2, weights, ids, expert_map=torch.arange(e), backend=backend)
+    monkeypatch.setenv("HUMMING_BACKEND", "reference")
+    moe.fused_moe(x, w13, w2, weights, ids)
+    monkeypatch.delenv("HUMMING_BACKEND")
+    assert len(made) == 7 and entries(w13, w2) == 7
+    moe.fused_moe(x, w13, w2, weights, ids, block_m=32, backend=backend)
+    assert len(made) == 7
+    with pytest.raises(ValueError, match=r"topk_ids: values must lie in \[0, 4\), found 4"):
+        moe.fused_moe(x, w13, w2, weights, ids.clamp(min=2) + 2, backend=backend)  # a kind of call seen before
+    with pytest.raises(ValueError, match="topk_weights: expected shape"):
+        moe.fused_moe(x, w13, w2, weights[:, :1], ids, backend=backend)
+    assert entries(w13, w2) == 7  # a refused call is not kept
+    held, w2_held = len(fused._calls), len(fused._calls[w13])
+    w2_other = humming.quantize(torch.randn(e, k, inter), "int4", 32)
+    moe.fused_moe(x, w13, w2_other, weights, ids, backend=backend)
+    assert len(fused._calls[w13]) == w2_held + 1
+    del w2_other
+    gc.collect()
+    assert len(fused._calls[w13]) == w2_held
+    del w13
+    gc.collect()
+    assert len(fused._calls) == held - 1
