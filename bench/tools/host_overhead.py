@@ -229,15 +229,15 @@ def _count(call) -> tuple[int, int]:
     return launches, sum(v for key, v in COUNTS.items() if key.startswith("aten "))
 
 
-def _moe_rows(args, layer) -> list[dict]:
-    """The rows of ``--moe``: one eager fused_moe call per M."""
+def _moe_rows(args, layer, before: dict) -> list[dict]:
+    """The rows of ``--moe``: one eager fused_moe call per M (``before``: a saved run's rows by M)."""
     from humming import moe
 
     w13, w2 = layer
     rows = []
     print(f"E={args.experts} topk={args.topk} w13 [E, {2 * args.moe_inter}, {args.moe_k}] int4 g128: host us per")
     print("eager fused_moe call (CPU-side, GPU faked)")
-    print(f"{'M':>4} {'us':>8}  launches  aten ops")
+    print(f"{'M':>4} {'us':>8}  launches  aten ops" + ("  | before: us  launches  aten ops" if before else ""))
     for m in (int(v) for v in args.m.split(",")):
         x = torch.randn(m, args.moe_k, dtype=torch.bfloat16)
         ids = torch.stack([torch.randperm(args.experts)[: args.topk] for _ in range(m)]).to(torch.int32)
@@ -247,7 +247,11 @@ def _moe_rows(args, layer) -> list[dict]:
         row = {"combination": "fused_moe int4 g128", "m": m, "backend": "auto", "launches": launches}
         row |= {"aten_ops": aten_ops, "us": round(measure(call, args.iters), 1)}
         rows.append(row)
-        print(f"{m:>4} {row['us']:8.1f}  {launches:>8}  {aten_ops:>8}")
+        line = f"{m:>4} {row['us']:8.1f}  {launches:>8}  {aten_ops:>8}"
+        old = before.get(m)
+        if old:
+            line += f"  | {old['us']:10.1f}  {old['launches']:>8}  {old['aten_ops']:>8}"
+        print(line)
         if args.profile and args.profile in row["combination"]:
             profile = cProfile.Profile()
             profile.runcall(lambda: [call() for _ in range(args.iters)])  # noqa: B023
@@ -286,7 +290,8 @@ def main() -> None:
     if args.moe:
         layer = _moe_layer(args.experts, args.moe_inter, args.moe_k)
         fake_gpu()
-        rows = _moe_rows(args, layer)
+        before = {r["m"]: r for r in json.loads(Path(args.compare).read_text())} if args.compare else {}
+        rows = _moe_rows(args, layer, before)
         if args.save:
             Path(args.save).write_text(json.dumps(rows, indent=1) + "\n")
         return
