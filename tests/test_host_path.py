@@ -489,3 +489,43 @@ def test_fused_moe_prepared_calls_hit_miss_and_go_with_their_weights(backend, se
     del w13
     gc.collect()
     assert len(fused._calls) == held - 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 100])
+def test_fused_moe_prepared_call_then_a_captured_graph(m, seed):
+    """On the GPU, fused_moe's prepared call (the CUDA gated w13 and w2, the Triton alignment and combine) on
+    fresh tokens and routings call after call gives the unprepared path's bits; a CUDA graph captured after
+    those calls replays on new inputs (the prepared call holds no call's tensor)."""
+    from humming import moe
+    from humming.reference.moe_layer import check_activation
+
+    fused = sys.modules["humming.moe.fused"]
+    e, k, inter, topk = 16, 512, 256, 4
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k, device="cuda") * 0.05, "int4", 128)
+    w2 = humming.quantize(torch.randn(e, k, inter, device="cuda") * 0.05, "int4", 128)
+    activation = check_activation("silu", None, None, "concat")
+    unprepared = lambda x, weights, ids: fused.run_fused_moe(
+        x, w13, None, w2, None, weights, ids, None, activation, None, None, None, None, "auto"
+    )
+
+    def inputs():
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        weights = torch.softmax(torch.randn(m, topk, device="cuda"), -1)
+        ids = torch.stack([torch.randperm(e, device="cuda")[:topk] for _ in range(m)]).to(torch.int32)
+        return x, weights, ids
+
+    for _ in range(3):
+        x, weights, ids = inputs()
+        out = moe.fused_moe(x, w13, w2, weights, ids)
+        assert torch.equal(out, unprepared(x, weights, ids)) and not out.isnan().any()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe.fused_moe(x, w13, w2, weights, ids)
+    for _ in range(2):
+        for tensor, fresh in zip((x, weights, ids), inputs()):
+            tensor.copy_(fresh)
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, unprepared(x, weights, ids))
