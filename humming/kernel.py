@@ -64,6 +64,10 @@ class Kernel:
     - ``gates(qweight, x, activation)``: whether the grouped kernel applies fused_moe's gated activation
       (a ``humming.reference.moe_layer.Activation``) to ``w13`` = ``qweight`` in its epilogue for 16-bit
       ``x``; it then runs with ``gated=activation`` and returns ``[M_pad, N / 2]``.
+    - ``launcher(x, qweight, act, bias_dtype, out_dtype, tuning)`` (dense kernels): a callable ``(x, bias) ->
+      out`` that runs what ``run`` runs for every call shaped as ``x`` (dtype, shape, strides, 16-byte
+      alignment, device) with a bias of ``bias_dtype`` (``None``: no bias), everything that depends only on
+      that shape done once when it is made; ``None`` where the kernel has no such split (``run`` is called).
     """
 
     name: str
@@ -77,3 +81,4 @@ class Kernel:
     prepare: Callable[..., object] = lambda qweight, act=None: qweight
     gathers: Callable[..., bool] = never_gathers
     gates: Callable[..., bool] = never_gates
+    launcher: Callable[..., Callable] | None = None

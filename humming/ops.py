@@ -110,9 +110,13 @@ def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, m
     """The weight an op call names: the registered object when the tensors and ``meta`` are its own, else one
     rebuilt (and validated) from the tensors and ``meta`` (no bias: ops take the bias apart)."""
     qw = weight_by_handle(handle)
-    tensors = (qweight, scales, zeros, global_scale, g_idx)
-    if qw is not None and qw.signature == meta and all(map(_same, (qw.qweight, *_fields(qw)), tensors)):
-        return qw
+    if qw is not None and qw.signature == meta:
+        own = qw.qweight is qweight and qw.scales is scales and qw.zeros is zeros and qw.g_idx is g_idx
+        if own and qw.global_scale is global_scale:  # the weight's own tensors, as compiled code passes them
+            return qw
+        tensors = (qweight, scales, zeros, global_scale, g_idx)
+        if all(map(_same, (qw.qweight, *_fields(qw)), tensors)):
+            return qw
     fmt, group_shape, shape = _parse_meta(meta)
     return QuantizedWeight(
         shape=shape,

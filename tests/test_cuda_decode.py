@@ -9,7 +9,8 @@ import torch
 from helpers import assert_rel_close, backend_unsupported, capture, compile_fresh, cubin_tool
 
 import humming
-from humming.cuda_kernels import _decode_launch, _gemm_sm90, _workspace, jit, wna16_decode
+from humming import workspaces
+from humming.cuda_kernels import _decode_launch, _gemm_sm90, jit, wna16_decode
 from humming.cuda_kernels._layout import E2M1_BITS, PreparedWeight, WeightLayout, prepare_weight, weight_layout
 from humming.device import device_limits
 
@@ -546,7 +547,7 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
     from humming import cuda_kernels
 
     monkeypatch.setenv("HUMMING_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(_decode_launch, "WORKSPACES", _workspace.Workspaces())
+    monkeypatch.setattr(_decode_launch, "WORKSPACES", workspaces.Workspaces())
     n, k, m = 1024, 2048, 3
     qw = _quantize(n, k, "uint4-g128-zp", device="cuda")
     w64 = humming.dequantize(qw, torch.float32).double()
@@ -580,7 +581,7 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
 def test_stream_k_capture_without_reserved_workspace_replays_correctly(seed, monkeypatch):
     """torch's recipe (an eager call on a side stream, then capture on another) with no warmup: the capture
     takes a temporary workspace whose zero fill is captured, so every replay starts from zeros."""
-    monkeypatch.setattr(_decode_launch, "WORKSPACES", _workspace.Workspaces())
+    monkeypatch.setattr(_decode_launch, "WORKSPACES", workspaces.Workspaces())
     qw = _quantize(256, 512, "int4-g128", device="cuda")
     prep = prepare_weight(qw)
     x = torch.randn(2, 512, device="cuda", dtype=torch.bfloat16)

@@ -6,9 +6,11 @@ repeated calls with fresh activations on every route, then a CUDA graph captured
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -322,3 +324,92 @@ def test_repeated_calls_then_a_captured_graph(weight, act, backend, m, seed):
         torch.cuda.synchronize()
         ref = humming.linear(x, qw, bias, act=act, backend="reference")
         assert (out.float() - ref.float()).norm() <= 1e-2 * ref.float().norm(), (weight, act, m, seed)
+
+
+def test_prepared_calls_hit_miss_and_go_with_their_weight(seed, monkeypatch):
+    """humming.linear and the custom op find a kind of call's prepared call in one lookup: a repeat with fresh
+    activations is a hit (no new plan, the same bits as the unprepared path); another M, dtype, bias dtype,
+    act, out_dtype or HUMMING_BACKEND is a miss; the entries go with their weight."""
+    from humming import ops
+
+    linear_module = sys.modules["humming.linear"]
+
+    made = []
+    make = linear_module._make_call
+    monkeypatch.setattr(linear_module, "_make_call", lambda *a: made.append(a[0].shape) or make(*a))
+    qw = humming.quantize(torch.randn(32, 64), "int4", 32)
+    bias = torch.randn(32)
+    x = torch.randn(3, 64)
+    out = humming.linear(x, qw, bias)
+    x = torch.randn(3, 64)
+    again = humming.linear(x, qw, bias)
+    op = torch.ops.humming.linear(x, None, None, *ops.weight_args(qw), bias, None, torch.float32, "auto")
+    assert len(made) == 1 and not torch.equal(out, again)
+    unprepared = linear_module.run_linear(x, qw, bias, None, torch.float32, "auto")
+    assert torch.equal(again, unprepared) and torch.equal(op, unprepared)
+    humming.linear(torch.randn(2, 5, 64), qw, bias)  # another shape (rank 3)
+    humming.linear(x.bfloat16(), qw, bias)
+    humming.linear(x, qw, bias.bfloat16())
+    humming.linear(x, qw, bias, act="fp8")
+    humming.linear(x, qw, bias, out_dtype=torch.bfloat16)
+    monkeypatch.setenv("HUMMING_BACKEND", "reference")
+    humming.linear(x, qw, bias)
+    monkeypatch.delenv("HUMMING_BACKEND")
+    assert len(made) == 7 and len(linear_module._calls[qw]) == 7
+    assert humming.linear(torch.randn(2, 5, 64), qw, bias).shape == (2, 5, 32) and len(made) == 7
+    with pytest.raises(ValueError, match="bias: expected a float tensor of shape"):
+        humming.linear(x, qw, torch.randn(31))
+    assert len(linear_module._calls[qw]) == 7  # a refused call is not kept
+    held = len(linear_module._calls)
+    del qw
+    gc.collect()
+    assert len(linear_module._calls) == held - 1
+
+
+def test_triton_split_k_workspace_is_zero_between_calls(seed, monkeypatch):
+    """Split along K, the Triton GEMMs sum in the shared workspace and the last program of each tile writes
+    the output with the bias and leaves the workspace zero: no per-call memset (no ``zeros``) and no finishing
+    pass; the result within the fp32 tolerance of the reference."""
+    from humming.triton_kernels import wna16
+    from humming.triton_kernels.configs import TileConfig
+    from humming.workspaces import WORKSPACES
+
+    qw = humming.quantize(torch.randn(64, 256), "int4", 128, scale_dtype=torch.float16)
+    x = torch.randn(20, 256, dtype=torch.float16)
+    bias = torch.randn(64, dtype=torch.float16)
+    cfg = TileConfig(16, 32, 32, split_k=4, num_stages=1)
+    wna16.linear(x, qw, bias, config=cfg)  # the first call makes the launch and the workspace
+    workspace = WORKSPACES.by_stream[(x.device, None)]
+    workspace.fill_(0)  # other tests' calls may have grown it: the next one must not
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: pytest.fail("a per-call zeros") or zeros(*a, **k))
+    out = wna16.linear(x, qw, bias, config=cfg, out=torch.full((20, 64), float("nan"), dtype=torch.float16))
+    monkeypatch.setattr(torch, "zeros", zeros)
+    reference = x.double() @ humming.dequantize(qw).double().T + bias.double()
+    torch.testing.assert_close(out.double(), reference, rtol=2e-3, atol=2e-2)
+    assert WORKSPACES.by_stream[(x.device, None)] is workspace and not workspace.any()  # sums and counts zero
+    assert torch.equal(wna16.linear(x, qw, bias, config=cfg), out)
+
+
+def _host_h200(*args: str) -> list[dict]:
+    """The rows bench/tools/host_h200.py writes with ``--dry-run --m 1`` and ``args``."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "host.json"
+        script = str(ROOT / "bench/tools/host_h200.py")
+        command = [sys.executable, script, "--dry-run", "--m", "1", "--out", str(out), *args]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(out.read_text())["rows"]
+
+
+def test_host_h200_benchmark_dry_run():
+    """bench/tools/host_h200.py (the GPU host-time benchmark) on the CPU: a linear row (eager and compiled), the
+    torch reference row and a fused_moe row reach the JSON it writes."""
+    rows = _host_h200("--only", "qwen3")
+    assert [(r["name"], r["kind"]) for r in rows] == [
+        ("torch matmul bf16", "reference"),
+        ("fused_moe qwen3-30b-a3b int4 g128", "fused_moe"),
+    ], rows
+    assert all(r["eager_us"] > 0 and "error" not in r for r in rows) and rows[1]["compiled_us"] > 0
+    row, _ = _host_h200("--only", "int4 x fp8", "--no-moe")
+    assert row["name"] == "int4 x fp8" and row["eager_us"] > 0 and row["compiled_us"] > 0 and "error" not in row

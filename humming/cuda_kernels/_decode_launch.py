@@ -21,10 +21,10 @@ import ctypes
 import torch
 
 from ..device import device_index, device_limits
+from ..workspaces import WORKSPACES
 from ._decode_tuning import DecodeTuning, default_tuning
-from ._driver import current_stream, fields, get_kernel
+from ._driver import PackedLaunch, current_stream, fields, get_kernel
 from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
-from ._workspace import WORKSPACES
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
@@ -150,7 +150,7 @@ class DecodeLaunch:
         bias_code = DTYPE_CODE[bias_dtype if bias_dtype is not None else x_dtype]
         spec = decode_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning)
         self.kernel = get_kernel(spec, device)
-        self.prep = prep  # the template holds its tensors' addresses
+        self.prep = prep  # the parameter struct holds its tensors' addresses
         self.m, self.n, self.out_dtype, self.device = m, n, out_dtype, device
         self.torch_device = torch.device("cuda", device)
         self.split = tuning.splits > 1
@@ -163,7 +163,10 @@ class DecodeLaunch:
             self.grid = (blocks, 1, 1)
             self.workspace_words = _workspace_words(m, n, tuning)
         chunks = k // 64
-        self.template = bytes(
+        self.packed = PackedLaunch(
+            self.kernel,
+            self.grid,
+            self.smem,
             _Params(
                 prep.qweight.data_ptr(),
                 None,
@@ -185,7 +188,7 @@ class DecodeLaunch:
                 total_warps,
                 None,
                 0,
-            )
+            ),
         )
 
     def __call__(
@@ -208,19 +211,18 @@ class DecodeLaunch:
         else:
             acc = out
         stream = current_stream(self.device)
-        params = _Params.from_buffer_copy(self.template)
-        params.x = x.data_ptr()
-        params.out = acc.data_ptr()
-        if acc is out:
-            params.out_stride = out.stride(0)
-        if bias is not None:
-            params.bias = bias.data_ptr()
-        if self.workspace_words:
-            sums = WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
-            params.sums, params.arrivals = sums, sums + 4 * m * n
-        if x_scale is not None:
-            params.x_scale, params.x_scale_stride = x_scale_args(x_scale, m)
-        self.kernel.launch(self.grid, self.smem, params, stream)
+        packed = self.packed
+        with packed.lock:
+            params = packed.params
+            params.x = x.data_ptr()
+            params.out = acc.data_ptr()
+            params.out_stride = out.stride(0) if acc is out else n
+            params.bias = None if bias is None else bias.data_ptr()
+            if self.workspace_words:
+                sums = WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
+                params.sums, params.arrivals = sums, sums + 4 * m * n
+            params.x_scale, params.x_scale_stride = (None, 0) if x_scale is None else x_scale_args(x_scale, m)
+            packed(stream)
         if not self.split:
             return result
         if result is None:

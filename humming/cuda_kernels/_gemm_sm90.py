@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..device import device_index, device_limits
-from ._driver import current_stream, fields, get_kernel, tensor_map
+from ..workspaces import WORKSPACES
+from ._driver import PackedLaunch, current_stream, fields, get_kernel, tensor_map
 from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
-from ._workspace import WORKSPACES
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
@@ -377,7 +377,7 @@ class GemmLaunch:
         codes = DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code
         spec = gemm_spec(prep.layout, *codes, tuning, grouped, gather, None if gated is None else gated.name)
         self.kernel = get_kernel(spec, device)
-        self.prep = prep  # the template holds its tensors' addresses
+        self.prep = prep  # the parameter struct holds its tensors' addresses
         self.m, self.out_dtype, self.device = m, out_dtype, device
         self.n = prep.n // 2 if gated is not None else prep.n  # the output's columns
         self.torch_device = torch.device("cuda", device)
@@ -391,7 +391,10 @@ class GemmLaunch:
         self.workspace_words = m * prep.n + self.grid[0] * self.grid[1] if tuning.splits > 1 else 0
         # TMA descriptor of x [M, K]: 64 x bm boxes (128 bytes wide), 128-byte swizzle, zero fill
         self.x_map = tensor_map(x_dtype, m, prep.k, x_stride, 64, tuning.bm) if m and not gather else None
-        self.template = bytes(
+        self.packed = PackedLaunch(
+            self.kernel,
+            self.grid,
+            self.smem,
             _Params(
                 (ctypes.c_uint8 * 128)(),
                 prep.qweight.data_ptr(),
@@ -418,8 +421,9 @@ class GemmLaunch:
                 1.0 if gated is None or gated.alpha is None else gated.alpha,
                 1.0 if gated is None or gated.limit is None else gated.limit,
                 int(gated is not None and gated.gate_up_layout == "interleaved"),
-            )
+            ),
         )
+        self.x_map_address = ctypes.addressof(self.packed.params) + _Params.x_map.offset
 
     def __call__(
         self,
@@ -440,23 +444,22 @@ class GemmLaunch:
             check_out(out, m, n, self.out_dtype)
         if m == 0:
             return out
-        params = _Params.from_buffer_copy(self.template)
-        if self.x_map is None:
-            params.x, params.rows = x.data_ptr(), rows.data_ptr()
-        else:
-            ctypes.memmove(ctypes.addressof(params) + _Params.x_map.offset, self.x_map.encode(x.data_ptr()), 128)
-        params.out, params.out_stride = out.data_ptr(), out.stride(0)
-        if bias is not None:
-            params.bias = bias.data_ptr()
-        if expert_ids is not None:
-            params.expert_ids = expert_ids.data_ptr()
-        if x_scale is not None:
-            params.x_scale, params.x_scale_stride = x_scale_args(x_scale, m)
         stream = current_stream(self.device)
-        if self.workspace_words:
-            sums = WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
-            params.sums, params.arrivals = sums, sums + 4 * m * n
-        self.kernel.launch(self.grid, self.smem, params, stream)
+        packed = self.packed
+        with packed.lock:
+            params = packed.params
+            if self.x_map is None:
+                params.x, params.rows = x.data_ptr(), rows.data_ptr()
+            else:
+                ctypes.memmove(self.x_map_address, self.x_map.encode(x.data_ptr()), 128)
+            params.out, params.out_stride = out.data_ptr(), out.stride(0)
+            params.bias = None if bias is None else bias.data_ptr()
+            params.expert_ids = None if expert_ids is None else expert_ids.data_ptr()
+            params.x_scale, params.x_scale_stride = (None, 0) if x_scale is None else x_scale_args(x_scale, m)
+            if self.workspace_words:
+                sums = WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
+                params.sums, params.arrivals = sums, sums + 4 * m * n
+            packed(stream)
         return out
 
 

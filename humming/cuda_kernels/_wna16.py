@@ -7,6 +7,7 @@ the kernel's epilogue."""
 from __future__ import annotations
 
 import weakref
+from functools import partial
 
 import torch
 
@@ -16,7 +17,7 @@ from ..ir.shard import permute_rows
 from ..kernel import Kernel
 from ._decode_launch import DECODE_CCS
 from ._layout import PreparedWeight, aligned_rows, gate_up_rows, prepare_weight, rows_aligned
-from ._support import runtime_unavailable
+from ._support import cached_launch, runtime_unavailable
 
 __all__ = ["kernel", "launcher", "prepare", "prepare_gate_up", "unsupported", "wna8_weight_unsupported"]
 
@@ -44,9 +45,15 @@ def prepare(qweight, act=None) -> PreparedWeight:
     return prep
 
 
-def kernel(name: str, unsupported, run, tuning, warmup_jobs) -> Kernel:
+def kernel(name: str, unsupported, launch_class, tuning, warmup_jobs) -> Kernel:
     """The dispatcher's object for one of the two WnA16 kernels: the CUDA backend on the fragment layout,
-    ``unsupported`` after the runtime check, prepared by :func:`prepare`."""
+    ``unsupported`` after the runtime check, prepared by :func:`prepare`, launched through ``launch_class``
+    (:func:`launcher`)."""
+    make_launcher = partial(launcher, launch_class)
+
+    def run(x, qweight, bias, act, out_dtype, tuning):
+        return cached_launch(name, make_launcher, x, qweight, bias, act, out_dtype, tuning)
+
     return Kernel(
         name,
         "cuda",
@@ -56,6 +63,7 @@ def kernel(name: str, unsupported, run, tuning, warmup_jobs) -> Kernel:
         tuning=tuning,
         warmup_jobs=warmup_jobs,
         prepare=prepare,
+        launcher=make_launcher,
     )
 
 

@@ -11,8 +11,6 @@ specs and launch live in ``_gemm_sm90``, what it shares with :mod:`.wna16_decode
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 from ..device import device_index, device_info
@@ -34,7 +32,6 @@ from ._gemm_sm90 import (
     run_grouped_gemm,
 )
 from ._layout import weight_unsupported
-from ._support import cached_launch
 
 __all__ = [
     "GEMM_CCS",
@@ -75,10 +72,6 @@ def _tuning(qweight, act, x) -> GemmTuning:
     return default_gemm_tuning(x.shape[0], prep.n, prep.k, prep.layout, device_info(device_index(x.device)).limits)
 
 
-def _run(x, qweight, bias, act, out_dtype, tuning):
-    return cached_launch(KERNEL.name, partial(_wna16.launcher, GemmLaunch), x, qweight, bias, act, out_dtype, tuning)
-
-
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
     from .jit import device_arch
 
@@ -91,4 +84,4 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
 
 
 #: ``cuda.wna16_sm90``: weight-only GEMM for M > 32 on Hopper (and the fp8-values route of integer weights).
-KERNEL = _wna16.kernel("cuda.wna16_sm90", unsupported, _run, _tuning, _warmup_jobs)
+KERNEL = _wna16.kernel("cuda.wna16_sm90", unsupported, GemmLaunch, _tuning, _warmup_jobs)

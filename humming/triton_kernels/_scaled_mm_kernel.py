@@ -96,6 +96,7 @@ def _scaled_mm_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    ws_ptr,
     expert_ptr,
     rows_ptr,
     M,
@@ -117,7 +118,7 @@ def _scaled_mm_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    SPLIT_K: tl.constexpr,  # > 1: program_id(1) takes a slice of K and adds fp32 into a zeroed [M, N] workspace
+    SPLIT_K: tl.constexpr,  # > 1: program_id(1) takes a slice of K, summed in the workspace ws_ptr (store_tile)
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BK == 0: no masks along K
     HAS_BIAS: tl.constexpr,
@@ -257,4 +258,4 @@ def _scaled_mm_kernel(
         acc = acc * tl.load(ags_ptr)
     if WEIGHT.HAS_GS and W_SCALE != "end" and W_SCALE != "promote":
         acc = acc * tl.load(gs_ptr)  # after folded scales: e4m3 only (see _scaled_mm_plan), too small to overflow
-    store_tile(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, GROUPED)
+    store_tile(acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)

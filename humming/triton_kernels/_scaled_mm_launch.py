@@ -8,6 +8,7 @@ import torch
 
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
+from ..workspaces import WORKSPACES
 from . import registry
 from ._launch import LaunchesByWeight, PreparedLaunch
 from ._scaled_mm_kernel import _scaled_mm_kernel
@@ -20,8 +21,8 @@ from ._scaled_mm_plan import (
     grid,
     plan_constexprs,
 )
+from ._tiles import split_k_words
 from ._weight_tile import WeightSpec, kernel_tensors, pointer_types, triton_type, weight_spec
-from .configs import finish_split_k
 from .scaled_mm_configs import ScaledMMConfig
 
 __all__ = ["compile_specs", "kernel_spec", "launch", "launch_codes"]
@@ -93,7 +94,7 @@ _ready = LaunchesByWeight()
 
 #: The kernel's parameters that change between calls of one kind (the weight's codes stand in for an absent
 #: bias, expert ids and rows: never read).
-_PER_CALL = ("a_ptr", "as_ptr", "ags_ptr", "bias_ptr", "out_ptr", "expert_ptr", "rows_ptr")
+_PER_CALL = ("a_ptr", "as_ptr", "ags_ptr", "bias_ptr", "out_ptr", "ws_ptr", "expert_ptr", "rows_ptr")
 
 
 class _Ready:
@@ -135,7 +136,7 @@ class _Ready:
             "stride_qb": t["qw"].stride(-2) * 4,
             "stride_sn": t["s"].stride(-2),
             "stride_zn": t["z"].stride(-2),
-            "stride_om": n if self.split or out is None else out.stride(0),
+            "stride_om": n if out is None else out.stride(0),
             "stride_qe": e_stride("qw", 3),
             "stride_se": e_stride("s", 3),
             "stride_ze": e_stride("z", 3),
@@ -155,6 +156,7 @@ class _Ready:
             "GATHER": rows is not None,
         }
         cfg_grid = grid(cfg, m, n)
+        self.workspace_words = split_k_words(m, n, cfg_grid[0]) if self.split else 0
         self.launch = PreparedLaunch(
             _scaled_mm_kernel, cfg_grid, values, _PER_CALL, cfg.num_warps, num_stages=cfg.num_stages
         )
@@ -167,7 +169,7 @@ class _Ready:
             raise ValueError(
                 f"out: expected [{m}, {n}] {self.out_dtype} with contiguous rows, got {out.shape} {out.dtype}"
             )
-        dest = torch.zeros(m, n, dtype=torch.float32, device=self.device) if self.split else out
+        workspace = WORKSPACES.on(self.workspace_words, self.device) if self.split else out
         stand_in = self.stand_in
         self.launch(
             self.device.index,
@@ -175,12 +177,11 @@ class _Ready:
             a_scales,
             a_scales if global_scale is None else global_scale,
             stand_in if bias is None else bias,
-            dest,
+            out,
+            workspace,
             stand_in if expert_ids is None else expert_ids,
             stand_in if rows is None else rows,
         )
-        if self.split:
-            finish_split_k(dest, out, bias, expert_ids, self.route_bm)
         return out
 
 
@@ -270,7 +271,8 @@ def kernel_spec(
             "as_ptr": a_scale_type,
             "ags_ptr": "*fp32",
             "bias_ptr": "*fp32",
-            "out_ptr": "*fp32" if cfg.split_k > 1 else "*" + triton_type(out_dtype),  # split-K: the fp32 workspace
+            "out_ptr": "*" + triton_type(out_dtype),
+            "ws_ptr": "*i32" if cfg.split_k > 1 else "*" + triton_type(out_dtype),  # no split-K: the output
             "expert_ptr": "*i32",
             "rows_ptr": "*i32",
         },

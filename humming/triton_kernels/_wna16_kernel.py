@@ -45,6 +45,7 @@ def _wna16_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    ws_ptr,
     expert_ptr,
     rows_ptr,
     M,
@@ -106,7 +107,7 @@ def _wna16_kernel(
         w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
         acc = dot(x, tl.trans(cast(w, x.dtype)), acc)
 
-    store_tile(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, GROUPED)
+    store_tile(acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -120,6 +121,7 @@ def _wna16_swap_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    ws_ptr,
     M,
     N,
     K,
@@ -156,7 +158,7 @@ def _wna16_swap_kernel(
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
         w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
         acc = dot(cast(w, x.dtype), tl.trans(x), acc)
-    store_tile(tl.trans(acc), out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, False)
+    store_tile(tl.trans(acc), out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -209,6 +211,7 @@ def _wna16_gemv_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    ws_ptr,
     M,
     N,
     K,
@@ -291,4 +294,4 @@ def _wna16_gemv_kernel(
             w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
             acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
         y = tl.sum(acc, axis=2)
-    store_tile(y, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, False)
+    store_tile(y, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)

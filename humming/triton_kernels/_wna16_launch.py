@@ -8,11 +8,13 @@ import triton
 
 from ..device import KNOWN_LIMITS
 from ..ir.weight import QuantizedWeight
+from ..workspaces import WORKSPACES
 from . import registry
 from ._launch import LaunchesByWeight, PreparedLaunch
+from ._tiles import split_k_words
 from ._weight_tile import kernel_tensors, pointer_types, triton_type, weight_spec
 from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel, _wna16_swap_kernel
-from .configs import TileConfig, finish_split_k
+from .configs import TileConfig
 from .wna16_configs import _BUCKETS, TILED_16, grouped_config, wna16_config
 
 __all__ = ["compile_specs", "kernel_spec", "launch"]
@@ -46,8 +48,8 @@ _ready = LaunchesByWeight()
 class _Ready:
     """One kind of call of the WnA16 kernels with a weight, made ready once: the kernel (tiled, swapped or GEMV), its
     grid, the weight's tensors and every integer and constexpr argument (a :class:`~._launch.PreparedLaunch`).
-    A call allocates the split-K workspace and launches on its pointers (the weight's codes stand in for an
-    absent bias, expert ids and rows: never read)."""
+    A call launches on its pointers and the split-K workspace (the weight's codes stand in for an absent bias,
+    expert ids and rows, the output for the workspace without split-K: never read)."""
 
     def __init__(self, x, qweight, bias, out, cfg: TileConfig, grouped: bool, route_bm: int, rows) -> None:
         m, n, k = out.shape[0], qweight.N, x.shape[1]
@@ -69,7 +71,7 @@ class _Ready:
             "stride_qn": t["qw"].stride(-2),
             "stride_sn": t["s"].stride(-2),
             "stride_zn": t["z"].stride(-2),
-            "stride_om": n if self.split else out.stride(0),
+            "stride_om": out.stride(0),
             "BM": cfg.block_m,
             "BN": cfg.block_n,
             "BK": cfg.block_k,
@@ -78,7 +80,7 @@ class _Ready:
             "EVEN_K": k % cfg.block_k == 0,
             "WEIGHT": weight_spec(qweight),
         }
-        per_call = ("x_ptr", "bias_ptr", "out_ptr")
+        per_call = ("x_ptr", "bias_ptr", "out_ptr", "ws_ptr")
         kernel = _wna16_swap_kernel if cfg.swap else _wna16_gemv_kernel
         if self.tiled:
             e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
@@ -96,17 +98,17 @@ class _Ready:
                 route_bm=route_bm,
             )
         grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+        self.workspace_words = split_k_words(m, n, grid[0]) if self.split else 0
         self.launch = PreparedLaunch(kernel, grid, values, per_call, cfg.num_warps, num_stages=cfg.num_stages)
 
     def __call__(self, x, bias, out, expert_ids, rows) -> torch.Tensor:
-        acc = torch.zeros(self.m, self.n, dtype=torch.float32, device=x.device) if self.split else out
+        device = x.device
+        workspace = WORKSPACES.on(self.workspace_words, device) if self.split else out
         stand_in = self.stand_in
-        tensors = (x, stand_in if bias is None else bias, acc)
+        tensors = (x, stand_in if bias is None else bias, out, workspace)
         if self.tiled:
             tensors += (stand_in if expert_ids is None else expert_ids, stand_in if rows is None else rows)
-        self.launch(x.device.index, *tensors)
-        if self.split:
-            finish_split_k(acc, out, bias, expert_ids, self.route_bm)
+        self.launch(device.index, *tensors)
         return out
 
 
@@ -169,7 +171,8 @@ def kernel_spec(
             **pointer_types(qw),
             "x_ptr": "*" + triton_type(x_dtype),
             "bias_ptr": "*fp32",
-            "out_ptr": "*fp32" if cfg.split_k > 1 else "*" + triton_type(x_dtype),  # split-K: the fp32 workspace
+            "out_ptr": "*" + triton_type(x_dtype),
+            "ws_ptr": "*i32" if cfg.split_k > 1 else "*" + triton_type(x_dtype),  # no split-K: the output
             **({} if narrow else {"expert_ptr": "*i32", "rows_ptr": "*i32"}),
         },
         constexprs={

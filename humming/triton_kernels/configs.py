@@ -1,6 +1,6 @@
 """The tile configuration both Triton GEMMs launch with (:class:`TileConfig`; the WnA16 buckets are in
-:mod:`.wna16_configs`, the scaled GEMM's in :mod:`.scaled_mm_configs`) and what they share to choose and
-finish one: split-K, fitting a tile in shared memory, cutting a dense tile for the grouped (MoE) kernels."""
+:mod:`.wna16_configs`, the scaled GEMM's in :mod:`.scaled_mm_configs`) and what they share to choose one:
+split-K, fitting a tile in shared memory, cutting a dense tile for the grouped (MoE) kernels."""
 
 from __future__ import annotations
 
@@ -9,15 +9,7 @@ from dataclasses import dataclass
 
 from ..device import KNOWN_LIMITS, DeviceLimits
 
-__all__ = [
-    "CAPABILITY_LIMITS",
-    "MIN_GROUPED_BLOCK_M",
-    "TileConfig",
-    "choose_split_k",
-    "finish_split_k",
-    "fit_smem",
-    "grouped_tile",
-]
+__all__ = ["CAPABILITY_LIMITS", "MIN_GROUPED_BLOCK_M", "TileConfig", "choose_split_k", "fit_smem", "grouped_tile"]
 
 #: The smallest tile M of the grouped (MoE) kernels (``tl.dot`` needs M >= 16); tiles divide the routing block.
 MIN_GROUPED_BLOCK_M = 16
@@ -103,15 +95,3 @@ def grouped_tile(cfg: TileConfig, block_m: int, m_pad: int, n: int, k: int, sm_c
     tiles = -(-m_pad // tile_m) * -(-n // cfg.block_n)
     split = choose_split_k(tiles, -(-k // cfg.block_k), sm_count)
     return cfg.replace(block_m=tile_m, split_k=split, dequant_first=False, swap=False)
-
-
-def finish_split_k(workspace, out, bias, expert_ids, route_bm: int) -> None:
-    """Write the fp32 split-K ``workspace`` ``[M, N]`` into ``out``: plus ``bias`` for a dense call (a grouped
-    kernel adds its per-expert bias itself); rows of skipped grouped blocks (expert -1) keep what ``out`` held."""
-    if expert_ids is None:
-        if bias is not None:
-            workspace += bias.to(workspace.dtype)
-        out.copy_(workspace)
-    else:
-        rows = (expert_ids >= 0).repeat_interleave(route_bm)[:, None]
-        out.copy_(workspace.where(rows, out))

@@ -1,6 +1,6 @@
-"""The zero-between-calls fp32 workspaces of the CUDA kernels that sum partial tiles with atomics (the decode
-kernel's stream-K, the sm_90a GEMM's split-K): the last contributor to a tile reads the sums back with
-atomicExch, which leaves zeros, so no call needs a memset."""
+"""The zero-between-calls fp32 workspaces of the kernels that sum partial tiles with atomics (the decode
+kernel's stream-K, the sm_90a GEMM's split-K, the Triton GEMMs' split-K): the last contributor to a tile reads
+the sums back with an atomic exchange, which leaves zeros, so no call needs a memset."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["WORKSPACES", "Workspaces"]
 
 
 class Workspaces:
-    """The stream-K workspaces: one zero-filled int32 buffer per (device, stream) holding ``M * N`` fp32
+    """The workspaces: one zero-filled int32 buffer per (device, stream) holding ``M * N`` fp32
     sums then the arrival counters, plus per device one spare that a stream first seen during CUDA
     graph capture takes (without one, a capture takes a temporary zeroed by a captured memset on every
     replay). A buffer a graph captured is never freed."""
@@ -48,6 +48,18 @@ class Workspaces:
                 self.captured.append(buf)
             return buf
 
+    def on(self, numel: int, device: torch.device) -> torch.Tensor:
+        """:meth:`get` for the current stream of CUDA ``device``; on a CPU ``device`` (Triton's interpreter) one
+        zero-filled buffer per device."""
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            return self.get(numel, index, torch._C._cuda_getCurrentRawStream(index))
+        key = (device, None)
+        buf = self.by_stream.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = self.by_stream[key] = torch.zeros(numel, dtype=torch.int32, device=device)
+        return buf
+
     def reserve(self, numel: int, device: int) -> None:
         stream = torch.cuda.current_stream(device)
         self.get(numel, device, stream.cuda_stream)
@@ -58,5 +70,5 @@ class Workspaces:
                 stream.synchronize()  # zeroed before a capture on another stream uses it
 
 
-#: The process's workspaces, shared by the decode kernel's stream-K and the sm_90a GEMM's split-K.
+#: The process's workspaces, shared by the decode kernel's stream-K, the sm_90a GEMM's and the Triton GEMMs' split-K.
 WORKSPACES = Workspaces()
