@@ -161,19 +161,29 @@ def test_every_wna16_plan_fits(arch: int) -> None:
     assert not over, "\n".join(over)
 
 
-@pytest.mark.parametrize("arch", list(LIMITS), ids=lambda a: f"sm_{a}")
+@pytest.mark.parametrize("arch", list(PLAN_LIMITS), ids=lambda a: f"sm_{a}")
 def test_every_scaled_mm_plan_fits(arch: int) -> None:
-    from humming.triton_kernels.scaled_mm_configs import scaled_mm_config, smem_estimate
+    """Every scaled-GEMM tile of each capability's table fits its shared memory and its register budget (the
+    accumulator words per thread of :data:`~humming.triton_kernels.scaled_mm_configs.ACC_WORDS`)."""
+    from humming.triton_kernels.scaled_mm_configs import ACC_WORDS, scaled_mm_config, smem_estimate
 
-    limit, over = LIMITS[arch], []
+    capability = (arch // 10, arch % 10)
+    limit, over = PLAN_LIMITS[arch], []
+    family = "sm90" if arch == 90 else "mma"
     for operand_bits in (8, 16):
         for weight_bits in range(1, 9):
             for k_step in (0, 16, 32, 128):
                 for fold in (False, True):
-                    for m in M_BUCKETS:
-                        cfg = scaled_mm_config(m, N, K, operand_bits, k_step, weight_bits, SMS, limit, fold)
-                        if smem_estimate(cfg, operand_bits, weight_bits, fold) > limit:
-                            over.append(f"{operand_bits}-bit MMA {weight_bits}-bit w step {k_step} M={m}: {cfg}")
+                    for accumulators, decodes in ((1, False), (2, False), (1, True), (2, True)):
+                        per_tile, total = ACC_WORDS[family][decodes]
+                        for m in M_BUCKETS:
+                            args = (m, N, K, operand_bits, k_step, weight_bits, SMS, limit, fold, capability)
+                            cfg = scaled_mm_config(*args, accumulators, decodes)
+                            words = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
+                            if smem_estimate(cfg, operand_bits, weight_bits, fold) > limit:
+                                over.append(f"{operand_bits}-bit MMA {weight_bits}-bit w step {k_step} M={m}: {cfg}")
+                            if cfg.block_m >= 64 and (words > per_tile or words * accumulators > total):
+                                over.append(f"registers: {accumulators} x {words} words, M={m}: {cfg}")
     assert not over, "\n".join(over)
 
 

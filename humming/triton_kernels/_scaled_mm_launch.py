@@ -194,7 +194,7 @@ def compile_specs() -> list[registry.CompileSpec]:
     """Representative specialisations for the all-architecture compile check: each plan kind (int8, e4m3,
     fp16 / bf16 folds and promotions, the pre-Ampere fp32 fallback) at small- and large-M tiles."""
     from ..ir.quantize import quantize
-    from .scaled_mm_configs import _BUCKETS_8BIT, _BUCKETS_16BIT
+    from .scaled_mm_configs import buckets, fit_registers
 
     w = torch.ones(256, 512)
     cases = (  # label, weight, act, capability the plan is made for, oldest arch, output dtype
@@ -232,9 +232,11 @@ def compile_specs() -> list[registry.CompileSpec]:
     for label, qw, act, capability, min_arch, out_dtype in cases:
         scheme = get_act_scheme(act)
         plan = compute_plan(qw, scheme, act_group_k(scheme), capability)
-        buckets = _BUCKETS_8BIT if plan.operand_bits == 8 else _BUCKETS_16BIT
+        table = buckets(plan.operand_bits, capability)
         gather = label.startswith("grouped-gather-")
-        for cfg in (buckets[0][1].replace(split_k=4), buckets[-1][1]):  # small M: the split-K epilogue
+        decodes = qw.bits != 8 or qw.zeros is not None
+        large = fit_registers(table[-1][1], capability, plan.accumulators(capability), decodes)
+        for cfg in (table[0][1].replace(split_k=4), large):  # small M: the split-K epilogue
             if plan.k_step:
                 cfg = cfg.replace(block_k=min(cfg.block_k, plan.k_step))
             specs.append(kernel_spec(f"{label}-{act}", qw, scheme, plan, out_dtype, cfg, min_arch, gather))

@@ -7,10 +7,24 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["MIN_GROUPED_BLOCK_M", "TileConfig", "choose_split_k", "fit_smem", "grouped_tile"]
+from ..device import KNOWN_LIMITS, DeviceLimits
+
+__all__ = ["CAPABILITY_LIMITS", "MIN_GROUPED_BLOCK_M", "TileConfig", "choose_split_k", "fit_smem", "grouped_tile"]
 
 #: The smallest tile M of the grouped (MoE) kernels (``tl.dot`` needs M >= 16); tiles divide the routing block.
 MIN_GROUPED_BLOCK_M = 16
+
+
+#: The limits of a representative GPU of each capability the Triton path serves (A100, A10 / RTX 3090, L40S,
+#: H200): what the plan checks (tests/test_triton_smem.py) and the SASS reader (bench/tools/triton_gemm_sass.py)
+#: choose tiles for without the device at hand. Every capability also has 64K 32-bit registers per
+#: multiprocessor and at most 255 per thread (the compiled kernels' ``n_regs`` and ``n_spills`` are checked).
+CAPABILITY_LIMITS = {
+    (8, 0): DeviceLimits(sm_count=108, smem_per_block=166912, smem_per_sm=167936),
+    (8, 6): DeviceLimits(sm_count=84, smem_per_block=101376, smem_per_sm=102400),
+    (8, 9): DeviceLimits(sm_count=142, smem_per_block=101376, smem_per_sm=102400),
+    (9, 0): KNOWN_LIMITS["NVIDIA H200"],
+}
 
 
 @dataclass(frozen=True)
