@@ -4,6 +4,7 @@ as ``helpers``: pytest's rootdir-relative imports put tests/ on sys.path."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import re
 import shutil
@@ -49,15 +50,21 @@ def cuda_tool(name: str) -> str | None:
     return shutil.which(name)
 
 
+_TOOL_OUTPUTS: dict = {}  # (tool, args, sha256 of the cubin) -> stdout: several tests read one kernel's SASS
+
+
 def cubin_tool(tool_name: str, args: list[str], kernel: jit.CompiledKernel, tmp_path) -> str:
-    """The standard output of ``tool_name args`` on ``kernel``'s cubin (written under ``tmp_path``); skips
-    the test when the tool is not found."""
+    """The standard output of ``tool_name args`` on ``kernel``'s cubin (written under ``tmp_path``), run once
+    per cubin and arguments in the test session; skips the test when the tool is not found."""
     tool = cuda_tool(tool_name)
     if tool is None:
         pytest.skip(f"{tool_name} not found (neither in triton's package nor on PATH)")
-    path = tmp_path / f"{kernel.spec.name}-{kernel.arch}.cubin"
-    path.write_bytes(kernel.cubin)
-    return subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True).stdout
+    key = (tool_name, tuple(args), hashlib.sha256(kernel.cubin).hexdigest())
+    if key not in _TOOL_OUTPUTS:
+        path = tmp_path / f"{kernel.spec.name}-{kernel.arch}.cubin"
+        path.write_bytes(kernel.cubin)
+        _TOOL_OUTPUTS[key] = subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True).stdout
+    return _TOOL_OUTPUTS[key]
 
 
 def backend_unsupported(qweight, act, x: torch.Tensor, backend: str) -> str | None:

@@ -119,11 +119,16 @@ def measure(name: str, kind: str, m: int, call, compiled_call, args, device) -> 
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}
 
 
+def selected(name: str, args) -> bool:
+    """Whether row ``name`` is measured: ``--only`` is a comma-separated list of substrings, one must match."""
+    return not args.only or any(part in name for part in args.only.split(","))
+
+
 def linear_rows(args, device) -> list[dict]:
     rows = []
     w = torch.randn(args.n, args.k, device=device) * 0.05
     for name, qargs, act in FORMATS:
-        if args.only and args.only not in name:
+        if not selected(name, args):
             continue
         qw = humming.quantize(w, **qargs)
         fn = lambda x, qw=qw, act=act: humming.linear(x, qw, act=act)
@@ -182,7 +187,7 @@ def moe_rows(args, device) -> list[dict]:
     for preset, fmt in MOE:
         model = MODELS[preset]
         name = f"fused_moe {preset} {fmt}"
-        if args.only and args.only not in name:
+        if not selected(name, args):
             continue
         experts, hidden, inter = (4, 256, 128) if args.dry_run else (model.experts, model.hidden, model.inter)
         topk = min(model.topk, experts)
@@ -225,7 +230,7 @@ def main(argv=None) -> None:
     parser.add_argument("--iters", type=int, default=200, help="calls per timed round (far below the queue depth)")
     parser.add_argument("--graph-calls", type=int, default=20, help="calls captured in one CUDA graph")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", metavar="NAME", help="the rows whose name holds this substring")
+    parser.add_argument("--only", metavar="NAMES", help="the rows whose name holds one of these (comma-separated)")
     parser.add_argument("--no-moe", action="store_true", help="the linear rows only")
     parser.add_argument("--out", default=str(ROOT / "bench/results/h200/host.json"))
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: every code path, no GPU")
