@@ -104,9 +104,11 @@ def test_gemm_through_linear_and_graph_capture(seed):
 def test_split_k_workspace_is_zero_between_calls_and_in_a_graph(seed):
     """Split-K sums into a workspace that the last block of each tile reads back as zeros: a second call (of
     another M on the same stream), and CUDA graph replays on fresh inputs, see none of the earlier sums."""
-    qw = humming.quantize(torch.randn(1024, 4096, device="cuda") * 0.05, weight="int4", group_size=128)
+    w = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16) * 0.05
+    qw = humming.quantize(w, weight="int4", group_size=128)  # bf16 scales, as the kernel multiplies them
     prep = prepare_weight(qw)
-    # the weights as the kernel multiplies them (rounded once to bf16): what is left is the fp32 summation order
+    # the weights as the kernel multiplies them ((code - 8) * scale rounded once to bf16): what is left is the
+    # fp32 summation order
     wref = humming.dequantize(qw, torch.bfloat16).float()
     tuning = _gemm_sm90.GemmTuning(64, 8, 2, 4)
     for m in (100, 37, 100):

@@ -79,17 +79,23 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, backend
     torch definition of :mod:`humming.reference.align` elsewhere), ``"reference"`` or ``"triton"``; the
     results are the same bit for bit.
     """
+    block_m = _check_arguments(topk_ids, num_experts, block_m, backend)
+    if not ops.eager(topk_ids):
+        tensors = torch.ops.humming.moe_align(topk_ids, num_experts, block_m, backend)
+        return MoeRouting(tensors[0], tensors[1], block_m, tensors[2], tensors[3])
+    check_range("topk_ids", topk_ids, 0, num_experts)
+    return align(topk_ids, num_experts, block_m, backend)
+
+
+def _check_arguments(topk_ids: torch.Tensor, num_experts: int, block_m: int, backend: str) -> int:
+    """:func:`moe_align`'s argument checks but the ids' range (which reads them); returns ``block_m``."""
     check_topk_ids(topk_ids)
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or not 0 < num_experts <= MAX_EXPERTS:
         raise ValueError(f"num_experts: expected a positive int up to {MAX_EXPERTS}, got {num_experts!r}")
     block_m = check_block_m(block_m)
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    if ops.eager(topk_ids):
-        check_range("topk_ids", topk_ids, 0, num_experts)
-        return align(topk_ids, num_experts, block_m, backend)
-    tensors = torch.ops.humming.moe_align(topk_ids, num_experts, block_m, backend)
-    return MoeRouting(tensors[0], tensors[1], block_m, tensors[2], tensors[3])
+    return block_m
 
 
 def triton_unsupported(topk_ids: torch.Tensor, num_experts: int, backend: str) -> str | None:
@@ -103,30 +109,38 @@ def triton_unsupported(topk_ids: torch.Tensor, num_experts: int, backend: str) -
     return reason
 
 
-def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, backend: str = "auto") -> MoeRouting:
+def align(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, backend: str = "auto", separate: bool = False
+) -> MoeRouting:
     """:func:`moe_align` once its arguments are checked; slots with ids out of range get no row. ``backend``
-    as :func:`moe_align`'s (``HUMMING_BACKEND`` may set ``"auto"``)."""
-    src_slots, expert_ids, num_rows, slot_rows, rows = prepare_align(topk_ids, num_experts, block_m, backend)(topk_ids)
+    as :func:`moe_align`'s (``HUMMING_BACKEND`` may set ``"auto"``); ``separate`` as :func:`prepare_align`'s."""
+    prepared = prepare_align(topk_ids, num_experts, block_m, backend, separate)
+    src_slots, expert_ids, num_rows, slot_rows, rows = prepared(topk_ids)
     rows_topk = 0 if rows is None else topk_ids.shape[1]
     return MoeRouting(src_slots, expert_ids, block_m, num_rows, slot_rows, rows, rows_topk)
 
 
-def prepare_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, backend: str = "auto"):
+def prepare_align(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, backend: str = "auto", separate: bool = False
+):
     """:func:`align` made ready for every call of ids with ``topk_ids``' shape, dtype and device (checked):
     a callable ``ids -> (src_slots, expert_ids, num_rows, slot_rows, rows)`` (the fields of
-    :class:`MoeRouting`; ``rows`` ``None`` where the alignment does not write them)."""
+    :class:`MoeRouting`; ``rows`` ``None`` where the alignment does not write them). The Triton outputs
+    share one allocation unless ``separate``."""
     backend = pass_backend(backend)
     reason = triton_unsupported(topk_ids, num_experts, backend)
     if reason is None:
         kernel = importlib.import_module("humming.triton_kernels.align")
-        return kernel.PreparedAlign(topk_ids.shape, num_experts, block_m, topk_ids.device)
+        return kernel.PreparedAlign(topk_ids.shape, num_experts, block_m, topk_ids.device, separate=separate)
     if backend == "triton":
         raise ValueError(f"backend: 'triton' cannot run this moe_align call: {reason}")
     return lambda ids: (*reference.align(ids, num_experts, block_m), None)
 
 
 def _moe_align_op(topk_ids, num_experts, block_m, backend="auto"):
-    r = moe_align(topk_ids, num_experts, block_m, backend=backend)  # eager here: every argument checked
+    block_m = _check_arguments(topk_ids, num_experts, block_m, backend)
+    check_range("topk_ids", topk_ids, 0, num_experts)
+    r = align(topk_ids, num_experts, block_m, backend, separate=True)  # a custom op's outputs may not alias
     return r.src_slots, r.expert_ids, r.num_rows, r.slot_rows
 
 

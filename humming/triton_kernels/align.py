@@ -372,11 +372,20 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, block: int | N
 class PreparedAlign:
     """:func:`align` for every call of ``topk_ids`` shaped ``shape`` on ``device`` made ready: the sizes, the
     layout, the kernels' arguments but the tensors. One allocation per call holds every output and the
-    workspace (each part 16-byte aligned, as the launch keys assume of the outputs)."""
+    workspace (each part 16-byte aligned, as the launch keys assume of the outputs); ``separate``: one per
+    output instead, for callers whose outputs must not alias one another (a custom op's, under compile)."""
 
-    def __init__(self, shape, num_experts: int, block_m: int, device: torch.device, block: int | None = None) -> None:
+    def __init__(
+        self,
+        shape,
+        num_experts: int,
+        block_m: int,
+        device: torch.device,
+        block: int | None = None,
+        separate: bool = False,
+    ) -> None:
         num_slots, topk = shape[0] * shape[1], shape[1]
-        self.num_slots, self.device = num_slots, device
+        self.num_slots, self.device, self.separate = num_slots, device, separate
         m_pad = padded_rows(num_slots, num_experts, block_m)
         self.layout = lay = layout(num_slots, num_experts, block) if num_slots else None
         work = _work_elements(lay, num_experts) if num_slots else 0
@@ -392,8 +401,12 @@ class PreparedAlign:
 
     def __call__(self, topk_ids: torch.Tensor):
         """The outputs of :func:`align` for ``topk_ids`` (checked, shaped as this one was made for)."""
-        buffer = torch.empty(self.elements, dtype=torch.int32, device=self.device)
-        src_slots, expert_ids, num_rows, slot_rows, token_rows, work = (buffer[a:b] for a, b in self.parts)
+        if self.separate:
+            empty = lambda size: torch.empty(size, dtype=torch.int32, device=self.device)
+            src_slots, expert_ids, num_rows, slot_rows, token_rows, work = (empty(b - a) for a, b in self.parts)
+        else:
+            buffer = torch.empty(self.elements, dtype=torch.int32, device=self.device)
+            src_slots, expert_ids, num_rows, slot_rows, token_rows, work = (buffer[a:b] for a, b in self.parts)
         num_rows = num_rows[0]
         outputs = src_slots, expert_ids, num_rows, slot_rows, token_rows
         lay, num_slots, index = self.layout, self.num_slots, self.device.index

@@ -152,6 +152,17 @@ def test_triton_align_matches_reference(monkeypatch, t, topk, e, block_m, block,
     _assert_bit_equal(got, reference.align(ids, e, block_m), topk, f"seed {seed}")
 
 
+def test_moe_align_op_outputs_do_not_alias(seed, device) -> None:
+    """torch.compile refuses a custom op whose outputs alias one another: the op's outputs are separate
+    tensors (eager moe_align's share one allocation) holding the eager values."""
+    ids = random_routing(33, 4, 8, device, 0)
+    outputs = torch.ops.humming.moe_align(ids, 8, 16, "triton")
+    assert len({o.untyped_storage().data_ptr() for o in outputs}) == len(outputs) == 4
+    r = moe.moe_align(ids, 8, 16, backend="triton")
+    for got, want in zip(outputs, (r.src_slots, r.expert_ids, r.num_rows, r.slot_rows), strict=True):
+        assert torch.equal(got, want), f"seed {seed}"
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
 @pytest.mark.parametrize("block", [None, 16])
 def test_triton_align_drops_out_of_range_ids(monkeypatch, dtype, block, seed, device) -> None:
