@@ -138,12 +138,19 @@ __device__ __forceinline__ void run(const Params& p) {
   const int wg = threadIdx.x / 128;
   const int n_blocks = p.N / 128, m_tiles = (p.M + kBM - 1) / kBM;
   // The block's tiles: (blockIdx.x, blockIdx.y), or with kPersistent tiles blockIdx.x, + gridDim.x, ... of
-  // the n_blocks * m_tiles in (n block, m tile) order, so that the tiles of one weight block run together.
+  // the n_blocks * m_tiles. Dense: in (n block, m tile) order, so that the tiles of one weight block run
+  // together. Grouped: in (m tile, n block) order: the routing's used segments come first (moe_align pads
+  // at the end), so a decode call's few used tiles fall one per block rather than several on the blocks
+  // whose strides they happen to share; the tiles of one segment still run together.
   const int first_tile = kPersistent ? int(blockIdx.x) : 0;
   const int tile_end = kPersistent ? n_blocks * m_tiles : 1;
   const int tile_step = kPersistent ? int(gridDim.x) : 1;
-  auto n_block_of = [&](int t) { return kPersistent ? t / m_tiles : int(blockIdx.x); };
-  auto m_tile_of = [&](int t) { return kPersistent ? t % m_tiles : int(blockIdx.y); };
+  auto n_block_of = [&](int t) {
+    return !kPersistent ? int(blockIdx.x) : kGrouped ? t % n_blocks : t / m_tiles;
+  };
+  auto m_tile_of = [&](int t) {
+    return !kPersistent ? int(blockIdx.y) : kGrouped ? t / n_blocks : t % m_tiles;
+  };
   // The expert of a tile's rows (-1: an unused segment, skipped by every thread alike).
   auto expert_of = [&](int t) { return kGrouped ? p.expert_ids[m_tile_of(t) * kBM / p.block_m] : 0; };
   if (!kPersistent && expert_of(0) < 0) return;  // the whole block: before any barrier
