@@ -75,19 +75,33 @@ _VARIABLES: dict[str, tuple[Callable[[str], object], object]] = {
     "HUMMING_KERNELS_SITE": (_folder, None),
     "TRITON_INTERPRET": (_flag, False),
 }
-_parsed: dict[tuple[str, str], object] = {}  # (name, raw value) -> parsed value (values of path readers vary)
+_parsed: dict[tuple[str, object], object] = {}  # (name, raw value) -> parsed value (values of path readers vary)
+_ENVIRON = os.environ
+_ENCODED = {name: _ENVIRON.encodekey(name) for name in _VARIABLES} if hasattr(_ENVIRON, "encodekey") else {}
+
+
+def _raw(name: str):
+    """``name``'s value as ``os.environ`` holds it: ``os.environ.get`` without its key encoding and value
+    decoding (a microsecond on every call of a hot path), the encoded value as it is stored. ``os.environ``
+    replaced by another mapping is read through ``get``."""
+    environ = os.environ
+    if environ is _ENVIRON and _ENCODED:
+        return environ._data.get(_ENCODED[name])
+    return environ.get(name)
 
 
 def env(name: str):
     """The parsed value of environment variable ``name`` (one of the table in the module docstring), or its
     default when unset or empty; ``ValueError`` naming ``name`` for a value it does not take."""
     parse, default = _VARIABLES[name]
-    raw = os.environ.get(name)
+    raw = _raw(name)
     if not raw:
         return default
     key = (name, raw)
     if key in _parsed:
         return _parsed[key]
+    if not isinstance(raw, str):
+        raw = _ENVIRON.decodevalue(raw)
     try:
         value = parse(raw)
     except ValueError as err:

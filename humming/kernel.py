@@ -8,12 +8,13 @@ codes for pre-quantized input); a grouped (MoE) kernel takes ``(qweight, act, x,
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Kernel", "no_jobs", "no_tuning"]
+__all__ = ["Kernel", "LaunchesByWeight", "always_gathers", "never_gates", "never_gathers", "no_jobs", "no_tuning"]
 
 
 def no_tuning(*args) -> None:
@@ -24,6 +25,21 @@ def no_tuning(*args) -> None:
 def no_jobs(*args, **kwargs) -> list:
     """The ahead-of-time compile jobs of a kernel that compiles nothing through NVRTC."""
     return []
+
+
+def never_gathers(qweight, act) -> bool:
+    """The ``gathers`` of a kernel that reads grouped rows only (and of every dense kernel)."""
+    return False
+
+
+def never_gates(qweight, x, activation) -> bool:
+    """The ``gates`` of a kernel without a fused gated activation (every dense kernel, most grouped ones)."""
+    return False
+
+
+def always_gathers(qweight, act) -> bool:
+    """The ``gathers`` of a grouped kernel that reads token rows through an index for every call it runs."""
+    return True
 
 
 @dataclass(frozen=True)
@@ -43,8 +59,19 @@ class Kernel:
       arch)`` NVRTC jobs a call of ``m`` rows compiles (``humming.warmup`` compiles them in parallel first).
     - ``layout`` names the prepared weight layout the kernel reads (``"ir"``: the QuantizedWeight as it is)
       and ``prepare(qweight, act)`` makes it for activation scheme ``act`` (``None``: 16-bit).
-    - ``gathers``: a grouped kernel that reads token rows through an index (``humming.moe.grouped_linear``'s
-      ``rows``); the caller copies the rows into grouped order for the others.
+    - ``gathers(qweight, act)``: whether the grouped kernel reads token rows through an index for this
+      weight and activation scheme (``humming.moe.grouped_linear``'s ``rows``); where it does not, the caller
+      copies the rows into grouped order.
+    - ``gates(qweight, x, activation)``: whether the grouped kernel applies fused_moe's gated activation
+      (a ``humming.reference.moe_layer.Activation``) to ``w13`` = ``qweight`` in its epilogue for 16-bit
+      ``x``; it then runs with ``gated=activation`` and returns ``[M_pad, N / 2]``.
+    - ``launcher(x, qweight, act, bias_dtype, out_dtype, tuning)`` (dense kernels): a callable ``(x, bias) ->
+      out`` that runs what ``run`` runs for every call shaped as ``x`` (dtype, shape, strides, 16-byte
+      alignment, device) with a bias of ``bias_dtype`` (``None``: no bias), everything that depends only on
+      that shape done once when it is made; ``None`` where the kernel has no such split (``run`` is called).
+      Grouped kernels: ``launcher(x, qweight, act, block_m, m_pad, bias_dtype, out_dtype, tuning, gather,
+      gated)`` -> ``(x, expert_ids, bias, rows) -> out`` for calls of ``m_pad`` grouped rows shaped as ``x``
+      (``gather``: through ``rows``; ``gated``: as ``gates``), or ``None`` for a call it does not split so.
     """
 
     name: str
@@ -56,4 +83,28 @@ class Kernel:
     deterministic_tuning: Callable[..., object] | None = None
     warmup_jobs: Callable[..., list] = no_jobs
     prepare: Callable[..., object] = lambda qweight, act=None: qweight
-    gathers: bool = False
+    gathers: Callable[..., bool] = never_gathers
+    gates: Callable[..., bool] = never_gates
+    launcher: Callable[..., Callable] | None = None
+
+
+class LaunchesByWeight:
+    """Prepared launches per weight object (held weakly: they go with it) and kind of call, at most ``keep`` per
+    weight (then they start over: serving sees many M)."""
+
+    def __init__(self, keep: int = 1024) -> None:
+        self.keep = keep
+        self.kinds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get(self, qweight, key, make):
+        """The launch kept for ``qweight`` and ``key``, made by ``make()`` the first time."""
+        kinds = self.kinds.get(qweight)
+        if kinds is None:
+            kinds = self.kinds[qweight] = {}
+        ready = kinds.get(key)
+        if ready is None:
+            ready = make()
+            if len(kinds) >= self.keep:
+                kinds.clear()
+            kinds[key] = ready
+        return ready

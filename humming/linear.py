@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import weakref
+from functools import partial
+
 import torch
 
 from . import ops
+from ._env import env
 from .cuda_kernels.jit import KernelNotReadyError
+from .deterministic import is_deterministic
 from .dispatch.kernels import DENSE_KERNELS
 from .dispatch.plan import plan_linear, unwarmed_error
 from .dispatch.support import combination_error
@@ -43,7 +48,12 @@ def linear(
     """
     if not isinstance(qweight, QuantizedWeight):
         raise ValueError(f"qweight: expected a humming.QuantizedWeight, got {type(qweight).__name__}")
-    x2d, act, bias, out_dtype = _checked(x, qweight, qweight.bias if bias is None else bias, act, out_dtype)
+    if bias is None:
+        bias = qweight.bias
+    if type(x) is torch.Tensor and not torch.compiler.is_compiling():
+        call = _prepared_call(x, qweight, bias, act, out_dtype, backend)
+        return call(x, bias)
+    x2d, act, bias, out_dtype = _checked(x, qweight, bias, act, out_dtype)
     prequantized = isinstance(x, QuantizedActivation)
     x_data = x.codes if prequantized else x
     if ops.eager(x_data):
@@ -109,6 +119,89 @@ def _checked(x, qweight: QuantizedWeight, bias, act, out_dtype):
     return x2d, act, bias, out_dtype
 
 
+#: Prepared calls kept per weight (held weakly: they go with it), at most this many: then they start over.
+_MAX_CALLS = 64
+_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {call key: prepared call}
+
+
+def _prepared_call(x: torch.Tensor, qweight: QuantizedWeight, bias, act, out_dtype, backend: str):
+    """The callable ``(x, bias) -> out`` that runs ``linear(x, qweight, bias, act=act, out_dtype=out_dtype,
+    backend=backend)`` (``bias`` as the call passes it: the weight's own already in) for a 16-bit ``x``,
+    found in one lookup per weight and kind of call: ``x``'s dtype, shape, strides, 16-byte alignment and
+    device, the bias's dtype, shape, strides and device, ``act``, ``out_dtype``, the backend it resolves to and
+    the deterministic mode. Everything that depends only on those (argument checks, the plan, the kernel's
+    launcher) is done when a kind of call is first seen; a kind the checks refuse raises, and is not kept."""
+    if bias is None:
+        bias_key = None
+    elif type(bias) is torch.Tensor:
+        bias_key = (bias.dtype, bias.shape, bias.stride(), bias.device)
+    else:
+        bias_key = bias  # not a tensor: the checks name it
+    requested = env("HUMMING_BACKEND") if backend == "auto" else backend
+    if out_dtype is None:  # x's dtype: the op's calls (which name it) and linear's share an entry
+        out_dtype = x.dtype
+    key = (x.dtype, x.shape, x.stride(), x.data_ptr() % 16 == 0, x.device, bias_key, act, out_dtype, requested)
+    key += (is_deterministic(),)
+    calls = _calls.get(qweight)
+    try:
+        call = None if calls is None else calls.get(key)
+    except TypeError:  # an unhashable argument: the checks name it
+        call = key = None
+    if call is None:
+        call = _make_call(x, qweight, bias, act, out_dtype, backend)
+        if key is not None and x.numel():
+            if calls is None:
+                calls = _calls[qweight] = {}
+            if len(calls) >= _MAX_CALLS:
+                calls.clear()
+            calls[key] = call
+    return call
+
+
+def _make_call(x: torch.Tensor, qweight: QuantizedWeight, bias, act, out_dtype, backend: str):
+    """The prepared call of :func:`_prepared_call` for calls like this one (which it checks). It holds the
+    weight weakly (it is kept in a dictionary keyed weakly by the weight, which it must not keep alive)."""
+    x2d, act, checked_bias, out_dtype = _checked(x, qweight, bias, act, out_dtype)
+    contiguous_bias, bias = checked_bias is bias, checked_bias
+    lead = x.shape[:-1] if x.dim() != 2 else None
+    n, weight = qweight.N, weakref.ref(qweight)
+    plan = plan_linear(qweight, act, x2d, backend)
+    kernel = DENSE_KERNELS[plan.kernel]
+    poison = act is not None and (plan.backend == "reference" or act.group_shape[0] != 1)
+    try:
+        if x2d.shape[0] == 0:  # no tokens (an idle batch): nothing to launch
+            launch = partial(_no_tokens, n, out_dtype, qweight.device)
+        elif kernel.launcher is not None:
+            bias_dtype = None if bias is None else bias.dtype
+            launch = kernel.launcher(x2d, qweight, act, bias_dtype, out_dtype, plan.tuning)
+        else:
+            launch = partial(_run_kernel, kernel, weight, act, out_dtype, plan.tuning)
+    except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
+        raise unwarmed_error(err, qweight, act, x2d, backend) from None
+
+    def call(x, bias):
+        x2d = x if lead is None else x.reshape(-1, x.shape[-1])
+        if not contiguous_bias:
+            bias = bias.contiguous()  # every kernel reads bias[n] at n
+        try:
+            out = launch(x2d, bias)
+        except KernelNotReadyError as err:  # a kernel loaded at its first launch, during a capture
+            raise unwarmed_error(err, weight(), act, x2d, backend) from None
+        if poison:
+            out = poison_non_finite_rows(x2d, out)
+        return out if lead is None else out.reshape(*lead, n)
+
+    return call
+
+
+def _no_tokens(n: int, out_dtype, device, x, bias) -> torch.Tensor:
+    return torch.empty(0, n, dtype=out_dtype, device=device)
+
+
+def _run_kernel(kernel, weight: weakref.ref, act, out_dtype, tuning, x, bias) -> torch.Tensor:
+    return kernel.run(x, weight(), bias, act, out_dtype, tuning)
+
+
 def run_linear(x2d, qweight: QuantizedWeight, bias, act: ActScheme | None, out_dtype, backend: str) -> torch.Tensor:
     """What :func:`linear` runs once its arguments are checked (``torch.ops.humming.linear`` too): plan,
     launch, non-finite rows. ``x2d`` is ``[M, K]`` (or a QuantizedActivation); returns ``[M, N]``."""
@@ -129,10 +222,11 @@ def run_linear(x2d, qweight: QuantizedWeight, bias, act: ActScheme | None, out_d
 def _linear_op(x, x_scales, x_global_scale, *args):
     *weight, bias, act, out_dtype, backend = args
     qweight = ops.weight_from_args(*weight)
-    if x_scales is not None:
-        if act is None:
-            raise ValueError("act: quantized activations (x_scales given) need the scheme's name")
-        x = QuantizedActivation(act, x, x_scales, x_global_scale)
+    if x_scales is None:
+        return _prepared_call(x, qweight, bias, act, out_dtype, backend)(x, bias)
+    if act is None:
+        raise ValueError("act: quantized activations (x_scales given) need the scheme's name")
+    x = QuantizedActivation(act, x, x_scales, x_global_scale)
     x2d, act, bias, out_dtype = _checked(x, qweight, bias, act, out_dtype)
     out = run_linear(x2d, qweight, bias, act, out_dtype, backend)
     return out.reshape(*x.shape[:-1], qweight.N)  # the fake's shape, for an x of any rank

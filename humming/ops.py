@@ -72,7 +72,8 @@ _SCHEMAS = {
     f"Tensor? w13_bias, {_weight_schema('w2_')}, Tensor? w2_bias, Tensor? expert_map, str activation, "
     "float? alpha, float? limit, str gate_up_layout, str? act, Tensor? w13_act_scale, Tensor? w2_act_scale, "
     "int block_m, str backend) -> Tensor",
-    "moe_align": "moe_align(Tensor topk_ids, int num_experts, int block_m) -> (Tensor, Tensor, Tensor, Tensor)",
+    "moe_align": "moe_align(Tensor topk_ids, int num_experts, int block_m, str backend='auto') "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
     "topk_routing": "topk_routing(Tensor router_logits, int top_k, str scoring, bool renormalize, "
     "int? num_groups=None, int? topk_groups=None, Tensor? correction_bias=None, float routed_scaling=1., "
     "str order='score_then_topk', str backend='auto') -> (Tensor, Tensor)",
@@ -109,9 +110,13 @@ def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, m
     """The weight an op call names: the registered object when the tensors and ``meta`` are its own, else one
     rebuilt (and validated) from the tensors and ``meta`` (no bias: ops take the bias apart)."""
     qw = weight_by_handle(handle)
-    tensors = (qweight, scales, zeros, global_scale, g_idx)
-    if qw is not None and qw.signature == meta and all(map(_same, (qw.qweight, *_fields(qw)), tensors)):
-        return qw
+    if qw is not None and qw.signature == meta:
+        own = qw.qweight is qweight and qw.scales is scales and qw.zeros is zeros and qw.g_idx is g_idx
+        if own and qw.global_scale is global_scale:  # the weight's own tensors, as compiled code passes them
+            return qw
+        tensors = (qweight, scales, zeros, global_scale, g_idx)
+        if all(map(_same, (qw.qweight, *_fields(qw)), tensors)):
+            return qw
     fmt, group_shape, shape = _parse_meta(meta)
     return QuantizedWeight(
         shape=shape,

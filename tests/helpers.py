@@ -4,7 +4,9 @@ as ``helpers``: pytest's rootdir-relative imports put tests/ on sys.path."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -48,15 +50,21 @@ def cuda_tool(name: str) -> str | None:
     return shutil.which(name)
 
 
+_TOOL_OUTPUTS: dict = {}  # (tool, args, sha256 of the cubin) -> stdout: several tests read one kernel's SASS
+
+
 def cubin_tool(tool_name: str, args: list[str], kernel: jit.CompiledKernel, tmp_path) -> str:
-    """The standard output of ``tool_name args`` on ``kernel``'s cubin (written under ``tmp_path``); skips
-    the test when the tool is not found."""
+    """The standard output of ``tool_name args`` on ``kernel``'s cubin (written under ``tmp_path``), run once
+    per cubin and arguments in the test session; skips the test when the tool is not found."""
     tool = cuda_tool(tool_name)
     if tool is None:
         pytest.skip(f"{tool_name} not found (neither in triton's package nor on PATH)")
-    path = tmp_path / f"{kernel.spec.name}-{kernel.arch}.cubin"
-    path.write_bytes(kernel.cubin)
-    return subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True).stdout
+    key = (tool_name, tuple(args), hashlib.sha256(kernel.cubin).hexdigest())
+    if key not in _TOOL_OUTPUTS:
+        path = tmp_path / f"{kernel.spec.name}-{kernel.arch}.cubin"
+        path.write_bytes(kernel.cubin)
+        _TOOL_OUTPUTS[key] = subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True).stdout
+    return _TOOL_OUTPUTS[key]
 
 
 def backend_unsupported(qweight, act, x: torch.Tensor, backend: str) -> str | None:
@@ -193,3 +201,29 @@ def assert_fp4_matches_reference(got: torch.Tensor, qw, qa, bias) -> None:
     bad = ~(err <= 2.5e-7 * magnitude + 1e-12)
     worst = divmod(int(torch.nan_to_num(err / (magnitude + 1e-30), nan=float("inf")).argmax()), ref.shape[1])
     assert not bad.any(), f"{int(bad.sum())} elements off; worst relative to |x| @ |w|^T at (m, n) = {worst}"
+
+
+def instructions_before_each_wait(sass: str, mma: str) -> list[int]:
+    """For every wgmma group of ``sass`` (``mma`` instructions, e.g. ``"HGMMA"``, then a
+    ``WARPGROUP.DEPBAR``), the instructions between its last MMA and the wait: the work the consumer does
+    while its tensor-core operations run."""
+    gaps, last = [], None
+    ops = [
+        line.split("*/", 1)[1].split(";")[0].strip()
+        for line in sass.splitlines()
+        if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)
+    ]
+    for n, op in enumerate(ops):
+        if op.startswith(mma):
+            last = n
+        elif op.startswith("WARPGROUP.DEPBAR") and last is not None:
+            gaps.append(n - last - 1)
+            last = None
+    return gaps
+
+
+def with_sm_count(monkeypatch, module, sm_count: int) -> None:
+    """Makes ``module``'s ``device_limits`` report ``sm_count`` multiprocessors (the rest as the device has):
+    a persistent grid of that few blocks walks many tiles per block even on small test shapes."""
+    real = module.device_limits
+    monkeypatch.setattr(module, "device_limits", lambda device=None: real(device)._replace(sm_count=sm_count))

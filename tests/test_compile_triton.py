@@ -61,10 +61,12 @@ def test_every_kernel_compiles(arch: int, compiled: dict) -> None:
         assert best, f"sm_{arch}: no kernel uses {registry.BEST_MMA[arch]}"
 
 
-def test_split_k_specs_declare_the_fp32_workspace() -> None:
-    """Split-K launches pass the fp32 workspace as ``out_ptr`` (``store_tile`` adds into it with fp32
-    atomics), so their specs must compile that signature, not the output dtype's."""
-    split = [s for s in registry.compile_specs() if s.constexprs.get("SPLIT_K", 1) > 1 and "out_ptr" in s.pointers]
+def test_split_k_specs_declare_the_workspace() -> None:
+    """Split-K launches pass the zero-between-calls workspace (32-bit words) as ``ws_ptr`` and the output as
+    ``out_ptr`` (``store_tile``'s last program of a tile writes it), so their specs must compile that
+    signature."""
+    split = [s for s in registry.compile_specs() if s.constexprs.get("SPLIT_K", 1) > 1 and "ws_ptr" in s.pointers]
     assert split, "no split-K specialisation is registered"
-    wrong = [f"{s.name}: out_ptr {s.pointers['out_ptr']}" for s in split if s.pointers["out_ptr"] != "*fp32"]
+    wrong = [f"{s.name}: ws_ptr {s.pointers['ws_ptr']}" for s in split if s.pointers["ws_ptr"] != "*i32"]
+    wrong += [f"{s.name}: out_ptr {s.pointers['out_ptr']}" for s in split if s.pointers["out_ptr"] == "*i32"]
     assert not wrong, "\n".join(wrong)

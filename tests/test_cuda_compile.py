@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import compile_fresh, cubin_tool, needs_nvrtc
+from helpers import compile_fresh, cubin_tool, instructions_before_each_wait, needs_nvrtc
 
 from humming.cuda_kernels import _decode_launch, _gemm_sm90, jit, wna16_decode
 from humming.cuda_kernels._layout import WeightLayout
@@ -35,6 +35,18 @@ def _gemm_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(256, 4)),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(128, 6)),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0_any", "e2m1"), "bf16", "f32", "bf16", T(64, 8, 2)),
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 6, persistent=True)),
+        *_split_specs(),
+    ]
+
+
+def _split_specs() -> list[jit.KernelSpec]:
+    """Split-K at the tiles its heuristic takes (two blocks of 64 tokens, one of 128 or 256)."""
+    L, T = WeightLayout, _gemm_sm90.GemmTuning
+    return [
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(64, 8, 2, 4)),
+        _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(128, 8, 1, 2)),
+        _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "f32", T(256, 5, 1, 7)),
     ]
 
 
@@ -46,12 +58,31 @@ def _grouped_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f32", T(32, 8), grouped=True),
         _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(64, 8), grouped=True),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(16, 8), grouped=True),
+        _gemm_sm90.gemm_spec(L(4, -1, "bf16"), "bf16", "bf16", "bf16", T(16, 8, 2, persistent=True), grouped=True),
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 6), grouped=True),
     ]
 
 
+def _gather_specs() -> list[jit.KernelSpec]:
+    """The grouped variant reading token rows through an index, at every token tile and blocks-per-SM choice."""
+    L, T = WeightLayout, _gemm_sm90.GemmTuning
+    g = dict(grouped=True, gather=True)
+    return [
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(16, 8, 2), **g),
+        _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f32", T(32, 8, 2), **g),
+        _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(64, 8, 2), **g),
+        _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(128, 6), **g),
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(256, 4), **g),
+        # fused_moe's w13 with its activation in the epilogue (the GPU tests compile the other activations)
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(16, 8, 2, persistent=True), **g, gated="silu"),
+        _gemm_sm90.gemm_spec(
+            L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(16, 8, 2, persistent=True), **g, gated="swiglu_oai"
+        ),
+    ]
+
+
 def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
-    specs = _decode_specs() + _gemm_specs() + _grouped_specs()
+    specs = _decode_specs() + _gemm_specs() + _grouped_specs() + _gather_specs()
     return [(spec, arch) for spec in specs for arch in spec.targets()]
 
 
@@ -66,15 +97,20 @@ def test_every_target_compiles(compiled):
     for (name, arch), kernel in compiled.items():
         assert kernel.cubin[:4] == b"\x7fELF", (name, arch)
         assert "warning" not in kernel.log.lower(), f"{name} {arch}:\n{kernel.log}"
+        # ptxas's notes where it serialises wgmmas or injects waits (C7514, C7515, C7517...)
+        assert not re.search(r"C751\d", kernel.log), f"{name} {arch}:\n{kernel.log}"
 
 
 def test_no_spills_no_stack(compiled, tmp_path):
-    """cuobjdump's resource report: no stack frame and no local memory (where spills go) anywhere."""
+    """cuobjdump's resource report: no stack frame and no local memory (where spills go) anywhere; the sm_90a
+    GEMMs' static shared memory stays the 1 KiB the host's shared-memory budget reserves (smem_bytes)."""
     for (name, arch), kernel in compiled.items():
         report = cubin_tool("cuobjdump", ["-res-usage"], kernel, tmp_path)
-        usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", report)
+        usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", report)
         assert usage, report
-        assert usage.group(2) == "0" and usage.group(3) == "0", f"{name} {arch}: {usage.group(0)}"
+        assert usage.group(2) == "0" and usage.group(4) == "0", f"{name} {arch}: {usage.group(0)}"
+        if kernel.spec.family == "gemm_sm90":
+            assert int(usage.group(3)) <= 1024, f"{name} {arch}: {usage.group(0)}"
 
 
 def test_decode_sass_uses_tensor_cores_and_16_byte_async_loads(compiled, tmp_path):
@@ -97,12 +133,92 @@ def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
 
 
+def test_gemm_sm90_dequantizes_the_next_chunk_while_wgmmas_run(compiled, tmp_path):
+    """The consumer loop's two wgmma groups each overlap the next chunk's whole dequantization (its weight
+    fragment unpacked, zero point and scale applied: 80+ instructions), rather than waiting first."""
+    for spec in _gemm_specs() + _grouped_specs() + _gather_specs():
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        gaps = instructions_before_each_wait(sass, "HGMMA")
+        assert len(gaps) >= 2 and min(gaps[:2]) >= 80, f"{spec.name}: {gaps}"
+
+
+def test_gather_gemm_copies_rows_with_cp_async_not_tma(compiled, tmp_path):
+    """The gathering variant: the tokens' rows by 16-byte cp.async (L2 only) from the whole producer
+    warpgroup, each thread's copies arriving on the chunk's barrier, the weights still by bulk copies, no
+    activation TMA."""
+    for spec in _gather_specs():
+        assert spec.targets() == ("sm_90a",) and "_grouped_gather_" in spec.name
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        bm = spec.name.split("_bm")[1].split("_")[0]
+        assert re.search(rf"HGMMA\.64x{bm}x16\.F32(\.BF16)? R\d+, R\d+, gdesc", sass), spec.name
+        assert "LDGSTS.E.BYPASS.128" in sass, f"{spec.name}: rows are not copied with 16-byte cp.async"
+        # Each copy arrives on its chunk's barrier by itself: no commit groups the producer would wait on.
+        assert "ARRIVES.LDGSTSBAR.64" in sass, f"{spec.name}: the copies do not arrive on the full barrier"
+        assert "LDGDEPBAR" not in sass, f"{spec.name}: the producer waits on its own copies"
+        assert "UTMALDG" not in sass, f"{spec.name}: an activation TMA load is left"
+        assert "UBLKCP" in sass and "USETMAXREG" in sass, spec.name
+        assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
+
+
+def test_split_k_sums_with_reductions_and_reads_back_with_exchanges(compiled, tmp_path):
+    """Split-K: the partial sums go to the workspace as fp32 reductions (no return value), the last block
+    reads them back with atomic exchanges (leaving zeros); one name for every split count."""
+    for spec in _split_specs():
+        assert spec.name.endswith("_splitk") and spec.entry.endswith(
+            f", false, false, true, {spec.min_blocks}, false, 0>"
+        )
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        assert "REDG.E.ADD.F32" in sass, f"{spec.name}: partial sums are not reduced in L2"
+        assert "ATOMG.E.EXCH" in sass, f"{spec.name}: totals are not read back with exchanges"
+    dense = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(64, 8, 2))
+    split = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(64, 8, 2, 3))
+    assert split.name == _split_specs()[0].name and split.name != dense.name
+    with pytest.raises(ValueError, match="does not split K"):
+        _gemm_sm90.gemm_spec(
+            WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(64, 8, 2, 2), grouped=True
+        )
+
+
+def test_persistent_is_a_variant_of_its_own():
+    """A persistent grid is its own kernel (name and template argument), and never splits K."""
+    layout = WeightLayout(4, 8, "bf16")
+    plain = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(16, 8, 2), grouped=True)
+    tuning = _gemm_sm90.GemmTuning(16, 8, 2, persistent=True)
+    persistent = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, grouped=True)
+    assert persistent.name == plain.name + "_p" and persistent.entry.endswith(", 2, true, 0>")
+    assert plain.entry.endswith(", 2, false, 0>")
+    with pytest.raises(ValueError, match="persistent grid does not split K"):
+        _gemm_sm90.GemmTuning(64, 8, 2, 2, persistent=True)
+
+
+def test_gated_is_a_grouped_variant_with_a_16_bit_output():
+    layout, tuning = WeightLayout(4, 8, "bf16"), _gemm_sm90.GemmTuning(16, 8, 2)
+    spec = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, grouped=True, gated="swiglu_oai")
+    assert spec.name.endswith("_swiglu_oai") and spec.entry.endswith(", false, 4>")
+    for bad in (dict(grouped=False, gated="silu"), dict(grouped=True, gated="relu")):
+        with pytest.raises(ValueError, match="gated: a grouped variant"):
+            _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, **bad)
+    with pytest.raises(ValueError, match="16-bit output"):
+        _gemm_sm90.gemm_spec(layout, "bf16", "f32", "bf16", tuning, grouped=True, gated="silu")
+
+
+def test_gather_is_a_grouped_variant():
+    with pytest.raises(ValueError, match="grouped variant"):
+        _gemm_sm90.gemm_spec(
+            WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(128, 6), gather=True
+        )
+
+
 def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path):
     """The grouped flag is compiled in: a global load of the segment's expert id ahead of the first
     barrier (the early exit), which the dense kernel of the same tuning does not have."""
     grouped = _grouped_specs()[-1]
     dense = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(128, 6))
-    assert grouped.name != dense.name and ", true, 1>" in grouped.entry and ", false, 1>" in dense.entry
+    assert (
+        grouped.name != dense.name
+        and ", true, false, false, 1, false, 0>" in grouped.entry
+        and ", false, false, false, 1, false, 0>" in dense.entry
+    )
     sass = {
         spec.name: cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         for spec in (grouped, dense)

@@ -9,8 +9,9 @@ import torch
 from helpers import assert_rel_close, backend_unsupported, capture, compile_fresh, cubin_tool
 
 import humming
+from humming import workspaces
 from humming.cuda_kernels import _decode_launch, _gemm_sm90, jit, wna16_decode
-from humming.cuda_kernels._layout import E2M1_BITS, PreparedWeight, WeightLayout, prepare_weight
+from humming.cuda_kernels._layout import E2M1_BITS, PreparedWeight, WeightLayout, prepare_weight, weight_layout
 from humming.device import device_limits
 
 HAS_CUDA = torch.cuda.is_available()
@@ -64,6 +65,7 @@ def _fragment_codes(prep: PreparedWeight) -> torch.Tensor:
 def test_prepared_layout_matches_the_fragments(scheme, n, seed):
     qw = _quantize(n, 192, scheme)
     prep = prepare_weight(qw)
+    assert prep.layout == weight_layout(qw)  # what warmup compiles for without preparing
     assert prep.tile_group == (8 if n % 128 == 0 else 1)
     codes = humming.ir.unpacked_codes(qw).to(torch.int64)
     if qw.format.signed and qw.format.kind == "int":
@@ -512,7 +514,7 @@ def test_stream_k_matches_reference(n, k, scheme, ms, act, seed):
             wna16_decode.run_decode(prep, x, b, act, tuning, out)
             assert_rel_close(out, ref.float(), precision=torch.float32)
     stream = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
-    workspace = _decode_launch._WORKSPACES.by_stream[stream]
+    workspace = _decode_launch.WORKSPACES.by_stream[stream]
     assert int(workspace.count_nonzero()) == 0
 
 
@@ -545,7 +547,7 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
     from humming import cuda_kernels
 
     monkeypatch.setenv("HUMMING_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(_decode_launch, "_WORKSPACES", _decode_launch._Workspaces())
+    monkeypatch.setattr(_decode_launch, "WORKSPACES", workspaces.Workspaces())
     n, k, m = 1024, 2048, 3
     qw = _quantize(n, k, "uint4-g128-zp", device="cuda")
     w64 = humming.dequantize(qw, torch.float32).double()
@@ -571,7 +573,7 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert_rel_close(out, (x.double() @ w64.T + bias.double()).float(), precision=torch.float32)
-    for workspace in _decode_launch._WORKSPACES.captured:
+    for workspace in _decode_launch.WORKSPACES.captured:
         assert int(workspace.count_nonzero()) == 0
 
 
@@ -579,7 +581,7 @@ def test_stream_k_repeated_calls_and_cuda_graph(seed, tmp_path, monkeypatch):
 def test_stream_k_capture_without_reserved_workspace_replays_correctly(seed, monkeypatch):
     """torch's recipe (an eager call on a side stream, then capture on another) with no warmup: the capture
     takes a temporary workspace whose zero fill is captured, so every replay starts from zeros."""
-    monkeypatch.setattr(_decode_launch, "_WORKSPACES", _decode_launch._Workspaces())
+    monkeypatch.setattr(_decode_launch, "WORKSPACES", workspaces.Workspaces())
     qw = _quantize(256, 512, "int4-g128", device="cuda")
     prep = prepare_weight(qw)
     x = torch.randn(2, 512, device="cuda", dtype=torch.bfloat16)

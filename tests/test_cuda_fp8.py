@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import assert_rel_close, capture, compile_fresh, cubin_tool, needs_nvrtc
+from helpers import assert_rel_close, capture, compile_fresh, cubin_tool, instructions_before_each_wait, needs_nvrtc
 
 import humming
 from humming.cuda_kernels import _fp8_launch, _fp8_layout, fp8_gemm, jit
@@ -54,9 +54,10 @@ def _split_specs() -> list[jit.KernelSpec]:
 
 def _grouped_specs() -> list[jit.KernelSpec]:
     """The grouped (MoE) kernels at E=64, N=2816: decode (block_m 16) and prefill (64, 128) segments, both
-    W8A8 recipes, int4 W4A8, the plain-store epilogue."""
+    W8A8 recipes, int4 and MXFP4 W4A8, the plain-store epilogue."""
     picks = [(16, 976, "e4m3", "rowcol", torch.bfloat16), (64, 8192, "e4m3", "block128", torch.float16)]
     picks += [(128, 16384, "e4m3", "block128", torch.float32), (32, 4096, "int4", "group", torch.bfloat16)]
+    picks += [(16, 976, "mxfp4", "group", torch.bfloat16)]
     specs = []
     for block_m, m_pad, w, mode, out in picks:
         tuning = fp8_gemm.choose_grouped_tuning(block_m, m_pad, 2816, 64, H200, w)
@@ -84,6 +85,14 @@ def test_compiles_for_sm90a_without_spills(compiled):
 
 
 @needs_nvrtc
+def test_no_wgmma_is_serialized(compiled):
+    """ptxas reports (C751x) where it serialises wgmmas or injects waits (accumulators read while in flight,
+    A registers written): none of these kernels may have it."""
+    for name, kernel in compiled.items():
+        assert not re.search(r"C751\d", kernel.log), f"{name}:\n{kernel.log}"
+
+
+@needs_nvrtc
 def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
     for name, kernel in compiled.items():
         sass = cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path)
@@ -100,6 +109,16 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
         # split-K: fp32 reductions in L2 (red.global.add.f32) instead of stores; nowhere else
         assert bool(re.search(r"REDG\.E\.ADD\.F32", sass)) == ("_sk_" in name), name
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{name} uses local memory"
+
+
+@needs_nvrtc
+def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
+    """W4A8 (int4, MXFP4): both wgmma groups of the unrolled K loop overlap the next K block's whole
+    conversion of codes to e4m3 (100+ instructions) rather than waiting first."""
+    for name, kernel in compiled.items():
+        if "_w4a8_" in name or "_wmxfp4a8_" in name:
+            gaps = instructions_before_each_wait(cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path), "QGMMA")
+            assert len(gaps) >= 2 and min(gaps[:2]) >= 100, (name, gaps)
 
 
 def test_tuning_is_pure_and_fits_the_device():
@@ -207,7 +226,9 @@ def test_grouped_tuning_divides_block_m_and_fits_the_device():
     assert fp8_gemm.choose_grouped_tuning(128, 16384, 2816, 64, H200).wgs == 2
 
 
-@pytest.mark.parametrize("weight,group", [("e4m3", -1), ("e4m3", "tensor"), ("e4m3", (128, 128)), ("int4", 128)])
+@pytest.mark.parametrize(
+    "weight,group", [("e4m3", -1), ("e4m3", "tensor"), ("e4m3", (128, 128)), ("int4", 128), ("mxfp4", 32)]
+)
 def test_grouped_weight_is_the_experts_stacked_along_n(weight, group, seed):
     """The stacked layout is each expert's 2-D layout, concatenated so that expert e's rows start at e * N."""
     from humming.moe import expert_weight
@@ -252,13 +273,13 @@ def test_grouped_unsupported_says_why():
         assert "block_m % 8 == 0" in reason_of(e4m3, fp8, x, 12)
         assert "1x128 activation groups" in reason_of(block, fp8, x, 16)
         assert "per-token or per-tensor" in reason_of(int4, g128, x, 16)
-        assert "no grouped variant" in reason_of(_stacked("mxfp4", 32), fp8, x, 16)
+        assert "not a CUDA device" in reason_of(_stacked("mxfp4", 32), fp8, x, 16)
         assert "e4m3 activations" in reason_of(e4m3, get_act_scheme("int8"), x, 16)
     dense = humming.quantize(torch.randn(256, 300), weight="e4m3", group_size=-1)
     assert "expert-stacked" in fp8_gemm.grouped_unsupported(dense, fp8, x, 16)
     with pytest.raises(ValueError, match=r"humming CUDA backend: .*padding rows"):
         cuda_grouped.grouped_linear(x, e4m3, torch.zeros(2, dtype=torch.int32), 16, None, tensor, torch.bfloat16)
-    with pytest.raises(ValueError, match="qw: the grouped FP8 GEMM takes e4m3 / int4 experts with N % 128"):
+    with pytest.raises(ValueError, match="qw: the grouped FP8 GEMM takes e4m3 / int4 / MXFP4 experts with N % 128"):
         fp8_gemm.prepare(_stacked("e4m3", -1, n=192))
 
 

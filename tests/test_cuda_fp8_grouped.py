@@ -32,7 +32,7 @@ class Case:
     n: int
     k: int
     block_m: int
-    weight: object  # group_size: "tensor", -1 (per-channel), 128 (int4 groups) or a (bn, bk) block
+    weight: object  # group_size: "tensor", -1 (per-channel), 128 (int4 groups), 32 (MXFP4) or a (bn, bk) block
     act: str
     out: torch.dtype = torch.bfloat16
     bias: torch.dtype | None = None
@@ -47,6 +47,8 @@ CASES = [
     Case(64, 4096, 2048, 128, (128, 128), "fp8_g128", torch.float32),
     Case(8, 2816, 2048, 16, 128, "fp8", w="int4"),
     Case(8, 2816, 7168, 64, -1, "fp8", torch.float16, torch.float16, w="int4"),
+    Case(8, 2816, 2048, 16, 32, "fp8", w="mxfp4"),
+    Case(4, 5760, 2880, 64, 32, "fp8", torch.float16, torch.bfloat16, w="mxfp4"),  # gpt-oss-120b's up projection
 ]
 
 
@@ -56,7 +58,10 @@ def _ids(c: Case) -> str:
 
 
 def _weight(c: Case):
-    """An expert-stacked ``[E, N, K]`` weight with random codes and scales in ``[1, 2) * 2e-3``."""
+    """An expert-stacked ``[E, N, K]`` weight with random codes and scales in ``[1, 2) * 2e-3`` (MXFP4: the
+    e8m0 scales humming.quantize gives a normal matrix of scale 2e-3)."""
+    if c.w == "mxfp4":
+        return humming.quantize(torch.randn(c.e, c.n, c.k, device="cuda") * 2e-3, weight="mxfp4")
     if c.w == "int4":
         nibbles = torch.randint(0, 16, (c.e * c.n, c.k), device="cuda")
         qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
@@ -110,7 +115,7 @@ def _check_skipped_unwritten(out: torch.Tensor, row_expert: torch.Tensor) -> Non
 
 #: Tunings timed against each other in test_every_grouped_tuning_computes_the_same_function.
 TUNINGS = [(1, 8, 2, 2, True), (1, 32, 4, 2, False), (2, 64, 3, 1, True)]
-_MODE = {"tensor": "rowcol", -1: "rowcol", 128: "group"}
+_MODE = {"tensor": "rowcol", -1: "rowcol", 128: "group", 32: "group"}
 
 
 @pytest.fixture(scope="module")

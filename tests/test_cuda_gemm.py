@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close, backend_unsupported
+from helpers import assert_rel_close, backend_unsupported, with_sm_count
 
 import humming
 from humming.cuda_kernels import _gemm_sm90
@@ -53,12 +53,20 @@ TUNINGS = [
     (None, _gemm_sm90.GemmTuning(64, 8, 2)),
     ("bias", _gemm_sm90.GemmTuning(64, 8, 1)),
     (None, _gemm_sm90.GemmTuning(128, 8, 1)),
+    # split-K: K in 2 to 4 blocks summed in the workspace (K = 832 has 13 chunks: splits of 3 and 4 chunks)
+    (None, _gemm_sm90.GemmTuning(64, 8, 2, 3)),
+    ("bias", _gemm_sm90.GemmTuning(128, 6, 1, 2)),
+    ("bias", _gemm_sm90.GemmTuning(256, 4, 1, 4)),
+    # persistent grids: each block walks several tiles (the cases' grids exceed 132 block slots at large M)
+    (None, _gemm_sm90.GemmTuning(128, 6, persistent=True)),
+    ("bias", _gemm_sm90.GemmTuning(32, 8, 2, persistent=True)),
 ]
 
 
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("n", "k", "scheme", "ms"), CASES)
-def test_gemm_matches_reference(n, k, scheme, ms, act, seed):
+def test_gemm_matches_reference(n, k, scheme, ms, act, seed, monkeypatch):
+    with_sm_count(monkeypatch, _gemm_sm90, 3)  # the persistent grids: 3 or 6 blocks walk every tile
     qw = _quantize(torch.randn(n, k, device="cuda") * 0.05, scheme, act)
     if qw.format.name == "e2m1" and act == torch.float16:
         x = torch.randn(ms[0], k, device="cuda", dtype=act)
@@ -91,3 +99,34 @@ def test_gemm_through_linear_and_graph_capture(seed):
     graph.replay()
     torch.cuda.synchronize()
     assert_rel_close(out, x.float() @ humming.dequantize(qw).T, precision=torch.float32)
+
+
+def test_split_k_workspace_is_zero_between_calls_and_in_a_graph(seed):
+    """Split-K sums into a workspace that the last block of each tile reads back as zeros: a second call (of
+    another M on the same stream), and CUDA graph replays on fresh inputs, see none of the earlier sums."""
+    w = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16) * 0.05
+    qw = humming.quantize(w, weight="int4", group_size=128)  # bf16 scales, as the kernel multiplies them
+    prep = prepare_weight(qw)
+    # the weights as the kernel multiplies them ((code - 8) * scale rounded once to bf16): what is left is the
+    # fp32 summation order
+    wref = humming.dequantize(qw, torch.bfloat16).float()
+    tuning = _gemm_sm90.GemmTuning(64, 8, 2, 4)
+    for m in (100, 37, 100):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        first = _gemm_sm90.run_gemm(prep, x, None, torch.float32, tuning)
+        second = _gemm_sm90.run_gemm(prep, x, None, torch.float32, tuning)
+        ref = x.float() @ wref.T
+        assert_rel_close(first, ref, 1e-3, precision=torch.float32)
+        assert (first - second).abs().max() <= 1e-5 * ref.abs().max(), "a second call sees the first's sums"
+    x = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)
+    _gemm_sm90.reserve_gemm_workspace(200, 1024, 4096, tuning, prep.layout, 0)
+    out = torch.full((200, 1024), float("nan"), device="cuda", dtype=torch.float32)
+    _gemm_sm90.run_gemm(prep, x, None, torch.float32, tuning, out=out)  # loads the kernel before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _gemm_sm90.run_gemm(prep, x, None, torch.float32, tuning, out=out)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_rel_close(out, x.float() @ wref.T, 1e-3, precision=torch.float32)

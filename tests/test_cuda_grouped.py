@@ -3,16 +3,20 @@ results against a float64 reference built per expert from ``humming.dequantize``
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, with_sm_count
 
 import humming
 from humming.bench.inputs import random_experts
 from humming.cuda_kernels import _gemm_sm90
+from humming.cuda_kernels import _wna16 as cuda_kernels_wna16
 from humming.cuda_kernels import grouped as cuda_grouped
 from humming.cuda_kernels._layout import prepare_weight
 from humming.moe import expert_weight
+from humming.reference import moe_layer
 
 HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -139,7 +143,8 @@ CASES = [
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("e", "n", "k", "scheme", "block_m", "max_rows", "bms"), CASES)
 @pytest.mark.usefixtures("seed")
-def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act):
+def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act, monkeypatch):
+    with_sm_count(monkeypatch, _gemm_sm90, 3)  # the persistent grid: 6 blocks walk every segment's tiles
     scale_dtype = {} if scheme == "mxfp4" else dict(scale_dtype=act)
     qw = humming.quantize(torch.randn(e, n, k, device="cuda") * 0.05, **scale_dtype, **SCHEMES[scheme])
     if scheme == "mxfp4" and act == torch.float16:
@@ -156,9 +161,10 @@ def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act)
     row_expert = expert_ids.repeat_interleave(block_m)
     ref = _reference(x, qw, row_expert, act)
     used = row_expert >= 0
+    tunings = [None if bm is None else _gemm_sm90.GemmTuning(bm, 8) for bm in bms]
+    tunings.append(_gemm_sm90.GemmTuning(16, 8, 2, persistent=True))  # blocks walking the segments' tiles
     for b in (None, bias):
-        for bm in bms:
-            tuning = None if bm is None else _gemm_sm90.GemmTuning(bm, 8)
+        for tuning in tunings:
             out = torch.full((m_pad, n), float("nan"), device="cuda", dtype=act)
             _gemm_sm90.run_grouped_gemm(prep, x, expert_ids, block_m, b, act, tuning, out=out)
             want = ref if b is None else ref + b.double()[row_expert.clamp(min=0)]
@@ -178,11 +184,99 @@ def _reference(x, qw, row_expert, act):
 
 
 @needs_sm90
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+@pytest.mark.parametrize(
+    ("block_m", "bm", "blocks"), [(16, 16, 2), (64, 32, 2), (64, 64, 2), (128, 128, 1), (256, 256, 1)]
+)
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.usefixtures("seed")
+def test_gather_reads_the_tokens_in_place(scheme, block_m, bm, blocks, persistent, act, monkeypatch):
+    """Grouped row r read as token rows[r] of x [T, K] (zeros for padding, -1) gives bit for bit what the
+    grouped rows copied beforehand give to the one-tile-per-block grid (the same kernel math in the same
+    order), and matches float64: every token tile and blocks-per-SM choice, gathered by one-tile blocks and
+    by a persistent grid, x rows strided (a column slice of a wider tensor), repeated tokens (top-2), bias."""
+    if scheme == "mxfp4" and act == torch.float16:
+        pytest.skip("MXFP4 runs the sm_90a GEMM with bf16 activations only (test_grouped_matches_reference)")
+    e, n, k, t, topk = 8, 256, 512, 37, 2
+    scale_dtype = {} if scheme == "mxfp4" else dict(scale_dtype=act)
+    qw = humming.quantize(torch.randn(e, n, k, device="cuda") * 0.05, **scale_dtype, **SCHEMES[scheme])
+    prep = prepare_weight(qw)
+    x = torch.randn(t, k + 64, device="cuda", dtype=act)[:, :k]
+    routing = humming.moe.moe_align(torch.randint(0, e, (t, topk), device="cuda"), e, block_m)
+    rows, expert_ids = routing.token_rows(topk), routing.expert_ids
+    bias = torch.randn(e, n, device="cuda", dtype=act)
+    tuning = _gemm_sm90.GemmTuning(bm, 8 if bm <= 64 else 4, blocks)
+    copied = torch.full((rows.shape[0], n), float("nan"), device="cuda", dtype=act)
+    gathered = copied.clone()
+    grouped = torch.where(rows[:, None] >= 0, x[rows.clamp(min=0).long()], 0)
+    _gemm_sm90.run_grouped_gemm(prep, grouped, expert_ids, block_m, bias, act, tuning, out=copied)
+    tuning = dataclasses.replace(tuning, persistent=persistent)
+    with_sm_count(monkeypatch, _gemm_sm90, 1)  # persistent: one or two blocks walk every tile
+    _gemm_sm90.run_grouped_gemm(prep, x, expert_ids, block_m, bias, act, tuning, out=gathered, rows=rows)
+    row_expert = expert_ids.repeat_interleave(block_m)
+    used = row_expert >= 0
+    assert torch.equal(gathered[used], copied[used])
+    assert gathered[~used].isnan().all(), "a row of a skipped (-1) segment was written"
+    real = rows >= 0
+    ref = _reference(grouped, qw, row_expert, act) + bias.double()[row_expert.clamp(min=0)]
+    assert_rel_close(gathered[real], ref[real], torch.finfo(act).eps, precision=torch.float64)
+
+
+@needs_sm90
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scheme", ["int4-g128", "uint4-g128-zp", "mxfp4"])
+@pytest.mark.parametrize("activation", list(_gemm_sm90.GATED_ACTS))
+@pytest.mark.parametrize("layout", ["concat", "interleaved"])
+@pytest.mark.usefixtures("seed")
+def test_gated_epilogue_is_the_activation_of_the_gemm(scheme, activation, layout, act, monkeypatch):
+    """w13 with the activation in its epilogue (rows reordered to gate-up tiles) against the unfused GEMM's
+    output activated by the reference (each gate and up rounded to the output dtype, the activation in
+    fp32): within one rounding of the output; bias, the gather, persistent blocks walking many tiles,
+    unused segments left unwritten."""
+    if scheme == "mxfp4" and act == torch.float16:
+        pytest.skip("MXFP4 runs the sm_90a GEMM with bf16 activations only")
+    e, two_i, k, t, topk, block_m = 8, 384, 512, 37, 2, 16
+    scale_dtype = {} if scheme == "mxfp4" else dict(scale_dtype=act)
+    qw = humming.quantize(torch.randn(e, two_i, k, device="cuda") * 0.05, **scale_dtype, **SCHEMES[scheme])
+    x = torch.randn(t, k, device="cuda", dtype=act)
+    routing = humming.moe.moe_align(torch.randint(0, e, (t, topk), device="cuda"), e, block_m)
+    rows, ids = routing.token_rows(topk), routing.expert_ids
+    bias = torch.randn(e, two_i, device="cuda", dtype=act)
+    gated = moe_layer.check_activation(activation, None, None, layout)
+    with_sm_count(monkeypatch, _gemm_sm90, 1)  # one or two blocks walk every tile
+    h = cuda_grouped.grouped_linear(x, qw, ids, block_m, bias, None, act, rows)
+    out = torch.full((rows.shape[0], two_i // 2), float("nan"), device="cuda", dtype=act)
+    prep = cuda_kernels_wna16.prepare_gate_up(qw, layout)
+    tuning = _gemm_sm90.GemmTuning(16, 8, 2, persistent=True)
+    _gemm_sm90.run_grouped_gemm(prep, x, ids, block_m, bias, act, tuning, out=out, rows=rows, gated=gated)
+    used = ids.repeat_interleave(block_m) >= 0
+    want = moe_layer.activate(h[used], gated, torch.float64)
+    assert_rel_close(out[used], want, torch.finfo(act).eps, precision=torch.float64)
+    assert out[~used].isnan().all(), "a row of a skipped (-1) segment was written"
+    # through grouped_linear, with the default tuning
+    again = cuda_grouped.grouped_linear(x, qw, ids, block_m, bias, None, act, rows, gated=gated)
+    assert torch.equal(again[used], out[used])
+
+
+@needs_sm90
+def test_gather_without_tokens_reads_zeros(seed):
+    """T = 0 tokens (every grouped row padding): the bias of each used segment's expert, no read of x."""
+    qw = humming.quantize(torch.randn(2, 128, 256, device="cuda"), weight="int4", group_size=128)
+    rows = torch.full((32,), -1, dtype=torch.int32, device="cuda")
+    expert_ids = torch.tensor([1, -1], dtype=torch.int32, device="cuda")
+    bias = torch.randn(2, 128, device="cuda", dtype=torch.bfloat16)
+    x = torch.empty(0, 256, device="cuda", dtype=torch.bfloat16)
+    out = cuda_grouped.grouped_linear(x, qw, expert_ids, 16, bias, None, torch.bfloat16, rows)
+    assert torch.equal(out[:16], bias[1].expand(16, -1))
+
+
+@needs_sm90
 def test_grouped_linear_after_warmup_in_a_cuda_graph(seed):
     qw = humming.quantize(torch.randn(8, 256, 512, device="cuda"), weight="int4", group_size=128)
     expert_ids, m_pad = _route([5, 0, 17, 3, 0, 0, 40, 1], 16, "cuda")
     report = humming.warmup([qw], m_values=(m_pad,), block_ms=(16,), progress=False)
-    assert [k.spec.name.split("_")[3] for k in report.kernels] == ["grouped"]
+    assert sorted(k.spec.name.split("_")[3:5] for k in report.kernels) == [["grouped", "gather"], ["grouped", "u4z8"]]
     x = torch.randn(m_pad, 512, device="cuda", dtype=torch.bfloat16)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

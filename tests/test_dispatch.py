@@ -41,6 +41,22 @@ def test_heuristic_order_by_activation_and_m():
     assert _order(humming.quantize(torch.randn(32, 64), "nvfp4"), "nvfp4", 64)[0][0] == "cuda.fp4_gemm"
 
 
+@pytest.mark.parametrize(
+    ("weight", "act", "first"),
+    [
+        ("fp8_block", "fp8_g128", "triton.grouped"),  # DeepSeek-V3's experts: Triton first (moe.json)
+        ("int4", None, "cuda.grouped"),
+        ("mxfp4", None, "cuda.grouped"),
+        ("int4", "fp8", "cuda.grouped"),  # per-token e4m3 activations: not the measured fp8-block case
+    ],
+)
+def test_grouped_heuristic_order(weight, act, first):
+    qw = humming.quantize(torch.randn(256, 256), weight, **({"group_size": 128} if weight == "int4" else {}))
+    order, source = _order(qw, act, 1, grouped=True)
+    assert order[0] == first and source == "heuristic"
+    assert set(order) == {"cuda.grouped", "triton.grouped", "reference"} and order[-1] == "reference"
+
+
 def test_table_applies_to_its_m_range_only(tmp_path):
     qw = _weight()
     table = _table(

@@ -5,9 +5,12 @@ repeated calls with fresh activations on every route, then a CUDA graph captured
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from triton.compiler import CompiledKernel
 
 import humming
 from humming._env import env
-from humming.triton_kernels._launch import CompiledLaunches
+from humming.triton_kernels._launch import CompiledLaunches, LaunchesByWeight, PreparedLaunch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,8 +52,8 @@ class _JitFunction:
         self.runs = []
 
     def __getitem__(self, grid):
-        def run(*args, num_warps):
-            self.runs.append((grid, args, num_warps))
+        def run(*args, num_warps, **options):
+            self.runs.append((grid, args, num_warps, options))
             return _Compiled()
 
         return run
@@ -66,7 +69,9 @@ def test_compiled_launches_go_to_the_kept_kernel(monkeypatch):
     launches.launch(("a",), (3, 1, 1), ("y", 2), 4, 0)
     launches.launch(("b",), (1, 1, 1), ("z", 3), 8, 1)
     launches.launch(("b",), (1, 1, 1), ("w", 4), 8, 1)
-    assert [run[1] for run in fn.runs] == [("x", 1), ("z", 3)]
+    launches.launch(("c",), (1, 1, 1), ("v", 5), 4, 0, num_stages=3)
+    assert [run[1] for run in fn.runs] == [("x", 1), ("z", 3), ("v", 5)]
+    assert fn.runs[-1][2:] == (4, {"num_stages": 3})  # launch options reach the JIT function
     assert launches.compiled[("a",)].launches == [((3, 1, 1), ("y", 2), 1000)]
     assert launches.compiled[("b",)].launches == [((1, 1, 1), ("w", 4), 1001)]
 
@@ -87,6 +92,142 @@ def test_compiled_launches_keep_nothing_under_the_interpreter():
     for _ in range(3):
         launches.launch(("a",), (1, 1, 1), (), 4, 0)
     assert Interpreted.calls == 3 and not launches.compiled
+
+
+def test_prepared_launch_keys_on_each_tensors_dtype_and_alignment(monkeypatch):
+    """A prepared launch fills in its per-call tensors among the kept arguments, in the kernel's order; a tensor
+    of another dtype or 16-byte alignment is another compiled kernel, the same ones launch the kept one."""
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    fn = _JitFunction()
+    fn.arg_names, fn.__name__ = ["a_ptr", "N", "out_ptr", "BLOCK"], "kernel"
+    with pytest.raises(ValueError, match=r"no value for \['BLOCK'\]"):
+        PreparedLaunch(fn, (2,), {"N": 7}, ("a_ptr", "out_ptr"), 4)
+    launch = PreparedLaunch(fn, (2,), {"N": 7, "BLOCK": 64}, ("a_ptr", "out_ptr"), 4, num_stages=2)
+    a, out = torch.zeros(8), torch.zeros(8)
+    launch(0, a, out)
+    launch(0, torch.zeros(8), torch.zeros(8))  # fresh tensors, same dtypes and alignment
+    launch(0, a, out.double())
+    launch(0, a[1:], out)
+    assert [(run[0], run[1][1:2], run[1][3], run[3]) for run in fn.runs] == [
+        ((2, 1, 1), (7,), 64, {"num_stages": 2})
+    ] * 3
+    assert fn.runs[0][1][0] is a and fn.runs[0][1][2] is out
+    assert len(launch.launches.compiled) == 3
+    (kept,) = [k for key, k in launch.launches.compiled.items() if key[1:] == (torch.float32, 0, torch.float32, 0)]
+    assert len(kept.launches) == 1 and kept.launches[0][2] == 1000
+
+
+def test_launches_by_weight_make_each_once_and_start_over_past_keep():
+    """One launch made per weight and key; another weight or key is another; past ``keep`` per weight they
+    start over (made again), and a weight's entries go with it."""
+
+    class Weight:
+        pass
+
+    made = []
+    cache = LaunchesByWeight(keep=2)
+    make = lambda name: lambda: made.append(name) or name
+    a, b = Weight(), Weight()
+    assert [cache.get(a, 1, make("a1")), cache.get(a, 1, make("again")), cache.get(b, 1, make("b1"))] == ["a1"] * 2 + [
+        "b1"
+    ]
+    cache.get(a, 2, make("a2"))
+    cache.get(a, 3, make("a3"))  # a third key for a: a's first two are dropped
+    assert cache.get(a, 1, make("a1 again")) == "a1 again" and made == ["a1", "b1", "a2", "a3", "a1 again"]
+    del b
+    gc.collect()
+    assert list(cache.kinds.keys()) == [a]
+
+
+def _int8_linear_reference(x, qw):
+    """float64 ``dequantize_activation(quantize_activation(x, "int8")) @ dequantize(qw)^T``."""
+    a = humming.dequantize_activation(humming.quantize_activation(x, "int8")).double()
+    return a @ humming.dequantize(qw).double().T
+
+
+def test_scaled_mm_launches_made_ready_once_per_kind_of_call(seed, monkeypatch):
+    """The Triton scaled GEMM keeps what a kind of call launches per weight object: a repeat with fresh
+    activations finds its entry (and gives what a launch made ready anew gives, bit for bit); another M, output
+    dtype, bias, codes row stride or weight object makes a new one; an entry goes with its weight. Within an
+    entry, a pointer of another 16-byte alignment is another compiled kernel's launch key."""
+    from humming.triton_kernels import _scaled_mm_launch as launch_module
+    from humming.triton_kernels import scaled_mm
+
+    keys = []
+    launch = CompiledLaunches.launch
+    monkeypatch.setattr(
+        CompiledLaunches, "launch", lambda self, key, *a, **o: keys.append(key) or launch(self, key, *a, **o)
+    )
+    qw = humming.quantize(torch.randn(64, 128), "int8", -1, scale_dtype=torch.float32)
+    kinds = lambda: launch_module._ready.kinds.get(qw, {})
+    call = lambda x, **kw: humming.linear(x, qw, act="int8", backend="triton", **kw)
+    x = torch.randn(3, 128, dtype=torch.float16)
+    first = call(x)
+    (ready,) = kinds().values()
+    x = torch.randn(3, 128, dtype=torch.float16)
+    again = call(x)
+    assert list(kinds().values()) == [ready]
+    torch.testing.assert_close(again.double(), _int8_linear_reference(x, qw), rtol=2e-3, atol=2e-3)
+    assert not torch.equal(first, again)  # fresh activations, not a kept output
+    launch_module._ready.kinds.pop(qw)
+    assert torch.equal(call(x), again)  # made ready anew: the same bits
+
+    call(torch.randn(5, 128, dtype=torch.float16))
+    call(x, out_dtype=torch.float32)
+    bias = torch.randn(64, dtype=torch.float16)
+    keys.clear()
+    with_bias = call(x, bias=bias)
+    assert torch.equal(call(x, bias=bias.float()), with_bias)  # bias added in fp32 either way
+    assert keys[1][7] == torch.float16 and keys[3][7] == torch.float32  # the GEMM's bias pointer: its dtype
+    qa = humming.quantize_activation(x, "int8")
+    wide = torch.zeros(3, 256, dtype=torch.uint8)
+    wide[:, :128] = qa.codes
+    strided = humming.QuantizedActivation(qa.scheme, wide[:, :128], qa.scales)
+    out = scaled_mm.linear(strided, qw, None, None, torch.float16)
+    assert torch.equal(out, again)
+    assert len(kinds()) == 5
+
+    keys.clear()
+    scaled_mm.linear(qa, qw, None, None, torch.float16)
+    shifted = torch.zeros(3 * 128 + 1, dtype=torch.uint8)[1:].view(3, 128)
+    shifted.copy_(qa.codes)
+    assert torch.equal(
+        scaled_mm.linear(humming.QuantizedActivation(qa.scheme, shifted, qa.scales), qw, None, None, torch.float16),
+        again,
+    )
+    assert len(kinds()) == 5 and keys[0][2] == 0 and keys[1][2] == 1  # same entry, the codes' alignment in the key
+
+    held = len(launch_module._ready.kinds)
+    other = humming.quantize(torch.randn(64, 128), "int8", -1, scale_dtype=torch.float32)
+    humming.linear(x, other, act="int8", backend="triton")
+    assert len(launch_module._ready.kinds) == held + 1
+    del other
+    gc.collect()
+    assert len(launch_module._ready.kinds) == held
+
+
+@pytest.mark.parametrize("m", [1, 24])
+def test_wna16_launches_made_ready_once_per_kind_of_call(m, seed):
+    """The Triton WnA16 kernels (GEMV for M = 1, tiled for 24) keep their launches per weight object and kind of
+    call: fresh activations reuse the entry and give what a launch made ready anew gives; another M or a bias
+    is a new entry."""
+    from humming.triton_kernels import _wna16_launch as launch_module
+
+    qw = humming.quantize(torch.randn(64, 256), "int4", 128, scale_dtype=torch.float16)
+    call = lambda x, **kw: humming.linear(x, qw, backend="triton", **kw)
+    kinds = lambda: launch_module._ready.kinds.get(qw, {})
+    call(torch.randn(m, 256, dtype=torch.float16))
+    (ready,) = kinds().values()
+    x = torch.randn(m, 256, dtype=torch.float16)
+    again = call(x)
+    assert list(kinds().values()) == [ready]
+    reference = x.double() @ humming.dequantize(qw).double().T
+    torch.testing.assert_close(again.double(), reference, rtol=2e-3, atol=2e-2)
+    launch_module._ready.kinds.pop(qw)
+    assert torch.equal(call(x), again)
+    call(torch.randn(m + 1, 256, dtype=torch.float16))
+    call(x, bias=torch.randn(64, dtype=torch.float16))
+    assert len(kinds()) == 3
 
 
 def test_tensor_map_encoder_keeps_recent_descriptors(monkeypatch):
@@ -130,9 +271,24 @@ def test_host_overhead_harness_runs():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [line.split() for line in run.stdout.splitlines() if line[:1].isalpha() and line.split()[-1].isdigit()]
-    assert len(rows) >= 12 and {row[0] for row in rows} == {"W4A16", "MXFP4", "W8A8", "W4A8"}, run.stdout
+    assert len(rows) >= 18 and {row[0] for row in rows} == {"W4A16", "MXFP4", "W8A8", "W4A8", "NVFP4"}, run.stdout
     for row in rows:
-        assert int(row[-2]) == (1 if "act" not in row and "fp8" not in row else 2), row
+        activation_passes = 0 if "bf16" in row or row[0] == "W4A16" else 2 if "nvfp4" in row else 1
+        assert int(row[-2]) == 1 + activation_passes, row  # nvfp4: the global scale's absmax pass first
+
+
+def test_host_overhead_harness_runs_fused_moe():
+    """bench/tools/host_overhead.py --moe at a small shape, the faked H200 running fused_moe's prepared call on
+    the CUDA path: four launches (the alignment, w13 with its gated activation, w2, the combine) and four
+    aten ops (the alignment's buffer, both GEMMs' outputs, the result), repeated calls included."""
+    pytest.importorskip("cuda.bindings.driver")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = str(ROOT / "bench/tools/host_overhead.py")
+    command = [sys.executable, script, "--moe", "--iters", "2", "--experts", "8", "--topk", "2", "--moe-inter", "128"]
+    run = subprocess.run([*command, "--moe-k", "256"], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line.split() for line in run.stdout.splitlines() if line.split()[:1] in (["1"], ["16"])]
+    assert [(row[0], row[2], row[3]) for row in rows] == [("1", "4", "4"), ("16", "4", "4")], run.stdout
 
 
 WEIGHTS = {
@@ -182,3 +338,192 @@ def test_repeated_calls_then_a_captured_graph(weight, act, backend, m, seed):
         torch.cuda.synchronize()
         ref = humming.linear(x, qw, bias, act=act, backend="reference")
         assert (out.float() - ref.float()).norm() <= 1e-2 * ref.float().norm(), (weight, act, m, seed)
+
+
+def test_prepared_calls_hit_miss_and_go_with_their_weight(seed, monkeypatch):
+    """humming.linear and the custom op find a kind of call's prepared call in one lookup: a repeat with fresh
+    activations is a hit (no new plan, the same bits as the unprepared path); another M, dtype, bias dtype,
+    act, out_dtype or HUMMING_BACKEND is a miss; the entries go with their weight."""
+    from humming import ops
+
+    linear_module = sys.modules["humming.linear"]
+
+    made = []
+    make = linear_module._make_call
+    monkeypatch.setattr(linear_module, "_make_call", lambda *a: made.append(a[0].shape) or make(*a))
+    qw = humming.quantize(torch.randn(32, 64), "int4", 32)
+    bias = torch.randn(32)
+    x = torch.randn(3, 64)
+    out = humming.linear(x, qw, bias)
+    x = torch.randn(3, 64)
+    again = humming.linear(x, qw, bias)
+    op = torch.ops.humming.linear(x, None, None, *ops.weight_args(qw), bias, None, torch.float32, "auto")
+    assert len(made) == 1 and not torch.equal(out, again)
+    unprepared = linear_module.run_linear(x, qw, bias, None, torch.float32, "auto")
+    assert torch.equal(again, unprepared) and torch.equal(op, unprepared)
+    humming.linear(torch.randn(2, 5, 64), qw, bias)  # another shape (rank 3)
+    humming.linear(x.bfloat16(), qw, bias)
+    humming.linear(x, qw, bias.bfloat16())
+    humming.linear(x, qw, bias, act="fp8")
+    humming.linear(x, qw, bias, out_dtype=torch.bfloat16)
+    monkeypatch.setenv("HUMMING_BACKEND", "reference")
+    humming.linear(x, qw, bias)
+    monkeypatch.delenv("HUMMING_BACKEND")
+    assert len(made) == 7 and len(linear_module._calls[qw]) == 7
+    assert humming.linear(torch.randn(2, 5, 64), qw, bias).shape == (2, 5, 32) and len(made) == 7
+    with pytest.raises(ValueError, match="bias: expected a float tensor of shape"):
+        humming.linear(x, qw, torch.randn(31))
+    assert len(linear_module._calls[qw]) == 7  # a refused call is not kept
+    held = len(linear_module._calls)
+    del qw
+    gc.collect()
+    assert len(linear_module._calls) == held - 1
+
+
+def test_triton_split_k_workspace_is_zero_between_calls(seed, monkeypatch):
+    """Split along K, the Triton GEMMs sum in the shared workspace and the last program of each tile writes
+    the output with the bias and leaves the workspace zero: no per-call memset (no ``zeros``) and no finishing
+    pass; the result within the fp32 tolerance of the reference."""
+    from humming.triton_kernels import wna16
+    from humming.triton_kernels.configs import TileConfig
+    from humming.workspaces import WORKSPACES
+
+    qw = humming.quantize(torch.randn(64, 256), "int4", 128, scale_dtype=torch.float16)
+    x = torch.randn(20, 256, dtype=torch.float16)
+    bias = torch.randn(64, dtype=torch.float16)
+    cfg = TileConfig(16, 32, 32, split_k=4, num_stages=1)
+    wna16.linear(x, qw, bias, config=cfg)  # the first call makes the launch and the workspace
+    workspace = WORKSPACES.by_stream[(x.device, None)]
+    workspace.fill_(0)  # other tests' calls may have grown it: the next one must not
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: pytest.fail("a per-call zeros") or zeros(*a, **k))
+    out = wna16.linear(x, qw, bias, config=cfg, out=torch.full((20, 64), float("nan"), dtype=torch.float16))
+    monkeypatch.setattr(torch, "zeros", zeros)
+    reference = x.double() @ humming.dequantize(qw).double().T + bias.double()
+    torch.testing.assert_close(out.double(), reference, rtol=2e-3, atol=2e-2)
+    assert WORKSPACES.by_stream[(x.device, None)] is workspace and not workspace.any()  # sums and counts zero
+    assert torch.equal(wna16.linear(x, qw, bias, config=cfg), out)
+
+
+def _host_h200(*args: str) -> list[dict]:
+    """The rows bench/tools/host_h200.py writes with ``--dry-run --m 1`` and ``args``."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "host.json"
+        script = str(ROOT / "bench/tools/host_h200.py")
+        command = [sys.executable, script, "--dry-run", "--m", "1", "--out", str(out), *args]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(out.read_text())["rows"]
+
+
+def test_host_h200_benchmark_dry_run():
+    """bench/tools/host_h200.py (the GPU host-time benchmark) on the CPU: a linear row (eager and compiled), the
+    torch reference row and a fused_moe row reach the JSON it writes."""
+    rows = _host_h200("--only", "qwen3,int4 x fp8")
+    names = [(r["name"], r["kind"]) for r in rows]
+    assert ("torch matmul bf16", "reference") in names and ("fused_moe qwen3-30b-a3b int4 g128", "fused_moe") in names
+    assert [r["name"] for r in rows if r["kind"] not in ("reference", "fused_moe")] == ["int4 x fp8"], names
+    assert all(r["eager_us"] > 0 and "error" not in r for r in rows), rows
+    assert all(r["compiled_us"] > 0 for r in rows if r["kind"] != "reference"), rows
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_fused_moe_prepared_calls_hit_miss_and_go_with_their_weights(backend, seed, monkeypatch):
+    """fused_moe and its custom op find a kind of call's prepared call in one lookup per weight: a repeat with
+    fresh tokens and routing is a hit (the same bits as the unprepared path); another T, topk_weights dtype,
+    activation, block_m, expert map or HUMMING_BACKEND is a miss; ids out of range still raise on a hit; a
+    refused call raises and is not kept; the entries go with either weight."""
+    from humming import moe, ops
+    from humming.reference.moe_layer import check_activation
+
+    fused = sys.modules["humming.moe.fused"]
+    made = []
+    make = fused._make_call
+    monkeypatch.setattr(fused, "_make_call", lambda *a: made.append(a[0].shape) or make(*a))
+    e, k, inter, topk = 4, 64, 32, 2
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k), "int4", 32)
+    w2 = humming.quantize(torch.randn(e, k, inter), "int4", 32)
+    dtype = torch.float32 if backend == "reference" else torch.float16
+    tokens = lambda t: (
+        torch.randn(t, k).to(dtype),
+        torch.softmax(torch.randn(t, topk), -1),
+        torch.stack([torch.randperm(e)[:topk] for _ in range(t)]).to(torch.int32),
+    )
+    entries = lambda a, b: len(fused._calls[a][b])
+    out = moe.fused_moe(*tokens(3)[:1], w13, w2, *tokens(3)[1:], backend=backend)
+    x, weights, ids = tokens(3)
+    again = moe.fused_moe(x, w13, w2, weights, ids, backend=backend)
+    op_args = (x, weights, ids, *ops.weight_args(w13), None, *ops.weight_args(w2), None, None)
+    op = torch.ops.humming.fused_moe(*op_args, "silu", None, None, "concat", None, None, None, 0, backend)
+    assert len(made) == 1 and entries(w13, w2) == 1 and not torch.equal(out, again)
+    activation = check_activation("silu", None, None, "concat")
+    unprepared = fused.run_fused_moe(
+        x, w13, None, w2, None, weights, ids, None, activation, None, None, None, None, backend
+    )
+    assert torch.equal(again, unprepared) and torch.equal(op, unprepared) and not again.isnan().any()
+    moe.fused_moe(*tokens(5)[:1], w13, w2, *tokens(5)[1:], backend=backend)  # another T
+    moe.fused_moe(x, w13, w2, weights.bfloat16(), ids, backend=backend)
+    moe.fused_moe(x, w13, w2, weights, ids, activation="gelu", backend=backend)
+    moe.fused_moe(x, w13, w2, weights, ids, block_m=32, backend=backend)
+    moe.fused_moe(x, w13, w2, weights, ids, expert_map=torch.arange(e), backend=backend)
+    monkeypatch.setenv("HUMMING_BACKEND", "reference")
+    moe.fused_moe(x, w13, w2, weights, ids)
+    monkeypatch.delenv("HUMMING_BACKEND")
+    assert len(made) == 7 and entries(w13, w2) == 7
+    moe.fused_moe(x, w13, w2, weights, ids, block_m=32, backend=backend)
+    assert len(made) == 7
+    with pytest.raises(ValueError, match=r"topk_ids: values must lie in \[0, 4\), found 4"):
+        moe.fused_moe(x, w13, w2, weights, ids.clamp(min=2) + 2, backend=backend)  # a kind of call seen before
+    with pytest.raises(ValueError, match="topk_weights: expected shape"):
+        moe.fused_moe(x, w13, w2, weights[:, :1], ids, backend=backend)
+    assert entries(w13, w2) == 7  # a refused call is not kept
+    held, w2_held = len(fused._calls), len(fused._calls[w13])
+    w2_other = humming.quantize(torch.randn(e, k, inter), "int4", 32)
+    moe.fused_moe(x, w13, w2_other, weights, ids, backend=backend)
+    assert len(fused._calls[w13]) == w2_held + 1
+    del w2_other
+    gc.collect()
+    assert len(fused._calls[w13]) == w2_held
+    del w13
+    gc.collect()
+    assert len(fused._calls) == held - 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 100])
+def test_fused_moe_prepared_call_then_a_captured_graph(m, seed):
+    """On the GPU, fused_moe's prepared call (the CUDA gated w13 and w2, the Triton alignment and combine) on
+    fresh tokens and routings call after call gives the unprepared path's bits; a CUDA graph captured after
+    those calls replays on new inputs (the prepared call holds no call's tensor)."""
+    from humming import moe
+    from humming.reference.moe_layer import check_activation
+
+    fused = sys.modules["humming.moe.fused"]
+    e, k, inter, topk = 16, 512, 256, 4
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k, device="cuda") * 0.05, "int4", 128)
+    w2 = humming.quantize(torch.randn(e, k, inter, device="cuda") * 0.05, "int4", 128)
+    activation = check_activation("silu", None, None, "concat")
+    unprepared = lambda x, weights, ids: fused.run_fused_moe(
+        x, w13, None, w2, None, weights, ids, None, activation, None, None, None, None, "auto"
+    )
+
+    def inputs():
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        weights = torch.softmax(torch.randn(m, topk, device="cuda"), -1)
+        ids = torch.stack([torch.randperm(e, device="cuda")[:topk] for _ in range(m)]).to(torch.int32)
+        return x, weights, ids
+
+    for _ in range(3):
+        x, weights, ids = inputs()
+        out = moe.fused_moe(x, w13, w2, weights, ids)
+        assert torch.equal(out, unprepared(x, weights, ids)) and not out.isnan().any()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe.fused_moe(x, w13, w2, weights, ids)
+    for _ in range(2):
+        for tensor, fresh in zip((x, weights, ids), inputs()):
+            tensor.copy_(fresh)
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, unprepared(x, weights, ids))

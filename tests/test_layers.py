@@ -4,12 +4,12 @@ never run), and every module loaded by name: ``importlib.import_module("humming.
 modules that a module lists to import on first use (a string that is a humming module's full name, such as
 the kernel modules ``humming.dispatch.kernels`` lists). Those run later, when first used: lazy edges.
 
-The house (bottom up): the IR (``humming.ir``) and the device facts (``humming.device``), the kernel
-protocol (``humming.kernel``); the references (``humming.reference``); the kernel backends
-(``humming.cuda_kernels``, ``humming.triton_kernels``); the dispatcher (``humming.dispatch``); the entry
-points (``humming.linear``, ``humming.moe``, ``humming.norm``, ``humming.ops``, ``humming.warmup``); the
-modules and loaders (``humming.nn``, ``humming.loaders``, ``humming.engines``); the benchmarks
-(``humming.bench``).
+The house (bottom up): the IR (``humming.ir``), the device facts (``humming.device``), the kernel protocol
+(``humming.kernel``) and the kernels' shared split-K workspaces (``humming.workspaces``); the references
+(``humming.reference``); the kernel backends (``humming.cuda_kernels``, ``humming.triton_kernels``); the
+dispatcher (``humming.dispatch``); the entry points (``humming.linear``, ``humming.moe``, ``humming.norm``,
+``humming.ops``, ``humming.warmup``); the modules and loaders (``humming.nn``, ``humming.loaders``,
+``humming.engines``); the benchmarks (``humming.bench``).
 
 Rules: no import cycles, lazy edges included; each layer imports only downward; no module imports its own
 package's face (its ``__init__``, which only names what the package's modules define); the CUDA JIT does
@@ -131,7 +131,8 @@ def test_ir_imports_only_the_ir():
 
 def test_device_facts_the_kernel_protocol_and_the_environment_import_nothing_of_humming():
     graph = _imports(_modules())
-    assert not any(graph[name] for name in ("humming.device", "humming.kernel", "humming._env", CHECK))
+    bottom = ("humming.device", "humming.kernel", "humming._env", "humming.workspaces", CHECK)
+    assert not any(graph[name] for name in bottom)
 
 
 def test_loaders_import_only_the_ir():
@@ -146,11 +147,12 @@ def test_the_references_import_only_the_ir():
 
 
 def test_kernels_import_only_downward():
-    """The IR, the references, the device facts, the kernel protocol, the environment reader and the import-time
-    check; the CUDA backend also runs the Triton activation quantizer (the pass before its GEMMs), and nothing
-    else of the Triton backend."""
+    """The IR, the references, the device facts, the kernel protocol, the environment reader, the shared split-K
+    workspaces and the import-time check; the CUDA backend also runs the Triton activation quantizer (the pass
+    before its GEMMs), and nothing else of the Triton backend."""
     graph = _imports(_modules())
     below = ("humming.ir", "humming.reference", "humming.device", "humming.kernel", "humming._env", CHECK)
+    below += ("humming.workspaces",)
     assert not _wrong(graph, ("humming.triton_kernels",), allowed=("humming.triton_kernels", *below))
     cuda = ("humming.cuda_kernels", "humming.triton_kernels.act_quant", *below)
     assert not _wrong(graph, ("humming.cuda_kernels",), allowed=cuda)

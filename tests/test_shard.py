@@ -9,8 +9,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import humming
+from humming.cuda_kernels._layout import gate_up_rows
 from humming.ir.packing import pack_codes
-from humming.ir.shard import deinterleave_rows, shard
+from humming.ir.shard import deinterleave_rows, permute_rows, shard
 from humming.ir.weight import QuantizedWeight
 
 
@@ -118,6 +119,38 @@ def test_deinterleave_rows():
     gate, up = deinterleave_rows(qw)
     full = humming.dequantize(qw)
     assert torch.equal(humming.dequantize(gate), full[:, 0::2]) and torch.equal(humming.dequantize(up), full[:, 1::2])
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.group_shape[0] in (1, -1)], ids=lambda c: f"{c.fmt}-{c.shape}")
+def test_permute_rows_takes_the_rows_of_every_expert(case):
+    qw = random_qw(case)
+    rows = torch.randperm(qw.N, generator=torch.Generator().manual_seed(3))
+    permuted = permute_rows(qw, rows)
+    assert torch.equal(humming.dequantize(permuted), humming.dequantize(qw)[..., rows, :])
+    assert torch.equal(permuted.bias, qw.bias[..., rows])
+
+
+def test_permute_rows_errors():
+    with pytest.raises(ValueError, match="per-row scales or one for all N"):
+        permute_rows(random_qw(Case("e4m3", (256, 512), (128, 128), scale_dtype=torch.float32)), torch.arange(256))
+    with pytest.raises(ValueError, match="rows: expected a permutation of the 64 rows"):
+        permute_rows(random_qw(CASES[0]), torch.arange(32))
+
+
+@pytest.mark.parametrize("layout", ["concat", "interleaved"])
+def test_gate_up_rows_put_a_features_gate_and_up_eight_rows_apart(layout):
+    """The gated epilogue's order: in every 16-row tile, row g is the gate and row g + 8 the up of feature
+    64 * block + 8 * tile + g (concat: rows f and I + f of w13; interleaved: 2f and 2f + 1); a permutation."""
+    two_i = 384
+    rows = gate_up_rows(two_i, layout)
+    assert sorted(rows.tolist()) == list(range(two_i))
+    for j in range(two_i):
+        f = j // 16 * 8 + j % 8
+        up = j % 16 >= 8
+        want = (2 * f + up) if layout == "interleaved" else (f + up * two_i // 2)
+        assert rows[j] == want, (j, rows[j], want)
+    with pytest.raises(ValueError, match="2I % 128 == 0"):
+        gate_up_rows(192, layout)
 
 
 def _worker(rank, world_size, init_file, results):

@@ -32,7 +32,10 @@ import torch
 
 #: Shared memory per block (the opt-in maximum) of the architectures checked.
 LIMITS = {90: 232448, 80: 166912}
+#: The plans are checked against every capability the Triton path serves (sm_86 / sm_89: 101376 bytes).
+PLAN_LIMITS = {**LIMITS, 86: 101376, 89: 101376}
 M_BUCKETS = (1, 16, 32, 64, 128, 200, 512, 4096)
+PLAN_M = (1, 2, 8, *M_BUCKETS[1:])
 GROUPS = {"g32": 32, "g64": 64, "g128": 128, "channel": 0, "act-order": 0}  # act-order: no fixed K group
 N, K, SMS = 28672, 8192, 132
 
@@ -137,16 +140,16 @@ def test_chosen_tiles_compile_within_the_limit(arch: int, compiled: dict) -> Non
     assert not under, "the estimate must be an upper bound:\n" + "\n".join(under)
 
 
-@pytest.mark.parametrize("arch", list(LIMITS), ids=lambda a: f"sm_{a}")
+@pytest.mark.parametrize("arch", list(PLAN_LIMITS), ids=lambda a: f"sm_{a}")
 def test_every_wna16_plan_fits(arch: int) -> None:
     from humming.triton_kernels import wna16
     from humming.triton_kernels.wna16_configs import smem_estimate, wna16_config
 
-    limit, over = LIMITS[arch], []
+    limit, over = PLAN_LIMITS[arch], []
     for bits in range(1, 9):
         for group, group_k in GROUPS.items():
             act_order = group == "act-order"
-            for m in M_BUCKETS:
+            for m in PLAN_M:
                 cfg = wna16_config(m, N, K, bits, SMS, group_k, limit, act_order)
                 if smem_estimate(cfg, bits, group_k, act_order) > limit:
                     over.append(f"{bits}-bit {group} M={m}: {cfg.name()}")
@@ -158,19 +161,29 @@ def test_every_wna16_plan_fits(arch: int) -> None:
     assert not over, "\n".join(over)
 
 
-@pytest.mark.parametrize("arch", list(LIMITS), ids=lambda a: f"sm_{a}")
+@pytest.mark.parametrize("arch", list(PLAN_LIMITS), ids=lambda a: f"sm_{a}")
 def test_every_scaled_mm_plan_fits(arch: int) -> None:
-    from humming.triton_kernels.scaled_mm_configs import scaled_mm_config, smem_estimate
+    """Every scaled-GEMM tile of each capability's table fits its shared memory and its register budget (the
+    accumulator words per thread of :data:`~humming.triton_kernels.scaled_mm_configs.ACC_WORDS`)."""
+    from humming.triton_kernels.scaled_mm_configs import ACC_WORDS, scaled_mm_config, smem_estimate
 
-    limit, over = LIMITS[arch], []
+    capability = (arch // 10, arch % 10)
+    limit, over = PLAN_LIMITS[arch], []
+    family = "sm90" if arch == 90 else "mma"
     for operand_bits in (8, 16):
         for weight_bits in range(1, 9):
             for k_step in (0, 16, 32, 128):
                 for fold in (False, True):
-                    for m in M_BUCKETS:
-                        cfg = scaled_mm_config(m, N, K, operand_bits, k_step, weight_bits, SMS, limit, fold)
-                        if smem_estimate(cfg, operand_bits, weight_bits, fold) > limit:
-                            over.append(f"{operand_bits}-bit MMA {weight_bits}-bit w step {k_step} M={m}: {cfg}")
+                    for accumulators, decodes in ((1, False), (2, False), (1, True), (2, True)):
+                        per_tile, total = ACC_WORDS[family][decodes]
+                        for m in M_BUCKETS:
+                            args = (m, N, K, operand_bits, k_step, weight_bits, SMS, limit, fold, capability)
+                            cfg = scaled_mm_config(*args, accumulators, decodes)
+                            words = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
+                            if smem_estimate(cfg, operand_bits, weight_bits, fold) > limit:
+                                over.append(f"{operand_bits}-bit MMA {weight_bits}-bit w step {k_step} M={m}: {cfg}")
+                            if cfg.block_m >= 64 and (words > per_tile or words * accumulators > total):
+                                over.append(f"registers: {accumulators} x {words} words, M={m}: {cfg}")
     assert not over, "\n".join(over)
 
 

@@ -87,8 +87,9 @@ def _check(case: Case, qw, x, bias, out_dtype, config=None) -> None:
     result = wna16.linear(x, qw, bias, out_dtype, config=config, out=out)
     assert result.data_ptr() == out.data_ptr()
     assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} outputs not written (NaN poison left)"
-    # The GEMV path (block_m <= 4) uses the fp32 weights; the tensor-core path rounds them to x's dtype.
-    gemv = (config or wna16_config(m, n, qw.K, qw.bits, 1)).block_m <= 4
+    # The GEMV path (block_m <= 4) uses the fp32 weights; the tensor-core paths round them to x's dtype.
+    cfg = config or wna16_config(m, n, qw.K, qw.bits, 1)
+    gemv = cfg.block_m <= 4 and not cfg.swap
     ref = x.double() @ humming.dequantize(qw, torch.float32 if gemv else x.dtype).double().T
     if bias is not None:
         ref = ref + bias.double()
@@ -107,9 +108,24 @@ def test_wna16_matches_reference(case: Case, shape, seed: int, device: str) -> N
     _check(case, qw, x, bias, case.out_dtype or case.x_dtype)
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_wna16_few_tokens(case: Case, m: int, seed: int, device: str) -> None:
+    """M <= 16, the decode paths the chooser picks (the GEMV kernel at M = 1, the swapped-operand
+    tensor-core kernel up to 16), on odd N and K (K neither a multiple of a tile nor of a word)."""
+    n, k = 40, 200
+    qw = case.quantize(torch.randn(n, k, device=device))
+    x = torch.randn(m, k, device=device).to(case.x_dtype)
+    cfg = wna16_config(m, n, k, qw.bits, 1)
+    assert cfg.block_m == 1 if m == 1 else cfg.swap, cfg
+    _check(case, qw, x, torch.randn(n, device=device) if case.bias else None, case.out_dtype or case.x_dtype)
+
+
 @pytest.mark.parametrize(
     "config",
     [
+        TileConfig(16, 32, 64, split_k=2, swap=True),
+        TileConfig(1, 64, 64, split_k=3),
         TileConfig(16, 16, 64, split_k=3),
         TileConfig(32, 32, 32, split_k=2, group_m=1),
         TileConfig(16, 64, 128),
@@ -123,7 +139,8 @@ def test_wna16_tile_configs(config: TileConfig, seed: int, device: str) -> None:
     """Split-K (fp32 atomics, bias added after), GEMV (block_m <= 4) and other tiles compute the same function."""
     case = Case("int4", group_size=32)
     qw = case.quantize(torch.randn(40, 200, device=device))
-    x = torch.randn(max(1, config.block_m - 1) if config.block_m <= 4 else 7, 200, device=device).to(torch.bfloat16)
+    rows = max(1, config.block_m - 1) if config.block_m <= 4 else 7
+    x = torch.randn(rows, 200, device=device).to(torch.bfloat16)
     _check(case, qw, x, torch.randn(40, device=device), torch.bfloat16, config=config)
 
 

@@ -35,8 +35,14 @@ def main() -> None:
         qw = humming.quantize(torch.randn(256, 512, device="cuda"), weight="uint4", group_size=128, zero_point=True)
         x = torch.randn(130, 512, device="cuda", dtype=torch.bfloat16)
         ref = x.float() @ humming.dequantize(qw).T
-        for tuning in (_gemm_sm90.GemmTuning(128, 4), _gemm_sm90.GemmTuning(256, 3)):
+        T = _gemm_sm90.GemmTuning
+        real_limits = _gemm_sm90.device_limits
+        # K in 3 splits; a persistent grid of 2 blocks (as if the GPU had one SM) walking the 4 tiles
+        for tuning in (T(128, 4), T(256, 3), T(64, 4, 2, 3), T(64, 4, 2, persistent=True)):
+            if tuning.persistent:
+                _gemm_sm90.device_limits = lambda device=None: real_limits(device)._replace(sm_count=1)
             out = _gemm_sm90.run_gemm(prepare_weight(qw), x, None, torch.bfloat16, tuning)
+            _gemm_sm90.device_limits = real_limits
             torch.cuda.synchronize()
             err = ((out.float() - ref).norm() / ref.norm()).item()
             print(f"gemm_sm90 uint4 g128 zp M=130 {tuning}: rel err {err:.2e}")
@@ -63,6 +69,24 @@ def _grouped() -> None:
         torch.cuda.synchronize()
         err = ((out.float() - ref).norm() / ref.norm()).item()
         print(f"grouped {weight} act={act} experts={experts} rows={rows.numel()}: rel err {err:.2e}")
+    # the gathering variant: 9 tokens read through the index, padding rows (-1) zero-filled
+    tokens = torch.randn(9, k, device="cuda", dtype=torch.bfloat16)
+    index = torch.arange(rows.numel(), dtype=torch.int32, device="cuda") % 10 - 1  # tokens 0..8, -1 every 10th
+    qw = humming.quantize(torch.randn(experts, n, k, device="cuda"), weight="int4", group_size=128)
+    out = humming.moe.grouped_linear(tokens, qw, ids, block_m, rows=index, backend="cuda")
+    ref = humming.moe.grouped_linear(tokens, qw, ids, block_m, rows=index, backend="reference").float()
+    torch.cuda.synchronize()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    print(f"grouped gather int4 experts={experts} rows={rows.numel()}: rel err {err:.2e}")
+    # fused_moe: w13 with the activation in its epilogue (gate-up rows), then w2
+    w13 = humming.quantize(torch.randn(experts, 2 * n, k, device="cuda"), weight="int4", group_size=128)
+    w2 = humming.quantize(torch.randn(experts, k, n, device="cuda"), weight="int4", group_size=128)
+    weights, topk = torch.rand(9, 2, device="cuda"), torch.randint(0, experts, (9, 2), device="cuda")
+    out = humming.moe.fused_moe(tokens, w13, w2, weights, topk, activation="swiglu_oai")
+    ref = humming.moe.fused_moe(tokens, w13, w2, weights, topk, activation="swiglu_oai", backend="reference")
+    torch.cuda.synchronize()
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    print(f"fused_moe int4 swiglu_oai (gated w13 epilogue) experts={experts}: rel err {err:.2e}")
 
 
 if __name__ == "__main__":

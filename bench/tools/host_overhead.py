@@ -12,20 +12,32 @@ Faked (see :func:`fake_gpu`):
 - Triton: its driver (device 0, stream 0, target sm_90) and its compiler: a kernel "compiles" into a
   ``CompiledKernel`` whose launcher only counts.
 
-The figures are microseconds of Python and torch dispatch on this CPU, not GPU times: on a GPU each real
+Per combination: the eager call (``us``), and ``torch.ops.humming.linear`` called directly (``op us``: what
+code compiled by ``torch.compile`` calls per linear, the wrapper's own cost left out). The figures are
+microseconds of Python and torch dispatch on this CPU, not GPU times: on a GPU each real
 launch, stream query and caching-allocator allocation costs a little more. Each combination also reports
 the launches and the aten ops of one call (views left out: the allocations, and torch ops that launch GPU
 kernels of their own).
 
-Usage: ``python bench/tools/host_overhead.py [--n 28672] [--k 8192] [--iters 2000] [--profile COMBO]``
-(preparing the weights at full size takes a minute or two of CPU).
+``--moe``: one eager ``humming.moe.fused_moe`` call instead (int4 g128 experts, ``--experts`` of them,
+``--topk`` each; ``w13 [E, 2 * --moe-inter, --moe-k]``, small so that the host time shows), with ``topk_ids``
+already on the "GPU"; routing, alignment, both grouped GEMMs, the activation pass and the combine.
+
+Usage: ``python bench/tools/host_overhead.py [--n 28672] [--k 8192] [--iters 2000] [--only COMBO] [--m 1,16]
+[--profile COMBO] [--save FILE.json] [--compare FILE.json] [--moe]`` (preparing the weights at full size takes
+a minute or two of CPU). ``--save`` writes the rows as JSON; ``--compare`` prints a saved run's figures next to
+this one's (before / after a change). torch runs on one thread: the aten ops the fake runs on the CPU
+would otherwise wait on a thread pool shared with other processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import cProfile
+import functools
+import json
 import os
 import pstats
 import sys
@@ -145,6 +157,7 @@ def fake_gpu() -> None:
 # ------------------------------------------------------------------------------------------- the layers
 def _weights(n: int, k: int) -> dict:
     """The weights of each combination, random codes with plausible scales (the values never matter)."""
+    from humming.ir.quantize import quantize
     from humming.ir.weight import QuantizedWeight
 
     words = lambda bits: torch.randint(-(2**31), 2**31 - 1, (n, k * bits // 32), dtype=torch.int32)
@@ -154,6 +167,8 @@ def _weights(n: int, k: int) -> dict:
     mxfp4 = QuantizedWeight((n, k), "e2m1", words(4), e8m0, (1, 32))
     fp8_channel = QuantizedWeight((n, k), "e4m3", words(8), scales(n, 1), (1, -1))
     fp8_block = QuantizedWeight((n, k), "e4m3", words(8), scales(n // 128, k // 128), (128, 128))
+    int8_channel = QuantizedWeight((n, k), "int8", words(8), scales(n, 1), (1, -1))
+    nvfp4 = quantize(torch.randn(n, k), "nvfp4")
     return {
         "W4A16 int4 g128": (int4, None),
         "MXFP4 x bf16": (mxfp4, None),
@@ -161,6 +176,9 @@ def _weights(n: int, k: int) -> dict:
         "W8A8 fp8 block, act fp8_g128": (fp8_block, "fp8_g128"),
         "W4A8 int4 x fp8": (int4, "fp8"),
         "MXFP4 x fp8": (mxfp4, "fp8"),
+        "W8A8 int8 channel, act int8": (int8_channel, "int8"),
+        "NVFP4 x bf16": (nvfp4, None),
+        "NVFP4 x nvfp4": (nvfp4, "nvfp4"),
     }
 
 
@@ -169,6 +187,76 @@ class _CountOps(TorchDispatchMode):
         if not func.is_view and func.__name__ not in ("detach.default", "alias.default"):
             COUNTS[f"aten {func.__name__}"] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _runs_on_cuda(qw, scheme, x) -> bool:
+    from humming.dispatch.plan import plan_linear
+
+    try:
+        plan_linear(qw, scheme, x, "cuda")
+    except ValueError:  # no CUDA kernel takes this combination
+        return False
+    return True
+
+
+def _moe_layer(experts: int, inter: int, k: int) -> tuple:
+    """``(w13, w2)``: int4 g128 expert weights of random codes, prepared for the CUDA grouped kernels (w13
+    with its rows in the gated epilogue's order, as fused_moe runs it)."""
+    from humming import cuda_kernels
+    from humming.cuda_kernels import _wna16
+    from humming.ir.weight import QuantizedWeight
+
+    def weight(n, width):
+        codes = torch.randint(-(2**31), 2**31 - 1, (experts, n, width // 8), dtype=torch.int32)
+        scales = (torch.rand(experts, n, width // 128) + 0.5).to(torch.bfloat16)
+        return QuantizedWeight((experts, n, width), "int4", codes, scales, (1, 128))
+
+    layer = weight(2 * inter, k), weight(k, inter)
+    with contextlib.suppress(ValueError, RuntimeError):
+        # w13 in the gated epilogue's row order (fused_moe's path), w2 in the plain one
+        _wna16.prepare_gate_up(layer[0], "concat")
+        cuda_kernels.prepare(layer[1])
+    return layer
+
+
+def _count(call) -> tuple[int, int]:
+    """``(launches, aten ops)`` of one ``call()`` (after a first call that plans, prepares and "compiles")."""
+    call()
+    COUNTS.clear()
+    with _CountOps():
+        call()
+    launches = COUNTS["cuda launch"] + COUNTS["triton launch"]
+    return launches, sum(v for key, v in COUNTS.items() if key.startswith("aten "))
+
+
+def _moe_rows(args, layer, before: dict) -> list[dict]:
+    """The rows of ``--moe``: one eager fused_moe call per M (``before``: a saved run's rows by M)."""
+    from humming import moe
+
+    w13, w2 = layer
+    rows = []
+    print(f"E={args.experts} topk={args.topk} w13 [E, {2 * args.moe_inter}, {args.moe_k}] int4 g128: host us per")
+    print("eager fused_moe call (CPU-side, GPU faked)")
+    print(f"{'M':>4} {'us':>8}  launches  aten ops" + ("  | before: us  launches  aten ops" if before else ""))
+    for m in (int(v) for v in args.m.split(",")):
+        x = torch.randn(m, args.moe_k, dtype=torch.bfloat16)
+        ids = torch.stack([torch.randperm(args.experts)[: args.topk] for _ in range(m)]).to(torch.int32)
+        weights = torch.rand(m, args.topk)
+        call = lambda: moe.fused_moe(x, w13, w2, weights, ids)  # noqa: B023 (called in this loop)
+        launches, aten_ops = _count(call)
+        row = {"combination": "fused_moe int4 g128", "m": m, "backend": "auto", "launches": launches}
+        row |= {"aten_ops": aten_ops, "us": round(measure(call, args.iters), 1)}
+        rows.append(row)
+        line = f"{m:>4} {row['us']:8.1f}  {launches:>8}  {aten_ops:>8}"
+        old = before.get(m)
+        if old:
+            line += f"  | {old['us']:10.1f}  {old['launches']:>8}  {old['aten_ops']:>8}"
+        print(line)
+        if args.profile and args.profile in row["combination"]:
+            profile = cProfile.Profile()
+            profile.runcall(lambda: [call() for _ in range(args.iters)])  # noqa: B023
+            pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+    return rows
 
 
 def measure(fn, iters: int) -> float:
@@ -187,42 +275,83 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=28672)
     parser.add_argument("--k", type=int, default=8192)
     parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--m", default="1,16", help="the token counts, comma-separated")
+    parser.add_argument("--only", metavar="COMBO", help="run the combinations whose name holds this substring")
     parser.add_argument("--profile", metavar="COMBO", help="cProfile this combination (a substring of its name)")
+    parser.add_argument("--save", metavar="FILE", help="write the rows as JSON")
+    parser.add_argument("--compare", metavar="FILE", help="print the rows of a run saved with --save alongside")
+    parser.add_argument("--moe", action="store_true", help="time fused_moe instead of humming.linear")
+    parser.add_argument("--experts", type=int, default=128)
+    parser.add_argument("--topk", type=int, default=8)
+    parser.add_argument("--moe-inter", type=int, default=256)
+    parser.add_argument("--moe-k", type=int, default=512)
     args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.moe:
+        layer = _moe_layer(args.experts, args.moe_inter, args.moe_k)
+        fake_gpu()
+        before = {r["m"]: r for r in json.loads(Path(args.compare).read_text())} if args.compare else {}
+        rows = _moe_rows(args, layer, before)
+        if args.save:
+            Path(args.save).write_text(json.dumps(rows, indent=1) + "\n")
+        return
 
     import humming
-    from humming import cuda_kernels
+    from humming import cuda_kernels, ops
     from humming.dispatch.plan import plan_linear
     from humming.ir.activation import get_act_scheme
 
-    combos = _weights(args.n, args.k)
+    combos = {name: c for name, c in _weights(args.n, args.k).items() if not args.only or args.only in name}
     for qw, act in combos.values():  # the layouts each kernel reads, made once on the CPU before faking
-        cuda_kernels.prepare(qw, act)
+        with contextlib.suppress(ValueError, RuntimeError):  # no CUDA kernel takes NVFP4 x 16-bit activations
+            cuda_kernels.prepare(qw, act)
     fake_gpu()
 
+    before = {}
+    if args.compare:
+        before = {(r["combination"], r["m"], r["backend"]): r for r in json.loads(Path(args.compare).read_text())}
     print(f"N={args.n} K={args.k}: host us per eager humming.linear call (CPU-side, GPU faked)")
-    print(f"{'combination':32} {'M':>3} {'backend':>7} {'us':>7}  kernel            launches  aten ops")
+    columns = f"{'combination':32} {'M':>3} {'backend':>7} {'us':>7} {'op us':>7}  {'kernel':17} launches  aten ops"
+    print(columns + ("  | before: us   op us  launches  aten ops" if before else ""))
+    rows = []
     for name, (qw, act) in combos.items():
         scheme = None if act is None else get_act_scheme(act)
-        for m in (1, 16):
+        for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, args.k, dtype=torch.bfloat16)
             # the dispatcher's choice, and the CUDA backend's where that choice is a Triton kernel
-            backends = ["auto"] + (["cuda"] if plan_linear(qw, scheme, x).backend != "cuda" else [])
+            backends = ["auto"] + (
+                ["cuda"] if plan_linear(qw, scheme, x).backend != "cuda" and _runs_on_cuda(qw, scheme, x) else []
+            )
             for backend in backends:
                 call = lambda: humming.linear(x, qw, act=act, backend=backend)  # noqa: B023 (called in this loop)
-                call()  # plan, prepare, "compile"
-                COUNTS.clear()
-                with _CountOps():
-                    call()
-                launches = COUNTS["cuda launch"] + COUNTS["triton launch"]
-                ops = sum(v for key, v in COUNTS.items() if key.startswith("aten "))
-                kernel = plan_linear(qw, scheme, x, backend).kernel
-                us = measure(call, args.iters)
-                print(f"{name:32} {m:>3} {backend:>7} {us:7.1f}  {kernel:17} {launches:>8}  {ops:>8}")
-                if args.profile and args.profile in name and m == 16:
+                # what compiled code calls per call: the custom op, which finds the weight by its handle
+                args_of_op = (x, None, None, *ops.weight_args(qw), None, act, torch.bfloat16, backend)
+                op = functools.partial(torch.ops.humming.linear, *args_of_op)
+                launches, aten_ops = _count(call)
+                row = {
+                    "combination": name,
+                    "m": m,
+                    "backend": backend,
+                    "kernel": plan_linear(qw, scheme, x, backend).kernel,
+                    "launches": launches,
+                    "aten_ops": aten_ops,
+                    "us": round(measure(call, args.iters), 1),
+                    "op_us": round(measure(op, args.iters), 1),
+                }
+                rows.append(row)
+                line = f"{name:32} {m:>3} {backend:>7} {row['us']:7.1f} {row['op_us']:7.1f}  {row['kernel']:17}"
+                line += f" {row['launches']:>8}  {row['aten_ops']:>8}"
+                old = before.get((name, m, backend))
+                if old:
+                    line += f"  | {old['us']:10.1f} {old.get('op_us', float('nan')):7.1f}"
+                    line += f"  {old['launches']:>8}  {old['aten_ops']:>8}"
+                print(line)
+                if args.profile and args.profile in name:
                     profile = cProfile.Profile()
                     profile.runcall(lambda: [call() for _ in range(args.iters)])  # noqa: B023
                     pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+    if args.save:
+        Path(args.save).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

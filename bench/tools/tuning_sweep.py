@@ -51,9 +51,12 @@ GEMM_M = (48, 64, 96, 128, 192, 256, 384, 512, 1024)
 FP8_M = (1, 16, 64, 128, 256, 1024)
 
 
-def gemm_tunings(m: int, layout, smem: int) -> list[_gemm_sm90.GemmTuning]:
+def gemm_tunings(m: int, n: int, k: int, layout, limits) -> list[_gemm_sm90.GemmTuning]:
     """Token tiles of 32 to 256 (two blocks per SM for tiles of up to 64 tokens, also one for 64), each with
-    as many stages as shared memory holds (two blocks: half of it each), and 4 stages for 128 and 256."""
+    as many stages as shared memory holds (two blocks: half of it each), and 4 stages for 128 and 256; each
+    of those whose grid leaves block slots idle also with K in 2, 4 and the splits that fill the slots once
+    (16 chunks of K per split at least), and those with more tiles than block slots also persistent."""
+    smem = limits.smem_per_block
     out = []
     for bm, blocks in ((32, 2), (64, 2), (64, 1), (128, 1), (256, 1)):
         if bm > 2 * max(m, 32) or (bm < 128 and m > 4 * bm):
@@ -65,6 +68,12 @@ def gemm_tunings(m: int, layout, smem: int) -> list[_gemm_sm90.GemmTuning]:
         out.append(_gemm_sm90.GemmTuning(bm, stages, blocks))
         if bm >= 128 and stages > 4:
             out.append(_gemm_sm90.GemmTuning(bm, 4, blocks))
+        tiles = (n // 128) * -(-m // bm)
+        if tiles > limits.sm_count * blocks:  # more tiles than block slots: a persistent grid walks them
+            out.append(_gemm_sm90.GemmTuning(bm, stages, blocks, persistent=True))
+        fill = min(limits.sm_count * blocks // tiles, k // 64 // 16)
+        for splits in sorted({2, 4, fill} & set(range(2, fill + 1))):
+            out.append(_gemm_sm90.GemmTuning(bm, stages, blocks, splits))
     return out
 
 
@@ -155,7 +164,7 @@ def main() -> int:
                     continue
                 default = runner.tuning(first, act, x)
                 if kernel == "gemm_sm90":
-                    tunings = [default, *gemm_tunings(m, prep.layout, info.limits.smem_per_block)]
+                    tunings = [default, *gemm_tunings(m, n, k, prep.layout, info.limits)]
                 else:
                     default = choose_tuning(m, n, k, info.limits, prep.w_format)
                     tunings = fp8_tunings(m, n, k, info.limits, prep.w_format)

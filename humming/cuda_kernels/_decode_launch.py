@@ -17,13 +17,13 @@ stream runs concurrently.
 from __future__ import annotations
 
 import ctypes
-import threading
 
 import torch
 
 from ..device import device_index, device_limits
+from ..workspaces import WORKSPACES
 from ._decode_tuning import DecodeTuning, default_tuning
-from ._driver import current_stream, fields, get_kernel
+from ._driver import PackedLaunch, current_stream, fields, get_kernel
 from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
 from .jit import KernelSpec, per_call_cache
 
@@ -105,56 +105,6 @@ def stream_k_grid(n: int, k: int, tuning: DecodeTuning, sm_count: int) -> tuple[
     return blocks, blocks * tuning.warps
 
 
-class _Workspaces:
-    """The stream-K workspaces: one zero-filled int32 buffer per (device, stream) holding ``M * N`` fp32
-    sums then the arrival counters, plus per device one spare that a stream first seen during CUDA
-    graph capture takes (without one, a capture takes a temporary zeroed by a captured memset on every
-    replay). A buffer a graph captured is never freed."""
-
-    def __init__(self) -> None:
-        self.by_stream: dict[tuple[int, int], torch.Tensor] = {}
-        self.spare: dict[int, torch.Tensor] = {}
-        self.captured: list[torch.Tensor] = []
-        self.lock = threading.Lock()
-
-    def get(self, numel: int, device: int, stream: int) -> torch.Tensor:
-        """The workspace of at least ``numel`` words for ``stream`` (a ``cudaStream_t``) on ``device``."""
-        key = (device, stream)
-        with self.lock:
-            buf = self.by_stream.get(key)
-            capturing = torch.cuda.is_current_stream_capturing()
-            if buf is None or buf.numel() < numel:
-                if capturing:
-                    spare = self.spare.get(device)
-                    if spare is None or spare.numel() < numel:
-                        # A temporary from the graph's pool, zeroed by a memset node on every replay; not
-                        # kept for eager calls, which would find it unzeroed before the first replay.
-                        return torch.zeros(numel, dtype=torch.int32, device=f"cuda:{device}")
-                    del self.spare[device]
-                    new = spare
-                else:
-                    size = max(numel, 2 * buf.numel()) if buf is not None else numel
-                    new = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device}")
-                # A replaced buffer stays alive in self.captured if a graph uses it; otherwise it is freed
-                # to the caching allocator on the stream it was allocated and used on, so reuse is ordered.
-                buf = self.by_stream[key] = new
-            if capturing and not any(buf is t for t in self.captured):
-                self.captured.append(buf)
-            return buf
-
-    def reserve(self, numel: int, device: int) -> None:
-        stream = torch.cuda.current_stream(device)
-        self.get(numel, device, stream.cuda_stream)
-        with self.lock:
-            spare = self.spare.get(device)
-            if spare is None or spare.numel() < numel:
-                self.spare[device] = torch.zeros(numel, dtype=torch.int32, device=f"cuda:{device}")
-                stream.synchronize()  # zeroed before a capture on another stream uses it
-
-
-_WORKSPACES = _Workspaces()
-
-
 def _workspace_words(m: int, n: int, tuning: DecodeTuning) -> int:
     return m * n + n // (16 * tuning.r)
 
@@ -163,7 +113,7 @@ def reserve_workspace(m: int, n: int, tuning: DecodeTuning, device: int) -> None
     """Allocate, outside graph capture, the stream-K workspace a call ``[m, n]`` with ``tuning`` needs, for
     the current stream and for one CUDA graph capture stream (no-op for the tile grid)."""
     if tuning.stream_k:
-        _WORKSPACES.reserve(_workspace_words(m, n, tuning), device)
+        WORKSPACES.reserve(_workspace_words(m, n, tuning), device)
 
 
 def decode_call_spec(
@@ -200,7 +150,7 @@ class DecodeLaunch:
         bias_code = DTYPE_CODE[bias_dtype if bias_dtype is not None else x_dtype]
         spec = decode_spec(prep.layout, DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code, tuning)
         self.kernel = get_kernel(spec, device)
-        self.prep = prep  # the template holds its tensors' addresses
+        self.prep = prep  # the parameter struct holds its tensors' addresses
         self.m, self.n, self.out_dtype, self.device = m, n, out_dtype, device
         self.torch_device = torch.device("cuda", device)
         self.split = tuning.splits > 1
@@ -213,7 +163,10 @@ class DecodeLaunch:
             self.grid = (blocks, 1, 1)
             self.workspace_words = _workspace_words(m, n, tuning)
         chunks = k // 64
-        self.template = bytes(
+        self.packed = PackedLaunch(
+            self.kernel,
+            self.grid,
+            self.smem,
             _Params(
                 prep.qweight.data_ptr(),
                 None,
@@ -235,7 +188,7 @@ class DecodeLaunch:
                 total_warps,
                 None,
                 0,
-            )
+            ),
         )
 
     def __call__(
@@ -258,19 +211,18 @@ class DecodeLaunch:
         else:
             acc = out
         stream = current_stream(self.device)
-        params = _Params.from_buffer_copy(self.template)
-        params.x = x.data_ptr()
-        params.out = acc.data_ptr()
-        if acc is out:
-            params.out_stride = out.stride(0)
-        if bias is not None:
-            params.bias = bias.data_ptr()
-        if self.workspace_words:
-            sums = _WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
-            params.sums, params.arrivals = sums, sums + 4 * m * n
-        if x_scale is not None:
-            params.x_scale, params.x_scale_stride = x_scale_args(x_scale, m)
-        self.kernel.launch(self.grid, self.smem, params, stream)
+        packed = self.packed
+        with packed.lock:
+            params = packed.params
+            params.x = x.data_ptr()
+            params.out = acc.data_ptr()
+            params.out_stride = out.stride(0) if acc is out else n
+            params.bias = None if bias is None else bias.data_ptr()
+            if self.workspace_words:
+                sums = WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
+                params.sums, params.arrivals = sums, sums + 4 * m * n
+            params.x_scale, params.x_scale_stride = (None, 0) if x_scale is None else x_scale_args(x_scale, m)
+            packed(stream)
         if not self.split:
             return result
         if result is None:

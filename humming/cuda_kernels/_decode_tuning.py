@@ -30,9 +30,11 @@ class DecodeTuning:
             raise ValueError(f"stream_k: expected 0, or > 0 with splits=1 and r dividing 8; got {self}")
 
     def smem_bytes(self, bits: int) -> int:
-        """Dynamic shared memory of the pipeline (``Pipeline`` in decode.cuh)."""
+        """Dynamic shared memory: the pipeline (``Pipeline`` in decode.cuh), which the tile grid's warps
+        reuse for their partial sums (``run_tiles``)."""
         per_thread = self.r * (bits // 4) * 16 + self.mt * 32 + self.r * 8 + self.r * 4
-        return self.stages * self.warps * 32 * per_thread
+        partials = self.r * self.mt * 16
+        return self.warps * 32 * max(self.stages * per_thread, partials)
 
 
 @per_call_cache

@@ -23,6 +23,7 @@ from .jit import CompiledKernel, KernelNotReadyError, KernelSpec, compile_kernel
 
 __all__ = [
     "LoadedKernel",
+    "PackedLaunch",
     "TensorMap2d",
     "check",
     "current_stream",
@@ -152,18 +153,53 @@ class LoadedKernel:
         self._stream = driver.CUstream
         self._success = driver.CUresult.CUDA_SUCCESS
 
-    def launch(self, grid: tuple[int, int, int], smem: int, params: ctypes.Structure, stream: int) -> None:
-        """Launch on ``stream`` (a ``cudaStream_t`` as int) with ``params`` passed by value."""
+    def allow_smem(self, smem: int) -> None:
+        """Let launches ask for ``smem`` bytes of dynamic shared memory (the driver's opt-in past 48 KiB)."""
         if smem > self._max_dynamic_smem:
             from cuda.bindings import driver
 
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(driver.cuFuncSetAttribute(self._function, attr, smem))
             self._max_dynamic_smem = smem
+
+    def launch(self, grid: tuple[int, int, int], smem: int, params: ctypes.Structure, stream: int) -> None:
+        """Launch on ``stream`` (a ``cudaStream_t`` as int) with ``params`` passed by value."""
+        self.allow_smem(smem)
         pointers = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         result = self._launch(
             self._function, *grid, self._threads, 1, 1, smem, self._stream(stream), ctypes.addressof(pointers), 0
         )
+        if result[0] != self._success:
+            check(result)
+
+
+class PackedLaunch:
+    """One launch of a loaded kernel made ready: grid, shared memory and one parameter struct (``params``, a
+    ctypes structure instance) kept with the pointer array the driver reads it through, so that a call writes
+    its tensors' addresses into ``params`` and launches, building nothing. The driver copies the parameters
+    during the launch call, so the struct may be rewritten as soon as it returns; callers hold ``lock`` from
+    their first write to the launch (threads sharing a launcher)."""
+
+    _STREAMS_KEPT = 64
+
+    def __init__(self, kernel: LoadedKernel, grid: tuple[int, int, int], smem: int, params: ctypes.Structure):
+        kernel.allow_smem(smem)
+        self.params = params
+        self.lock = threading.Lock()
+        self._argv = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        self._head = (kernel._function, *grid, kernel._threads, 1, 1, smem)
+        self._tail = (ctypes.addressof(self._argv), 0)
+        self._launch, self._stream, self._success = kernel._launch, kernel._stream, kernel._success
+        self._streams: dict[int, object] = {}
+
+    def __call__(self, stream: int) -> None:
+        """Launch on ``stream`` (a ``cudaStream_t`` as int) with ``params`` as they are."""
+        handle = self._streams.get(stream)
+        if handle is None:
+            if len(self._streams) >= self._STREAMS_KEPT:
+                self._streams.clear()
+            handle = self._streams[stream] = self._stream(stream)
+        result = self._launch(*self._head, handle, *self._tail)
         if result[0] != self._success:
             check(result)
 

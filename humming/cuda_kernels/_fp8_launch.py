@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..device import device_index
 from ..ir.weight import cdiv
-from ._driver import current_stream, fields, get_kernel, tensor_map, tensor_map_2d
+from ._driver import PackedLaunch, current_stream, fields, get_kernel, tensor_map, tensor_map_2d
 from ._fp8_layout import SCALE_MODES, W_FORMATS, PreparedFp8
 from ._fp8_tuning import _BK, Fp8Tuning, smem_bytes
 from ._layout import CPP_DTYPE, DTYPE_CODE
@@ -202,7 +202,8 @@ class Fp8Launch:
             params.w_group_scale = _ptr(prep.w_group_scale)
             params.w_group_stride = prep.w_group_scale.shape[1] if prep.w_group_scale is not None else 0
         params.block_m = block_m
-        self.template = bytes(params)
+        self.packed = PackedLaunch(self.kernel, self.grid, self.smem, params)
+        self.address = ctypes.addressof(params)
 
     def __call__(
         self, x, bias: torch.Tensor | None, out: torch.Tensor | None = None, expert_ids: torch.Tensor | None = None
@@ -233,18 +234,8 @@ class Fp8Launch:
         else:
             a = _activations(x, self.act, self.prep.kp, tuning.block_m)
             codes, x_scale, x_block_scale = a.codes, a.x_scale, a.x_block_scale
-        params = _Params.from_buffer_copy(self.template)
-        address = ctypes.addressof(params)
-        ctypes.memmove(address + _X_MAP, self.x_map.encode(codes.data_ptr()), 128)
-        if tuning.tma_store:
-            out_map = tensor_map(out_dtype, m, n, out.stride(0), 64, tuning.block_m) if given else self.out_map
-            ctypes.memmove(address + _OUT_MAP, out_map.encode(out.data_ptr()), 128)
-        if x_scale is not None:
-            params.x_scale, params.x_scale_stride = x_scale.data_ptr(), int(x_scale.numel() > 1)
-        else:
-            params.x_block_scale = x_block_scale.data_ptr()
         if bias is not None:
-            params.bias = bias.contiguous().data_ptr()
+            bias = bias.contiguous()
         # split-K: the splits add into a zero-filled fp32 workspace (fp32 out: ``out`` itself), rounded afterwards;
         # the memset and the copy are stream work, so CUDA-graph capture records them
         acc = out
@@ -252,10 +243,23 @@ class Fp8Launch:
             acc = out.zero_()
         elif tuning.splits > 1:
             acc = torch.zeros((m, n), dtype=torch.float32, device=self.torch_device)
-        params.out, params.out_stride = acc.data_ptr(), acc.stride(0)
-        if expert_ids is not None:
-            params.expert_ids = expert_ids.data_ptr()
-        self.kernel.launch(self.grid, self.smem, params, current_stream(self.device))
+        packed, address = self.packed, self.address
+        with packed.lock:
+            params = packed.params
+            ctypes.memmove(address + _X_MAP, self.x_map.encode(codes.data_ptr()), 128)
+            if tuning.tma_store:
+                out_map = tensor_map(out_dtype, m, n, out.stride(0), 64, tuning.block_m) if given else self.out_map
+                ctypes.memmove(address + _OUT_MAP, out_map.encode(out.data_ptr()), 128)
+            if x_scale is not None:
+                params.x_scale, params.x_scale_stride = x_scale.data_ptr(), int(x_scale.numel() > 1)
+                params.x_block_scale = None
+            else:
+                params.x_scale, params.x_scale_stride = None, 0
+                params.x_block_scale = x_block_scale.data_ptr()
+            params.bias = None if bias is None else bias.data_ptr()
+            params.out, params.out_stride = acc.data_ptr(), acc.stride(0)
+            params.expert_ids = None if expert_ids is None else expert_ids.data_ptr()
+            packed(current_stream(self.device))
         if acc is not out:
             out.copy_(acc)
         return out

@@ -1,7 +1,7 @@
 """Weight layout of the FP8 GEMM (:mod:`humming.cuda_kernels.fp8_gemm`): which weights the kernel takes
 (:func:`weight_unsupported`), and :func:`prepare`, which turns a ``QuantizedWeight`` into the kernel's view
 (:class:`PreparedFp8`): e4m3 bytes, or 4-bit codes tiled in wgmma fragment order, MXFP4 scales folded into
-table shifts and per-block fp32 scales."""
+table shifts and per-block fp32 scales; expert-stacked weights (the grouped variant) expert by expert."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from ..ir.weight import cdiv, expert_weight
 
 #: Weight formats (the kernel's kWFormat).
 W_FORMATS = {"e4m3": 0, "int4": 1, "mxfp4": 2}
-#: Weight formats of the grouped (MoE) variant.
-GROUPED_W_FORMATS = ("e4m3", "int4")
+#: Weight formats (``QuantizedWeight.format.name``) of the grouped (MoE) variant.
+GROUPED_W_FORMATS = ("e4m3", "int4", "e2m1")
 #: Scale modes (the kernel's kScaleMode): where the scales are applied.
 SCALE_MODES = {"rowcol": 0, "block128": 1, "group": 2}
 _MX_SHIFTS = (-5, 6)  # e2m1 * 2^d is an e4m3 normal for these d: 0.5 * 2^-5 = 2^-6 .. 6 * 2^6 = 384
@@ -132,6 +132,24 @@ def _fold_mx(qw) -> _MxFold | str:
     return fold
 
 
+_mx_expert_verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> "" or why not
+
+
+def _experts_mx_unsupported(qw) -> str | None:
+    """:func:`_fold_mx`'s verdict on each expert of an expert-stacked MXFP4 weight (each is folded on its
+    own when it is prepared); computed once per weight."""
+    verdict = _mx_expert_verdicts.get(qw)
+    if verdict is None:
+        verdict = ""
+        for e in range(qw.num_experts):
+            fold = _compute_mx_fold(expert_weight(qw, e))
+            if isinstance(fold, str):
+                verdict = f"expert {e}: {fold}"
+                break
+        _mx_expert_verdicts[qw] = verdict
+    return verdict or None
+
+
 def _compute_mx_fold(qw) -> _MxFold | str:
     from ..ir.quantize import unpacked_codes
 
@@ -192,7 +210,9 @@ def _prepare_stacked(qw) -> PreparedFp8:
     columns of the ``[num_kb, N]`` group scales), one expert at a time: the peak extra memory is one expert's
     temporaries, not a second copy of the layer. N % 128 == 0 leaves no padding between experts."""
     if qw.N % 128 or qw.format.name not in GROUPED_W_FORMATS:
-        raise ValueError(f"qw: the grouped FP8 GEMM takes e4m3 / int4 experts with N % 128 == 0, not {qw.describe()}")
+        raise ValueError(
+            f"qw: the grouped FP8 GEMM takes e4m3 / int4 / MXFP4 experts with N % 128 == 0, not {qw.describe()}"
+        )
     experts = qw.num_experts
     first = _prepare_2d(expert_weight(qw, 0))
     dims = {"weight": 0, "w_scale": 0, "w_block_scale": 0, "w_group_scale": 1}
@@ -254,6 +274,8 @@ def _layout_unsupported(qw) -> str | None:
     if qw.format.name == "e2m1":
         if qw.scales is None or qw.scales.dtype != torch.float8_e8m0fnu or qw.layout != "group" or qw.group_size % 32:
             return f"the W4A8 GEMM takes e2m1 weights with e8m0 scales in groups of 32 (MXFP4), not {qw.describe()}"
+        if qw.num_experts is not None:
+            return _experts_mx_unsupported(qw)
         fold = _fold_mx(qw)
         return fold if isinstance(fold, str) else None
     if qw.format.name == "int4":

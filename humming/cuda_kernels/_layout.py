@@ -42,10 +42,12 @@ __all__ = [
     "WeightLayout",
     "aligned_rows",
     "check_out",
+    "gate_up_rows",
     "layout_unsupported",
     "prepare_weight",
     "rows_aligned",
     "tile_group",
+    "weight_layout",
     "weight_unsupported",
     "x_scale_args",
 ]
@@ -213,30 +215,43 @@ def _retile_codes(qw, tg: int, pack, flip: int = 0) -> torch.Tensor:
     return out
 
 
+def weight_layout(qw) -> WeightLayout:
+    """The :class:`WeightLayout` :func:`prepare_weight` gives ``qw`` (what the kernels are specialised on),
+    without re-tiling it: codes, constant or per-group zero point, and the scales' dtype in the kernel
+    (fp32 for fp8 / e8m0 scales and with a global scale; MXFP4: e8m0, or ``e8m0_any`` where a scale code
+    is 0 (2^-127) or 255 (NaN), which need the kernel's exact decode)."""
+    reason = layout_unsupported(qw)
+    if reason is not None:
+        raise ValueError(f"qweight: {reason}")
+    if qw.format.name == "e2m1":
+        codes = qw.scales.view(torch.uint8)
+        special = bool(((codes == 0) | (codes == 255)).any())
+        return WeightLayout(4, 0, "e8m0_any" if special else "e8m0", "e2m1")
+    if qw.zeros is not None:
+        zero = -1
+    else:
+        zero = 1 << (qw.bits - 1) if qw.format.signed else 0
+    if qw.scales is None or qw.global_scale is not None or qw.scales.dtype not in DTYPE_CODE:
+        return WeightLayout(qw.bits, zero, "f32")
+    return WeightLayout(qw.bits, zero, DTYPE_CODE[qw.scales.dtype])
+
+
 def prepare_weight(qw) -> PreparedWeight:
     """Re-tile an int4 / uint4 / int8 / uint8 / MXFP4 ``QuantizedWeight`` ``[N, K]`` or ``[E, N, K]`` with
     N % 16 == 0 and K % 64 == 0, a few hundred rows at a time (:data:`_ROWS_PER_STEP`); any other weight is a
     ``ValueError`` saying why (:func:`layout_unsupported`)."""
-    reason = layout_unsupported(qw)
-    if reason is not None:
-        raise ValueError(f"qweight: {reason}")
+    layout = weight_layout(qw)
     n, k, bits = qw.N, qw.K, qw.bits
     experts = qw.num_experts or 1
     tg = tile_group(n)
     if qw.format.name == "e2m1":
         scales = qw.scales.expand(*qw.lead, n, k // 32).reshape(experts * n, k // 32).view(torch.uint8)
         packed = _retile_codes(qw, tg, lambda codes, tg: _pack_4bit(codes, tg, e2m1=True))
-        # Codes 0 (2^-127) and 255 (NaN) need the kernel's exact decode; any other is an fp32 exponent.
-        special = bool(((scales == 0) | (scales == 255)).any())
-        layout = WeightLayout(4, 0, "e8m0_any" if special else "e8m0", "e2m1")
         return PreparedWeight(layout, n, k, k // 64, 1, tg, packed, _tile_rows_halves(scales, tg), None, experts)
-    zero = flip = 0
-    if qw.format.signed:  # two's complement -> offset binary: value = code' - 2^(bits-1)
-        flip = zero = 1 << (bits - 1)
+    flip = 1 << (bits - 1) if qw.format.signed else 0  # two's complement -> offset binary: code' - 2^(bits-1)
     groups = 1 if qw.scales is None else qw.scales.shape[-1]
     zeros = None
     if qw.zeros is not None:
-        zero = -1
         zeros = qw.zeros.to(torch.int32).expand(*qw.lead, n, groups).reshape(experts * n, groups)
         zeros = _tile_rows(zeros.to(torch.int16), tg)
     if qw.scales is None:
@@ -251,8 +266,24 @@ def prepare_weight(qw) -> PreparedWeight:
         scales = scales.reshape(experts * n, groups)
     packed = _retile_codes(qw, tg, _pack_4bit if bits == 4 else _pack_8bit, flip)
     chunks_per_group = (qw.group_size if qw.layout == "group" else k) // 64
-    layout = WeightLayout(bits, zero, DTYPE_CODE[scales.dtype])
     return PreparedWeight(layout, n, k, groups, chunks_per_group, tg, packed, _tile_rows(scales, tg), zeros, experts)
+
+
+def gate_up_rows(two_i: int, gate_up_layout: str) -> torch.Tensor:
+    """The row order of w13 ``[E, 2I, K]`` for the grouped GEMM's gated epilogue: row ``j`` of the reordered
+    weight is row ``rows[j]`` of w13. In each 16-row tile (a consumer warp's rows) rows ``g < 8`` are the
+    gates and rows ``8 + g`` the ups of 8 consecutive features, so one thread holds a feature's gate and up;
+    features ``f`` of 128-row block ``b`` are ``64 b .. 64 b + 63``. ``gate_up_layout``: ``"concat"`` (gate
+    ``f`` at row ``f``, up at ``I + f``) or ``"interleaved"`` (``2f`` and ``2f + 1``). ``2I % 128 == 0``."""
+    if two_i % 128:
+        raise ValueError(f"w13: the gated epilogue needs 2I % 128 == 0, got 2I={two_i}")
+    inter = two_i // 2
+    features = torch.arange(inter).reshape(-1, 8)
+    if gate_up_layout == "interleaved":
+        gate, up = 2 * features, 2 * features + 1
+    else:
+        gate, up = features, inter + features
+    return torch.stack((gate, up), dim=1).reshape(-1)
 
 
 def weight_unsupported(qw, x: torch.Tensor) -> str | None:

@@ -7,19 +7,33 @@ the kernel's epilogue."""
 from __future__ import annotations
 
 import weakref
+from functools import partial
 
 import torch
 
 from ..device import device_index, device_info
 from ..ir.dtypes import HALF_DTYPES
+from ..ir.shard import permute_rows
 from ..kernel import Kernel
 from ._decode_launch import DECODE_CCS
-from ._layout import PreparedWeight, aligned_rows, prepare_weight, rows_aligned
-from ._support import runtime_unavailable
+from ._layout import PreparedWeight, aligned_rows, gate_up_rows, prepare_weight, rows_aligned
+from ._support import cached_launch, runtime_unavailable
 
-__all__ = ["kernel", "launcher", "prepare", "unsupported", "wna8_weight_unsupported"]
+__all__ = ["kernel", "launcher", "prepare", "prepare_gate_up", "unsupported", "wna8_weight_unsupported"]
 
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_gate_up_prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {gate_up_layout: prep}
+
+
+def prepare_gate_up(qweight, gate_up_layout: str) -> PreparedWeight:
+    """w13 ``qweight`` ``[E, 2I, K]`` with its rows in the gated epilogue's order (:func:`gate_up_rows`),
+    re-tiled (once per weight object and layout: it is what fused_moe's first GEMM reads on this path)."""
+    by_layout = _gate_up_prepared.setdefault(qweight, {})
+    prep = by_layout.get(gate_up_layout)
+    if prep is None:
+        rows = gate_up_rows(qweight.N, gate_up_layout)
+        prep = by_layout[gate_up_layout] = prepare_weight(permute_rows(qweight, rows))
+    return prep
 
 
 def prepare(qweight, act=None) -> PreparedWeight:
@@ -31,9 +45,15 @@ def prepare(qweight, act=None) -> PreparedWeight:
     return prep
 
 
-def kernel(name: str, unsupported, run, tuning, warmup_jobs) -> Kernel:
+def kernel(name: str, unsupported, launch_class, tuning, warmup_jobs) -> Kernel:
     """The dispatcher's object for one of the two WnA16 kernels: the CUDA backend on the fragment layout,
-    ``unsupported`` after the runtime check, prepared by :func:`prepare`."""
+    ``unsupported`` after the runtime check, prepared by :func:`prepare`, launched through ``launch_class``
+    (:func:`launcher`)."""
+    make_launcher = partial(launcher, launch_class)
+
+    def run(x, qweight, bias, act, out_dtype, tuning):
+        return cached_launch(name, make_launcher, x, qweight, bias, act, out_dtype, tuning)
+
     return Kernel(
         name,
         "cuda",
@@ -43,6 +63,7 @@ def kernel(name: str, unsupported, run, tuning, warmup_jobs) -> Kernel:
         tuning=tuning,
         warmup_jobs=warmup_jobs,
         prepare=prepare,
+        launcher=make_launcher,
     )
 
 

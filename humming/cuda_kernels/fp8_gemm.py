@@ -142,10 +142,7 @@ def _grouped_combination_unsupported(qweight, act) -> str | None:
     if qweight.num_experts is None:
         return "the grouped FP8 GEMM needs expert-stacked weights [E, N, K]"
     if qweight.format.name not in GROUPED_W_FORMATS:
-        return (
-            f"the grouped FP8 GEMM takes e4m3 (W8A8) or int4 (W4A8) experts, not {qweight.format.name}"
-            " (MXFP4 W4A8 has no grouped variant)"
-        )
+        return f"the grouped FP8 GEMM takes e4m3 (W8A8), int4 or MXFP4 (W4A8) experts, not {qweight.format.name}"
     reason = _layout_unsupported(qweight) or _act_unsupported(qweight, act)
     if reason is not None:
         return reason
@@ -317,4 +314,5 @@ KERNEL = Kernel(
     _run,
     warmup_jobs=_warmup_jobs,
     prepare=lambda qweight, act=None: prepare(qweight),
+    launcher=_launcher,
 )

@@ -1,21 +1,27 @@
 """``cuda.grouped``: the MoE grouped GEMM of ``humming.moe.grouped_linear`` on the CUDA kernels' grouped
 variants: the sm_90a WnA16 GEMM (:mod:`.wna16_sm90`) for 16-bit activations (int4 / uint4 / int8 / uint8
 experts, and MXFP4 ones with bf16 activations; token tiles of 16 to 256 rows dividing ``block_m``, each
-reading its segment's expert id, skipping -1 segments, offsetting its weight tiles); the FP8 GEMM
-(:mod:`.fp8_gemm`) for e4m3 activations (e4m3 and int4 experts). Both read grouped rows: a gather is
-copied into grouped order for them first."""
+reading its segment's expert id, skipping -1 segments, offsetting its weight tiles; token rows read in place
+through ``rows``; fused_moe's gated activation of w13 in its epilogue); the FP8 GEMM (:mod:`.fp8_gemm`) for
+e4m3 activations (e4m3 and int4 experts), which reads grouped rows (the caller copies a gather into grouped
+order for it)."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-from ..device import device_info, device_limits
-from ..kernel import Kernel
+from ..device import device_index, device_info, device_limits
+from ..kernel import Kernel, LaunchesByWeight
 from . import _gemm_sm90, _wna16, fp8_gemm
-from ._layout import weight_unsupported
+from ._layout import DTYPE_CODE, aligned_rows, weight_layout, weight_unsupported
 from ._support import runtime_unavailable
 
-__all__ = ["KERNEL", "grouped_linear", "grouped_unsupported"]
+__all__ = ["KERNEL", "gated_unsupported", "grouped_linear", "grouped_unsupported", "launcher"]
+
+#: The grouped WnA16 GEMM's launches made ready, per weight and kind of call (shape, dtypes, gather, gate).
+_launches = LaunchesByWeight()
 
 
 def grouped_unsupported(qweight, act, x: torch.Tensor, block_m: int) -> str | None:
@@ -40,17 +46,30 @@ def grouped_linear(
     bias: torch.Tensor | None,
     act,
     out_dtype: torch.dtype,
+    rows: torch.Tensor | None = None,
+    gated=None,
 ) -> torch.Tensor:
     """``x [M_pad, K]`` grouped by expert -> ``[M_pad, N]`` of ``out_dtype``: row ``r`` is ``x[r] @
     dequantize(qweight)[e]^T + bias[e]`` with ``e = expert_ids[r // block_m]`` (int32, ``M_pad // block_m``
     entries); segments whose id is -1 are skipped (their rows unspecified). Ids outside [-1, E) are not
     checked (that would need a host sync) and fault. ``bias`` is ``[E, N]`` or ``None``. With ``act``, ``x``
-    may be a ``QuantizedActivation`` of that scheme (the FP8 GEMM then skips its quantization pass)."""
+    may be a ``QuantizedActivation`` of that scheme (the FP8 GEMM then skips its quantization pass).
+    ``rows`` (16-bit activations only): int32 ``[M_pad]``, grouped row ``r`` is token ``rows[r]`` of ``x
+    [T, K]`` (-1: padding), read in place; values are not checked on the GPU. ``gated``: fused_moe's
+    activation (a ``humming.reference.moe_layer.Activation``; ``qweight`` is then its w13, see
+    :func:`gated_unsupported`): the result is the activation of each row's gate and up, ``[M_pad, N / 2]``."""
     codes = getattr(x, "codes", x)
     reason = grouped_unsupported(qweight, act, codes, block_m)
     if reason is not None:
         raise ValueError(f"humming CUDA backend: {reason}")
-    m, e, n, device = codes.shape[0], qweight.num_experts, qweight.N, codes.device
+    if rows is not None and act is not None:
+        raise ValueError("rows: the grouped FP8 GEMM reads grouped rows (copy the tokens into grouped order first)")
+    m = codes.shape[0] if rows is None else rows.shape[0]
+    e, n, device = qweight.num_experts, qweight.N, codes.device
+    if rows is not None and (rows.dtype != torch.int32 or rows.dim() != 1 or rows.device != device):
+        raise ValueError(
+            f"rows: expected int32 [M_pad] on {device}, got {rows.dtype} {tuple(rows.shape)} on {rows.device}"
+        )
     if m % block_m or expert_ids.shape != (m // block_m,):
         raise ValueError(f"expert_ids: expected shape ({m // block_m},) for M_pad={m}, block_m={block_m}")
     if expert_ids.dtype != torch.int32 or expert_ids.device != device:
@@ -60,26 +79,77 @@ def grouped_linear(
     bias = bias.contiguous() if bias is not None else None
     if act is not None:
         return fp8_gemm.run_grouped(fp8_gemm.prepare(qweight), x, act, expert_ids, block_m, bias, out_dtype)
-    prep = _wna16.prepare(qweight)
-    return _gemm_sm90.run_grouped_gemm(prep, x, expert_ids.contiguous(), block_m, bias, out_dtype)
+    if gated is not None and (reason := gated_unsupported(qweight, gated)) is not None:
+        raise ValueError(f"humming CUDA backend: {reason}")
+    prep = _wna16.prepare(qweight) if gated is None else _wna16.prepare_gate_up(qweight, gated.gate_up_layout)
+    rows = None if rows is None else rows.contiguous()
+    ids = expert_ids.contiguous()
+    kept = lambda key, make: _launches.get(qweight, key, make)
+    return _gemm_sm90.run_grouped_gemm(prep, x, ids, block_m, bias, out_dtype, rows=rows, gated=gated, kept=kept)
+
+
+def launcher(x, qweight, act, block_m: int, m_pad: int, bias_dtype, out_dtype, tuning, gather: bool, gated=None):
+    """The grouped WnA16 GEMM's :attr:`humming.kernel.Kernel.launcher`: ``(x, expert_ids, bias, rows) -> out``
+    for every call of :func:`grouped_linear` shaped as this one (``x``'s dtype, shape, strides and alignment,
+    ``m_pad`` grouped rows, gathering or not, gated or not, a bias of ``bias_dtype``), checked once, its launch
+    made ready; ``None`` for activation schemes (the FP8 GEMM: ``run`` is called). ``expert_ids`` and ``rows``
+    contiguous, ``bias`` contiguous or ``None``."""
+    if act is not None:
+        return None
+    reason = grouped_unsupported(qweight, None, x, block_m)
+    if reason is None and gated is not None:
+        reason = gated_unsupported(qweight, gated)
+    if reason is not None:
+        raise ValueError(f"humming CUDA backend: {reason}")
+    if gather and x.shape[0] == 0:  # no token to read: the general path (the weight held weakly, as launches are)
+        weight = weakref.ref(qweight)
+        return lambda x, ids, bias, rows: grouped_linear(x, weight(), ids, block_m, bias, None, out_dtype, rows, gated)
+    prep = _wna16.prepare(qweight) if gated is None else _wna16.prepare_gate_up(qweight, gated.gate_up_layout)
+    if tuning is not None and block_m % tuning.bm:
+        raise ValueError(f"tuning: the token tile bm={tuning.bm} must divide block_m={block_m}")
+    aligned = aligned_rows(x)  # the rows the kernel reads (a copy of unaligned ones)
+    copy, stride, device = aligned is not x, aligned.stride(0), device_index(x.device)
+    kind = (bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
+    make = lambda: _gemm_sm90.grouped_launch(prep, m_pad, x.dtype, stride, *kind)
+    key = (m_pad, x.dtype, stride, *kind)  # run_grouped_gemm's: the calls of both paths share a launch
+    launch = _launches.get(qweight, key, make)
+
+    def run(x, expert_ids, bias, rows):
+        bias = None if bias is None else bias.contiguous()
+        return launch(aligned_rows(x) if copy else x, bias, None, expert_ids, rows=rows)
+
+    return run
+
+
+def gated_unsupported(qweight, activation) -> str | None:
+    """``None`` when the grouped WnA16 GEMM, given that it runs the call, applies ``activation`` to w13 =
+    ``qweight`` in its epilogue: a gated activation it has, and scales per row or per tensor along N (w13's
+    rows are reordered, :func:`~._layout.gate_up_rows`)."""
+    if activation.name not in _gemm_sm90.GATED_ACTS:
+        return f"the grouped GEMM's epilogue has no {activation.name!r} activation"
+    if qweight.group_shape[0] not in (1, -1):
+        return f"w13's rows are reordered for the gated epilogue: its scales must be per row, not {qweight.group_shape}"
+    return None
 
 
 def grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, device: int, cc) -> list:
-    """The ``(spec, arch)`` of the grouped WnA16 GEMM for each ``block_m`` and grouped row count ``m``."""
+    """The ``(spec, arch)`` of the grouped WnA16 GEMM for each ``block_m`` and grouped row count ``m``, reading
+    grouped rows and gathering token rows (fused_moe's first GEMM)."""
     from .jit import device_arch
 
     jobs = []
-    bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
     for block_m in block_ms:
         x = torch.empty(block_m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
         if grouped_unsupported(qw, None, x, block_m) is not None:
             continue
-        prep = _wna16.prepare(qw)
+        layout = weight_layout(qw)  # not prepare: fused_moe's w13 is prepared in another row order
         smem = device_limits(device).smem_per_block
+        codes = DTYPE_CODE[act_dtype], DTYPE_CODE[out_dtype], DTYPE_CODE[bias_dtype or act_dtype]
         for m in m_values:
-            tuning = _gemm_sm90.default_grouped_tuning(block_m, m, qw.num_experts, prep.layout, smem)
-            spec = _gemm_sm90.gemm_call_spec(prep, x, bias, out_dtype, tuning, grouped=True)
-            jobs.append((spec, device_arch(spec, cc)))
+            tuning = _gemm_sm90.default_grouped_tuning(block_m, m, qw.num_experts, layout, smem)
+            for gather in (False, True):
+                spec = _gemm_sm90.gemm_spec(layout, *codes, tuning, grouped=True, gather=gather)
+                jobs.append((spec, device_arch(spec, cc)))
     return jobs
 
 
@@ -91,11 +161,11 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
     return grouped_jobs(qweight, (m,), (block_m,), act_dtype, out_dtype, bias_dtype, device, info.capability)
 
 
-def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning):
-    return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype)
+def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning, rows=None, gated=None):
+    return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows, gated)
 
 
-#: ``cuda.grouped``: the grouped sm_90a GEMMs (WnA16, and FP8 with e4m3 activations), on grouped rows.
+#: ``cuda.grouped``: the grouped sm_90a GEMMs (WnA16, gathering token rows; FP8 with e4m3 activations).
 KERNEL = Kernel(
     "cuda.grouped",
     "cuda",
@@ -104,4 +174,7 @@ KERNEL = Kernel(
     _run,
     warmup_jobs=_warmup_jobs,
     prepare=lambda qweight, act=None: _wna16.prepare(qweight) if act is None else fp8_gemm.prepare(qweight),
+    gathers=lambda qweight, act: act is None,
+    gates=lambda qweight, x, activation: gated_unsupported(qweight, activation) is None,
+    launcher=launcher,
 )

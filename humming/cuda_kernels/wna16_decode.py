@@ -22,8 +22,6 @@ heuristics live in ``_decode_tuning``, the kernel specs, the stream-K workspaces
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 from ..device import device_index, device_info
@@ -46,7 +44,6 @@ from ._decode_tuning import (
     stream_k_blocks_per_sm,
 )
 from ._layout import weight_unsupported
-from ._support import cached_launch
 
 __all__ = [
     "DECODE_CCS",
@@ -88,10 +85,6 @@ def _tuning(qweight, act, x) -> DecodeTuning:
     return default_tuning(x.shape[0], prep.n, prep.k, prep.layout.bits, device_index(x.device))
 
 
-def _run(x, qweight, bias, act, out_dtype, tuning):
-    return cached_launch(KERNEL.name, partial(_wna16.launcher, DecodeLaunch), x, qweight, bias, act, out_dtype, tuning)
-
-
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
     """The kernel of a call of ``m`` tokens; also sets aside the stream-K workspace it uses, since a CUDA
     graph capture cannot allocate it."""
@@ -106,4 +99,4 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
 
 
 #: ``cuda.wna16_decode``: weight-only GEMM for M <= 64 (and the fp8-values route of integer weights).
-KERNEL = _wna16.kernel("cuda.wna16_decode", unsupported, _run, _tuning, _warmup_jobs)
+KERNEL = _wna16.kernel("cuda.wna16_decode", unsupported, DecodeLaunch, _tuning, _warmup_jobs)

@@ -11,8 +11,6 @@ specs and launch live in ``_gemm_sm90``, what it shares with :mod:`.wna16_decode
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 from ..device import device_index, device_info
@@ -29,11 +27,11 @@ from ._gemm_sm90 import (
     gemm_spec,
     gemm_unsupported,
     grouped_unsupported,
+    reserve_gemm_workspace,
     run_gemm,
     run_grouped_gemm,
 )
 from ._layout import weight_unsupported
-from ._support import cached_launch
 
 __all__ = [
     "GEMM_CCS",
@@ -71,11 +69,7 @@ def unsupported(qweight, act, x) -> str | None:
 def _tuning(qweight, act, x) -> GemmTuning:
     """:func:`default_gemm_tuning` of ``x [M, K]`` (the activation, or a QuantizedActivation's codes)."""
     prep, x = _wna16.prepare(qweight), getattr(x, "codes", x)
-    return default_gemm_tuning(x.shape[0], prep.n, prep.layout, device_info(device_index(x.device)).limits)
-
-
-def _run(x, qweight, bias, act, out_dtype, tuning):
-    return cached_launch(KERNEL.name, partial(_wna16.launcher, GemmLaunch), x, qweight, bias, act, out_dtype, tuning)
+    return default_gemm_tuning(x.shape[0], prep.n, prep.k, prep.layout, device_info(device_index(x.device)).limits)
 
 
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
@@ -83,9 +77,11 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
 
     x = torch.empty(m, qweight.K, dtype=act_dtype, device=f"cuda:{device}")
     bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
-    spec = gemm_call_spec(_wna16.prepare(qweight), x, bias, out_dtype, _tuning(qweight, act, x))
+    prep, tuning = _wna16.prepare(qweight), _tuning(qweight, act, x)
+    spec = gemm_call_spec(prep, x, bias, out_dtype, tuning)
+    reserve_gemm_workspace(m, prep.n, prep.k, tuning, prep.layout, device)
     return [(spec, device_arch(spec, device_info(device).capability))]
 
 
 #: ``cuda.wna16_sm90``: weight-only GEMM for M > 32 on Hopper (and the fp8-values route of integer weights).
-KERNEL = _wna16.kernel("cuda.wna16_sm90", unsupported, _run, _tuning, _warmup_jobs)
+KERNEL = _wna16.kernel("cuda.wna16_sm90", unsupported, GemmLaunch, _tuning, _warmup_jobs)

@@ -19,7 +19,7 @@ from .packing import cdiv, pack_codes, packed_words, unpack_codes
 if TYPE_CHECKING:  # annotations only: weight.py imports this module for QuantizedWeight.shard
     from .weight import QuantizedWeight
 
-__all__ = ["deinterleave_rows", "shard"]
+__all__ = ["deinterleave_rows", "permute_rows", "shard"]
 
 
 def shard(qw: QuantizedWeight, dim: int, rank: int, world_size: int) -> QuantizedWeight:
@@ -154,3 +154,21 @@ def deinterleave_rows(qw: QuantizedWeight) -> tuple[QuantizedWeight, QuantizedWe
         )
 
     return half(0), half(1)
+
+
+def permute_rows(qw: QuantizedWeight, rows: torch.Tensor) -> QuantizedWeight:
+    """The weight whose row ``j`` is row ``rows[j]`` of ``qw`` (``rows``: a permutation of ``range(N)``),
+    for every expert; exact. Needs per-row scales (``group_shape[0]`` 1) or one scale row for the whole N."""
+    bn = qw.group_shape[0]
+    if bn not in (1, -1):
+        raise ValueError(f"permute_rows: needs per-row scales or one for all N, got group shape {qw.group_shape}")
+    if tuple(rows.shape) != (qw.N,):
+        raise ValueError(f"rows: expected a permutation of the {qw.N} rows, got shape {tuple(rows.shape)}")
+    rows = rows.to(device=qw.device, dtype=torch.long)
+    take = lambda t: t if t is None or bn == -1 else t[..., rows, :]
+    return qw.replace(
+        qweight=qw.qweight[..., rows, :],
+        scales=take(qw.scales),
+        zeros=take(qw.zeros),
+        bias=qw.bias[..., rows] if qw.bias is not None else None,
+    )

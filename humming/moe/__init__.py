@@ -8,7 +8,8 @@ TMA needs). ``M_pad`` is the worst case, fixed by ``(T, topk, E, block_m)``, so 
 anything back to the host and the whole layer can be captured in a CUDA graph; blocks past the last used
 one have expert id -1 and kernels skip them.
 
-- :func:`moe_align`: routing ``topk_ids [T, topk]`` -> :class:`MoeRouting` (torch ops only, no host sync).
+- :func:`moe_align`: routing ``topk_ids [T, topk]`` -> :class:`MoeRouting` (Triton kernels on CUDA tensors, no
+  host sync).
 - :func:`grouped_linear`: ``[M_pad, K]`` rows times their block's expert -> ``[M_pad, N]``; with ``rows``
   (:meth:`MoeRouting.token_rows`) the ``[T, K]`` tokens are read through that index instead, so that the
   routed rows are never copied into grouped order.
@@ -37,8 +38,9 @@ every WnA16 format (``act=None``) and every weight x activation combination of t
 per-token, per-group, per-tensor (dynamic or static) scales, NVFP4 and MXFP4; both gather token rows in the
 kernel. The CUDA backend's grouped sm_90a GEMMs run int4/uint4/int8/uint8 WnA16 (``block_m`` a multiple of
 16) and, with ``act="fp8"`` or ``"fp8_g128"``, e4m3 experts (per-channel or 128x128 block scales: the
-DeepSeek-V3 recipe) and int4 experts (W4A8); N % 128 == 0; they read grouped rows, so a gather is copied
-into grouped order for them first.
+DeepSeek-V3 recipe), int4 and MXFP4 experts (W4A8); N % 128 == 0. The WnA16 GEMM reads token rows in place
+and, in fused_moe, applies the gated activation to w13 in its epilogue; the FP8 GEMM reads grouped rows, so
+a gather is copied into grouped order for it first.
 
 A dynamic tensor-wide activation scale (``fp8_tensor``, ``int8_tensor``, NVFP4's global scale) spans the
 rows of the blocks in use (expert id >= 0) of a grouped ``x``, and every token of a gathered one (``rows``:

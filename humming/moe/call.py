@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._env import pass_backend
 from ..dispatch.kernels import GROUPED_KERNELS
 from ..dispatch.plan import plan_grouped
 from ..ir.activation import ActScheme, get_act_scheme
@@ -21,6 +22,7 @@ from ..ir.weight import QuantizedWeight
 from ..reference.moe_layer import Activation, check_activation
 from ._checks import check_act_scale, check_expert_map, check_experts
 from .align import default_block_m, padded_rows
+from .align import triton_unsupported as align_unsupported
 from .fused import fused_moe, on_triton
 from .routing import check_routing, layer_backend, topk_routing, triton_unsupported
 
@@ -36,11 +38,13 @@ def _routing_defaults() -> dict:
 
 @dataclass(frozen=True)
 class MoeLaunch:
-    """One kernel launch of a fused_moe call: its ``step`` (``"routing"``, ``"w13 input"``, ``"w13"``,
+    """One kernel launch of a fused_moe call: its ``step`` (``"routing"``, ``"align"``, ``"w13 input"``, ``"w13"``,
     ``"activation"``, ``"w2 input"``, ``"w2"``, ``"combine"``), the ``kernel`` (``"triton.topk_routing"``,
-    ``"triton.act_quant"``, a grouped plan's kernel such as ``"cuda.grouped"`` / ``"triton.grouped"`` /
-    ``"reference"``, ``"triton.moe_act"``, ``"triton.moe_combine"``, or ``"torch"`` for torch ops) and what
-    it is specialised on."""
+    ``"triton.moe_align"`` (or its three launches ``"triton.moe_align_count"``, ``"..._offsets"``,
+    ``"..._scatter"``), ``"triton.act_quant"``, a grouped plan's kernel such as ``"cuda.grouped"`` /
+    ``"triton.grouped"`` / ``"reference"``, ``"triton.moe_act"``, ``"triton.moe_combine"``, or ``"torch"`` for
+    torch ops) and what it is specialised on. A ``"w13"`` launch whose kernel applies the activation in its
+    epilogue (``Kernel.gates``) has no ``"activation"`` launch after it."""
 
     step: str
     kernel: str
@@ -127,6 +131,7 @@ class MoeCall:
             detail = f"E={spec.num_experts} top_k={spec.top_k} {spec.scoring} {spec.order} logits {logits_dtype}"
             launches.append(MoeLaunch("routing", "triton.topk_routing" if triton else "reference", detail))
         block_m, m_pad = self.grouped_shape(num_tokens)
+        launches += self._align_launches(num_tokens, block_m)
         x = torch.empty(num_tokens, self.w13.K, dtype=x_dtype, device=device)
         triton_layer = on_triton(x, self.backend)
 
@@ -139,7 +144,7 @@ class MoeCall:
                 launches.append(MoeLaunch(f"{step} input", kernel, f"{act.name} static rows={x.shape[0]}"))
                 x = torch.empty(x.shape, dtype=torch.uint8, device=device)
             plan = plan_grouped(qw, act, x, block_m, self.backend, m_pad if gather else None)
-            gathers = gather and GROUPED_KERNELS[plan.kernel].gathers
+            gathers = gather and GROUPED_KERNELS[plan.kernel].gathers(qw, act)
             if gather and not gathers:  # a kernel that reads grouped rows: the tokens copied into that order
                 launches.append(MoeLaunch(f"{step} input", "torch", f"gather rows={m_pad}"))
             if act is not None and x.dtype != torch.uint8 and plan.backend != "reference":
@@ -150,21 +155,41 @@ class MoeCall:
             detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act={_name(act)}" + (" gathered" if gathers else "")
             launches.append(MoeLaunch(step, plan.kernel, detail))
 
-        gemm("w13", self.w13, x, self.w13_act_scale, gather=True)
         activation = Activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
         hidden = torch.empty(m_pad, self.w2.K, dtype=x_dtype, device=device)
         detail = f"{activation.name} {activation.gate_up_layout} rows={m_pad}"
-        if triton_layer:
-            kernels = importlib.import_module("humming.triton_kernels.moe_layer")
-            # w2's input quantized in this pass, unless its scale is static
-            if act is not None and self.w2_act_scale is None and kernels.act_unsupported(act) is None:
-                hidden = torch.empty(m_pad, self.w2.K, dtype=torch.uint8, device=device)
-                detail += f" -> {act.name} codes"
-        launches.append(MoeLaunch("activation", "triton.moe_act" if triton_layer else "torch", detail))
+        gated = None  # the activation in w13's epilogue, where its grouped kernel has one (16-bit activations)
+        if triton_layer and act is None:
+            plan = plan_grouped(self.w13, None, x, block_m, self.backend, m_pad)
+            gated = plan.kernel if GROUPED_KERNELS[plan.kernel].gates(self.w13, x, activation) else None
+        if gated is not None:
+            w13_detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act=None gathered, then {detail}"
+            launches.append(MoeLaunch("w13", gated, w13_detail))
+        else:
+            gemm("w13", self.w13, x, self.w13_act_scale, gather=True)
+            if triton_layer:
+                kernels = importlib.import_module("humming.triton_kernels.moe_layer")
+                # w2's input quantized in this pass, unless its scale is static
+                if act is not None and self.w2_act_scale is None and kernels.act_unsupported(act) is None:
+                    hidden = torch.empty(m_pad, self.w2.K, dtype=torch.uint8, device=device)
+                    detail += f" -> {act.name} codes"
+            launches.append(MoeLaunch("activation", "triton.moe_act" if triton_layer else "torch", detail))
         gemm("w2", self.w2, hidden, self.w2_act_scale)
         detail = f"top_k={self.top_k} tokens={num_tokens}"
         launches.append(MoeLaunch("combine", "triton.moe_combine" if triton_layer else "torch", detail))
         return launches
+
+    def _align_launches(self, num_tokens: int, block_m: int) -> list[MoeLaunch]:
+        """moe_align's launches: the Triton kernels' (one, or three past ``ONE_PROGRAM_SLOTS`` slots) or the
+        reference's torch ops."""
+        e, slots = self.w13.num_experts, num_tokens * self.top_k
+        ids = torch.empty(num_tokens, self.top_k, dtype=torch.int32, device=self.w13.device)
+        detail = f"E={e} block_m={block_m} slots={slots}"
+        if align_unsupported(ids, e, pass_backend(layer_backend(self.backend))) is not None:
+            return [MoeLaunch("align", "torch", detail)]
+        if importlib.import_module("humming.triton_kernels.align").layout(slots, e).blocks == 1:
+            return [MoeLaunch("align", "triton.moe_align", detail)]
+        return [MoeLaunch("align", f"triton.moe_align_{part}", detail) for part in ("count", "offsets", "scatter")]
 
     def route(self, num_tokens: int, logits_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """``(topk_weights, topk_ids)`` of random router logits of ``logits_dtype`` through ``routing``

@@ -6,10 +6,13 @@ tokens, the gated activation, ``w2``, the weighted combine back to tokens (the T
 from __future__ import annotations
 
 import importlib
+import weakref
 
 import torch
 
 from .. import ops
+from .._env import env
+from ..deterministic import is_deterministic
 from ..dispatch.kernels import backend_unavailable
 from ..dispatch.plan import requested_backend
 from ..dispatch.support import combination_error
@@ -26,8 +29,9 @@ from ._checks import (
     check_x,
     expert_bias,
 )
-from .align import align, default_block_m
-from .grouped import run_grouped
+from .align import align, default_block_m, padded_rows, prepare_align
+from .grouped import grouped_step, run_gated, run_grouped
+from .routing import layer_backend
 
 __all__ = ["fused_moe", "local_ids", "on_triton", "run_fused_moe"]
 
@@ -82,6 +86,11 @@ def fused_moe(
     """
     w13 = check_experts("w13", w13)
     w2 = check_experts("w2", w2)
+    if type(x) is torch.Tensor and x.dim() == 2 and x.shape[0] and not torch.compiler.is_compiling():
+        biases, scales = (w13.bias, w2.bias), (w13_act_scale, w2_act_scale)
+        args = (expert_map, (activation, alpha, limit, gate_up_layout), act, scales, block_m, backend)
+        call = _prepared_call(x, w13, w2, topk_weights, topk_ids, *biases, *args)
+        return call(x, topk_weights, topk_ids, *biases, expert_map, *scales)
     activation, act, scales, block_m = _checked(
         x,
         w13,
@@ -209,24 +218,165 @@ def run_fused_moe(
     if x.shape[0] == 0:
         return torch.empty(0, k, dtype=x.dtype, device=x.device)
     block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
-    routing = align(ids, e, block_m)
+    routing = align(ids, e, block_m, layer_backend(backend))
     triton_layer = on_triton(x, backend)
     quant = "triton" if triton_layer else "reference"
     static = lambda v, scale: v if scale is None else ops.quantize_activation(v, act, scale=scale, backend=quant)
     # w13 reads each routed row's token through the index (padding rows read zeros: finite, then dropped)
     rows = routing.token_rows(topk_ids.shape[1])
-    h = run_grouped(static(x, w13_act_scale), w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend, rows)
     if triton_layer:
         kernels = importlib.import_module("humming.triton_kernels.moe_layer")
-        # w2's quantization in the activation pass, where its scales are per token or per group
-        fuse = act is not None and w2_act_scale is None and kernels.act_unsupported(act) is None
-        hidden = kernels.activate(h, activation, act if fuse else None, routing.num_rows)
+        # 16-bit activations: the activation in w13's epilogue where its grouped kernel has one
+        hidden = None
+        if act is None:
+            hidden = run_gated(x, w13, routing.expert_ids, block_m, w13_bias, activation, x.dtype, backend, rows)
+        if hidden is None:
+            h = run_grouped(
+                static(x, w13_act_scale), w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend, rows
+            )
+            # w2's quantization in the activation pass, where its scales are per token or per group
+            fuse = act is not None and w2_act_scale is None and kernels.act_unsupported(act) is None
+            hidden = kernels.activate(h, activation, act if fuse else None, routing.num_rows)
         hidden = static(hidden, w2_act_scale)
         y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
         return kernels.combine(y, routing.slot_rows, topk_weights, x.dtype)
+    h = run_grouped(static(x, w13_act_scale), w13, routing.expert_ids, block_m, w13_bias, act, x.dtype, backend, rows)
     hidden = static(moe_layer.activate(h, activation, x.dtype), w2_act_scale)
     y = run_grouped(hidden, w2, routing.expert_ids, block_m, w2_bias, act, x.dtype, backend)
     return moe_layer.combine(y, routing.slot_rows, topk_weights, x.dtype)
+
+
+#: Prepared calls kept per pair of weights (held weakly: they go with either), at most this many: then they
+#: start over.
+_MAX_CALLS = 64
+_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # w13 -> {w2 -> {call key: prepared call}}
+
+
+def _kind(t):
+    """What a prepared call depends on of an optional tensor argument: its dtype, shape, strides and device
+    (anything else as it is: the checks name it)."""
+    return (t.dtype, t.shape, t.stride(), t.device) if type(t) is torch.Tensor else t
+
+
+def _prepared_call(
+    x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, activation, act, act_scales, block_m, backend
+):
+    """The callable ``(x, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, w13_act_scale, w2_act_scale)
+    -> out`` that runs this fused_moe call (``activation``: ``(name, alpha, limit, gate_up_layout)``), found in
+    one lookup per weight and kind of call: ``x``'s dtype, shape, strides, 16-byte alignment and device, the
+    other tensors' dtypes, shapes, strides and devices (or their absence), the activation, ``act``,
+    ``block_m``, the backend asked, ``HUMMING_BACKEND`` and the deterministic mode. Everything that depends
+    only on those (the checks, the routing block, the plans and launches of both GEMMs, the alignment's and
+    the combine's launch arguments) is done when a kind of call is first seen; a kind the checks refuse
+    raises, and is not kept. Calls of no tokens are not prepared."""
+    key = (x.dtype, x.shape, x.stride(), x.data_ptr() % 16 == 0, x.device, _kind(topk_ids), _kind(topk_weights))
+    key += (_kind(w13_bias), _kind(w2_bias), _kind(expert_map), activation, act, *map(_kind, act_scales), block_m)
+    key += (backend, env("HUMMING_BACKEND"), is_deterministic())
+    by_w2 = _calls.get(w13)
+    calls = None if by_w2 is None else by_w2.get(w2)
+    try:
+        call = None if calls is None else calls.get(key)
+    except TypeError:  # an unhashable argument: the checks name it
+        call = key = None
+    if call is None:
+        args = (expert_map, activation, act, act_scales, block_m, backend)
+        call = _make_call(x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, *args)
+        if key is not None:
+            if by_w2 is None:
+                by_w2 = _calls[w13] = weakref.WeakKeyDictionary()
+            calls = by_w2.get(w2)
+            if calls is None:
+                calls = by_w2[w2] = {}
+            if len(calls) >= _MAX_CALLS:
+                calls.clear()
+            calls[key] = call
+    return call
+
+
+def _make_call(
+    x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, activation, act, act_scales, block_m, backend
+):
+    """The prepared call of :func:`_prepared_call` for calls like this one (which it checks): what
+    :func:`run_fused_moe` runs, step for step, with each step's plan and launch made here. It holds the
+    weights weakly (it is kept in dictionaries keyed weakly by them)."""
+    activation, act, _, block_m = _checked(
+        x, w13, w2, topk_weights, topk_ids, activation, expert_map, act, act_scales, block_m
+    )
+    expert_bias(w13_bias, w13, "w13_bias")
+    expert_bias(w2_bias, w2, "w2_bias")
+    e, _, k = w13.shape
+    topk, dtype, device = topk_ids.shape[1], x.dtype, x.device
+    on_cpu = device.type == "cpu"  # values are checked on CPU tensors only (check_range)
+    num_global = None if expert_map is None else expert_map.shape[0]
+    block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
+    ids = topk_ids if expert_map is None else topk_ids.new_empty(topk_ids.shape, dtype=torch.int64)  # local_ids'
+    route = prepare_align(ids, e, block_m, layer_backend(backend))
+    m_pad = padded_rows(topk_ids.numel(), e, block_m)
+    triton_layer = on_triton(x, backend)
+    kernels = importlib.import_module("humming.triton_kernels.moe_layer") if triton_layer else None
+    quant = "triton" if triton_layer else "reference"
+    static = lambda v, scale: v if scale is None else ops.quantize_activation(v, act, scale=scale, backend=quant)
+    weight13, weight2 = weakref.ref(w13), weakref.ref(w2)
+    bias13 = None if w13_bias is None else w13_bias.dtype
+    bias2 = None if w2_bias is None else w2_bias.dtype
+
+    if act is None:
+        # the activation in w13's epilogue where its grouped kernel has one (the Triton layer's path), else a pass
+        gated = triton_layer and (launch := grouped_step(w13, x, m_pad, block_m, bias13, dtype, backend, activation))
+        if gated:
+            first = lambda x, ids, bias, rows, num_rows: launch(x, ids, bias, rows)
+        else:
+            launch13 = grouped_step(w13, x, m_pad, block_m, bias13, dtype, backend)
+            if triton_layer:
+                first = lambda x, ids, bias, rows, num_rows: kernels.activate(
+                    launch13(x, ids, bias, rows), activation, None, num_rows
+                )
+            else:
+                first = lambda x, ids, bias, rows, num_rows: moe_layer.activate(
+                    launch13(x, ids, bias, rows), activation, dtype
+                )
+        launch2 = grouped_step(w2, x.new_empty(m_pad, w13.N // 2), None, block_m, bias2, dtype, backend)
+        second = lambda hidden, ids, bias: launch2(hidden, ids, bias, None)
+    else:
+        # quantized activations: each GEMM through run_grouped (its quantization and non-finite rows per call)
+        fuse = act_scales[1] is None and triton_layer and kernels.act_unsupported(act) is None
+
+        def first(x, ids, bias, rows, num_rows, w13_scale=None, w2_scale=None):
+            h = run_grouped(static(x, w13_scale), weight13(), ids, block_m, bias, act, dtype, backend, rows)
+            if triton_layer:
+                return static(kernels.activate(h, activation, act if fuse else None, num_rows), w2_scale)
+            return static(moe_layer.activate(h, activation, dtype), w2_scale)
+
+        def second(hidden, ids, bias):
+            return run_grouped(hidden, weight2(), ids, block_m, bias, act, dtype, backend)
+
+    if triton_layer:
+        slot_rows = torch.empty(topk_ids.numel(), dtype=torch.int32, device=device)
+        combine = kernels.PreparedCombine(x.new_empty(m_pad, k), slot_rows, topk_weights, dtype)
+    else:
+        combine = lambda y, slot_rows, topk_weights: moe_layer.combine(y, slot_rows, topk_weights, dtype)
+
+    def call(x, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, w13_act_scale, w2_act_scale):
+        if expert_map is None:
+            if on_cpu:
+                check_range("topk_ids", topk_ids, 0, e)
+            ids = topk_ids
+        else:
+            if on_cpu:
+                check_range("topk_ids", topk_ids, 0, num_global)
+                check_range("expert_map", expert_map, -1, e)
+            ids = local_ids(topk_ids, expert_map, e)
+        src_slots, expert_ids, num_rows, slot_rows, rows = route(ids)
+        if rows is None:
+            rows = torch.where(src_slots >= 0, src_slots // topk, -1)
+        if act is None:
+            hidden = first(x, expert_ids, w13_bias, rows, num_rows)
+        else:
+            scales = (None if s is None else s.to(torch.float32).reshape(1, 1) for s in (w13_act_scale, w2_act_scale))
+            hidden = first(x, expert_ids, w13_bias, rows, num_rows, *scales)
+        return combine(second(hidden, expert_ids, w2_bias), slot_rows, topk_weights)
+
+    return call
 
 
 def _fused_moe_op(x, topk_weights, topk_ids, *args):
@@ -234,6 +384,11 @@ def _fused_moe_op(x, topk_weights, topk_ids, *args):
     name, alpha, limit, gate_up_layout, act, w13_act_scale, w2_act_scale, block_m, backend = args[17:]
     w13 = check_experts("w13", ops.weight_from_args(*w13))
     w2 = check_experts("w2", ops.weight_from_args(*w2))
+    if type(x) is torch.Tensor and x.dim() == 2 and x.shape[0]:
+        scales = (w13_act_scale, w2_act_scale)
+        args = (expert_map, (name, alpha, limit, gate_up_layout), act, scales, block_m or None, backend)
+        call = _prepared_call(x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, *args)
+        return call(x, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, *scales)
     activation, act, scales, block_m = _checked(
         x,
         w13,

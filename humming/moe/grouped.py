@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .. import ops
@@ -15,7 +17,7 @@ from ..ir.weight import QuantizedWeight
 from ..reference.moe_layer import gather_rows
 from ._checks import check_block_m, check_experts, check_out_dtype, check_range, check_rows, check_x, expert_bias
 
-__all__ = ["grouped_linear", "run_grouped"]
+__all__ = ["grouped_linear", "grouped_step", "run_gated", "run_grouped"]
 
 
 def grouped_linear(
@@ -43,8 +45,8 @@ def grouped_linear(
         bias: ``[E, N]``; defaults to ``qweight.bias``.
         rows: the gather, int32 ``[M_pad]`` on ``x``'s device (:meth:`humming.moe.MoeRouting.token_rows`): output row
             ``r`` is token ``rows[r]``, or a padding row (unspecified) where it is -1; values in ``[-1, T)``,
-            checked on CPU only. The Triton kernels read the tokens through it; other backends get
-            ``x[rows]`` copied first.
+            checked on CPU only. The Triton kernels, the reference and the CUDA WnA16 GEMM read the tokens
+            through it; the CUDA FP8 GEMM gets ``x[rows]`` copied first.
         act, out_dtype, backend: as :func:`humming.linear` (``act`` may be omitted for a quantized ``x``;
             ``out_dtype`` then defaults to bfloat16). Dynamic tensor-wide activation scales span the rows of
             blocks in use (expert id >= 0), or with ``rows`` the ``T`` tokens.
@@ -128,11 +130,12 @@ def run_grouped(
     plan = plan_grouped(qweight, act, x_data, block_m, backend, m_pad)
     kernel = GROUPED_KERNELS[plan.kernel]
     gather = {}
-    if rows is not None and kernel.gathers:
+    if rows is not None and kernel.gathers(qweight, act):
         gather = {"rows": rows}
     elif rows is not None:
-        # Copied into grouped order. Exact for the kernels that do not gather (CUDA's): they take row-wise
-        # activation scales only, for which quantizing the gathered rows equals gathering the quantized tokens.
+        # Copied into grouped order. Exact for the kernels that do not gather (CUDA's FP8 GEMM): they take
+        # row-wise activation scales only, for which quantizing the gathered rows equals gathering the
+        # quantized tokens.
         x = gather_rows(x, rows)
     try:
         out = kernel.run(x, qweight, expert_ids, block_m, bias, act, out_dtype, plan.tuning, **gather)
@@ -148,6 +151,63 @@ def run_grouped(
         routed = (expert_ids >= 0).repeat_interleave(block_m)
         out = out.masked_fill((bad & routed)[:, None], float("nan"))
     return out
+
+
+def run_gated(x, w13, expert_ids, block_m: int, bias, activation, out_dtype, backend: str, rows) -> torch.Tensor | None:
+    """fused_moe's first GEMM with its gated ``activation`` in the kernel's epilogue: the 16-bit tokens ``x``
+    through ``rows`` -> the activated ``[M_pad, I]``, where the grouped kernel the dispatcher plans for w13
+    has that epilogue (:attr:`humming.kernel.Kernel.gates`); ``None`` where it has not (the caller then runs
+    :func:`run_grouped` and the activation pass)."""
+    plan = plan_grouped(w13, None, x, block_m, backend, rows.shape[0])
+    kernel = GROUPED_KERNELS[plan.kernel]
+    if not kernel.gates(w13, x, activation):
+        return None
+    check_range("expert_ids", expert_ids, -1, w13.num_experts)
+    check_range("rows", rows, -1, x.shape[0])
+    try:
+        return kernel.run(x, w13, expert_ids, block_m, bias, None, out_dtype, plan.tuning, rows=rows, gated=activation)
+    except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
+        raise unwarmed_error(err, w13, None, x, backend, block_m, rows.shape[0]) from None
+
+
+def grouped_step(qweight, x, m_pad: int | None, block_m: int, bias_dtype, out_dtype, backend: str, gated=None):
+    """:func:`run_grouped` of 16-bit activations (``gated``: :func:`run_gated`) made ready, for every call shaped
+    as ``x`` (dtype, shape, strides, alignment, device) with ``m_pad`` grouped rows gathered through ``rows``
+    (``None``: ``x``'s grouped rows) and a bias of ``bias_dtype``: ``(x, expert_ids, bias, rows) -> out`` (the
+    expert ids and rows are the alignment's, in range; ``rows`` ``None`` without a gather). With ``gated``:
+    ``None`` where the planned kernel has no such epilogue. Holds the weight weakly."""
+    plan = plan_grouped(qweight, None, x, block_m, backend, m_pad)
+    kernel = GROUPED_KERNELS[plan.kernel]
+    if gated is not None and not kernel.gates(qweight, x, gated):
+        return None
+    weight = weakref.ref(qweight)
+    gather = m_pad is not None
+    gathers = gather and (gated is not None or kernel.gathers(qweight, None))
+    grouped_x = x if gathers or not gather else x.new_empty(m_pad, x.shape[1])  # what the kernel reads
+    launch = None
+    if kernel.launcher is not None:
+        rows = grouped_x.shape[0] if m_pad is None else m_pad
+        launch = kernel.launcher(
+            grouped_x, qweight, None, block_m, rows, bias_dtype, out_dtype, plan.tuning, gathers, gated
+        )
+    if launch is None:
+        options = {} if gated is None else {"gated": gated}
+
+        def launch(x, expert_ids, bias, rows):
+            gather_rows = {"rows": rows} if gathers else {}
+            return kernel.run(
+                x, weight(), expert_ids, block_m, bias, None, out_dtype, plan.tuning, **gather_rows, **options
+            )
+
+    def run(x, expert_ids, bias, rows):
+        try:
+            if gather and not gathers:  # copied into grouped order (see run_grouped)
+                return launch(gather_rows(x, rows), expert_ids, bias, None)
+            return launch(x, expert_ids, bias, rows)
+        except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
+            raise unwarmed_error(err, weight(), None, x, backend, block_m, m_pad) from None
+
+    return run
 
 
 def _grouped_op(x, x_scales, x_global_scale, expert_ids, block_m, rows, *args):

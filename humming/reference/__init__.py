@@ -5,6 +5,7 @@
 - :mod:`.moe_layer`: the steps of ``humming.moe.fused_moe`` around its GEMMs (the gather of token rows, the
   gated activation, the weighted combine);
 - :mod:`.routing`: the top-k expert routing of ``humming.moe.topk_routing``;
+- :mod:`.align`: the grouping of routed slots by expert of ``humming.moe.moe_align``;
 - :mod:`.norm`: the RMSNorm of ``humming.rmsnorm``.
 
 The number formats define themselves in the IR (``humming.dequantize``, ``humming.quantize_activation``).

@@ -7,7 +7,7 @@ import torch
 
 from ..ir.activation import QuantizedActivation, dequantize_activation, quantize_activation
 from ..ir.weight import expert_weight
-from ..kernel import Kernel
+from ..kernel import Kernel, always_gathers
 from .gemm import finite, linear
 from .moe_layer import gather_rows
 
@@ -48,4 +48,4 @@ def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning, rows=Non
 
 
 #: The reference as a grouped kernel: every call, on any device, gathering token rows itself.
-KERNEL = Kernel("reference", "reference", "ir", lambda qweight, act, x, block_m: None, _run, gathers=True)
+KERNEL = Kernel("reference", "reference", "ir", lambda qweight, act, x, block_m: None, _run, gathers=always_gathers)

@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 from triton.compiler import CompiledKernel
 
-__all__ = ["CompiledLaunches"]
+from ..kernel import LaunchesByWeight
+
+__all__ = ["CompiledLaunches", "LaunchesByWeight", "PreparedLaunch"]
 
 
 class CompiledLaunches:
@@ -29,15 +31,44 @@ class CompiledLaunches:
         self.keep = keep
         self.compiled: dict = {}
 
-    def launch(self, key, grid: tuple[int, int, int], args: tuple, num_warps: int, device: int) -> None:
+    def launch(self, key, grid: tuple[int, int, int], args: tuple, num_warps: int, device: int, **options) -> None:
         """Launch ``fn`` on ``grid`` with ``args`` (every parameter in order, constexprs included) on the
-        current stream of CUDA device ``device``; ``key`` as the module docstring says."""
+        current stream of CUDA device ``device``; ``key`` as the module docstring says (it covers ``options``,
+        further launch options such as ``num_stages``, too)."""
         kernel = self.compiled.get(key)
         if kernel is None:
-            kernel = self.fn[grid](*args, num_warps=num_warps)
+            kernel = self.fn[grid](*args, num_warps=num_warps, **options)
             if isinstance(kernel, CompiledKernel):
                 if len(self.compiled) >= self.keep:
                     self.compiled.clear()
                 self.compiled[key] = kernel
             return
         kernel[grid](*args, stream=torch._C._cuda_getCurrentRawStream(device))
+
+
+class PreparedLaunch:
+    """One kind of call of Triton kernel ``fn`` made ready: its grid, launch options and every argument but the
+    tensors that change between calls (``per_call``, parameter names), in the kernel's order. A call passes
+    those tensors; they and the device make the launch key of :class:`CompiledLaunches` (each one's dtype and
+    16-byte alignment: what Triton specializes a pointer on), so ``values`` must hold everything else a
+    compiled kernel depends on, and the prepared launch is kept per such kind of call by its caller."""
+
+    def __init__(self, fn, grid, values: dict, per_call: tuple[str, ...], num_warps: int, **options) -> None:
+        names = list(fn.arg_names)
+        missing = [name for name in names if name not in values and name not in per_call]
+        if missing:
+            raise ValueError(f"{fn.__name__}: no value for {missing}")
+        self.template = [values.get(name) for name in names]
+        self.slots = tuple(names.index(name) for name in per_call)
+        self.grid = (*grid, 1, 1)[:3]
+        self.num_warps, self.options = num_warps, options
+        self.launches = CompiledLaunches(fn)
+
+    def __call__(self, device: int | None, *tensors: torch.Tensor) -> None:
+        """Launch on the current stream of CUDA device ``device`` with ``tensors`` (in ``per_call``'s order)."""
+        args = self.template.copy()
+        key = [device]
+        for slot, tensor in zip(self.slots, tensors, strict=True):
+            args[slot] = tensor
+            key += (tensor.dtype, tensor.data_ptr() % 16)
+        self.launches.launch(tuple(key), self.grid, tuple(args), self.num_warps, device, **self.options)

@@ -96,6 +96,7 @@ def _scaled_mm_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    ws_ptr,
     expert_ptr,
     rows_ptr,
     M,
@@ -117,7 +118,7 @@ def _scaled_mm_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    SPLIT_K: tl.constexpr,  # > 1: program_id(1) takes a slice of K and adds fp32 into a zeroed [M, N] workspace
+    SPLIT_K: tl.constexpr,  # > 1: program_id(1) takes a slice of K, summed in the workspace ws_ptr (store_tile)
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BK == 0: no masks along K
     HAS_BIAS: tl.constexpr,
@@ -159,13 +160,20 @@ def _scaled_mm_kernel(
     W_GN: tl.constexpr = WEIGHT.GN if WEIGHT.GN > 0 else 1
     PROMOTE: tl.constexpr = A_SCALE == "promote" or W_SCALE == "promote"
     ACC_DTYPE: tl.constexpr = tl.int32 if MMA == "int8" else tl.float32
-    # 8-bit weights that are the MMA operand bit for bit are loaded as bytes, [BK, BN], straight to the dot.
+    # 8-bit weights that are the MMA operand bit for bit are loaded as the operand type, [BN, BK] (K contiguous,
+    # as the tensor cores read both 8-bit operands), and fed to the dot transposed: Triton then copies the
+    # tiles asynchronously into the MMA's shared-memory layout and both operands go from there to the MMA
+    # (a byte load bitcast to fp8, or an [BK, BN] tile, is re-laid out through registers every K step).
     W_BYTES: tl.constexpr = (WEIGHT.W_BITS == 8 and not WEIGHT.HAS_ZP and W_SCALE != "fold") and (
         (MMA == "int8" and WEIGHT.W_KIND == 0)
         or (MMA == "e4m3" and WEIGHT.W_KIND == 2 and WEIGHT.W_EBITS == 4 and WEIGHT.W_MBITS == 3)
     )
+    A_DIRECT: tl.constexpr = A_BITS == 8 and (MMA == "int8" or MMA == "e4m3")  # 8-bit codes: the operand as is
     n_ok = offs_n[None, :] < N
     b_cols = qb_ptr + offs_n.to(tl.int64)[None, :] * stride_qb
+    w_rows = qb_ptr.to(tl.pointer_type(MMA_DTYPE)) + offs_n.to(tl.int64)[:, None] * stride_qb
+    w_rows_ok = offs_n[:, None] < N
+    a_op_rows = a_ptr.to(tl.pointer_type(MMA_DTYPE)) + src[:, None] * stride_am
 
     acc = tl.zeros((BM, BN), dtype=tl.float32 if PROMOTE else ACC_DTYPE)
     k_tiles = tl.cdiv(K, BK)
@@ -175,7 +183,10 @@ def _scaled_mm_kernel(
         k0 = t * BK
         offs_k = k0 + tl.arange(0, BK)
         a_mask = m_ok if EVEN_K else m_ok & (offs_k[None, :] < K)
-        a_raw = tl.load(a_rows + offs_k[None, :], mask=a_mask, other=0)
+        if A_DIRECT:
+            a_raw = tl.load(a_op_rows + offs_k[None, :], mask=a_mask, other=0.0)
+        else:
+            a_raw = tl.load(a_rows + offs_k[None, :], mask=a_mask, other=0)
 
         if MMA == "scaled":
             # Blackwell block-scaled MMA: MX activations (e2m1 / e4m3, e8m0 per 32) x MXFP4 weights, packed
@@ -196,12 +207,10 @@ def _scaled_mm_kernel(
             acc = tl.dot_scaled(a_op, a_sc, "e2m1" if A_BITS == 4 else "e4m3", b_op, w_sc, "e2m1", acc)
         else:
             # Activation operand. Codes beyond K are 0 and decode to 0, so the weight's padding adds nothing.
-            if MMA == "int8" and A_BITS == 8:
-                a_op = a_raw.to(tl.int8, bitcast=True)
+            if A_DIRECT:
+                a_op = a_raw
             elif MMA == "int8":
                 a_op = ((a_raw.to(tl.int32) << (32 - A_BITS)) >> (32 - A_BITS)).to(tl.int8)
-            elif MMA == "e4m3":
-                a_op = a_raw.to(tl.float8e4nv, bitcast=True)
             else:
                 a_val = decode_codes(a_raw.to(tl.int32), lut_ptr, A_KIND, A_BITS, A_EBITS, A_MBITS, A_BIAS, 0)
                 if A_SCALE == "fold":
@@ -215,9 +224,9 @@ def _scaled_mm_kernel(
 
             # Weight operand [BK, BN]: bytes that are the MMA operand as they are, else decoded codes.
             if W_BYTES:
-                b_mask = n_ok if EVEN_K else n_ok & (offs_k[:, None] < K)
-                b_raw = tl.load(b_cols + offs_k[:, None], mask=b_mask, other=0)
-                b_op = b_raw.to(MMA_DTYPE, bitcast=True)
+                b_mask = w_rows_ok if EVEN_K else w_rows_ok & (offs_k[None, :] < K)
+                b_raw = tl.load(w_rows + offs_k[None, :], mask=b_mask, other=0.0)
+                b_op = tl.trans(b_raw)
             else:
                 b_op = _weight_operand(weight, WEIGHT, offs_n, offs_k, k0, N, K, BK, MMA, MMA_DTYPE, W_SCALE)
 
@@ -249,4 +258,4 @@ def _scaled_mm_kernel(
         acc = acc * tl.load(ags_ptr)
     if WEIGHT.HAS_GS and W_SCALE != "end" and W_SCALE != "promote":
         acc = acc * tl.load(gs_ptr)  # after folded scales: e4m3 only (see _scaled_mm_plan), too small to overflow
-    store_tile(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, GROUPED)
+    store_tile(acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)

@@ -8,7 +8,9 @@ import torch
 
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
+from ..workspaces import WORKSPACES
 from . import registry
+from ._launch import LaunchesByWeight, PreparedLaunch
 from ._scaled_mm_kernel import _scaled_mm_kernel
 from ._scaled_mm_plan import (
     ComputePlan,
@@ -19,11 +21,11 @@ from ._scaled_mm_plan import (
     grid,
     plan_constexprs,
 )
+from ._tiles import split_k_words
 from ._weight_tile import WeightSpec, kernel_tensors, pointer_types, triton_type, weight_spec
-from .configs import finish_split_k
 from .scaled_mm_configs import ScaledMMConfig
 
-__all__ = ["compile_specs", "kernel_spec", "launch"]
+__all__ = ["compile_specs", "kernel_spec", "launch", "launch_codes"]
 
 
 def launch(
@@ -42,75 +44,145 @@ def launch(
     ``expert_ids`` / ``route_bm``: the grouped kernel, row ``r`` times expert ``expert_ids[r // route_bm]``;
     ``rows`` (int32 ``[M]``, grouped only): row ``r`` reads the codes and scales of ``qa``'s row ``rows[r]``
     (-1: a padding row, zeros)."""
-    scheme = qa.scheme
-    m, k = qa.codes.shape if rows is None else (rows.shape[0], qa.codes.shape[1])
-    n = qweight.N
-    device = qa.codes.device
-    a_gk = act_group_k(scheme, qa.scales)
-    plan = compute_plan(qweight, scheme, a_gk, device_capability(device))
-    if isinstance(plan, str):
-        raise ValueError(f"triton scaled_mm: {plan}")
-    cfg = config or call_config(plan, qweight, m, device)
-    if plan.k_step and plan.k_step % cfg.block_k:
-        raise ValueError(f"config: block_k={cfg.block_k} must divide the promotion step {plan.k_step}")
-
-    t = kernel_tensors(qweight)
-    grouped = expert_ids is not None
-    e_stride = lambda name, per_expert_dims: t[name].stride(0) if grouped and t[name].dim() == per_expert_dims else 0
     a_scales = qa.scales if qa.scales.dtype == torch.float32 else qa.scales.view(torch.uint8)
-    if out is None:
-        out = torch.empty(m, n, dtype=out_dtype, device=device)
-    elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
-        raise ValueError(f"out: expected [{m}, {n}] {out_dtype} with contiguous rows, got {out.shape} {out.dtype}")
-    split = cfg.split_k > 1
-    dest = torch.zeros(m, n, dtype=torch.float32, device=device) if split else out
-    _scaled_mm_kernel[grid(cfg, m, n)](
-        qa.codes,
-        a_scales,
-        qa.global_scale if qa.global_scale is not None else a_scales,
-        t["qw"],
-        t["qw"].view(torch.uint8),
-        t["s"],
-        t["z"],
-        t["gs"],
-        t["lut"],
-        t["qw"] if bias is None else bias,
-        dest,
-        expert_ids if grouped else t["qw"],
-        rows if rows is not None else t["qw"],
+    args = (qa.codes, a_scales, qa.global_scale, qweight, bias, out_dtype, config, out, expert_ids, route_bm, rows)
+    return launch_codes(qa.scheme, *args)
+
+
+def launch_codes(
+    scheme: ActScheme,
+    codes: torch.Tensor,
+    a_scales: torch.Tensor,
+    global_scale: torch.Tensor | None,
+    qweight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    config: ScaledMMConfig | None,
+    out: torch.Tensor | None,
+    expert_ids: torch.Tensor | None = None,
+    route_bm: int = 1,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`launch` on the buffers of a quantized activation: ``codes``, the scales as the kernel reads them
+    (float32, or the uint8 bytes of 8-bit scales) and the global scale, as the quantizing pass returns them."""
+    grouped = expert_ids is not None
+    m = codes.shape[0] if rows is None else rows.shape[0]
+    key = (
+        scheme,
         m,
-        n,
-        k,
-        qa.codes.stride(0),
+        codes.shape[1],
+        codes.stride(0),
+        tuple(a_scales.shape),
         a_scales.stride(0),
-        t["qw"].stride(-2),
-        t["qw"].stride(-2) * 4,
-        t["s"].stride(-2),
-        t["z"].stride(-2),
-        dest.stride(0),
-        e_stride("qw", 3),
-        e_stride("s", 3),
-        e_stride("z", 3),
-        e_stride("gs", 1),
+        out_dtype,
+        config,
+        bias is None,
         bias.stride(0) if grouped and bias is not None else 0,
+        grouped,
         route_bm,
-        BM=cfg.block_m,
-        BN=cfg.block_n,
-        BK=cfg.block_k,
-        SPLIT_K=cfg.split_k,
-        GROUP_M=cfg.group_m,
-        EVEN_K=k % cfg.block_k == 0,
-        HAS_BIAS=bias is not None,
-        **plan_constexprs(plan, scheme, a_gk, per_row=qa.scales.numel() > 1),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        WEIGHT=_weight(qweight),
-        GROUPED=grouped,
-        GATHER=rows is not None,
+        rows is not None,
+        None if out is None else out.stride(0),
+        codes.device,
     )
-    if split:
-        finish_split_k(dest, out, bias, expert_ids, route_bm)
-    return out
+    make = lambda: _Ready(scheme, codes, a_scales, qweight, bias, out_dtype, config, out, grouped, route_bm, rows)
+    ready = _ready.get(qweight, key, make)
+    return ready(codes, a_scales, global_scale, bias, out, expert_ids, rows)
+
+
+#: The launches made ready, per weight object, by the kind of call (everything :func:`launch_codes` keys them on).
+_ready = LaunchesByWeight()
+
+#: The kernel's parameters that change between calls of one kind (the weight's codes stand in for an absent
+#: bias, expert ids and rows: never read).
+_PER_CALL = ("a_ptr", "as_ptr", "ags_ptr", "bias_ptr", "out_ptr", "ws_ptr", "expert_ptr", "rows_ptr")
+
+
+class _Ready:
+    """One kind of call of the scaled GEMM with a weight, made ready once: its plan, tile, grid, the weight's
+    tensors, every integer and constexpr argument (a :class:`~._launch.PreparedLaunch`). A call allocates the
+    output (and the split-K workspace), and launches on its pointers."""
+
+    def __init__(self, scheme, codes, a_scales, qweight, bias, out_dtype, config, out, grouped, route_bm, rows):
+        m, k = (codes.shape[0] if rows is None else rows.shape[0]), codes.shape[1]
+        n = qweight.N
+        device = codes.device
+        a_gk = act_group_k(scheme, a_scales)
+        plan = compute_plan(qweight, scheme, a_gk, device_capability(device))
+        if isinstance(plan, str):
+            raise ValueError(f"triton scaled_mm: {plan}")
+        cfg = config or call_config(plan, qweight, m, device)
+        if plan.k_step and plan.k_step % cfg.block_k:
+            raise ValueError(f"config: block_k={cfg.block_k} must divide the promotion step {plan.k_step}")
+        t = kernel_tensors(qweight)
+        e_stride = lambda name, per_expert_dims: (
+            t[name].stride(0) if grouped and t[name].dim() == per_expert_dims else 0
+        )
+        self.m, self.n, self.out_dtype, self.device, self.route_bm = m, n, out_dtype, device, route_bm
+        self.split = cfg.split_k > 1
+        self.stand_in = t["qw"]
+        values = {
+            "qw_ptr": t["qw"],
+            "qb_ptr": t["qw"].view(torch.uint8),
+            "s_ptr": t["s"],
+            "z_ptr": t["z"],
+            "gs_ptr": t["gs"],
+            "lut_ptr": t["lut"],
+            "M": m,
+            "N": n,
+            "K": k,
+            "stride_am": codes.stride(0),
+            "stride_asm": a_scales.stride(0),
+            "stride_qn": t["qw"].stride(-2),
+            "stride_qb": t["qw"].stride(-2) * 4,
+            "stride_sn": t["s"].stride(-2),
+            "stride_zn": t["z"].stride(-2),
+            "stride_om": n if out is None else out.stride(0),
+            "stride_qe": e_stride("qw", 3),
+            "stride_se": e_stride("s", 3),
+            "stride_ze": e_stride("z", 3),
+            "stride_gse": e_stride("gs", 1),
+            "stride_be": bias.stride(0) if grouped and bias is not None else 0,
+            "route_bm": route_bm,
+            "BM": cfg.block_m,
+            "BN": cfg.block_n,
+            "BK": cfg.block_k,
+            "SPLIT_K": cfg.split_k,
+            "GROUP_M": cfg.group_m,
+            "EVEN_K": k % cfg.block_k == 0,
+            "HAS_BIAS": bias is not None,
+            **plan_constexprs(plan, scheme, a_gk, per_row=a_scales.numel() > 1),
+            "WEIGHT": _weight(qweight),
+            "GROUPED": grouped,
+            "GATHER": rows is not None,
+        }
+        cfg_grid = grid(cfg, m, n)
+        self.workspace_words = split_k_words(m, n, cfg_grid[0]) if self.split else 0
+        self.launch = PreparedLaunch(
+            _scaled_mm_kernel, cfg_grid, values, _PER_CALL, cfg.num_warps, num_stages=cfg.num_stages
+        )
+
+    def __call__(self, codes, a_scales, global_scale, bias, out, expert_ids, rows) -> torch.Tensor:
+        m, n = self.m, self.n
+        if out is None:
+            out = torch.empty(m, n, dtype=self.out_dtype, device=self.device)
+        elif out.shape != (m, n) or out.dtype != self.out_dtype or out.stride(1) != 1:
+            raise ValueError(
+                f"out: expected [{m}, {n}] {self.out_dtype} with contiguous rows, got {out.shape} {out.dtype}"
+            )
+        workspace = WORKSPACES.on(self.workspace_words, self.device) if self.split else out
+        stand_in = self.stand_in
+        self.launch(
+            self.device.index,
+            codes,
+            a_scales,
+            a_scales if global_scale is None else global_scale,
+            stand_in if bias is None else bias,
+            out,
+            workspace,
+            stand_in if expert_ids is None else expert_ids,
+            stand_in if rows is None else rows,
+        )
+        return out
 
 
 def _weight(qw: QuantizedWeight) -> WeightSpec:
@@ -122,7 +194,7 @@ def compile_specs() -> list[registry.CompileSpec]:
     """Representative specialisations for the all-architecture compile check: each plan kind (int8, e4m3,
     fp16 / bf16 folds and promotions, the pre-Ampere fp32 fallback) at small- and large-M tiles."""
     from ..ir.quantize import quantize
-    from .scaled_mm_configs import _BUCKETS_8BIT, _BUCKETS_16BIT
+    from .scaled_mm_configs import buckets, fit_registers
 
     w = torch.ones(256, 512)
     cases = (  # label, weight, act, capability the plan is made for, oldest arch, output dtype
@@ -160,9 +232,11 @@ def compile_specs() -> list[registry.CompileSpec]:
     for label, qw, act, capability, min_arch, out_dtype in cases:
         scheme = get_act_scheme(act)
         plan = compute_plan(qw, scheme, act_group_k(scheme), capability)
-        buckets = _BUCKETS_8BIT if plan.operand_bits == 8 else _BUCKETS_16BIT
+        table = buckets(plan.operand_bits, capability)
         gather = label.startswith("grouped-gather-")
-        for cfg in (buckets[0][1].replace(split_k=4), buckets[-1][1]):  # small M: the split-K epilogue
+        decodes = qw.bits != 8 or qw.zeros is not None
+        large = fit_registers(table[-1][1], capability, plan.accumulators(capability), decodes)
+        for cfg in (table[0][1].replace(split_k=4), large):  # small M: the split-K epilogue
             if plan.k_step:
                 cfg = cfg.replace(block_k=min(cfg.block_k, plan.k_step))
             specs.append(kernel_spec(f"{label}-{act}", qw, scheme, plan, out_dtype, cfg, min_arch, gather))
@@ -197,7 +271,8 @@ def kernel_spec(
             "as_ptr": a_scale_type,
             "ags_ptr": "*fp32",
             "bias_ptr": "*fp32",
-            "out_ptr": "*fp32" if cfg.split_k > 1 else "*" + triton_type(out_dtype),  # split-K: the fp32 workspace
+            "out_ptr": "*" + triton_type(out_dtype),
+            "ws_ptr": "*i32" if cfg.split_k > 1 else "*" + triton_type(out_dtype),  # no split-K: the output
             "expert_ptr": "*i32",
             "rows_ptr": "*i32",
         },

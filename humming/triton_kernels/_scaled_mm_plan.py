@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..device import device_info, device_limits
+from ..device import DeviceLimits, device_info, device_limits
 from ..ir.activation import ActScheme
 from ..ir.formats import NumberFormat, get_format
 from ..ir.weight import QuantizedWeight
@@ -34,6 +34,7 @@ __all__ = [
     "device_capability",
     "grid",
     "grouped_call_config",
+    "plan_config",
     "plan_constexprs",
 ]
 
@@ -74,6 +75,13 @@ class ComputePlan:
     @property
     def operand_bits(self) -> int:
         return 8 if self.mma in ("int8", "e4m3", "scaled") else 16
+
+    def accumulators(self, capability: tuple[int, int]) -> int:
+        """fp32 accumulator tiles the K loop holds on ``capability``: two where each K step's product is
+        promoted into the accumulator (scales that change along K; fp8 on sm_90, whose wgmma accumulates with
+        reduced precision: ``max_num_imprecise_acc``), else one."""
+        promoted = "promote" in (self.a_scale, self.w_scale) or (self.mma == "e4m3" and capability == (9, 0))
+        return 2 if promoted else 1
 
     @property
     def folds(self) -> bool:
@@ -234,13 +242,48 @@ def plan_constexprs(plan: ComputePlan, scheme: ActScheme, a_gk: int, per_row: bo
 
 
 # ------------------------------------------------------------------------------------------ tiles, grid
+def plan_config(
+    plan: ComputePlan,
+    qweight: QuantizedWeight,
+    m: int,
+    capability: tuple[int, int],
+    limits: DeviceLimits,
+    shape: tuple[int, int] | None = None,
+) -> ScaledMMConfig:
+    """:func:`~.scaled_mm_configs.scaled_mm_config` of ``m`` rows for the plan and the weight (its format; its
+    ``[N, K]`` unless ``shape`` is given) on a device of ``capability`` with ``limits``: a pure function, which
+    the SASS reader and the plan checks call for capabilities without the device at hand."""
+    n, k = shape or (qweight.N, qweight.K)
+    direct = qweight.bits == 8 and qweight.zeros is None and plan.w_scale != "fold" and plan.operand_bits == 8
+    return scaled_mm_config(
+        m,
+        n,
+        k,
+        plan.operand_bits,
+        plan.k_step,
+        qweight.bits,
+        limits.sm_count,
+        limits.smem_per_block,
+        plan.folds,
+        capability,
+        plan.accumulators(capability),
+        decodes=not direct,
+    )
+
+
+def _config(plan: ComputePlan, qweight: QuantizedWeight, m: int, device: torch.device, sm_count: int | None = None):
+    """:func:`plan_config` for the device (its multiprocessor count unless ``sm_count`` is given)."""
+    limits = device_limits(device)
+    if sm_count is not None:
+        limits = limits._replace(sm_count=sm_count)
+    return plan_config(plan, qweight, m, device_capability(device), limits)
+
+
 def call_config(plan: ComputePlan, qweight: QuantizedWeight, m: int, device: torch.device) -> ScaledMMConfig:
     """The tile of a dense call of ``m`` rows: :func:`~.scaled_mm_configs.scaled_mm_config` for the plan's
-    operand width and promotion step, within the device's multiprocessor count and shared memory."""
-    n, k = qweight.N, qweight.K
-    limits = device_limits(device)
-    sm_count, smem = limits.sm_count, limits.smem_per_block
-    return scaled_mm_config(m, n, k, plan.operand_bits, plan.k_step, qweight.bits, sm_count, smem, plan.folds)
+    operand width, promotion step and accumulators, on the device's capability, within its multiprocessor
+    count, shared memory and registers."""
+    return _config(plan, qweight, m, device)
 
 
 def grouped_call_config(
@@ -248,17 +291,13 @@ def grouped_call_config(
 ) -> ScaledMMConfig:
     """The tile of a grouped (MoE) call of ``m_pad`` rows in routing blocks of ``block_m``: the dense tile for
     ``block_m`` rows, cut by :func:`~.configs.grouped_tile` so that its ``block_m`` divides the routing one."""
-    (n, k), limits = (qweight.N, qweight.K), device_limits(device)
-    sm_count, smem = limits.sm_count, limits.smem_per_block
-    cfg = scaled_mm_config(block_m, n, k, plan.operand_bits, plan.k_step, qweight.bits, sm_count, smem, plan.folds)
-    return grouped_tile(cfg, block_m, m_pad, n, k, sm_count)
+    cfg = _config(plan, qweight, block_m, device)
+    return grouped_tile(cfg, block_m, m_pad, qweight.N, qweight.K, device_limits(device).sm_count)
 
 
 def deterministic_call_config(plan: ComputePlan, qweight: QuantizedWeight, device: torch.device) -> ScaledMMConfig:
     """One tile for every M (the one for M = 64, never split along K: no multiprocessor count)."""
-    smem = device_limits(device).smem_per_block
-    n, k = qweight.N, qweight.K
-    return scaled_mm_config(64, n, k, plan.operand_bits, plan.k_step, qweight.bits, 0, smem, plan.folds)
+    return _config(plan, qweight, 64, device, sm_count=0)
 
 
 def grid(cfg: ScaledMMConfig, m: int, n: int) -> tuple[int, int]:

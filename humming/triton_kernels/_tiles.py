@@ -2,8 +2,9 @@
 computes, and how the tile's fp32 accumulator reaches the output.
 
 Every GEMM kernel computes ``out[M, N]`` in ``BM x BN`` tiles, on a grid of
-``(cdiv(M, BM) * cdiv(N, BN), SPLIT_K)`` programs; the host side of the same contract is
-:func:`.configs.finish_split_k`.
+``(cdiv(M, BM) * cdiv(N, BN), SPLIT_K)`` programs, ``program_id(0)`` naming the output tile. Split along K, the
+programs of a tile add into a workspace that is zero between calls (:data:`humming.workspaces.WORKSPACES`), so
+that a call needs no memset and no pass of its own after the GEMM.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import triton.language as tl
 
 from .interpreter import cast
 
-__all__ = ["route_tile", "store_tile", "tile_ids"]
+__all__ = ["route_tile", "split_k_words", "store_tile", "tile_ids"]
+
+
+def split_k_words(m: int, n: int, tiles: int) -> int:
+    """The 32-bit words of a split-K workspace for ``out [m, n]`` on ``tiles`` output tiles: the fp32 sums
+    ``[m, n]`` (row stride ``n``), then one int32 arrival count per tile."""
+    return m * n + tiles
 
 
 @triton.jit
@@ -66,30 +73,32 @@ def route_tile(
 
 @triton.jit
 def store_tile(
-    acc,
-    out_ptr,
-    stride_om,
-    bias_ptr,
-    offs_m,
-    offs_n,
-    M,
-    N,
-    HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    GROUPED: tl.constexpr,
+    acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr
 ):
     """Writes the fp32 tile ``acc`` (rows ``offs_m``, columns ``offs_n``) to ``out_ptr``: plus the bias,
-    rounded once to the output's dtype; split along K (``SPLIT_K > 1``), added with atomics into the fp32
-    workspace that ``out_ptr`` then is, the host adding a dense call's bias after the last slice."""
+    rounded once to the output's dtype.
+
+    Split along K (``SPLIT_K > 1``), each program adds its slice into the workspace ``ws_ptr`` (32-bit words,
+    :func:`split_k_words`; zero between calls) and counts itself in its tile's arrival count; the last to
+    arrive reads the totals back with atomic exchanges, which leave zeros, resets the count, and writes the
+    output as above. The order of the additions varies between calls (the last bits of fp32). The exchanges
+    move the fp32 bits as int32 (what every Triton version, its interpreter too, exchanges)."""
     out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if SPLIT_K == 1:
+    if SPLIT_K > 1:
+        words = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        sums = ws_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
+        tl.atomic_add(sums + words, acc, mask=mask, sem="relaxed")
+        tl.debug_barrier()  # every thread's additions before the tile's arrival
+        count = ws_ptr + (M * N + tl.program_id(0))
+        if tl.atomic_add(count, 1, sem="acq_rel") == SPLIT_K - 1:
+            zeros = tl.zeros(acc.shape, dtype=tl.int32)
+            acc = tl.atomic_xchg(ws_ptr + words, zeros, mask=mask, sem="relaxed").to(tl.float32, bitcast=True)
+            tl.atomic_xchg(count, 0, sem="relaxed")
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=mask)
+    else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=mask)
-    else:
-        # the bias differs per expert: the first K slice adds it (a compile-time test, then a run-time one)
-        if GROUPED and HAS_BIAS:  # noqa: SIM102
-            if tl.program_id(1) == 0:
-                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.atomic_add(out, acc, mask=mask, sem="relaxed")

@@ -16,6 +16,14 @@ spec's fields at compile time.
 Codes decode by bit arithmetic, never a conversion instruction: a small integer ``c`` becomes a float as
 ``bitcast(c | 0x4B000000) - 2^23`` (exact for ``c < 2^23``), an eXmY value as its significand times a power
 of two built from its exponent field. Lookup formats (nf4) read the format's value table.
+
+The word-tile helpers (:func:`int_fields`, :func:`float_fields`) decode every field of a ``[1, BN, W]``
+tile of words in place, ``[32 // bits, BN, W]`` (fields first: Triton's default layout of a new 3-D tensor
+spreads its last dimension over threads and keeps its first one in each thread's registers), without
+first shifting each field down to bit 0: integer fields are read where they lie in their 16-bit half of the
+word (one AND-OR and one subtraction per weight, the value scaled by a power of two that the caller removes
+from the activations), float fields are placed into fp32 exponent and mantissa bits straight from the word
+and scaled by one exact power of two.
 """
 
 from __future__ import annotations
@@ -34,7 +42,10 @@ __all__ = [
     "decode_codes",
     "decode_scale",
     "decode_weight",
+    "field_offsets",
+    "float_fields",
     "group_tile",
+    "int_fields",
     "kernel_tensors",
     "load_weight_tile",
     "pointer_types",
@@ -197,6 +208,67 @@ def decode_codes(
             v = tl.where(exp_field == (1 << W_EBITS) - 1, special, v)
     else:
         v = tl.load(lut_ptr + c)
+    return v
+
+
+@triton.jit
+def field_offsets(W_BITS: tl.constexpr):
+    """``[32 // W_BITS]`` int32: the bit offset of each field of a word inside its 16-bit half (fields
+    ``0 .. n/2 - 1`` lie in the low half, the others in the high half). 1, 2, 4 and 8 bits only."""
+    PER_WORD: tl.constexpr = 32 // W_BITS
+    return (tl.arange(0, PER_WORD) % (PER_WORD // 2)) * W_BITS
+
+
+@triton.jit
+def int_fields(words, spec, zoff):
+    """Integer fields (1, 2, 4, 8 bits) of a word tile ``[1, BN, W]`` -> fp32 ``[32 // bits, BN, W]``: field ``j``
+    of each word is ``(value - zoff) * 2^o_j`` exactly, ``o_j`` its :func:`field_offsets` (the caller
+    multiplies the activation of field ``j`` by ``2^-o_j``; products and sums stay exact).
+
+    ``zoff``: what to subtract from the unsigned field (the zero point; a scalar or a tensor broadcastable to
+    the result); a signed field is first made unsigned by flipping its sign bit, which adds ``2^(bits-1)`` to
+    its offset. The field is OR'd into the mantissa of 2^23 in place (it never leaves its half word), and one
+    subtraction of ``2^23 + zoff * 2^o_j`` (exact: integers below 2^23) leaves the value."""
+    W_BITS: tl.constexpr = spec.W_BITS
+    PER_WORD: tl.constexpr = 32 // W_BITS
+    if spec.W_KIND == 0:
+        # bit (W_BITS - 1) of every field, as an int32 constant
+        SIGNS: tl.constexpr = ((0xFFFFFFFF // ((1 << W_BITS) - 1)) << (W_BITS - 1)) - (1 << 32)
+        words = words ^ SIGNS
+        zoff = zoff + (1 << (W_BITS - 1))
+    offset = field_offsets(W_BITS)[:, None, None]
+    high = (tl.arange(0, PER_WORD) >= PER_WORD // 2)[:, None, None]
+    w = words
+    half = tl.where(high, w >> 16, w)
+    bits = (half & (((1 << W_BITS) - 1) << offset)) | 0x4B000000
+    pow2 = ((offset + 127) << 23).to(tl.float32, bitcast=True)
+    return bits.to(tl.float32, bitcast=True) - (8388608.0 + zoff * pow2)
+
+
+@triton.jit
+def float_fields(words, spec):
+    """eXmY fields (1, 2, 4, 8 bits; at most 7 exponent bits) of a word tile ``[1, BN, W]`` -> fp32
+    ``[32 // bits, BN, W]``, bit-exact with ``NumberFormat.decode``: the exponent and mantissa bits are
+    placed as the low exponent and high mantissa bits of an fp32 (subnormals land as fp32 subnormals), the
+    sign as its sign, and one multiply by ``2^(127 - bias)`` (exact) gives the value."""
+    W_BITS: tl.constexpr = spec.W_BITS
+    EBITS: tl.constexpr = spec.W_EBITS
+    MBITS: tl.constexpr = spec.W_MBITS
+    PER_WORD: tl.constexpr = 32 // W_BITS
+    MAG: tl.constexpr = ((1 << (EBITS + MBITS)) - 1) << (23 - MBITS)
+    pos = (tl.arange(0, PER_WORD) * W_BITS)[:, None, None]
+    w = words
+    up = 23 - MBITS - pos  # shift of the field's magnitude bits into place (either way)
+    mag = tl.where(up >= 0, w << tl.maximum(up, 0), w >> tl.maximum(-up, 0)) & MAG
+    sign = (w << (32 - W_BITS - pos)) & -2147483648
+    SCALE: tl.constexpr = 2.0 ** (127 - spec.W_BIAS)
+    v = (mag | sign).to(tl.float32, bitcast=True) * SCALE
+    if spec.W_NAN == 1:  # "fn": only the all-ones magnitude is NaN
+        v = tl.where(mag == MAG, float("nan"), v)
+    elif spec.W_NAN == 2:  # "ieee": all-ones exponent is inf (mantissa 0) or NaN
+        EXP: tl.constexpr = ((1 << EBITS) - 1) << 23
+        special = tl.where((mag & ~EXP) == 0, tl.where(sign != 0, float("-inf"), float("inf")), float("nan"))
+        v = tl.where((mag & EXP) == EXP, special, v)
     return v
 
 

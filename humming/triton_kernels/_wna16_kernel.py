@@ -5,6 +5,8 @@ and layout (:mod:`._weight_tile`).
 - :func:`_wna16_kernel`: the tiled kernel (weight tiles dequantized in registers exactly as
   :func:`humming.dequantize` does, rounded once to the activations' dtype, ``tl.dot`` with fp32
   accumulation); with ``GROUPED`` the MoE grouped GEMM, with ``GATHER`` reading token rows through an index.
+- :func:`_wna16_swap_kernel`: few tokens (M <= 16) on tensor cores with the operands swapped: the weight
+  tile is the MMA's 64/128-row side and the tokens its 16-wide side, so no MMA row is idle.
 - :func:`_wna16_gemv_kernel`: decode (M <= 4) without tensor cores.
 
 Both split K when a config asks (fp32 atomics into a workspace).
@@ -19,6 +21,9 @@ from ._tiles import route_tile, store_tile, tile_ids
 from ._weight_tile import (
     WeightArgs,
     decode_weight,
+    field_offsets,
+    float_fields,
+    int_fields,
     load_weight_tile,
     scale_tile,
     with_global_scale,
@@ -26,7 +31,7 @@ from ._weight_tile import (
 )
 from .interpreter import cast, dot
 
-__all__ = ["_wna16_gemv_kernel", "_wna16_kernel"]
+__all__ = ["_wna16_gemv_kernel", "_wna16_kernel", "_wna16_swap_kernel"]
 
 
 @triton.jit
@@ -40,6 +45,7 @@ def _wna16_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    ws_ptr,
     expert_ptr,
     rows_ptr,
     M,
@@ -101,11 +107,11 @@ def _wna16_kernel(
         w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
         acc = dot(x, tl.trans(cast(w, x.dtype)), acc)
 
-    store_tile(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, GROUPED)
+    store_tile(acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
-def _wna16_gemv_kernel(
+def _wna16_swap_kernel(
     x_ptr,
     qw_ptr,
     s_ptr,
@@ -115,6 +121,7 @@ def _wna16_gemv_kernel(
     lut_ptr,
     bias_ptr,
     out_ptr,
+    ws_ptr,
     M,
     N,
     K,
@@ -131,13 +138,109 @@ def _wna16_gemv_kernel(
     WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
     EVEN_K: tl.constexpr,
 ):
-    """Decode (M <= BM <= 4): no tensor cores, so no layout change of the weight tile; products accumulate
-    elementwise in fp32 ``[BM, BN, BK]`` and are reduced along K once, after the loop.
+    """``out^T [BN, BM] = W_tile [BN, BK] @ x^T [BK, BM]`` for M <= BM (16): the dequantized weight tile (exactly
+    :func:`humming.dequantize`, rounded once to the activations' dtype, as the tiled kernel) is the MMA's
+    large side, read from registers, and the tokens its narrow side; split along K over the grid's second
+    axis. The same numerics as :func:`_wna16_kernel`."""
+    weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
+    offs_m = tl.arange(0, BM)
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    m_ok = offs_m[:, None] < M
+    k_tiles = tl.cdiv(K, BK)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    first = tl.program_id(1) * per_split
+    last = tl.minimum(first + per_split, k_tiles)
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for t in range(first, last):
+        k0 = t * BK
+        offs_k = k0 + tl.arange(0, BK)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
+        w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
+        acc = dot(cast(w, x.dtype), tl.trans(x), acc)
+    store_tile(tl.trans(acc), out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 
-    Compute config, not tuning: the fp32 weights are used as they are, without the rounding to the
-    activations' dtype that tensor cores need (a conversion per weight would cost more than the bandwidth
-    allows at decode). Results are at least as accurate; they differ from the tensor-core path by up to one
-    bf16/fp16 rounding of each weight, inside the tolerances the tests state.
+
+@triton.jit
+def _word_values(words, weight, spec, z):
+    """The fields of a word tile ``[1, BN, W]`` -> fp32 ``[32 // bits, BN, W]``: ``decode(q) - zero`` (zero points
+    ``z`` as stored, broadcastable to ``[1, BN, W]``; unused without them). Integer codes with integer zero
+    points come scaled by ``2^field_offsets`` (:func:`~._weight_tile.int_fields`), the others as they are."""
+    if _int_fields_apply(weight, spec):
+        zoff = z.to(tl.float32) if spec.HAS_ZP else 0.0
+        v = int_fields(words, spec, zoff)
+    else:
+        if spec.W_KIND == 2 and spec.W_EBITS < 8:
+            v = float_fields(words, spec)
+        else:
+            PER_WORD: tl.constexpr = 32 // spec.W_BITS
+            shifts = (tl.arange(0, PER_WORD) * spec.W_BITS)[:, None, None]
+            codes = (words >> shifts) & ((1 << spec.W_BITS) - 1)
+            v = decode_weight(codes, weight, spec)
+        if spec.HAS_ZP:
+            v = v - z.to(tl.float32)
+    return v
+
+
+@triton.jit
+def _int_fields_apply(weight, spec):
+    """Whether :func:`_word_values` reads integer fields in place (integer codes of 1, 2, 4 or 8 bits,
+    integer zero points or none)."""
+    return (spec.W_KIND <= 1) and (16 % spec.W_BITS == 0) and (not spec.HAS_ZP or weight.z.dtype.element_ty.is_int())
+
+
+@triton.jit
+def _field_scales(weight, spec):
+    """``[32 // bits]`` fp32: what the activation of each field of a word is multiplied by (``2^-o_j`` where
+    :func:`_word_values` scales the field by ``2^o_j``, else 1)."""
+    if _int_fields_apply(weight, spec):
+        out = ((127 - field_offsets(spec.W_BITS)) << 23).to(tl.float32, bitcast=True)
+    else:
+        out = tl.full((32 // spec.W_BITS,), 1.0, tl.float32)
+    return out
+
+
+@triton.jit
+def _wna16_gemv_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    gs_ptr,
+    gidx_ptr,
+    lut_ptr,
+    bias_ptr,
+    out_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_qn,
+    stride_sn,
+    stride_zn,
+    stride_om,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
+    EVEN_K: tl.constexpr,
+):
+    """Decode (M <= BM <= 4): no tensor cores. Products accumulate in fp32 registers and are reduced along K
+    once, after the loop.
+
+    Whole-word fields in groups of whole words (every format but 3/5/6/7-bit codes and act-order): the word
+    tile ``[BN, BK / f]`` (``f`` fields per word) is decoded in place into ``[BN, BK / f, f]``
+    (:func:`_word_values`), multiplied by the activations read as ``[BK / f, f]`` (one vector load, reused by
+    every row of the tile), and summed per word; the scale (one per row and group) multiplies those sums,
+    not each weight: ``sum_k x_k (q_k - z) * s`` in fp32, the exact weights of :func:`humming.dequantize`
+    with the scale applied once per group. Other formats: fp32 tiles of :func:`load_weight_tile`.
+
+    Compute config, not tuning: the weights are never rounded to the activations' dtype (that rounding is
+    what tensor cores need). Results are at least as accurate as the tensor-core path's; they differ from it
+    by up to one bf16/fp16 rounding of each weight, inside the tolerances the tests state.
     """
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
     offs_m = tl.arange(0, BM)
@@ -148,42 +251,40 @@ def _wna16_gemv_kernel(
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     first = tl.program_id(1) * per_split
     last = tl.minimum(first + per_split, k_tiles)
-    # Whole-word fields and groups of whole words: unpack field j of every word in place (the K order of a
-    # dot product is free), so the word tile keeps its load layout; x is read at the matching positions.
     PER_WORD: tl.constexpr = 32 // WEIGHT.W_BITS
-    PACKED: tl.constexpr = (32 % WEIGHT.W_BITS == 0) and (not WEIGHT.ACT_ORDER) and (WEIGHT.GK % PER_WORD == 0)
+    PACKED: tl.constexpr = (
+        BM == 1 and (32 % WEIGHT.W_BITS == 0) and (not WEIGHT.ACT_ORDER) and (WEIGHT.GK % PER_WORD == 0)
+    )
     if PACKED:
+        # Tiles are 3-D, [fields, rows, words], loaded that way: Triton lays a loaded tile out along its
+        # contiguous dimension (the words, four to a thread for 16-byte loads) and keeps a dimension of size 1
+        # (the fields) in each thread's registers, so the decode, the products and their sum over the fields
+        # of a word move no data between threads; the activations [fields, 1, words] are the one exchange.
         BKW: tl.constexpr = BK // PER_WORD
-        # One row (decode): a 2-D accumulator in the word tile's own layout (no layout conversions).
-        acc = tl.zeros((BN, BKW) if BM == 1 else (BM, BN, BKW), dtype=tl.float32)
+        acc = tl.zeros((1, BN, BKW), dtype=tl.float32)
         n_words = (K * WEIGHT.W_BITS + 31) // 32
-        q_rows = qw_ptr + offs_n.to(tl.int64)[:, None] * stride_qn
-        n_ok = offs_n[:, None] < N
+        q_rows = qw_ptr + offs_n.to(tl.int64)[None, :, None] * stride_qn
+        n_ok = offs_n[None, :, None] < N
+        x_scale = _field_scales(weight, WEIGHT)[:, None, None]
         for t in range(first, last):
             offs_w = tl.multiple_of(t * BKW, BKW) + tl.arange(0, BKW)
-            w_ok = n_ok if EVEN_K else n_ok & (offs_w[None, :] < n_words)
-            words = tl.load(q_rows + offs_w[None, :], mask=w_ok, other=0)
+            w_ok = n_ok if EVEN_K else n_ok & (offs_w[None, None, :] < n_words)
+            words = tl.load(q_rows + offs_w[None, None, :], mask=w_ok, other=0)
             first_k = offs_w * PER_WORD  # element index of each word's field 0; one group holds whole words
             k0 = t * BK
-            if WEIGHT.HAS_ZP:
-                z = zero_tile(weight, WEIGHT, offs_n, first_k, k0, N, K, BK, EVEN_K).to(tl.float32)
+            z = zero_tile(weight, WEIGHT, offs_n, first_k, k0, N, K, BK, EVEN_K)[None, :, :] if WEIGHT.HAS_ZP else 0
+            v = _word_values(words, weight, WEIGHT, z)  # [PER_WORD, BN, BKW]
+            offs_k = k0 + tl.arange(0, BK)
+            x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0) if not EVEN_K else tl.load(x_ptr + offs_k)
+            x = tl.trans(tl.reshape(x.to(tl.float32), (BKW, PER_WORD)))[:, None, :]  # [PER_WORD, 1, BKW]
+            part = tl.sum(v * (x * x_scale), axis=0, keep_dims=True)
             if WEIGHT.S_KIND != 0:
                 sc = with_global_scale(
                     scale_tile(weight, WEIGHT, offs_n, first_k, k0, N, K, BK, EVEN_K), weight, WEIGHT
                 )
-            for j in tl.static_range(PER_WORD):
-                codes = (words >> (j * WEIGHT.W_BITS)) & ((1 << WEIGHT.W_BITS) - 1)
-                w = decode_weight(codes, weight, WEIGHT)
-                if WEIGHT.HAS_ZP:
-                    w = w - z
-                if WEIGHT.S_KIND != 0:
-                    w = w * sc
-                xk = first_k + j
-                x = tl.load(x_rows + xk[None, :], mask=m_ok if EVEN_K else m_ok & (xk[None, :] < K), other=0.0)
-                if BM == 1:
-                    acc += x.to(tl.float32) * w
-                else:
-                    acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
+                part = part * sc[None, :, :]
+            acc += part
+        y = tl.sum(tl.sum(acc, axis=2), axis=0)[None, :]
     else:
         acc = tl.zeros((BM, BN, BK), dtype=tl.float32)
         for t in range(first, last):
@@ -192,5 +293,5 @@ def _wna16_gemv_kernel(
             x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
             w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
             acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
-    y = tl.sum(acc, axis=1)[None, :] if PACKED and BM == 1 else tl.sum(acc, axis=2)
-    store_tile(y, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K, False)
+        y = tl.sum(acc, axis=2)
+    store_tile(y, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)

@@ -8,76 +8,108 @@ import triton
 
 from ..device import KNOWN_LIMITS
 from ..ir.weight import QuantizedWeight
+from ..workspaces import WORKSPACES
 from . import registry
+from ._launch import LaunchesByWeight, PreparedLaunch
+from ._tiles import split_k_words
 from ._weight_tile import kernel_tensors, pointer_types, triton_type, weight_spec
-from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel
-from .configs import TileConfig, finish_split_k
-from .wna16_configs import _BUCKETS, grouped_config, wna16_config
+from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel, _wna16_swap_kernel
+from .configs import TileConfig
+from .wna16_configs import _BUCKETS, TILED_16, grouped_config, wna16_config
 
 __all__ = ["compile_specs", "kernel_spec", "launch"]
 
 
 def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1, rows=None) -> torch.Tensor:
-    """One launch of the tiled (or GEMV) kernel into ``out`` (``[M, N]``: ``x``'s rows, or ``rows``' count
-    when the grouped kernel gathers them); split-K accumulates in an fp32 workspace."""
-    m, n, k = out.shape[0], qweight.N, x.shape[1]
-    t = kernel_tensors(qweight)
+    """One launch of the tiled (or swapped-operand, or GEMV) kernel into ``out`` (``[M, N]``: ``x``'s rows, or
+    ``rows``' count when the grouped kernel gathers them); split-K accumulates in an fp32 workspace."""
     grouped = expert_ids is not None
-    split = cfg.split_k > 1
-    acc = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split else out
-    gemv = cfg.block_m <= 4
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
-    if gemv:
-        kernel, extra = _wna16_gemv_kernel, {}
-    else:
-        e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
-        kernel = _wna16_kernel
-        extra = {
-            "GROUP_M": cfg.group_m,
-            "GROUPED": grouped,
-            "GATHER": rows is not None,
-            "expert_ptr": expert_ids if grouped else t["qw"],
-            "rows_ptr": rows if rows is not None else t["qw"],
-            "stride_qe": e_stride("qw", 3) if grouped else 0,
-            "stride_se": e_stride("s", 3) if grouped else 0,
-            "stride_ze": e_stride("z", 3) if grouped else 0,
-            "stride_gse": e_stride("gs", 1) if grouped else 0,
-            "stride_gie": e_stride("gidx", 2) if grouped else 0,
-            "stride_be": bias.stride(0) if grouped and bias is not None else 0,
-            "route_bm": route_bm,
-        }
-    kernel[grid](
-        x_ptr=x,
-        qw_ptr=t["qw"],
-        s_ptr=t["s"],
-        z_ptr=t["z"],
-        gs_ptr=t["gs"],
-        gidx_ptr=t["gidx"],
-        lut_ptr=t["lut"],
-        bias_ptr=t["qw"] if bias is None else bias,
-        out_ptr=acc,
-        M=m,
-        N=n,
-        K=k,
-        stride_xm=x.stride(0),
-        stride_qn=t["qw"].stride(-2),
-        stride_sn=t["s"].stride(-2),
-        stride_zn=t["z"].stride(-2),
-        stride_om=acc.stride(0),
-        BM=cfg.block_m,
-        BN=cfg.block_n,
-        BK=cfg.block_k,
-        SPLIT_K=cfg.split_k,
-        HAS_BIAS=bias is not None,
-        EVEN_K=k % cfg.block_k == 0,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **extra,
-        WEIGHT=weight_spec(qweight),
+    key = (
+        out.shape[0],
+        x.shape[1],
+        x.stride(0),
+        out.stride(0),
+        cfg,
+        bias is None,
+        bias.stride(0) if grouped and bias is not None else 0,
+        grouped,
+        route_bm,
+        rows is not None,
+        x.device,
     )
-    if split:
-        finish_split_k(acc, out, bias, expert_ids, route_bm)
-    return out
+    ready = _ready.get(qweight, key, lambda: _Ready(x, qweight, bias, out, cfg, grouped, route_bm, rows))
+    return ready(x, bias, out, expert_ids, rows)
+
+
+#: The launches made ready, per weight object, by the kind of call (what :func:`launch` keys them on).
+_ready = LaunchesByWeight()
+
+
+class _Ready:
+    """One kind of call of the WnA16 kernels with a weight, made ready once: the kernel (tiled, swapped or GEMV), its
+    grid, the weight's tensors and every integer and constexpr argument (a :class:`~._launch.PreparedLaunch`).
+    A call launches on its pointers and the split-K workspace (the weight's codes stand in for an absent bias,
+    expert ids and rows, the output for the workspace without split-K: never read)."""
+
+    def __init__(self, x, qweight, bias, out, cfg: TileConfig, grouped: bool, route_bm: int, rows) -> None:
+        m, n, k = out.shape[0], qweight.N, x.shape[1]
+        t = kernel_tensors(qweight)
+        self.m, self.n, self.route_bm, self.stand_in = m, n, route_bm, t["qw"]
+        self.split = cfg.split_k > 1
+        self.tiled = not cfg.swap and cfg.block_m > 4  # else the swapped-operand or the GEMV kernel
+        values = {
+            "qw_ptr": t["qw"],
+            "s_ptr": t["s"],
+            "z_ptr": t["z"],
+            "gs_ptr": t["gs"],
+            "gidx_ptr": t["gidx"],
+            "lut_ptr": t["lut"],
+            "M": m,
+            "N": n,
+            "K": k,
+            "stride_xm": x.stride(0),
+            "stride_qn": t["qw"].stride(-2),
+            "stride_sn": t["s"].stride(-2),
+            "stride_zn": t["z"].stride(-2),
+            "stride_om": out.stride(0),
+            "BM": cfg.block_m,
+            "BN": cfg.block_n,
+            "BK": cfg.block_k,
+            "SPLIT_K": cfg.split_k,
+            "HAS_BIAS": bias is not None,
+            "EVEN_K": k % cfg.block_k == 0,
+            "WEIGHT": weight_spec(qweight),
+        }
+        per_call = ("x_ptr", "bias_ptr", "out_ptr", "ws_ptr")
+        kernel = _wna16_swap_kernel if cfg.swap else _wna16_gemv_kernel
+        if self.tiled:
+            e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
+            kernel, per_call = _wna16_kernel, (*per_call, "expert_ptr", "rows_ptr")
+            values.update(
+                GROUP_M=cfg.group_m,
+                GROUPED=grouped,
+                GATHER=rows is not None,
+                stride_qe=e_stride("qw", 3) if grouped else 0,
+                stride_se=e_stride("s", 3) if grouped else 0,
+                stride_ze=e_stride("z", 3) if grouped else 0,
+                stride_gse=e_stride("gs", 1) if grouped else 0,
+                stride_gie=e_stride("gidx", 2) if grouped else 0,
+                stride_be=bias.stride(0) if grouped and bias is not None else 0,
+                route_bm=route_bm,
+            )
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+        self.workspace_words = split_k_words(m, n, grid[0]) if self.split else 0
+        self.launch = PreparedLaunch(kernel, grid, values, per_call, cfg.num_warps, num_stages=cfg.num_stages)
+
+    def __call__(self, x, bias, out, expert_ids, rows) -> torch.Tensor:
+        device = x.device
+        workspace = WORKSPACES.on(self.workspace_words, device) if self.split else out
+        stand_in = self.stand_in
+        tensors = (x, stand_in if bias is None else bias, out, workspace)
+        if self.tiled:
+            tensors += (stand_in if expert_ids is None else expert_ids, stand_in if rows is None else rows)
+        self.launch(device.index, *tensors)
+        return out
 
 
 def compile_specs() -> list[registry.CompileSpec]:
@@ -85,15 +117,19 @@ def compile_specs() -> list[registry.CompileSpec]:
     from ..ir.quantize import quantize
 
     w = torch.ones(256, 512)
-    small, large = _BUCKETS[1][1], _BUCKETS[-1][1].replace(dequant_first=False)  # the kernel's own tiles
+    small, large = TILED_16, _BUCKETS[-1][1].replace(dequant_first=False)  # the kernel's own tiles
     medium = next(c for bound, c in _BUCKETS if bound == 128)
     h200 = KNOWN_LIMITS["NVIDIA H200"]  # the tiles of an H200-like problem
     gemv = lambda m, group_k: wna16_config(m, 28672, 8192, 4, h200.sm_count, group_k)
+    swap = wna16_config(8, 28672, 8192, 4, h200.sm_count, 128, h200.smem_per_block)
     cases = (
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 128), 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 0), 80),
         ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, gemv(1, 32), 80),
         ("uint4-zp-g128", quantize(w, "int4", 128, True), torch.float16, TileConfig(4, 16, 128, num_stages=1), 75),
+        ("nvfp4", quantize(w, "nvfp4"), torch.bfloat16, gemv(1, 16), 80),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, swap, 80),
+        ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, swap, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
@@ -124,24 +160,27 @@ def kernel_spec(
     an expert-stacked ``qw``; ``gather``: reading token rows through ``rows``) launches for ``qw`` with
     ``x_dtype`` activations and tile ``cfg``."""
     spec = weight_spec(qw)
-    is_gemv = cfg.block_m <= 4
+    is_gemv = cfg.block_m <= 4 and not cfg.swap
+    narrow = is_gemv or cfg.swap  # the kernels without expert and row pointers
     tiled = {"GROUP_M": cfg.group_m, "GROUPED": qw.num_experts is not None, "GATHER": gather}
+    kind = "_gemv" if is_gemv else "_swap" if cfg.swap else ""
     return registry.CompileSpec(
-        name=f"wna16{'_gemv' if is_gemv else ''}-{label}-{triton_type(x_dtype)}-{cfg.name()}",
-        kernel=_wna16_gemv_kernel if is_gemv else _wna16_kernel,
+        name=f"wna16{kind}-{label}-{triton_type(x_dtype)}-{cfg.name()}",
+        kernel=_wna16_gemv_kernel if is_gemv else _wna16_swap_kernel if cfg.swap else _wna16_kernel,
         pointers={
             **pointer_types(qw),
             "x_ptr": "*" + triton_type(x_dtype),
             "bias_ptr": "*fp32",
-            "out_ptr": "*fp32" if cfg.split_k > 1 else "*" + triton_type(x_dtype),  # split-K: the fp32 workspace
-            **({} if is_gemv else {"expert_ptr": "*i32", "rows_ptr": "*i32"}),
+            "out_ptr": "*" + triton_type(x_dtype),
+            "ws_ptr": "*i32" if cfg.split_k > 1 else "*" + triton_type(x_dtype),  # no split-K: the output
+            **({} if narrow else {"expert_ptr": "*i32", "rows_ptr": "*i32"}),
         },
         constexprs={
             "BM": cfg.block_m,
             "BN": cfg.block_n,
             "BK": cfg.block_k,
             "SPLIT_K": cfg.split_k,
-            **({} if is_gemv else tiled),
+            **({} if narrow else tiled),
             "HAS_BIAS": True,
             "EVEN_K": True,
             "WEIGHT": spec,

@@ -1,16 +1,30 @@
 """The tile configuration both Triton GEMMs launch with (:class:`TileConfig`; the WnA16 buckets are in
-:mod:`.wna16_configs`, the scaled GEMM's in :mod:`.scaled_mm_configs`) and what they share to choose and
-finish one: split-K, fitting a tile in shared memory, cutting a dense tile for the grouped (MoE) kernels."""
+:mod:`.wna16_configs`, the scaled GEMM's in :mod:`.scaled_mm_configs`) and what they share to choose one:
+split-K, fitting a tile in shared memory, cutting a dense tile for the grouped (MoE) kernels."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["MIN_GROUPED_BLOCK_M", "TileConfig", "choose_split_k", "finish_split_k", "fit_smem", "grouped_tile"]
+from ..device import KNOWN_LIMITS, DeviceLimits
+
+__all__ = ["CAPABILITY_LIMITS", "MIN_GROUPED_BLOCK_M", "TileConfig", "choose_split_k", "fit_smem", "grouped_tile"]
 
 #: The smallest tile M of the grouped (MoE) kernels (``tl.dot`` needs M >= 16); tiles divide the routing block.
 MIN_GROUPED_BLOCK_M = 16
+
+
+#: The limits of a representative GPU of each capability the Triton path serves (A100, A10 / RTX 3090, L40S,
+#: H200): what the plan checks (tests/test_triton_smem.py) and the SASS reader (bench/tools/triton_gemm_sass.py)
+#: choose tiles for without the device at hand. Every capability also has 64K 32-bit registers per
+#: multiprocessor and at most 255 per thread (the compiled kernels' ``n_regs`` and ``n_spills`` are checked).
+CAPABILITY_LIMITS = {
+    (8, 0): DeviceLimits(sm_count=108, smem_per_block=166912, smem_per_sm=167936),
+    (8, 6): DeviceLimits(sm_count=84, smem_per_block=101376, smem_per_sm=102400),
+    (8, 9): DeviceLimits(sm_count=142, smem_per_block=101376, smem_per_sm=102400),
+    (9, 0): KNOWN_LIMITS["NVIDIA H200"],
+}
 
 
 @dataclass(frozen=True)
@@ -28,6 +42,9 @@ class TileConfig:
     #: numerics as the tensor-core kernel (bf16/fp16 weights, fp32 accumulation, one output rounding); used
     #: only without bias and with ``out_dtype == x.dtype`` (otherwise the Triton kernel runs).
     dequant_first: bool = False
+    #: Few tokens on tensor cores with the operands swapped (the WnA16 ``_wna16_swap_kernel``: the weight tile
+    #: is the MMA's large side, the ``block_m`` (16) tokens its narrow one). Same numerics as the tiled kernel.
+    swap: bool = False
 
     def replace(self, **overrides) -> TileConfig:
         """A copy with some fields changed; an unknown field name is an error."""
@@ -39,7 +56,7 @@ class TileConfig:
     def name(self) -> str:
         c = self
         tiles = f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}g{c.group_m}w{c.num_warps}st{c.num_stages}"
-        return tiles + ("-dequant-first" if c.dequant_first else "")
+        return tiles + ("-dequant-first" if c.dequant_first else "") + ("-swap" if c.swap else "")
 
 
 def choose_split_k(tiles: int, k_tiles: int, sm_count: int, waves: int = 2) -> int:
@@ -77,16 +94,4 @@ def grouped_tile(cfg: TileConfig, block_m: int, m_pad: int, n: int, k: int, sm_c
     tile_m = max(bm for bm in (16, 32, 64, 128) if block_m % bm == 0 and bm <= max(cfg.block_m, 16))
     tiles = -(-m_pad // tile_m) * -(-n // cfg.block_n)
     split = choose_split_k(tiles, -(-k // cfg.block_k), sm_count)
-    return cfg.replace(block_m=tile_m, split_k=split, dequant_first=False)
-
-
-def finish_split_k(workspace, out, bias, expert_ids, route_bm: int) -> None:
-    """Write the fp32 split-K ``workspace`` ``[M, N]`` into ``out``: plus ``bias`` for a dense call (a grouped
-    kernel adds its per-expert bias itself); rows of skipped grouped blocks (expert -1) keep what ``out`` held."""
-    if expert_ids is None:
-        if bias is not None:
-            workspace += bias.to(workspace.dtype)
-        out.copy_(workspace)
-    else:
-        rows = (expert_ids >= 0).repeat_interleave(route_bm)[:, None]
-        out.copy_(workspace.where(rows, out))
+    return cfg.replace(block_m=tile_m, split_k=split, dequant_first=False, swap=False)

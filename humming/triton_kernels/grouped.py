@@ -11,7 +11,7 @@ import importlib
 import torch
 
 from ..ir.weight import QuantizedWeight
-from ..kernel import Kernel
+from ..kernel import Kernel, always_gathers
 from . import wna16
 from ._support import device_unsupported, unavailable
 
@@ -59,5 +59,5 @@ KERNEL = Kernel(
     "ir",
     lambda qweight, act, x, block_m: unavailable() or grouped_unsupported(qweight, act, x, block_m),
     _run,
-    gathers=True,
+    gathers=always_gathers,
 )

@@ -1,7 +1,7 @@
 """The one place that knows about Triton's CPU interpreter (``TRITON_INTERPRET=1``) and its gaps.
 
 CI has no GPU, so every Triton kernel of humming also runs under the interpreter (tests/conftest.py sets
-``TRITON_INTERPRET=1`` before any kernel is decorated). Triton 3.6's interpreter has four gaps that the
+``TRITON_INTERPRET=1`` before any kernel is decorated). Triton 3.6's interpreter has five gaps that the
 kernels work around here, and only here:
 
 - ``tl.dot`` on bfloat16 operands returns garbage: the interpreter stores bf16 as uint16 and multiplies
@@ -14,6 +14,9 @@ kernels work around here, and only here:
 - fp8 (``float8e4nv``) operands of ``tl.dot`` are decoded without NaN: code 0x7F reads as 480.
   :func:`fp8_dot` decodes them to float32 with their NaN codes when interpreting (exact: every e4m3 product
   and the fp32 sums are as before).
+- ``tl.sort`` runs its bitonic network's combine functions element by element: seconds per thousand keys.
+  :func:`sort_distinct` ranks up to 1024 keys instead when interpreting (each key's place: the keys below
+  it; a ``[keys, keys]`` comparison, within Triton's largest tensor).
 - ``tl.dot_scaled`` does not run at all. Kernels that use it on GPUs that have it keep an upcasting path
   (``dot`` on dequantized operands) that the interpreter runs instead; :data:`INTERPRET` selects it.
 
@@ -28,7 +31,7 @@ import triton.language as tl
 
 from .._env import env
 
-__all__ = ["INTERPRET", "cast", "dot", "fp8_dot"]
+__all__ = ["INTERPRET", "cast", "dot", "fp8_dot", "sort_distinct"]
 
 #: True when kernels run under Triton's CPU interpreter (read once, at import, as Triton itself does).
 INTERPRET = env("TRITON_INTERPRET")
@@ -65,3 +68,13 @@ def cast(x, dtype: tl.constexpr):
         rounded = tl.where(x != x, 0x7FC0, rounded)  # NaN: the canonical quiet NaN, as torch
         return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     return x.to(dtype)
+
+
+@triton.jit
+def sort_distinct(x, BLOCK: tl.constexpr):
+    """``tl.sort`` of ``BLOCK`` distinct keys; under the interpreter by ranking (see the module doc), which
+    gives the same order as the keys are distinct."""
+    if _INTERPRET and BLOCK <= 1024:
+        place = tl.sum((x[None, :] < x[:, None]).to(tl.int32), axis=1)
+        return tl.sum(tl.where(place[None, :] == tl.arange(0, BLOCK)[:, None], x[None, :], 0), axis=1)
+    return tl.sort(x)

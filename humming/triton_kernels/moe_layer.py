@@ -31,7 +31,7 @@ from ._launch import CompiledLaunches
 from .act_quant import element_spec, per_token_tile, scale_kind, scheme_unsupported
 from .interpreter import cast
 
-__all__ = ["act_unsupported", "activate", "combine"]
+__all__ = ["PreparedCombine", "act_unsupported", "activate", "combine"]
 
 
 @triton.jit
@@ -210,11 +210,13 @@ _ACT_LAUNCHES = CompiledLaunches(_moe_act_kernel)
 _COMBINE_LAUNCHES = CompiledLaunches(_combine_kernel)
 
 
-def _launch(launches: CompiledLaunches, grid, args: tuple, num_warps: int, device: torch.device) -> None:
-    """Launch with every argument and the 16-byte alignment of every pointer as the key; refused during a
-    CUDA graph capture when that key was never launched (Triton would compile inside the capture)."""
-    key = (device, *(a.dtype if isinstance(a, torch.Tensor) else a for a in args))
-    key += tuple(a.data_ptr() % 16 for a in args if isinstance(a, torch.Tensor))
+def _launch(launches: CompiledLaunches, grid, args: tuple, num_warps: int, device: torch.device, key=None) -> None:
+    """Launch with every argument and the 16-byte alignment of every pointer as the key (``key``: that key,
+    made by the caller); refused during a CUDA graph capture when that key was never launched (Triton would
+    compile inside the capture)."""
+    if key is None:
+        key = (device, *(a.dtype if isinstance(a, torch.Tensor) else a for a in args))
+        key += tuple(a.data_ptr() % 16 for a in args if isinstance(a, torch.Tensor))
     if device.type == "cuda" and key not in launches.compiled and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             "humming.moe.fused_moe: a CUDA graph is being captured, but this call's activation or combine "
@@ -277,17 +279,37 @@ def activate(
 def combine(y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """:func:`humming.reference.moe_layer.combine` in one kernel: ``y [M_pad, H]`` (rows contiguous), ``slot_rows``
     int32 ``[T * topk]``, float ``topk_weights [T, topk]`` -> ``[T, H]`` in ``dtype``."""
-    _check("y", y, FLOAT_DTYPES)
-    t, topk = topk_weights.shape
-    h = y.shape[1]
-    if slot_rows.dtype != torch.int32 or tuple(slot_rows.shape) != (t * topk,):
-        raise ValueError(f"slot_rows: expected int32 [{t * topk}], got {slot_rows.dtype} {tuple(slot_rows.shape)}")
-    out = torch.empty(t, h, dtype=dtype, device=y.device)
-    if t and h:
+    return PreparedCombine(y, slot_rows, topk_weights, dtype)(y, slot_rows, topk_weights)
+
+
+class PreparedCombine:
+    """:func:`combine` made ready (checked, its launch arguments but the tensors packed) for every call whose
+    ``y``, ``slot_rows`` and ``topk_weights`` have these ones' dtypes, shapes and strides, on their device."""
+
+    def __init__(self, y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor, dtype) -> None:
+        _check("y", y, FLOAT_DTYPES)
+        t, topk = topk_weights.shape
+        h = y.shape[1]
+        if slot_rows.dtype != torch.int32 or tuple(slot_rows.shape) != (t * topk,):
+            raise ValueError(f"slot_rows: expected int32 [{t * topk}], got {slot_rows.dtype} {tuple(slot_rows.shape)}")
+        self.shape, self.dtype, self.device = (t, h), dtype, y.device
+        self.contiguous = slot_rows.is_contiguous()
         block_h = min(triton.next_power_of_2(h), 1024)
-        args = (y, slot_rows.contiguous(), topk_weights, out, h, y.stride(0), *topk_weights.stride(), out.stride(0))
-        _launch(_COMBINE_LAUNCHES, (t, triton.cdiv(h, block_h), 1), (*args, topk, block_h), 4, y.device)
-    return out
+        self.grid = (t, triton.cdiv(h, block_h), 1)
+        # the arguments after the four tensors, and their part of _launch's key
+        self.values = (h, y.stride(0), *topk_weights.stride(), h, topk, block_h)
+        self.key = (y.device, y.dtype, torch.int32, topk_weights.dtype, dtype, *self.values)
+        self.launches = bool(t and h)
+
+    def __call__(self, y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        if self.launches:
+            if not self.contiguous:
+                slot_rows = slot_rows.contiguous()
+            tensors = (y, slot_rows, topk_weights, out)
+            key = self.key + tuple(a.data_ptr() % 16 for a in tensors)
+            _launch(_COMBINE_LAUNCHES, self.grid, (*tensors, *self.values), 4, self.device, key)
+        return out
 
 
 def _compile_specs() -> list[registry.CompileSpec]:

@@ -36,19 +36,24 @@ from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.dtypes import HALF_DTYPES
 from ..ir.weight import QuantizedWeight
 from ..kernel import Kernel
+from ..workspaces import WORKSPACES
 from . import act_quant, registry
 from ._act_order import act_order_layout
-from ._scaled_mm_launch import compile_specs, kernel_spec, launch
+from ._act_quant_pass import pass_for
+from ._scaled_mm_launch import compile_specs, kernel_spec, launch, launch_codes
 from ._scaled_mm_plan import (
     ACT_SCALE_DTYPES,
     ComputePlan,
     act_group_k,
+    call_config,
     compute_plan,
     deterministic_call_config,
     device_capability,
+    grid,
     grouped_call_config,
 )
 from ._support import device_unsupported, unavailable
+from ._tiles import split_k_words
 from .configs import MIN_GROUPED_BLOCK_M
 from .interpreter import INTERPRET
 from .scaled_mm_configs import ScaledMMConfig
@@ -253,7 +258,25 @@ def _kernel_unsupported(qweight: QuantizedWeight, act, x: torch.Tensor) -> str |
 
 
 def _run(x, qweight, bias, act, out_dtype, tuning):
-    return linear(x, qweight, bias, act, out_dtype, config=tuning)
+    """The dispatcher's call, whose plan has checked it (``unsupported``, for this weight, scheme, dtype, device,
+    M and alignment): 16-bit ``x`` is quantized by its cached pass and launched without building a
+    QuantizedActivation; act-order weights and quantized ``x`` take :func:`linear`."""
+    if isinstance(x, QuantizedActivation) or qweight.g_idx is not None:
+        return linear(x, qweight, bias, act, out_dtype, config=tuning)
+    codes, scales, global_scale = pass_for(x, act, False, None, 0)(x)
+    return launch_codes(act, codes, scales, global_scale, qweight, bias, out_dtype, tuning, None)
+
+
+def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
+    """Nothing to compile ahead (Triton compiles at the first launch, which warmup runs); sets aside the
+    split-K workspace of a dense call of ``m`` rows, which a CUDA graph capture cannot allocate."""
+    torch_device = torch.device("cuda", device)
+    plan = compute_plan(qweight, act, act_group_k(act), device_capability(torch_device))
+    if block_m is None and not isinstance(plan, str):
+        cfg = call_config(plan, qweight, m, torch_device)
+        if cfg.split_k > 1:
+            WORKSPACES.reserve(split_k_words(m, qweight.N, grid(cfg, m, qweight.N)[0]), device)
+    return []
 
 
 #: ``triton.scaled_mm``: quantized activations x quantized weights (W8A8, W4A8, W4A4), batch-invariant with
@@ -266,6 +289,7 @@ KERNEL = Kernel(
     _run,
     deterministic_tuning=deterministic_config,
     prepare=prepare,
+    warmup_jobs=_warmup_jobs,
 )
 
 registry.register("scaled_mm", compile_specs)

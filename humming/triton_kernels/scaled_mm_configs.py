@@ -1,8 +1,9 @@
 """Tuning of the Triton scaled GEMM (W8A8 / W4A8 / W4A4): tile configurations per M bucket (speed only).
 
 :func:`scaled_mm_config` is a pure function of the problem ``(M, N, K)``, the tensor-core operand width,
-the promotion step and the device's multiprocessor count and shared memory per block (tiles shrink to fit,
-as the WnA16 ones); no autotuning runs in the hot path. Where a scale changes along K the compute plan
+the promotion step, the capability (a bucket table per family) and the device's multiprocessor count and
+shared memory per block (tiles shrink to fit the shared memory, as the WnA16 ones, and the registers: the
+accumulators per thread); no autotuning runs in the hot path. Where a scale changes along K the compute plan
 fixes the promotion step (numerics), and the tile's ``block_k`` is capped to divide it, so tuning never
 moves a promotion boundary.
 """
@@ -13,27 +14,89 @@ import functools
 
 from .configs import TileConfig, fit_smem
 
-__all__ = ["ScaledMMConfig", "min_block_k", "scaled_mm_config", "smem_estimate"]
+__all__ = [
+    "ACC_WORDS",
+    "ScaledMMConfig",
+    "buckets",
+    "fit_registers",
+    "min_block_k",
+    "scaled_mm_config",
+    "smem_estimate",
+]
 
 
 #: The scaled GEMM launches with the WnA16 kernel's tile parameters (``dequant_first`` does not apply to it).
 ScaledMMConfig = TileConfig
 
 
-#: (largest M of the bucket, config) for 8-bit tensor-core operands (int8, e4m3): K tiles of 128 bytes.
-_BUCKETS_8BIT = (
-    (16, ScaledMMConfig(16, 64, 128, num_warps=4, num_stages=4)),
-    (64, ScaledMMConfig(64, 64, 128, num_warps=4, num_stages=4)),
-    (256, ScaledMMConfig(128, 128, 128, num_warps=8, num_stages=3)),
-    (None, ScaledMMConfig(128, 256, 128, num_warps=8, num_stages=3)),
-)
+#: (largest M of the bucket, config) for 8-bit tensor-core operands (int8, e4m3): K tiles of 128 bytes, per
+#: capability family (:func:`_family`). sm_90 (wgmma, 227 KB of shared memory): one 64-row warpgroup MMA per
+#: 4 warps, four stages of cp.async; sm_89 / sm_80 / sm_86 (mma.sync, 99-163 KB): three stages.
+_BUCKETS_8BIT = {
+    "sm90": (
+        (16, ScaledMMConfig(16, 64, 128, num_warps=4, num_stages=4)),
+        (64, ScaledMMConfig(64, 64, 128, num_warps=4, num_stages=4)),
+        (256, ScaledMMConfig(128, 128, 128, num_warps=8, num_stages=4)),
+        (None, ScaledMMConfig(128, 256, 128, num_warps=8, num_stages=3)),
+    ),
+    "mma": (
+        (16, ScaledMMConfig(16, 64, 128, num_warps=4, num_stages=4)),
+        (64, ScaledMMConfig(64, 64, 128, num_warps=4, num_stages=3)),
+        (256, ScaledMMConfig(128, 128, 128, num_warps=8, num_stages=3)),
+        (None, ScaledMMConfig(128, 256, 128, num_warps=8, num_stages=3)),
+    ),
+}
 #: The same for 16-bit operands (fp16 / bf16 upcasting paths) and fp32 (pre-Ampere bf16 fallback).
-_BUCKETS_16BIT = (
-    (16, ScaledMMConfig(16, 64, 64, num_warps=4, num_stages=4)),
-    (64, ScaledMMConfig(64, 64, 64, num_warps=4, num_stages=4)),
-    (256, ScaledMMConfig(128, 128, 64, num_warps=8, num_stages=3)),
-    (None, ScaledMMConfig(128, 256, 64, num_warps=8, num_stages=3)),
-)
+_BUCKETS_16BIT = {
+    "sm90": (
+        (16, ScaledMMConfig(16, 64, 64, num_warps=4, num_stages=4)),
+        (64, ScaledMMConfig(64, 64, 64, num_warps=4, num_stages=4)),
+        (256, ScaledMMConfig(128, 128, 64, num_warps=8, num_stages=3)),
+        (None, ScaledMMConfig(128, 256, 64, num_warps=8, num_stages=3)),
+    ),
+    "mma": (
+        (16, ScaledMMConfig(16, 64, 64, num_warps=4, num_stages=4)),
+        (64, ScaledMMConfig(64, 64, 64, num_warps=4, num_stages=3)),
+        (256, ScaledMMConfig(128, 128, 64, num_warps=8, num_stages=3)),
+        (None, ScaledMMConfig(128, 256, 64, num_warps=8, num_stages=3)),
+    ),
+}
+#: fp32 accumulator words per thread a tile may hold, (per accumulator tile, in all): ``block_m * block_n /
+#: threads`` per tile, two tiles where each K step's product is promoted into a second one. Per capability
+#: family and whether the weight is decoded in registers (its temporaries need registers too); the largest
+#: tiles whose compiled K loops stay within 255 registers without spills on triton 3.6-3.9
+#: (bench/results/cpu-sass/triton_scaled_mm.md). mma.sync also holds both operands' fragments per thread.
+ACC_WORDS = {
+    "sm90": {False: (128, 128), True: (64, 64)},
+    "mma": {False: (64, 128), True: (32, 64)},
+}
+
+
+def _family(capability: tuple[int, int]) -> str:
+    """The bucket table of a capability: ``sm90`` (wgmma: Hopper) or ``mma`` (mma.sync: Turing to Ada, and
+    the Blackwell parts, whose Triton 8-bit path also tiles like it)."""
+    return "sm90" if capability == (9, 0) else "mma"
+
+
+def buckets(operand_bits: int, capability: tuple[int, int]):
+    """The (largest M, config) buckets for ``operand_bits``-wide tensor-core operands on ``capability``."""
+    return (_BUCKETS_8BIT if operand_bits == 8 else _BUCKETS_16BIT)[_family(capability)]
+
+
+def fit_registers(cfg: ScaledMMConfig, capability: tuple[int, int], accumulators: int, decodes: bool) -> ScaledMMConfig:
+    """``cfg`` with ``block_n`` (then ``block_m``) halved, down to 64 (``block_m``: 16), until its
+    ``accumulators`` fp32 tiles fit :data:`ACC_WORDS` of ``capability`` (``decodes``: the weight is decoded
+    in registers)."""
+    per_tile, total = ACC_WORDS[_family(capability)][decodes]
+    words = lambda c: c.block_m * c.block_n // (32 * c.num_warps)
+    while words(cfg) > per_tile or words(cfg) * accumulators > total:
+        if cfg.block_n > 64 and cfg.block_n >= cfg.block_m:
+            cfg = cfg.replace(block_n=cfg.block_n // 2)
+        elif cfg.block_m > 16:
+            cfg = cfg.replace(block_m=cfg.block_m // 2)
+        else:
+            break
+    return cfg
 
 
 def min_block_k(operand_bits: int) -> int:
@@ -75,14 +138,18 @@ def scaled_mm_config(
     sm_count: int = 1,
     smem_limit: int = 0,
     fold: bool = False,
+    capability: tuple[int, int] = (9, 0),
+    accumulators: int = 1,
+    decodes: bool = False,
 ) -> ScaledMMConfig:
     """The tile configuration for ``[m, k] x [n, k]^T`` with ``operand_bits``-wide tensor-core operands and
     ``weight_bits``-wide codes on ``sm_count`` multiprocessors with ``smem_limit`` bytes of shared memory
     per block (0: no limit; ``fold``: the plan folds scales into the operands, see :func:`smem_estimate`);
-    ``k_step`` (0 = free) is the promotion step that ``block_k`` must divide. Split-K (fp32 atomics) only
-    changes the fp32 summation order."""
-    buckets = _BUCKETS_8BIT if operand_bits == 8 else _BUCKETS_16BIT
-    cfg = next(c for bound, c in buckets if bound is None or m <= bound)
+    ``k_step`` (0 = free) is the promotion step that ``block_k`` must divide; ``capability`` picks the bucket
+    table, ``accumulators`` / ``decodes`` the register fit (:func:`fit_registers`). Split-K (fp32 atomics)
+    only changes the fp32 summation order."""
+    cfg = next(c for bound, c in buckets(operand_bits, capability) if bound is None or m <= bound)
+    cfg = fit_registers(cfg, capability, accumulators, decodes)
     if 32 % weight_bits:  # 3/5/6/7-bit codes straddle words: two int32 tiles per stage; fit the shared memory
         cfg = cfg.replace(block_n=min(cfg.block_n, 128), num_stages=min(cfg.num_stages, 2))
     block_k = cfg.block_k

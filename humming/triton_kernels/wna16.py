@@ -29,8 +29,10 @@ from ..device import device_limits
 from ..ir.dtypes import HALF_DTYPES
 from ..ir.weight import QuantizedWeight
 from ..kernel import Kernel
+from ..workspaces import WORKSPACES
 from . import dequant, registry
 from ._support import device_unsupported, unavailable
+from ._tiles import split_k_words
 from ._wna16_launch import compile_specs, kernel_spec, launch
 from .configs import MIN_GROUPED_BLOCK_M, TileConfig
 from .interpreter import INTERPRET
@@ -116,8 +118,9 @@ def linear(
     cfg = config or default_config(qweight, x)
     if cfg.dequant_first and bias is None and out_dtype == x.dtype:
         return torch.matmul(x, dequant.dequantize(qweight, x.dtype).T, out=out)
-    if cfg.block_m <= 4 and m > cfg.block_m:
-        raise ValueError(f"triton wna16: GEMV config block_m={cfg.block_m} cannot take M={m}")
+    if (cfg.block_m <= 4 or cfg.swap) and m > cfg.block_m:
+        kind = "swapped-operand" if cfg.swap else "GEMV"
+        raise ValueError(f"triton wna16: {kind} config block_m={cfg.block_m} cannot take M={m}")
     return launch(x, qweight, bias, out, cfg)
 
 
@@ -196,6 +199,17 @@ def _run(x, qweight, bias, act, out_dtype, tuning):
     return linear(x, qweight, bias, out_dtype, config=tuning)
 
 
+def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
+    """Nothing to compile ahead (Triton compiles at the first launch, which warmup runs); sets aside the
+    split-K workspace of a dense call of ``m`` rows, which a CUDA graph capture cannot allocate."""
+    if block_m is None:
+        cfg = default_config(qweight, torch.empty(m, qweight.K, dtype=act_dtype, device=f"cuda:{device}"))
+        if cfg.split_k > 1 and not cfg.dequant_first:
+            tiles = -(-m // cfg.block_m) * -(-qweight.N // cfg.block_n)
+            WORKSPACES.reserve(split_k_words(m, qweight.N, tiles), device)
+    return []
+
+
 #: ``triton.wna16``: every weight format with 16-bit activations, batch-invariant with one tile for every M.
 KERNEL = Kernel(
     "triton.wna16",
@@ -205,6 +219,7 @@ KERNEL = Kernel(
     _run,
     tuning=lambda qweight, act, x: default_config(qweight, x),
     deterministic_tuning=lambda qweight, act, x: deterministic_config(qweight, x),
+    warmup_jobs=_warmup_jobs,
 )
 
 registry.register("wna16", compile_specs)

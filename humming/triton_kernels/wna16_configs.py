@@ -8,9 +8,11 @@ fit the shared memory loses stages, then K and N width (:func:`~.configs.fit_sme
 order, within the tolerances the tests state.
 
 - M = 1: the GEMV kernel (no tensor cores: at decode the weight decode, not the multiply-adds, is the
-  work), with tiles that hold whole scale groups (:func:`_gemv_tile`). M = 2..4 take the 16-row tensor-core
-  tile: a GEMV accumulator of more than one row needs layout conversions that cost more than the idle
-  tensor-core rows (``block_m`` 2 or 4 still selects the GEMV kernel when a config asks for it).
+  work): 128 rows of 16 words (four 16-byte loads per thread and row) where fields fill whole words
+  (:func:`_gemv_tile`), split along K until the grid covers the GPU four times.
+- M = 2..16: the swapped-operand tensor-core kernel (the 128-row weight tile is the MMA's large side, the
+  16 token slots its narrow one), split along K until the grid covers the GPU twice. ``block_m`` 2 or 4
+  without ``swap`` still selects the GEMV kernel when a config asks for it.
 - M up to 128: tensor-core tiles that grow with M, split along K until the grid covers the GPU twice.
 - M > 128 without bias and with ``out_dtype == x.dtype``: ``dequant_first``, the weight dequantized once per
   call to the activations' dtype and one cuBLAS GEMM: one more pass over the weight, which cuBLAS's
@@ -24,13 +26,13 @@ from __future__ import annotations
 
 from .configs import TileConfig, choose_split_k, fit_smem, grouped_tile
 
-__all__ = ["grouped_config", "smem_estimate", "wna16_config"]
+__all__ = ["TILED_16", "grouped_config", "smem_estimate", "wna16_config"]
 
 #: (largest M of the bucket, config); the first bucket whose bound is >= M is used. ``block_m <= 4`` selects
 #: the GEMV kernel (no tensor cores: for decode the weight decode, not the MACs, is the work).
 _BUCKETS = (
-    (1, TileConfig(1, 32, 256, num_warps=4, num_stages=1)),
-    (16, TileConfig(16, 64, 256, num_warps=4, num_stages=4)),
+    (1, TileConfig(1, 128, 128, num_warps=4, num_stages=1)),
+    (16, TileConfig(16, 128, 128, num_warps=4, num_stages=3, swap=True)),
     (32, TileConfig(32, 64, 128, num_warps=4, num_stages=4)),
     (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4)),
     (128, TileConfig(64, 128, 64, num_warps=4, num_stages=4)),
@@ -39,12 +41,20 @@ _BUCKETS = (
 )
 
 
-def _gemv_tile(cfg: TileConfig, group_k: int) -> TileConfig:
-    """GEMV tiles inside one scale group along K (``block_k`` divides ``group_k``), so the kernel applies one
-    scale per row and never changes layouts; ~1024 words per iteration. ``block_k`` is a power of two of at
-    least 32 (the kernel's tiles are powers of two, and 32 holds a word of 1-bit codes): for groups without
-    such a divisor (16, 24, 48...) tiles span groups and read a scale per word or element."""
-    block_k = min(cfg.block_k, group_k & -group_k) if group_k else cfg.block_k
+#: The tiled kernel's 16-row tile (the grouped kernel's at ``block_m`` 16, where the swapped kernel does not run).
+TILED_16 = TileConfig(16, 64, 256, num_warps=4, num_stages=4)
+
+
+def _gemv_tile(cfg: TileConfig, bits: int, group_k: int, act_order: bool) -> TileConfig:
+    """The GEMV tile. Fields that fill whole words in groups of whole words (the kernel's packed path): 16
+    words of each of ``block_n`` rows per iteration, four per thread (16-byte loads), whatever the group
+    (the kernel reads one scale per row and tile, or per word for smaller groups). Otherwise (3/5/6/7-bit
+    fields, act-order): tiles inside one scale group along K (``block_k`` a power of two of at least 32
+    that divides ``group_k``), ~1024 weights per iteration."""
+    per_word = 32 // bits if 32 % bits == 0 else 0
+    if per_word and not act_order and group_k % per_word == 0:
+        return cfg.replace(block_k=16 * per_word)
+    block_k = min(256, group_k & -group_k) if group_k else 256
     block_k = max(block_k, 32)
     block_n = max(8, min(64, 8192 // block_k)) // cfg.block_m
     return cfg.replace(block_k=block_k, block_n=max(block_n, 8))
@@ -60,12 +70,17 @@ def smem_estimate(cfg: TileConfig, bits: int, group_k: int = 0, act_order: bool 
     and with ``act_order`` their gathered ``[BN, BK]`` tiles, which Triton pipelines at 2 stages) and
     stages both dot operands through it (``(BM + BN) * BK`` 16-bit values). Calibrated against
     ``compiled.metadata.shared`` of ahead-of-time compiles for sm_80 and sm_90 (exact for the tiled buckets
-    without act-order; tests/test_triton_smem.py checks the chooser's results). The GEMV
-    kernel (``block_m <= 4``) keeps its fp32 products in registers and reduces them through shared memory
-    once: at most ``[BM, BN, BK]`` fp32.
+    without act-order; tests/test_triton_smem.py checks the chooser's results). The swapped-operand kernel
+    stages the same tiles. The GEMV kernel (``block_m <= 4``) keeps its fp32 products in registers and
+    reduces them through shared memory once: at most ``[BM, BN, BK]`` fp32; on its packed path (whole-word
+    fields, one row) per-word sums ``[BN, BK / fields]`` and the activation tile it redistributes, counted
+    twice.
     """
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    if bm <= 4:
+    if bm <= 4 and not cfg.swap:
+        per_word = 32 // bits if 32 % bits == 0 else 0
+        if bm == 1 and per_word and not act_order and group_k % per_word == 0:
+            return 2 * (bn * (bk // per_word) + bk) * 4
         return bm * bn * bk * 4
     words = bn * bk * 8 if 32 % bits else bn * bk * bits // 8
     if act_order:
@@ -92,7 +107,7 @@ def wna16_config(
     :func:`smem_estimate` of the result fits."""
     cfg = next(c for bound, c in _BUCKETS if bound is None or m <= bound)
     if cfg.block_m <= 4:
-        cfg = _gemv_tile(cfg, group_k)
+        cfg = _gemv_tile(cfg, bits, group_k, act_order)
     if 32 % bits:  # fields straddle words: each element reads its two words, so keep the staged tiles small
         cfg = cfg.replace(block_k=min(cfg.block_k, 64))
     cfg = fit_smem(cfg, lambda c: smem_estimate(c, bits, group_k, act_order), smem_limit)
@@ -117,4 +132,6 @@ def grouped_config(
     """The tile of the grouped kernel: the dense tile for ``block_m`` rows (within ``smem_limit`` bytes of
     shared memory; 0: no limit), cut by :func:`grouped_tile` (a smaller ``block_m`` needs less)."""
     dense = wna16_config(block_m, n, k, bits, sm_count, group_k, smem_limit, act_order)
+    if dense.swap:
+        dense = fit_smem(TILED_16, lambda c: smem_estimate(c, bits, group_k, act_order), smem_limit)
     return grouped_tile(dense, block_m, m_pad, n, k, sm_count)

@@ -20,6 +20,7 @@ from humming.dispatch.kernels import GROUPED_KERNELS  # noqa: E402
 from humming.dispatch.support import combination_error  # noqa: E402
 from humming.ir.activation import get_act_scheme  # noqa: E402
 from humming.ir.formats import get_format  # noqa: E402
+from humming.kernel import never_gathers  # noqa: E402
 from humming.triton_kernels import scaled_mm  # noqa: E402
 
 
@@ -151,7 +152,7 @@ def test_grouped_linear_gather_backends_agree(act, prequantized: bool, seed: int
     kernel = GROUPED_KERNELS["reference"]
     run = lambda x, *args, **gather: copied.append((x, gather)) or kernel.run(x, *args, **gather)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(GROUPED_KERNELS, "reference", dataclasses.replace(kernel, gathers=False, run=run))
+        mp.setitem(GROUPED_KERNELS, "reference", dataclasses.replace(kernel, gathers=never_gathers, run=run))
         out = moe.grouped_linear(xin, qw, expert_ids, block_m, backend="reference", **kwargs)
     ((grouped, gather),) = copied
     assert not gather and getattr(grouped, "codes", grouped).shape[0] == rows.shape[0]

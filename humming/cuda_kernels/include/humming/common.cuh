@@ -16,6 +16,11 @@ __device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
 }
 
+// 16 bytes, or 16 zero bytes (nothing read) when !valid; L2 only.
+__device__ __forceinline__ void cp_async_cg16_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
 // kBytes (4, 8 or 16), or kBytes zero bytes (nothing read) when !valid.
 template <int kBytes>
 __device__ __forceinline__ void cp_async_ca_zfill(uint32_t dst, const void* src, bool valid) {

@@ -363,18 +363,20 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
   for (int chunk = first; chunk < chunk_end; chunk += kWarps) stage = pipe.step(stage, issue, acc);
   cp_async_wait<0>();
 
-  // Reduce the warps' partial sums in shared memory, then write (or atomically add) the tile.
+  // Reduce the warps' partial sums in the pipeline's shared memory (idle now: its space holds every warp's
+  // kR * kMT * 16 bytes per lane, DecodeTuning.smem_bytes), then write (or atomically add) the tile. Each
+  // value is summed in warp order: without split-K, equal inputs give bit-equal outputs on every call.
   constexpr int kTileValues = kR * kMT * 32 * 4;
-  __shared__ float red[kTileValues];
-  for (int i = threadIdx.x; i < kTileValues; i += kThreads) red[i] = 0.0f;
-  __syncthreads();
+  float4* partial = reinterpret_cast<float4*>(smem);  // [warp][r][t][lane]
+  __syncthreads();  // every warp is done with the pipeline's slots
 #pragma unroll
   for (int r = 0; r < kR; ++r)
 #pragma unroll
     for (int t = 0; t < kMT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) atomicAdd(&red[((r * kMT + t) * 32 + lane) * 4 + i], acc[r][t][i]);
+      partial[((pipe.warp * kR + r) * kMT + t) * 32 + lane] =
+          make_float4(acc[r][t][0], acc[r][t][1], acc[r][t][2], acc[r][t][3]);
   __syncthreads();
+  const float* sums = reinterpret_cast<const float*>(smem);
   for (int idx = threadIdx.x; idx < kTileValues; idx += kThreads) {
     const int i = idx & 3;
     const int l = (idx >> 2) & 31;
@@ -383,7 +385,10 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
     const int token = acc_token(t, l, i);
     const int n = acc_row(tile0, r, l, i);
     if (token >= p.M) continue;
-    const float v = epilogue<B>(p, token, n, red[idx], blockIdx.y == 0);
+    float sum = sums[idx];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) sum += sums[w * kTileValues + idx];
+    const float v = epilogue<B>(p, token, n, sum, blockIdx.y == 0);
     const long o = long(token) * p.out_stride + n;
     if constexpr (kSplit) {
       atomicAdd(static_cast<float*>(p.out) + o, v);

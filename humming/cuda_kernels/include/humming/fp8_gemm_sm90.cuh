@@ -29,7 +29,8 @@
 //   4 KiB block in wgmma A-fragment order (fp8_gemm.py, `_pack_nibbles`); the producer fetches it with one
 //   bulk copy, each consumer thread reads its 32 bytes with two 16-byte shared loads and turns every 4
 //   nibbles into 4 e4m3 bytes with three prmt (a 16-entry table in four registers); wgmma takes A from
-//   registers. Group scales (groups of 128 multiples along K) are applied per row at each promotion.
+//   registers, and the next K block is converted into a second set of them while the wgmmas run. Group
+//   scales (groups of 128 multiples along K) are applied per row at each promotion.
 // - W4A8 MXFP4 (kWFormat == 2): e2m1 codes in the same tiles, each followed by 256 bytes of shifts (one
 //   byte per row and 32-K group = one wgmma k-step); one bulk copy fetches both. The e8m0 scales are folded on the host: per row and
 //   128-K block, 2^(max group exponent - 6) goes into the per-row scale of the promotion (scale mode 2),
@@ -220,37 +221,80 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
 
-    for (int i = 0; i < kb_count; ++i) {
-      const int kb = kb_begin + i;
-      const int s = i % kStages;
+    // The scales of K block kb (loaded before the block's wgmmas are waited on: the loads overlap them).
+    struct BlockScales {
       float w_block = 1.0f, w_row0 = 1.0f, w_row1 = 1.0f;
       float2 x_block[kBlockM / 8];
-      if constexpr (kScaleMode == 2) {  // issued before the wait: the loads overlap the wgmmas
+    };
+    auto load_scales = [&](int kb) {
+      BlockScales b;
+      if constexpr (kScaleMode == 2) {
         const float* ws = p.w_group_scale + long(kb) * p.w_group_stride + wn;
-        w_row0 = __ldg(ws);
-        w_row1 = __ldg(ws + 8);
+        b.w_row0 = __ldg(ws);
+        b.w_row1 = __ldg(ws + 8);
       }
       if constexpr (kBlockScale) {
-        w_block = __ldg(p.w_block_scale + (w_base / 128) * p.num_kb + kb);
+        b.w_block = __ldg(p.w_block_scale + (w_base / 128) * p.num_kb + kb);
         const float* xs = p.x_block_scale + long(kb) * p.x_block_stride + m_tile * kBlockM + col;
 #pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) x_block[j] = __ldg(reinterpret_cast<const float2*>(xs + 8 * j));
+        for (int j = 0; j < kBlockM / 8; ++j) b.x_block[j] = __ldg(reinterpret_cast<const float2*>(xs + 8 * j));
       }
-      mbar_wait(full(s), (i / kStages) & 1);
-      const uint64_t b_desc = sw128_desc(x_tile(s));
-      if constexpr (kWFormat == kE4m3) {
+      return b;
+    };
+    // Releases a finished block's stage and adds its partial sum `d` into the total.
+    auto promote = [&](float (&d)[kAcc], int s, const BlockScales& b) {
+      fence_registers(d);
+      if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(s));
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+        if constexpr (kBlockScale) {
+          const float s0 = b.w_block * b.x_block[j].x;
+          const float s1 = b.w_block * b.x_block[j].y;
+          total[4 * j + 0] = fmaf(d[4 * j + 0], s0, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(d[4 * j + 1], s1, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(d[4 * j + 2], s0, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(d[4 * j + 3], s1, total[4 * j + 3]);
+        } else if constexpr (kScaleMode == 2) {
+          total[4 * j + 0] = fmaf(d[4 * j + 0], b.w_row0, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(d[4 * j + 1], b.w_row0, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(d[4 * j + 2], b.w_row1, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(d[4 * j + 3], b.w_row1, total[4 * j + 3]);
+        } else {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) total[4 * j + c] += d[4 * j + c];
+        }
+      }
+    };
+
+    if constexpr (kWFormat == kE4m3) {
+      // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
+      auto issue_ss = [&](int i, float (&d)[kAcc]) {
+        const int s = i % kStages;
+        mbar_wait(full(s), (i / kStages) & 1);
         const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
-        fence_registers(acc);
+        const uint64_t b_desc = sw128_desc(x_tile(s));
+        fence_registers(d);
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(acc, a_desc + 2 * k, b_desc + 2 * k, k);
-      } else {
+        for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k);
+        wgmma_commit();
+      };
+      for (int i = 0; i < kb_count; ++i) {
+        const BlockScales b = load_scales(kb_begin + i);
+        issue_ss(i, acc);
+        wgmma_wait<0>();
+        promote(acc, i % kStages, b);
+      }
+    } else {
+      // Waits for pipeline step i and turns this thread's 4-bit codes of it into e4m3 A fragments.
+      auto convert = [&](int i, uint32_t (&a)[kBK / 32][4]) {
+        const int s = i % kStages;
+        mbar_wait(full(s), (i / kStages) & 1);
         // [warp][half][lane][16 bytes]: half h holds k-steps 2h, 2h + 1, two words each (k and k + 16)
         const uint32_t tile = w_tile(s) + wg * L::kTile;
         const uint32_t src = tile + warp * 1024 + lane * 16;
         const uint4 h0 = lds_v4(src), h1 = lds_v4(src + 512);
         const uint32_t words[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-        uint32_t a[kBK / 32][4];
         if constexpr (kMx) {
           // byte k of each word: the table shift of k-step k for this thread's rows row and row + 8
           const uint32_t sh0 = lds_u32(tile + kCodeBytes + 4 * row);
@@ -266,39 +310,38 @@ __device__ __forceinline__ void run(const Params& p) {
         } else {
 #pragma unroll
           for (int k = 0; k < kBK / 32; ++k) {
-            a[k][0] = int4_to_e4m3(words[2 * k]);             // row, k .. k + 15
-            a[k][1] = int4_to_e4m3(words[2 * k] >> 16);       // row + 8
-            a[k][2] = int4_to_e4m3(words[2 * k + 1]);         // row, k + 16 ..
-            a[k][3] = int4_to_e4m3(words[2 * k + 1] >> 16);   // row + 8, k + 16 ..
+            a[k][0] = int4_to_e4m3(words[2 * k]);            // row, k .. k + 15
+            a[k][1] = int4_to_e4m3(words[2 * k] >> 16);      // row + 8
+            a[k][2] = int4_to_e4m3(words[2 * k + 1]);        // row, k + 16 ..
+            a[k][3] = int4_to_e4m3(words[2 * k + 1] >> 16);  // row + 8, k + 16 ..
           }
         }
+      };
+      auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4]) {
+        const uint64_t b_desc = sw128_desc(x_tile(i % kStages));
         fence_registers(acc);
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(acc, a[k], b_desc + 2 * k, k);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(acc);
-      if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(s));
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-        if constexpr (kBlockScale) {
-          const float s0 = w_block * x_block[j].x;
-          const float s1 = w_block * x_block[j].y;
-          total[4 * j + 0] = fmaf(acc[4 * j + 0], s0, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(acc[4 * j + 1], s1, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(acc[4 * j + 2], s0, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(acc[4 * j + 3], s1, total[4 * j + 3]);
-        } else if constexpr (kScaleMode == 2) {
-          total[4 * j + 0] = fmaf(acc[4 * j + 0], w_row0, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(acc[4 * j + 1], w_row0, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(acc[4 * j + 2], w_row1, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(acc[4 * j + 3], w_row1, total[4 * j + 3]);
-        } else {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) total[4 * j + c] += acc[4 * j + c];
-        }
+        wgmma_commit();
+      };
+      // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
+      // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
+      // the wgmma wait after it).
+      uint32_t a0[kBK / 32][4], a1[kBK / 32][4];
+      if (kb_count > 0) convert(0, a0);
+      for (int i = 0; i < kb_count; i += 2) {
+        BlockScales b = load_scales(kb_begin + i);
+        issue(i, a0);
+        if (i + 1 < kb_count) convert(i + 1, a1);
+        wgmma_wait<0>();
+        promote(acc, i % kStages, b);
+        if (i + 1 >= kb_count) break;
+        b = load_scales(kb_begin + i + 1);
+        issue(i + 1, a1);
+        if (i + 2 < kb_count) convert(i + 2, a0);
+        wgmma_wait<0>();
+        promote(acc, (i + 1) % kStages, b);
       }
     }
 

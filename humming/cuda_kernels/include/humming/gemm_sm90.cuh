@@ -14,7 +14,8 @@
 // - Consumers load their lane's 16-byte weight fragment from shared memory, dequantize it in registers
 //   (magic-number lop3 / prmt, zero point, then the group scale in 16-bit float: w = (q - z) * s is
 //   rounded once, as humming.dequantize does), and issue four m64nkBMk16 wgmma (A = registers,
-//   B = shared-memory descriptor), fp32 accumulators in registers.
+//   B = shared-memory descriptor), fp32 accumulators in registers; the next chunk is dequantized into a
+//   second set of A registers while those wgmmas run.
 // - MXFP4 (e2m1 codes, S = e8m0 / e8m0_any, bf16 only): dequant_e2m1, then each 32-column half times its
 //   own e8m0 scale in bf16. Both factors are powers of two times at most 2 significant bits, so the bf16
 //   product is exact (bf16 has fp32's exponent range; 2^-127, code 0, is a bf16 subnormal). The chunk's
@@ -24,6 +25,22 @@
 //   (expert e's block b is block e * N/128 + b, likewise for scales, zero points and bias [E, N]); x
 //   rows are grouped by expert in segments of block_m rows (kBM divides block_m), and expert_ids[i] is
 //   the expert of rows [i * block_m, (i + 1) * block_m), -1 for unused segments, whose tiles return at once.
+// - Gathering grouped variant, kGather: grouped row r is token rows[r] of x [T, K] (zeros where rows[r] is
+//   -1), read in place: the whole producer warpgroup copies the tile's rows with 16-byte cp.async into the
+//   128-byte-swizzled layout the TMA would have written (16-byte column c of row r at c ^ (r % 8)); each
+//   thread's cp.async.mbarrier.arrive counts it in on the chunk's full barrier once its copies have landed
+//   (129 arrivals: thread 0's expect_tx for the weight copies, and each producer thread's), so the producer
+//   never waits on its own copies and a chunk is ready as soon as its data is. Consumers fence the chunk to
+//   the async proxy (wgmma reads it there) after the wait.
+// - Gated epilogue (grouped only), kAct: the weights' rows are fused_moe's w13 in gate-up order (within each
+//   16-row tile, rows g are gates and rows g + 8 the ups of the same 8 features: gate_up_rows in _layout.py),
+//   so each thread holds a feature's gate and up sums; it writes act(gate, up) to out [M, N / 2], each input
+//   rounded to O first (as the unfused GEMM's output), the activation in fp32 (humming.reference.moe_layer).
+// - Split-K (dense only), kSplitK: blockIdx.z takes chunks [z * C / splits, (z + 1) * C / splits) of the
+//   C = K / 64; each block red.adds its fp32 sums into a workspace [M, N] and counts itself in at the tile's
+//   arrival counter; the block that arrives last reads the totals back (atomicExch, which leaves zeros),
+//   applies the epilogue and resets the counter: the workspace is zero between calls (no memset). The
+//   order of the adds varies, so results vary in the last bits of fp32 from call to call.
 #include "humming/dequant.cuh"
 #include "humming/sm90_ptx.cuh"
 
@@ -47,7 +64,35 @@ struct alignas(64) Params {
   int block_m;           // grouped: rows per expert_ids entry
   const float* x_scale;  // per-token (x_scale_stride 1) or per-tensor (0) activation scale, or null: x holds
   int x_scale_stride;    // quantized activations' values (fp8 schemes run through the 16-bit kernels)
+  const void* x;         // kGather: the tokens [T, K], row stride x_stride elements
+  const int* rows;       // kGather: [M] token of each grouped row, -1 = padding
+  int x_stride;
+  int splits;            // kSplitK: K splits (gridDim.z)
+  float* sums;           // kSplitK: [M, N] fp32, zero between calls
+  int* arrivals;         // kSplitK: [gridDim.y * gridDim.x] counters, zero between calls
+  float act_alpha;       // kAct == kSwigluOai: the sigmoid's slope and the clamp bound
+  float act_limit;
+  int gate_up_interleaved;  // kAct: the bias's gate / up columns are 2f / 2f + 1 (else f / N / 2 + f)
 };
+
+// The gated activations of the grouped kernel's fused epilogue (kAct): humming.reference.moe_layer's.
+enum Act : int { kNoAct = 0, kSilu = 1, kGelu = 2, kGeluTanh = 3, kSwigluOai = 4 };
+
+template <int kAct>
+__device__ __forceinline__ float gated(float gate, float up, float alpha, float limit) {
+  if constexpr (kAct == kSilu) {
+    return gate / (1.0f + expf(-gate)) * up;
+  } else if constexpr (kAct == kGelu) {
+    return 0.5f * gate * (1.0f + erff(gate * 0.70710678118654752f)) * up;
+  } else if constexpr (kAct == kGeluTanh) {
+    const float y = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
+    return 0.5f * gate * (1.0f + tanhf(y)) * up;
+  } else {
+    gate = fminf(gate, limit);
+    up = fminf(fmaxf(up, -limit), limit);
+    return gate / (1.0f + expf(-alpha * gate)) * (up + 1.0f);
+  }
+}
 
 template <int kBits, int kZero, DType S, int kBM, int kStages>
 struct SmemLayout {
@@ -60,13 +105,19 @@ struct SmemLayout {
   static constexpr int kS = kW + kStages * kWBytes;
   static constexpr int kZ = kS + kStages * kSBytes;
   static constexpr int kBar = kZ + kStages * kZBytes;       // full[kStages], empty[kStages]
-  static constexpr int kTotal = kBar + 2 * kStages * 8;
+  static constexpr int kFlag = kBar + 2 * kStages * 8;     // kSplitK: the "last block of the tile" flag
+  static constexpr int kTotal = kFlag + 16;                 // (GemmTuning.smem_bytes counts it with splits)
 };
 
 template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages, bool kGrouped,
-          int kBlocksPerSm>
+          bool kGather, bool kSplitK, int kBlocksPerSm, bool kPersistent, int kAct>
 __device__ __forceinline__ void run(const Params& p) {
+  static_assert(kAct == kNoAct || (kGrouped && !kSplitK), "the gated epilogue is the grouped kernel's");
+  static_assert(kAct == kNoAct || O != DType::f32, "the gated epilogue rounds gate and up to a 16-bit O");
   static_assert(kBlocksPerSm == 1 || kBlocksPerSm == 2, "one or two blocks per SM");
+  static_assert(!(kSplitK && kPersistent), "split-K blocks own one tile's share of K each");
+  static_assert(!kGather || kGrouped, "the gather reads grouped rows");
+  static_assert(!(kSplitK && kGrouped), "split-K is a dense schedule");
   // 128 * producer + 256 * consumer registers must fit the 384 * (65536 / 384 / kBlocksPerSm, rounded
   // down to 8) the block launches with (168 or 80 per thread).
   constexpr int kProducerRegs = kBlocksPerSm == 1 ? 40 : 24;
@@ -75,7 +126,7 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(!kE2m1 || (kBits == 4 && kZero == 0 && A == DType::bf16), "MXFP4: e2m1 codes, bf16 activations");
   using L = SmemLayout<kBits, kZero, S, kBM, kStages>;
   constexpr int kVecs = kBits / 4;
-  constexpr uint32_t kStageTx = L::kXBytes + L::kWBytes + L::kSBytes + L::kZBytes;
+  constexpr uint32_t kStageTx = (kGather ? 0 : L::kXBytes) + L::kWBytes + L::kSBytes + L::kZBytes;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The dynamic shared memory base is only 16-byte aligned by default: align to 1024 by hand
   // (decode.py reserves the slack).
@@ -85,14 +136,28 @@ __device__ __forceinline__ void run(const Params& p) {
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
 
   const int wg = threadIdx.x / 128;
-  const int m0 = blockIdx.y * kBM;  // first token of the tile
-  int expert = 0;
-  if constexpr (kGrouped) {
-    expert = p.expert_ids[m0 / p.block_m];
-    if (expert < 0) return;  // the whole block: before any barrier
-  }
-  const int blk = expert * (p.N / 128) + blockIdx.x;  // 128-row block of the (stacked) weights
+  const int n_blocks = p.N / 128, m_tiles = (p.M + kBM - 1) / kBM;
+  // The block's tiles: (blockIdx.x, blockIdx.y), or with kPersistent tiles blockIdx.x, + gridDim.x, ... of
+  // the n_blocks * m_tiles. Dense: in (n block, m tile) order, so that the tiles of one weight block run
+  // together. Grouped: in (m tile, n block) order: the routing's used segments come first (moe_align pads
+  // at the end), so a decode call's few used tiles fall one per block rather than several on the blocks
+  // whose strides they happen to share; the tiles of one segment still run together.
+  const int first_tile = kPersistent ? int(blockIdx.x) : 0;
+  const int tile_end = kPersistent ? n_blocks * m_tiles : 1;
+  const int tile_step = kPersistent ? int(gridDim.x) : 1;
+  auto n_block_of = [&](int t) {
+    return !kPersistent ? int(blockIdx.x) : kGrouped ? t % n_blocks : t / m_tiles;
+  };
+  auto m_tile_of = [&](int t) {
+    return !kPersistent ? int(blockIdx.y) : kGrouped ? t / n_blocks : t % m_tiles;
+  };
+  // The expert of a tile's rows (-1: an unused segment, skipped by every thread alike).
+  auto expert_of = [&](int t) { return kGrouped ? p.expert_ids[m_tile_of(t) * kBM / p.block_m] : 0; };
+  if (!kPersistent && expert_of(0) < 0) return;  // the whole block: before any barrier
   const int n_chunks = p.K / 64;
+  // Each tile's chunks: [k_begin, k_begin + count) (all of K but with kSplitK; the host keeps count >= 1)
+  const int k_begin = kSplitK ? int(blockIdx.z) * n_chunks / p.splits : 0;
+  const int count = kSplitK ? (int(blockIdx.z) + 1) * n_chunks / p.splits - k_begin : n_chunks;
 
   // Both sides wait on a barrier by spinning in C++ around mbar_try_wait, not with sm90::mbar_wait (which
   // spins inside PTX): with the loop visible the compiler keeps the pipeline loops rolled, where the PTX spin
@@ -100,7 +165,7 @@ __device__ __forceinline__ void run(const Params& p) {
   // per-SM build.
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(full0 + 8 * s, 1);
+      sm90::mbar_init(full0 + 8 * s, kGather ? 1 + 128 : 1);
       sm90::mbar_init(empty0 + 8 * s, 256);
     }
     sm90::fence_mbar_init();
@@ -109,23 +174,45 @@ __device__ __forceinline__ void run(const Params& p) {
 
   if (wg == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) {
+    // kGather: this thread copies 16-byte column c of the tile's rows r0 + 16 j, their tokens read again for
+    // each chunk (L1 hits) rather than held: the producer has 24 or 40 registers.
+    [[maybe_unused]] const int c = threadIdx.x % 8, r0 = threadIdx.x / 8;
+    if (kGather || threadIdx.x == 0) {
       const char* w_src = reinterpret_cast<const char*>(p.qweight);
       const char* s_src = static_cast<const char*>(p.scales);
       const char* z_src = reinterpret_cast<const char*>(p.zeros);
-      for (int kc = 0; kc < n_chunks; ++kc) {
-        const int s = kc % kStages;
-        if (kc >= kStages) {
-          while (!sm90::mbar_try_wait(empty0 + 8 * s, ((kc / kStages) & 1) ^ 1)) {}
-        }
-        const uint32_t full = full0 + 8 * s;
-        sm90::mbar_expect_tx(full, kStageTx);
-        sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
-        sm90::bulk_load(base + L::kW + s * L::kWBytes, w_src + (long(blk) * n_chunks + kc) * L::kWBytes, L::kWBytes, full);
-        const long group_block = long(blk) * p.groups + kc / p.chunks_per_group;
-        sm90::bulk_load(base + L::kS + s * L::kSBytes, s_src + group_block * L::kSBytes, L::kSBytes, full);
-        if constexpr (kZero < 0) {
-          sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
+      int step = 0;  // the pipeline's step, counted over the block's tiles
+      for (int ti = first_tile; ti < tile_end; ti += tile_step) {
+        const int expert = expert_of(ti);
+        if (expert < 0) continue;
+        const int m0 = m_tile_of(ti) * kBM;                  // first token of the tile
+        const int blk = expert * n_blocks + n_block_of(ti);  // 128-row block of the (stacked) weights
+        for (int i = 0; i < count; ++i, ++step) {  // kc: the chunk of K step `step` loads
+          const int kc = k_begin + i, s = step % kStages;
+          if (step >= kStages) {
+            while (!sm90::mbar_try_wait(empty0 + 8 * s, ((step / kStages) & 1) ^ 1)) {}
+          }
+          const uint32_t full = full0 + 8 * s;
+          if (threadIdx.x == 0) {
+            sm90::mbar_expect_tx(full, kStageTx);
+            if constexpr (!kGather) sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
+            sm90::bulk_load(base + L::kW + s * L::kWBytes, w_src + (long(blk) * n_chunks + kc) * L::kWBytes, L::kWBytes, full);
+            const long group_block = long(blk) * p.groups + kc / p.chunks_per_group;
+            sm90::bulk_load(base + L::kS + s * L::kSBytes, s_src + group_block * L::kSBytes, L::kSBytes, full);
+            if constexpr (kZero < 0) {
+              sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
+            }
+          }
+          if constexpr (kGather) {
+            const char* x_src = static_cast<const char*>(p.x) + (kc * 64 + c * 8) * 2;
+#pragma unroll
+            for (int j = 0; j < kBM / 16; ++j) {
+              const int r = r0 + 16 * j, token = __ldg(p.rows + m0 + r);
+              const uint32_t dst = base + L::kX + s * L::kXBytes + r * 128 + ((c ^ (r & 7)) << 4);
+              cp_async_cg16_zfill(dst, x_src + long(token < 0 ? 0 : token) * p.x_stride * 2, token >= 0);
+            }
+            sm90::cp_async_mbar_arrive_noinc(full);  // arrives once this thread's copies have landed
+          }
         }
       }
     }
@@ -188,10 +275,12 @@ __device__ __forceinline__ void run(const Params& p) {
         for (int i = 0; i < 4; ++i) a[j][i] = fma2<A>(a[j][i], scale[2 * (j >> 1) + (i & 1)], kNegZero);
       }
     };
-    // Wait for chunk kc, load this lane's weight fragment and dequantize it.
-    auto load_dequant = [&](int kc, uint32_t (&a)[4][4]) {
-      const int s = kc % kStages;
-      while (!sm90::mbar_try_wait(full0 + 8 * s, (kc / kStages) & 1)) {}
+    // Wait for pipeline step i (counted over the block's tiles), load this lane's weight fragment and
+    // dequantize it.
+    auto load_dequant = [&](int i, uint32_t (&a)[4][4]) {
+      const int s = i % kStages;
+      while (!sm90::mbar_try_wait(full0 + 8 * s, (i / kStages) & 1)) {}
+      if constexpr (kGather) sm90::fence_proxy_async();  // the gathered rows, written by cp.async, read by wgmma
       const uint4* w = reinterpret_cast<const uint4*>(smem + L::kW + s * L::kWBytes) + tile * kVecs * 32 + lane;
       uint4 wv[kVecs];
 #pragma unroll
@@ -203,39 +292,105 @@ __device__ __forceinline__ void run(const Params& p) {
         dequant_int(s, words, a);
       }
     };
-    auto issue_mma = [&](int kc, const uint32_t (&a)[4][4]) {
-      const uint64_t desc = sm90::sw128_desc(base + L::kX + (kc % kStages) * L::kXBytes);
+    // The wgmmas of pipeline step i; the tile's first step (`first`) overwrites the accumulators.
+    auto issue_mma = [&](int i, bool first, const uint32_t (&a)[4][4]) {
+      const uint64_t desc = sm90::sw128_desc(base + L::kX + (i % kStages) * L::kXBytes);
       sm90::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) sm90::wgmma_rs<A, kBM>(acc, a[j], desc + 2 * j, kc > 0 || j > 0);
+      for (int j = 0; j < 4; ++j) sm90::wgmma_rs<A, kBM>(acc, a[j], desc + 2 * j, !first || j > 0);
       sm90::wgmma_commit();
     };
-    // One chunk at a time: the dequantized A registers must stay untouched until the wgmmas that read
-    // them complete, and ptxas serializes wgmmas whose register inputs are written while earlier ones
-    // are in flight (C7513), so the overlap of dequantization and tensor-core work comes from the two
-    // consumer warpgroups taking turns.
-    for (int kc = 0; kc < n_chunks; ++kc) {
-      uint32_t a[4][4];
-      load_dequant(kc, a);
-      issue_mma(kc, a);
-      sm90::wgmma_wait<0>();
-      sm90::mbar_arrive(empty0 + 8 * (kc % kStages));
-    }
-    // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).
-    const long n_base = long(blockIdx.x) * 128 + tile * 16 + g;  // column of out (row of the expert)
-#pragma unroll
-    for (int i = 0; i < kBM / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int token = m0 + 8 * i + 2 * c + (e & 1);
-        const long n = n_base + 8 * (e >> 1);
-        if (token < p.M) {
-          float v = acc[4 * i + e];
-          if (p.x_scale != nullptr) v *= p.x_scale[token * p.x_scale_stride];
-          if (p.bias != nullptr) v += load_float<B>(p.bias, long(expert) * p.N + n);
-          store_float<O>(p.out, long(token) * p.out_stride + n, v);
-        }
+    // Two register sets for the dequantized A operand: chunk i + 1 is dequantized into one while the
+    // wgmmas of chunk i read the other (the loop is unrolled by two so that each set is a fixed set of
+    // registers; ptxas serializes wgmmas whose register inputs are written while they are in flight).
+    // Each dequantization sits in its own conditional block: ptxas schedules within a block, and inside
+    // one it would hoist the wgmma wait above the arithmetic, serialising the two again.
+    uint32_t a0[4][4], a1[4][4];
+    int step = 0;  // the pipeline's step, counted over the block's tiles
+    for (int ti = first_tile; ti < tile_end; ti += tile_step) {
+      const int expert = expert_of(ti);
+      if (expert < 0) continue;
+      const int m0 = m_tile_of(ti) * kBM;  // first token of the tile
+      load_dequant(step, a0);
+      for (int i = 0; i < count; i += 2) {
+        issue_mma(step + i, i == 0, a0);
+        if (i + 1 < count) load_dequant(step + i + 1, a1);
+        sm90::wgmma_wait<0>();
+        sm90::mbar_arrive(empty0 + 8 * ((step + i) % kStages));
+        if (i + 1 >= count) break;
+        issue_mma(step + i + 1, false, a1);
+        if (i + 2 < count) load_dequant(step + i + 2, a0);
+        sm90::wgmma_wait<0>();
+        sm90::mbar_arrive(empty0 + 8 * ((step + i + 1) % kStages));
       }
+      step += count;
+      // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).
+      const long n_base = long(n_block_of(ti)) * 128 + tile * 16 + g;  // column of out (row of the expert)
+      if constexpr (kSplitK) {
+#pragma unroll
+        for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int token = m0 + 8 * i + 2 * c + (e & 1);
+            if (token < p.M) red_add_f32(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), acc[4 * i + e]);
+          }
+        __threadfence();  // this thread's adds are visible before the block's arrival below
+        // the flag in dynamic shared memory: a static __shared__ would add a whole 1 KiB-aligned segment
+        volatile int* last = reinterpret_cast<volatile int*>(smem + L::kFlag);
+        sm90::named_barrier_sync(1, 256);  // both consumer warpgroups
+        const int counter = blockIdx.y * gridDim.x + blockIdx.x;
+        if (t == 0) *last = atomicAdd(p.arrivals + counter, 1) == p.splits - 1;
+        sm90::named_barrier_sync(1, 256);
+        if (!*last) return;
+        __threadfence();  // every other block's adds happened before its arrival, which this block saw
+#pragma unroll
+        for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int token = m0 + 8 * i + 2 * c + (e & 1);
+            // atomicExch reads the total at L2, where the adds went, and restores the zero.
+            if (token < p.M) acc[4 * i + e] = atomicExch(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), 0.0f);
+          }
+        if (t == 0) p.arrivals[counter] = 0;
+      }
+      if constexpr (kAct != kNoAct) {
+        // Gate-up rows (gate_up_rows in _layout.py): row g of the 16-row tile is the gate of feature
+        // f = 64 * block + 8 * tile + g, row g + 8 its up; out is [M, N / 2]. Each is rounded to O as the
+        // unfused GEMM's output would be, then activated in fp32.
+        const int inter = p.N / 2, f = n_block_of(ti) * 64 + tile * 8 + g;
+        const long gate_col = p.gate_up_interleaved ? 2 * f : f, up_col = p.gate_up_interleaved ? 2 * f + 1 : inter + f;
+        float gate_bias = 0.0f, up_bias = 0.0f;
+        if (p.bias != nullptr) {
+          gate_bias = load_float<B>(p.bias, long(expert) * p.N + gate_col);
+          up_bias = load_float<B>(p.bias, long(expert) * p.N + up_col);
+        }
+#pragma unroll
+        for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int token = m0 + 8 * i + 2 * c + e;
+            if (token < p.M) {
+              const float gate = to_float<O>(from_float<O>(acc[4 * i + e] + gate_bias));
+              const float up = to_float<O>(from_float<O>(acc[4 * i + 2 + e] + up_bias));
+              store_float<O>(p.out, long(token) * p.out_stride + f, gated<kAct>(gate, up, p.act_alpha, p.act_limit));
+            }
+          }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int token = m0 + 8 * i + 2 * c + (e & 1);
+            const long n = n_base + 8 * (e >> 1);
+            if (token < p.M) {
+              float v = acc[4 * i + e];
+              if (p.x_scale != nullptr) v *= p.x_scale[token * p.x_scale_stride];
+              if (p.bias != nullptr) v += load_float<B>(p.bias, long(expert) * p.N + n);
+              store_float<O>(p.out, long(token) * p.out_stride + n, v);
+            }
+          }
+      }
+    }
   }
 }
 

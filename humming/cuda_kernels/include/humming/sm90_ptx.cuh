@@ -32,6 +32,11 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
+// Arrives on the barrier (an arrival its count includes) once every cp.async this thread issued has completed.
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
 // True once the phase of parity `parity` has completed: one test that may return false, for callers that spin
 // on it in C++ (mbar_wait spins inside PTX).
 __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
