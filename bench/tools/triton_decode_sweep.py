@@ -112,7 +112,7 @@ def main() -> int:
     if not args.smoke:
         from humming.timing import copies_past_l2, time_calls
     rows, summary, skipped = [], [], []
-    for n, k in shapes:  # shapes outer: a budget cut drops the smaller shapes, never a format
+    for n, k in shapes:  # shapes outer: a budget cut drops the smaller shapes and the larger M, never a format
         for case in args.cases.split(","):
             if time.perf_counter() - start > args.budget_s:
                 skipped.append(f"{case} {n}x{k}")
@@ -125,6 +125,9 @@ def main() -> int:
             dense = w.to(torch.bfloat16)
             del w
             for m in m_values:
+                if time.perf_counter() - start > args.budget_s:
+                    skipped.append(f"{case} {n}x{k} M={m}")
+                    continue
                 x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
                 default = wna16.default_config(first, x)
                 timed = {}
