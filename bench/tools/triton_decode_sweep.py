@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 
 import humming
+from humming.bench.systems import copies as weight_copies
+from humming.bench.systems import nbytes
 from humming.device import device_limits
 from humming.triton_kernels import wna16
 from humming.triton_kernels.configs import TileConfig, choose_split_k
@@ -46,11 +48,6 @@ CASES = {
 }
 #: The copy roof the floors are read against (bytes / s).
 ROOF = 4.3e12
-
-
-def weight_bytes(qw) -> int:
-    """Bytes a call must read of the weight: codes, scales, zero points."""
-    return sum(t.numel() * t.element_size() for t in (qw.qweight, qw.scales, qw.zeros) if t is not None)
 
 
 def variants(m: int, n: int, k: int, qw, default: TileConfig, sm_count: int) -> dict[str, TileConfig]:
@@ -110,7 +107,7 @@ def main() -> int:
     m_values = [int(v) for v in args.m.split(",")]
     limits = device_limits(torch.device(device, 0) if device == "cuda" else torch.device(device))
     if not args.smoke:
-        from humming.timing import copies_past_l2, time_calls
+        from humming.timing import time_calls
     rows, summary, skipped = [], [], []
     for n, k in shapes:  # shapes outer: a budget cut drops the smaller shapes and the larger M, never a format
         for case in args.cases.split(","):
@@ -118,10 +115,9 @@ def main() -> int:
                 skipped.append(f"{case} {n}x{k}")
                 continue
             w = torch.randn(n, k, device=device) / math.sqrt(k)
-            first = humming.quantize(w, **CASES[case])
-            count = 1 if args.smoke else copies_past_l2(weight_bytes(first))
-            copies = [first] + [humming.quantize(w, **CASES[case]) for _ in range(count - 1)]
-            floor_us = weight_bytes(first) / ROOF * 1e6
+            copies = weight_copies(device, lambda w=w, q=CASES[case]: humming.quantize(w, **q), nbytes)
+            first = copies[0]
+            floor_us = first.nbytes / ROOF * 1e6
             dense = w.to(torch.bfloat16)
             del w
             for m in m_values:

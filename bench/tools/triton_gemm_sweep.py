@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 import humming
+from humming.bench.systems import copies as weight_copies
+from humming.bench.systems import nbytes
 from humming.device import device_limits
 from humming.triton_kernels import scaled_mm, wna16
 from humming.triton_kernels._scaled_mm_plan import call_config, compute_plan, device_capability
@@ -48,10 +50,6 @@ CASES = {
     "w4a16-int4-g128": (dict(weight="int4", group_size=128, scale_dtype=torch.bfloat16), None),
     "mxfp4-bf16": (dict(weight="mxfp4"), None),
 }
-
-
-def weight_bytes(qw) -> int:
-    return sum(t.numel() * t.element_size() for t in (qw.qweight, qw.scales, qw.zeros) if t is not None)
 
 
 def _fill(cfg: TileConfig, m: int, n: int, k: int, sm_count: int) -> TileConfig:
@@ -128,15 +126,14 @@ def main() -> int:
     m_values = [int(v) for v in args.m.split(",")] if args.m else (SMOKE_M if args.smoke else M_VALUES)
     limits = device_limits(device)
     if not args.smoke:
-        from humming.timing import copies_past_l2, time_calls
+        from humming.timing import time_calls
     rows, summary, skipped = [], [], []
     for n, k in shapes:
         for case in args.cases.split(","):
             qargs, act = CASES[case]
             w = torch.randn(n, k, device=device) / math.sqrt(k)
-            first = humming.quantize(w, **qargs)
-            count = 1 if args.smoke else copies_past_l2(weight_bytes(first))
-            copies = [first] + [humming.quantize(w, **qargs) for _ in range(count - 1)]
+            copies = weight_copies(device, lambda w=w, q=qargs: humming.quantize(w, **q), nbytes)
+            first = copies[0]
             dense = w.to(torch.bfloat16)
             del w
             for m in m_values:
