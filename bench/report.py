@@ -35,7 +35,9 @@ EAGER_US, EAGER_M = 30.0, 16
 
 
 def load(folder: Path) -> dict[str, dict]:
-    """op -> the sweep document of ``folder`` (files without a header and rows are not sweeps)."""
+    """op -> the sweep document of ``folder``: ``<op>.json``, else the last other file of that op (files
+    without a header and rows are not sweeps; side runs such as ``moe_gather.json`` do not replace the
+    op's own file)."""
     docs = {}
     for path in sorted(folder.glob("*.json")):
         try:
@@ -44,8 +46,10 @@ def load(folder: Path) -> dict[str, dict]:
             print(f"{path}: not read ({err})", file=sys.stderr)
             continue
         if isinstance(doc, dict) and "header" in doc and "rows" in doc:
+            op = doc["header"]["op"]
             doc["file"] = path.name
-            docs[doc["header"]["op"]] = doc
+            if docs.get(op, {}).get("file") != f"{op}.json":
+                docs[op] = doc
     return docs
 
 

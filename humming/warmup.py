@@ -123,7 +123,7 @@ def _device(layer) -> torch.device:
 def _moe_cuda_jobs(call: MoeCall, m: int, act_dtype, device) -> list:
     """The CUDA compile jobs of the grouped GEMMs a fused_moe call at ``m`` tokens plans on CUDA (what the
     call's own run would otherwise compile one at a time)."""
-    block_m, m_pad = call.grouped_shape(m)
+    block_m, m_pad = call.grouped_shape(m, act_dtype)
     act = None if call.act is None else get_act_scheme(call.act)
     jobs = []
     for launch in call.launches(m, act_dtype):

@@ -227,3 +227,26 @@ def with_sm_count(monkeypatch, module, sm_count: int) -> None:
     a persistent grid of that few blocks walks many tiles per block even on small test shapes."""
     real = module.device_limits
     monkeypatch.setattr(module, "device_limits", lambda device=None: real(device)._replace(sm_count=sm_count))
+
+
+def grouped_route(counts: list[int], block_m: int, device) -> tuple[torch.Tensor, int]:
+    """``expert_ids`` of the contiguous grouped layout for ``counts[e]`` rows of expert ``e`` (each segment
+    padded to ``block_m``, used segments first in expert order, M_pad the static worst case), and M_pad."""
+    e = len(counts)
+    m_pad = -(-(sum(counts) + e * (block_m - 1)) // block_m) * block_m
+    ids = [i for i, c in enumerate(counts) for _ in range(-(-c // block_m))]
+    ids += [-1] * (m_pad // block_m - len(ids))
+    return torch.tensor(ids, dtype=torch.int32, device=device), m_pad
+
+
+def grouped_reference(x: torch.Tensor, qw, row_expert: torch.Tensor, act: torch.dtype) -> torch.Tensor:
+    """float64 ``x @ W_e^T`` per grouped row, ``W_e`` = ``humming.dequantize`` of the row's expert rounded once
+    to ``act`` (what the CUDA kernels multiply); NaN in rows of -1 segments."""
+    from humming.moe import expert_weight
+
+    ref = torch.full((x.shape[0], qw.N), float("nan"), device=x.device, dtype=torch.float64)
+    for i in row_expert.unique().tolist():
+        if i >= 0:
+            w = dequantize(expert_weight(qw, i), act).double()
+            ref[row_expert == i] = x[row_expert == i].double() @ w.T
+    return ref

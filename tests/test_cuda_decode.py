@@ -23,6 +23,8 @@ def _quantize(n: int, k: int, scheme: str, dtype=torch.bfloat16, device="cpu"):
     weight, group, zero_point = {
         "int4-g128": ("int4", 128, False),
         "int4-g64": ("int4", 64, False),
+        "int4-g32": ("int4", 32, False),
+        "int8-g32": ("int8", 32, False),
         "int4-channel": ("int4", -1, False),
         "uint4-g128-zp": ("uint4", 128, True),
         "int8-channel": ("int8", -1, False),
@@ -60,7 +62,9 @@ def _fragment_codes(prep: PreparedWeight) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("scheme", ["int4-g128", "uint4-g128-zp", "int8-channel", "uint8-g128-zp", "mxfp4"])
+@pytest.mark.parametrize(
+    "scheme", ["int4-g128", "uint4-g128-zp", "int8-channel", "uint8-g128-zp", "mxfp4", "int4-g32", "int8-g32"]
+)
 @pytest.mark.parametrize("n", [256, 48])  # tile groups of 8 and of 1
 def test_prepared_layout_matches_the_fragments(scheme, n, seed):
     qw = _quantize(n, 192, scheme)
@@ -71,10 +75,12 @@ def test_prepared_layout_matches_the_fragments(scheme, n, seed):
     if qw.format.signed and qw.format.kind == "int":
         codes = codes ^ (1 << (qw.bits - 1))
     assert torch.equal(_fragment_codes(prep), codes)
-    if scheme == "mxfp4":  # [N/16/TG, K/64, TG, 8, half, row pair] bf16 -> [N, K/32]
-        assert (prep.layout, prep.groups, prep.chunks_per_group) == (WeightLayout(4, 0, "e8m0", "e2m1"), 3, 1)
+    if scheme == "mxfp4" or scheme.endswith("-g32"):  # [N/16/TG, K/64, TG, 8, half, row pair] -> [N, K/32]
+        halves = WeightLayout(qw.bits, 1 << (qw.bits - 1), "bf16_halves")  # signed codes: a constant zero
+        want = WeightLayout(4, 0, "e8m0", "e2m1") if scheme == "mxfp4" else halves
+        assert (prep.layout, prep.groups, prep.chunks_per_group) == (want, 3, 1)
         untiled = prep.scales.permute(0, 2, 5, 3, 1, 4).reshape(qw.N, -1)
-        assert torch.equal(untiled, qw.scales.view(torch.uint8))
+        assert torch.equal(untiled, qw.scales.view(torch.uint8) if scheme == "mxfp4" else qw.scales)
         return
 
     def untile(t):  # [N/16/TG, G, TG, 8, 2] -> [N, G]
@@ -159,8 +165,13 @@ def test_heuristic_chooses_between_stream_k_and_the_tile_grid(m, n, bits, stream
 
 def test_unsupported_combinations_say_why():
     x = torch.empty(4, 128, dtype=torch.bfloat16)
-    qw = humming.quantize(torch.randn(32, 128), weight="int4", group_size=32)
+    qw = humming.quantize(torch.randn(32, 128), weight="int4", group_size=32)  # float32 scales
+    assert "groups of 32 with 16-bit scales" in wna16_decode.decode_unsupported(qw, x)
+    qw = humming.quantize(torch.randn(32, 192), weight="int4", group_size=96)
     assert "64 times a power of two" in wna16_decode.decode_unsupported(qw, x)
+    g32 = humming.quantize(torch.randn(128, 128, dtype=torch.bfloat16), weight="int4", group_size=32)
+    assert wna16_decode.decode_unsupported(g32, x) is None
+    assert "not 32" in _gemm_sm90.gemm_unsupported(g32, x, (9, 0))
     assert "M <= 64" in wna16_decode.decode_unsupported(
         _quantize(32, 128, "int4-g64"), torch.empty(65, 128, dtype=torch.bfloat16)
     )
@@ -183,6 +194,8 @@ CASES = [
     (4096, 4096, "int8-channel", (1, 16, 64)),
     (2048, 4096, "uint8-g128-zp", (1, 16)),
     (1040, 320, "int4-g64", (1, 5, 24)),  # odd: N not a multiple of 32, K of 128
+    (4096, 4096, "int4-g32", (1, 16, 64)),  # two 16-bit scales per chunk
+    (1040, 320, "int8-g32", (1, 24)),
     (48, 2048, "int4-channel", (1, 9)),  # few row tiles: split-K with atomics
     (4096, 4096, "mxfp4", (1, 7, 16, 64)),
     (1040, 320, "mxfp4", (1, 24)),

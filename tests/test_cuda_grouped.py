@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import assert_rel_close, with_sm_count
+from helpers import assert_rel_close, grouped_reference, grouped_route, with_sm_count
 
 import humming
 from humming.bench.inputs import random_experts
@@ -77,7 +77,7 @@ def test_prepare_unpacks_a_bounded_number_of_rows_at_a_time(qargs, monkeypatch, 
     [
         (dict(weight="nvfp4"), "as MXFP4"),
         (dict(weight="e4m3", group_size=-1), "int4/uint4/int8/uint8/MXFP4 weights, not e4m3"),
-        (dict(weight="int4", group_size=96), "group size of 64 times a power of two"),
+        (dict(weight="int4", group_size=96), "64 times a power of two"),
         (dict(weight="fp8_block"), "int4/uint4/int8/uint8/MXFP4"),
     ],
 )
@@ -111,16 +111,6 @@ def test_tuning_checks():
         _gemm_sm90.run_grouped_gemm(prepare_weight(qw), x, ids, 16, None, x.dtype, _gemm_sm90.GemmTuning(32, 4))
 
 
-def _route(counts: list[int], block_m: int, device) -> tuple[torch.Tensor, int]:
-    """``expert_ids`` of the contiguous grouped layout for ``counts[e]`` rows of expert ``e`` (each
-    segment padded to ``block_m``, M_pad the static worst case), and M_pad."""
-    e = len(counts)
-    m_pad = -(-(sum(counts) + e * (block_m - 1)) // block_m) * block_m
-    ids = [i for i, c in enumerate(counts) for _ in range(-(-c // block_m))]
-    ids += [-1] * (m_pad // block_m - len(ids))
-    return torch.tensor(ids, dtype=torch.int32, device=device), m_pad
-
-
 SCHEMES = {
     "int4-g128": dict(weight="int4", group_size=128),
     "uint4-g128-zp": dict(weight="uint4", group_size=128, zero_point=True),
@@ -143,7 +133,7 @@ CASES = [
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("e", "n", "k", "scheme", "block_m", "max_rows", "bms"), CASES)
 @pytest.mark.usefixtures("seed")
-def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act, monkeypatch):
+def test_grouped_matchesgrouped_reference(e, n, k, scheme, block_m, max_rows, bms, act, monkeypatch):
     with_sm_count(monkeypatch, _gemm_sm90, 3)  # the persistent grid: 6 blocks walk every segment's tiles
     scale_dtype = {} if scheme == "mxfp4" else dict(scale_dtype=act)
     qw = humming.quantize(torch.randn(e, n, k, device="cuda") * 0.05, **scale_dtype, **SCHEMES[scheme])
@@ -155,11 +145,11 @@ def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act,
     counts = torch.randint(1, max_rows + 1, (e,)).tolist()
     for i in torch.randperm(e)[: max(1, e // 4)].tolist():  # a quarter of the experts get no rows
         counts[i] = 0
-    expert_ids, m_pad = _route(counts, block_m, "cuda")
+    expert_ids, m_pad = grouped_route(counts, block_m, "cuda")
     x = torch.randn(m_pad, k, device="cuda", dtype=act)
     bias = torch.randn(e, n, device="cuda", dtype=act)
     row_expert = expert_ids.repeat_interleave(block_m)
-    ref = _reference(x, qw, row_expert, act)
+    ref = grouped_reference(x, qw, row_expert, act)
     used = row_expert >= 0
     tunings = [None if bm is None else _gemm_sm90.GemmTuning(bm, 8) for bm in bms]
     tunings.append(_gemm_sm90.GemmTuning(16, 8, 2, persistent=True))  # blocks walking the segments' tiles
@@ -170,17 +160,6 @@ def test_grouped_matches_reference(e, n, k, scheme, block_m, max_rows, bms, act,
             want = ref if b is None else ref + b.double()[row_expert.clamp(min=0)]
             assert_rel_close(out[used], want[used], torch.finfo(act).eps, precision=torch.float64)
             assert out[~used].isnan().all(), "a row of a skipped (-1) segment was written"
-
-
-def _reference(x, qw, row_expert, act):
-    """float64 ``x @ W_e^T`` per expert, ``W_e`` = ``humming.dequantize`` of expert ``e`` rounded once to
-    ``act`` (what the kernel multiplies); NaN in rows of -1 segments."""
-    ref = torch.full((x.shape[0], qw.N), float("nan"), device=x.device, dtype=torch.float64)
-    for i in row_expert.unique().tolist():
-        if i >= 0:
-            w = humming.dequantize(expert_weight(qw, i), act).double()
-            ref[row_expert == i] = x[row_expert == i].double() @ w.T
-    return ref
 
 
 @needs_sm90
@@ -219,7 +198,7 @@ def test_gather_reads_the_tokens_in_place(scheme, block_m, bm, blocks, persisten
     assert torch.equal(gathered[used], copied[used])
     assert gathered[~used].isnan().all(), "a row of a skipped (-1) segment was written"
     real = rows >= 0
-    ref = _reference(grouped, qw, row_expert, act) + bias.double()[row_expert.clamp(min=0)]
+    ref = grouped_reference(grouped, qw, row_expert, act) + bias.double()[row_expert.clamp(min=0)]
     assert_rel_close(gathered[real], ref[real], torch.finfo(act).eps, precision=torch.float64)
 
 
@@ -260,35 +239,23 @@ def test_gated_epilogue_is_the_activation_of_the_gemm(scheme, activation, layout
 
 
 @needs_sm90
-def test_gather_without_tokens_reads_zeros(seed):
-    """T = 0 tokens (every grouped row padding): the bias of each used segment's expert, no read of x."""
-    qw = humming.quantize(torch.randn(2, 128, 256, device="cuda"), weight="int4", group_size=128)
-    rows = torch.full((32,), -1, dtype=torch.int32, device="cuda")
-    expert_ids = torch.tensor([1, -1], dtype=torch.int32, device="cuda")
-    bias = torch.randn(2, 128, device="cuda", dtype=torch.bfloat16)
-    x = torch.empty(0, 256, device="cuda", dtype=torch.bfloat16)
-    out = cuda_grouped.grouped_linear(x, qw, expert_ids, 16, bias, None, torch.bfloat16, rows)
-    assert torch.equal(out[:16], bias[1].expand(16, -1))
-
-
-@needs_sm90
 def test_grouped_linear_after_warmup_in_a_cuda_graph(seed):
     qw = humming.quantize(torch.randn(8, 256, 512, device="cuda"), weight="int4", group_size=128)
-    expert_ids, m_pad = _route([5, 0, 17, 3, 0, 0, 40, 1], 16, "cuda")
-    report = humming.warmup([qw], m_values=(m_pad,), block_ms=(16,), progress=False)
+    expert_ids, m_pad = grouped_route([5, 0, 17, 3, 0, 0, 40, 1], 64, "cuda")  # 64: the sm_90a GEMM's blocks
+    report = humming.warmup([qw], m_values=(m_pad,), block_ms=(64,), progress=False)
     assert sorted(k.spec.name.split("_")[3:5] for k in report.kernels) == [["grouped", "gather"], ["grouped", "u4z8"]]
     x = torch.randn(m_pad, 512, device="cuda", dtype=torch.bfloat16)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = cuda_grouped.grouped_linear(x, qw, expert_ids, 16, None, None, torch.bfloat16)
+        out = cuda_grouped.grouped_linear(x, qw, expert_ids, 64, None, None, torch.bfloat16)
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
-    row_expert = expert_ids.repeat_interleave(16)
+    row_expert = expert_ids.repeat_interleave(64)
     used = row_expert >= 0
     assert_rel_close(
         out[used],
-        _reference(x, qw, row_expert, torch.bfloat16)[used],
+        grouped_reference(x, qw, row_expert, torch.bfloat16)[used],
         torch.finfo(torch.bfloat16).eps,
         precision=torch.float64,
     )
@@ -298,13 +265,13 @@ def test_grouped_linear_after_warmup_in_a_cuda_graph(seed):
 def test_through_humming_moe(seed):
     moe = pytest.importorskip("humming.moe", reason="humming.moe (the MoE entry points) is not in this tree")
     qw = humming.quantize(torch.randn(4, 384, 256, device="cuda"), weight="uint4", group_size=64, zero_point=True)
-    expert_ids, m_pad = _route([0, 30, 2, 9], 32, "cuda")
+    expert_ids, m_pad = grouped_route([0, 30, 2, 9], 32, "cuda")
     x = torch.randn(m_pad, 256, device="cuda", dtype=torch.float16)
     bias = torch.randn(4, 384, device="cuda", dtype=torch.float16)
     out = moe.grouped_linear(x, qw, expert_ids, 32, bias, backend="cuda")
     row_expert = expert_ids.repeat_interleave(32)
     used = row_expert >= 0
-    ref = _reference(x, qw, row_expert, torch.float16) + bias.double()[row_expert.clamp(min=0)]
+    ref = grouped_reference(x, qw, row_expert, torch.float16) + bias.double()[row_expert.clamp(min=0)]
     assert_rel_close(out[used], ref[used], torch.finfo(torch.float16).eps, precision=torch.float64)
 
 

@@ -45,8 +45,8 @@ def test_heuristic_order_by_activation_and_m():
     ("weight", "act", "first"),
     [
         ("fp8_block", "fp8_g128", "triton.grouped"),  # DeepSeek-V3's experts: Triton first (moe.json)
-        ("int4", None, "cuda.grouped"),
-        ("mxfp4", None, "cuda.grouped"),
+        ("int4", None, "cuda.grouped_decode"),  # 16-bit activations: the decode regime's kernel, then sm_90a
+        ("mxfp4", None, "cuda.grouped_decode"),
         ("int4", "fp8", "cuda.grouped"),  # per-token e4m3 activations: not the measured fp8-block case
     ],
 )
@@ -54,7 +54,9 @@ def test_grouped_heuristic_order(weight, act, first):
     qw = humming.quantize(torch.randn(256, 256), weight, **({"group_size": 128} if weight == "int4" else {}))
     order, source = _order(qw, act, 1, grouped=True)
     assert order[0] == first and source == "heuristic"
-    assert set(order) == {"cuda.grouped", "triton.grouped", "reference"} and order[-1] == "reference"
+    assert set(order) - {"cuda.grouped_decode"} == {"cuda.grouped", "triton.grouped", "reference"}
+    assert order[-1] == "reference"
+    assert ("cuda.grouped_decode" in order) == (act is None)
 
 
 def test_table_applies_to_its_m_range_only(tmp_path):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 import humming
-from humming.cuda_kernels import _gemm_sm90, wna16_decode
+from humming.cuda_kernels import _gemm_sm90, grouped_decode, wna16_decode
+from humming.cuda_kernels import grouped as cuda_grouped
 from humming.cuda_kernels._layout import prepare_weight
 
 
@@ -31,6 +32,7 @@ def main() -> None:
         torch.cuda.synchronize()
         err = ((out.float() - ref).norm() / ref.norm()).item()
         print(f"decode {weight} g{group} zp={zp} M={m} N={n} K={k}: rel err {err:.2e}")
+    _grouped_decode()
     if torch.cuda.get_device_capability() == (9, 0):
         qw = humming.quantize(torch.randn(256, 512, device="cuda"), weight="uint4", group_size=128, zero_point=True)
         x = torch.randn(130, 512, device="cuda", dtype=torch.bfloat16)
@@ -54,6 +56,49 @@ def main() -> None:
         _grouped()
 
 
+def _grouped_decode() -> None:
+    """The decode kernel's grouped variant: routing blocks of 8 and 16, tokens gathered through the index
+    (padding rows zero-filled), a grid of 2 segments looping over more used ones, the gated epilogue."""
+    experts, n, k, t = 4, 256, 512, 9
+    tokens = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    topk = torch.randint(0, experts, (t, 2), device="cuda")
+    for weight, group in (("uint4", 64), ("mxfp4", 32)):
+        qw = humming.quantize(torch.randn(experts, n, k, device="cuda"), weight=weight, group_size=group)
+        for block_m in (8, 16):
+            routing = humming.moe.moe_align(topk, experts, block_m)
+            rows, ids = routing.token_rows(2), routing.expert_ids
+            out = grouped_decode.grouped_linear(tokens, qw, ids, block_m, None, torch.bfloat16, rows)
+            real_grid = grouped_decode.segment_grid
+            grouped_decode.segment_grid = lambda *args: 2
+            looped = grouped_decode.GroupedDecodeLaunch(
+                grouped_decode._prepared(qw, None),
+                rows.shape[0],
+                torch.bfloat16,
+                k,
+                None,
+                torch.bfloat16,
+                None,
+                0,
+                block_m,
+                True,
+            )(tokens, None, ids, rows)
+            grouped_decode.segment_grid = real_grid
+            ref = humming.moe.grouped_linear(tokens, qw, ids, block_m, rows=rows, backend="reference").float()
+            torch.cuda.synchronize()
+            used = (ids.repeat_interleave(block_m) >= 0) & (rows >= 0)
+            err = ((out[used].float() - ref[used]).norm() / ref[used].norm()).item()
+            same = torch.equal(out[used], looped[used])
+            print(f"grouped decode {weight} block_m={block_m} gathered: rel err {err:.2e}, looped grid equal: {same}")
+    w13 = humming.quantize(torch.randn(experts, 2 * n, k, device="cuda"), weight="mxfp4")
+    w2 = humming.quantize(torch.randn(experts, k, n, device="cuda"), weight="mxfp4")
+    weights = torch.rand(t, 2, device="cuda")
+    out = humming.moe.fused_moe(tokens, w13, w2, weights, topk, activation="swiglu_oai", block_m=8)
+    ref = humming.moe.fused_moe(tokens, w13, w2, weights, topk, activation="swiglu_oai", backend="reference")
+    torch.cuda.synchronize()
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    print(f"fused_moe mxfp4 swiglu_oai block_m=8 (grouped decode, gated w13 epilogue): rel err {err:.2e}")
+
+
 def _grouped() -> None:
     """The grouped sm_90a GEMM (16-bit activations) and the grouped FP8 GEMM, with an unused expert."""
     experts, n, k, block_m = 4, 256, 512, 16
@@ -64,7 +109,10 @@ def _grouped() -> None:
     rows = ids.long().repeat_interleave(block_m)
     for weight, group, act in (("uint4", 128, None), ("mxfp4", 32, None), ("int4", 128, "fp8"), ("e4m3", -1, "fp8")):
         qw = humming.quantize(torch.randn(experts, n, k, device="cuda"), weight=weight, group_size=group)
-        out = humming.moe.grouped_linear(x, qw, ids, block_m, act=act, backend="cuda")
+        if act is None:  # the sm_90a GEMM (the dispatcher takes the grouped decode kernel for blocks of 16)
+            out = cuda_grouped.grouped_linear(x, qw, ids, block_m, None, None, torch.bfloat16)
+        else:
+            out = humming.moe.grouped_linear(x, qw, ids, block_m, act=act, backend="cuda")
         ref = humming.moe.grouped_linear(x, qw, ids, block_m, act=act, backend="reference").float()
         torch.cuda.synchronize()
         err = ((out.float() - ref).norm() / ref.norm()).item()
@@ -73,7 +121,7 @@ def _grouped() -> None:
     tokens = torch.randn(9, k, device="cuda", dtype=torch.bfloat16)
     index = torch.arange(rows.numel(), dtype=torch.int32, device="cuda") % 10 - 1  # tokens 0..8, -1 every 10th
     qw = humming.quantize(torch.randn(experts, n, k, device="cuda"), weight="int4", group_size=128)
-    out = humming.moe.grouped_linear(tokens, qw, ids, block_m, rows=index, backend="cuda")
+    out = cuda_grouped.grouped_linear(tokens, qw, ids, block_m, None, None, torch.bfloat16, index)
     ref = humming.moe.grouped_linear(tokens, qw, ids, block_m, rows=index, backend="reference").float()
     torch.cuda.synchronize()
     err = ((out.float() - ref).norm() / ref.norm()).item()
@@ -82,11 +130,11 @@ def _grouped() -> None:
     w13 = humming.quantize(torch.randn(experts, 2 * n, k, device="cuda"), weight="int4", group_size=128)
     w2 = humming.quantize(torch.randn(experts, k, n, device="cuda"), weight="int4", group_size=128)
     weights, topk = torch.rand(9, 2, device="cuda"), torch.randint(0, experts, (9, 2), device="cuda")
-    out = humming.moe.fused_moe(tokens, w13, w2, weights, topk, activation="swiglu_oai")
+    out = humming.moe.fused_moe(tokens, w13, w2, weights, topk, activation="swiglu_oai", block_m=64)
     ref = humming.moe.fused_moe(tokens, w13, w2, weights, topk, activation="swiglu_oai", backend="reference")
     torch.cuda.synchronize()
     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-    print(f"fused_moe int4 swiglu_oai (gated w13 epilogue) experts={experts}: rel err {err:.2e}")
+    print(f"fused_moe int4 swiglu_oai block_m=64 (sm_90a, gated w13 epilogue) experts={experts}: rel err {err:.2e}")
 
 
 if __name__ == "__main__":

@@ -267,9 +267,9 @@ class MoeGroup(Group):
         """humming's grouped layout for ``inp``: ``(rows [M_pad, K], routing, block_m)``."""
 
         def build():
-            from ..moe import default_block_m, moe_align
+            from ..moe import moe_align
 
-            block_m = default_block_m(inp.ids.numel(), self.shape.experts)
+            block_m = block_m_of(self.experts, inp.ids.numel(), inp.x)
             routing = moe_align(inp.ids, self.shape.experts, block_m)
             rows = inp.x[routing.src_slots.clamp_min(0).long() // inp.ids.shape[1]]
             return rows, routing, block_m
@@ -302,17 +302,30 @@ def coarse_to_fine(values) -> list[int]:
     return [values[i] for i in picked]
 
 
+def block_m_of(experts: Experts, num_slots: int, x: torch.Tensor) -> int:
+    """The routing block humming's fused_moe takes for ``num_slots`` slots of 16-bit tokens like ``x``
+    (:func:`humming.moe.default_block_m`): the grouped parts are timed on the layer's routing."""
+    from ..ir.activation import get_act_scheme
+    from ..moe import default_block_m
+    from ..moe.grouped import takes_blocks_of_8
+
+    w13, w2 = experts.qweights("w13")[0], experts.qweights("w2")[0]
+    act = None if CASES[experts.case][1] is None else get_act_scheme(CASES[experts.case][1])
+    return default_block_m(num_slots, experts.model.experts, takes_blocks_of_8(w13, w2, x, act, "auto"))
+
+
 def warm(experts: Experts, m_values, act) -> None:
     """Compile, in parallel, the CUDA kernels humming's grouped GEMMs of both stacks run at ``m_values``
     tokens (the routing's padded row counts, per ``block_m``)."""
     import humming
 
-    from ..moe import default_block_m, padded_rows
+    from ..moe import padded_rows
 
     model = experts.model
     by_block: dict[int, list[int]] = {}
+    x = torch.empty(0, model.hidden, dtype=experts.dtype, device=experts.device)
     for m in m_values:
-        block_m = default_block_m(m * model.topk, model.experts)
+        block_m = block_m_of(experts, m * model.topk, x)
         by_block.setdefault(block_m, []).append(padded_rows(m * model.topk, model.experts, block_m))
     bias = experts.bias("w13")
     for stack in ("w13", "w2"):

@@ -14,6 +14,9 @@ Each kernel module exports the kernel object the dispatcher lists (``humming.dis
   kernel with a compile-time flag) runs ``humming.moe.grouped_linear`` (``cuda.grouped``, :mod:`.grouped`):
   token tiles of 16 to 256 rows (dividing ``block_m``), each reading its segment's expert id, skipping -1
   segments, offsetting its weight tiles.
+- ``cuda.grouped_decode`` (:mod:`.grouped_decode`, the decode kernel's grouped variant): the MoE grouped GEMM
+  of the decode regime (routing blocks of 8 and 16 rows), sm_80 and newer: a grid sized for the segments the
+  routing can use, token rows read through the routing's index, fused_moe's gated activation in the epilogue.
 - fp8 activations with integer weights (per-token or per-tensor e4m3; int4 / uint4 / int8 / uint8): the
   Triton pass writes the e4m3 values in x's 16-bit dtype (exact) and the two WnA16 kernels run them with the
   activation scales in the epilogue (one 4-bit weight read and no int4 -> e4m3 conversion: the

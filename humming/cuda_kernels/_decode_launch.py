@@ -24,7 +24,16 @@ from ..device import device_index, device_limits
 from ..workspaces import WORKSPACES
 from ._decode_tuning import DecodeTuning, default_tuning
 from ._driver import PackedLaunch, current_stream, fields, get_kernel
-from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
+from ._layout import (
+    CPP_DTYPE,
+    DTYPE_CODE,
+    GATED_ACTS,
+    PreparedWeight,
+    WeightLayout,
+    aligned_rows,
+    check_out,
+    x_scale_args,
+)
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
@@ -45,13 +54,28 @@ DECODE_MAX_M = 64
 
 
 @per_call_cache
-def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: DecodeTuning) -> KernelSpec:
-    """The kernel spec for a layout, activation / output / bias dtype codes and tuning."""
+def decode_spec(
+    layout: WeightLayout,
+    act: str,
+    out: str,
+    bias: str,
+    tuning: DecodeTuning,
+    grouped: bool = False,
+    gated: str | None = None,
+) -> KernelSpec:
+    """The kernel spec for a layout, activation / output / bias dtype codes and tuning; ``grouped``: the MoE
+    variant (:mod:`.grouped_decode`), ``gated`` (a :data:`GATED_ACTS` name) its fused activation of w13."""
+    if (grouped or gated) and (tuning.splits > 1 or tuning.stream_k or (gated and (not grouped or out == "f32"))):
+        raise ValueError(f"the grouped decode kernel runs the tile grid with a 16-bit gated output, got {tuning}")
+    if gated is not None and gated not in GATED_ACTS:
+        raise ValueError(f"gated: expected one of {sorted(GATED_ACTS)}, got {gated!r}")
     out_kernel = "f32" if tuning.splits > 1 else out
     if tuning.stream_k:
         schedule, suffix = "stream_k", f"_sk{tuning.stream_k}"
     else:
         schedule, suffix = ("split_k", "_splitk") if tuning.splits > 1 else ("tiles", "")
+    if grouped:
+        suffix += "_grouped" + (f"_{gated}" if gated else "")
     name = (
         f"humming_decode_{layout.tag}_a{act}_s{layout.scale}_o{out_kernel}_b{bias}"
         f"_mt{tuning.mt}_r{tuning.r}_w{tuning.warps}_s{tuning.stages}{suffix}"
@@ -70,6 +94,8 @@ def decode_spec(layout: WeightLayout, act: str, out: str, bias: str, tuning: Dec
             str(tuning.warps),
             str(tuning.stages),
             f"humming::decode::Schedule::{schedule}",
+            "true" if grouped else "false",
+            str(GATED_ACTS.get(gated, 0)),
         )
     )
     return KernelSpec(
@@ -94,6 +120,10 @@ class _Params(ctypes.Structure):
         *fields(ctypes.c_int, "total_warps"),
         *fields(ctypes.c_void_p, "x_scale"),
         *fields(ctypes.c_int, "x_scale_stride"),
+        *fields(ctypes.c_void_p, "expert_ids rows"),
+        *fields(ctypes.c_int, "block_m"),
+        *fields(ctypes.c_float, "act_alpha act_limit"),
+        *fields(ctypes.c_int, "gate_up_interleaved"),
     )
 
 

@@ -24,7 +24,17 @@ import torch
 from ..device import device_index, device_limits
 from ..workspaces import WORKSPACES
 from ._driver import PackedLaunch, current_stream, fields, get_kernel, tensor_map
-from ._layout import CPP_DTYPE, DTYPE_CODE, PreparedWeight, WeightLayout, aligned_rows, check_out, x_scale_args
+from ._layout import (
+    CPP_DTYPE,
+    DTYPE_CODE,
+    GATED_ACTS,
+    PreparedWeight,
+    WeightLayout,
+    aligned_rows,
+    check_out,
+    half_chunk_groups,
+    x_scale_args,
+)
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
@@ -52,8 +62,6 @@ GEMM_CCS = ((9, 0),)
 GEMM_MIN_M = 32
 #: Token tiles of the grouped kernel (wgmma N): each must divide ``block_m``.
 GROUPED_BMS = (256, 128, 64, 32, 16)
-#: The gated activations of the grouped kernel's fused epilogue, by name -> ``humming::gemm_sm90::Act``.
-GATED_ACTS = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "swiglu_oai": 4}
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,8 @@ def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:
         return f"the large-M CUDA GEMM takes MXFP4 weights with bfloat16 activations, not {x.dtype}"
     if qw.N % 128:
         return f"the large-M CUDA GEMM needs N % 128 == 0, got N={qw.N}"
+    if half_chunk_groups(qw):
+        return "the large-M CUDA GEMM takes integer weights in groups of 64 times a power of two, not 32"
     if x.stride(0) % 8 or x.data_ptr() % 16:
         return "the large-M CUDA GEMM needs 16-byte aligned activation rows (TMA)"
     return None

@@ -15,6 +15,8 @@ weights as m16n8k16 A fragments, so one re-tiling of a ``QuantizedWeight`` serve
   (``2^(bits-1)`` for signed formats, 0 for unsigned) or per-group zero points;
 - ``scales`` ``[N/16/TG, groups, TG, 8, 2]``: per 16-row tile, rows ``g`` and ``g + 8`` side by side (f32,
   bf16 or f16; fp8 / e8m0 scales and a global scale are folded into exact f32); ``zeros`` the same, int16;
+  integer codes in groups of 32 with 16-bit scales (scale ``"bf16_halves"`` / ``"f16_halves"``, no zero
+  points): ``[N/16/TG, K/64, TG, 8, 2 halves, 2 rows]``, each chunk's two groups side by side, as MXFP4's;
 - MXFP4 (``codes="e2m1"``, scale ``"e8m0"``): the e2m1 codes in the 4-bit fragments' words, each
   register's two codes at the bit positions of :data:`E2M1_BITS` (+ 16 for the high half) instead of in
   nibbles, so that the kernel turns most of them into bf16 bits with one shift and one mask; the e8m0
@@ -38,11 +40,13 @@ __all__ = [
     "CPP_DTYPE",
     "DTYPE_CODE",
     "E2M1_BITS",
+    "GATED_ACTS",
     "PreparedWeight",
     "WeightLayout",
     "aligned_rows",
     "check_out",
     "gate_up_rows",
+    "half_chunk_groups",
     "layout_unsupported",
     "prepare_weight",
     "rows_aligned",
@@ -54,7 +58,11 @@ __all__ = [
 
 DTYPE_CODE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 #: Dtype codes -> the ``humming::DType`` values (types.cuh) kernel specs are instantiated with.
-CPP_DTYPE = {code: f"humming::DType::{code}" for code in ("f32", "bf16", "f16", "e8m0", "e8m0_any")}
+CPP_DTYPE = {
+    code: f"humming::DType::{code}" for code in ("f32", "bf16", "f16", "e8m0", "e8m0_any", "bf16_halves", "f16_halves")
+}
+#: The gated activations of the grouped kernels' fused w13 epilogues, by name -> ``humming::Act`` (common.cuh).
+GATED_ACTS = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "swiglu_oai": 4}
 
 
 @dataclass(frozen=True)
@@ -231,6 +239,8 @@ def weight_layout(qw) -> WeightLayout:
         zero = -1
     else:
         zero = 1 << (qw.bits - 1) if qw.format.signed else 0
+    if half_chunk_groups(qw):
+        return WeightLayout(qw.bits, zero, DTYPE_CODE[qw.scales.dtype] + "_halves")
     if qw.scales is None or qw.global_scale is not None or qw.scales.dtype not in DTYPE_CODE:
         return WeightLayout(qw.bits, zero, "f32")
     return WeightLayout(qw.bits, zero, DTYPE_CODE[qw.scales.dtype])
@@ -249,6 +259,10 @@ def prepare_weight(qw) -> PreparedWeight:
         packed = _retile_codes(qw, tg, lambda codes, tg: _pack_4bit(codes, tg, e2m1=True))
         return PreparedWeight(layout, n, k, k // 64, 1, tg, packed, _tile_rows_halves(scales, tg), None, experts)
     flip = 1 << (bits - 1) if qw.format.signed else 0  # two's complement -> offset binary: code' - 2^(bits-1)
+    if half_chunk_groups(qw):  # 16-bit scales of 32-column groups, each chunk's two side by side
+        scales = qw.scales.expand(*qw.lead, n, k // 32).reshape(experts * n, k // 32)
+        packed = _retile_codes(qw, tg, _pack_4bit if bits == 4 else _pack_8bit, flip)
+        return PreparedWeight(layout, n, k, k // 64, 1, tg, packed, _tile_rows_halves(scales, tg), None, experts)
     groups = 1 if qw.scales is None else qw.scales.shape[-1]
     zeros = None
     if qw.zeros is not None:
@@ -286,6 +300,12 @@ def gate_up_rows(two_i: int, gate_up_layout: str) -> torch.Tensor:
     return torch.stack((gate, up), dim=1).reshape(-1)
 
 
+def half_chunk_groups(qw) -> bool:
+    """Whether ``qw`` has integer codes in groups of 32 columns (two scales per 64-column chunk: scale codes
+    ``bf16_halves`` / ``f16_halves``, which the decode kernel takes and the sm_90a GEMM does not)."""
+    return qw.format.name != "e2m1" and qw.layout == "group" and qw.group_size == 32
+
+
 def weight_unsupported(qw, x: torch.Tensor) -> str | None:
     """``None`` when the fragment layout holds ``qw`` and the kernels take ``x``'s dtype, else why not."""
     if x.dtype not in HALF_DTYPES:
@@ -308,8 +328,13 @@ def layout_unsupported(qw) -> str | None:
         return None
     if qw.layout == "block":
         return f"the CUDA kernels take per-tensor, per-channel or per-group scales, not {qw.describe()}"
+    if qw.layout == "group" and qw.group_size == 32:
+        if qw.scales.dtype not in HALF_DTYPES or qw.global_scale is not None or qw.zeros is not None:
+            detail = "16-bit scales, no global scale or zero points"
+            return f"the CUDA kernels take groups of 32 with {detail}, not {qw.describe()}"
+        return None
     if qw.layout == "group" and (qw.group_size % 64 or (qw.group_size // 64) & (qw.group_size // 64 - 1)):
-        return f"the CUDA kernels need a group size of 64 times a power of two, got {qw.group_size}"
+        return f"the CUDA kernels need a group size of 32, or 64 times a power of two, got {qw.group_size}"
     if qw.zeros is not None and qw.zeros.is_floating_point():
         return "the CUDA kernels take integer zero points only"
     return None

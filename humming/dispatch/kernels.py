@@ -126,6 +126,7 @@ DENSE_KERNELS = KernelList(
 #: ``run(x, qw, expert_ids, block_m, bias, act, out_dtype, tuning)`` (plus ``rows=`` where ``gathers``).
 GROUPED_KERNELS = KernelList(
     {
+        "cuda.grouped_decode": ("cuda", "humming.cuda_kernels.grouped_decode"),
         "cuda.grouped": ("cuda", "humming.cuda_kernels.grouped"),
         "triton.grouped": ("triton", "humming.triton_kernels.grouped"),
         "reference": ("reference", "humming.reference.grouped"),

@@ -175,10 +175,13 @@ def grouped_heuristic_order(qweight, act) -> tuple[str, ...]:
     """The grouped kernel order: e4m3 experts with e4m3 activations in K groups (DeepSeek-V3's fp8 blocks)
     on the Triton grouped GEMM first, which measured faster than the CUDA FP8 grouped GEMM on the H200
     through the decode and prefill sizes of both projections (bench/results/h200/moe.json); every other
-    format on the CUDA grouped GEMM first."""
+    format on the CUDA kernels first: for 16-bit activations the grouped decode kernel where it runs (routing
+    blocks of 8 and 16 rows), then the grouped sm_90a GEMMs."""
     if qweight.format.name == "e4m3" and act is not None and act.format == "e4m3" and isinstance(act.group, int):
         return ("triton.grouped", "cuda.grouped", "reference")
-    return ("cuda.grouped", "triton.grouped", "reference")
+    if act is not None:
+        return ("cuda.grouped", "triton.grouped", "reference")
+    return ("cuda.grouped_decode", "cuda.grouped", "triton.grouped", "reference")
 
 
 # ------------------------------------------------------------------------------------------- decisions

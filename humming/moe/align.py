@@ -62,10 +62,14 @@ class MoeRouting:
         return torch.where(self.src_slots >= 0, self.src_slots // topk, -1)
 
 
-def default_block_m(num_slots: int, num_experts: int) -> int:
+def default_block_m(num_slots: int, num_experts: int, blocks_of_8: bool = False) -> int:
     """``block_m`` for ``num_slots`` routed slots over ``num_experts``: 16 while experts average <= 16 rows
-    (decode: little padding), 64 up to 96 rows, else 128 (larger tiles for prefill)."""
+    (decode: little padding), 64 up to 96 rows, else 128 (larger tiles for prefill). ``blocks_of_8``: the
+    grouped GEMMs take blocks of 8 (:func:`humming.moe.grouped.takes_blocks_of_8`), then 8 while experts
+    average <= 4 rows (half the token tile's work and padding; bench/results/h200/grouped_decode.json)."""
     rows = num_slots / num_experts
+    if blocks_of_8 and rows <= 4:
+        return 8
     return 16 if rows <= 16 else 64 if rows <= 96 else 128
 
 

@@ -24,6 +24,7 @@ from ._checks import check_act_scale, check_expert_map, check_experts
 from .align import default_block_m, padded_rows
 from .align import triton_unsupported as align_unsupported
 from .fused import fused_moe, on_triton
+from .grouped import takes_blocks_of_8
 from .routing import check_routing, layer_backend, topk_routing, triton_unsupported
 
 __all__ = ["MoeCall", "MoeLaunch"]
@@ -111,10 +112,15 @@ class MoeCall:
             bias = bias.to("meta")
         return check_routing(logits, self.top_k, **(r | {"correction_bias": bias})), bias, r["backend"]
 
-    def grouped_shape(self, num_tokens: int) -> tuple[int, int]:
-        """``(block_m, M_pad)`` of a call at ``num_tokens`` tokens: the grouped GEMMs' routing block and rows."""
+    def grouped_shape(self, num_tokens: int, x_dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+        """``(block_m, M_pad)`` of a call at ``num_tokens`` tokens of ``x_dtype``: the grouped GEMMs' routing
+        block and rows."""
         slots, e = num_tokens * self.top_k, self.w13.num_experts
-        block_m = self.block_m or default_block_m(slots, e)
+        block_m = self.block_m
+        if not block_m:
+            x = torch.empty(0, self.w13.K, dtype=x_dtype, device=self.w13.device)
+            act = None if self.act is None else get_act_scheme(self.act)
+            block_m = default_block_m(slots, e, takes_blocks_of_8(self.w13, self.w2, x, act, self.backend))
         return block_m, padded_rows(slots, e, block_m)
 
     def launches(
@@ -130,7 +136,7 @@ class MoeCall:
             triton = triton_unsupported(logits, bias, spec, backend) is None
             detail = f"E={spec.num_experts} top_k={spec.top_k} {spec.scoring} {spec.order} logits {logits_dtype}"
             launches.append(MoeLaunch("routing", "triton.topk_routing" if triton else "reference", detail))
-        block_m, m_pad = self.grouped_shape(num_tokens)
+        block_m, m_pad = self.grouped_shape(num_tokens, x_dtype)
         launches += self._align_launches(num_tokens, block_m)
         x = torch.empty(num_tokens, self.w13.K, dtype=x_dtype, device=device)
         triton_layer = on_triton(x, self.backend)

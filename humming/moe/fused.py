@@ -30,7 +30,7 @@ from ._checks import (
     expert_bias,
 )
 from .align import align, default_block_m, padded_rows, prepare_align
-from .grouped import grouped_step, run_gated, run_grouped
+from .grouped import grouped_step, run_gated, run_grouped, takes_blocks_of_8
 from .routing import layer_backend
 
 __all__ = ["fused_moe", "local_ids", "on_triton", "run_fused_moe"]
@@ -217,7 +217,8 @@ def run_fused_moe(
         ids = local_ids(topk_ids, expert_map, e)
     if x.shape[0] == 0:
         return torch.empty(0, k, dtype=x.dtype, device=x.device)
-    block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
+    if block_m is None:
+        block_m = default_block_m(topk_ids.numel(), e, takes_blocks_of_8(w13, w2, x, act, backend))
     routing = align(ids, e, block_m, layer_backend(backend))
     triton_layer = on_triton(x, backend)
     quant = "triton" if triton_layer else "reference"
@@ -308,7 +309,8 @@ def _make_call(
     topk, dtype, device = topk_ids.shape[1], x.dtype, x.device
     on_cpu = device.type == "cpu"  # values are checked on CPU tensors only (check_range)
     num_global = None if expert_map is None else expert_map.shape[0]
-    block_m = default_block_m(topk_ids.numel(), e) if block_m is None else block_m
+    if block_m is None:
+        block_m = default_block_m(topk_ids.numel(), e, takes_blocks_of_8(w13, w2, x, act, backend))
     ids = topk_ids if expert_map is None else topk_ids.new_empty(topk_ids.shape, dtype=torch.int64)  # local_ids'
     route = prepare_align(ids, e, block_m, layer_backend(backend))
     m_pad = padded_rows(topk_ids.numel(), e, block_m)

@@ -10,7 +10,7 @@ import torch
 from .. import ops
 from ..cuda_kernels.jit import KernelNotReadyError
 from ..dispatch.kernels import GROUPED_KERNELS
-from ..dispatch.plan import plan_grouped, unwarmed_error
+from ..dispatch.plan import plan_grouped, requested_backend, unwarmed_error
 from ..dispatch.support import combination_error
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
@@ -111,6 +111,16 @@ def _checked(x, qweight: QuantizedWeight, expert_ids, block_m, bias, rows, act, 
     if reason:
         raise ValueError(reason)
     return act, bias, out_dtype, block_m
+
+
+def takes_blocks_of_8(w13, w2, x: torch.Tensor, act, backend: str) -> bool:
+    """Whether both grouped GEMMs of a fused_moe layer run on the CUDA grouped decode kernel (the first the
+    dispatcher tries for 16-bit activations on the ``"auto"`` and ``"cuda"`` backends) at routing blocks of 8
+    for tokens like ``x`` (its dtype and device): the only grouped kernel that takes them."""
+    if act is not None or requested_backend(backend) not in ("auto", "cuda"):
+        return False
+    kernel = GROUPED_KERNELS["cuda.grouped_decode"]
+    return all(kernel.unsupported(w, None, x, 8) is None for w in (w13, w2))
 
 
 def run_grouped(

@@ -151,4 +151,24 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
+// The gated activations of the grouped kernels' fused w13 epilogues (kAct), in fp32, as in
+// humming.reference.moe_layer.
+enum Act : int { kNoAct = 0, kSilu = 1, kGelu = 2, kGeluTanh = 3, kSwigluOai = 4 };
+
+template <int kAct>
+__device__ __forceinline__ float gated(float gate, float up, float alpha, float limit) {
+  if constexpr (kAct == kSilu) {
+    return gate / (1.0f + expf(-gate)) * up;
+  } else if constexpr (kAct == kGelu) {
+    return 0.5f * gate * (1.0f + erff(gate * 0.70710678118654752f)) * up;
+  } else if constexpr (kAct == kGeluTanh) {
+    const float y = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
+    return 0.5f * gate * (1.0f + tanhf(y)) * up;
+  } else {
+    gate = fminf(gate, limit);
+    up = fminf(fmaxf(up, -limit), limit);
+    return gate / (1.0f + expf(-alpha * gate)) * (up + 1.0f);
+  }
+}
+
 }  // namespace humming

@@ -11,8 +11,9 @@
 //   are placed into the bits of a 16-bit float and multiplied by a power of two (dequant_e2m1);
 // - each chunk's mma products (exact integers times activations, fp32 accumulate) are scaled per row in
 //   fp32, so any group size that is a multiple of 64 works and the scale is applied in full precision;
-//   MXFP4's groups of 32 are the two halves of a chunk, each with its own e8m0 scale (one byte, made
-//   fp32 exactly), applied to the partial sum of its two k16 steps;
+//   groups of 32 (MXFP4's e8m0 scales, one byte made fp32 exactly; integer codes' 16-bit scales, S =
+//   bf16_halves / f16_halves) are the two halves of a chunk, each scale applied to the partial sum of
+//   its half's two k16 steps;
 // - each thread streams its weight fragments, scale and zero pairs through a private multi-stage
 //   cp.async pipeline in shared memory, and each warp its activation chunk (read back with ldmatrix),
 //   so many chunks are in flight per SM without holding registers.
@@ -27,6 +28,18 @@
 //   block. A warp's pipeline runs across tile boundaries; its partial sums of a tile go to an fp32
 //   workspace with red.add, and the warp that arrives last at the tile's counter writes the tile and
 //   leaves the workspace and counter at zero again (no memset per call).
+//
+// Grouped (MoE) variant of the tiles schedule, kGrouped: the weights hold E experts stacked along rows
+// (expert e's 16-row tile t is tile e * N / 16 + t of the layout, likewise scales and zero points; bias is
+// [E, N]); out has M = M_pad grouped rows, in segments of block_m rows, expert_ids[s] the expert of segment s
+// (-1: unused, not written). Grouped row r reads x row rows[r] (the tokens [T, K], read in place; -1: a
+// padding row, zeros) or, without rows, x row r. A block takes kR row tiles (blockIdx.x) of units of kMT * 8
+// grouped rows (which divide block_m): units blockIdx.y, blockIdx.y + gridDim.y, ...; its warps find the used
+// ones 32 at a time with one ballot, so a grid sized for the used units (a decode call uses a few of the
+// worst case's segments) skips the rest without launching blocks for them, and a smaller grid is still exact.
+// kAct (gated epilogue): the weights are fused_moe's w13 in gate-up order (gate_up_rows in _layout.py: row g
+// of each 16-row tile is the gate of a feature, row g + 8 its up), out is [M, N / 2]: act(gate, up), each
+// rounded to O first as the unfused GEMM's output would be.
 #include "humming/dequant.cuh"
 
 namespace humming {
@@ -51,13 +64,20 @@ struct Params {
   int total_warps;       // stream_k: warps of the persistent grid (W)
   const float* x_scale;  // per-token (x_scale_stride 1) or per-tensor (0) activation scale, or null: x holds
   int x_scale_stride;    // quantized activations' values (fp8 schemes run through the 16-bit kernels)
+  const int* expert_ids; // kGrouped: [M / block_m] expert of each segment, -1 = unused
+  const int* rows;       // kGrouped: [M] x row of each grouped row (-1: padding), or null: x holds grouped rows
+  int block_m;           // kGrouped: grouped rows per expert_ids entry
+  float act_alpha;       // kAct == kSwigluOai: the sigmoid's slope and the clamp bound
+  float act_limit;
+  int gate_up_interleaved;  // kAct: the bias's gate / up columns are 2f / 2f + 1 (else f / N / 2 + f)
 };
 
-// The output value of `sum` (x row `token` times W row `n`): times the activation scale, plus the bias.
+// The output value of `sum` (x row `token` times a W row whose bias is bias[bias_col]): times the
+// activation scale, plus the bias.
 template <DType B>
-__device__ __forceinline__ float epilogue(const Params& p, int token, int n, float sum, bool add_bias) {
+__device__ __forceinline__ float epilogue(const Params& p, int token, long bias_col, float sum, bool add_bias) {
   if (p.x_scale != nullptr) sum *= p.x_scale[token * p.x_scale_stride];
-  if (add_bias && p.bias != nullptr) sum += load_float<B>(p.bias, n);
+  if (add_bias && p.bias != nullptr) sum += load_float<B>(p.bias, bias_col);
   return sum;
 }
 
@@ -91,9 +111,13 @@ struct Pipeline {
   static constexpr int kThreads = kWarps * 32;
   // The pair (row g, row g + 8); e8m0 (e2m1 codes): two pairs of bytes, one per 32-column half of the chunk
   // (e8m0: every code of the weight is 1..254, a shift makes it fp32; e8m0_any: 0 and 255 are checked).
-  static constexpr int kScaleBytes = S == DType::f32 ? 8 : 4;
+  // 16-bit scales of 32-column groups: (row g, row g + 8) of the chunk's first half, then of its second.
+  static constexpr bool k16Halves = S == DType::bf16_halves || S == DType::f16_halves;
+  static constexpr int kScaleBytes = S == DType::f32 || k16Halves ? 8 : 4;
   static constexpr bool kE8m0 = S == DType::e8m0 || S == DType::e8m0_any;
+  static constexpr bool kHalves = kE8m0 || k16Halves;  // each 32-column half of a chunk has its own scale
   static_assert(kE2m1 == kE8m0 && (!kE2m1 || (kBits == 4 && kZero == 0)), "MXFP4: e2m1 codes with e8m0 scales");
+  static_assert(!k16Halves || kZero >= 0, "32-column groups: constant zero points");
   // Magic constant plus zero point, subtracted from the magic-number floats.
   static constexpr float kMagicF =
       kBits == 8 && A == DType::bf16 ? 8388608.0f : (A == DType::bf16 ? 128.0f : 1024.0f);
@@ -115,9 +139,10 @@ struct Pipeline {
   int w_step, x_step;  // cursor increments per issued chunk
   // The warp's activation chunk: kMT * 8 token rows x 64 columns in 16-byte granules; lane copies
   // granules q = lane + 32 i; granule gran of row `row` is stored at gran ^ (row & 7), so that
-  // ldmatrix reads are conflict-free. Rows past M are zero-filled (nothing read).
+  // ldmatrix reads are conflict-free. Rows past M (grouped: padding rows) are zero-filled (nothing read).
   const char* x_src[kMT * 2];
   uint32_t x_dst[kMT * 2];
+  int x_row[kMT * 2];  // the x row of each granule's token, -1: zeros
   bool x_ok[kMT * 2];
 
   // `stride_chunks`: chunks between two consecutive issues of this thread.
@@ -141,12 +166,24 @@ struct Pipeline {
     for (int i = 0; i < kMT * 2; ++i) {
       const int q = lane + 32 * i;
       const int row = q >> 3, gran = q & 7;
+      x_row[i] = row < p.M ? row : -1;
       x_ok[i] = row < p.M;
       x_dst[i] = (row * 8 + (gran ^ (row & 7))) * 16;
     }
   }
 
-  // Point the copy cursors at chunk `chunk` of row tiles tile0 .. tile0 + kR - 1.
+  // Grouped: the tokens are grouped rows row0 .. row0 + kMT * 8 - 1 (x rows through p.rows, if any).
+  __device__ __forceinline__ void set_rows(const Params& p, int row0) {
+#pragma unroll
+    for (int i = 0; i < kMT * 2; ++i) {
+      const int grouped = row0 + ((lane + 32 * i) >> 3);
+      x_row[i] = p.rows != nullptr ? __ldg(p.rows + grouped) : grouped;
+      x_ok[i] = x_row[i] >= 0;
+    }
+  }
+
+  // Point the copy cursors at chunk `chunk` of row tiles tile0 .. tile0 + kR - 1 (of the layout: grouped,
+  // the expert's first tile plus the row tile).
   __device__ __forceinline__ void seek(const Params& p, int tile0, int chunk) {
     const long tile_group = p.tile_group, n_chunks = p.K / 64;
     const int g = lane >> 2;
@@ -160,9 +197,8 @@ struct Pipeline {
     }
 #pragma unroll
     for (int i = 0; i < kMT * 2; ++i) {
-      const int q = lane + 32 * i;
-      const int row = q >> 3, gran = q & 7;
-      x_src[i] = static_cast<const char*>(p.x) + (long(x_ok[i] ? row : 0) * p.x_stride + chunk * 64 + gran * 8) * 2;
+      const int gran = (lane + 32 * i) & 7;
+      x_src[i] = static_cast<const char*>(p.x) + (long(x_ok[i] ? x_row[i] : 0) * p.x_stride + chunk * 64 + gran * 8) * 2;
     }
   }
 
@@ -268,6 +304,12 @@ struct Pipeline {
         s_g8 = e8m0_to_float((sp.x >> 8) & 0xff);
         s_hi_g = e8m0_to_float((sp.x >> 16) & 0xff);
         s_hi_g8 = e8m0_to_float(sp.x >> 24);
+      } else if constexpr (k16Halves) {
+        constexpr DType H = S == DType::bf16_halves ? DType::bf16 : DType::f16;
+        s_g = to_float<H>(uint16_t(sp.x & 0xffff));
+        s_g8 = to_float<H>(uint16_t(sp.x >> 16));
+        s_hi_g = to_float<H>(uint16_t(sp.y & 0xffff));
+        s_hi_g8 = to_float<H>(uint16_t(sp.y >> 16));
       } else {
         s_g = to_float<S>(uint16_t(sp.x & 0xffff));
         s_g8 = to_float<S>(uint16_t(sp.x >> 16));
@@ -300,7 +342,7 @@ struct Pipeline {
         }
 #pragma unroll
         for (int t = 0; t < kMT; ++t) mma_16816<A>(part[t], a, xb[t][j][0], xb[t][j][1]);
-        if (kE2m1 && j == 1) {  // k16 steps 0 and 1 are the first 32 columns: their own scale
+        if (kHalves && j == 1) {  // k16 steps 0 and 1 are the first 32 columns: their own scale
           scale_into(acc[r], part, s_g, s_g8);
           s_g = s_hi_g;
           s_g8 = s_hi_g8;
@@ -335,21 +377,22 @@ __device__ __forceinline__ void zero(float (&acc)[kR][kMT][4]) {
       for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.0f;
 }
 
-// Schedules tiles and split_k: block (blockIdx.x, blockIdx.y) = row tiles blockIdx.x * kR .. + kR - 1,
-// chunks [blockIdx.y * chunks_per_split, +chunks_per_split); warp w takes chunks w, w + kWarps, ...
+// One block's pass over chunks [chunk_begin, chunk_end) of row tiles tile0 .. tile0 + kR - 1 (w_tile0 in the
+// layout: tile0, or the expert's first tile plus tile0) for the pipeline's tokens; warp w takes chunks
+// chunk_begin + w, + kWarps, ... Then the warps' partial sums are reduced in the pipeline's shared memory
+// (idle by then: it holds every warp's kR * kMT * 16 bytes per lane, DecodeTuning.smem_bytes) and the tile
+// written (or atomically added): token t goes to out row row0 + t. Each value is summed in warp order:
+// without split-K, equal inputs give bit-equal outputs on every call. Ends with a barrier, after which the
+// shared memory may be refilled.
 template <DType A, int kBits, bool kE2m1, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps,
-          int kStages, bool kSplit>
-__device__ __forceinline__ void run_tiles(const Params& p) {
+          int kStages, bool kSplit, bool kGrouped, int kAct>
+__device__ __forceinline__ void tile_pass(const Params& p, Pipeline<A, kBits, kE2m1, kZero, S, kMT, kR, kWarps, kStages>& pipe,
+                                          uint4* smem, int tile0, int w_tile0, int chunk_begin, int chunk_end,
+                                          int row0, int expert) {
   constexpr int kThreads = kWarps * 32;
-  extern __shared__ uint4 smem[];
-  Pipeline<A, kBits, kE2m1, kZero, S, kMT, kR, kWarps, kStages> pipe(p, smem, kWarps);
   const int lane = pipe.lane;
-  const int tile0 = blockIdx.x * kR;
-  const int n_chunks = p.K / 64;
-  const int chunk_begin = blockIdx.y * p.chunks_per_split;
-  const int chunk_end = min(n_chunks, chunk_begin + p.chunks_per_split);
   const int first = chunk_begin + pipe.warp;
-  pipe.seek(p, tile0, first);
+  pipe.seek(p, w_tile0, first);
   int next = first;  // the chunk the next issue copies
   auto issue = [&](int stage) {
     if (next < chunk_end) pipe.copy(stage, next >> p.group_shift);
@@ -363,9 +406,6 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
   for (int chunk = first; chunk < chunk_end; chunk += kWarps) stage = pipe.step(stage, issue, acc);
   cp_async_wait<0>();
 
-  // Reduce the warps' partial sums in the pipeline's shared memory (idle now: its space holds every warp's
-  // kR * kMT * 16 bytes per lane, DecodeTuning.smem_bytes), then write (or atomically add) the tile. Each
-  // value is summed in warp order: without split-K, equal inputs give bit-equal outputs on every call.
   constexpr int kTileValues = kR * kMT * 32 * 4;
   float4* partial = reinterpret_cast<float4*>(smem);  // [warp][r][t][lane]
   __syncthreads();  // every warp is done with the pipeline's slots
@@ -377,23 +417,81 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
           make_float4(acc[r][t][0], acc[r][t][1], acc[r][t][2], acc[r][t][3]);
   __syncthreads();
   const float* sums = reinterpret_cast<const float*>(smem);
-  for (int idx = threadIdx.x; idx < kTileValues; idx += kThreads) {
-    const int i = idx & 3;
-    const int l = (idx >> 2) & 31;
-    const int t = (idx >> 7) % kMT;
-    const int r = (idx >> 7) / kMT;
-    const int token = acc_token(t, l, i);
-    const int n = acc_row(tile0, r, l, i);
-    if (token >= p.M) continue;
+  auto total = [&](int idx) {
     float sum = sums[idx];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) sum += sums[w * kTileValues + idx];
-    const float v = epilogue<B>(p, token, n, sum, blockIdx.y == 0);
-    const long o = long(token) * p.out_stride + n;
-    if constexpr (kSplit) {
-      atomicAdd(static_cast<float*>(p.out) + o, v);
-    } else {
-      store_float<O>(p.out, o, v);
+    return sum;
+  };
+  if constexpr (kAct != kNoAct) {
+    // Values idx = [r][t][lane][i] with i = 0, 1 are gates (fragment row g), i + 2 the ups (row g + 8) of
+    // feature f = 8 * (tile0 + r) + g; out is [M, N / 2].
+    const int inter = p.N / 2;
+    for (int j = threadIdx.x; j < kTileValues / 2; j += kThreads) {
+      const int idx = (j >> 1) * 4 + (j & 1);
+      const int i = idx & 3, l = (idx >> 2) & 31, t = (idx >> 7) % kMT, r = (idx >> 7) / kMT;
+      const int token = acc_token(t, l, i);
+      const int f = (tile0 + r) * 8 + (l >> 2);
+      float gate = total(idx), up = total(idx + 2);
+      if (p.bias != nullptr) {
+        const long gate_col = p.gate_up_interleaved ? 2 * f : f, up_col = p.gate_up_interleaved ? 2 * f + 1 : inter + f;
+        gate += load_float<B>(p.bias, long(expert) * p.N + gate_col);
+        up += load_float<B>(p.bias, long(expert) * p.N + up_col);
+      }
+      gate = to_float<O>(from_float<O>(gate));
+      up = to_float<O>(from_float<O>(up));
+      store_float<O>(p.out, long(row0 + token) * p.out_stride + f, gated<kAct>(gate, up, p.act_alpha, p.act_limit));
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kTileValues; idx += kThreads) {
+      const int i = idx & 3, l = (idx >> 2) & 31, t = (idx >> 7) % kMT, r = (idx >> 7) / kMT;
+      const int token = acc_token(t, l, i);
+      const int n = acc_row(tile0, r, l, i);
+      if (!kGrouped && token >= p.M) continue;
+      const float v = epilogue<B>(p, token, long(expert) * p.N + n, total(idx), chunk_begin == 0);
+      const long o = long(row0 + token) * p.out_stride + n;
+      if constexpr (kSplit) {
+        atomicAdd(static_cast<float*>(p.out) + o, v);
+      } else {
+        store_float<O>(p.out, o, v);
+      }
+    }
+  }
+  __syncthreads();  // every thread has read the partial sums
+}
+
+// Schedules tiles and split_k: block (blockIdx.x, blockIdx.y) = row tiles blockIdx.x * kR .. + kR - 1,
+// chunks [blockIdx.y * chunks_per_split, +chunks_per_split). Grouped (kGrouped): the block's row tiles for
+// every used unit of kMT * 8 grouped rows among units blockIdx.y, blockIdx.y + gridDim.y, ..., all K.
+template <DType A, int kBits, bool kE2m1, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps,
+          int kStages, bool kSplit, bool kGrouped, int kAct>
+__device__ __forceinline__ void run_tiles(const Params& p) {
+  static_assert(!(kGrouped && kSplit), "the grouped variant runs whole K per block");
+  static_assert(kAct == kNoAct || (kGrouped && O != DType::f32), "the gated epilogue is grouped, 16-bit O");
+  extern __shared__ uint4 smem[];
+  Pipeline<A, kBits, kE2m1, kZero, S, kMT, kR, kWarps, kStages> pipe(p, smem, kWarps);
+  const int tile0 = blockIdx.x * kR;
+  const int n_chunks = p.K / 64;
+  if constexpr (!kGrouped) {
+    const int chunk_begin = blockIdx.y * p.chunks_per_split;
+    const int chunk_end = min(n_chunks, chunk_begin + p.chunks_per_split);
+    tile_pass<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, kSplit, false, kAct>(
+        p, pipe, smem, tile0, tile0, chunk_begin, chunk_end, 0, 0);
+  } else {
+    constexpr int kRows = kMT * 8;
+    const int units = p.M / kRows, stride = gridDim.y;
+    for (int base = blockIdx.y; base < units; base += 32 * stride) {
+      // 32 candidate units, one per lane; every warp finds the same used ones.
+      const int unit = base + pipe.lane * stride;
+      const int lane_expert = unit < units ? __ldg(p.expert_ids + unit * kRows / p.block_m) : -1;
+      for (unsigned used = __ballot_sync(0xffffffffu, lane_expert >= 0); used != 0; used &= used - 1) {
+        const int l = __ffs(used) - 1;
+        const int expert = __shfl_sync(0xffffffffu, lane_expert, l);
+        const int row0 = (base + l * stride) * kRows;
+        pipe.set_rows(p, row0);
+        tile_pass<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, false, true, kAct>(
+            p, pipe, smem, tile0, expert * (p.N / 16) + tile0, 0, n_chunks, row0, expert);
+      }
     }
   }
 }
@@ -492,14 +590,17 @@ __device__ __forceinline__ void run_stream_k(const Params& p) {
 }
 
 // kZero >= 0: every zero point is kZero; kZero < 0: zero points come from p.zeros.
-// kMT token tiles of 8 (M <= 8 * kMT); kR 16-row tiles per warp; kStages chunks in flight per thread.
+// kMT token tiles of 8 (M <= 8 * kMT; grouped: units of 8 * kMT grouped rows); kR 16-row tiles per warp;
+// kStages chunks in flight per thread; kGrouped: the grouped variant (tiles schedule), kAct its gated epilogue.
 template <DType A, int kBits, bool kE2m1, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps,
-          int kStages, Schedule kSchedule>
+          int kStages, Schedule kSchedule, bool kGrouped = false, int kAct = kNoAct>
 __device__ __forceinline__ void run(const Params& p) {
   if constexpr (kSchedule == Schedule::stream_k) {
+    static_assert(!kGrouped, "the grouped variant runs the tiles schedule");
     run_stream_k<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages>(p);
   } else {
-    run_tiles<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, kSchedule == Schedule::split_k>(p);
+    run_tiles<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, kSchedule == Schedule::split_k, kGrouped,
+              kAct>(p);
   }
 }
 

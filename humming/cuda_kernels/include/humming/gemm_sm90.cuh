@@ -75,25 +75,6 @@ struct alignas(64) Params {
   int gate_up_interleaved;  // kAct: the bias's gate / up columns are 2f / 2f + 1 (else f / N / 2 + f)
 };
 
-// The gated activations of the grouped kernel's fused epilogue (kAct): humming.reference.moe_layer's.
-enum Act : int { kNoAct = 0, kSilu = 1, kGelu = 2, kGeluTanh = 3, kSwigluOai = 4 };
-
-template <int kAct>
-__device__ __forceinline__ float gated(float gate, float up, float alpha, float limit) {
-  if constexpr (kAct == kSilu) {
-    return gate / (1.0f + expf(-gate)) * up;
-  } else if constexpr (kAct == kGelu) {
-    return 0.5f * gate * (1.0f + erff(gate * 0.70710678118654752f)) * up;
-  } else if constexpr (kAct == kGeluTanh) {
-    const float y = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
-    return 0.5f * gate * (1.0f + tanhf(y)) * up;
-  } else {
-    gate = fminf(gate, limit);
-    up = fminf(fmaxf(up, -limit), limit);
-    return gate / (1.0f + expf(-alpha * gate)) * (up + 1.0f);
-  }
-}
-
 template <int kBits, int kZero, DType S, int kBM, int kStages>
 struct SmemLayout {
   static constexpr int kXBytes = kBM * 128;                 // activation tile, 1024-byte aligned
