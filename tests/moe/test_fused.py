@@ -8,6 +8,7 @@ import torch
 from helpers import rel_err
 from moe_cases import MOE_TOL, fused_ref, moe_args, quantize_experts, random_routing
 
+import humming
 from humming import moe
 
 wna16 = pytest.importorskip("humming.triton_kernels.wna16")
@@ -219,6 +220,20 @@ def test_fused_moe_no_tokens() -> None:
 
 def test_default_block_m() -> None:
     assert [moe.default_block_m(s, 64) for s in (8, 1024, 4096, 65536)] == [16, 16, 64, 128]
+    # where both grouped GEMMs take blocks of 8 (the CUDA grouped decode kernel): 8 up to 4 rows per expert
+    assert [moe.default_block_m(s, 64, True) for s in (8, 256, 257, 1024, 4096)] == [8, 8, 16, 16, 64]
+
+
+def test_blocks_of_8_only_where_the_grouped_decode_kernel_runs_both_gemms() -> None:
+    """takes_blocks_of_8: never for quantized activations, the Triton or reference backend, or CPU tensors
+    (no other grouped kernel takes blocks of 8)."""
+    from humming.moe.grouped import takes_blocks_of_8
+
+    w = humming.quantize(torch.randn(4, 128, 128, dtype=torch.bfloat16), weight="int4", group_size=128)
+    x = torch.empty(0, 128, dtype=torch.bfloat16)
+    assert not takes_blocks_of_8(w, w, x, None, "auto")  # CPU tensors
+    assert not takes_blocks_of_8(w, w, x, None, "triton")
+    assert not takes_blocks_of_8(w, w, x, humming.ir.activation.get_act_scheme("fp8"), "cuda")
 
 
 # ------------------------------------------------------------------------------------ GPU, real MoE shapes
