@@ -23,17 +23,13 @@ def _decode_specs() -> list[jit.KernelSpec]:
         wna16_decode.decode_spec(L(8, -1, "bf16"), "f16", "f16", "f32", T(1, 1, 8, 4, 4)),
         wna16_decode.decode_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(1, 2, 8, 3, 1)),
         wna16_decode.decode_spec(L(4, 0, "e8m0_any", "e2m1"), "f16", "f32", "f16", T(2, 2, 8, 3, 1, 2)),
-        # the grouped variant (cuda.grouped_decode) at its routing blocks, gated or not
-        wna16_decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(2, 2, 8, 3, 1), grouped=True),
-        wna16_decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(1, 1, 4, 3, 1), grouped=True),
-        wna16_decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(4, 2, 8, 3, 1), grouped=True),
+        # the grouped variant (cuda.grouped_decode) at its default tunings: blocks of 8 and 16, gated, and 16-bit
+        # scales of 32-column groups (Kimi-K2's experts)
+        wna16_decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(1, 4, 2, 3, 1), grouped=True),
         wna16_decode.decode_spec(
-            L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(2, 2, 8, 3, 1), grouped=True, gated="swiglu_oai"
+            L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(2, 4, 2, 4, 1), grouped=True, gated="swiglu_oai"
         ),
-        wna16_decode.decode_spec(L(4, 8, "bf16"), "f16", "f16", "f16", T(2, 1, 8, 3, 1), grouped=True, gated="silu"),
-        # 16-bit scales of 32-column groups (Kimi-K2's experts), dense and grouped
-        wna16_decode.decode_spec(L(4, 8, "bf16_halves"), "bf16", "bf16", "bf16", T(1, 2, 8, 3, 1)),
-        wna16_decode.decode_spec(L(8, 128, "f16_halves"), "f16", "f16", "f16", T(1, 4, 2, 3, 1), grouped=True),
+        wna16_decode.decode_spec(L(4, 8, "f16_halves"), "f16", "f16", "f16", T(1, 4, 4, 3, 1), grouped=True),
     ]
 
 
