@@ -14,7 +14,7 @@ from humming.bench.inputs import random_experts
 from humming.cuda_kernels import _gemm_sm90
 from humming.cuda_kernels import _wna16 as cuda_kernels_wna16
 from humming.cuda_kernels import grouped as cuda_grouped
-from humming.cuda_kernels._layout import prepare_weight
+from humming.cuda_kernels._layout import GATED_ACTS, prepare_weight
 from humming.moe import expert_weight
 from humming.reference import moe_layer
 
@@ -205,7 +205,7 @@ def test_gather_reads_the_tokens_in_place(scheme, block_m, bm, blocks, persisten
 @needs_sm90
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("scheme", ["int4-g128", "uint4-g128-zp", "mxfp4"])
-@pytest.mark.parametrize("activation", list(_gemm_sm90.GATED_ACTS))
+@pytest.mark.parametrize("activation", list(GATED_ACTS))
 @pytest.mark.parametrize("layout", ["concat", "interleaved"])
 @pytest.mark.usefixtures("seed")
 def test_gated_epilogue_is_the_activation_of_the_gemm(scheme, activation, layout, act, monkeypatch):

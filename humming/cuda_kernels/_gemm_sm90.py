@@ -38,7 +38,6 @@ from ._layout import (
 from .jit import KernelSpec, per_call_cache
 
 __all__ = [
-    "GATED_ACTS",
     "GEMM_CCS",
     "GEMM_MIN_M",
     "GROUPED_BMS",

@@ -15,7 +15,7 @@ import torch
 from ..device import device_index, device_info, device_limits
 from ..kernel import Kernel, LaunchesByWeight
 from . import _gemm_sm90, _wna16, fp8_gemm
-from ._layout import DTYPE_CODE, aligned_rows, weight_layout, weight_unsupported
+from ._layout import DTYPE_CODE, GATED_ACTS, aligned_rows, weight_layout, weight_unsupported
 from ._support import runtime_unavailable
 
 __all__ = ["KERNEL", "gated_unsupported", "grouped_linear", "grouped_unsupported", "launcher"]
@@ -125,7 +125,7 @@ def gated_unsupported(qweight, activation) -> str | None:
     """``None`` when the grouped WnA16 GEMM, given that it runs the call, applies ``activation`` to w13 =
     ``qweight`` in its epilogue: a gated activation it has, and scales per row or per tensor along N (w13's
     rows are reordered, :func:`~._layout.gate_up_rows`)."""
-    if activation.name not in _gemm_sm90.GATED_ACTS:
+    if activation.name not in GATED_ACTS:
         return f"the grouped GEMM's epilogue has no {activation.name!r} activation"
     if qweight.group_shape[0] not in (1, -1):
         return f"w13's rows are reordered for the gated epilogue: its scales must be per row, not {qweight.group_shape}"

@@ -69,12 +69,12 @@ def unsupported(qweight, act, x: torch.Tensor, block_m: int) -> str | None:
 def grouped_decode_tuning(block_m: int, n: int, k: int, segments: int, sm_count: int) -> DecodeTuning:
     """One token tile per routing block; 4 row tiles and 2 warps per block, or 4 warps where the grid's
     ``segments`` would give the GPU fewer than 16 warps per SM, and 2 row tiles where even that gives fewer
-    than 6; 3 stages (4 with two token tiles). Within 6% of the best of 2-4 row tiles, 2-4 warps and 3-4
-    stages at every decode point of the MoE presets on the H200, where 8 warps were 1.1-1.5x slower
-    (bench/results/h200/grouped_decode.json)."""
+    than 6; 3 stages (4 with two token tiles). Fewer warps per block let more blocks share an SM, each
+    splitting K less; the rule follows the best variants of the sweep over row tiles, warps and stages on
+    the MoE presets' decode shapes (bench/results/h200/grouped_decode.json, ``default`` marks its choice)."""
     r = next((r for r in (4, 2) if n % (16 * r) == 0), 1)
     warps = 2 if (n // (16 * r)) * segments * 2 >= 16 * sm_count else 4
-    if r == 4 and n % 32 == 0 and (n // 64) * segments * warps < 6 * sm_count:
+    if r == 4 and (n // 64) * segments * warps < 6 * sm_count:
         r = 2
     return DecodeTuning(block_m // 8, r, warps, 3 if block_m == 8 else 4, 1)
 
