@@ -222,6 +222,27 @@ def instructions_before_each_wait(sass: str, mma: str) -> list[int]:
     return gaps
 
 
+def instructions_after_each_wait(sass: str, mma: str, pending: int) -> list[int]:
+    """For every ``WARPGROUP.DEPBAR`` of ``sass`` that leaves ``pending`` wgmma groups in flight, the
+    instructions between it and the next ``mma`` instruction (e.g. ``"HGMMA"``): the work the consumer does
+    while those groups run, before it queues the next one."""
+    gaps, since = [], None
+    ops = [
+        line.split("*/", 1)[1].split(";")[0].strip()
+        for line in sass.splitlines()
+        if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)
+    ]
+    for op in ops:
+        if op.startswith(mma) and since is not None:
+            gaps.append(since)
+            since = None
+        elif op.startswith("WARPGROUP.DEPBAR"):
+            since = 0 if op.endswith(f"gsb0, {pending:#x}") else None
+        elif since is not None:
+            since += 1
+    return gaps
+
+
 def with_sm_count(monkeypatch, module, sm_count: int) -> None:
     """Makes ``module``'s ``device_limits`` report ``sm_count`` multiprocessors (the rest as the device has):
     a persistent grid of that few blocks walks many tiles per block even on small test shapes."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import compile_fresh, cubin_tool, instructions_before_each_wait, needs_nvrtc
+from helpers import compile_fresh, cubin_tool, instructions_after_each_wait, needs_nvrtc
 
 from humming.cuda_kernels import _decode_launch, _gemm_sm90, jit, wna16_decode
 from humming.cuda_kernels._layout import WeightLayout
@@ -140,13 +140,17 @@ def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
 
 
-def test_gemm_sm90_dequantizes_the_next_chunk_while_wgmmas_run(compiled, tmp_path):
-    """The consumer loop's two wgmma groups each overlap the next chunk's whole dequantization (its weight
-    fragment unpacked, zero point and scale applied: 80+ instructions), rather than waiting first."""
+def test_gemm_sm90_keeps_a_wgmma_group_in_flight_while_it_dequantizes(compiled, tmp_path):
+    """The consumer loop queues each chunk's wgmmas behind the previous chunk's and waits for that one alone
+    (one group left in flight), then dequantizes the chunk after next (its weight fragment unpacked, zero
+    point and scale applied: 80+ instructions) while the queued group runs: both waits of the unrolled loop
+    leave a group in flight, and the one followed by a wgmma in the code's order (the other's is across the
+    loop's back edge) has a whole dequantization before it."""
     for spec in _gemm_specs() + _grouped_specs() + _gather_specs():
         sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
-        gaps = instructions_before_each_wait(sass, "HGMMA")
-        assert len(gaps) >= 2 and min(gaps[:2]) >= 80, f"{spec.name}: {gaps}"
+        assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 2, spec.name
+        gaps = instructions_after_each_wait(sass, "HGMMA", pending=1)
+        assert gaps and min(gaps) >= 80, f"{spec.name}: {gaps}"
 
 
 def test_gather_gemm_copies_rows_with_cp_async_not_tma(compiled, tmp_path):

@@ -18,22 +18,20 @@ import argparse
 import dataclasses
 import json
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
 import torch
 
-import humming
-from humming.bench.moe import MODELS, Experts, MoeGroup
+from humming.bench.moe import MoeGroup, grouped_call, grouped_reference, sweep_points
 from humming.cuda_kernels import _driver, _wna16, grouped_decode
 from humming.cuda_kernels import grouped as cuda_grouped
 from humming.cuda_kernels._decode_launch import decode_spec
 from humming.cuda_kernels._decode_tuning import DecodeTuning
 from humming.cuda_kernels._layout import DTYPE_CODE
 from humming.cuda_kernels.jit import compile_kernel, device_arch
-from humming.moe import default_block_m, expert_weight, moe_align
+from humming.moe import default_block_m
 from humming.timing import time_calls
 
 M_VALUES = (1, 4, 16, 64, 256)
@@ -49,19 +47,6 @@ def variants(block_m: int, n: int, k: int) -> list[DecodeTuning]:
             for stages in (3, 4):
                 out.append(DecodeTuning(block_m // 8, r, warps, stages, 1))
     return out
-
-
-def reference(x, qw, ids, block_m, rows, bias) -> torch.Tensor:
-    """float64 grouped rows of the dequantized experts, NaN in rows of unused segments."""
-    grouped = x if rows is None else torch.where(rows[:, None] >= 0, x[rows.clamp(min=0).long()], 0)
-    row_expert = ids.repeat_interleave(block_m)
-    ref = torch.full((grouped.shape[0], qw.N), float("nan"), device=x.device, dtype=torch.float64)
-    for e in row_expert.unique().tolist():
-        if e >= 0:
-            sel = row_expert == e
-            w = humming.dequantize(expert_weight(qw, e), x.dtype).double()
-            ref[sel] = grouped[sel].double() @ w.T + (0 if bias is None else bias[e].double())
-    return ref
 
 
 def point(group: MoeGroup, m: int, block_ms: tuple[int, ...]) -> list[dict]:
@@ -89,16 +74,8 @@ def routing_block(group: MoeGroup, inp, block_m: int, tunings: list[DecodeTuning
     """The rows of one routing block: each decode tuning, and the sm_90a GEMM where ``sm90``."""
     qws, bias = group.qweights(), group.bias
     n, k, e = qws[0].N, qws[0].K, qws[0].num_experts
-    routing = moe_align(inp.ids, e, block_m)
-    if group.stack == "w13":  # fused_moe: the tokens through the row index
-        x, rows = inp.x, routing.token_rows(inp.ids.shape[1])
-    else:
-        x, rows = inp.x[routing.src_slots.clamp_min(0).long()], None
-    ids, m_pad = routing.expert_ids, routing.src_slots.shape[0]
-    used = ids.repeat_interleave(block_m) >= 0
-    if rows is not None:
-        used &= rows >= 0
-    ref = reference(x, qws[0], ids, block_m, rows, bias)
+    x, rows, ids, m_pad, used = grouped_call(inp, group.stack, e, block_m)
+    ref = grouped_reference(x, qws[0], ids, block_m, rows, bias)
     base = dict(block_m=block_m, m_pad=m_pad, segments_used=int((ids >= 0).sum()))
     base["grid_segments"] = grouped_decode.segment_grid(m_pad, block_m, e)
 
@@ -149,30 +126,22 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=240.0)
     args = parser.parse_args()
     block_ms = tuple(map(int, args.block_ms.split(",")))
-    start, rows, summary = time.monotonic(), [], []
-    for name in args.models.split(","):
-        model = MODELS[name]
-        experts = Experts(model, CASE.get(name, "w4a16-int4-g128"), torch.bfloat16, "cuda")
-        for stack in ("grouped_w13", "grouped_w2"):
-            group = MoeGroup(experts, stack, "random")
-            for m in map(int, args.m.split(",")):
-                if time.monotonic() - start > args.budget_s:
-                    break
-                got = point(group, m, block_ms)
-                rows += got
-                decode = [r for r in got if r["variant"] != "cuda.grouped"]
-                best = min(decode, key=lambda r: r["graph_us"])
-                dflt = {r["block_m"]: r["graph_us"] for r in decode if r["default"]}
-                sm90 = next((r["graph_us"] for r in got if r["variant"] == "cuda.grouped"), float("nan"))
-                worst_err = max(r["rel_err"] for r in got)
-                defaults = "  ".join(f"bm{bm} {us:7.1f}" for bm, us in dflt.items())
-                summary.append(
-                    f"{name:14} {stack:11} M={m:<4} default {defaults}  best {best['graph_us']:7.1f} "
-                    f"({best['variant']})  sm90 {sm90:7.1f}  err {worst_err:.1e}"
-                )
-                print(summary[-1], flush=True)
-        del experts
-        torch.cuda.empty_cache()
+    rows, summary = [], []
+    models, m_values = args.models.split(","), [int(m) for m in args.m.split(",")]
+    for name, stack, group, m in sweep_points(models, ("grouped_w13", "grouped_w2"), m_values, args.budget_s, CASE):
+        got = point(group, m, block_ms)
+        rows += got
+        decode = [r for r in got if r["variant"] != "cuda.grouped"]
+        best = min(decode, key=lambda r: r["graph_us"])
+        dflt = {r["block_m"]: r["graph_us"] for r in decode if r["default"]}
+        sm90 = next((r["graph_us"] for r in got if r["variant"] == "cuda.grouped"), float("nan"))
+        worst_err = max(r["rel_err"] for r in got)
+        defaults = "  ".join(f"bm{bm} {us:7.1f}" for bm, us in dflt.items())
+        summary.append(
+            f"{name:14} {stack:11} M={m:<4} default {defaults}  best {best['graph_us']:7.1f} "
+            f"({best['variant']})  sm90 {sm90:7.1f}  err {worst_err:.1e}"
+        )
+        print(summary[-1], flush=True)
     Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows), indent=1))
     print("\n".join(summary))
     return 0

@@ -65,7 +65,10 @@ __all__ = [
     "MoeGroup",
     "MoeModel",
     "coarse_to_fine",
+    "grouped_call",
+    "grouped_reference",
     "scaled_grouped_mm",
+    "sweep_points",
     "systems",
     "warm",
 ]
@@ -284,6 +287,62 @@ class MoeGroup(Group):
             return inp.x[order // inp.ids.shape[1]], order, counts
 
         return self.cached(("sorted", inp.m), build)
+
+
+def grouped_reference(x, qw, ids: torch.Tensor, block_m: int, rows, bias) -> torch.Tensor:
+    """float64 grouped rows of a grouped GEMM's call on the dequantized experts of ``qw``: row ``r`` of
+    ``x`` (or token ``rows[r]`` of it, zeros for -1) times expert ``ids[r // block_m]``, plus its bias; NaN in
+    rows of unused segments. The reference of the kernel sweeps in ``bench/tools``."""
+    from .. import dequantize
+    from ..moe import expert_weight
+
+    grouped = x if rows is None else torch.where(rows[:, None] >= 0, x[rows.clamp(min=0).long()], 0)
+    row_expert = ids.repeat_interleave(block_m)
+    ref = torch.full((grouped.shape[0], qw.N), float("nan"), device=x.device, dtype=torch.float64)
+    for e in row_expert.unique().tolist():
+        if e >= 0:
+            sel = row_expert == e
+            w = dequantize(expert_weight(qw, e), x.dtype).double()
+            ref[sel] = grouped[sel].double() @ w.T + (0 if bias is None else bias[e].double())
+    return ref
+
+
+def grouped_call(inp, stack: str, num_experts: int, block_m: int):
+    """fused_moe's view of one grouped GEMM of ``inp`` (a :class:`MoeGroup`'s inputs) in routing blocks of
+    ``block_m``: w13 reads the tokens through the routing's row index, w2 reads grouped rows. Returns ``(x,
+    rows, expert_ids, m_pad, used)``; ``rows`` is ``None`` for w2, ``used`` flags the grouped rows that hold a
+    routed slot (the rows a check compares)."""
+    from ..moe import moe_align
+
+    routing = moe_align(inp.ids, num_experts, block_m)
+    if stack == "w13":
+        x, rows = inp.x, routing.token_rows(inp.ids.shape[1])
+    else:
+        x, rows = inp.x[routing.src_slots.clamp_min(0).long()], None
+    ids, m_pad = routing.expert_ids, routing.src_slots.shape[0]
+    used = ids.repeat_interleave(block_m) >= 0
+    if rows is not None:
+        used &= rows >= 0
+    return x, rows, ids, m_pad, used
+
+
+def sweep_points(models, stacks, m_values, budget_s: float, cases: dict):
+    """The points of a kernel sweep (``bench/tools``): ``(model name, part, MoeGroup, M)`` for each model of
+    ``models`` (its experts built once, bfloat16, in the case ``cases`` names for it, else int4 g128, and freed
+    after it), each part of ``stacks`` (``grouped_w13`` / ``grouped_w2``, random routing) and each M; no new
+    point once ``budget_s`` seconds have passed since the first."""
+    import time
+
+    start = time.monotonic()
+    for name in models:
+        experts = Experts(MODELS[name], cases.get(name, "w4a16-int4-g128"), torch.bfloat16, "cuda")
+        for stack in stacks:
+            for m in m_values:
+                if time.monotonic() - start > budget_s:
+                    break
+                yield name, stack, MoeGroup(experts, stack, "random"), m
+        del experts
+        torch.cuda.empty_cache()
 
 
 def coarse_to_fine(values) -> list[int]:

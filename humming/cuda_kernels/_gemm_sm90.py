@@ -167,13 +167,14 @@ def default_grouped_tuning(block_m: int, rows: int, num_experts: int, layout: We
     """The largest token tile that divides ``block_m`` (one weight pass per segment: the kernel cannot tell
     padding rows from used ones), 256 only when the ``rows`` (grouped rows, padding included) average
     512 per expert, as in the dense choice. Tiles of up to 64 tokens run two blocks per SM (their
-    consumers need few registers; the second block hides the first one's copy latency) with up to 8
-    stages each in half the shared memory; larger tiles as the dense kernel. The grid is persistent: the
-    rows are sized for the worst case of the routing, and most segments of a decode call are unused (a
-    skip inside a block, where a block of their own would be launched and retired)."""
+    consumers need few registers; the second block hides the first one's copy latency), each with up to 8
+    stages in half the shared memory; larger tiles one block with as many stages (up to 8) as fit: more
+    stages measured faster at every prefill point of bench/results/h200/grouped_gemm.json. The grid is
+    persistent: the rows are sized for the worst case of the routing, and most segments of a decode call
+    are unused (a skip inside a block, where a block of their own would be launched and retired)."""
     bm = next(b for b in GROUPED_BMS if block_m % b == 0 and (b < 256 or rows >= 512 * num_experts))
-    blocks, stages = (2, 8) if bm <= 64 else (1, 6)
-    return replace(_with_stages(bm, blocks, layout, smem_per_block, stages), persistent=True)
+    blocks = 2 if bm <= 64 else 1
+    return replace(_with_stages(bm, blocks, layout, smem_per_block, _MAX_STAGES), persistent=True)
 
 
 def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:

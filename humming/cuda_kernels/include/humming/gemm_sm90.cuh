@@ -14,8 +14,9 @@
 // - Consumers load their lane's 16-byte weight fragment from shared memory, dequantize it in registers
 //   (magic-number lop3 / prmt, zero point, then the group scale in 16-bit float: w = (q - z) * s is
 //   rounded once, as humming.dequantize does), and issue four m64nkBMk16 wgmma (A = registers,
-//   B = shared-memory descriptor), fp32 accumulators in registers; the next chunk is dequantized into a
-//   second set of A registers while those wgmmas run.
+//   B = shared-memory descriptor), fp32 accumulators in registers. Two chunks' wgmmas are in flight:
+//   chunk i + 1's are queued behind chunk i's, and once chunk i's are done chunk i + 2 is dequantized into
+//   their A registers while chunk i + 1's run (the tensor cores never drain between chunks).
 // - MXFP4 (e2m1 codes, S = e8m0 / e8m0_any, bf16 only): dequant_e2m1, then each 32-column half times its
 //   own e8m0 scale in bf16. Both factors are powers of two times at most 2 significant bits, so the bf16
 //   product is exact (bf16 has fp32's exponent range; 2^-127, code 0, is a bf16 subnormal). The chunk's
@@ -281,11 +282,11 @@ __device__ __forceinline__ void run(const Params& p) {
       for (int j = 0; j < 4; ++j) sm90::wgmma_rs<A, kBM>(acc, a[j], desc + 2 * j, !first || j > 0);
       sm90::wgmma_commit();
     };
-    // Two register sets for the dequantized A operand: chunk i + 1 is dequantized into one while the
-    // wgmmas of chunk i read the other (the loop is unrolled by two so that each set is a fixed set of
-    // registers; ptxas serializes wgmmas whose register inputs are written while they are in flight).
-    // Each dequantization sits in its own conditional block: ptxas schedules within a block, and inside
-    // one it would hoist the wgmma wait above the arithmetic, serialising the two again.
+    // Two register sets for the dequantized A operand, and two chunks of wgmmas in flight: chunk i + 1's are
+    // issued behind chunk i's before waiting for chunk i alone (wgmma_wait<1>), so that the tensor cores
+    // go from one chunk to the next without draining; chunk i + 2 is then dequantized into chunk i's
+    // registers while chunk i + 1's wgmmas run. The loop is unrolled by two so that each set is a fixed set
+    // of registers (ptxas serializes wgmmas whose register inputs are written while they are in flight).
     uint32_t a0[4][4], a1[4][4];
     int step = 0;  // the pipeline's step, counted over the block's tiles
     for (int ti = first_tile; ti < tile_end; ti += tile_step) {
@@ -293,16 +294,31 @@ __device__ __forceinline__ void run(const Params& p) {
       if (expert < 0) continue;
       const int m0 = m_tile_of(ti) * kBM;  // first token of the tile
       load_dequant(step, a0);
-      for (int i = 0; i < count; i += 2) {
-        issue_mma(step + i, i == 0, a0);
-        if (i + 1 < count) load_dequant(step + i + 1, a1);
-        sm90::wgmma_wait<0>();
-        sm90::mbar_arrive(empty0 + 8 * ((step + i) % kStages));
-        if (i + 1 >= count) break;
-        issue_mma(step + i + 1, false, a1);
-        if (i + 2 < count) load_dequant(step + i + 2, a0);
-        sm90::wgmma_wait<0>();
-        sm90::mbar_arrive(empty0 + 8 * ((step + i + 1) % kStages));
+      issue_mma(step, true, a0);
+      if (count > 1) load_dequant(step + 1, a1);
+      // Every exit from the loop follows a wgmma_wait<0> (ptxas would otherwise add a wait of its own before the
+      // epilogue reads the accumulators).
+      for (int i = 0;; i += 2) {  // here chunk i's wgmmas (a0) are in flight, a1 holds chunk i + 1
+        if (i + 1 < count) {
+          issue_mma(step + i + 1, false, a1);
+          sm90::wgmma_wait<1>();
+          sm90::mbar_arrive(empty0 + 8 * ((step + i) % kStages));
+        } else {
+          sm90::wgmma_wait<0>();
+          sm90::mbar_arrive(empty0 + 8 * ((step + i) % kStages));
+          break;
+        }
+        if (i + 2 < count) {
+          load_dequant(step + i + 2, a0);
+          issue_mma(step + i + 2, false, a0);
+          sm90::wgmma_wait<1>();
+          sm90::mbar_arrive(empty0 + 8 * ((step + i + 1) % kStages));
+        } else {
+          sm90::wgmma_wait<0>();
+          sm90::mbar_arrive(empty0 + 8 * ((step + i + 1) % kStages));
+          break;
+        }
+        if (i + 3 < count) load_dequant(step + i + 3, a1);
       }
       step += count;
       // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).

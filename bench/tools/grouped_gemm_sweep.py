@@ -1,0 +1,146 @@
+"""Time the sm_90a grouped GEMM (``cuda.grouped``) over its tuning space (routing block, token tile, blocks per
+SM, stages, persistent grid or one block per tile) on the MoE presets' prefill sizes: the data behind
+``_gemm_sm90.default_grouped_tuning`` and ``humming.moe.default_block_m`` at large M.
+
+Each point is fused_moe's view of one grouped GEMM (w13 reads the tokens through the routing's row index, w2
+reads grouped rows), on the MoE sweep's routing (``humming.bench.inputs.routing``). Every variant is checked
+against the float64 product of the dequantized experts before it is timed (CUDA-graph time over weight copies
+past the L2, :func:`humming.timing.time_calls`). Writes one JSON row per (model, stack, M, variant) and prints,
+per point, the default's time and the best variant's. ``--profile``: one call of the default variant of each
+point and no timing (for ncu).
+
+Usage (GPU machine, repository root): python bench/tools/grouped_gemm_sweep.py --out out/grouped_gemm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from humming.bench.moe import MoeGroup, grouped_call, grouped_reference, sweep_points
+from humming.cuda_kernels import _driver, _gemm_sm90, _wna16
+from humming.cuda_kernels import grouped as cuda_grouped
+from humming.cuda_kernels._layout import DTYPE_CODE
+from humming.cuda_kernels.jit import compile_kernel, device_arch
+from humming.device import device_limits
+from humming.moe import default_block_m
+from humming.timing import time_calls
+
+M_VALUES = (1024, 8192)
+CASE = {"gpt-oss-120b": "mxfp4-a16"}  # the others: int4 g128
+#: (token tile, blocks per SM, stages at most) tried for each routing block the tile divides.
+TILES = ((64, 2, 8), (64, 1, 8), (128, 1, 4), (128, 1, 8), (256, 1, 3), (256, 1, 8))
+
+
+def variants(block_m: int, layout, smem: int) -> list[_gemm_sm90.GemmTuning]:
+    """Each tile of :data:`TILES` that divides ``block_m``, with as many stages as fit (up to its bound),
+    persistent and one block per tile."""
+    out = []
+    for bm, blocks, most in TILES:
+        if block_m % bm == 0:
+            tuning = _gemm_sm90._with_stages(bm, blocks, layout, smem, most)
+            for persistent in (True, False):
+                out.append(dataclasses.replace(tuning, persistent=persistent))
+    return list(dict.fromkeys(out))
+
+
+def point(group: MoeGroup, m: int, block_ms: tuple[int, ...], profile: bool) -> list[dict]:
+    """The variants of each routing block of ``block_ms`` (and of ``default_block_m``'s) at ``m`` tokens."""
+    inp = group.inputs(m)
+    qws, bias = group.qweights(), group.bias
+    n, k, e = qws[0].N, qws[0].K, qws[0].num_experts
+    reason = cuda_grouped.grouped_unsupported(qws[0], None, inp.x, max(block_ms))
+    if reason is not None:
+        print(f"{group.label} M={m}: skipped, {reason}", flush=True)
+        return []
+    prep = _wna16.prepare(qws[0])
+    smem = device_limits(0).smem_per_block
+    default_bm = default_block_m(inp.ids.numel(), e)
+    block_ms = (default_bm,) if profile else tuple(dict.fromkeys((*block_ms, default_bm)))
+    x_code = DTYPE_CODE[inp.x.dtype]
+    codes = x_code, x_code, x_code if bias is None else DTYPE_CODE[bias.dtype]
+    gather = group.stack == "w13"
+    cc = torch.cuda.get_device_capability()
+    tunings = {bm: variants(bm, prep.layout, smem) for bm in block_ms}
+    if profile:
+        tunings = {default_bm: [None]}
+    specs = [
+        _gemm_sm90.gemm_spec(prep.layout, *codes, t, grouped=True, gather=gather)
+        for ts in tunings.values()
+        for t in ts
+        if t is not None
+    ]
+    with ThreadPoolExecutor(max_workers=16) as pool:  # compiled in parallel, loaded once
+        list(pool.map(lambda spec: _driver.load(compile_kernel(spec, device_arch(spec, cc)), 0), specs))
+    results = []
+    for block_m, ts in tunings.items():
+        x, rows, ids, m_pad, used = grouped_call(inp, group.stack, e, block_m)
+        default = _gemm_sm90.default_grouped_tuning(block_m, m_pad, e, prep.layout, smem)
+        base = dict(block_m=block_m, m_pad=m_pad, segments_used=int((ids >= 0).sum()), rows_used=int(used.sum()))
+        if profile:
+            _gemm_sm90.grouped_launch(prep, m_pad, x.dtype, x.stride(0), None, x.dtype, None, 0, block_m, gather, None)(
+                x, None, None, ids, rows=rows
+            )
+            torch.cuda.synchronize()
+            continue
+        ref = grouped_reference(x, qws[0], ids, block_m, rows, bias)
+        for tuning in ts:
+            bias_dtype = None if bias is None else bias.dtype
+            kind = (bias_dtype, x.dtype, tuning, 0, block_m, gather, None)
+            launches = [_gemm_sm90.grouped_launch(_wna16.prepare(qw), m_pad, x.dtype, x.stride(0), *kind) for qw in qws]
+            calls = [partial(launch, x, bias, None, ids, rows=rows) for launch in launches]
+            out = calls[0]()
+            err = float((out[used].double() - ref[used]).norm() / ref[used].norm())
+            if not err < 1e-2:  # NaN fails too
+                raise AssertionError(f"{group.label} M={m} block_m={block_m} {tuning}: relative error {err}")
+            grid = " p" if tuning.persistent else ""
+            label = f"block_m {block_m} bm{tuning.bm} x{tuning.blocks} s{tuning.stages}{grid}"
+            fields = dataclasses.asdict(tuning)
+            row = dict(base, variant=label, default=tuning == default and block_m == default_bm, rel_err=err)
+            results.append(dict(row, **fields, **time_calls(calls)))
+        del ref
+    where = dict(model=group.model.name, stack=group.stack, m=m, n=n, k=k)
+    return [dict(where, **r) for r in results]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--models", default="deepseek-v3,qwen3-30b-a3b,gpt-oss-120b")
+    parser.add_argument("--stacks", default="grouped_w13,grouped_w2")
+    parser.add_argument("--m", default=",".join(map(str, M_VALUES)))
+    parser.add_argument("--block-ms", default="64,128,256")
+    parser.add_argument("--budget-s", type=float, default=240.0)
+    parser.add_argument("--profile", action="store_true", help="one call of each point's default, no timing")
+    args = parser.parse_args()
+    block_ms = tuple(map(int, args.block_ms.split(",")))
+    rows, summary = [], []
+    models, stacks, m_values = args.models.split(","), args.stacks.split(","), map(int, args.m.split(","))
+    for name, stack, group, m in sweep_points(models, stacks, list(m_values), args.budget_s, CASE):
+        got = point(group, m, block_ms, args.profile)
+        if not got:
+            continue
+        rows += got
+        best = min(got, key=lambda r: r["graph_us"])
+        dflt = next((r["graph_us"] for r in got if r["default"]), float("nan"))
+        worst_err = max(r["rel_err"] for r in got)
+        summary.append(
+            f"{name:14} {stack:11} M={m:<5} default {dflt:8.1f}  best {best['graph_us']:8.1f} "
+            f"({best['variant']})  err {worst_err:.1e}"
+        )
+        print(summary[-1], flush=True)
+    header = dict(op="grouped_gemm", device=torch.cuda.get_device_name(), command=" ".join(sys.argv))
+    Path(args.out).write_text(json.dumps(dict(header=header, rows=rows), indent=1))
+    print("\n".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
