@@ -373,17 +373,33 @@ __device__ __forceinline__ void run(const Params& p) {
             }
           }
       } else {
+        // The thread's two rows' biases are loaded once per tile and the pointers tested once, so that each
+        // output costs a predicated multiply-add and its store, not a branch with a dependent load.
+        const bool scaled = p.x_scale != nullptr, biased = p.bias != nullptr;
+        float bias_lo = 0.0f, bias_hi = 0.0f;
+        if (biased) {
+          bias_lo = load_float<B>(p.bias, long(expert) * p.N + n_base);
+          bias_hi = load_float<B>(p.bias, long(expert) * p.N + n_base + 8);
+        }
 #pragma unroll
         for (int i = 0; i < kBM / 8; ++i)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int token = m0 + 8 * i + 2 * c + (e & 1);
-            const long n = n_base + 8 * (e >> 1);
+          for (int e = 0; e < 2; ++e) {
+            const int token = m0 + 8 * i + 2 * c + e;
             if (token < p.M) {
-              float v = acc[4 * i + e];
-              if (p.x_scale != nullptr) v *= p.x_scale[token * p.x_scale_stride];
-              if (p.bias != nullptr) v += load_float<B>(p.bias, long(expert) * p.N + n);
-              store_float<O>(p.out, long(token) * p.out_stride + n, v);
+              float lo = acc[4 * i + e], hi = acc[4 * i + 2 + e];
+              if (scaled) {
+                const float s = p.x_scale[token * p.x_scale_stride];
+                lo *= s;
+                hi *= s;
+              }
+              if (biased) {
+                lo += bias_lo;
+                hi += bias_hi;
+              }
+              const long at = long(token) * p.out_stride + n_base;
+              store_float<O>(p.out, at, lo);
+              store_float<O>(p.out, at + 8, hi);
             }
           }
       }
