@@ -26,6 +26,9 @@ Each kernel module exports the kernel object the dispatcher lists (``humming.dis
   e4m3, on fp8 wgmma. Its grouped variant runs ``humming.moe.grouped_linear(act="fp8" | "fp8_g128")`` for
   e4m3 / int4 experts. W4A8 MXFP4 x e4m3 folds the e8m0 scales exactly (refusing weights whose scales span
   > 12 binades per 128-K block).
+- ``cuda.scaled_mm`` (:mod:`.scaled_mm`): W8A8 e4m3 weights with per-tensor / per-channel scales x e4m3
+  activations per token / per tensor on ``torch._scaled_mm`` (the vendor fp8 GEMM: no NVRTC build), which
+  the dispatcher takes at large M where it outruns the FP8 GEMM's tiles.
 - ``cuda.fp4_gemm`` (:mod:`.fp4_gemm`, ``include/humming/fp4_gemm_sm120.cuh``, ``fp4_gemm_sm100.cuh``):
   W4A4 NVFP4 / MXFP4 on sm_120a block-scaled ``mma.sync`` and on sm_100a ``tcgen05.mma`` (tensor memory);
   compiled and checked in CI, never run on hardware (BLACKWELL.md).

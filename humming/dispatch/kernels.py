@@ -115,6 +115,7 @@ DENSE_KERNELS = KernelList(
         "cuda.wna16_sm90": ("cuda", "humming.cuda_kernels.wna16_sm90"),
         "cuda.wna16_decode": ("cuda", "humming.cuda_kernels.wna16_decode"),
         "cuda.fp8_gemm": ("cuda", "humming.cuda_kernels.fp8_gemm"),
+        "cuda.scaled_mm": ("cuda", "humming.cuda_kernels.scaled_mm"),
         "cuda.fp4_gemm": ("cuda", "humming.cuda_kernels.fp4_gemm"),
         "triton.wna16": ("triton", "humming.triton_kernels.wna16"),
         "triton.scaled_mm": ("triton", "humming.triton_kernels.scaled_mm"),

@@ -133,6 +133,9 @@ def _table_for(device: torch.device) -> Table | None:
     return next((t for t in tables if (t.capability, t.sm_count) == (info.capability, info.sm_count)), None)
 
 
+#: From this M, e4m3 weights with 8-bit activations run first on ``cuda.scaled_mm`` (the vendor fp8 GEMM).
+VENDOR_FP8_MIN_M = 256
+
 _SCALE_TAGS = {torch.float8_e8m0fnu: "+e8m0", torch.float8_e4m3fn: "+e4m3scales"}
 
 
@@ -161,13 +164,17 @@ def heuristic_order(qweight, act, m: int) -> tuple[str, ...]:
     decode kernel serves 16-bit activations up to M = 64 and the sm_90a GEMM above M = 32; integer weights
     with per-token / per-tensor e4m3 activations run on the decode kernel's fp8-values route up to M = 16,
     where it beats the FP8 GEMM (one 4-bit weight read, no int4 -> e4m3 conversion), and on the FP8 GEMM
-    above; Triton is the portable fallback, the reference the last resort."""
+    above; e4m3 weights with per-tensor / per-channel scales from M = 256 on torch's fp8 GEMM
+    (``cuda.scaled_mm``, faster than the FP8 GEMM's tiles there); Triton is the portable fallback, the
+    reference the last resort."""
     if act is None:
         return ("cuda.wna16_sm90", "cuda.wna16_decode", "triton.wna16", "reference")
     if act.format == "e2m1":
         return ("cuda.fp4_gemm", "triton.scaled_mm", "reference")
     if m <= 16:
         return ("cuda.wna16_decode", "cuda.fp8_gemm", "cuda.wna16_sm90", "triton.scaled_mm", "reference")
+    if m >= VENDOR_FP8_MIN_M and qweight.format.name == "e4m3":
+        return ("cuda.scaled_mm", "cuda.fp8_gemm", "triton.scaled_mm", "reference")
     return ("cuda.fp8_gemm", "cuda.wna16_sm90", "cuda.wna16_decode", "triton.scaled_mm", "reference")
 
 
