@@ -118,6 +118,8 @@ def _launcher(x, qweight, act, bias_dtype, out_dtype: torch.dtype, tuning):
         raise ValueError(f"humming cuda.scaled_mm: {reason}")
     prep = prepare(qweight)
     rowwise, m = _rowwise(qweight, act), x.shape[0]
+    if m == 0:
+        return lambda x, bias: torch.empty(0, qweight.N, dtype=out_dtype, device=x.device)
     scale_b = prep.scale if rowwise else prep.tensor_scale
     quantize = quantize_pass(x, act)
 
