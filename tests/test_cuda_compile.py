@@ -88,8 +88,18 @@ def _gather_specs() -> list[jit.KernelSpec]:
     ]
 
 
+def _lag_specs() -> list[jit.KernelSpec]:
+    """The gathering variant whose producer threads fence and arrive for the copies of an earlier step."""
+    L, T = WeightLayout, _gemm_sm90.GemmTuning
+    g = dict(grouped=True, gather=True)
+    return [
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 8, persistent=True, arrive_lag=2), **g),
+        _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(64, 8, 2, arrive_lag=1), **g),
+    ]
+
+
 def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
-    specs = _decode_specs() + _gemm_specs() + _grouped_specs() + _gather_specs()
+    specs = _decode_specs() + _gemm_specs() + _grouped_specs() + _gather_specs() + _lag_specs()
     return [(spec, arch) for spec in specs for arch in spec.targets()]
 
 
@@ -171,12 +181,29 @@ def test_gather_gemm_copies_rows_with_cp_async_not_tma(compiled, tmp_path):
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
 
 
+def test_arrive_lag_moves_the_proxy_fence_to_the_producer(compiled, tmp_path):
+    """With an arrival lag the producer commits its row copies in groups and waits for an earlier group
+    (LDGDEPBAR / DEPBAR), fences and arrives itself; the consumers' per-chunk fence (MEMBAR.ALL.CTA) is gone."""
+    for spec in _lag_specs():
+        assert spec.name.endswith(f"_lag{spec.entry[-2]}")
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
+        assert "LDGDEPBAR" in sass and "ARRIVES.LDGSTSBAR" not in sass, spec.name
+        plain = sass.count("MEMBAR.ALL.CTA")
+        assert 0 < plain <= 2, f"{spec.name}: {plain} proxy fences (the producer's two expected)"
+    for bad in (dict(stages=4, arrive_lag=4), dict(stages=4, arrive_lag=-1)):
+        with pytest.raises(ValueError, match="arrive_lag"):
+            _gemm_sm90.GemmTuning(128, **bad)
+    with pytest.raises(ValueError, match="without gather"):
+        tuning = _gemm_sm90.GemmTuning(128, 6, arrive_lag=1)
+        _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", tuning, grouped=True)
+
+
 def test_split_k_sums_with_reductions_and_reads_back_with_exchanges(compiled, tmp_path):
     """Split-K: the partial sums go to the workspace as fp32 reductions (no return value), the last block
     reads them back with atomic exchanges (leaving zeros); one name for every split count."""
     for spec in _split_specs():
         assert spec.name.endswith("_splitk") and spec.entry.endswith(
-            f", false, false, true, {spec.min_blocks}, false, 0>"
+            f", false, false, true, {spec.min_blocks}, false, 0, 0>"
         )
         sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         assert "REDG.E.ADD.F32" in sass, f"{spec.name}: partial sums are not reduced in L2"
@@ -196,8 +223,8 @@ def test_persistent_is_a_variant_of_its_own():
     plain = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(16, 8, 2), grouped=True)
     tuning = _gemm_sm90.GemmTuning(16, 8, 2, persistent=True)
     persistent = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, grouped=True)
-    assert persistent.name == plain.name + "_p" and persistent.entry.endswith(", 2, true, 0>")
-    assert plain.entry.endswith(", 2, false, 0>")
+    assert persistent.name == plain.name + "_p" and persistent.entry.endswith(", 2, true, 0, 0>")
+    assert plain.entry.endswith(", 2, false, 0, 0>")
     with pytest.raises(ValueError, match="persistent grid does not split K"):
         _gemm_sm90.GemmTuning(64, 8, 2, 2, persistent=True)
 
@@ -205,7 +232,7 @@ def test_persistent_is_a_variant_of_its_own():
 def test_gated_is_a_grouped_variant_with_a_16_bit_output():
     layout, tuning = WeightLayout(4, 8, "bf16"), _gemm_sm90.GemmTuning(16, 8, 2)
     spec = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, grouped=True, gated="swiglu_oai")
-    assert spec.name.endswith("_swiglu_oai") and spec.entry.endswith(", false, 4>")
+    assert spec.name.endswith("_swiglu_oai") and spec.entry.endswith(", false, 4, 0>")
     for bad in (dict(grouped=False, gated="silu"), dict(grouped=True, gated="relu")):
         with pytest.raises(ValueError, match="gated: a grouped variant"):
             _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, **bad)
@@ -227,8 +254,8 @@ def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path
     dense = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(128, 6))
     assert (
         grouped.name != dense.name
-        and ", true, false, false, 1, false, 0>" in grouped.entry
-        and ", false, false, false, 1, false, 0>" in dense.entry
+        and ", true, false, false, 1, false, 0, 0>" in grouped.entry
+        and ", false, false, false, 1, false, 0, 0>" in dense.entry
     )
     sass = {
         spec.name: cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)

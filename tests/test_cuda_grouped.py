@@ -177,6 +177,22 @@ def test_gather_reads_the_tokens_in_place(scheme, block_m, bm, blocks, persisten
     by a persistent grid, x rows strided (a column slice of a wider tensor), repeated tokens (top-2), bias."""
     if scheme == "mxfp4" and act == torch.float16:
         pytest.skip("MXFP4 runs the sm_90a GEMM with bf16 activations only (test_grouped_matches_reference)")
+    _check_gather(scheme, block_m, bm, blocks, persistent, act, monkeypatch)
+
+
+@needs_sm90
+@pytest.mark.parametrize("scheme", ["int4-g128", "mxfp4"])
+@pytest.mark.parametrize(("block_m", "bm", "blocks"), [(64, 64, 2), (128, 128, 1)])
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("arrive_lag", [1, 3])
+@pytest.mark.usefixtures("seed")
+def test_gather_with_the_producer_fencing_its_rows(scheme, block_m, bm, blocks, persistent, arrive_lag, monkeypatch):
+    """The arrival-lag variant (the producer waits for an earlier step's row copies, fences them and
+    arrives) computes bit for bit what the copied grouped rows give."""
+    _check_gather(scheme, block_m, bm, blocks, persistent, torch.bfloat16, monkeypatch, arrive_lag)
+
+
+def _check_gather(scheme, block_m, bm, blocks, persistent, act, monkeypatch, arrive_lag=0):
     e, n, k, t, topk = 8, 256, 512, 37, 2
     scale_dtype = {} if scheme == "mxfp4" else dict(scale_dtype=act)
     qw = humming.quantize(torch.randn(e, n, k, device="cuda") * 0.05, **scale_dtype, **SCHEMES[scheme])
@@ -190,7 +206,7 @@ def test_gather_reads_the_tokens_in_place(scheme, block_m, bm, blocks, persisten
     gathered = copied.clone()
     grouped = torch.where(rows[:, None] >= 0, x[rows.clamp(min=0).long()], 0)
     _gemm_sm90.run_grouped_gemm(prep, grouped, expert_ids, block_m, bias, act, tuning, out=copied)
-    tuning = dataclasses.replace(tuning, persistent=persistent)
+    tuning = dataclasses.replace(tuning, persistent=persistent, arrive_lag=arrive_lag)
     with_sm_count(monkeypatch, _gemm_sm90, 1)  # persistent: one or two blocks walk every tile
     _gemm_sm90.run_grouped_gemm(prep, x, expert_ids, block_m, bias, act, tuning, out=gathered, rows=rows)
     row_expert = expert_ids.repeat_interleave(block_m)

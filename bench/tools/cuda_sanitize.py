@@ -126,6 +126,13 @@ def _grouped() -> None:
     torch.cuda.synchronize()
     err = ((out.float() - ref).norm() / ref.norm()).item()
     print(f"grouped gather int4 experts={experts} rows={rows.numel()}: rel err {err:.2e}")
+    # the same with the producer fencing and arriving for its rows two steps later, on a persistent grid
+    lagged = _gemm_sm90.GemmTuning(16, 4, 1, persistent=True, arrive_lag=2)
+    prep = prepare_weight(qw)
+    out = _gemm_sm90.run_grouped_gemm(prep, tokens, ids, block_m, None, torch.bfloat16, lagged, rows=index)
+    torch.cuda.synchronize()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    print(f"grouped gather int4, arrival lag 2: rel err {err:.2e}")
     # fused_moe: w13 with the activation in its epilogue (gate-up rows), then w2
     w13 = humming.quantize(torch.randn(experts, 2 * n, k, device="cuda"), weight="int4", group_size=128)
     w2 = humming.quantize(torch.randn(experts, k, n, device="cuda"), weight="int4", group_size=128)

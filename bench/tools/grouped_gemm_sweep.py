@@ -1,6 +1,7 @@
 """Time the sm_90a grouped GEMM (``cuda.grouped``) over its tuning space (routing block, token tile, blocks per
-SM, stages, persistent grid or one block per tile) on the MoE presets' prefill sizes: the data behind
-``_gemm_sm90.default_grouped_tuning`` and ``humming.moe.default_block_m`` at large M.
+SM, stages, persistent grid or one block per tile; for the gathering w13, the producer's arrival lag) on the
+MoE presets' prefill sizes: the data behind ``_gemm_sm90.default_grouped_tuning`` and
+``humming.moe.default_block_m`` at large M.
 
 Each point is fused_moe's view of one grouped GEMM (w13 reads the tokens through the routing's row index, w2
 reads grouped rows), on the MoE sweep's routing (``humming.bench.inputs.routing``). Every variant is checked
@@ -39,19 +40,21 @@ CASE = {"gpt-oss-120b": "mxfp4-a16"}  # the others: int4 g128
 TILES = ((64, 2, 8), (64, 1, 8), (128, 1, 4), (128, 1, 8), (256, 1, 3), (256, 1, 8))
 
 
-def variants(block_m: int, layout, smem: int) -> list[_gemm_sm90.GemmTuning]:
+def variants(block_m: int, layout, smem: int, lags: tuple[int, ...]) -> list[_gemm_sm90.GemmTuning]:
     """Each tile of :data:`TILES` that divides ``block_m``, with as many stages as fit (up to its bound),
-    persistent and one block per tile."""
+    persistent and one block per tile, each with every arrival lag of ``lags`` below its stages (the
+    gathering kernel's; ``(0,)`` for the others)."""
     out = []
     for bm, blocks, most in TILES:
         if block_m % bm == 0:
             tuning = _gemm_sm90._with_stages(bm, blocks, layout, smem, most)
             for persistent in (True, False):
-                out.append(dataclasses.replace(tuning, persistent=persistent))
+                for lag in (lag for lag in lags if lag < tuning.stages):
+                    out.append(dataclasses.replace(tuning, persistent=persistent, arrive_lag=lag))
     return list(dict.fromkeys(out))
 
 
-def point(group: MoeGroup, m: int, block_ms: tuple[int, ...], profile: bool) -> list[dict]:
+def point(group: MoeGroup, m: int, block_ms: tuple[int, ...], profile: bool, lags: tuple[int, ...]) -> list[dict]:
     """The variants of each routing block of ``block_ms`` (and of ``default_block_m``'s) at ``m`` tokens."""
     inp = group.inputs(m)
     qws, bias = group.qweights(), group.bias
@@ -68,7 +71,7 @@ def point(group: MoeGroup, m: int, block_ms: tuple[int, ...], profile: bool) -> 
     codes = x_code, x_code, x_code if bias is None else DTYPE_CODE[bias.dtype]
     gather = group.stack == "w13"
     cc = torch.cuda.get_device_capability()
-    tunings = {bm: variants(bm, prep.layout, smem) for bm in block_ms}
+    tunings = {bm: variants(bm, prep.layout, smem, lags if gather else (0,)) for bm in block_ms}
     if profile:
         tunings = {default_bm: [None]}
     specs = [
@@ -101,7 +104,8 @@ def point(group: MoeGroup, m: int, block_ms: tuple[int, ...], profile: bool) -> 
             if not err < 1e-2:  # NaN fails too
                 raise AssertionError(f"{group.label} M={m} block_m={block_m} {tuning}: relative error {err}")
             grid = " p" if tuning.persistent else ""
-            label = f"block_m {block_m} bm{tuning.bm} x{tuning.blocks} s{tuning.stages}{grid}"
+            lag = f" lag{tuning.arrive_lag}" if tuning.arrive_lag else ""
+            label = f"block_m {block_m} bm{tuning.bm} x{tuning.blocks} s{tuning.stages}{grid}{lag}"
             fields = dataclasses.asdict(tuning)
             row = dict(base, variant=label, default=tuning == default and block_m == default_bm, rel_err=err)
             results.append(dict(row, **fields, **time_calls(calls)))
@@ -119,12 +123,13 @@ def main() -> int:
     parser.add_argument("--block-ms", default="64,128,256")
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--profile", action="store_true", help="one call of each point's default, no timing")
+    parser.add_argument("--arrive-lags", default="0,1,2", help="the gathering kernel's arrival lags (w13)")
     args = parser.parse_args()
     block_ms = tuple(map(int, args.block_ms.split(",")))
     rows, summary = [], []
     models, stacks, m_values = args.models.split(","), args.stacks.split(","), map(int, args.m.split(","))
     for name, stack, group, m in sweep_points(models, stacks, list(m_values), args.budget_s, CASE):
-        got = point(group, m, block_ms, args.profile)
+        got = point(group, m, block_ms, args.profile, tuple(map(int, args.arrive_lags.split(","))))
         if not got:
             continue
         rows += got

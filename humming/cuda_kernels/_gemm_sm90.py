@@ -70,13 +70,17 @@ class GemmTuning:
     most 64 tokens: fewer registers per consumer, two blocks' copies in flight) and ``splits`` of K (dense
     only: each tile's K in that many blocks, summed in an fp32 workspace with atomics). ``persistent``: one
     grid of ``blocks`` per SM that walks the tiles (a block's pipeline runs on from one tile into the next,
-    and the grouped kernel's unused segments cost a skip rather than a block launch); not with splits."""
+    and the grouped kernel's unused segments cost a skip rather than a block launch); not with splits.
+    ``arrive_lag`` (the gathering kernel only, below ``stages``): 0, each producer thread's row copies
+    arrive on their chunk's barrier as they land and the consumers fence the chunk for wgmma; L > 0, the
+    producer threads wait for the copies of the chunk L steps back, fence them and arrive."""
 
     bm: int
     stages: int
     blocks: int = 1
     splits: int = 1
     persistent: bool = False
+    arrive_lag: int = 0
 
     def __post_init__(self) -> None:
         blocks_ok = self.blocks == 1 or (self.blocks == 2 and self.bm <= 64)
@@ -86,6 +90,8 @@ class GemmTuning:
             )
         if self.persistent and self.splits > 1:
             raise ValueError(f"tuning: a persistent grid does not split K, got {self}")
+        if not 0 <= self.arrive_lag < self.stages:
+            raise ValueError(f"tuning: arrive_lag in [0, stages), got {self}")
 
     def smem_bytes(self, layout: WeightLayout) -> int:
         """Dynamic shared memory (``SmemLayout::kTotal`` in gemm_sm90.cuh) plus 1 KiB alignment slack."""
@@ -224,14 +230,17 @@ def gemm_spec(
         )
     if grouped and tuning.splits > 1:
         raise ValueError(f"tuning: the grouped GEMM does not split K, got splits={tuning.splits}")
+    if tuning.arrive_lag and not gather:
+        raise ValueError(f"tuning: arrive_lag is the gathering kernel's, got {tuning.arrive_lag} without gather")
     kind = "grouped_gather_" if gather else "grouped_" if grouped else ""
     blocks = f"_x{tuning.blocks}" if tuning.blocks > 1 else ""
     split_k = "_splitk" if tuning.splits > 1 else ""
     persistent = "_p" if tuning.persistent else ""
     activation = f"_{gated}" if gated is not None else ""
+    lag = f"_lag{tuning.arrive_lag}" if tuning.arrive_lag else ""
     name = (
         f"humming_gemm_sm90_{kind}{layout.tag}_a{act}_s{layout.scale}_o{out}_b{bias}"
-        f"_bm{tuning.bm}_s{tuning.stages}{blocks}{split_k}{persistent}{activation}"
+        f"_bm{tuning.bm}_s{tuning.stages}{blocks}{split_k}{persistent}{activation}{lag}"
     )
     args = ", ".join(
         (
@@ -249,6 +258,7 @@ def gemm_spec(
             str(tuning.blocks),
             "true" if tuning.persistent else "false",
             str(GATED_ACTS.get(gated, 0)),
+            str(tuning.arrive_lag),
         )
     )
     return KernelSpec(

@@ -32,7 +32,10 @@
 //   thread's cp.async.mbarrier.arrive counts it in on the chunk's full barrier once its copies have landed
 //   (129 arrivals: thread 0's expect_tx for the weight copies, and each producer thread's), so the producer
 //   never waits on its own copies and a chunk is ready as soon as its data is. Consumers fence the chunk to
-//   the async proxy (wgmma reads it there) after the wait.
+//   the async proxy (wgmma reads it there) after the wait (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC per consumer
+//   thread and chunk). With kArriveLag = L > 0 the producer threads instead commit each step's copies as a
+//   group, wait for the group of step - L, fence those rows themselves and arrive: the fence leaves the
+//   consumers' path, and a chunk is ready L steps after its copies were issued at the earliest.
 // - Gated epilogue (grouped only), kAct: the weights' rows are fused_moe's w13 in gate-up order (within each
 //   16-row tile, rows g are gates and rows g + 8 the ups of the same 8 features: gate_up_rows in _layout.py),
 //   so each thread holds a feature's gate and up sums; it writes act(gate, up) to out [M, N / 2], each input
@@ -92,13 +95,14 @@ struct SmemLayout {
 };
 
 template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages, bool kGrouped,
-          bool kGather, bool kSplitK, int kBlocksPerSm, bool kPersistent, int kAct>
+          bool kGather, bool kSplitK, int kBlocksPerSm, bool kPersistent, int kAct, int kArriveLag>
 __device__ __forceinline__ void run(const Params& p) {
   static_assert(kAct == kNoAct || (kGrouped && !kSplitK), "the gated epilogue is the grouped kernel's");
   static_assert(kAct == kNoAct || O != DType::f32, "the gated epilogue rounds gate and up to a 16-bit O");
   static_assert(kBlocksPerSm == 1 || kBlocksPerSm == 2, "one or two blocks per SM");
   static_assert(!(kSplitK && kPersistent), "split-K blocks own one tile's share of K each");
   static_assert(!kGather || kGrouped, "the gather reads grouped rows");
+  static_assert(kArriveLag == 0 || (kGather && kArriveLag < kStages), "an arrival lag is the gather's, below kStages");
   static_assert(!(kSplitK && kGrouped), "split-K is a dense schedule");
   // 128 * producer + 256 * consumer registers must fit the 384 * (65536 / 384 / kBlocksPerSm, rounded
   // down to 8) the block launches with (168 or 80 per thread).
@@ -193,8 +197,24 @@ __device__ __forceinline__ void run(const Params& p) {
               const uint32_t dst = base + L::kX + s * L::kXBytes + r * 128 + ((c ^ (r & 7)) << 4);
               cp_async_cg16_zfill(dst, x_src + long(token < 0 ? 0 : token) * p.x_stride * 2, token >= 0);
             }
-            sm90::cp_async_mbar_arrive_noinc(full);  // arrives once this thread's copies have landed
+            if constexpr (kArriveLag == 0) {
+              sm90::cp_async_mbar_arrive_noinc(full);  // arrives once this thread's copies have landed
+            } else {  // the copies of step - kArriveLag have landed: fence them for wgmma, then arrive
+              cp_async_commit();
+              if (step >= kArriveLag) {
+                cp_async_wait<kArriveLag>();
+                sm90::fence_proxy_async();
+                sm90::mbar_arrive(full0 + 8 * ((step - kArriveLag) % kStages));
+              }
+            }
           }
+        }
+      }
+      if constexpr (kArriveLag > 0) {  // the last steps' arrivals
+        cp_async_wait<0>();
+        sm90::fence_proxy_async();
+        for (int i = step < kArriveLag ? 0 : step - kArriveLag; i < step; ++i) {
+          sm90::mbar_arrive(full0 + 8 * (i % kStages));
         }
       }
     }
@@ -262,7 +282,8 @@ __device__ __forceinline__ void run(const Params& p) {
     auto load_dequant = [&](int i, uint32_t (&a)[4][4]) {
       const int s = i % kStages;
       while (!sm90::mbar_try_wait(full0 + 8 * s, (i / kStages) & 1)) {}
-      if constexpr (kGather) sm90::fence_proxy_async();  // the gathered rows, written by cp.async, read by wgmma
+      // the gathered rows, written by cp.async, read by wgmma (with kArriveLag the producer fenced them)
+      if constexpr (kGather && kArriveLag == 0) sm90::fence_proxy_async();
       const uint4* w = reinterpret_cast<const uint4*>(smem + L::kW + s * L::kWBytes) + tile * kVecs * 32 + lane;
       uint4 wv[kVecs];
 #pragma unroll
