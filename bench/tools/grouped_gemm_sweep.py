@@ -4,7 +4,9 @@ MoE presets' prefill sizes: the data behind ``_gemm_sm90.default_grouped_tuning`
 ``humming.moe.default_block_m`` at large M.
 
 Each point is fused_moe's view of one grouped GEMM (w13 reads the tokens through the routing's row index, w2
-reads grouped rows), on the MoE sweep's routing (``humming.bench.inputs.routing``). Every variant is checked
+reads grouped rows), on the MoE sweep's routing (``humming.bench.inputs.routing``); w13 also with the tokens
+copied into grouped order first (``copied`` rows: the kernel reading them by TMA; the copy is its own ``copy``
+row). Every variant is checked
 against the float64 product of the dequantized experts before it is timed (CUDA-graph time over weight copies
 past the L2, :func:`humming.timing.time_calls`). Writes one JSON row per (model, stack, M, variant) and prints,
 per point, the default's time and the best variant's. ``--profile``: one call of the default variant of each
@@ -32,6 +34,7 @@ from humming.cuda_kernels._layout import DTYPE_CODE
 from humming.cuda_kernels.jit import compile_kernel, device_arch
 from humming.device import device_limits
 from humming.moe import default_block_m
+from humming.reference.moe_layer import gather_rows
 from humming.timing import time_calls
 
 M_VALUES = (1024, 8192)
@@ -74,18 +77,24 @@ def point(group: MoeGroup, m: int, block_ms: tuple[int, ...], profile: bool, lag
     tunings = {bm: variants(bm, prep.layout, smem, lags if gather else (0,)) for bm in block_ms}
     if profile:
         tunings = {default_bm: [None]}
-    specs = [
-        _gemm_sm90.gemm_spec(prep.layout, *codes, t, grouped=True, gather=gather)
+    # w13 both ways: the tokens gathered by the kernel, and copied into grouped order first (then read by TMA)
+    modes = {
+        t: ("gather", "copied") if gather and not t.arrive_lag else ("gather",) if gather else ("rows",)
         for ts in tunings.values()
         for t in ts
         if t is not None
+    }
+    specs = [
+        _gemm_sm90.gemm_spec(prep.layout, *codes, t, grouped=True, gather=mode == "gather")
+        for t, ms in modes.items()
+        for mode in ms
     ]
     with ThreadPoolExecutor(max_workers=16) as pool:  # compiled in parallel, loaded once
         list(pool.map(lambda spec: _driver.load(compile_kernel(spec, device_arch(spec, cc)), 0), specs))
     results = []
     for block_m, ts in tunings.items():
         x, rows, ids, m_pad, used = grouped_call(inp, group.stack, e, block_m)
-        default = _gemm_sm90.default_grouped_tuning(block_m, m_pad, e, prep.layout, smem)
+        default_tuning = _gemm_sm90.default_grouped_tuning(block_m, m_pad, e, prep.layout, smem)
         base = dict(block_m=block_m, m_pad=m_pad, segments_used=int((ids >= 0).sum()), rows_used=int(used.sum()))
         if profile:
             _gemm_sm90.grouped_launch(prep, m_pad, x.dtype, x.stride(0), None, x.dtype, None, 0, block_m, gather, None)(
@@ -94,24 +103,47 @@ def point(group: MoeGroup, m: int, block_ms: tuple[int, ...], profile: bool, lag
             torch.cuda.synchronize()
             continue
         ref = grouped_reference(x, qws[0], ids, block_m, rows, bias)
+        copied = None
+        if gather:  # the copy into grouped order, timed on its own
+            copied = gather_rows(x, rows)
+            copy_time = time_calls([partial(gather_rows, x, rows)])
+            results.append(dict(base, variant=f"block_m {block_m} copy into grouped order", mode="copy", **copy_time))
         for tuning in ts:
-            bias_dtype = None if bias is None else bias.dtype
-            kind = (bias_dtype, x.dtype, tuning, 0, block_m, gather, None)
-            launches = [_gemm_sm90.grouped_launch(_wna16.prepare(qw), m_pad, x.dtype, x.stride(0), *kind) for qw in qws]
-            calls = [partial(launch, x, bias, None, ids, rows=rows) for launch in launches]
-            out = calls[0]()
-            err = float((out[used].double() - ref[used]).norm() / ref[used].norm())
-            if not err < 1e-2:  # NaN fails too
-                raise AssertionError(f"{group.label} M={m} block_m={block_m} {tuning}: relative error {err}")
-            grid = " p" if tuning.persistent else ""
-            lag = f" lag{tuning.arrive_lag}" if tuning.arrive_lag else ""
-            label = f"block_m {block_m} bm{tuning.bm} x{tuning.blocks} s{tuning.stages}{grid}{lag}"
-            fields = dataclasses.asdict(tuning)
-            row = dict(base, variant=label, default=tuning == default and block_m == default_bm, rel_err=err)
-            results.append(dict(row, **fields, **time_calls(calls)))
-        del ref
+            for mode in modes[tuning]:
+                x_in, rows_in = (copied, None) if mode == "copied" else (x, rows)
+                kind = (None if bias is None else bias.dtype, x.dtype, tuning, 0, block_m, mode == "gather", None)
+                launches = [
+                    _gemm_sm90.grouped_launch(_wna16.prepare(qw), m_pad, x.dtype, x_in.stride(0), *kind) for qw in qws
+                ]
+                calls = [partial(launch, x_in, bias, None, ids, rows=rows_in) for launch in launches]
+                out = calls[0]()
+                err = float((out[used].double() - ref[used]).norm() / ref[used].norm())
+                if not err < 1e-2:  # NaN fails too
+                    raise AssertionError(f"{group.label} M={m} block_m={block_m} {tuning} {mode}: relative error {err}")
+                grid = " p" if tuning.persistent else ""
+                lag = f" lag{tuning.arrive_lag}" if tuning.arrive_lag else ""
+                label = f"block_m {block_m} bm{tuning.bm} x{tuning.blocks} s{tuning.stages}{grid}{lag} {mode}"
+                default = tuning == default_tuning and block_m == default_bm and mode != "copied"
+                row = dict(base, variant=label, mode=mode, default=default, rel_err=err)
+                results.append(dict(row, **dataclasses.asdict(tuning), **time_calls(calls)))
+        del ref, copied
     where = dict(model=group.model.name, stack=group.stack, m=m, n=n, k=k)
     return [dict(where, **r) for r in results]
+
+
+def summarize(got: list[dict]) -> str:
+    """One point's line: the default's time, the best variant's, and for w13 the best of the copied rows with
+    the copy added."""
+    gemm = [r for r in got if r["mode"] != "copy"]
+    best = min((r for r in gemm if r["mode"] != "copied"), key=lambda r: r["graph_us"])
+    dflt = next((r["graph_us"] for r in gemm if r["default"]), float("nan"))
+    line = f"default {dflt:8.1f}  best {best['graph_us']:8.1f} ({best['variant']})"
+    copies = {r["block_m"]: r["graph_us"] for r in got if r["mode"] == "copy"}
+    copied = [r for r in gemm if r["mode"] == "copied"]
+    if copied:
+        total = min(copied, key=lambda r: r["graph_us"] + copies[r["block_m"]])
+        line += f"  copied {total['graph_us'] + copies[total['block_m']]:8.1f} ({total['variant']} + copy)"
+    return line + f"  err {max(r['rel_err'] for r in gemm):.1e}"
 
 
 def main() -> int:
@@ -133,13 +165,7 @@ def main() -> int:
         if not got:
             continue
         rows += got
-        best = min(got, key=lambda r: r["graph_us"])
-        dflt = next((r["graph_us"] for r in got if r["default"]), float("nan"))
-        worst_err = max(r["rel_err"] for r in got)
-        summary.append(
-            f"{name:14} {stack:11} M={m:<5} default {dflt:8.1f}  best {best['graph_us']:8.1f} "
-            f"({best['variant']})  err {worst_err:.1e}"
-        )
+        summary.append(f"{name:14} {stack:11} M={m:<5} " + summarize(got))
         print(summary[-1], flush=True)
     header = dict(op="grouped_gemm", device=torch.cuda.get_device_name(), command=" ".join(sys.argv))
     Path(args.out).write_text(json.dumps(dict(header=header, rows=rows), indent=1))
