@@ -271,3 +271,16 @@ def grouped_reference(x: torch.Tensor, qw, row_expert: torch.Tensor, act: torch.
             w = dequantize(expert_weight(qw, i), act).double()
             ref[row_expert == i] = x[row_expert == i].double() @ w.T
     return ref
+
+
+def assert_gather_matches_copy(gathered, copied, grouped, qw, expert_ids, block_m: int, rows, bias, act) -> None:
+    """A gathering grouped GEMM's output against the same kernel on the rows copied into grouped order
+    (``grouped``): bit for bit in used segments, NaN (unwritten) in -1 segments, and within one rounding of
+    float64 on the rows that hold a token."""
+    row_expert = expert_ids.repeat_interleave(block_m)
+    used = row_expert >= 0
+    assert torch.equal(gathered[used], copied[used])
+    assert gathered[~used].isnan().all(), "a row of a skipped (-1) segment was written"
+    real = rows >= 0
+    ref = grouped_reference(grouped, qw, row_expert, act) + bias.double()[row_expert.clamp(min=0)]
+    assert_rel_close(gathered[real], ref[real], torch.finfo(act).eps, precision=torch.float64)

@@ -19,9 +19,9 @@ def test_heuristic_puts_the_vendor_gemm_first_for_e4m3_at_large_m():
     qw = random_weight(256, 256, -1, "cpu")
     fp8 = get_act_scheme("fp8")
     assert heuristic_order(qw, fp8, 256)[:2] == ("cuda.scaled_mm", "cuda.fp8_gemm")
-    assert heuristic_order(qw, fp8, 128)[0] != "cuda.scaled_mm"  # small M: the FP8 GEMM's tiles
+    assert heuristic_order(qw, fp8, 128)[0] == "cuda.fp8_gemm"  # small M: the FP8 GEMM's tiles
     int4 = random_weight(256, 256, 128, "cpu", fmt="int4")
-    assert "cuda.scaled_mm" not in heuristic_order(int4, fp8, 4096)[:1]
+    assert heuristic_order(int4, fp8, 4096)[0] == "cuda.fp8_gemm"
 
 
 @pytest.mark.parametrize(

@@ -95,15 +95,17 @@ def unsupported(qweight, act, x: torch.Tensor, out_dtype: torch.dtype | None = N
     return None
 
 
-def _kernel_unsupported(qweight, act, x) -> str | None:
-    return unsupported(qweight, act, x)
-
-
-def _other_output(qweight, act, x: torch.Tensor, out_dtype: torch.dtype) -> bool:
-    """Whether this call asks for an output dtype the row-wise GEMM does not write (it writes bfloat16 only),
-    on a call it otherwise runs: such calls run on ``cuda.fp8_gemm``, which takes every W8A8 call this kernel
-    takes (the dispatcher plans a call before it knows its output dtype)."""
-    return unsupported(qweight, act, x) is None and unsupported(qweight, act, x, out_dtype) is not None
+def _runs_here(qweight, act, x: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """``True`` when this kernel runs the call; ``False`` for an output dtype the row-wise GEMM does not write
+    (bfloat16 only) on a call it otherwise takes: that call runs on ``cuda.fp8_gemm``, which takes every W8A8
+    call this kernel takes (the dispatcher plans a call before it knows its output dtype). Raises for the
+    rest."""
+    reason = unsupported(qweight, act, x, out_dtype)
+    if reason is None:
+        return True
+    if unsupported(qweight, act, x) is None:
+        return False
+    raise ValueError(f"humming cuda.scaled_mm: {reason}")
 
 
 def _launcher(x, qweight, act, bias_dtype, out_dtype: torch.dtype, tuning):
@@ -111,11 +113,8 @@ def _launcher(x, qweight, act, bias_dtype, out_dtype: torch.dtype, tuning):
     activation pass made ready, the weight's operand and scales picked once."""
     from ..triton_kernels.act_quant import quantize_pass
 
-    if _other_output(qweight, act, x, out_dtype):
+    if not _runs_here(qweight, act, x, out_dtype):
         return fp8_gemm.KERNEL.launcher(x, qweight, act, bias_dtype, out_dtype, tuning)
-    reason = unsupported(qweight, act, x, out_dtype)
-    if reason is not None:
-        raise ValueError(f"humming cuda.scaled_mm: {reason}")
     prep = prepare(qweight)
     rowwise, m = _rowwise(qweight, act), x.shape[0]
     if m == 0:
@@ -144,11 +143,8 @@ def linear(x, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -
     """``x [M, K] @ dequantize(qweight)^T + bias`` -> ``[M, N]`` of ``out_dtype`` (see :func:`unsupported`);
     ``x`` a float tensor (quantized here with ``act``) or a ``QuantizedActivation`` of scheme ``act``."""
     codes = getattr(x, "codes", x)
-    if _other_output(qweight, act, codes, out_dtype):
+    if not _runs_here(qweight, act, codes, out_dtype):
         return fp8_gemm.linear(x, qweight, bias, act, out_dtype)
-    reason = unsupported(qweight, act, codes, out_dtype)
-    if reason is not None:
-        raise ValueError(f"humming cuda.scaled_mm: {reason}")
     if isinstance(x, torch.Tensor):
         return cached_launch(KERNEL.name, _launcher, x, qweight, bias, act, out_dtype, None)
     prep, rowwise = prepare(qweight), _rowwise(qweight, act)
@@ -166,7 +162,7 @@ KERNEL = Kernel(
     "cuda.scaled_mm",
     "cuda",
     "scaled_mm",
-    _kernel_unsupported,
+    unsupported,
     _run,
     prepare=lambda qweight, act=None: prepare(qweight),
     launcher=_launcher,
