@@ -27,7 +27,7 @@ def no_jobs(*args, **kwargs) -> list:
     return []
 
 
-def never_gathers(qweight, act) -> bool:
+def never_gathers(qweight, act, tokens, m_pad) -> bool:
     """The ``gathers`` of a kernel that reads grouped rows only (and of every dense kernel)."""
     return False
 
@@ -37,7 +37,7 @@ def never_gates(qweight, x, activation) -> bool:
     return False
 
 
-def always_gathers(qweight, act) -> bool:
+def always_gathers(qweight, act, tokens, m_pad) -> bool:
     """The ``gathers`` of a grouped kernel that reads token rows through an index for every call it runs."""
     return True
 
@@ -59,9 +59,10 @@ class Kernel:
       arch)`` NVRTC jobs a call of ``m`` rows compiles (``humming.warmup`` compiles them in parallel first).
     - ``layout`` names the prepared weight layout the kernel reads (``"ir"``: the QuantizedWeight as it is)
       and ``prepare(qweight, act)`` makes it for activation scheme ``act`` (``None``: 16-bit).
-    - ``gathers(qweight, act)``: whether the grouped kernel reads token rows through an index for this
-      weight and activation scheme (``humming.moe.grouped_linear``'s ``rows``); where it does not, the caller
-      copies the rows into grouped order.
+    - ``gathers(qweight, act, tokens, m_pad)``: whether the grouped kernel reads token rows through an index
+      for this weight and activation scheme, ``tokens`` token rows and ``m_pad`` grouped rows
+      (``humming.moe.grouped_linear``'s ``rows``); where it does not, the caller copies the rows into grouped
+      order (one Triton pass on CUDA) and the kernel reads those.
     - ``gates(qweight, x, activation)``: whether the grouped kernel applies fused_moe's gated activation
       (a ``humming.reference.moe_layer.Activation``) to ``w13`` = ``qweight`` in its epilogue for 16-bit
       ``x``; it then runs with ``gated=activation`` and returns ``[M_pad, N / 2]``.

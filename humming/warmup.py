@@ -168,7 +168,7 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
             ids = torch.zeros(rows // block_m, dtype=torch.int32, device=device)
             kernel.run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning)
             # and reading token rows through an index (fused_moe's w13): another specialisation
-            if kernel.gathers(qw, act):
+            if kernel.gathers(qw, act, rows, rows):
                 index = torch.arange(rows, dtype=torch.int32, device=device)
                 kernel.run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning, rows=index)
         else:

@@ -10,10 +10,19 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from helpers import assert_bit_exact
 
 import humming
-from humming.triton_kernels.act_quant import quantize_activation, quantize_activation_values, quantize_pass, unsupported
+from humming.triton_kernels._act_quant_kernel import _encode_rne, _settled_quotient
+from humming.triton_kernels.act_quant import (
+    element_spec,
+    quantize_activation,
+    quantize_activation_values,
+    quantize_pass,
+    unsupported,
+)
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,47 @@ def test_static_scale_midpoints(act, seed, device):
     x = (pick.double() * scale.double()).float().to(device)
     got = quantize_activation(x, act, scale=scale)
     _assert_same(got, humming.quantize_activation(x, act, scale=scale), f"{act} seed={seed}")
+
+
+@triton.jit
+def _quotient_probe(x_ptr, s_ptr, code_ptr, n, ELEMENT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    s = tl.load(s_ptr + offs, mask=offs < n, other=1.0)
+    q = _settled_quotient(x, s, ELEMENT.INT, ELEMENT.BITS, ELEMENT.MBITS, ELEMENT.BIAS, ELEMENT.MAXV)
+    code = _encode_rne(q, ELEMENT.INT, ELEMENT.BITS, ELEMENT.MBITS, ELEMENT.BIAS, ELEMENT.MAXV)
+    tl.store(code_ptr + offs, code, mask=offs < n)
+
+
+def _ulp_steps(values: torch.Tensor, steps: int) -> torch.Tensor:
+    """``values`` (float32) and their neighbours up to ``steps`` float32 ulps away on either side."""
+    bits = values.view(torch.int32)
+    return torch.stack([(bits + d).view(torch.float32) for d in range(-steps, steps + 1)], dim=-1)
+
+
+@pytest.mark.parametrize("fmt_name", ["int8", "int4", "e4m3", "e5m2", "e2m1"])
+@pytest.mark.parametrize("scale_range", [(0.5, 2.0), (1e-30, 1e-25), (1e-44, 1e-40), (1e25, 1e30)])
+def test_quotient_rounds_as_the_exact_division(fmt_name, scale_range, seed, device):
+    """The per-element arithmetic of float32 scales (``_settled_quotient`` then ``_encode_rne``, no division
+    and no float64 per element) gives ``NumberFormat.encode`` of the float64 quotient ``x / s``: inputs at
+    and around (4 float32 ulps each way) every grid point and every midpoint times the scale, both signs,
+    past saturation, for scales near 1, tiny, subnormal and huge."""
+    fmt = humming.get_format(fmt_name)
+    grid = fmt.value_table().unique().sort().values
+    grid = grid[torch.isfinite(grid) & (grid >= 0)].double()
+    points = torch.cat([grid, (grid[1:] + grid[:-1]) / 2, torch.tensor([fmt.max_value * 1.01, fmt.max_value * 4])])
+    lo, hi = scale_range
+    scales = (lo * (hi / lo) ** torch.rand(points.shape[0], dtype=torch.float64)).float()
+    x = _ulp_steps((points * scales.double()).float(), 4)
+    s = scales[:, None].expand_as(x)
+    keep = torch.isfinite(x) & (x.abs() > 0)
+    x, s = torch.cat([x[keep], -x[keep]]), torch.cat([s[keep], s[keep]])
+    want = fmt.encode(x.double() / s.double())
+    codes = torch.empty(x.shape, dtype=torch.int32, device=device)
+    _quotient_probe[(triton.cdiv(x.numel(), 1024),)](
+        x.to(device), s.to(device), codes, x.numel(), element_spec(fmt), 1024
+    )
+    assert_bit_exact(codes.to(torch.uint8), want.to(device), f"{fmt_name} scales {scale_range} seed={seed}")
 
 
 @pytest.mark.parametrize("act", ["fp8", "fp8_g128", "int8_tensor", "mxfp4"])

@@ -34,7 +34,7 @@ from humming.cuda_kernels._layout import DTYPE_CODE
 from humming.cuda_kernels.jit import compile_kernel, device_arch
 from humming.device import device_limits
 from humming.moe import default_block_m
-from humming.reference.moe_layer import gather_rows
+from humming.moe.grouped import gather_rows
 from humming.timing import time_calls
 
 M_VALUES = (1024, 8192)

@@ -18,7 +18,15 @@ from . import _gemm_sm90, _wna16, fp8_gemm
 from ._layout import DTYPE_CODE, GATED_ACTS, aligned_rows, weight_layout, weight_unsupported
 from ._support import runtime_unavailable
 
-__all__ = ["KERNEL", "gated_unsupported", "grouped_linear", "grouped_unsupported", "launcher"]
+__all__ = [
+    "COPY_FROM_TOKENS",
+    "KERNEL",
+    "gated_unsupported",
+    "gathers",
+    "grouped_linear",
+    "grouped_unsupported",
+    "launcher",
+]
 
 #: The grouped WnA16 GEMM's launches made ready, per weight and kind of call (shape, dtypes, gather, gate).
 _launches = LaunchesByWeight()
@@ -121,6 +129,19 @@ def launcher(x, qweight, act, block_m: int, m_pad: int, bias_dtype, out_dtype, t
     return run
 
 
+#: Tokens from which the WnA16 GEMM reads fused_moe's w13 input copied into grouped order (the copy one
+#: Triton pass, the kernel then reading rows by TMA) instead of gathering it in its producer: the gathering
+#: producer's per-row copies cost more than the copy from there (bench/results/h200/grouped_gemm.json, the
+#: ``copied`` rows against ``gather``).
+COPY_FROM_TOKENS = 1024
+
+
+def gathers(qweight, act, tokens: int, m_pad: int) -> bool:
+    """:attr:`humming.kernel.Kernel.gathers`: the WnA16 GEMM gathers token rows below
+    :data:`COPY_FROM_TOKENS` tokens; the FP8 GEMM reads grouped rows only."""
+    return act is None and tokens < COPY_FROM_TOKENS
+
+
 def gated_unsupported(qweight, activation) -> str | None:
     """``None`` when the grouped WnA16 GEMM, given that it runs the call, applies ``activation`` to w13 =
     ``qweight`` in its epilogue: a gated activation it has, and scales per row or per tensor along N (w13's
@@ -174,7 +195,7 @@ KERNEL = Kernel(
     _run,
     warmup_jobs=_warmup_jobs,
     prepare=lambda qweight, act=None: _wna16.prepare(qweight) if act is None else fp8_gemm.prepare(qweight),
-    gathers=lambda qweight, act: act is None,
+    gathers=gathers,
     gates=lambda qweight, x, activation: gated_unsupported(qweight, activation) is None,
     launcher=launcher,
 )

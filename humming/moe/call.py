@@ -150,9 +150,10 @@ class MoeCall:
                 launches.append(MoeLaunch(f"{step} input", kernel, f"{act.name} static rows={x.shape[0]}"))
                 x = torch.empty(x.shape, dtype=torch.uint8, device=device)
             plan = plan_grouped(qw, act, x, block_m, self.backend, m_pad if gather else None)
-            gathers = gather and GROUPED_KERNELS[plan.kernel].gathers(qw, act)
+            gathers = gather and GROUPED_KERNELS[plan.kernel].gathers(qw, act, num_tokens, m_pad)
             if gather and not gathers:  # a kernel that reads grouped rows: the tokens copied into that order
-                launches.append(MoeLaunch(f"{step} input", "torch", f"gather rows={m_pad}"))
+                copier = "triton.gather_rows" if device.type == "cuda" else "torch"
+                launches.append(MoeLaunch(f"{step} input", copier, f"gather rows={m_pad}"))
             if act is not None and x.dtype != torch.uint8 and plan.backend != "reference":
                 # the CUDA and Triton scaled GEMMs quantize their 16-bit input in a Triton pass first (a gathering
                 # kernel quantizes the T tokens)
@@ -169,7 +170,11 @@ class MoeCall:
             plan = plan_grouped(self.w13, None, x, block_m, self.backend, m_pad)
             gated = plan.kernel if GROUPED_KERNELS[plan.kernel].gates(self.w13, x, activation) else None
         if gated is not None:
-            w13_detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act=None gathered, then {detail}"
+            gathered = GROUPED_KERNELS[gated].gathers(self.w13, None, num_tokens, m_pad)
+            if not gathered:
+                launches.append(MoeLaunch("w13 input", "triton.gather_rows", f"gather rows={m_pad}"))
+            how = " gathered" if gathered else ""
+            w13_detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act=None{how}, then {detail}"
             launches.append(MoeLaunch("w13", gated, w13_detail))
         else:
             gemm("w13", self.w13, x, self.w13_act_scale, gather=True)

@@ -9,15 +9,26 @@ import torch
 
 from .. import ops
 from ..cuda_kernels.jit import KernelNotReadyError
-from ..dispatch.kernels import GROUPED_KERNELS
+from ..dispatch.kernels import GROUPED_KERNELS, backend_unavailable
 from ..dispatch.plan import plan_grouped, requested_backend, unwarmed_error
 from ..dispatch.support import combination_error
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
-from ..reference.moe_layer import gather_rows
+from ..reference.moe_layer import gather_rows as reference_gather_rows
 from ._checks import check_block_m, check_experts, check_out_dtype, check_range, check_rows, check_x, expert_bias
 
-__all__ = ["grouped_linear", "grouped_step", "run_gated", "run_grouped"]
+__all__ = ["gather_rows", "grouped_linear", "grouped_step", "run_gated", "run_grouped"]
+
+
+def gather_rows(x, rows: torch.Tensor):
+    """Token rows copied into grouped order for a kernel that reads grouped rows
+    (:func:`humming.reference.moe_layer.gather_rows`): in one Triton pass on CUDA tensors, else in torch."""
+    data = x.codes if isinstance(x, QuantizedActivation) else x
+    if data.device.type == "cuda" and backend_unavailable("triton") is None:
+        from ..triton_kernels import gather_rows as triton_gather
+
+        return triton_gather.gather_rows(x, rows)
+    return reference_gather_rows(x, rows)
 
 
 def grouped_linear(
@@ -140,7 +151,7 @@ def run_grouped(
     plan = plan_grouped(qweight, act, x_data, block_m, backend, m_pad)
     kernel = GROUPED_KERNELS[plan.kernel]
     gather = {}
-    if rows is not None and kernel.gathers(qweight, act):
+    if rows is not None and kernel.gathers(qweight, act, x_data.shape[0], m_pad):
         gather = {"rows": rows}
     elif rows is not None:
         # Copied into grouped order. Exact for the kernels that do not gather (CUDA's FP8 GEMM): they take
@@ -168,16 +179,20 @@ def run_gated(x, w13, expert_ids, block_m: int, bias, activation, out_dtype, bac
     through ``rows`` -> the activated ``[M_pad, I]``, where the grouped kernel the dispatcher plans for w13
     has that epilogue (:attr:`humming.kernel.Kernel.gates`); ``None`` where it has not (the caller then runs
     :func:`run_grouped` and the activation pass)."""
-    plan = plan_grouped(w13, None, x, block_m, backend, rows.shape[0])
+    plan_rows = rows.shape[0]
+    plan = plan_grouped(w13, None, x, block_m, backend, plan_rows)
     kernel = GROUPED_KERNELS[plan.kernel]
     if not kernel.gates(w13, x, activation):
         return None
     check_range("expert_ids", expert_ids, -1, w13.num_experts)
     check_range("rows", rows, -1, x.shape[0])
+    tokens = x.shape[0]
+    if not kernel.gathers(w13, None, tokens, rows.shape[0]):  # copied into grouped order (see run_grouped)
+        x, rows = gather_rows(x, rows), None
     try:
         return kernel.run(x, w13, expert_ids, block_m, bias, None, out_dtype, plan.tuning, rows=rows, gated=activation)
     except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
-        raise unwarmed_error(err, w13, None, x, backend, block_m, rows.shape[0]) from None
+        raise unwarmed_error(err, w13, None, x, backend, block_m, plan_rows) from None
 
 
 def grouped_step(qweight, x, m_pad: int | None, block_m: int, bias_dtype, out_dtype, backend: str, gated=None):
@@ -192,7 +207,7 @@ def grouped_step(qweight, x, m_pad: int | None, block_m: int, bias_dtype, out_dt
         return None
     weight = weakref.ref(qweight)
     gather = m_pad is not None
-    gathers = gather and (gated is not None or kernel.gathers(qweight, None))
+    gathers = gather and kernel.gathers(qweight, None, x.shape[0], m_pad)
     grouped_x = x if gathers or not gather else x.new_empty(m_pad, x.shape[1])  # what the kernel reads
     launch = None
     if kernel.launcher is not None:
@@ -204,9 +219,9 @@ def grouped_step(qweight, x, m_pad: int | None, block_m: int, bias_dtype, out_dt
         options = {} if gated is None else {"gated": gated}
 
         def launch(x, expert_ids, bias, rows):
-            gather_rows = {"rows": rows} if gathers else {}
+            row_index = {"rows": rows} if gathers else {}
             return kernel.run(
-                x, weight(), expert_ids, block_m, bias, None, out_dtype, plan.tuning, **gather_rows, **options
+                x, weight(), expert_ids, block_m, bias, None, out_dtype, plan.tuning, **row_index, **options
             )
 
     def run(x, expert_ids, bias, rows):

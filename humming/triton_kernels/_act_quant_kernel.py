@@ -1,14 +1,15 @@
 """The Triton kernels of activation quantization (:mod:`.act_quant` is their entry point), bit-exact with
 :func:`humming.quantize_activation`, and the element arithmetic the fused passes (:mod:`.norm_quant`,
-:mod:`.moe_layer`) share: :func:`quantize_chunk` (codes of a tile for its scales) and :func:`span_scale`
-(the scale of a span from its absmax)."""
+:mod:`.moe_layer`) share: :func:`finite_absmax` (a span's absmax and whether it holds NaN / Inf),
+:func:`span_scale` (the scale of a span from its absmax) and :func:`quantize_chunk` (codes of a tile for
+its scales)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-__all__ = ["_absmax_kernel", "_act_quant_kernel", "quantize_chunk", "span_scale"]
+__all__ = ["_absmax_kernel", "_act_quant_kernel", "finite_absmax", "quantize_chunk", "span_scale"]
 
 
 @triton.jit
@@ -72,27 +73,94 @@ def _decode_e4m3(code):
 
 
 @triton.jit
+def _encode_rne(q, INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr):
+    """Finite float32 ``q`` -> int32 code, rounded to nearest even and saturated like ``NumberFormat.encode``
+    (:func:`_encode` with ``up`` zero) in a few integer and float additions: each addition's own rounding is
+    the rounding asked for."""
+    if INT:
+        qc = tl.minimum(tl.maximum(q, -MAXV - 1.0), MAXV)
+        # 1.5 * 2**23 has an ulp of 1: the sum is qc rounded to an integer, ties to even, in the low bits.
+        return ((qc + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000) & ((1 << BITS) - 1)
+    else:
+        sign = (q.to(tl.int32, bitcast=True) >> 31) & 1
+        mag = tl.minimum(tl.abs(q), MAXV)
+        mag_bits = mag.to(tl.int32, bitcast=True)
+        # Normal codes: the float32 bits lose 23 - MBITS mantissa bits, half to even; a carry moves into the
+        # exponent, which is then rebased from float32's bias to the format's.
+        lsb = (mag_bits >> (23 - MBITS)) & 1
+        normal = ((mag_bits + ((1 << (22 - MBITS)) - 1) + lsb) >> (23 - MBITS)) - ((127 - BIAS) << MBITS)
+        # Subnormal codes: 2**(23 + emin - MBITS) has the subnormal quantum as its ulp, so adding it rounds.
+        magic = _exp2i(tl.zeros_like(mag_bits) + (24 - BIAS - MBITS))
+        subnormal = (mag + magic).to(tl.int32, bitcast=True) - magic.to(tl.int32, bitcast=True)
+        min_normal = _exp2i(tl.zeros_like(mag_bits) + (1 - BIAS))
+        return (sign << (BITS - 1)) | tl.where(mag < min_normal, subnormal, normal)
+
+
+@triton.jit
+def _settled_quotient(
+    x, s, INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr
+):
+    """``x / s`` as a float32 that rounds on the element grid (:func:`_encode_rne`) as the exact quotient
+    rounds, without a division or a float64 step per element.
+
+    The span's ``x`` and ``s`` are first scaled by one power of two (exact) so that ``1 / s`` and every
+    residual below are normal floats. ``q = x * (1 / s)`` (two roundings: under 2 float32 ulps from
+    ``x / s``) rounds like ``x / s`` unless it lies within 3 ulps of a midpoint of the grid. The magnitude is
+    moved to a binade whose ulp is a fixed fraction of the grid's quantum (integers and subnormals by
+    adding a power of two, exactly or within half an ulp), where the bits below the quantum are the distance
+    to the nearest midpoint ``mid``. Near one, the sign of ``|x| - mid * s``, one fma (exact in sign: the
+    residual is a multiple of 2^-89 at least, far from underflow), settles the side: ``mid`` one ulp up or
+    down, or ``mid`` itself for an exact tie (then rounded half to even, as the reference does)."""
+    factor = tl.where(s < 1e-12, _exp2i(tl.zeros_like(s.to(tl.int32, bitcast=True)) + 100), 1.0)
+    factor = tl.where(s > 1e12, _exp2i(tl.zeros_like(s.to(tl.int32, bitcast=True)) - 64), factor)
+    s = s * factor
+    x = x * factor
+    inverse = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), tl.where(s == 0, 1.0, s))
+    q = x * inverse
+    if INT:  # integers: the magnitude plus 2**BITS, in a binade whose ulp is 2**(BITS - 23)
+        mag = tl.minimum(tl.abs(q), MAXV + 1.0)
+        lift = _exp2i(tl.zeros_like(q.to(tl.int32, bitcast=True)) + BITS)
+        frac_bits: tl.constexpr = 23 - BITS
+    else:  # subnormals plus the smallest normal, in its binade, whose quantum is theirs
+        mag = tl.minimum(tl.abs(q), MAXV)
+        min_normal = _exp2i(tl.zeros_like(q.to(tl.int32, bitcast=True)) + (1 - BIAS))
+        lift = tl.where(mag < min_normal, min_normal, 0.0)
+        frac_bits: tl.constexpr = 23 - MBITS
+    moved = (mag + lift).to(tl.int32, bitcast=True)
+    half = 1 << (frac_bits - 1)
+    below = moved & ((1 << frac_bits) - 1)
+    near = tl.abs(below - half) <= 3
+    mid = ((moved & ~((1 << frac_bits) - 1)) | half).to(tl.float32, bitcast=True) - lift  # exact (Sterbenz)
+    side = tl.fma(-mid, s + tl.zeros_like(x), tl.abs(x))
+    mid_bits = mid.to(tl.int32, bitcast=True)
+    settled = tl.where(side > 0, mid_bits + 1, tl.where(side < 0, mid_bits - 1, mid_bits))
+    out_bits = tl.where(near, settled, mag.to(tl.int32, bitcast=True))
+    return (out_bits | (q.to(tl.int32, bitcast=True) & (-0x7FFFFFFF - 1))).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def quantize_chunk(x, s, e8m0_exp, ELEMENT: tl.constexpr, SCALE: tl.constexpr):
-    """Codes of float32 ``x`` [BM, BK] in the element format ``ELEMENT`` (an ElementSpec) for scale ``s``
-    ([BM, 1], float64 for "e4m3g", else float32) or, for SCALE == "e8m0", the int32 exponent ``e8m0_exp``
-    [BM, 1]."""
+    """Codes of float32 ``x`` [BM, BK] (any rank) in the element format ``ELEMENT`` (an ElementSpec) for scale
+    ``s`` ([BM, 1], float64 for "e4m3g", else float32) or, for SCALE == "e8m0", the int32 exponent
+    ``e8m0_exp`` [BM, 1].
+
+    float32 scales: the codes of :func:`_settled_quotient`, which rounds like the reference's float64
+    ``x / s``."""
     if SCALE == "e8m0":
         q = x * _exp2i(-e8m0_exp)  # exact: a power of two
-        up = tl.zeros_like(q)
+        code = _encode_rne(q, ELEMENT.INT, ELEMENT.BITS, ELEMENT.MBITS, ELEMENT.BIAS, ELEMENT.MAXV)
         zero = tl.zeros_like(q) != 0
     elif SCALE == "e4m3g":
         q64 = x.to(tl.float64) / tl.where(s == 0, 1.0, s)
         q = q64.to(tl.float32)
         d = q64 - q.to(tl.float64)
         up = tl.where(d > 0, 1.0, tl.where(d < 0, -1.0, 0.0))
+        code = _encode(q, up, ELEMENT.INT, ELEMENT.BITS, ELEMENT.MBITS, ELEMENT.BIAS, ELEMENT.MAXV)
         zero = (s == 0) & (x == x)
     else:
-        s_safe = tl.where(s == 0, 1.0, s)
-        q = tl.math.div_rn(x, s_safe + tl.zeros_like(x))
-        d = x.to(tl.float64) - q.to(tl.float64) * s_safe.to(tl.float64)  # exact: the residual of q
-        up = tl.where(d > 0, 1.0, tl.where(d < 0, -1.0, 0.0))
+        q = _settled_quotient(x, s, ELEMENT.INT, ELEMENT.BITS, ELEMENT.MBITS, ELEMENT.BIAS, ELEMENT.MAXV)
+        code = _encode_rne(q, ELEMENT.INT, ELEMENT.BITS, ELEMENT.MBITS, ELEMENT.BIAS, ELEMENT.MAXV)
         zero = (s == 0) & (x == x)
-    code = _encode(q, up, ELEMENT.INT, ELEMENT.BITS, ELEMENT.MBITS, ELEMENT.BIAS, ELEMENT.MAXV)
     # NaN / Inf elements: the format's NaN code (0x7F, all ones but the sign, in every 8-bit eXmY format), else
     # code 0, as humming.quantize_activation sets them (README, "Non-finite activations").
     if ELEMENT.INT or ELEMENT.BITS < 8:
@@ -100,6 +168,20 @@ def quantize_chunk(x, s, e8m0_exp, ELEMENT: tl.constexpr, SCALE: tl.constexpr):
     else:
         nan_code = 0x7F
     return tl.where(tl.abs(x) < float("inf"), tl.where(zero, 0, code), nan_code)
+
+
+@triton.jit
+def finite_absmax(x, axis: tl.constexpr):
+    """``(absmax, non_finite)`` of float32 ``x`` along ``axis``: the largest magnitude of the finite elements
+    and whether any element is NaN / Inf. Reduced on the magnitudes' bits (non-negative floats order like
+    them, NaN and Inf above every finite one), with the finite-only maximum taken again only where a tile
+    holds a non-finite element."""
+    bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    top = tl.max(bits, axis=axis)
+    non_finite = top >= 0x7F800000
+    if tl.max(non_finite.to(tl.int32), axis=None) != 0:
+        top = tl.max(tl.where(bits < 0x7F800000, bits, 0), axis=axis)
+    return top.to(tl.float32, bitcast=True), non_finite
 
 
 @triton.jit
@@ -132,8 +214,8 @@ def _absmax_kernel(x_ptr, amax_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOC
     x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     # NaN / Inf are left out of the absmax (|x| < inf is false for both): a row holding one gets a NaN
     # output row from humming.linear, and the other rows keep the scale they have without it.
-    mag = tl.abs(x)
-    amax = tl.max(tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1), axis=0)
+    row_amax, _ = finite_absmax(x, 1)
+    amax = tl.max(row_amax, axis=0)
     tl.atomic_max(amax_ptr, amax.to(tl.int32, bitcast=True))  # non-negative floats order like their bits
 
 
@@ -197,9 +279,9 @@ def _act_quant_kernel(
             # A row's absmax does not depend on the column order: only groups gather their columns.
             src = _source_cols(perm_ptr, cols, k_hi, PERM and GROUP_K > 0)
             x = tl.load(x_ptr + rows64[:, None] * stride_xm + src[None, :], mask=mask, other=0.0)
-            mag = tl.abs(x.to(tl.float32))
-            non_finite = non_finite | (tl.max((mag < float("inf")) == 0, axis=1) != 0)
-            amax = tl.maximum(amax, tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1))
+            chunk_amax, chunk_non_finite = finite_absmax(x.to(tl.float32), 1)
+            non_finite = non_finite | chunk_non_finite
+            amax = tl.maximum(amax, chunk_amax)
     else:  # "tensor": the absmax pass's result ("static": unused, and amax_ptr is not an absmax)
         amax = tl.zeros([BLOCK_M], dtype=tl.float32)
         if SOURCE == "tensor":

@@ -92,14 +92,13 @@ def scale_kind(scheme: ActScheme) -> str | None:
 
 
 def per_token_tile(m: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_K, BLOCK_M, num_warps) of per-token scales. Few rows (decode): a program per row that holds
-    up to 8192 columns at once, so the absmax pass and the quantize pass each read the row in one go
-    (the row is then in L1 for the second) instead of eight dependent 1024-column loads per pass. Many
-    rows: four rows per program, 1024 columns per step."""
-    if m >= 1024:
-        return min(triton.next_power_of_2(k), 1024), 4, 4
+    """(BLOCK_K, BLOCK_M, num_warps) of per-token scales: a program per row that holds up to 8192 columns at
+    once, so the absmax pass and the quantize pass each read the row in one go (the row is then in L1 for
+    the second), with 8 warps: on the plain pass, 16 warps measured the same and 4-row programs of
+    1024-column steps slower from 1024 rows (bench/results/h200/act_quant.json); the fused passes
+    (:mod:`.norm_quant`, :mod:`.moe_layer`) read their rows the same way."""
     block_k = min(triton.next_power_of_2(k), 8192)
-    return block_k, 1, max(4, min(16, block_k // 512))
+    return block_k, 1, max(4, min(8, block_k // 512))
 
 
 #: The passes made ready, by what decides them (bounded: serving sees many M).
@@ -164,7 +163,7 @@ class _Pass:
         if group_k:
             block_k = group_k
             block_m = max(1, min(triton.next_power_of_2(m), 4096 // block_k, 64))
-        elif source == "local":  # per-token: four rows per program, or for fewer rows one row in one pass
+        elif source == "local":  # per-token: one row per program
             block_k, block_m, num_warps = per_token_tile(m, k)
         else:
             block_k = min(triton.next_power_of_2(k), 256)

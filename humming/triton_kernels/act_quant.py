@@ -108,17 +108,16 @@ def _compile_specs() -> list[registry.CompileSpec]:
         kind = scale_kind(scheme)
         bn, bk = scheme.group_shape
         source = "tensor" if bn == -1 else "local"
-        # The launch's tiles (quantize_activation): groups, per-token rows (M >= 1024 and decode), per-tensor;
-        # (block_m, block_k, warps, name suffix, values): fp8 per-token decode rows also as bf16 values.
-        # (block_m, block_k, warps, name suffix, values, perm): fp8 per-token decode rows also as bf16 values;
+        # The launch's tiles (quantize_activation): groups, per-token rows, per-tensor;
+        # (block_m, block_k, warps, name suffix, values, perm): fp8 per-token rows also as bf16 values;
         # the act-order gather (perm) for the per-token, per-tensor and 1x128 schemes of the scaled GEMM.
         tiles = [(4096 // bk, bk, 4, "", False, False)]
         if bk == -1 and source == "tensor":
             tiles = [(16, 256, 4, "", False, False)]
         elif bk == -1:
-            tiles = [(4, 1024, 4, "", False, False), (1, 8192, 16, "-decode", False, False)]
+            tiles = [(1, 8192, 8, "", False, False)]
             if scheme.name == "fp8":
-                tiles.append((1, 8192, 16, "-decode-values", True, False))
+                tiles.append((1, 8192, 8, "-values", True, False))
         if scheme.name in ("int8", "fp8", "fp8_tensor", "fp8_g128"):
             tiles += [(*tile[:3], tile[3] + "-perm", False, True) for tile in tiles if not tile[4]]
         specs += [

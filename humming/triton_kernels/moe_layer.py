@@ -26,7 +26,7 @@ from ..ir.dtypes import FLOAT_DTYPES
 from ..ir.formats import get_format
 from ..reference.moe_layer import ACTIVATIONS, Activation
 from . import registry
-from ._act_quant_kernel import quantize_chunk, span_scale
+from ._act_quant_kernel import finite_absmax, quantize_chunk, span_scale
 from ._launch import CompiledLaunches
 from .act_quant import element_spec, per_token_tile, scale_kind, scheme_unsupported
 from .interpreter import cast
@@ -129,9 +129,9 @@ def _moe_act_kernel(
             cols = k0 + tl.arange(0, BLOCK_K)
             mask = row_mask[:, None] & (cols[None, :] < k_hi)
             v = _rounded_act(h_ptr, rows64, cols, mask, stride_hm, inter, ACTIVATION, ALPHA, LIMIT, INTERLEAVED)
-            mag = tl.abs(v)
-            non_finite = non_finite | (tl.max((mag < float("inf")) == 0, axis=1) != 0)
-            amax = tl.maximum(amax, tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1))
+            chunk_amax, chunk_non_finite = finite_absmax(v, 1)
+            non_finite = non_finite | chunk_non_finite
+            amax = tl.maximum(amax, chunk_amax)
         s, e8m0_exp = span_scale(amax, ELEMENT, SCALE)
         scale_at = scales_ptr + rows64 * stride_sm + pid_k
         if SCALE == "e8m0":  # 255: the e8m0 NaN

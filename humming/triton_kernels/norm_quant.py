@@ -17,7 +17,7 @@ import triton.language as tl
 from ..ir.activation import ACT_SCHEMES, ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.dtypes import FLOAT_DTYPES
 from . import registry
-from ._act_quant_kernel import quantize_chunk, span_scale
+from ._act_quant_kernel import finite_absmax, quantize_chunk, span_scale
 from ._launch import CompiledLaunches
 from .act_quant import element_spec, per_token_tile, scale_kind, scheme_unsupported
 from .interpreter import cast
@@ -89,9 +89,10 @@ def _rmsnorm_quant_kernel(
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = row_ok[:, None] & (cols[None, :] < K)
-        mag = tl.abs(_load_z(x_ptr, res_ptr, res_out_ptr, rows64, cols, mask, stride_xm, stride_rm, RESIDUAL, True))
-        non_finite = non_finite | (tl.max((mag < float("inf")) == 0, axis=1) != 0)
-        amax = tl.maximum(amax, tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1))
+        z = _load_z(x_ptr, res_ptr, res_out_ptr, rows64, cols, mask, stride_xm, stride_rm, RESIDUAL, True)
+        chunk_amax, chunk_non_finite = finite_absmax(z, 1)
+        non_finite = non_finite | chunk_non_finite
+        amax = tl.maximum(amax, chunk_amax)
     e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126
 
     # Sum of floor(z^2 * 2^(P - 2E)): integers below 2^P each, below 2^52 in all: exact in any order.
@@ -120,9 +121,9 @@ def _rmsnorm_quant_kernel(
             cols = k0 + tl.arange(0, BLOCK_K)
             mask = row_ok[:, None] & (cols[None, :] < K)
             z = _load_z(x_ptr, res_ptr, res_out_ptr, rows64, cols, mask, stride_xm, stride_rm, RESIDUAL, False)
-            mag = tl.abs(_normalize(z, inv_rms, w_ptr, cols, cols < K, X_DTYPE))
-            non_finite = non_finite | (tl.max((mag < float("inf")) == 0, axis=1) != 0)
-            y_amax = tl.maximum(y_amax, tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=1))
+            chunk_amax, chunk_non_finite = finite_absmax(_normalize(z, inv_rms, w_ptr, cols, cols < K, X_DTYPE), 1)
+            non_finite = non_finite | chunk_non_finite
+            y_amax = tl.maximum(y_amax, chunk_amax)
         s, e8m0_exp = span_scale(y_amax, ELEMENT, SCALE)
         # A row holding NaN / Inf gets a NaN scale (act_quant's rule: every GEMM's epilogue makes it NaN).
         tl.store(scales_ptr + rows64 * stride_sm, tl.where(non_finite, float("nan"), s), mask=row_ok)
@@ -138,9 +139,8 @@ def _rmsnorm_quant_kernel(
             # Groups of GROUP_K columns: [BM, groups, GROUP_K], a scale per group from this read.
             G: tl.constexpr = BLOCK_K // GROUP_K
             y3 = tl.reshape(y, (BLOCK_M, G, GROUP_K))
-            mag = tl.abs(y3)
-            bad = tl.max((mag < float("inf")) == 0, axis=2) != 0
-            g_s, g_e = span_scale(tl.max(tl.where(mag < float("inf"), mag, 0.0), axis=2), ELEMENT, SCALE)
+            group_amax, bad = finite_absmax(y3, 2)
+            g_s, g_e = span_scale(group_amax, ELEMENT, SCALE)
             code3 = quantize_chunk(y3, g_s[:, :, None], g_e[:, :, None], ELEMENT, SCALE)
             code = tl.reshape(code3, (BLOCK_M, BLOCK_K))
             span = k0 // GROUP_K + tl.arange(0, G)
@@ -267,15 +267,15 @@ def _constexprs(scheme: ActScheme, static: bool, residual: bool, block_m: int, b
 
 
 def _compile_specs() -> list[registry.CompileSpec]:
-    """Per-token (prefill and decode tiles), 1x128 and MX groups, and a static scale, from bf16 with a residual
-    (and fp8 per-token without one)."""
+    """Per-token rows, 1x128 and MX groups, and a static scale, from bf16 with a residual (and fp8 per-token
+    without one), on the launch's tile (:func:`~.act_quant.per_token_tile`)."""
     cases = [  # act, static, residual, (block_m, block_k, warps)
-        ("fp8", False, True, (4, 1024, 4)),
-        ("fp8", False, False, (1, 8192, 16)),
-        ("int8", False, True, (1, 8192, 16)),
-        ("fp8_g128", False, True, (4, 1024, 4)),
-        ("mxfp4", False, True, (1, 8192, 16)),
-        ("fp8_tensor", True, True, (4, 1024, 4)),
+        ("fp8", False, True, (1, 8192, 8)),
+        ("fp8", False, False, (1, 8192, 8)),
+        ("int8", False, True, (1, 8192, 8)),
+        ("fp8_g128", False, True, (1, 8192, 8)),
+        ("mxfp4", False, True, (1, 8192, 8)),
+        ("fp8_tensor", True, True, (1, 8192, 8)),
     ]
     specs = []
     for act, static, residual, (block_m, block_k, num_warps) in cases:

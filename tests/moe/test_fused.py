@@ -3,6 +3,8 @@ both gate / up layouts, expert maps, static and dynamic activation scales); GPU 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import rel_err
@@ -238,7 +240,7 @@ def test_blocks_of_8_only_where_the_grouped_decode_kernel_runs_both_gemms() -> N
 
 # ------------------------------------------------------------------------------------ GPU, real MoE shapes
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [1, 16, 256])
+@pytest.mark.parametrize("t", [1, 16, 256, 1024])
 @pytest.mark.parametrize("name", ["uint4-zp-g128", "int8-channel", "mxfp4"])
 def test_fused_moe_gpu_realistic(name: str, t: int, seed: int) -> None:
     """fused_moe (auto: CUDA or Triton) against the reference backend at E=64, topk=8, K=2048, I=768."""
@@ -293,3 +295,40 @@ def test_fused_moe_gpu_gelu(activation: str, t: int, seed: int) -> None:
         out = moe.fused_moe(x, w13, w2, weights, ids, activation=activation, act=act)
         ref = moe.fused_moe(x.float(), w13, w2, weights, ids, activation=activation, act=act, backend="reference")
         assert rel_err(out, ref.double()) <= MOE_TOL[torch.bfloat16], name
+
+
+def test_cuda_grouped_copies_w13_input_from_prefill_sizes() -> None:
+    """The sm_90a WnA16 grouped GEMM gathers fused_moe's w13 tokens below COPY_FROM_TOKENS and reads them
+    copied into grouped order from there; the FP8 GEMM always reads grouped rows."""
+    from humming.cuda_kernels import grouped as cuda_grouped
+
+    limit = cuda_grouped.COPY_FROM_TOKENS
+    assert cuda_grouped.gathers(None, None, limit - 1, 8 * limit)
+    assert not cuda_grouped.gathers(None, None, limit, 8 * limit)
+    assert not cuda_grouped.gathers(None, humming.ir.activation.get_act_scheme("fp8"), 1, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_fused_moe_gpu_w13_copied_equals_gathered(activation: str, monkeypatch, seed: int) -> None:
+    """fused_moe with w13's tokens copied into grouped order (the Triton copy, then the TMA-reading kernel,
+    gated epilogue included) against the same layer gathering them in the kernel: bit for bit, and the
+    copy listed among the call's launches."""
+    from humming.cuda_kernels import grouped as cuda_grouped
+
+    e, topk, k, inter, t = 16, 4, 512, 256, 96
+    w13 = quantize_experts("int4-g128", e, 2 * inter, k, "cuda")
+    w2 = quantize_experts("int4-g128", e, k, inter, "cuda")
+    x = torch.randn(t, k, device="cuda").bfloat16()
+    ids = random_routing(t, topk, e, "cuda")
+    weights = torch.softmax(torch.randn(t, topk, device="cuda"), -1)
+    outs = []
+    for copy_from in (t + 1, t):  # gathered, then copied (fresh weight objects: launches are kept per weight)
+        monkeypatch.setattr(cuda_grouped, "COPY_FROM_TOKENS", copy_from)
+        w13_, w2_ = dataclasses.replace(w13), dataclasses.replace(w2)
+        outs.append(moe.fused_moe(x, w13_, w2_, weights, ids, activation=activation))
+        steps = [(la.step, la.kernel) for la in moe.MoeCall(w13_, w2_, topk, activation=activation).launches(t)]
+        assert (("w13 input", "triton.gather_rows") in steps) == (copy_from == t), steps
+    assert torch.equal(outs[0], outs[1])
+    ref = moe.fused_moe(x.float(), w13, w2, weights, ids, activation=activation, backend="reference")
+    assert rel_err(outs[1], ref.double()) <= MOE_TOL[torch.bfloat16]

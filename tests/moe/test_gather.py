@@ -194,3 +194,26 @@ def test_grouped_linear_gather_non_finite_tokens(act, seed: int, device: str) ->
         assert not torch.isfinite(out[reads]).any(), backend
         keep = (rows >= 0) & ~reads & (expert_ids >= 0).repeat_interleave(block_m)
         assert torch.equal(out[keep], clean[keep]), backend
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("t, k", [(3, 64), (37, 7168), (5, 40)])
+def test_gather_rows_kernel_matches_the_definition(dtype, t, k, seed: int, device: str) -> None:
+    """The one-pass Triton copy (what fused_moe runs on CUDA): the torch definition bit for bit, tokens of
+    every float dtype, odd K, padding rows, rows read many times, and quantized activations' codes and
+    per-row scales (float32 and 8-bit float scales)."""
+    from humming.triton_kernels import gather_rows as triton_gather
+
+    x = torch.randn(t, k, device=device).to(dtype)
+    rows = torch.randint(-1, t, (8 * t + 5,), dtype=torch.int32, device=device)
+    out = triton_gather.gather_rows(x, rows)
+    assert out.shape == (rows.shape[0], k) and out.dtype == dtype
+    assert torch.equal(out, _moe_layer.gather_rows(x, rows))
+    assert triton_gather.gather_rows(x[:0], torch.full((4,), -1, dtype=torch.int32, device=device)).abs().sum() == 0
+    if dtype != torch.float32:
+        for act in ("fp8", "mxfp4", "nvfp4", "fp8_tensor"):
+            qa = humming.quantize_activation(x, act)
+            got, want = triton_gather.gather_rows(qa, rows), _moe_layer.gather_rows(qa, rows)
+            assert torch.equal(got.codes, want.codes), act
+            assert torch.equal(got.scales.view(torch.uint8), want.scales.view(torch.uint8)), act
+            assert got.global_scale is qa.global_scale
