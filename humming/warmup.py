@@ -167,8 +167,9 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
         if grouped:
             ids = torch.zeros(rows // block_m, dtype=torch.int32, device=device)
             kernel.run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning)
-            # and reading token rows through an index (fused_moe's w13): another specialisation
-            if kernel.gathers(qw, act, rows, rows):
+            # and reading token rows through an index (fused_moe's w13): another specialisation, which a call of
+            # few tokens spread over these grouped rows takes
+            if kernel.gathers(qw, act, 1, rows):
                 index = torch.arange(rows, dtype=torch.int32, device=device)
                 kernel.run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning, rows=index)
         else:
