@@ -456,10 +456,8 @@ def _grouped_kernel(name: str) -> Callable[[MoeGroup, Inputs], Prepared | str]:
         if reason is not None:
             return reason
         run, gather = partial(kernel.run, rows), {}
-        tokens = inp.x.shape[0]
-        if group.part == "grouped_w13" and kernel.gathers(
-            qws[0], group.act, tokens, rows.shape[0]
-        ):  # as humming's row: through the index
+        through_index = kernel.gathers(qws[0], group.act, inp.x.shape[0], rows.shape[0])
+        if group.part == "grouped_w13" and through_index:  # as humming's row: through the index
             run, gather = partial(kernel.run, inp.x), {"rows": routing.token_rows(inp.ids.shape[1])}
         args = (routing.expert_ids, block_m)
         calls = [partial(run, qw, *args, qw.bias, group.act, group.dtype, None, **gather) for qw in qws]

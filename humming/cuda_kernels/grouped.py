@@ -131,8 +131,8 @@ def launcher(x, qweight, act, block_m: int, m_pad: int, bias_dtype, out_dtype, t
 
 #: Tokens from which the WnA16 GEMM reads fused_moe's w13 input copied into grouped order (the copy one
 #: Triton pass, the kernel then reading rows by TMA) instead of gathering it in its producer: the gathering
-#: producer's per-row copies cost more than the copy from there (bench/results/h200/grouped_gemm.json, the
-#: ``copied`` rows against ``gather``).
+#: producer's per-row copies cost more than the copy from there (bench/results/h200/grouped_w13_feed.json,
+#: the ``copied`` rows against ``gather``).
 COPY_FROM_TOKENS = 1024
 
 

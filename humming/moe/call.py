@@ -24,7 +24,7 @@ from ._checks import check_act_scale, check_expert_map, check_experts
 from .align import default_block_m, padded_rows
 from .align import triton_unsupported as align_unsupported
 from .fused import fused_moe, on_triton
-from .grouped import takes_blocks_of_8
+from .grouped import copies_on_triton, takes_blocks_of_8
 from .routing import check_routing, layer_backend, topk_routing, triton_unsupported
 
 __all__ = ["MoeCall", "MoeLaunch"]
@@ -140,6 +140,7 @@ class MoeCall:
         launches += self._align_launches(num_tokens, block_m)
         x = torch.empty(num_tokens, self.w13.K, dtype=x_dtype, device=device)
         triton_layer = on_triton(x, self.backend)
+        copier = "triton.gather_rows" if copies_on_triton(device) else "torch"  # into grouped order
 
         def gemm(step: str, qw: QuantizedWeight, x: torch.Tensor, scale, gather: bool = False) -> None:
             """``x``: the GEMM's input, the ``T`` tokens where it gathers them (w13) else the grouped rows;
@@ -152,7 +153,6 @@ class MoeCall:
             plan = plan_grouped(qw, act, x, block_m, self.backend, m_pad if gather else None)
             gathers = gather and GROUPED_KERNELS[plan.kernel].gathers(qw, act, num_tokens, m_pad)
             if gather and not gathers:  # a kernel that reads grouped rows: the tokens copied into that order
-                copier = "triton.gather_rows" if device.type == "cuda" else "torch"
                 launches.append(MoeLaunch(f"{step} input", copier, f"gather rows={m_pad}"))
             if act is not None and x.dtype != torch.uint8 and plan.backend != "reference":
                 # the CUDA and Triton scaled GEMMs quantize their 16-bit input in a Triton pass first (a gathering
@@ -172,7 +172,7 @@ class MoeCall:
         if gated is not None:
             gathered = GROUPED_KERNELS[gated].gathers(self.w13, None, num_tokens, m_pad)
             if not gathered:
-                launches.append(MoeLaunch("w13 input", "triton.gather_rows", f"gather rows={m_pad}"))
+                launches.append(MoeLaunch("w13 input", copier, f"gather rows={m_pad}"))
             how = " gathered" if gathered else ""
             w13_detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act=None{how}, then {detail}"
             launches.append(MoeLaunch("w13", gated, w13_detail))

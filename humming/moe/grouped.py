@@ -17,14 +17,19 @@ from ..ir.weight import QuantizedWeight
 from ..reference.moe_layer import gather_rows as reference_gather_rows
 from ._checks import check_block_m, check_experts, check_out_dtype, check_range, check_rows, check_x, expert_bias
 
-__all__ = ["gather_rows", "grouped_linear", "grouped_step", "run_gated", "run_grouped"]
+__all__ = ["copies_on_triton", "gather_rows", "grouped_linear", "grouped_step", "run_gated", "run_grouped"]
+
+
+def copies_on_triton(device: torch.device) -> bool:
+    """Whether :func:`gather_rows` copies tensors of ``device`` in its Triton pass (else in torch)."""
+    return device.type == "cuda" and backend_unavailable("triton") is None
 
 
 def gather_rows(x, rows: torch.Tensor):
     """Token rows copied into grouped order for a kernel that reads grouped rows
     (:func:`humming.reference.moe_layer.gather_rows`): in one Triton pass on CUDA tensors, else in torch."""
     data = x.codes if isinstance(x, QuantizedActivation) else x
-    if data.device.type == "cuda" and backend_unavailable("triton") is None:
+    if copies_on_triton(data.device):
         from ..triton_kernels import gather_rows as triton_gather
 
         return triton_gather.gather_rows(x, rows)
@@ -179,20 +184,19 @@ def run_gated(x, w13, expert_ids, block_m: int, bias, activation, out_dtype, bac
     through ``rows`` -> the activated ``[M_pad, I]``, where the grouped kernel the dispatcher plans for w13
     has that epilogue (:attr:`humming.kernel.Kernel.gates`); ``None`` where it has not (the caller then runs
     :func:`run_grouped` and the activation pass)."""
-    plan_rows = rows.shape[0]
-    plan = plan_grouped(w13, None, x, block_m, backend, plan_rows)
+    m_pad = rows.shape[0]
+    plan = plan_grouped(w13, None, x, block_m, backend, m_pad)
     kernel = GROUPED_KERNELS[plan.kernel]
     if not kernel.gates(w13, x, activation):
         return None
     check_range("expert_ids", expert_ids, -1, w13.num_experts)
     check_range("rows", rows, -1, x.shape[0])
-    tokens = x.shape[0]
-    if not kernel.gathers(w13, None, tokens, rows.shape[0]):  # copied into grouped order (see run_grouped)
+    if not kernel.gathers(w13, None, x.shape[0], m_pad):  # copied into grouped order (see run_grouped)
         x, rows = gather_rows(x, rows), None
     try:
         return kernel.run(x, w13, expert_ids, block_m, bias, None, out_dtype, plan.tuning, rows=rows, gated=activation)
     except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
-        raise unwarmed_error(err, w13, None, x, backend, block_m, plan_rows) from None
+        raise unwarmed_error(err, w13, None, x, backend, block_m, m_pad) from None
 
 
 def grouped_step(qweight, x, m_pad: int | None, block_m: int, bias_dtype, out_dtype, backend: str, gated=None):

@@ -212,8 +212,8 @@ def _absmax_kernel(x_ptr, amax_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOC
     rows64 = rows.to(tl.int64)  # row offsets in int64: M * K may exceed 2^31 elements
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    # NaN / Inf are left out of the absmax (|x| < inf is false for both): a row holding one gets a NaN
-    # output row from humming.linear, and the other rows keep the scale they have without it.
+    # NaN / Inf are left out of the absmax (finite_absmax): a row holding one gets a NaN output row from
+    # humming.linear, and the other rows keep the scale they have without it.
     row_amax, _ = finite_absmax(x, 1)
     amax = tl.max(row_amax, axis=0)
     tl.atomic_max(amax_ptr, amax.to(tl.int32, bitcast=True))  # non-negative floats order like their bits
