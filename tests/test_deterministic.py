@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import humming
+from humming.triton_kernels.interpreter import dot
 
 CASES = [
     (dict(weight="int4", group_size=128), None),
@@ -51,6 +54,30 @@ def test_rows_are_bit_identical_for_every_m_on_the_gpu(qargs, act, deterministic
     assert plan.kernel.startswith("triton.") and plan.source.startswith("deterministic"), plan
     batches = [(0, m) for m in (1, 2, 7, 16, 33, 64, 100, 256, 1024)] + [(777, 1), (1000, 63), (2048, 2048)]
     _rows_are_batch_invariant(qw, act, x, batches)
+
+
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, out_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+    rows, ks, cols = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    a = tl.load(a_ptr + rows[:, None] * K + ks[None, :])
+    b = tl.load(b_ptr + ks[:, None] * N + cols[None, :])
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], dot(a, b, tl.zeros((M, N), tl.float32)))
+
+
+def test_a_rows_dot_does_not_depend_on_its_place_in_the_tile(seed):
+    """The kernels' ``dot`` gives each row the same bits wherever the row sits in the tile (numpy's matmul,
+    the interpreter's ``tl.dot``, does not), so that the interpreter tests of batch invariance can hold."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a = torch.randn(32, 64, device=device, dtype=torch.bfloat16)
+    b = torch.randn(64, 32, device=device, dtype=torch.bfloat16)
+    outs = []
+    for shift in (0, 5, 17):
+        out = torch.full((32, 32), float("nan"), device=device)
+        _dot_kernel[(1,)](a.roll(shift, 0), b, out, 32, 64, 32)
+        outs.append(out.roll(-shift, 0))
+    assert torch.isfinite(outs[0]).all()
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    torch.testing.assert_close(outs[0], a.float() @ b.float(), rtol=1e-5, atol=1e-4)
 
 
 INTERPRETER_CASES = [

@@ -133,12 +133,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
+    parser.add_argument("--m", help="comma-separated M values (default: each kernel family's list)")
     parser.add_argument("--budget-s", type=float, default=math.inf, help="stop timing new points after this")
     args = parser.parse_args()
     start = time.perf_counter()
     info = device_info()
     dev, cc = torch.cuda.current_device(), info.capability
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    ms = [int(v) for v in args.m.split(",")] if args.m else None
     rows, summary = [], []
     for case in args.cases.split(","):
         qargs, act_name, kernel = CASES[case]
@@ -158,7 +160,7 @@ def main() -> int:
                 continue
             prep = prepare(first) if kernel == "gemm_sm90" else fp8.prepare(first)
             points = []
-            for m in GEMM_M if kernel == "gemm_sm90" else FP8_M:
+            for m in ms or (GEMM_M if kernel == "gemm_sm90" else FP8_M):
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 if runner.unsupported(first, act, x) is not None:
                     continue

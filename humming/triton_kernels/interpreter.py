@@ -8,7 +8,10 @@ kernels work around here, and only here:
   the raw bit patterns. :func:`dot` therefore upcasts both operands to float32 when interpreting. The
   products of bf16/fp16 values are exact in fp32, so the only difference from the GPU is the order of
   the fp32 accumulation: results agree with the GPU's to a relative error of ~1e-6 of the dot's size,
-  far inside the tests' tolerances (stated in each test module).
+  far inside the tests' tolerances (stated in each test module). The interpreter's ``tl.dot`` is numpy's
+  matmul, whose summation order for a row depends on where the row sits in the tile, so :func:`dot` and
+  :func:`fp8_dot` sum the products themselves (:func:`_row_dot`) in an order that is the same for every
+  row: a row's result does not depend on the rows around it, as on the GPU (batch invariance).
 - fp32 -> bf16 casts truncate instead of rounding to nearest even (and mishandle fp32 subnormals).
   :func:`cast` rounds the fp32 bit pattern to nearest even itself when interpreting.
 - fp8 (``float8e4nv``) operands of ``tl.dot`` are decoded without NaN: code 0x7F reads as 480.
@@ -39,10 +42,17 @@ _INTERPRET = tl.constexpr(INTERPRET)
 
 
 @triton.jit
+def _row_dot(a, b, acc):
+    """``acc + a @ b`` for fp32 ``a`` [M, K] and ``b`` [K, N] under the interpreter: the products summed over
+    K in one order for every row (numpy's matmul orders a row's sum by its place in the tile)."""
+    return acc + tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+
+
+@triton.jit
 def dot(a, b, acc):
     """``acc + a @ b`` with fp32 accumulation; operands upcast to fp32 under the interpreter only."""
     if _INTERPRET:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        return _row_dot(a.to(tl.float32), b.to(tl.float32), acc)
     return tl.dot(a, b, acc)
 
 
@@ -55,7 +65,7 @@ def fp8_dot(a, b, acc, max_num_imprecise_acc: tl.constexpr):
         b_bits = b.to(tl.uint8, bitcast=True)
         a32 = tl.where((a_bits & 0x7F) == 0x7F, float("nan"), a.to(tl.float32))
         b32 = tl.where((b_bits & 0x7F) == 0x7F, float("nan"), b.to(tl.float32))
-        return tl.dot(a32, b32, acc, input_precision="ieee")
+        return _row_dot(a32, b32, acc)
     return tl.dot(a, b, acc, max_num_imprecise_acc=max_num_imprecise_acc)
 
 
