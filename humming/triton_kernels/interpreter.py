@@ -10,8 +10,9 @@ kernels work around here, and only here:
   the fp32 accumulation: results agree with the GPU's to a relative error of ~1e-6 of the dot's size,
   far inside the tests' tolerances (stated in each test module). The interpreter's ``tl.dot`` is numpy's
   matmul, whose summation order for a row depends on where the row sits in the tile, so :func:`dot` and
-  :func:`fp8_dot` sum the products themselves (:func:`_row_dot`) in an order that is the same for every
-  row: a row's result does not depend on the rows around it, as on the GPU (batch invariance).
+  :func:`fp8_dot` multiply in float64 (:func:`_row_dot`): the products are exact and the fp64 sums round to
+  the same fp32 in any order (all but never differing), so a row's result does not depend on the rows
+  around it, as on the GPU (batch invariance).
 - fp32 -> bf16 casts truncate instead of rounding to nearest even (and mishandle fp32 subnormals).
   :func:`cast` rounds the fp32 bit pattern to nearest even itself when interpreting.
 - fp8 (``float8e4nv``) operands of ``tl.dot`` are decoded without NaN: code 0x7F reads as 480.
@@ -43,9 +44,10 @@ _INTERPRET = tl.constexpr(INTERPRET)
 
 @triton.jit
 def _row_dot(a, b, acc):
-    """``acc + a @ b`` for fp32 ``a`` [M, K] and ``b`` [K, N] under the interpreter: the products summed over
-    K in one order for every row (numpy's matmul orders a row's sum by its place in the tile)."""
-    return acc + tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+    """``acc + a @ b`` for fp32 ``a`` [M, K] and ``b`` [K, N] under the interpreter: the products (exact in
+    fp64) summed in fp64 and rounded to fp32 once, so a row's result does not depend on the order numpy's
+    matmul picks for it by its place in the tile."""
+    return acc + tl.dot(a.to(tl.float64), b.to(tl.float64)).to(tl.float32)
 
 
 @triton.jit
