@@ -203,22 +203,24 @@ def assert_fp4_matches_reference(got: torch.Tensor, qw, qa, bias) -> None:
     assert not bad.any(), f"{int(bad.sum())} elements off; worst relative to |x| @ |w|^T at (m, n) = {worst}"
 
 
-def instructions_before_each_wait(sass: str, mma: str) -> list[int]:
+def instructions_before_each_wait(sass: str, mma: str, only: str = "") -> list[int]:
     """For every wgmma group of ``sass`` (``mma`` instructions, e.g. ``"HGMMA"``, then a
-    ``WARPGROUP.DEPBAR``), the instructions between its last MMA and the wait: the work the consumer does
-    while its tensor-core operations run."""
-    gaps, last = [], None
+    ``WARPGROUP.DEPBAR``), the instructions between its last MMA and the wait (those whose opcode starts
+    with ``only``): the work the consumer does while its tensor-core operations run."""
+    gaps, last, counted = [], None, 0
     ops = [
         line.split("*/", 1)[1].split(";")[0].strip()
         for line in sass.splitlines()
         if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)
     ]
-    for n, op in enumerate(ops):
+    for op in ops:
         if op.startswith(mma):
-            last = n
+            last, counted = op, 0
         elif op.startswith("WARPGROUP.DEPBAR") and last is not None:
-            gaps.append(n - last - 1)
+            gaps.append(counted)
             last = None
+        elif last is not None and op.startswith(only):
+            counted += 1
     return gaps
 
 

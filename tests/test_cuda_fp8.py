@@ -114,11 +114,18 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
 @needs_nvrtc
 def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
     """W4A8 (int4, MXFP4): both wgmma groups of the unrolled K loop overlap the next K block's whole
-    conversion of codes to e4m3 (100+ instructions) rather than waiting first."""
+    conversion of codes to e4m3 rather than waiting first: all its prmt (int4: 4 per 32-bit word of codes,
+    8 words; MXFP4: 2 per 4 codes and 2 per k-step for the table shifts) come before the wait. int4 keeps
+    its table words in registers (ptxas copies a constant into a register before each of 32 prmt else)."""
     for name, kernel in compiled.items():
-        if "_w4a8_" in name or "_wmxfp4a8_" in name:
-            gaps = instructions_before_each_wait(cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path), "QGMMA")
-            assert len(gaps) >= 2 and min(gaps[:2]) >= 100, (name, gaps)
+        prmts = 32 if "_w4a8_" in name else 40 if "_wmxfp4a8_" in name else None
+        if prmts is not None:
+            sass = cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path)
+            gaps = instructions_before_each_wait(sass, "QGMMA", only="PRMT")
+            assert len(gaps) >= 2 and min(gaps[:2]) >= prmts, (name, gaps)
+            if prmts == 32:
+                copies = instructions_before_each_wait(sass, "QGMMA", only="IMAD")
+                assert max(copies[:2]) < 8, (name, copies)
 
 
 def test_tuning_is_pure_and_fits_the_device():
@@ -352,22 +359,30 @@ def _prmt(a: int, b: int, sel: int) -> int:
     return out
 
 
-def _int4_to_e4m3(nibbles: int) -> int:
-    """The header's int4_to_e4m3, run on the host with its constants read from the header."""
+def _int4x8_to_e4m3(word: int) -> tuple[int, int]:
+    """The header's int4x8_to_e4m3, run on the host with its constants read from the header."""
     text = (jit.INCLUDE_DIR / "humming" / "fp8_gemm_sm90.cuh").read_text()
-    table = {k: int(v, 16) for k, v in re.findall(r"(k(?:Lo|Hi)[01]) = (0x[0-9A-F]+)u", text)}
-    sel = nibbles & 0x7777
-    lo = _prmt(table["kLo0"], table["kLo1"], sel)
-    hi = _prmt(table["kHi0"], table["kHi1"], sel)
-    return _prmt(lo, hi, ((nibbles >> 1) & 0x4444) | 0x3210)
+    table = {k: int(v, 16) for k, v in re.findall(r"(k(?:Pos|Neg)[01]) = (0x[0-9A-F]+)u", text)}
+    flipped = word ^ 0x88888888
+
+    def half(codes: int, flipped_codes: int) -> int:
+        return _prmt(table["kPos0"], table["kPos1"], codes) ^ _prmt(table["kNeg0"], table["kNeg1"], flipped_codes)
+
+    return half(word, flipped), half(word >> 16, flipped >> 16)
 
 
-def test_int4_to_e4m3_is_exact_for_every_code():
-    values = torch.tensor([v if v < 8 else v - 16 for v in range(16)], dtype=torch.float32)
+def test_int4_codes_turn_into_their_e4m3_values():
+    """Every int4 value, written as its kernel code (_INT4_CODES) at every one of a word's eight places,
+    becomes the e4m3 byte of that value; code 0 (the zero padding) is 0."""
+    values = torch.tensor([v if v < 8 else v - 16 for v in range(16)], dtype=torch.float32)  # two's complement
     want = values.to(torch.float8_e4m3fn).view(torch.uint8).tolist()
-    for a, b, c, d in [(i, (i + 5) % 16, (i + 9) % 16, 15 - i) for i in range(16)]:
-        got = _int4_to_e4m3(a | b << 4 | c << 8 | d << 12)
-        assert [(got >> (8 * j)) & 0xFF for j in range(4)] == [want[a], want[b], want[c], want[d]]
+    codes = _fp8_layout._INT4_CODES
+    assert sorted(codes) == list(range(16)) and codes[0] == 0
+    for t in range(16):
+        places = [(t + 3 * i) % 16 for i in range(8)]  # raw codes at places 0 .. 7
+        lo, hi = _int4x8_to_e4m3(sum(codes[c] << (4 * i) for i, c in enumerate(places)))
+        got = [(lo >> (8 * j)) & 0xFF for j in range(4)] + [(hi >> (8 * j)) & 0xFF for j in range(4)]
+        assert got == [want[c] for c in places], t
 
 
 def _read_tiles(tiles: torch.Tensor) -> torch.Tensor:
@@ -399,7 +414,7 @@ def test_int4_tiles_are_the_wgmma_fragments(group, seed):
     prep = fp8_gemm.prepare(qw)
     assert prep.w_bits == 4 and prep.scale_mode == ("group" if group in (128, 256) else "rowcol")
     seen = _read_tiles(prep.weight)
-    codes = humming.ir.unpacked_codes(qw).to(torch.int64)
+    codes = torch.tensor(_fp8_layout._INT4_CODES)[humming.ir.unpacked_codes(qw).long()]
     assert torch.equal(seen[:n, :k], codes)
     assert not seen[n:].any() and not seen[:, k:].any()
     scales = qw.scales.to(torch.float32)

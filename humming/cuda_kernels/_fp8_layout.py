@@ -88,13 +88,19 @@ def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     return words.reshape(n // 64, k // 128, -1).contiguous().view(torch.uint8)
 
 
+#: The kernel's 4-bit code of each two's-complement int4 code (0 .. 7 -> 0 .. 7, 8 .. 15 -> -8 .. -1): the
+#: code ``int4x8_to_e4m3`` (fp8_gemm_sm90.cuh) turns into that value with two prmt and one xor.
+_INT4_CODES = (0, 1, 2, 3, 8, 9, 10, 11, 15, 14, 13, 12, 7, 6, 5, 4)
+
+
 def _prepare_int4(qw, kp: int, scales: torch.Tensor) -> PreparedFp8:
     from ..ir.quantize import unpacked_codes
 
     n, k = qw.N, qw.K
     n_pad, k_pad = cdiv(n, 128) * 128, cdiv(k, 128) * 128
-    codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=qw.device)
-    codes[:n, :k] = unpacked_codes(qw)
+    codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=qw.device)  # kernel code 0 is the value 0
+    table = torch.tensor(_INT4_CODES, dtype=torch.uint8, device=qw.device)
+    codes[:n, :k] = table[unpacked_codes(qw).long()]
     w_scale = w_group = None
     if qw.layout == "group":
         blocks = torch.arange(0, k_pad, 128, device=qw.device) // qw.group_size

@@ -59,7 +59,8 @@ def smem_bytes(wgs: int, block_m: int, stages: int, w_format: str = "e4m3") -> i
     """Dynamic shared memory of one block (mirrors ``SmemLayout`` in the header)."""
     tile = 64 * _BK if w_format == "e4m3" else _TILE_BYTES + (_SHIFT_BYTES if w_format == "mxfp4" else 0)
     stage = cdiv(wgs * tile, 1024) * 1024 + block_m * _BK  # weight tiles padded to whole swizzle atoms
-    return 1024 + stages * stage + wgs * block_m * 128 + 16 * stages
+    table = 16 if w_format == "int4" else 0  # int4: the code table's words
+    return 1024 + stages * stage + wgs * block_m * 128 + 16 * stages + table
 
 
 @per_call_cache

@@ -26,11 +26,11 @@
 //   outside [M, N]. Loads past the edges of W and x are zero-filled by TMA, so any M, N and K work
 //   (the host pads K to a multiple of 16 for the TMA stride rule).
 // - W4A8 (kWFormat == 1): the host pre-tiles int4 weights so that each 64-row x 128-K tile is one contiguous
-//   4 KiB block in wgmma A-fragment order (fp8_gemm.py, `_pack_nibbles`); the producer fetches it with one
-//   bulk copy, each consumer thread reads its 32 bytes with two 16-byte shared loads and turns every 4
-//   nibbles into 4 e4m3 bytes with three prmt (a 16-entry table in four registers); wgmma takes A from
-//   registers, and the next K block is converted into a second set of them while the wgmmas run. Group
-//   scales (groups of 128 multiples along K) are applied per row at each promotion.
+//   4 KiB block in wgmma A-fragment order (fp8_gemm.py, `_pack_nibbles`), each value as a code of
+//   `int4x8_to_e4m3`; the producer fetches it with one bulk copy, each consumer thread reads its 32 bytes
+//   with two 16-byte shared loads and turns every 4 codes into 4 e4m3 bytes with two prmt and one lop3;
+//   wgmma takes A from registers, and the next K block is converted into a second set of them while the
+//   wgmmas run. Group scales (groups of 128 multiples along K) are applied per row at each promotion.
 // - W4A8 MXFP4 (kWFormat == 2): e2m1 codes in the same tiles, each followed by 256 bytes of shifts (one
 //   byte per row and 32-K group = one wgmma k-step); one bulk copy fetches both. The e8m0 scales are folded on the host: per row and
 //   128-K block, 2^(max group exponent - 6) goes into the per-row scale of the promotion (scale mode 2),
@@ -101,19 +101,27 @@ struct SmemLayout {
   static constexpr int kOutSlab = kBlockM * 128;  // one warpgroup's [kBlockM tokens][64 channels] 16-bit
   static constexpr int kOut = kStages * kStageBytes;
   static constexpr int kBars = kOut + kWgs * kOutSlab;
-  static constexpr int kBytes = 1024 + kBars + 16 * kStages;  // + worst-case base alignment
+  static constexpr int kTable = kBars + 16 * kStages;  // int4: two words of the code table (int4x8_to_e4m3)
+  static constexpr int kBytes = 1024 + kTable + (kWFormat == kInt4 ? 16 : 0);  // + worst-case base alignment
 };
 
-// Four two's-complement int4 codes (bits 0-15 of `nibbles`, code i in bits 4i..4i+3) -> four e4m3 bytes.
-// prmt picks byte (sel & 7) of {b, a}; selector bit 3 would ask for sign replication, so the table is
-// split in halves looked up with bit 3 cleared, and a third prmt picks each byte from the right half.
-__device__ __forceinline__ uint32_t int4_to_e4m3(uint32_t nibbles) {
-  constexpr uint32_t kLo0 = 0x44403800u, kLo1 = 0x4E4C4A48u;  // e4m3 of 0, 1, 2, 3 | 4, 5, 6, 7
-  constexpr uint32_t kHi0 = 0xCACCCED0u, kHi1 = 0xB8C0C4C8u;  // e4m3 of -8, -7, -6, -5 | -4, -3, -2, -1
-  const uint32_t sel = nibbles & 0x7777u;
-  const uint32_t lo = prmt(kLo0, kLo1, sel);
-  const uint32_t hi = prmt(kHi0, kHi1, sel);
-  return prmt(lo, hi, ((nibbles >> 1) & 0x4444u) | 0x3210u);
+// int4 weights as 4-bit codes that two prmt and one xor turn into e4m3. prmt picks byte (sel & 7) of {b, a},
+// or, where selector bit 3 is set, that byte's sign bit replicated (0x00 / 0xFF). With P = prmt(kPos, c)
+// and N = prmt(kNeg, c ^ 8), byte = P ^ N gives, for code c < 8, kPos[c] (N is 0x00: kNeg's bytes are
+// below 0x80), and for c = 8 + j, kNeg[j] ^ (0x00 or 0xFF as kPos[j] is positive or negative). So codes
+// j and 8 + j have values of one sign: codes 0-3 -> 0, 1, 2, 3 and 8-11 -> 4, 5, 6, 7 (kPos[0..3],
+// kNeg[0..3]); codes 4-7 -> -1 .. -4 (kPos[4..7]) and 12-15 -> -5 .. -8 (kNeg[4..7], stored inverted).
+// The host writes these codes (_fp8_layout.py, `_INT4_CODES`); code 0 is 0, so zero padding stays zero.
+constexpr uint32_t kPos0 = 0x44403800u, kPos1 = 0xC8C4C0B8u;  // e4m3 of 0, 1, 2, 3 | -1, -2, -3, -4
+constexpr uint32_t kNeg0 = 0x4E4C4A48u, kNeg1 = 0x2F313335u;  // e4m3 of 4, 5, 6, 7 | ~(e4m3 of -5 .. -8)
+
+// Eight codes of `w` (code i in bits 4i .. 4i + 3) -> e4m3 bytes of codes 0-3 in `lo`, 4-7 in `hi`.
+// `pos0` / `neg0` are kPos0 / kNeg0 read from shared memory: prmt takes one table word from a register,
+// and ptxas would otherwise copy a constant into a register before every prmt.
+__device__ __forceinline__ void int4x8_to_e4m3(uint32_t w, uint32_t pos0, uint32_t neg0, uint32_t& lo, uint32_t& hi) {
+  const uint32_t flipped = w ^ 0x88888888u;
+  lo = prmt(pos0, kPos1, w) ^ prmt(neg0, kNeg1, flipped);
+  hi = prmt(pos0, kPos1, w >> 16) ^ prmt(neg0, kNeg1, flipped >> 16);
 }
 
 // Four e2m1 codes (bits 0-15 of `nibbles`: sign bit 3, magnitude index bits 0-2) -> four e4m3 bytes of
@@ -181,6 +189,10 @@ __device__ __forceinline__ void run(const Params& p) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full(s), 1);
       mbar_init(empty(s), kReleasesPerWg * kWgs);
+    }
+    if constexpr (kWFormat == kInt4) {
+      sts_u32(base + L::kTable, kPos0);
+      sts_u32(base + L::kTable + 4, kNeg0);
     }
     fence_mbar_init();
   }
@@ -286,6 +298,11 @@ __device__ __forceinline__ void run(const Params& p) {
         promote(acc, i % kStages, b);
       }
     } else {
+      uint32_t pos0 = 0, neg0 = 0;  // int4: the code table's register words (int4x8_to_e4m3)
+      if constexpr (kWFormat == kInt4) {
+        pos0 = lds_u32(base + L::kTable);
+        neg0 = lds_u32(base + L::kTable + 4);
+      }
       // Waits for pipeline step i and turns this thread's 4-bit codes of it into e4m3 A fragments.
       auto convert = [&](int i, uint32_t (&a)[kBK / 32][4]) {
         const int s = i % kStages;
@@ -310,10 +327,8 @@ __device__ __forceinline__ void run(const Params& p) {
         } else {
 #pragma unroll
           for (int k = 0; k < kBK / 32; ++k) {
-            a[k][0] = int4_to_e4m3(words[2 * k]);            // row, k .. k + 15
-            a[k][1] = int4_to_e4m3(words[2 * k] >> 16);      // row + 8
-            a[k][2] = int4_to_e4m3(words[2 * k + 1]);        // row, k + 16 ..
-            a[k][3] = int4_to_e4m3(words[2 * k + 1] >> 16);  // row + 8, k + 16 ..
+            int4x8_to_e4m3(words[2 * k], pos0, neg0, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
+            int4x8_to_e4m3(words[2 * k + 1], pos0, neg0, a[k][2], a[k][3]);  // k + 16 ..
           }
         }
       };
