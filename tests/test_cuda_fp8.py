@@ -425,34 +425,47 @@ def test_int4_tiles_are_the_wgmma_fragments(group, seed):
         assert torch.equal(prep.w_scale[:n], scales.expand(n, 1).reshape(n))
 
 
-def _e2m1_to_e4m3(nibbles: int, shift: int) -> int:
-    """The header's e2m1_to_e4m3, run on the host with its constants read from the header (32-bit adds)."""
+def _e2m1x8_to_e4m3(word: int, shift_lo: int, shift_hi: int) -> tuple[int, int]:
+    """The header's mx_table and e2m1x8_to_e4m3, run on the host with the header's constants (32-bit adds)."""
     text = (jit.INCLUDE_DIR / "humming" / "fp8_gemm_sm90.cuh").read_text()
-    table = {k: int(v, 16) for k, v in re.findall(r"(kMx[01]) = (0x[0-9A-F]+)u", text)}
-    lo0, lo1 = (table["kMx0"] + (shift << 8)) & 0xFFFFFFFF, (table["kMx1"] + shift) & 0xFFFFFFFF
-    lo = _prmt(lo0, lo1, nibbles & 0x7777)
-    return _prmt(lo, lo | 0x80808080, ((nibbles >> 1) & 0x4444) | 0x3210)
+    c = {k: int(v, 16) for k, v in re.findall(r"(kMx(?:Pos|Neg)[01]) = (0x[0-9A-F]+)u", text)}
+    flipped = word ^ 0x88888888
+
+    def half(codes: int, flipped_codes: int, shift: int) -> int:
+        pos = ((c["kMxPos0"] + (shift << 8)) & 0xFFFFFFFF, (c["kMxPos1"] + shift) & 0xFFFFFFFF)
+        neg = ((c["kMxNeg0"] + shift) & 0xFFFFFFFF, (c["kMxNeg1"] - shift) & 0xFFFFFFFF)
+        return _prmt(*pos, codes) ^ _prmt(*neg, flipped_codes)
+
+    return half(word, flipped, shift_lo), half(word >> 16, flipped >> 16, shift_hi)
 
 
 _E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 
 
 def _e4m3_table() -> torch.Tensor:
-    """uint8 [12, 16]: the kernel's e4m3 byte of e2m1 code c under shift byte 8 (d + 5), d = -5 .. 6."""
+    """uint8 [12, 16]: the kernel's e4m3 byte of kernel code c under shift byte 8 (d + 5), d = -5 .. 6 (the
+    low half of a word under one shift, the high half under the next)."""
     rows = []
     for shift in range(0, 96, 8):
-        quads = [c | (c + 1) << 4 | (c + 2) << 8 | (c + 3) << 12 for c in (0, 4, 8, 12)]  # codes 0 .. 15
-        words = [_e2m1_to_e4m3(quad, shift * 0x01010101) for quad in quads]
-        rows.append([(w >> (8 * j)) & 0xFF for w in words for j in range(4)])
+        words = [sum((c + i) << (4 * i) for i in range(8)) for c in (0, 8)]  # codes 0 .. 15
+        lo_hi = [_e2m1x8_to_e4m3(w, shift * 0x01010101, shift * 0x01010101) for w in words]
+        rows.append([(half >> (8 * j)) & 0xFF for pair in lo_hi for half in pair for j in range(4)])
+        other = _e2m1x8_to_e4m3(words[0], 0, shift * 0x01010101)[1]  # the high half reads its own shift
+        assert [(other >> (8 * j)) & 0xFF for j in range(4)] == rows[-1][4:8]
     return torch.tensor(rows, dtype=torch.uint8)
 
 
-def test_e2m1_to_e4m3_is_e2m1_times_two_to_the_shift():
+def test_e2m1_codes_turn_into_e2m1_times_two_to_the_shift():
+    """Every e2m1 code, as its kernel code (_E2M1_CODES), under every table shift: e2m1 * 2^d in e4m3
+    (-0 as 0); codes are a bijection but for -0, code 0 is the zero padding."""
+    codes = torch.tensor(_fp8_layout._E2M1_CODES)
+    assert codes[0] == 0 and codes[8] == 0 and len(set(codes.tolist())) == 15
     table = _e4m3_table()
     for i, d in enumerate(range(-5, 7)):
-        want = (_E2M1 * 2.0**d).to(torch.float8_e4m3fn)
-        assert torch.equal(want.to(torch.float64), _E2M1 * 2.0**d), d  # exact: every value is an e4m3
-        assert torch.equal(table[i], want.view(torch.uint8)), d
+        want = _E2M1 * 2.0**d
+        assert torch.equal(want.to(torch.float8_e4m3fn).to(torch.float64), want), d  # exact: every value is an e4m3
+        got = table[i][codes].view(torch.float8_e4m3fn).to(torch.float64)
+        assert torch.equal(got, want), d  # -0 == 0
 
 
 def _mx_weight(n: int, k: int, exps: torch.Tensor, codes: torch.Tensor | None = None):
@@ -481,7 +494,7 @@ def test_mxfp4_tiles_decode_to_dequantize_bit_for_bit(n, k, span, global_scale, 
     assert prep.w_format == "mxfp4" and prep.scale_mode == "group" and prep.weight.shape[-1] == 4096 + 256
     codes_back = _read_tiles(prep.weight[..., :4096])
     n_pad, k_pad = codes_back.shape
-    assert torch.equal(codes_back[:n, :k], codes.to(torch.int64))
+    assert torch.equal(codes_back[:n, :k], torch.tensor(_fp8_layout._E2M1_CODES)[codes.long()])
     assert not codes_back[n:].any() and not codes_back[:, k:].any()
     # shift byte of (row r, k-step g) of a tile at 4 r + g after its codes
     shifts = prep.weight[..., 4096:].reshape(n_pad // 64, k_pad // 128, 64, 4).permute(0, 2, 1, 3)

@@ -188,14 +188,20 @@ def _compute_mx_fold(qw) -> _MxFold | str:
     return _MxFold(shifts, scale.T.contiguous())
 
 
+#: The kernel's 4-bit code of each e2m1 code (sign bit 3, magnitude 0, .5, 1, 1.5, 2, 3, 4, 6): the code
+#: ``e2m1x8_to_e4m3`` (fp8_gemm_sm90.cuh) turns into that value; -0 becomes 0, code 0.
+_E2M1_CODES = (0, 1, 2, 3, 8, 9, 10, 11, 0, 4, 5, 6, 7, 12, 13, 14)
+
+
 def _prepare_mxfp4(qw, kp: int) -> PreparedFp8:
     from ..ir.quantize import unpacked_codes
 
     fold = _fold_mx(qw)
     n, k = qw.N, qw.K
     n_pad, k_pad = cdiv(n, 128) * 128, cdiv(k, 128) * 128
-    codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=qw.device)
-    codes[:n, :k] = unpacked_codes(qw)
+    codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=qw.device)  # kernel code 0 is the value 0
+    table = torch.tensor(_E2M1_CODES, dtype=torch.uint8, device=qw.device)
+    codes[:n, :k] = table[unpacked_codes(qw).long()]
     # shift byte of (row r of a tile, k-step g) at 4 r + g after the tile's codes
     shifts = fold.shifts.view(n_pad // 64, 64, k_pad // 128, 4).permute(0, 2, 1, 3).reshape(n_pad // 64, -1, 256)
     weight = torch.cat((_pack_nibbles(codes), shifts), dim=-1).contiguous()

@@ -34,8 +34,9 @@
 // - W4A8 MXFP4 (kWFormat == 2): e2m1 codes in the same tiles, each followed by 256 bytes of shifts (one
 //   byte per row and 32-K group = one wgmma k-step); one bulk copy fetches both. The e8m0 scales are folded on the host: per row and
 //   128-K block, 2^(max group exponent - 6) goes into the per-row scale of the promotion (scale mode 2),
-//   and each group's remaining 2^d (d in [-5, 6]) into the consumer's nibble -> e4m3 table (an integer
-//   add per byte: e2m1 * 2^d stays an e4m3 normal). Exact: the products are those of dequantize.
+//   and each group's remaining 2^d (d in [-5, 6]) into the consumer's code -> e4m3 table (an integer
+//   add or subtract per byte: e2m1 * 2^d stays an e4m3 normal; `mx_table`). Exact: the products are
+//   those of dequantize.
 // - Grouped (MoE) variant, kGrouped: the weights are E experts stacked along N (e4m3: one [E * N, Kp] map;
 //   4-bit: expert e's tiles after those of experts 0 .. e-1), scales and bias likewise ([E * N] per-channel,
 //   [E * N / 128, num_kb] blocks, [num_kb, E * N] per-row groups, bias [E, N]); N is a multiple of 128, so
@@ -124,14 +125,28 @@ __device__ __forceinline__ void int4x8_to_e4m3(uint32_t w, uint32_t pos0, uint32
   hi = prmt(pos0, kPos1, w >> 16) ^ prmt(neg0, kNeg1, flipped >> 16);
 }
 
-// Four e2m1 codes (bits 0-15 of `nibbles`: sign bit 3, magnitude index bits 0-2) -> four e4m3 bytes of
-// e2m1 * 2^d. The magnitude table for d = -5 is {0, 2^-6, ..., 6 * 2^-5}; `shift` = 8 (d + 5) in each byte
-// (0 .. 88) raises the exponent field of every nonzero entry by d (no carry: the top entry becomes 0x7C,
-// 384). The sign is the table byte with bit 7 set, picked by a second prmt.
-__device__ __forceinline__ uint32_t e2m1_to_e4m3(uint32_t nibbles, uint32_t shift) {
-  constexpr uint32_t kMx0 = 0x14100800u, kMx1 = 0x24201C18u;  // e4m3 of {0, .5, 1, 1.5 | 2, 3, 4, 6} * 2^-5
-  const uint32_t lo = prmt(kMx0 + (shift << 8), kMx1 + shift, nibbles & 0x7777u);
-  return prmt(lo, lo | 0x80808080u, ((nibbles >> 1) & 0x4444u) | 0x3210u);
+// MXFP4: e2m1 values as 4-bit codes decoded like int4's (int4x8_to_e4m3): codes 0-3 -> 0, .5, 1, 1.5 and
+// 8-11 -> 2, 3, 4, 6; codes 4-7 -> -.5, -1, -1.5, -2 and 12-14 -> -3, -4, -6 (15 is unused, -0 is code
+// 0; _fp8_layout.py, `_E2M1_CODES`), each times 2^d. The tables hold them times 2^-5; `mx_table` raises
+// the exponent field of every nonzero entry by d + 5 (shift byte 8 (d + 5), 0 .. 88, in every byte of
+// `shift`): added to the values, subtracted from the inverted ones; no byte carries or borrows.
+constexpr uint32_t kMxPos0 = 0x14100800u, kMxPos1 = 0x98949088u;  // {0, .5, 1, 1.5 | -.5, -1, -1.5, -2} 2^-5
+constexpr uint32_t kMxNeg0 = 0x24201C18u, kMxNeg1 = 0x5B5B5F63u;  // {2, 3, 4, 6} 2^-5 | ~{-3, -4, -6, -6} 2^-5
+
+struct MxTable {
+  uint32_t pos0, pos1, neg0, neg1;
+};
+
+__device__ __forceinline__ MxTable mx_table(uint32_t shift) {
+  return {kMxPos0 + (shift << 8), kMxPos1 + shift, kMxNeg0 + shift, kMxNeg1 - shift};
+}
+
+// Eight codes of `w` -> e4m3 bytes of codes 0-3 (table `lo_t`) in `lo`, 4-7 (table `hi_t`) in `hi`.
+__device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, const MxTable& lo_t, const MxTable& hi_t, uint32_t& lo,
+                                               uint32_t& hi) {
+  const uint32_t flipped = w ^ 0x88888888u;
+  lo = prmt(lo_t.pos0, lo_t.pos1, w) ^ prmt(lo_t.neg0, lo_t.neg1, flipped);
+  hi = prmt(hi_t.pos0, hi_t.pos1, w >> 16) ^ prmt(hi_t.neg0, hi_t.neg1, flipped >> 16);
 }
 
 // kWFormat: a WFormat (e4m3 weights through TMA, or pre-tiled 4-bit codes through bulk copies).
@@ -318,11 +333,10 @@ __device__ __forceinline__ void run(const Params& p) {
           const uint32_t sh1 = lds_u32(tile + kCodeBytes + 4 * (row + 8));
 #pragma unroll
           for (int k = 0; k < kBK / 32; ++k) {
-            const uint32_t s0 = prmt(sh0, 0u, 0x1111u * k), s1 = prmt(sh1, 0u, 0x1111u * k);  // byte k x 4
-            a[k][0] = e2m1_to_e4m3(words[2 * k], s0);
-            a[k][1] = e2m1_to_e4m3(words[2 * k] >> 16, s1);
-            a[k][2] = e2m1_to_e4m3(words[2 * k + 1], s0);
-            a[k][3] = e2m1_to_e4m3(words[2 * k + 1] >> 16, s1);
+            const MxTable t0 = mx_table(prmt(sh0, 0u, 0x1111u * k));  // shift byte k in every byte
+            const MxTable t1 = mx_table(prmt(sh1, 0u, 0x1111u * k));
+            e2m1x8_to_e4m3(words[2 * k], t0, t1, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
+            e2m1x8_to_e4m3(words[2 * k + 1], t0, t1, a[k][2], a[k][3]);  // k + 16 ..
           }
         } else {
 #pragma unroll
