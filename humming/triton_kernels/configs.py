@@ -59,10 +59,11 @@ class TileConfig:
         return tiles + ("-dequant-first" if c.dequant_first else "") + ("-swap" if c.swap else "")
 
 
-def choose_split_k(tiles: int, k_tiles: int, sm_count: int, waves: int = 2) -> int:
-    """Split K until the grid covers the multiprocessors ``waves`` times, keeping >= 4 K tiles per split."""
+def choose_split_k(tiles: int, k_tiles: int, sm_count: int, waves: int = 2, min_k_tiles: int = 4) -> int:
+    """Split K until the grid covers the multiprocessors ``waves`` times, keeping >= ``min_k_tiles`` K tiles
+    per split."""
     split = 1
-    while tiles * split < waves * sm_count and k_tiles // (split * 2) >= 4:
+    while tiles * split < waves * sm_count and k_tiles // (split * 2) >= min_k_tiles:
         split *= 2
     return split
 

@@ -9,10 +9,11 @@ order, within the tolerances the tests state.
 
 - M = 1: the GEMV kernel (no tensor cores: at decode the weight decode, not the multiply-adds, is the
   work): 128 rows of 16 words (four 16-byte loads per thread and row) where fields fill whole words
-  (:func:`_gemv_tile`), split along K until the grid covers the GPU four times.
+  (:func:`_gemv_tile`), split along K until the grid covers the GPU eight times.
 - M = 2..16: the swapped-operand tensor-core kernel (the 128-row weight tile is the MMA's large side, the
-  16 token slots its narrow one), split along K until the grid covers the GPU twice. ``block_m`` 2 or 4
-  without ``swap`` still selects the GEMV kernel when a config asks for it.
+  16 token slots its narrow one), split along K until the grid covers the GPU four times (8 K tiles per
+  split at least) or else twice. ``block_m`` 2 or 4 without ``swap`` still selects the GEMV kernel when a
+  config asks for it.
 - M up to 128: tensor-core tiles that grow with M, split along K until the grid covers the GPU twice.
 - M > 128 without bias and with ``out_dtype == x.dtype``: ``dequant_first``, the weight dequantized once per
   call to the activations' dtype and one cuBLAS GEMM: one more pass over the weight, which cuBLAS's
@@ -113,9 +114,19 @@ def wna16_config(
     cfg = fit_smem(cfg, lambda c: smem_estimate(c, bits, group_k, act_order), smem_limit)
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     k_tiles = -(-k // cfg.block_k)
-    # GEMV programs are small (no staged tiles): several per multiprocessor keep enough loads in flight.
-    waves = 4 if cfg.block_m <= 4 else 2
-    return cfg.replace(split_k=choose_split_k(tiles, k_tiles, sm_count, waves))
+    # Small programs (the GEMV's, no staged tiles; the swapped kernel's 16 token slots): several per
+    # multiprocessor keep enough loads in flight. bench/results/h200/triton_decode.json: on 28672 x 8192
+    # twice the splits of 4 and 2 waves took 0.84-1.0x the time at M = 1 .. 16 (int4, uint4, MXFP4). The
+    # swapped kernel goes to four waves only while each split keeps 8 K tiles (its partial sums are 16
+    # rows wide), else to two.
+    if cfg.swap:
+        split = max(
+            choose_split_k(tiles, k_tiles, sm_count, waves=4, min_k_tiles=8),
+            choose_split_k(tiles, k_tiles, sm_count, waves=2),
+        )
+    else:
+        split = choose_split_k(tiles, k_tiles, sm_count, waves=8 if cfg.block_m <= 4 else 2)
+    return cfg.replace(split_k=split)
 
 
 def grouped_config(
