@@ -417,14 +417,17 @@ def _host_h200(*args: str) -> list[dict]:
 
 
 def test_host_h200_benchmark_dry_run():
-    """bench/tools/host_h200.py (the GPU host-time benchmark) on the CPU: a linear row (eager and compiled), the
-    torch reference row and a fused_moe row reach the JSON it writes."""
-    rows = _host_h200("--only", "qwen3,int4 x fp8")
+    """bench/tools/host_h200.py (the GPU host-time benchmark) on the CPU: a linear row and its chain row (eager
+    and compiled), the torch reference rows (compiled too) and a fused_moe row reach the JSON it writes."""
+    rows = _host_h200("--only", "qwen3,int4 x fp8", "--chain", "3")
     names = [(r["name"], r["kind"]) for r in rows]
     assert ("torch matmul bf16", "reference") in names and ("fused_moe qwen3-30b-a3b int4 g128", "fused_moe") in names
-    assert [r["name"] for r in rows if r["kind"] not in ("reference", "fused_moe")] == ["int4 x fp8"], names
-    assert all(r["eager_us"] > 0 and "error" not in r for r in rows), rows
-    assert all(r["compiled_us"] > 0 for r in rows if r["kind"] != "reference"), rows
+    assert ("torch matmul bf16", "chain") in names and ("int4 x fp8", "chain") in names, names
+    assert [r["name"] for r in rows if r["kind"] not in ("reference", "fused_moe", "chain")] == ["int4 x fp8"], names
+    assert all(r["eager_us"] > 0 and r["compiled_us"] > 0 and "error" not in r for r in rows), rows
+    chains = [r for r in rows if r["kind"] == "chain"]
+    diff = lambda r: r["compiled_minus_eager_us"] - (r["compiled_us"] - r["eager_us"])  # each rounded to 0.01
+    assert chains and all(r["linears"] == 3 and abs(diff(r)) <= 0.015 for r in chains), chains
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])

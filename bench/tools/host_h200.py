@@ -14,6 +14,12 @@ Per row, microseconds per call:
   waits on the GPU inside the loop;
 - ``eager_minus_graph_us``: the issue's target (``<= 10`` per linear call, ``<= 40`` per fused_moe call).
 
+A compiled function pays dynamo's own cost per call (its frame evaluation and guards) once, whatever it
+holds; the torch rows are compiled the same way to show that share. So that a compiled call's own cost
+shows apart from it, the ``chain`` rows time ``--chain`` linears of the format (each its own weight, ``N = K``)
+called one after the other in one function, eager and compiled: ``eager_us`` / ``compiled_us`` per linear,
+``compiled_minus_eager_us`` the issue's per-call compiled target (``<= 2``); torch's matmul the same way.
+
 The fastest of ``--rounds`` rounds is kept (other processes only add time). Small shapes (``--n`` /
 ``--k``, default 1024) so that the host time shows; the MoE shapes are the models' own (one layer, random
 codes). ``--dry-run`` runs every code path on the CPU at tiny shapes (the reference backend, no graph,
@@ -25,6 +31,7 @@ On the H200: ``python bench/tools/host_h200.py`` (about 5 minutes) from the repo
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import sys
@@ -131,41 +138,76 @@ def linear_rows(args, device) -> list[dict]:
         if not selected(name, args):
             continue
         qw = humming.quantize(w, **qargs)
-        fn = lambda x, qw=qw, act=act: humming.linear(x, qw, act=act)
-        fn_compiled = compiled(fn, args.dry_run)
-        for m in args.m:
-            x = torch.randn(m, args.k, dtype=torch.bfloat16, device=device)
-            try:
-                row = measure(name, "humming.linear", m, lambda: fn(x), lambda: fn_compiled(x), args, device)  # noqa: B023
-            except Exception as err:  # a format this device cannot run: recorded, not fatal
-                row = {"name": name, "kind": "humming.linear", "m": m, "error": f"{type(err).__name__}: {err}"}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        step = lambda x, qw, act=act: humming.linear(x, qw, act=act)
+        rows += timed_rows(name, "humming.linear", functools.partial(step, qw=qw), args, device)
+        if args.chain:
+            square = lambda: torch.randn(args.k, args.k, device=device) * 0.05
+            weights = [humming.quantize(square(), **qargs) for _ in range(args.chain)]
+            rows += chain_rows(name, step, weights, args, device)
     rows += reference_rows(args, device)
     return rows
 
 
-def reference_rows(args, device) -> list[dict]:
-    """torch's bf16 matmul and ``torch._scaled_mm`` (e4m3, per-tensor scales) on the same shape."""
+def recorded(name: str, kind: str, m: int, measured, *measured_args) -> dict:
+    """``measured(*measured_args)``'s row, or the error that stopped it (a format this device cannot run is
+    recorded, not fatal); printed as it comes."""
+    try:
+        row = measured(*measured_args)
+    except Exception as err:
+        row = {"name": name, "kind": kind, "m": m, "error": f"{type(err).__name__}: {err}"}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def timed_rows(name: str, kind: str, fn, args, device, dtype=torch.bfloat16) -> list[dict]:
+    """A row per M for ``fn(x)``, ``x [M, K]`` of ``dtype``: graph, eager and compiled."""
+    fn_compiled = compiled(fn, args.dry_run)
     rows = []
-    w = torch.randn(args.n, args.k, dtype=torch.bfloat16, device=device)
-    w8 = w.to(torch.float8_e4m3fn) if device.type == "cuda" else None
-    one = torch.ones((), device=device)
+    for m in args.m:
+        x = torch.randn(m, args.k, device=device).to(dtype)
+        call, compiled_call = functools.partial(fn, x), functools.partial(fn_compiled, x)
+        rows.append(recorded(name, kind, m, measure, name, kind, m, call, compiled_call, args, device))
+    return rows
+
+
+def chain_rows(name: str, step, weights: list, args, device) -> list[dict]:
+    """A row per M for ``x = step(x, w)`` over ``weights`` in one function, eager and compiled, per step."""
+
+    def chain(x):
+        for weight in weights:
+            x = step(x, weight)
+        return x
+
+    chain_compiled = compiled(chain, args.dry_run)
+    rows = []
     for m in args.m:
         x = torch.randn(m, args.k, dtype=torch.bfloat16, device=device)
-        cases = [("torch matmul bf16", lambda x=x: torch.matmul(x, w.T))]
-        if w8 is not None:
-            x8 = x.to(torch.float8_e4m3fn)
-            cases.append(
-                ("torch._scaled_mm e4m3", lambda x8=x8: torch._scaled_mm(x8, w8.T, one, one, out_dtype=torch.bfloat16))
-            )
-        for name, call in cases:
-            try:
-                row = measure(name, "reference", m, call, None, args, device)
-            except Exception as err:
-                row = {"name": name, "kind": "reference", "m": m, "error": f"{type(err).__name__}: {err}"}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        calls = functools.partial(chain, x), functools.partial(chain_compiled, x)
+        rows.append(recorded(name, "chain", m, measure_chain, name, m, len(weights), *calls, args, device))
+    return rows
+
+
+def measure_chain(name: str, m: int, steps: int, call, compiled_call, args, device) -> dict:
+    row = {"name": name, "kind": "chain", "m": m, "linears": steps}
+    row["eager_host_us"], row["eager_us"] = (v / steps for v in host_and_wall(call, args.iters, args.rounds, device))
+    done = host_and_wall(compiled_call, args.iters, args.rounds, device)
+    row["compiled_host_us"], row["compiled_us"] = (v / steps for v in done)
+    row["compiled_minus_eager_us"] = row["compiled_us"] - row["eager_us"]
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def reference_rows(args, device) -> list[dict]:
+    """torch's bf16 matmul and ``torch._scaled_mm`` (e4m3 activations and weights, per-tensor scales) on the
+    same shape, compiled as the humming rows; torch's matmul also as a chain."""
+    w = torch.randn(args.n, args.k, dtype=torch.bfloat16, device=device)
+    rows = timed_rows("torch matmul bf16", "reference", lambda x: torch.matmul(x, w.T), args, device)
+    if device.type == "cuda":
+        w8, one = w.to(torch.float8_e4m3fn), torch.ones((), device=device)
+        scaled_mm = lambda x8: torch._scaled_mm(x8, w8.T, one, one, out_dtype=torch.bfloat16)
+        rows += timed_rows("torch._scaled_mm e4m3", "reference", scaled_mm, args, device, torch.float8_e4m3fn)
+    if args.chain:
+        weights = [torch.randn(args.k, args.k, dtype=torch.bfloat16, device=device) for _ in range(args.chain)]
+        rows += chain_rows("torch matmul bf16", lambda x, weight: torch.matmul(x, weight.T), weights, args, device)
     return rows
 
 
@@ -204,20 +246,8 @@ def moe_rows(args, device) -> list[dict]:
             x = torch.randn(m, hidden, dtype=torch.bfloat16, device=device)
             ids = torch.stack([torch.randperm(experts, device=device)[:topk] for _ in range(m)]).to(torch.int32)
             weights = torch.rand(m, topk, device=device)
-            try:
-                row = measure(
-                    name,
-                    "fused_moe",
-                    m,
-                    lambda: fn(x, weights, ids),  # noqa: B023
-                    lambda: fn_compiled(x, weights, ids),  # noqa: B023
-                    args,
-                    device,
-                )
-            except Exception as err:
-                row = {"name": name, "kind": "fused_moe", "m": m, "error": f"{type(err).__name__}: {err}"}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            calls = functools.partial(fn, x, weights, ids), functools.partial(fn_compiled, x, weights, ids)
+            rows.append(recorded(name, "fused_moe", m, measure, name, "fused_moe", m, *calls, args, device))
         del w13, w2
     return rows
 
@@ -232,6 +262,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", metavar="NAMES", help="the rows whose name holds one of these (comma-separated)")
     parser.add_argument("--no-moe", action="store_true", help="the linear rows only")
+    parser.add_argument("--chain", type=int, default=8, help="linears per chain row (0: no chain rows)")
     parser.add_argument("--out", default=str(ROOT / "bench/results/h200/host.json"))
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: every code path, no GPU")
     args = parser.parse_args(argv)
