@@ -31,10 +31,9 @@ ScaledMMConfig = TileConfig
 
 #: (largest M of the bucket, config) for 8-bit tensor-core operands (int8, e4m3): K tiles of 128 bytes, per
 #: capability family (:func:`_family`). sm_90 (wgmma, 227 KB of shared memory): one 64-row warpgroup MMA per
-#: 4 warps, four stages of cp.async but three for the 64 x 64 tiles (bench/results/h200/triton_gemm.json,
-#: 28672 x 8192, fp8 per-channel / 128 x 128 blocks: three stages took 0.77 / 0.72x the time of four at
-#: M = 64, four 0.86-0.98x the time of three at M = 1024 and 4096); sm_89 / sm_80 / sm_86 (mma.sync,
-#: 99-163 KB): three stages.
+#: 4 warps, four stages of cp.async but three for the 64 x 64 tiles (the faster of three to five for each
+#: bucket in bench/results/h200/triton_gemm.json, fp8 per-channel and 128 x 128 blocks); sm_89 / sm_80 /
+#: sm_86 (mma.sync, 99-163 KB): three stages.
 _BUCKETS_8BIT = {
     "sm90": (
         (16, ScaledMMConfig(16, 64, 128, num_warps=4, num_stages=4)),

@@ -115,10 +115,9 @@ def wna16_config(
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     k_tiles = -(-k // cfg.block_k)
     # Small programs (the GEMV's, no staged tiles; the swapped kernel's 16 token slots): several per
-    # multiprocessor keep enough loads in flight. bench/results/h200/triton_decode.json: on 28672 x 8192
-    # twice the splits of 4 and 2 waves took 0.84-1.0x the time at M = 1 .. 16 (int4, uint4, MXFP4). The
-    # swapped kernel goes to four waves only while each split keeps 8 K tiles (its partial sums are 16
-    # rows wide), else to two.
+    # multiprocessor keep enough loads in flight (bench/results/h200/triton_decode.json: the split variants
+    # at M = 1 .. 16). The swapped kernel goes to four waves only while each split keeps 8 K tiles (its
+    # partial sums are 16 rows wide), else to two.
     if cfg.swap:
         split = max(
             choose_split_k(tiles, k_tiles, sm_count, waves=4, min_k_tiles=8),
