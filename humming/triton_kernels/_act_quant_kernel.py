@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .interpreter import fma
+
 __all__ = ["_absmax_kernel", "_act_quant_kernel", "finite_absmax", "quantize_chunk", "span_scale"]
 
 
@@ -131,7 +133,7 @@ def _settled_quotient(
     below = moved & ((1 << frac_bits) - 1)
     near = tl.abs(below - half) <= 3
     mid = ((moved & ~((1 << frac_bits) - 1)) | half).to(tl.float32, bitcast=True) - lift  # exact (Sterbenz)
-    side = tl.fma(-mid, s + tl.zeros_like(x), tl.abs(x))
+    side = fma(-mid, s + tl.zeros_like(x), tl.abs(x))
     mid_bits = mid.to(tl.int32, bitcast=True)
     settled = tl.where(side > 0, mid_bits + 1, tl.where(side < 0, mid_bits - 1, mid_bits))
     out_bits = tl.where(near, settled, mag.to(tl.int32, bitcast=True))

@@ -1,7 +1,7 @@
 """The one place that knows about Triton's CPU interpreter (``TRITON_INTERPRET=1``) and its gaps.
 
 CI has no GPU, so every Triton kernel of humming also runs under the interpreter (tests/conftest.py sets
-``TRITON_INTERPRET=1`` before any kernel is decorated). Triton 3.6's interpreter has five gaps that the
+``TRITON_INTERPRET=1`` before any kernel is decorated). Triton 3.6's interpreter has six gaps that the
 kernels work around here, and only here:
 
 - ``tl.dot`` on bfloat16 operands returns garbage: the interpreter stores bf16 as uint16 and multiplies
@@ -18,6 +18,10 @@ kernels work around here, and only here:
 - fp8 (``float8e4nv``) operands of ``tl.dot`` are decoded without NaN: code 0x7F reads as 480.
   :func:`fp8_dot` decodes them to float32 with their NaN codes when interpreting (exact: every e4m3 product
   and the fp32 sums are as before).
+- ``tl.fma`` rounds the product before the addition (triton 3.6; later interpreters round once), so a
+  residual ``c - a * b`` of an exact product comes out zero. :func:`fma` computes in float64 when
+  interpreting: the fp32 product is exact there and the sum rounds once in fp64 before fp32, so its sign
+  is always the exact one, and its value differs from the GPU's only where those two roundings meet a tie.
 - ``tl.sort`` runs its bitonic network's combine functions element by element: seconds per thousand keys.
   :func:`sort_distinct` ranks up to 1024 keys instead when interpreting (each key's place: the keys below
   it; a ``[keys, keys]`` comparison, within Triton's largest tensor).
@@ -35,7 +39,7 @@ import triton.language as tl
 
 from .._env import env
 
-__all__ = ["INTERPRET", "cast", "dot", "fp8_dot", "sort_distinct"]
+__all__ = ["INTERPRET", "cast", "dot", "fma", "fp8_dot", "sort_distinct"]
 
 #: True when kernels run under Triton's CPU interpreter (read once, at import, as Triton itself does).
 INTERPRET = env("TRITON_INTERPRET")
@@ -69,6 +73,14 @@ def fp8_dot(a, b, acc, max_num_imprecise_acc: tl.constexpr):
         b32 = tl.where((b_bits & 0x7F) == 0x7F, float("nan"), b.to(tl.float32))
         return _row_dot(a32, b32, acc)
     return tl.dot(a, b, acc, max_num_imprecise_acc=max_num_imprecise_acc)
+
+
+@triton.jit
+def fma(a, b, c):
+    """``a * b + c`` of fp32 values rounded once (under the interpreter: see the module doc)."""
+    if _INTERPRET:
+        return (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+    return tl.fma(a, b, c)
 
 
 @triton.jit
