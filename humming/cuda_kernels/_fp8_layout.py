@@ -88,19 +88,25 @@ def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     return words.reshape(n // 64, k // 128, -1).contiguous().view(torch.uint8)
 
 
+def _kernel_codes(qw, table: tuple[int, ...]) -> torch.Tensor:
+    """``qw``'s 4-bit codes ``[N, K]`` as the kernel's codes (``table[code]``), zero-padded to multiples of 128
+    (kernel code 0 is the value 0)."""
+    from ..ir.quantize import unpacked_codes
+
+    codes = torch.zeros(cdiv(qw.N, 128) * 128, cdiv(qw.K, 128) * 128, dtype=torch.uint8, device=qw.device)
+    codes[: qw.N, : qw.K] = torch.tensor(table, dtype=torch.uint8, device=qw.device)[unpacked_codes(qw).long()]
+    return codes
+
+
 #: The kernel's 4-bit code of each two's-complement int4 code (0 .. 7 -> 0 .. 7, 8 .. 15 -> -8 .. -1): the
 #: code ``int4x8_to_e4m3`` (fp8_gemm_sm90.cuh) turns into that value with two prmt and one xor.
 _INT4_CODES = (0, 1, 2, 3, 8, 9, 10, 11, 15, 14, 13, 12, 7, 6, 5, 4)
 
 
 def _prepare_int4(qw, kp: int, scales: torch.Tensor) -> PreparedFp8:
-    from ..ir.quantize import unpacked_codes
-
     n, k = qw.N, qw.K
     n_pad, k_pad = cdiv(n, 128) * 128, cdiv(k, 128) * 128
-    codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=qw.device)  # kernel code 0 is the value 0
-    table = torch.tensor(_INT4_CODES, dtype=torch.uint8, device=qw.device)
-    codes[:n, :k] = table[unpacked_codes(qw).long()]
+    codes = _kernel_codes(qw, _INT4_CODES)
     w_scale = w_group = None
     if qw.layout == "group":
         blocks = torch.arange(0, k_pad, 128, device=qw.device) // qw.group_size
@@ -194,14 +200,10 @@ _E2M1_CODES = (0, 1, 2, 3, 8, 9, 10, 11, 0, 4, 5, 6, 7, 12, 13, 14)
 
 
 def _prepare_mxfp4(qw, kp: int) -> PreparedFp8:
-    from ..ir.quantize import unpacked_codes
-
     fold = _fold_mx(qw)
     n, k = qw.N, qw.K
     n_pad, k_pad = cdiv(n, 128) * 128, cdiv(k, 128) * 128
-    codes = torch.zeros(n_pad, k_pad, dtype=torch.uint8, device=qw.device)  # kernel code 0 is the value 0
-    table = torch.tensor(_E2M1_CODES, dtype=torch.uint8, device=qw.device)
-    codes[:n, :k] = table[unpacked_codes(qw).long()]
+    codes = _kernel_codes(qw, _E2M1_CODES)
     # shift byte of (row r of a tile, k-step g) at 4 r + g after the tile's codes
     shifts = fold.shifts.view(n_pad // 64, 64, k_pad // 128, 4).permute(0, 2, 1, 3).reshape(n_pad // 64, -1, 256)
     weight = torch.cat((_pack_nibbles(codes), shifts), dim=-1).contiguous()

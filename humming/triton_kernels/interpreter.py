@@ -10,9 +10,10 @@ kernels work around here, and only here:
   the fp32 accumulation: results agree with the GPU's to a relative error of ~1e-6 of the dot's size,
   far inside the tests' tolerances (stated in each test module). The interpreter's ``tl.dot`` is numpy's
   matmul, whose summation order for a row depends on where the row sits in the tile, so :func:`dot` and
-  :func:`fp8_dot` multiply in float64 (:func:`_row_dot`): the products are exact and the fp64 sums round to
-  the same fp32 in any order (all but never differing), so a row's result does not depend on the rows
-  around it, as on the GPU (batch invariance).
+  :func:`fp8_dot` multiply in float64 (:func:`_row_dot`): the products are exact, and fp64 sums in any
+  order round to the same fp32 unless they straddle an fp32 rounding boundary (far rarer than the tests'
+  inputs can hit), so a row's result does not depend on the rows around it, as on the GPU (batch
+  invariance).
 - fp32 -> bf16 casts truncate instead of rounding to nearest even (and mishandle fp32 subnormals).
   :func:`cast` rounds the fp32 bit pattern to nearest even itself when interpreting.
 - fp8 (``float8e4nv``) operands of ``tl.dot`` are decoded without NaN: code 0x7F reads as 480.
@@ -77,7 +78,7 @@ def fp8_dot(a, b, acc, max_num_imprecise_acc: tl.constexpr):
 
 @triton.jit
 def fma(a, b, c):
-    """``a * b + c`` of fp32 values rounded once (under the interpreter: see the module doc)."""
+    """``a * b + c`` of fp32 values, rounded once on the GPU; under the interpreter exact in sign (module doc)."""
     if _INTERPRET:
         return (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
     return tl.fma(a, b, c)
