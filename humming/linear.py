@@ -58,6 +58,10 @@ def linear(
     x_data = x.codes if prequantized else x
     if ops.eager(x_data):
         out = run_linear(x2d, qweight, bias, act, out_dtype, backend)
+    elif not prequantized and not torch.compiler.is_exporting():
+        own_bias = bias is qweight.bias
+        site = ops.bind(qweight, act, out_dtype, backend)
+        out = torch.ops.humming.linear_bound(x2d, None if own_bias else bias, site)
     else:
         out = torch.ops.humming.linear(
             x_data if prequantized else x2d,
@@ -238,6 +242,21 @@ def _linear_fake(x, x_scales, x_global_scale, qweight, *args):
 
 
 ops.register("linear", _linear_op, _linear_fake)
+
+
+def _linear_bound_op(x, bias, site):
+    qweight, act, out_dtype, backend = ops.bound(site)
+    if bias is None:
+        bias = qweight.bias
+    return _prepared_call(x, qweight, bias, act, out_dtype, backend)(x, bias)
+
+
+def _linear_bound_fake(x, bias, site):
+    qweight, _, out_dtype, _ = ops.bound(site)
+    return x.new_empty((*x.shape[:-1], qweight.N), dtype=out_dtype)
+
+
+ops.register("linear_bound", _linear_bound_op, _linear_bound_fake)
 
 
 def poison_non_finite_rows(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

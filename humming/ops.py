@@ -4,6 +4,7 @@ entry point as one node.
 | op | wraps |
 |---|---|
 | ``linear`` | :func:`humming.linear` (16-bit or pre-quantized activations) |
+| ``linear_bound`` / ``fused_moe_bound`` | the same, traced by dynamo (16-bit activations): a site names the weights |
 | ``grouped_linear`` | :func:`humming.moe.grouped_linear` (16-bit or pre-quantized activations, gathered or not) |
 | ``grouped_linear_masked`` / ``fused_moe`` / ``moe_align`` / ``topk_routing`` | :mod:`.moe` |
 | ``quantize_activation`` | :func:`quantize_activation` |
@@ -16,12 +17,21 @@ weight object; the op's implementation looks the object up by it, so the dispatc
 format, group shape, shape) makes a call self-describing: when the tensors passed are not the registered
 weight's (``opcheck`` passes copies) or the handle is gone, the weight is rebuilt from them.
 
+A 16-bit ``linear`` and a ``fused_moe`` call traced by dynamo pass a *site* instead (:func:`bind`: the
+weights and the call's other arguments, named once at trace time) to the ``*_bound`` ops: the graph then
+holds no weight tensor, and the dispatcher's trip, whose cost grows with the arguments, carries three
+instead of fourteen. An exported graph outlives the process, so ``torch.export`` keeps the self-describing
+ops.
+
 Eager calls of the Python wrappers run the implementation directly (the dispatcher's trip through a
 Python-registered op costs several microseconds); while dynamo traces, they call the op. The ops are for
 inference: none has an autograd formula.
 """
 
 from __future__ import annotations
+
+import itertools
+import weakref
 
 import torch
 
@@ -35,6 +45,8 @@ __all__ = [
     "act_name",
     "act_scales_shape",
     "activation_outputs",
+    "bind",
+    "bound",
     "eager",
     "quantize_activation",
     "register",
@@ -63,6 +75,7 @@ def _weight_schema(prefix: str = "") -> str:
 _SCHEMAS = {
     "linear": f"linear(Tensor x, Tensor? x_scales, Tensor? x_global_scale, {_weight_schema()}, Tensor? bias, "
     "str? act, ScalarType out_dtype, str backend) -> Tensor",
+    "linear_bound": "linear_bound(Tensor x, Tensor? bias, str site) -> Tensor",
     "grouped_linear": "grouped_linear(Tensor x, Tensor? x_scales, Tensor? x_global_scale, Tensor expert_ids, "
     f"int block_m, Tensor? rows, {_weight_schema()}, Tensor? bias, str? act, ScalarType out_dtype, str backend) "
     "-> Tensor",
@@ -72,6 +85,8 @@ _SCHEMAS = {
     f"Tensor? w13_bias, {_weight_schema('w2_')}, Tensor? w2_bias, Tensor? expert_map, str activation, "
     "float? alpha, float? limit, str gate_up_layout, str? act, Tensor? w13_act_scale, Tensor? w2_act_scale, "
     "int block_m, str backend) -> Tensor",
+    "fused_moe_bound": "fused_moe_bound(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor? expert_map, "
+    "Tensor? w13_act_scale, Tensor? w2_act_scale, str site) -> Tensor",
     "moe_align": "moe_align(Tensor topk_ids, int num_experts, int block_m, str backend='auto') "
     "-> (Tensor, Tensor, Tensor, Tensor)",
     "topk_routing": "topk_routing(Tensor router_logits, int top_k, str scoring, bool renormalize, "
@@ -128,6 +143,46 @@ def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, m
         global_scale=global_scale,
         g_idx=g_idx,
     )
+
+
+# ------------------------------------------------------------------------------------------- call sites
+_site_numbers = itertools.count(1)
+_sites: dict[str, tuple] = {}  # site -> the call's values, weights as weak references
+_site_ids: dict[tuple, str] = {}  # the call's values, weights as handles -> site
+
+
+def _forget(key: tuple) -> None:
+    _sites.pop(_site_ids.pop(key, None), None)
+
+
+@torch._dynamo.assume_constant_result
+def bind(*values) -> str:
+    """The *site* of calls with ``values`` (weights and hashable arguments): a string that :func:`bound`
+    turns back into them. Called while dynamo traces, it runs once, on the real weights: the site goes into
+    the graph as a constant, so the op that takes it is called with a few arguments instead of every weight
+    tensor, and dynamo guards the weights by identity instead of field by field.
+
+    A site holds its weights weakly and names them in this process only (an exported graph uses the
+    self-describing ops instead). It spells out the values (a weight by its signature) after a number unique
+    in the process: inductor's graph cache, which keys a compiled graph by its constants, then reuses one
+    compiled in another process only where the site describes the same call."""
+    key = tuple(("weight", v.handle) if isinstance(v, QuantizedWeight) else v for v in values)
+    site = _site_ids.get(key)
+    if site is None:
+        described = "|".join(v.signature if isinstance(v, QuantizedWeight) else str(v) for v in values)
+        site = _site_ids[key] = f"{next(_site_numbers)}:{described}"
+        forget = lambda _, key=key: _forget(key)
+        _sites[site] = tuple(weakref.ref(v, forget) if isinstance(v, QuantizedWeight) else v for v in values)
+    return site
+
+
+def bound(site: str) -> tuple:
+    """The values of a site of :func:`bind`; ``ValueError`` naming ``site`` when it names none (a weight of
+    it is gone, or it comes from another process)."""
+    entry = _sites.get(site)
+    if entry is None:
+        raise ValueError(f"site: {site!r} names no live weights in this process (humming.ops.bind makes sites)")
+    return tuple(v() if type(v) is weakref.ref else v for v in entry)
 
 
 def _fields(qw: QuantizedWeight) -> tuple:

@@ -3,6 +3,7 @@ with a dynamic token dimension (no recompilation, the same output as eager) and,
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import pytest
@@ -75,6 +76,9 @@ def test_opcheck_linear(seed):
     qa = humming.quantize_activation(x, "int8")
     args = (qa.codes, qa.scales, None, *ops.weight_args(qw), None, "int8", torch.bfloat16, "reference")
     torch.library.opcheck(torch.ops.humming.linear.default, args)
+    for act, out_dtype in ((None, torch.bfloat16), (humming.ACT_SCHEMES["fp8"], torch.float32)):
+        site = ops.bind(qw, act, out_dtype, "reference")
+        torch.library.opcheck(torch.ops.humming.linear_bound.default, (x, bias, site))
     # float8 inputs (NVFP4 scales): opcheck's schema check compares inputs before and after with a multiply
     # that CPU lacks for float8, so that one check runs on the GPU only (test_gpu_opcheck)
     qa = humming.quantize_activation(x, "nvfp4")
@@ -122,6 +126,8 @@ def test_opcheck_moe(seed):
     silu = ("silu", None, None, "concat")
     args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, None, None, None, 16, "reference")
     torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
+    site = ops.bind(w13, w2, *silu, None, 16, "reference")
+    torch.library.opcheck(torch.ops.humming.fused_moe_bound.default, (x, weights, ids, None, None, None, site))
     # static scales of both GEMMs' inputs
     scales = (torch.tensor([[0.02]]), torch.tensor([[0.01]]))
     args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, "fp8", *scales, 16, "reference")
@@ -202,19 +208,85 @@ def test_custom_act_scheme_is_named_or_refused():
         ops.act_name(humming.ActScheme("mine", "e4m3", 64))
 
 
+def test_site_names_its_live_weights_only(seed):
+    """A site (what a compiled call passes instead of the weight's tensors) stands for one weight and the
+    call's arguments, one per kind of call, and names nothing once the weight is gone."""
+    qw, other = _weight(CASES[0]), _weight(CASES[0])
+    site = ops.bind(qw, None, torch.bfloat16, "auto")
+    assert ops.bind(qw, None, torch.bfloat16, "auto") == site
+    assert ops.bind(other, None, torch.bfloat16, "auto") != site
+    assert ops.bind(qw, None, torch.float16, "auto") != site
+    found = ops.bound(site)
+    assert found[0] is qw and found[1:] == (None, torch.bfloat16, "auto")
+    del qw, found
+    gc.collect()
+    with pytest.raises(ValueError, match=r"site: '\d+:int4;1,-1;64x128\|None\|torch.bfloat16\|auto' names no live"):
+        ops.bound(site)
+    with pytest.raises(ValueError, match="site: 'mine' names no live weights"):
+        torch.ops.humming.linear_bound(torch.randn(2, 128), None, "mine")
+
+
 # ------------------------------------------------------------------------------------------------ compile
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_compile_linear_dynamic_m(case, seed, no_recompile, monkeypatch):
     qw = _weight(case)
     bias = torch.randn(64, dtype=torch.bfloat16)
     looked_up = []
-    find = ops.weight_from_args
-    monkeypatch.setattr(ops, "weight_from_args", lambda *a: looked_up.append(find(*a)) or looked_up[-1])
+    find = ops.bound
+    monkeypatch.setattr(ops, "bound", lambda site: looked_up.append(find(site)[0]) or find(site))
     f = torch.compile(lambda x: humming.linear(x, qw, bias, act=case.act, backend="reference"), fullgraph=True)
     for m in M_VALUES:
         x = _dynamic(torch.randn(m, 128, dtype=torch.bfloat16))
         assert torch.equal(f(x), humming.linear(x, qw, bias, act=case.act, backend="reference"))
     assert looked_up and all(w is qw for w in looked_up)  # the dispatcher's caches see the one weight object
+
+
+def _dynamo_graph(fn, *args) -> tuple[torch.fx.GraphModule, list]:
+    """The graph dynamo hands its backend for ``fn(*args)`` (fullgraph), and the graph's inputs."""
+    seen = []
+
+    def backend(gm, inputs):
+        seen.append((gm, inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, fullgraph=True, backend=backend)(*args)
+    return seen[0]
+
+
+def test_compiled_calls_pass_sites_not_weights(seed):
+    """Under torch.compile a linear and a fused_moe call are one op each, given the activations and a site:
+    no weight tensor is a graph input (each would cost a size check per call), and the graph runs the
+    weights' own calls."""
+    w13, w2 = _moe_weights(k=64)
+    dense = _weight(CASES[0], n=64, k=64)
+    weights, ids = moe.topk_routing(torch.randn(5, 4), 2)
+
+    def layer(x):
+        h = humming.linear(humming.linear(x, dense, backend="reference"), dense, backend="reference")
+        return moe.fused_moe(h, w13, w2, weights, ids, block_m=16, backend="reference")
+
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    gm, inputs = _dynamo_graph(layer, x)
+    calls = [n.target for n in gm.graph.nodes if n.op == "call_function" and "humming" in str(n.target)]
+    bound = torch.ops.humming.linear_bound, torch.ops.humming.fused_moe_bound
+    assert calls == [bound[0], bound[0], bound[1]]
+    weight_tensors = [t for w in (w13, w2, dense) for t in (w.qweight, w.scales)]
+    assert not any(i is t for i in inputs for t in weight_tensors)
+    assert torch.equal(gm(*inputs)[0], layer(x))
+
+
+def test_export_passes_the_weights(seed):
+    """An exported graph outlives the process, so its calls carry the weights' tensors and signatures."""
+    qw = _weight(CASES[0])
+
+    class Layer(torch.nn.Module):
+        def forward(self, x):
+            return humming.linear(x, qw, backend="reference")
+
+    program = torch.export.export(Layer(), (torch.randn(4, 128, dtype=torch.bfloat16),))
+    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.humming.linear.default]
 
 
 def test_compile_one_code_many_weights(seed):

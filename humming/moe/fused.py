@@ -106,6 +106,10 @@ def fused_moe(
     if ops.eager(x):
         args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m, backend)
         return run_fused_moe(x, w13, w13.bias, w2, w2.bias, *args)
+    if not torch.compiler.is_exporting():
+        fields = (activation.name, activation.alpha, activation.limit, activation.gate_up_layout)
+        site = ops.bind(w13, w2, *fields, act, block_m, backend)
+        return torch.ops.humming.fused_moe_bound(x, topk_weights, topk_ids, expert_map, *scales, site)
     return torch.ops.humming.fused_moe(
         x,
         topk_weights,
@@ -383,9 +387,24 @@ def _make_call(
 
 def _fused_moe_op(x, topk_weights, topk_ids, *args):
     w13, w13_bias, w2, w2_bias, expert_map = args[:7], args[7], args[8:15], args[15], args[16]
-    name, alpha, limit, gate_up_layout, act, w13_act_scale, w2_act_scale, block_m, backend = args[17:]
     w13 = check_experts("w13", ops.weight_from_args(*w13))
     w2 = check_experts("w2", ops.weight_from_args(*w2))
+    return _fused_moe_impl(x, topk_weights, topk_ids, w13, w13_bias, w2, w2_bias, expert_map, *args[17:])
+
+
+def _fused_moe_bound_op(x, topk_weights, topk_ids, expert_map, w13_act_scale, w2_act_scale, site):
+    w13, w2, name, alpha, limit, gate_up_layout, act, block_m, backend = ops.bound(site)
+    activation = (name, alpha, limit, gate_up_layout)
+    args = (expert_map, *activation, act, w13_act_scale, w2_act_scale, block_m, backend)
+    return _fused_moe_impl(x, topk_weights, topk_ids, w13, w13.bias, w2, w2.bias, *args)
+
+
+def _fused_moe_impl(
+    x, topk_weights, topk_ids, w13, w13_bias, w2, w2_bias, expert_map, name, alpha, limit, gate_up_layout, *args
+):
+    """Both fused_moe ops' implementation, the weights found; ``args``: ``act`` (scheme or name),
+    ``w13_act_scale``, ``w2_act_scale``, ``block_m`` (0 or None: the default), ``backend``."""
+    act, w13_act_scale, w2_act_scale, block_m, backend = args
     if type(x) is torch.Tensor and x.dim() == 2 and x.shape[0]:
         scales = (w13_act_scale, w2_act_scale)
         args = (expert_map, (name, alpha, limit, gate_up_layout), act, scales, block_m or None, backend)
@@ -413,3 +432,4 @@ def _fused_moe_fake(x, topk_weights, topk_ids, *args):
 
 
 ops.register("fused_moe", _fused_moe_op, _fused_moe_fake)
+ops.register("fused_moe_bound", _fused_moe_bound_op, _fused_moe_fake)
