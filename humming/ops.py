@@ -86,7 +86,7 @@ _SCHEMAS = {
     "float? alpha, float? limit, str gate_up_layout, str? act, Tensor? w13_act_scale, Tensor? w2_act_scale, "
     "int block_m, str backend) -> Tensor",
     "fused_moe_bound": "fused_moe_bound(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor? expert_map, "
-    "Tensor? w13_act_scale, Tensor? w2_act_scale, str site) -> Tensor",
+    "Tensor? w13_act_scale, Tensor? w2_act_scale, float? alpha, float? limit, int block_m, str site) -> Tensor",
     "moe_align": "moe_align(Tensor topk_ids, int num_experts, int block_m, str backend='auto') "
     "-> (Tensor, Tensor, Tensor, Tensor)",
     "topk_routing": "topk_routing(Tensor router_logits, int top_k, str scoring, bool renormalize, "
@@ -160,7 +160,9 @@ def bind(*values) -> str:
     """The *site* of calls with ``values`` (weights and hashable arguments): a string that :func:`bound`
     turns back into them. Called while dynamo traces, it runs once, on the real weights: the site goes into
     the graph as a constant, so the op that takes it is called with a few arguments instead of every weight
-    tensor, and dynamo guards the weights by identity instead of field by field.
+    tensor, and dynamo guards the weights by identity instead of field by field. The values must be
+    constants to dynamo (weights, strings, dtypes, schemes, None): numbers travel as the op's arguments,
+    since dynamo may make them symbolic (``dynamic=True`` does so with a float read from a closure).
 
     A site holds its weights weakly and names them in this process only (an exported graph uses the
     self-describing ops instead). It spells out the values (a weight by its signature) after a number unique

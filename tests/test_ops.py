@@ -126,8 +126,9 @@ def test_opcheck_moe(seed):
     silu = ("silu", None, None, "concat")
     args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, None, None, None, 16, "reference")
     torch.library.opcheck(torch.ops.humming.fused_moe.default, args)
-    site = ops.bind(w13, w2, *silu, None, 16, "reference")
-    torch.library.opcheck(torch.ops.humming.fused_moe_bound.default, (x, weights, ids, None, None, None, site))
+    site = ops.bind(w13, w2, "silu", "concat", None, "reference")
+    args = (x, weights, ids, None, None, None, None, None, 16, site)
+    torch.library.opcheck(torch.ops.humming.fused_moe_bound.default, args)
     # static scales of both GEMMs' inputs
     scales = (torch.tensor([[0.02]]), torch.tensor([[0.01]]))
     args = (x, weights, ids, *w13_args, None, *w2_args, None, None, *silu, "fp8", *scales, 16, "reference")
@@ -372,6 +373,19 @@ def test_compile_fused_moe(act, activation, layout, mapped, backend, seed, no_re
     for t in (1, 6, 19):
         x, logits = _dynamic(torch.randn(t, 64, dtype=torch.bfloat16)), _dynamic(torch.randn(t, num_routed))
         assert torch.equal(f(x, logits), layer(x, logits))
+
+
+def test_compile_fused_moe_dynamic_numbers(seed):
+    """``dynamic=True`` makes the numbers a compiled function reads symbolic (swiglu_oai's alpha and limit,
+    block_m, here from a default argument): they reach the op as its arguments, not through a site."""
+    w13, w2 = _moe_weights()
+    weights, ids = moe.topk_routing(torch.randn(5, 4), 2)
+    options = dict(activation="swiglu_oai", alpha=1.5, limit=6.0, gate_up_layout="interleaved", block_m=16)
+    layer = lambda x, options=options: moe.fused_moe(x, w13, w2, weights, ids, backend="reference", **options)
+    torch._dynamo.reset()
+    f = torch.compile(layer, fullgraph=True, dynamic=True)
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    assert torch.equal(f(x), layer(x))
 
 
 def test_compile_moe_align_and_grouped_linear(seed, no_recompile):

@@ -107,9 +107,9 @@ def fused_moe(
         args = (topk_weights, topk_ids, expert_map, activation, act, *scales, block_m, backend)
         return run_fused_moe(x, w13, w13.bias, w2, w2.bias, *args)
     if not torch.compiler.is_exporting():
-        fields = (activation.name, activation.alpha, activation.limit, activation.gate_up_layout)
-        site = ops.bind(w13, w2, *fields, act, block_m, backend)
-        return torch.ops.humming.fused_moe_bound(x, topk_weights, topk_ids, expert_map, *scales, site)
+        site = ops.bind(w13, w2, activation.name, activation.gate_up_layout, act, backend)
+        numbers = (activation.alpha, activation.limit, 0 if block_m is None else block_m)
+        return torch.ops.humming.fused_moe_bound(x, topk_weights, topk_ids, expert_map, *scales, *numbers, site)
     return torch.ops.humming.fused_moe(
         x,
         topk_weights,
@@ -392,8 +392,10 @@ def _fused_moe_op(x, topk_weights, topk_ids, *args):
     return _fused_moe_impl(x, topk_weights, topk_ids, w13, w13_bias, w2, w2_bias, expert_map, *args[17:])
 
 
-def _fused_moe_bound_op(x, topk_weights, topk_ids, expert_map, w13_act_scale, w2_act_scale, site):
-    w13, w2, name, alpha, limit, gate_up_layout, act, block_m, backend = ops.bound(site)
+def _fused_moe_bound_op(
+    x, topk_weights, topk_ids, expert_map, w13_act_scale, w2_act_scale, alpha, limit, block_m, site
+):
+    w13, w2, name, gate_up_layout, act, backend = ops.bound(site)
     activation = (name, alpha, limit, gate_up_layout)
     args = (expert_map, *activation, act, w13_act_scale, w2_act_scale, block_m, backend)
     return _fused_moe_impl(x, topk_weights, topk_ids, w13, w13.bias, w2, w2.bias, *args)
