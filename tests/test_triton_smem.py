@@ -22,6 +22,7 @@ Two checks, for sm_90 (H100 / H200: 232448 bytes per block) and sm_80 (A100: 166
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -59,12 +60,25 @@ def _scaled_cases():
     return (("int3-g128-int8", quantize(w, "int3", 128), "int8"), ("nvfp4-nvfp4", quantize(w, "nvfp4"), "nvfp4"))
 
 
-def _jobs() -> list[tuple[int, object, int]]:
-    """(arch, compile spec, estimate) of the worst cases' chosen tiles, every M bucket. A tile that is also
-    chosen for sm_90 is compiled for sm_90 only: the same tile never needed more on sm_80 (mma.sync, no
-    wgmma operand staging) in the calibration; split-K changes only the epilogue, so one split is enough."""
+def _decoding_cases():
+    """(label, weight) of the W4A8 weights whose chosen sm_90 tiles must not spill: integer codes of lean decode
+    (one warpgroup at M > 64, :func:`~humming.triton_kernels.scaled_mm_configs.one_warpgroup`) and, with
+    zero points, the decode that needs two."""
+    from humming.ir.quantize import quantize
+
+    w = torch.ones(256, 512)
+    return (("int4-g128-fp8", quantize(w, "int4", 128)), ("uint4-zp-g128-fp8", quantize(w, "int4", 128, True)))
+
+
+def _jobs() -> list[tuple[int, object, int, bool]]:
+    """(arch, compile spec, estimate, whether its spills are counted) of the worst cases' chosen tiles, every M
+    bucket, and of the W4A8 decoding tiles on sm_90 (:func:`_decoding_cases`). A tile that is also chosen
+    for sm_90 is compiled for sm_90 only: the same tile never needed more on sm_80 (mma.sync, no wgmma
+    operand staging) in the calibration; split-K changes only the epilogue, so one split is enough."""
     from humming.ir.activation import get_act_scheme
     from humming.triton_kernels import scaled_mm, wna16
+    from humming.triton_kernels._scaled_mm_plan import plan_config
+    from humming.triton_kernels.configs import CAPABILITY_LIMITS
     from humming.triton_kernels.scaled_mm_configs import scaled_mm_config
     from humming.triton_kernels.scaled_mm_configs import smem_estimate as scaled_estimate
     from humming.triton_kernels.wna16_configs import smem_estimate, wna16_config
@@ -76,9 +90,8 @@ def _jobs() -> list[tuple[int, object, int]]:
             for m in M_BUCKETS:
                 cfg = wna16_config(m, N, K, qw.bits, SMS, group_k, limit, act_order).replace(dequant_first=False)
                 spec = wna16.kernel_spec(label, qw, dtype, cfg)
-                jobs.setdefault(
-                    (label, cfg.replace(split_k=1)), (arch, spec, smem_estimate(cfg, qw.bits, group_k, act_order))
-                )
+                estimate = smem_estimate(cfg, qw.bits, group_k, act_order)
+                jobs.setdefault((label, cfg.replace(split_k=1)), (arch, spec, estimate, False))
         for label, qw, act in _scaled_cases():
             scheme = get_act_scheme(act)
             plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), (arch // 10, arch % 10))
@@ -86,7 +99,15 @@ def _jobs() -> list[tuple[int, object, int]]:
                 cfg = scaled_mm_config(m, N, K, plan.operand_bits, plan.k_step, qw.bits, SMS, limit, plan.folds)
                 spec = scaled_mm.kernel_spec(label, qw, scheme, plan, torch.bfloat16, cfg)
                 estimate = scaled_estimate(cfg, plan.operand_bits, qw.bits, plan.folds)
-                jobs.setdefault((label, plan.mma, cfg.replace(split_k=1)), (arch, spec, estimate))
+                jobs.setdefault((label, plan.mma, cfg.replace(split_k=1)), (arch, spec, estimate, False))
+    scheme = get_act_scheme("fp8")
+    for label, qw in _decoding_cases():
+        plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), (9, 0))
+        for m in M_BUCKETS:
+            cfg = plan_config(plan, qw, m, (9, 0), CAPABILITY_LIMITS[(9, 0)], (N, K)).replace(split_k=1)
+            spec = scaled_mm.kernel_spec(label, qw, scheme, plan, torch.bfloat16, cfg)
+            estimate = scaled_estimate(cfg, plan.operand_bits, qw.bits, plan.folds)
+            jobs[(label, plan.mma, cfg)] = (90, spec, estimate, True)
     return list(jobs.values())
 
 
@@ -95,8 +116,8 @@ def _compile(worker: int, workers: int) -> list[dict]:
     from humming.triton_kernels import registry
 
     results = []
-    for arch, spec, estimate in _jobs()[worker::workers]:
-        r = registry.compile_spec(spec, arch)
+    for arch, spec, estimate, local_memory in _jobs()[worker::workers]:
+        r = registry.compile_spec(spec, arch, local_memory)
         results.append({**r, "shared": r.get("shared_bytes"), "estimate": estimate})
     return results
 
@@ -140,6 +161,18 @@ def test_chosen_tiles_compile_within_the_limit(arch: int, compiled: dict) -> Non
     assert not under, "the estimate must be an upper bound:\n" + "\n".join(under)
 
 
+def test_decoding_tiles_do_not_spill(compiled: dict) -> None:
+    """The W4A8 tiles chosen on sm_90 hold their accumulators and decode in registers at every M bucket: a lean
+    decode on one warpgroup from M = 128 (two blocks per multiprocessor), the zero-point decode on two."""
+    counted = {r["name"]: r for r in compiled[90] if "local_memory_instructions" in r}
+    names = sorted(counted)
+    assert any(n.startswith("scaled_mm-int4-g128-fp8") and n.endswith("m128n64k128s1g8w4st4") for n in names), names
+    zero_points = [n for n in names if n.startswith("scaled_mm-uint4-zp-g128-fp8")]
+    assert zero_points and all("w8st" in n for n in zero_points), names
+    spilled = {n: r["local_memory_instructions"] for n, r in counted.items() if r["local_memory_instructions"]}
+    assert not spilled, spilled
+
+
 @pytest.mark.parametrize("arch", list(PLAN_LIMITS), ids=lambda a: f"sm_{a}")
 def test_every_wna16_plan_fits(arch: int) -> None:
     from humming.triton_kernels import wna16
@@ -165,7 +198,7 @@ def test_every_wna16_plan_fits(arch: int) -> None:
 def test_every_scaled_mm_plan_fits(arch: int) -> None:
     """Every scaled-GEMM tile of each capability's table fits its shared memory and its register budget (the
     accumulator words per thread of :data:`~humming.triton_kernels.scaled_mm_configs.ACC_WORDS`)."""
-    from humming.triton_kernels.scaled_mm_configs import ACC_WORDS, scaled_mm_config, smem_estimate
+    from humming.triton_kernels.scaled_mm_configs import ACC_WORDS, DECODES, scaled_mm_config, smem_estimate
 
     capability = (arch // 10, arch % 10)
     limit, over = PLAN_LIMITS[arch], []
@@ -174,11 +207,11 @@ def test_every_scaled_mm_plan_fits(arch: int) -> None:
         for weight_bits in range(1, 9):
             for k_step in (0, 16, 32, 128):
                 for fold in (False, True):
-                    for accumulators, decodes in ((1, False), (2, False), (1, True), (2, True)):
-                        per_tile, total = ACC_WORDS[family][decodes]
+                    for accumulators, decode in itertools.product((1, 2), DECODES):
+                        per_tile, total = ACC_WORDS[family][decode]
                         for m in M_BUCKETS:
                             args = (m, N, K, operand_bits, k_step, weight_bits, SMS, limit, fold, capability)
-                            cfg = scaled_mm_config(*args, accumulators, decodes)
+                            cfg = scaled_mm_config(*args, accumulators, decode)
                             words = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
                             if smem_estimate(cfg, operand_bits, weight_bits, fold) > limit:
                                 over.append(f"{operand_bits}-bit MMA {weight_bits}-bit w step {k_step} M={m}: {cfg}")

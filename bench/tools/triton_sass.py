@@ -25,6 +25,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from humming.triton_kernels.registry import disassemble
+
 #: label -> (quantize arguments, activation dtype)
 CASES = {
     "int4-g128": (dict(weight="int4", group_size=128, scale_dtype=torch.bfloat16), torch.bfloat16),
@@ -34,26 +37,6 @@ CASES = {
     "int8-channel": (dict(weight="int8", group_size=-1, scale_dtype=torch.bfloat16), torch.bfloat16),
 }
 SHAPE = (28672, 8192)
-_INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-_LABEL = re.compile(r"^(\.L_x_\d+):")
-
-
-def disassemble(cubin: bytes) -> list[tuple[int, str]]:
-    """(address, instruction) of every SASS instruction of ``cubin``; labels as (-1, name)."""
-    import triton
-
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
-    out = []
-    for line in text.splitlines():
-        if m := _INSTR.match(line):
-            out.append((int(m.group(1), 16), m.group(2)))
-        elif m := _LABEL.match(line):
-            out.append((-1, m.group(1)))
-    return out
 
 
 def registers(cubin: bytes) -> int | None:

@@ -20,6 +20,7 @@ from ._scaled_mm_plan import (
     device_capability,
     grid,
     plan_constexprs,
+    weight_decode,
 )
 from ._tiles import split_k_words
 from ._weight_tile import WeightSpec, kernel_tensors, pointer_types, triton_type, weight_spec
@@ -232,10 +233,10 @@ def compile_specs() -> list[registry.CompileSpec]:
     for label, qw, act, capability, min_arch, out_dtype in cases:
         scheme = get_act_scheme(act)
         plan = compute_plan(qw, scheme, act_group_k(scheme), capability)
-        table = buckets(plan.operand_bits, capability)
+        decode = weight_decode(plan, qw)
+        table = buckets(plan.operand_bits, capability, decode)
         gather = label.startswith("grouped-gather-")
-        decodes = qw.bits != 8 or qw.zeros is not None
-        large = fit_registers(table[-1][1], capability, plan.accumulators(capability), decodes)
+        large = fit_registers(table[-1][1], capability, plan.accumulators(capability), decode)
         for cfg in (table[0][1].replace(split_k=4), large):  # small M: the split-K epilogue
             if plan.k_step:
                 cfg = cfg.replace(block_k=min(cfg.block_k, plan.k_step))

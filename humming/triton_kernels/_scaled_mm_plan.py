@@ -36,6 +36,7 @@ __all__ = [
     "grouped_call_config",
     "plan_config",
     "plan_constexprs",
+    "weight_decode",
 ]
 
 #: The activation scale dtypes the kernel reads (fp32 as it is, fp8 as codes: :func:`._weight_tile.scale_kind`).
@@ -254,7 +255,6 @@ def plan_config(
     ``[N, K]`` unless ``shape`` is given) on a device of ``capability`` with ``limits``: a pure function, which
     the SASS reader and the plan checks call for capabilities without the device at hand."""
     n, k = shape or (qweight.N, qweight.K)
-    direct = qweight.bits == 8 and qweight.zeros is None and plan.w_scale != "fold" and plan.operand_bits == 8
     return scaled_mm_config(
         m,
         n,
@@ -267,8 +267,17 @@ def plan_config(
         plan.folds,
         capability,
         plan.accumulators(capability),
-        decodes=not direct,
+        weight_decode(plan, qweight),
     )
+
+
+def weight_decode(plan: ComputePlan, qweight: QuantizedWeight) -> str:
+    """How the weight reaches the plan's MMA, as :data:`~.scaled_mm_configs.DECODES` names it."""
+    if qweight.bits == 8 and qweight.zeros is None and plan.w_scale != "fold" and plan.operand_bits == 8:
+        return "none"
+    if qweight.format.kind != "int" or 32 % qweight.bits:
+        return "other"
+    return "lean" if qweight.zeros is None else "zero_points"
 
 
 def _config(plan: ComputePlan, qweight: QuantizedWeight, m: int, device: torch.device, sm_count: int | None = None):

@@ -13,9 +13,13 @@ import argparse
 import importlib
 import json
 import pkgutil
+import re
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .._env import env
 
@@ -27,6 +31,7 @@ __all__ = [
     "CompileSpec",
     "compile_spec",
     "compile_specs",
+    "disassemble",
     "register",
     "specs_for_arch",
 ]
@@ -126,8 +131,32 @@ def specs_for_arch(specs: list[CompileSpec], arch: int) -> list[CompileSpec]:
     return list(chosen.values())
 
 
-def compile_spec(spec: CompileSpec, arch: int) -> dict:
-    """Compile ``spec`` for ``sm_<arch>``; returns the matrix instructions found and any problem."""
+_INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+
+
+def disassemble(cubin: bytes) -> list[tuple[int, str]]:
+    """(address, instruction) of every SASS instruction of ``cubin`` (Triton's own ``nvdisasm``); labels as
+    (-1, name)."""
+    import triton
+
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
+    out = []
+    for line in text.splitlines():
+        if m := _INSTR.match(line):
+            out.append((int(m.group(1), 16), m.group(2)))
+        elif m := _LABEL.match(line):
+            out.append((-1, m.group(1)))
+    return out
+
+
+def compile_spec(spec: CompileSpec, arch: int, local_memory: bool = False) -> dict:
+    """Compile ``spec`` for ``sm_<arch>``; returns the matrix instructions found and any problem, and with
+    ``local_memory`` the count of local-memory instructions in its SASS (``LDL`` / ``STL``: register spills)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -146,6 +175,9 @@ def compile_spec(spec: CompileSpec, arch: int) -> dict:
     found = {op: ptx.count(op) for op in TENSOR_CORE_OPS[arch] if op in ptx}
     result["mma_ops"] = found
     result["shared_bytes"] = compiled.metadata.shared
+    if local_memory:
+        sass = disassemble(compiled.asm["cubin"])
+        result["local_memory_instructions"] = sum(text.startswith(("LDL", "STL")) for _, text in sass)
     if not TENSOR_CORE_OPS[arch] or spec.mma == "none":
         pass
     elif spec.mma == "any" and not found:

@@ -16,6 +16,7 @@ from .configs import TileConfig, fit_smem
 
 __all__ = [
     "ACC_WORDS",
+    "DECODES",
     "ScaledMMConfig",
     "buckets",
     "fit_registers",
@@ -63,14 +64,36 @@ _BUCKETS_16BIT = {
         (None, ScaledMMConfig(128, 256, 64, num_warps=8, num_stages=3)),
     ),
 }
+#: How a weight reaches the MMA (:func:`scaled_mm_config`'s ``decode``): ``"none"`` (8-bit codes fed as they
+#: are), ``"lean"`` (integer codes of whole-word fields without zero points), ``"zero_points"`` (integer codes
+#: with zero points), ``"other"`` (fields straddling words, lookup tables, float fields).
+DECODES = ("none", "lean", "zero_points", "other")
+#: sm_90 tables of 8-bit operands where the weight's decode changes what fits in registers
+#: (bench/results/cpu-sass/triton_w4a8_warps.md, triton 3.6 and 3.9): a lean decode runs the 128 x 64 tile on
+#: one warpgroup (64 accumulator words, 246-250 registers, no spills), so that two blocks share a
+#: multiprocessor where the 8-warp tile holds it alone (the faster at M >= 256 in
+#: bench/results/h200/triton_gemm.json, variant m128n64w4); a zero-point decode spills its zero tiles on one
+#: warpgroup at up to 64 rows, so those tiles take two.
+_SM90_DECODE_BUCKETS = {
+    "lean": (
+        (16, ScaledMMConfig(16, 64, 128, num_warps=4, num_stages=4)),
+        (64, ScaledMMConfig(64, 64, 128, num_warps=4, num_stages=3)),
+        (None, ScaledMMConfig(128, 64, 128, num_warps=4, num_stages=4)),
+    ),
+    "zero_points": (
+        (16, ScaledMMConfig(16, 64, 128, num_warps=8, num_stages=4)),
+        (64, ScaledMMConfig(64, 64, 128, num_warps=8, num_stages=3)),
+        *_BUCKETS_8BIT["sm90"][2:],
+    ),
+}
 #: fp32 accumulator words per thread a tile may hold, (per accumulator tile, in all): ``block_m * block_n /
 #: threads`` per tile, two tiles where each K step's product is promoted into a second one. Per capability
-#: family and whether the weight is decoded in registers (its temporaries need registers too); the largest
-#: tiles whose compiled K loops stay within 255 registers without spills on triton 3.6-3.9
-#: (bench/results/cpu-sass/triton_scaled_mm.md). mma.sync also holds both operands' fragments per thread.
+#: family and decode (a decode's temporaries need registers too); the largest tiles whose compiled K loops
+#: stay within 255 registers without spills on triton 3.6-3.9 (bench/results/cpu-sass/triton_scaled_mm.md,
+#: triton_w4a8_warps.md). mma.sync also holds both operands' fragments per thread.
 ACC_WORDS = {
-    "sm90": {False: (128, 128), True: (64, 64)},
-    "mma": {False: (64, 128), True: (32, 64)},
+    "sm90": {"none": (128, 128), "lean": (64, 128), "zero_points": (64, 64), "other": (64, 64)},
+    "mma": {"none": (64, 128), "lean": (32, 64), "zero_points": (32, 64), "other": (32, 64)},
 }
 
 
@@ -80,16 +103,19 @@ def _family(capability: tuple[int, int]) -> str:
     return "sm90" if capability == (9, 0) else "mma"
 
 
-def buckets(operand_bits: int, capability: tuple[int, int]):
-    """The (largest M, config) buckets for ``operand_bits``-wide tensor-core operands on ``capability``."""
-    return (_BUCKETS_8BIT if operand_bits == 8 else _BUCKETS_16BIT)[_family(capability)]
+def buckets(operand_bits: int, capability: tuple[int, int], decode: str = "none"):
+    """The (largest M, config) buckets for ``operand_bits``-wide tensor-core operands on ``capability``, for a
+    weight reaching the MMA by ``decode`` (one of :data:`DECODES`)."""
+    family = _family(capability)
+    if operand_bits == 8 and family == "sm90" and decode in _SM90_DECODE_BUCKETS:
+        return _SM90_DECODE_BUCKETS[decode]
+    return (_BUCKETS_8BIT if operand_bits == 8 else _BUCKETS_16BIT)[family]
 
 
-def fit_registers(cfg: ScaledMMConfig, capability: tuple[int, int], accumulators: int, decodes: bool) -> ScaledMMConfig:
+def fit_registers(cfg: ScaledMMConfig, capability: tuple[int, int], accumulators: int, decode: str) -> ScaledMMConfig:
     """``cfg`` with ``block_n`` (then ``block_m``) halved, down to 64 (``block_m``: 16), until its
-    ``accumulators`` fp32 tiles fit :data:`ACC_WORDS` of ``capability`` (``decodes``: the weight is decoded
-    in registers)."""
-    per_tile, total = ACC_WORDS[_family(capability)][decodes]
+    ``accumulators`` fp32 tiles fit :data:`ACC_WORDS` of ``capability`` and ``decode``."""
+    per_tile, total = ACC_WORDS[_family(capability)][decode]
     words = lambda c: c.block_m * c.block_n // (32 * c.num_warps)
     while words(cfg) > per_tile or words(cfg) * accumulators > total:
         if cfg.block_n > 64 and cfg.block_n >= cfg.block_m:
@@ -142,16 +168,16 @@ def scaled_mm_config(
     fold: bool = False,
     capability: tuple[int, int] = (9, 0),
     accumulators: int = 1,
-    decodes: bool = False,
+    decode: str = "none",
 ) -> ScaledMMConfig:
     """The tile configuration for ``[m, k] x [n, k]^T`` with ``operand_bits``-wide tensor-core operands and
     ``weight_bits``-wide codes on ``sm_count`` multiprocessors with ``smem_limit`` bytes of shared memory
     per block (0: no limit; ``fold``: the plan folds scales into the operands, see :func:`smem_estimate`);
     ``k_step`` (0 = free) is the promotion step that ``block_k`` must divide; ``capability`` picks the bucket
-    table, ``accumulators`` / ``decodes`` the register fit (:func:`fit_registers`). Split-K (fp32 atomics)
-    only changes the fp32 summation order."""
-    cfg = next(c for bound, c in buckets(operand_bits, capability) if bound is None or m <= bound)
-    cfg = fit_registers(cfg, capability, accumulators, decodes)
+    table with ``decode`` (one of :data:`DECODES`), ``accumulators`` and ``decode`` the register fit
+    (:func:`fit_registers`). Split-K (fp32 atomics) only changes the fp32 summation order."""
+    cfg = next(c for bound, c in buckets(operand_bits, capability, decode) if bound is None or m <= bound)
+    cfg = fit_registers(cfg, capability, accumulators, decode)
     if 32 % weight_bits:  # 3/5/6/7-bit codes straddle words: two int32 tiles per stage; fit the shared memory
         cfg = cfg.replace(block_n=min(cfg.block_n, 128), num_stages=min(cfg.num_stages, 2))
     block_k = cfg.block_k
