@@ -58,10 +58,11 @@ def linear(
     x_data = x.codes if prequantized else x
     if ops.eager(x_data):
         out = run_linear(x2d, qweight, bias, act, out_dtype, backend)
-    elif not prequantized and not torch.compiler.is_exporting():
-        own_bias = bias is qweight.bias
+    elif not torch.compiler.is_exporting():
         site = ops.bind(qweight, act, out_dtype, backend)
-        out = torch.ops.humming.linear_bound(x2d, None if own_bias else bias, site)
+        scales = (x.scales, x.global_scale) if prequantized else (None, None)
+        own_bias = bias is qweight.bias
+        out = torch.ops.humming.linear_bound(x_data if prequantized else x2d, *scales, None if own_bias else bias, site)
     else:
         out = torch.ops.humming.linear(
             x_data if prequantized else x2d,
@@ -226,6 +227,11 @@ def run_linear(x2d, qweight: QuantizedWeight, bias, act: ActScheme | None, out_d
 def _linear_op(x, x_scales, x_global_scale, *args):
     *weight, bias, act, out_dtype, backend = args
     qweight = ops.weight_from_args(*weight)
+    return _linear_impl(x, x_scales, x_global_scale, qweight, bias, act, out_dtype, backend)
+
+
+def _linear_impl(x, x_scales, x_global_scale, qweight, bias, act, out_dtype, backend):
+    """Both linear ops' implementation, the weight found; ``act`` a scheme or its name."""
     if x_scales is None:
         return _prepared_call(x, qweight, bias, act, out_dtype, backend)(x, bias)
     if act is None:
@@ -244,14 +250,13 @@ def _linear_fake(x, x_scales, x_global_scale, qweight, *args):
 ops.register("linear", _linear_op, _linear_fake)
 
 
-def _linear_bound_op(x, bias, site):
+def _linear_bound_op(x, x_scales, x_global_scale, bias, site):
     qweight, act, out_dtype, backend = ops.bound(site)
-    if bias is None:
-        bias = qweight.bias
-    return _prepared_call(x, qweight, bias, act, out_dtype, backend)(x, bias)
+    bias = qweight.bias if bias is None else bias
+    return _linear_impl(x, x_scales, x_global_scale, qweight, bias, act, out_dtype, backend)
 
 
-def _linear_bound_fake(x, bias, site):
+def _linear_bound_fake(x, x_scales, x_global_scale, bias, site):
     qweight, _, out_dtype, _ = ops.bound(site)
     return x.new_empty((*x.shape[:-1], qweight.N), dtype=out_dtype)
 

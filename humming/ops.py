@@ -4,7 +4,7 @@ entry point as one node.
 | op | wraps |
 |---|---|
 | ``linear`` | :func:`humming.linear` (16-bit or pre-quantized activations) |
-| ``linear_bound`` / ``fused_moe_bound`` | the same, traced by dynamo (16-bit activations): a site names the weights |
+| ``linear_bound`` / ``fused_moe_bound`` | the same, traced by dynamo: a site names the weights |
 | ``grouped_linear`` | :func:`humming.moe.grouped_linear` (16-bit or pre-quantized activations, gathered or not) |
 | ``grouped_linear_masked`` / ``fused_moe`` / ``moe_align`` / ``topk_routing`` | :mod:`.moe` |
 | ``quantize_activation`` | :func:`quantize_activation` |
@@ -17,9 +17,9 @@ weight object; the op's implementation looks the object up by it, so the dispatc
 format, group shape, shape) makes a call self-describing: when the tensors passed are not the registered
 weight's (``opcheck`` passes copies) or the handle is gone, the weight is rebuilt from them.
 
-A 16-bit ``linear`` and a ``fused_moe`` call traced by dynamo pass a *site* instead (:func:`bind`: the
+A ``linear`` and a ``fused_moe`` call traced by dynamo pass a *site* instead (:func:`bind`: the
 weights and the call's other arguments, named once at trace time) to the ``*_bound`` ops: the graph then
-holds no weight tensor, and the dispatcher's trip, whose cost grows with the arguments, carries three
+holds no weight tensor, and the dispatcher's trip, whose cost grows with the arguments, carries five
 instead of fourteen. An exported graph outlives the process, so ``torch.export`` keeps the self-describing
 ops.
 
@@ -75,7 +75,8 @@ def _weight_schema(prefix: str = "") -> str:
 _SCHEMAS = {
     "linear": f"linear(Tensor x, Tensor? x_scales, Tensor? x_global_scale, {_weight_schema()}, Tensor? bias, "
     "str? act, ScalarType out_dtype, str backend) -> Tensor",
-    "linear_bound": "linear_bound(Tensor x, Tensor? bias, str site) -> Tensor",
+    "linear_bound": "linear_bound(Tensor x, Tensor? x_scales, Tensor? x_global_scale, Tensor? bias, str site) "
+    "-> Tensor",
     "grouped_linear": "grouped_linear(Tensor x, Tensor? x_scales, Tensor? x_global_scale, Tensor expert_ids, "
     f"int block_m, Tensor? rows, {_weight_schema()}, Tensor? bias, str? act, ScalarType out_dtype, str backend) "
     "-> Tensor",

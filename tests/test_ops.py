@@ -78,7 +78,9 @@ def test_opcheck_linear(seed):
     torch.library.opcheck(torch.ops.humming.linear.default, args)
     for act, out_dtype in ((None, torch.bfloat16), (humming.ACT_SCHEMES["fp8"], torch.float32)):
         site = ops.bind(qw, act, out_dtype, "reference")
-        torch.library.opcheck(torch.ops.humming.linear_bound.default, (x, bias, site))
+        torch.library.opcheck(torch.ops.humming.linear_bound.default, (x, None, None, bias, site))
+    site = ops.bind(qw, humming.ACT_SCHEMES["int8"], torch.bfloat16, "reference")
+    torch.library.opcheck(torch.ops.humming.linear_bound.default, (qa.codes, qa.scales, None, bias, site))
     # float8 inputs (NVFP4 scales): opcheck's schema check compares inputs before and after with a multiply
     # that CPU lacks for float8, so that one check runs on the GPU only (test_gpu_opcheck)
     qa = humming.quantize_activation(x, "nvfp4")
@@ -224,7 +226,7 @@ def test_site_names_its_live_weights_only(seed):
     with pytest.raises(ValueError, match=r"site: '\d+:int4;1,-1;64x128\|None\|torch.bfloat16\|auto' names no live"):
         ops.bound(site)
     with pytest.raises(ValueError, match="site: 'mine' names no live weights"):
-        torch.ops.humming.linear_bound(torch.randn(2, 128), None, "mine")
+        torch.ops.humming.linear_bound(torch.randn(2, 128), None, None, None, "mine")
 
 
 # ------------------------------------------------------------------------------------------------ compile
@@ -256,7 +258,8 @@ def _dynamo_graph(fn, *args) -> tuple[torch.fx.GraphModule, list]:
 
 
 def test_compiled_calls_pass_sites_not_weights(seed):
-    """Under torch.compile a linear and a fused_moe call are one op each, given the activations and a site:
+    """Under torch.compile a linear (16-bit or pre-quantized activations) and a fused_moe call are one op each,
+    given the activations and a site:
     no weight tensor is a graph input (each would cost a size check per call), and the graph runs the
     weights' own calls."""
     w13, w2 = _moe_weights(k=64)
@@ -265,13 +268,14 @@ def test_compiled_calls_pass_sites_not_weights(seed):
 
     def layer(x):
         h = humming.linear(humming.linear(x, dense, backend="reference"), dense, backend="reference")
+        h = humming.linear(ops.quantize_activation(h, "fp8"), dense, backend="reference")  # pre-quantized
         return moe.fused_moe(h, w13, w2, weights, ids, block_m=16, backend="reference")
 
     x = torch.randn(5, 64, dtype=torch.bfloat16)
     gm, inputs = _dynamo_graph(layer, x)
     calls = [n.target for n in gm.graph.nodes if n.op == "call_function" and "humming" in str(n.target)]
-    bound = torch.ops.humming.linear_bound, torch.ops.humming.fused_moe_bound
-    assert calls == [bound[0], bound[0], bound[1]]
+    linear, quantize = torch.ops.humming.linear_bound, torch.ops.humming.quantize_activation
+    assert calls == [linear, linear, quantize, linear, torch.ops.humming.fused_moe_bound]
     weight_tensors = [t for w in (w13, w2, dense) for t in (w.qweight, w.scales)]
     assert not any(i is t for i in inputs for t in weight_tensors)
     assert torch.equal(gm(*inputs)[0], layer(x))
