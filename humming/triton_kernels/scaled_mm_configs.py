@@ -70,16 +70,12 @@ _BUCKETS_16BIT = {
 DECODES = ("none", "lean", "zero_points", "other")
 #: sm_90 tables of 8-bit operands where the weight's decode changes what fits in registers
 #: (bench/results/cpu-sass/triton_w4a8_warps.md, triton 3.6 and 3.9): a lean decode runs the 128 x 64 tile on
-#: one warpgroup (64 accumulator words, 246-250 registers, no spills), so that two blocks share a
-#: multiprocessor where the 8-warp tile holds it alone (the faster at M >= 256 in
+#: one warpgroup (64 accumulator words and the decode within 255 registers, no spills), so that two blocks
+#: share a multiprocessor where the 8-warp tile holds it alone (the faster at M >= 256 in
 #: bench/results/h200/triton_gemm.json, variant m128n64w4); a zero-point decode spills its zero tiles on one
 #: warpgroup at up to 64 rows, so those tiles take two.
 _SM90_DECODE_BUCKETS = {
-    "lean": (
-        (16, ScaledMMConfig(16, 64, 128, num_warps=4, num_stages=4)),
-        (64, ScaledMMConfig(64, 64, 128, num_warps=4, num_stages=3)),
-        (None, ScaledMMConfig(128, 64, 128, num_warps=4, num_stages=4)),
-    ),
+    "lean": (*_BUCKETS_8BIT["sm90"][:2], (None, ScaledMMConfig(128, 64, 128, num_warps=4, num_stages=4))),
     "zero_points": (
         (16, ScaledMMConfig(16, 64, 128, num_warps=8, num_stages=4)),
         (64, ScaledMMConfig(64, 64, 128, num_warps=8, num_stages=3)),
