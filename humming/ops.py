@@ -156,7 +156,6 @@ def _forget(key: tuple) -> None:
     _sites.pop(_site_ids.pop(key, None), None)
 
 
-@torch._dynamo.assume_constant_result
 def bind(*values) -> str:
     """The *site* of calls with ``values`` (weights and hashable arguments): a string that :func:`bound`
     turns back into them. Called while dynamo traces, it runs once, on the real weights: the site goes into
@@ -177,6 +176,11 @@ def bind(*values) -> str:
         forget = lambda _, key=key: _forget(key)
         _sites[site] = tuple(weakref.ref(v, forget) if isinstance(v, QuantizedWeight) else v for v in values)
     return site
+
+
+# torch._dynamo.assume_constant_result's mark, set without importing torch._dynamo (a second's import for
+# every `import humming`): dynamo runs the function when it traces a call and keeps its result as a constant.
+bind._dynamo_marked_constant = True
 
 
 def bound(site: str) -> tuple:

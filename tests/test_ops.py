@@ -4,6 +4,8 @@ with a dynamic token dimension (no recompilation, the same output as eager) and,
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -242,6 +244,16 @@ def test_compile_linear_dynamic_m(case, seed, no_recompile, monkeypatch):
         x = _dynamic(torch.randn(m, 128, dtype=torch.bfloat16))
         assert torch.equal(f(x), humming.linear(x, qw, bias, act=case.act, backend="reference"))
     assert looked_up and all(w is qw for w in looked_up)  # the dispatcher's caches see the one weight object
+
+
+def test_bind_is_marked_constant_without_importing_dynamo():
+    """``import humming`` leaves torch._dynamo unimported (a second of import time), so :func:`humming.ops.bind`
+    carries the mark torch's assume_constant_result sets, under the name this torch uses."""
+    code = "import sys, humming; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    marks = vars(torch._dynamo.assume_constant_result(lambda: None))
+    assert marks and all(getattr(ops.bind, name, None) == value for name, value in marks.items()), marks
 
 
 def _dynamo_graph(fn, *args) -> tuple[torch.fx.GraphModule, list]:
