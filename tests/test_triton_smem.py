@@ -62,12 +62,13 @@ def _scaled_cases():
 
 def _decoding_cases():
     """(label, weight) of the W4A8 weights whose chosen sm_90 tiles must not spill: integer codes of lean decode
-    (one warpgroup at M > 64, :func:`~humming.triton_kernels.scaled_mm_configs.one_warpgroup`) and, with
-    zero points, the decode that needs two."""
+    (one warpgroup at M > 64), with zero points (two at M <= 64) and with fields straddling words (K tiles
+    of 64); :data:`~humming.triton_kernels.scaled_mm_configs.DECODES`."""
     from humming.ir.quantize import quantize
 
     w = torch.ones(256, 512)
-    return (("int4-g128-fp8", quantize(w, "int4", 128)), ("uint4-zp-g128-fp8", quantize(w, "int4", 128, True)))
+    cases = (("int4-g128-fp8", "int4", False), ("uint4-zp-g128-fp8", "int4", True), ("int3-g128-fp8", "int3", False))
+    return tuple((label, quantize(w, fmt, 128, zero_point)) for label, fmt, zero_point in cases)
 
 
 def _jobs() -> list[tuple[int, object, int, bool]]:
@@ -151,7 +152,7 @@ def compiled() -> dict:
 @pytest.mark.parametrize("arch", list(LIMITS), ids=lambda a: f"sm_{a}")
 def test_chosen_tiles_compile_within_the_limit(arch: int, compiled: dict) -> None:
     results = compiled[arch]
-    assert len(results) >= (15 if arch == 90 else 3), [r["name"] for r in results]
+    assert len(results) >= (15 if arch == 90 else 2), [r["name"] for r in results]
     failed = [f"{r['name']}: {r['problem']}" for r in results if r["shared"] is None]
     assert not failed, "\n".join(failed)
     over = [f"{r['name']}: {r['shared']} > limit {LIMITS[arch]}" for r in results if r["shared"] > LIMITS[arch]]

@@ -148,7 +148,10 @@ def smem_estimate(cfg: ScaledMMConfig, operand_bits: int, weight_bits: int, fold
     per_field = 32 % weight_bits or bk < 32 // weight_bits  # _weight_tile.unpack_tile's per-field path
     words = bn * bk * 8 if per_field else -(-bn * bk * weight_bits // 8)
     per_stage = bm * bk + words + bn * 8 + (bm + bn) * bk * fold
-    return (cfg.num_stages - 1) * per_stage + (bm + bn) * bk * operand_bits // 8
+    staged = (bm + bn) * bk * operand_bits // 8
+    if per_field and bm < 64:  # the per-field decode below a warpgroup's 64 rows stages the weight operand twice
+        staged += bn * bk * operand_bits // 8
+    return (cfg.num_stages - 1) * per_stage + staged
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function that every call asks (tens of microseconds of Python)
@@ -174,8 +177,13 @@ def scaled_mm_config(
     (:func:`fit_registers`). Split-K (fp32 atomics) only changes the fp32 summation order."""
     cfg = next(c for bound, c in buckets(operand_bits, capability, decode) if bound is None or m <= bound)
     cfg = fit_registers(cfg, capability, accumulators, decode)
-    if 32 % weight_bits:  # 3/5/6/7-bit codes straddle words: two int32 tiles per stage; fit the shared memory
-        cfg = cfg.replace(block_n=min(cfg.block_n, 128), num_stages=min(cfg.num_stages, 2))
+    if 32 % weight_bits:
+        # 3/5/6/7-bit codes straddle words: two int32 tiles per stage (fit the shared memory), and K tiles of
+        # 64, since their decode spills at 128 on every tile and both triton 3.6 and 3.9
+        # (bench/results/cpu-sass/triton_w4a8_warps.md)
+        cfg = cfg.replace(
+            block_n=min(cfg.block_n, 128), block_k=min(cfg.block_k, 64), num_stages=min(cfg.num_stages, 2)
+        )
     block_k = cfg.block_k
     if k_step:
         block_k = min(block_k, k_step & -k_step)  # the largest power of two dividing the step
