@@ -77,6 +77,7 @@ def _jobs() -> list[tuple[int, object, int, bool]]:
     for sm_90 is compiled for sm_90 only: the same tile never needed more on sm_80 (mma.sync, no wgmma
     operand staging) in the calibration; split-K changes only the epilogue, so one split is enough."""
     from humming.ir.activation import get_act_scheme
+    from humming.ir.quantize import quantize
     from humming.triton_kernels import scaled_mm, wna16
     from humming.triton_kernels._scaled_mm_plan import plan_config
     from humming.triton_kernels.configs import CAPABILITY_LIMITS
@@ -101,6 +102,13 @@ def _jobs() -> list[tuple[int, object, int, bool]]:
                 spec = scaled_mm.kernel_spec(label, qw, scheme, plan, torch.bfloat16, cfg)
                 estimate = scaled_estimate(cfg, plan.operand_bits, qw.bits, plan.folds)
                 jobs.setdefault((label, plan.mma, cfg.replace(split_k=1)), (arch, spec, estimate, False))
+    zero_points = quantize(torch.ones(256, 512), "int4", 128, True, scale_dtype=torch.bfloat16)
+    for arch, limit in LIMITS.items():  # the fused WnA16 tiles of a weight with zero points (not dequant-first)
+        for m in M_BUCKETS:
+            cfg = wna16_config(m, N, K, 4, SMS, 128, limit, False, True).replace(split_k=1)
+            if not cfg.dequant_first:
+                spec = wna16.kernel_spec("uint4-zp-g128", zero_points, torch.bfloat16, cfg)
+                jobs[("uint4-zp-g128", arch, cfg)] = (arch, spec, smem_estimate(cfg, 4, 128, False), True)
     scheme = get_act_scheme("fp8")
     for label, qw in _decoding_cases():
         plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), (9, 0))
@@ -171,6 +179,15 @@ def test_decoding_tiles_do_not_spill(compiled: dict) -> None:
     zero_points = [n for n in names if n.startswith("scaled_mm-uint4-zp-g128-fp8")]
     assert zero_points and all("w8st" in n for n in zero_points), names
     spilled = {n: r["local_memory_instructions"] for n, r in counted.items() if r["local_memory_instructions"]}
+    assert not spilled, spilled
+
+
+@pytest.mark.parametrize("arch", list(LIMITS), ids=lambda a: f"sm_{a}")
+def test_zero_point_wna16_tiles_do_not_spill(arch: int, compiled: dict) -> None:
+    """The fused WnA16 tiles chosen for int4 weights with zero points hold their zero tiles in registers."""
+    counted = [r for r in compiled[arch] if r["name"].startswith("wna16-uint4-zp-g128")]
+    assert any("m64n64k64s1g8w8" in r["name"] for r in counted), [r["name"] for r in counted]
+    spilled = {r["name"]: r["local_memory_instructions"] for r in counted if r["local_memory_instructions"]}
     assert not spilled, spilled
 
 

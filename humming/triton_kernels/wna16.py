@@ -128,9 +128,10 @@ def default_config(qweight: QuantizedWeight, x: torch.Tensor) -> TileConfig:
     """The tile configuration :func:`linear` runs ``x [M, K]`` with (:func:`.wna16_configs.wna16_config`)."""
     m, k = x.shape
     limits = device_limits(x.device)
-    act_order = qweight.g_idx is not None
+    act_order, zero_points = qweight.g_idx is not None, qweight.zeros is not None
+    group_k = _group_k(qweight)
     return wna16_config(
-        m, qweight.N, k, qweight.bits, limits.sm_count, _group_k(qweight), limits.smem_per_block, act_order
+        m, qweight.N, k, qweight.bits, limits.sm_count, group_k, limits.smem_per_block, act_order, zero_points
     )
 
 
@@ -139,7 +140,8 @@ def deterministic_config(qweight: QuantizedWeight, x: torch.Tensor) -> TileConfi
     each output row then comes from the same instructions in the same order whatever the batch
     (``humming.set_deterministic``)."""
     smem = device_limits(x.device).smem_per_block
-    return wna16_config(64, qweight.N, qweight.K, qweight.bits, 0, _group_k(qweight), smem, qweight.g_idx is not None)
+    act_order, zero_points = qweight.g_idx is not None, qweight.zeros is not None
+    return wna16_config(64, qweight.N, qweight.K, qweight.bits, 0, _group_k(qweight), smem, act_order, zero_points)
 
 
 def grouped_linear(
@@ -181,6 +183,7 @@ def grouped_linear(
         limits.smem_per_block,
         _group_k(qweight),
         qweight.g_idx is not None,
+        qweight.zeros is not None,
     )
     if block_m % cfg.block_m or cfg.block_m < MIN_GROUPED_BLOCK_M:
         raise ValueError(f"triton wna16: config block_m={cfg.block_m} must divide block_m={block_m} and be >= 16")

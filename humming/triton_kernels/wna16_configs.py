@@ -41,6 +41,14 @@ _BUCKETS = (
     (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3, dequant_first=True)),
 )
 
+#: Tiles replacing :data:`_BUCKETS`' for weights with zero points, by bucket bound: the 4-warp 32- and 64-row
+#: tiles spill their zero tiles (triton 3.6 and 3.9, sm_90 and sm_80); on 8 warps (the 64-row one with K
+#: tiles of 64) they do not (bench/results/cpu-sass/triton_wna16_spills.md).
+_ZERO_POINT_BUCKETS = {
+    32: TileConfig(32, 64, 128, num_warps=8, num_stages=4),
+    64: TileConfig(64, 64, 64, num_warps=8, num_stages=4),
+}
+
 
 #: The tiled kernel's 16-row tile (the grouped kernel's at ``block_m`` 16, where the swapped kernel does not run).
 TILED_16 = TileConfig(16, 64, 256, num_warps=4, num_stages=4)
@@ -101,12 +109,15 @@ def wna16_config(
     group_k: int = 0,
     smem_limit: int = 0,
     act_order: bool = False,
+    zero_points: bool = False,
 ) -> TileConfig:
     """The tile configuration for ``x [m, k] @ W[n, k]^T`` with ``bits``-bit weights in scale groups of
-    ``group_k`` along K (0: one group per row, or ``act_order`` groups read through ``g_idx``) on a device
-    with ``sm_count`` multiprocessors and ``smem_limit`` bytes of shared memory per block (0: no limit);
-    :func:`smem_estimate` of the result fits."""
-    cfg = next(c for bound, c in _BUCKETS if bound is None or m <= bound)
+    ``group_k`` along K (0: one group per row, or ``act_order`` groups read through ``g_idx``), with or without
+    ``zero_points``, on a device with ``sm_count`` multiprocessors and ``smem_limit`` bytes of shared memory
+    per block (0: no limit); :func:`smem_estimate` of the result fits."""
+    bound, cfg = next((bound, c) for bound, c in _BUCKETS if bound is None or m <= bound)
+    if zero_points:
+        cfg = _ZERO_POINT_BUCKETS.get(bound, cfg)
     if cfg.block_m <= 4:
         cfg = _gemv_tile(cfg, bits, group_k, act_order)
     if 32 % bits:  # fields straddle words: each element reads its two words, so keep the staged tiles small
@@ -138,10 +149,11 @@ def grouped_config(
     smem_limit: int = 0,
     group_k: int = 0,
     act_order: bool = False,
+    zero_points: bool = False,
 ) -> TileConfig:
     """The tile of the grouped kernel: the dense tile for ``block_m`` rows (within ``smem_limit`` bytes of
     shared memory; 0: no limit), cut by :func:`grouped_tile` (a smaller ``block_m`` needs less)."""
-    dense = wna16_config(block_m, n, k, bits, sm_count, group_k, smem_limit, act_order)
+    dense = wna16_config(block_m, n, k, bits, sm_count, group_k, smem_limit, act_order, zero_points)
     if dense.swap:
         dense = fit_smem(TILED_16, lambda c: smem_estimate(c, bits, group_k, act_order), smem_limit)
     return grouped_tile(dense, block_m, m_pad, n, k, sm_count)
