@@ -178,8 +178,9 @@ def bind(*values) -> str:
     return site
 
 
-# torch._dynamo.assume_constant_result's mark, set without importing torch._dynamo (a second's import for
-# every `import humming`): dynamo runs the function when it traces a call and keeps its result as a constant.
+# torch._dynamo.assume_constant_result's mark, set without importing torch._dynamo (which would make every
+# `import humming` import dynamo too): dynamo runs the function when it traces a call and keeps its result as
+# a constant. tests/test_ops.py checks the mark against the decorator's.
 bind._dynamo_marked_constant = True
 
 

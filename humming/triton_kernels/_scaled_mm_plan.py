@@ -272,10 +272,11 @@ def plan_config(
 
 
 def weight_decode(plan: ComputePlan, qweight: QuantizedWeight) -> str:
-    """How the weight reaches the plan's MMA, as :data:`~.scaled_mm_configs.DECODES` names it."""
+    """How the weight reaches the plan's MMA, as :data:`~.scaled_mm_configs.DECODES` names it (``"lean"`` and
+    ``"zero_points"`` only for 8-bit MMA operands, the case their tables and budgets were compiled for)."""
     if qweight.bits == 8 and qweight.zeros is None and plan.w_scale != "fold" and plan.operand_bits == 8:
         return "none"
-    if qweight.format.kind != "int" or 32 % qweight.bits:
+    if qweight.format.kind != "int" or 32 % qweight.bits or plan.operand_bits != 8:
         return "other"
     return "lean" if qweight.zeros is None else "zero_points"
 
