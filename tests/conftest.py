@@ -7,10 +7,10 @@
 - ``seed`` fixture: every test draws fresh random inputs from a seed it prints on failure.
 - ``fp8_sm90`` fixture: skips (with the reason) unless the CUDA FP8 GEMM runs here.
 - GPU memory: each ``gpu`` test starts on an empty allocator cache and leaves it empty, so that parallel
-  workers hold only what their running test needs. A test whose peak passes ``GPU_MEMORY_LIMIT_GIB`` must
-  be marked ``big_memory``: ``bench/tools/h200_checks.sh`` runs those one at a time, after the parallel
-  group, which then fits the card (6 workers x the limit). ``HUMMING_TEST_MEMORY_LOG`` names a file that
-  gets each gpu test's peak.
+  workers hold only what their running test needs. Three tiers, so that ``bench/tools/h200_checks.sh``
+  can size each parallel group from the card's memory: an unmarked test peaks at ``LIGHT_MEMORY_GIB``
+  at most, a ``heavy_memory`` one at ``GPU_MEMORY_LIMIT_GIB``, and a ``big_memory`` one runs alone.
+  ``HUMMING_TEST_MEMORY_LOG`` names a file that gets each gpu test's peak.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
-#: The most GPU memory (allocator reserve, GiB) a ``gpu`` test not marked ``big_memory`` may take.
+#: The most GPU memory (allocator reserve, GiB) an unmarked ``gpu`` test may take.
+LIGHT_MEMORY_GIB = 12
+#: The most a ``heavy_memory`` test may take; beyond it a test is ``big_memory``.
 GPU_MEMORY_LIMIT_GIB = 22
 
 
@@ -55,11 +57,15 @@ def _gpu_memory(request):
     if log:
         with open(log, "a") as f:
             f.write(f"{peak:8.2f} GiB  {request.node.nodeid}\n")
-    if peak > GPU_MEMORY_LIMIT_GIB and "big_memory" not in request.keywords:
-        pytest.fail(
-            f"peak GPU memory {peak:.1f} GiB > {GPU_MEMORY_LIMIT_GIB} GiB: mark the test big_memory (run serially) "
-            "or size it down to what it tests"
-        )
+    if "big_memory" in request.keywords:
+        return
+    limit, marker = (
+        (GPU_MEMORY_LIMIT_GIB, "big_memory (run alone)")
+        if "heavy_memory" in request.keywords or peak > GPU_MEMORY_LIMIT_GIB
+        else (LIGHT_MEMORY_GIB, "heavy_memory (run in a smaller parallel group)")
+    )
+    if peak > limit:
+        pytest.fail(f"peak GPU memory {peak:.1f} GiB > {limit} GiB: mark the test {marker} or size it down")
 
 
 @pytest.fixture

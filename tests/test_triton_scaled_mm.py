@@ -220,6 +220,7 @@ def test_scaled_mm_gpu(case, m, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.heavy_memory
 @pytest.mark.parametrize("case", [c for c in CASES if c.act in ("fp8", "fp8_g128")][:3], ids=str)
 def test_scaled_mm_gpu_large(case, seed):
     _run(case, 8192, 28672, 8192, "cuda", seed)

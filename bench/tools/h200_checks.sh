@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks in one device call, each step inside its own time box (the boxes add up to under 9 minutes):
-#   gpu_tests   every gpu-marked test but the big_memory ones and the fuzzer, in WORKERS processes (most of
-#               their time is compiling; tests/conftest.py keeps each under GPU_MEMORY_LIMIT_GIB)
+#   gpu_tests   every unmarked gpu test but the fuzzer, in parallel processes (most of their time is compiling):
+#               WORKERS, or fewer where the card cannot hold that many times tests/conftest.py's LIGHT_MEMORY_GIB
+#   gpu_heavy   the heavy_memory tests, in as many processes as the card holds times its GPU_MEMORY_LIMIT_GIB
 #   gpu_big     the big_memory tests, one at a time
 #   sanitizers  compute-sanitizer memcheck and racecheck over one small run of each CUDA kernel family
 #   fuzz        the hypothesis properties (tests/test_fuzz.py), random examples, one property per process
-# Logs under $OUT: env.log, gpu_tests.log, gpu_big.log, gpu_memory.log (each gpu test's peak), sanitizers.log,
+# Each parallel step prints a line per test (-v), so that a step cut by its time box still names its failures.
+# Logs under $OUT: env.log, gpu_tests.log, gpu_heavy.log, gpu_big.log, gpu_memory.log (each gpu test's peak), sanitizers.log,
 # fuzz.log; the last lines printed are one summary line per step.
 # Usage (repository root, on the GPU machine, carrying .whl): OUT=out bash bench/tools/h200_checks.sh
 set -u
@@ -32,12 +34,25 @@ step() {  # step NAME SECONDS CMD...: time-limited, logged to $OUT/NAME.log, kee
   python3 -m humming --version
   python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1
 } >>"$OUT/env.log" 2>&1
-PYTEST=(python3 -m pytest -q -p no:cacheprovider --durations=15)
-WORKERS=${WORKERS:-6}
-step gpu_tests "${TESTS_S:-240}" "${PYTEST[@]}" -m "gpu and not big_memory" -n "$WORKERS" --ignore=tests/test_fuzz.py tests
-grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30
+PYTEST=(python3 -m pytest -v -p no:cacheprovider --durations=15)
+# workers NEED_GIB: WORKERS, capped by how many tests of NEED_GIB (plus a context each) the card holds
+workers() {
+  local card
+  card=$(python3 -c "import torch; print(int(torch.cuda.get_device_properties(0).total_memory / 2**30))")
+  local fit=$((card / ($1 + 1)))
+  echo $((fit < 1 ? 1 : (fit < ${WORKERS:-12} ? fit : ${WORKERS:-12})))
+}
+LIGHT=$(workers "$(python3 -c 'import tests.conftest as c; print(c.LIGHT_MEMORY_GIB)')")
+HEAVY=$(workers "$(python3 -c 'import tests.conftest as c; print(c.GPU_MEMORY_LIMIT_GIB)')")
+echo "workers: $LIGHT light, $HEAVY heavy" | tee -a "$OUT/env.log"
+failures() { grep -E "(FAILED|ERROR) tests/" "$OUT/$1.log" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //; s/ - .*//' | sort -u | head -30; }
+step gpu_tests "${TESTS_S:-240}" "${PYTEST[@]}" -m "gpu and not big_memory and not heavy_memory" -n "$LIGHT" \
+  --ignore=tests/test_fuzz.py tests
+failures gpu_tests
+step gpu_heavy "${HEAVY_S:-60}" "${PYTEST[@]}" -m "gpu and heavy_memory" -n "$HEAVY" tests
+failures gpu_heavy
 step gpu_big "${BIG_S:-60}" "${PYTEST[@]}" -m "gpu and big_memory" tests
-grep -E "^(FAILED|ERROR)" "$OUT/gpu_big.log" | head -30
+failures gpu_big
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 sanitize() {
   for tool in memcheck racecheck; do
@@ -50,11 +65,11 @@ sanitize() {
 }
 export -f sanitize
 export SANITIZER
-step sanitizers "${SAN_S:-120}" bash -c sanitize
+step sanitizers "${SAN_S:-90}" bash -c sanitize
 # memcheck also lists cuda-bindings' cuGetProcAddress probes (host API errors); kernel errors are the rest
 grep -E "^### |ERROR SUMMARY|RACECHECK SUMMARY|Invalid __|Out of bounds" "$OUT/sanitizers.log"
-step fuzz "${FUZZ_S:-120}" env HUMMING_FUZZ_PROFILE=long HUMMING_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-40}" \
-  "${PYTEST[@]}" -m gpu -n "$WORKERS" tests/test_fuzz.py
+step fuzz "${FUZZ_S:-70}" env HUMMING_FUZZ_PROFILE=long HUMMING_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-40}" \
+  "${PYTEST[@]}" -m gpu -n "$LIGHT" tests/test_fuzz.py
 echo "-- largest GPU peaks (GiB):"
 sort -rn "$HUMMING_TEST_MEMORY_LOG" | head -8
 printf '%s\n' "${SUMMARY[@]}"

@@ -169,7 +169,7 @@ def test_dispatch_backend_that_cannot_run_the_grouped_call() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 16, 256])
-@pytest.mark.parametrize(("e", "topk"), [(8, 2), (64, 8)])
+@pytest.mark.parametrize(("e", "topk"), [(8, 2), pytest.param(64, 8, marks=pytest.mark.heavy_memory)])
 @pytest.mark.parametrize("name", GPU_WEIGHTS)
 def test_triton_grouped_gpu_realistic(name: str, e: int, topk: int, t: int, seed: int) -> None:
     """A Qwen-MoE-like w13 (N = 2 * 1408, K = 2048), bf16, every block size the heuristic picks."""
@@ -186,6 +186,7 @@ def test_triton_grouped_gpu_realistic(name: str, e: int, topk: int, t: int, seed
 
 
 @pytest.mark.gpu
+@pytest.mark.heavy_memory
 @pytest.mark.parametrize("t", [1, 16, 256])
 @pytest.mark.parametrize(("name", "act"), [("e4m3-channel", "fp8"), ("fp8-block", "fp8_g128"), ("int4-g128", "fp8")])
 def test_triton_grouped_scaled_gpu_realistic(name: str, act: str, t: int, seed: int) -> None:
