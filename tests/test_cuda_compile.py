@@ -43,6 +43,12 @@ def _gemm_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(128, 6)),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0_any", "e2m1"), "bf16", "f32", "bf16", T(64, 8, 2)),
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 6, persistent=True)),
+        # N % 128 != 0: 16-row tiles copied one by one
+        _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(128, 6), tile_group=1),
+        _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(256, 5), tile_group=1),
+        # groups of 32: two 16-bit scales per row and chunk
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16_halves"), "bf16", "bf16", "bf16", T(128, 6)),
+        _gemm_sm90.gemm_spec(L(8, 128, "f16_halves"), "f16", "f16", "f16", T(64, 8, 2)),
         *_split_specs(),
     ]
 
@@ -54,6 +60,7 @@ def _split_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(64, 8, 2, 4)),
         _gemm_sm90.gemm_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(128, 8, 1, 2)),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "f32", T(256, 5, 1, 7)),
+        _gemm_sm90.gemm_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(64, 8, 2, 4), tile_group=1),
     ]
 
 
@@ -66,6 +73,13 @@ def _grouped_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(64, 8), grouped=True),
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(16, 8), grouped=True),
         _gemm_sm90.gemm_spec(L(4, -1, "bf16"), "bf16", "bf16", "bf16", T(16, 8, 2, persistent=True), grouped=True),
+        _gemm_sm90.gemm_spec(
+            L(4, 8, "bf16_halves"), "bf16", "bf16", "bf16", T(64, 8, 2, persistent=True), grouped=True
+        ),
+        # gpt-oss's w2 (N = 2880): MXFP4 experts of N % 128 != 0
+        _gemm_sm90.gemm_spec(
+            L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(64, 8, 2, persistent=True), grouped=True, tile_group=1
+        ),
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 6), grouped=True),
     ]
 
@@ -80,6 +94,9 @@ def _gather_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(64, 8, 2), **g),
         _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(128, 6), **g),
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(256, 4), **g),
+        _gemm_sm90.gemm_spec(
+            L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(128, 6, persistent=True), **g, tile_group=1
+        ),
         # fused_moe's w13 with its activation in the epilogue (the GPU tests compile the other activations)
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(16, 8, 2, persistent=True), **g, gated="silu"),
         _gemm_sm90.gemm_spec(
@@ -185,7 +202,7 @@ def test_arrive_lag_moves_the_proxy_fence_to_the_producer(compiled, tmp_path):
     """With an arrival lag the producer commits its row copies in groups and waits for an earlier group
     (LDGDEPBAR / DEPBAR), fences and arrives itself; the consumers' per-chunk fence (MEMBAR.ALL.CTA) is gone."""
     for spec in _lag_specs():
-        assert spec.name.endswith(f"_lag{spec.entry[-2]}")
+        assert spec.name.endswith(f"_lag{spec.entry.split(', ')[-2]}")
         sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         assert "LDGDEPBAR" in sass and "ARRIVES.LDGSTSBAR" not in sass, spec.name
         plain = sass.count("MEMBAR.ALL.CTA")
@@ -193,6 +210,9 @@ def test_arrive_lag_moves_the_proxy_fence_to_the_producer(compiled, tmp_path):
     for bad in (dict(stages=4, arrive_lag=4), dict(stages=4, arrive_lag=-1)):
         with pytest.raises(ValueError, match="arrive_lag"):
             _gemm_sm90.GemmTuning(128, **bad)
+    with pytest.raises(ValueError, match="tile_group"):
+        tuning = _gemm_sm90.GemmTuning(16, 8, 2, persistent=True)
+        _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", tuning, True, True, "silu", 1)
     with pytest.raises(ValueError, match="without gather"):
         tuning = _gemm_sm90.GemmTuning(128, 6, arrive_lag=1)
         _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", tuning, grouped=True)
@@ -202,8 +222,9 @@ def test_split_k_sums_with_reductions_and_reads_back_with_exchanges(compiled, tm
     """Split-K: the partial sums go to the workspace as fp32 reductions (no return value), the last block
     reads them back with atomic exchanges (leaving zeros); one name for every split count."""
     for spec in _split_specs():
-        assert spec.name.endswith("_splitk") and spec.entry.endswith(
-            f", false, false, true, {spec.min_blocks}, false, 0, 0>"
+        tile_group = 1 if spec.name.endswith("_tg1") else 8
+        assert spec.name.removesuffix("_tg1").endswith("_splitk") and spec.entry.endswith(
+            f", false, false, true, {spec.min_blocks}, false, 0, 0, {tile_group}>"
         )
         sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         assert "REDG.E.ADD.F32" in sass, f"{spec.name}: partial sums are not reduced in L2"
@@ -223,8 +244,8 @@ def test_persistent_is_a_variant_of_its_own():
     plain = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(16, 8, 2), grouped=True)
     tuning = _gemm_sm90.GemmTuning(16, 8, 2, persistent=True)
     persistent = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, grouped=True)
-    assert persistent.name == plain.name + "_p" and persistent.entry.endswith(", 2, true, 0, 0>")
-    assert plain.entry.endswith(", 2, false, 0, 0>")
+    assert persistent.name == plain.name + "_p" and persistent.entry.endswith(", 2, true, 0, 0, 8>")
+    assert plain.entry.endswith(", 2, false, 0, 0, 8>")
     with pytest.raises(ValueError, match="persistent grid does not split K"):
         _gemm_sm90.GemmTuning(64, 8, 2, 2, persistent=True)
 
@@ -232,7 +253,7 @@ def test_persistent_is_a_variant_of_its_own():
 def test_gated_is_a_grouped_variant_with_a_16_bit_output():
     layout, tuning = WeightLayout(4, 8, "bf16"), _gemm_sm90.GemmTuning(16, 8, 2)
     spec = _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, grouped=True, gated="swiglu_oai")
-    assert spec.name.endswith("_swiglu_oai") and spec.entry.endswith(", false, 4, 0>")
+    assert spec.name.endswith("_swiglu_oai") and spec.entry.endswith(", false, 4, 0, 8>")
     for bad in (dict(grouped=False, gated="silu"), dict(grouped=True, gated="relu")):
         with pytest.raises(ValueError, match="gated: a grouped variant"):
             _gemm_sm90.gemm_spec(layout, "bf16", "bf16", "bf16", tuning, **bad)
@@ -254,8 +275,8 @@ def test_grouped_gemm_reads_expert_ids_and_differs_from_dense(compiled, tmp_path
     dense = _gemm_sm90.gemm_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", _gemm_sm90.GemmTuning(128, 6))
     assert (
         grouped.name != dense.name
-        and ", true, false, false, 1, false, 0, 0>" in grouped.entry
-        and ", false, false, false, 1, false, 0, 0>" in dense.entry
+        and ", true, false, false, 1, false, 0, 0, 8>" in grouped.entry
+        and ", false, false, false, 1, false, 0, 0, 8>" in dense.entry
     )
     sass = {
         spec.name: cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)

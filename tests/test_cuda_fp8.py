@@ -13,6 +13,7 @@ from helpers import assert_rel_close, capture, compile_fresh, cubin_tool, instru
 import humming
 from humming.cuda_kernels import _fp8_launch, _fp8_layout, fp8_gemm, jit
 from humming.ir.activation import get_act_scheme
+from humming.moe import expert_weight
 from humming.testing import random_activation, random_weight, reference
 
 H200 = fp8_gemm.DeviceLimits(sm_count=132, smem_per_block=232448, smem_per_sm=233472)
@@ -274,9 +275,7 @@ def test_grouped_unsupported_says_why():
         assert "not a CUDA device" in reason_of(block, g128, x, 16)
         assert "not a CUDA device" in reason_of(int4, fp8, x, 16)
         assert "padding rows and skipped blocks" in reason_of(e4m3, tensor, x, 16)
-        assert "N % 128 == 0 (no weight tile straddles two experts), got N=192" in reason_of(
-            _stacked("e4m3", -1, n=192), fp8, x, 16
-        )
+        assert "not a CUDA device" in reason_of(_stacked("e4m3", -1, n=192), fp8, x, 16)
         assert "block_m % 8 == 0" in reason_of(e4m3, fp8, x, 12)
         assert "1x128 activation groups" in reason_of(block, fp8, x, 16)
         assert "per-token or per-tensor" in reason_of(int4, g128, x, 16)
@@ -286,8 +285,29 @@ def test_grouped_unsupported_says_why():
     assert "expert-stacked" in fp8_gemm.grouped_unsupported(dense, fp8, x, 16)
     with pytest.raises(ValueError, match=r"humming CUDA backend: .*padding rows"):
         cuda_grouped.grouped_linear(x, e4m3, torch.zeros(2, dtype=torch.int32), 16, None, tensor, torch.bfloat16)
-    with pytest.raises(ValueError, match="qw: the grouped FP8 GEMM takes e4m3 / int4 / MXFP4 experts with N % 128"):
-        fp8_gemm.prepare(_stacked("e4m3", -1, n=192))
+
+
+@pytest.mark.parametrize(("weight", "group"), [("e4m3", -1), ("e4m3", (128, 128)), ("int4", 128), ("mxfp4", 32)])
+def test_stacked_experts_take_n_rounded_up_to_128_rows(weight, group, seed):
+    """N = 192: each expert's part of every stacked tensor is its own 2-D preparation, 256 rows apart (e4m3:
+    64 zero rows added; the 4-bit codes and every scale tensor come padded), so no weight tile straddles two
+    experts."""
+    qw = _stacked(weight, group, n=192)
+    prep = fp8_gemm.prepare(qw)
+    dims = {"weight": 0, "w_scale": 0, "w_block_scale": 0, "w_group_scale": 1}
+    for e in range(3):
+        one = fp8_gemm.prepare(expert_weight(qw, e))
+        for name, dim in dims.items():
+            stacked, part = getattr(prep, name), getattr(one, name)
+            if part is None:
+                assert stacked is None, name
+                continue
+            slot = stacked.shape[dim] // 3
+            rows = {"weight": 256 if weight == "e4m3" else 4, "w_block_scale": 2}.get(name, 256)
+            assert slot == rows, (name, stacked.shape)
+            mine = stacked.narrow(dim, e * slot, slot)
+            assert torch.equal(mine.narrow(dim, 0, part.shape[dim]), part), f"{name} of expert {e}"
+            assert not mine.narrow(dim, part.shape[dim], slot - part.shape[dim]).any(), f"{name}: padding rows"
 
 
 def test_grouped_warmup_jobs_are_the_kernels_run_grouped_runs():

@@ -49,6 +49,10 @@ CASES = [
     Case(8, 2816, 7168, 64, -1, "fp8", torch.float16, torch.float16, w="int4"),
     Case(8, 2816, 2048, 16, 32, "fp8", w="mxfp4"),
     Case(4, 5760, 2880, 64, 32, "fp8", torch.float16, torch.bfloat16, w="mxfp4"),  # gpt-oss-120b's up projection
+    # N % 128 != 0: experts stacked N rounded up to 128 rows apart (gpt-oss-120b's down projection, N = 2880)
+    Case(4, 2880, 2880, 64, 32, "fp8", bias=torch.bfloat16, w="mxfp4"),
+    Case(8, 592, 2048, 16, -1, "fp8", bias=torch.bfloat16),
+    Case(8, 1040, 2048, 32, 128, "fp8", torch.float16, w="int4"),
 ]
 
 

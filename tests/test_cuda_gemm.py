@@ -23,6 +23,8 @@ SCHEMES = {
     "uint8-g128-zp": ("uint8", 128, True),
     "mxfp4": ("mxfp4", 32, False),
     "mxfp4-any-scale": ("mxfp4", 32, False),  # some e8m0 codes 0 (2^-127): the kernel's exact scale decode
+    "int4-g32": ("int4", 32, False),  # two 16-bit scales per row and 64-column chunk (Kimi-K2's experts)
+    "int8-g32": ("int8", 32, False),
 }
 CASES = [
     # (N, K, scheme, M values): real shapes, M tails (TMA zero fill), K with a partial last group
@@ -32,6 +34,13 @@ CASES = [
     (1152, 832, "uint8-g128-zp", (129,)),
     (2048, 1024, "mxfp4", (100, 256)),
     (1024, 2048, "mxfp4-any-scale", (77,)),
+    # N % 128 != 0: the last 128-row block partly filled, its 16-row tiles copied one by one (gpt-oss's o_proj
+    # N = 2880 = 22.5 x 128; N = 1040 leaves one tile of 16 rows)
+    (2880, 2880, "mxfp4", (100,)),
+    (1040, 1024, "int8-channel", (77, 300)),
+    (592, 1472, "uint4-g64-zp", (130,)),
+    (2048, 1024, "int4-g32", (100,)),
+    (1040, 2048, "int8-g32", (77,)),
 ]
 
 

@@ -53,6 +53,21 @@ def test_stacked_layout_is_the_dense_layout_of_each_expert(case, n, seed):
             assert torch.equal(stacked.chunk(3)[e], one), f"{name} of expert {e}"
 
 
+def test_the_gemm_takes_ragged_rows_and_groups_of_32_but_the_gated_epilogue_needs_whole_blocks():
+    """N % 128 != 0 (16-row tiles, each expert's last 128-row block partly filled) and groups of 32 (two
+    16-bit scales per row and chunk) run the sm_90a GEMM; the gated epilogue's gate-up blocks of 128 rows
+    need 2I % 128 == 0."""
+    x = torch.empty(128, 256, dtype=torch.bfloat16)
+    ragged = humming.quantize(torch.randn(4, 144, 256), weight="int4", group_size=128)
+    g32 = humming.quantize(torch.randn(4, 128, 256, dtype=torch.bfloat16), weight="int4", group_size=32)
+    for qw in (ragged, g32, humming.quantize(torch.randn(4, 144, 256), weight="mxfp4")):
+        assert _gemm_sm90.grouped_unsupported(qw, x, 64, (9, 0)) is None, qw.describe()
+    assert prepare_weight(ragged).tile_group == 1 and prepare_weight(g32).layout.scale == "bf16_halves"
+    silu = moe_layer.check_activation("silu", None, None, "concat")
+    assert "2I % 128 == 0" in cuda_grouped.gated_unsupported(ragged, silu)
+    assert cuda_grouped.gated_unsupported(g32, silu) is None
+
+
 @pytest.mark.parametrize("qargs", [LAYOUT_CASES["uint4-g64-zp"], LAYOUT_CASES["int8-channel"], dict(weight="mxfp4")])
 def test_prepare_unpacks_a_bounded_number_of_rows_at_a_time(qargs, monkeypatch, seed):
     """A DeepSeek-size MoE layer must prepare in little more memory than its result: the re-tiling unpacks
@@ -116,16 +131,21 @@ SCHEMES = {
     "uint4-g128-zp": dict(weight="uint4", group_size=128, zero_point=True),
     "int8-channel": dict(weight="int8", group_size=-1),
     "mxfp4": dict(weight="mxfp4"),
+    "int4-g32": dict(weight="int4", group_size=32),
 }
 CASES = [
     # (E, N, K, scheme, block_m, max rows per expert, token tiles): real MoE shapes; rows 0..max
-    (64, 2816, 2048, "int4-g128", 16, 12, (None,)),
+    pytest.param(64, 2816, 2048, "int4-g128", 16, 12, (None,), marks=pytest.mark.heavy_memory),
     (64, 1536, 2048, "uint4-g128-zp", 32, 40, (None, 16)),
     (8, 4096, 7168, "int4-g128", 64, 300, (None, 32)),
     (8, 2816, 2048, "int8-channel", 128, 300, (None, 64)),
     (8, 1536, 2048, "uint4-g128-zp", 256, 300, (None, 128)),
     (4, 5760, 2880, "mxfp4", 16, 12, (None,)),  # gpt-oss-120b's up projection: bf16 activations only
     (8, 1536, 2048, "mxfp4", 64, 300, (None, 32)),
+    # N % 128 != 0: each expert's last 128-row block partly filled (gpt-oss-120b's w2, N = 2880; 592 = 4.6 x 128)
+    (8, 2880, 2880, "mxfp4", 64, 300, (None, 32)),
+    (8, 592, 1024, "uint4-g128-zp", 32, 100, (None, 16)),
+    (8, 1024, 2048, "int4-g32", 64, 300, (None, 32)),  # Kimi-K2's experts: groups of 32
 ]
 
 
@@ -192,8 +212,18 @@ def test_gather_with_the_producer_fencing_its_rows(scheme, block_m, bm, blocks, 
     _check_gather(scheme, block_m, bm, blocks, persistent, torch.bfloat16, monkeypatch, arrive_lag)
 
 
-def _check_gather(scheme, block_m, bm, blocks, persistent, act, monkeypatch, arrive_lag=0):
-    e, n, k, t, topk = 8, 256, 512, 37, 2
+@needs_sm90
+@pytest.mark.parametrize("scheme", ["uint4-g128-zp", "mxfp4"])
+@pytest.mark.parametrize(("block_m", "bm", "blocks"), [(16, 16, 2), (128, 128, 1)])
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.usefixtures("seed")
+def test_gather_with_experts_of_n_not_a_multiple_of_128(scheme, block_m, bm, blocks, persistent, monkeypatch):
+    """N = 208: each expert's second 128-row block holds 5 of its 8 16-row tiles, copied tile by tile."""
+    _check_gather(scheme, block_m, bm, blocks, persistent, torch.bfloat16, monkeypatch, n=208)
+
+
+def _check_gather(scheme, block_m, bm, blocks, persistent, act, monkeypatch, arrive_lag=0, n=256):
+    e, k, t, topk = 8, 512, 37, 2
     scale_dtype = {} if scheme == "mxfp4" else dict(scale_dtype=act)
     qw = humming.quantize(torch.randn(e, n, k, device="cuda") * 0.05, **scale_dtype, **SCHEMES[scheme])
     prep = prepare_weight(qw)

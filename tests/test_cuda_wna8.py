@@ -105,13 +105,13 @@ def test_kernels_scale_poisoned_outputs(act, seed):
 
 @pytest.mark.gpu
 def test_shapes_outside_the_wna16_kernels_keep_the_fp8_gemm(seed):
-    """N % 128 != 0 at M > 64 has no WnA16 kernel: the FP8 GEMM runs it (on Hopper), still correct."""
+    """N % 16 != 0 at M > 64 has no WnA16 kernel: the FP8 GEMM runs it (on Hopper), still correct."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the FP8 GEMM is sm_90a")
-    qw = humming.quantize(torch.randn(320, 512, device="cuda"), weight="int4", group_size=128)
+    qw = humming.quantize(torch.randn(328, 512, device="cuda"), weight="int4", group_size=128)
     x = torch.randn(100, 512, device="cuda", dtype=torch.bfloat16)
     act = get_act_scheme("fp8")
-    assert "N % 128" in wna16_sm90.unsupported(qw, act, x)
+    assert "N % 16" in wna16_sm90.unsupported(qw, act, x)
     assert humming.explain(qw, 100, act="fp8").kernel == "cuda.fp8_gemm"
     assert_rel_close(
         humming.linear(x, qw, act="fp8", backend="cuda"), _reference(x, qw, "fp8", None), precision=torch.float64

@@ -85,7 +85,7 @@ def point(group: MoeGroup, m: int, block_ms: tuple[int, ...], profile: bool, lag
         if t is not None
     }
     specs = [
-        _gemm_sm90.gemm_spec(prep.layout, *codes, t, grouped=True, gather=mode == "gather")
+        _gemm_sm90.gemm_spec(prep.layout, *codes, t, grouped=True, gather=mode == "gather", tile_group=prep.tile_group)
         for t, ms in modes.items()
         for mode in ms
     ]

@@ -10,7 +10,7 @@ Each kernel module exports the kernel object the dispatcher lists (``humming.dis
   compute capability 8.0 and newer.
 - ``cuda.wna16_sm90`` (:mod:`.wna16_sm90`, ``include/humming/gemm_sm90.cuh``): the same weights for M > 32
   on Hopper (sm_90a): TMA + mbarrier pipeline, producer / consumer warpgroups with setmaxnreg, wgmma with
-  the dequantized weights as the register A operand; needs N % 128 == 0. Its grouped variant (the same
+  the dequantized weights as the register A operand; any N % 16 == 0. Its grouped variant (the same
   kernel with a compile-time flag) runs ``humming.moe.grouped_linear`` (``cuda.grouped``, :mod:`.grouped`):
   token tiles of 16 to 256 rows (dividing ``block_m``), each reading its segment's expert id, skipping -1
   segments, offsetting its weight tiles.

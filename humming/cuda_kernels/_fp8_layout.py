@@ -41,7 +41,8 @@ class PreparedFp8:
     # fp32 [ceil(K / 128), round_up(N, 128)]: int4 group scales / folded MXFP4 scales per K block and row
     w_group_scale: torch.Tensor | None
     maps: dict = field(default_factory=dict)  # block_n -> encoded tensor map of ``weight``
-    # expert-stacked weights: E parts of the above concatenated along N (N % 128 == 0, so no padding rows)
+    # expert-stacked weights: E parts of the above concatenated along N, each N rounded up to 128 rows (e4m3:
+    # zero rows added; the others are padded already)
     num_experts: int | None = None
 
     @property
@@ -222,26 +223,27 @@ def prepare(qw) -> PreparedFp8:
 def _prepare_stacked(qw) -> PreparedFp8:
     """Each expert prepared as a 2-D weight and written into its slice of the stacked result along N (rows, or
     columns of the ``[num_kb, N]`` group scales), one expert at a time: the peak extra memory is one expert's
-    temporaries, not a second copy of the layer. N % 128 == 0 leaves no padding between experts."""
-    if qw.N % 128 or qw.format.name not in GROUPED_W_FORMATS:
-        raise ValueError(
-            f"qw: the grouped FP8 GEMM takes e4m3 / int4 / MXFP4 experts with N % 128 == 0, not {qw.describe()}"
-        )
+    temporaries, not a second copy of the layer. Each expert takes N rounded up to 128 rows, so that no
+    weight tile straddles two experts: the e4m3 bytes get zero rows, the other parts are padded already."""
+    if qw.format.name not in GROUPED_W_FORMATS:
+        raise ValueError(f"qw: the grouped FP8 GEMM takes e4m3 / int4 / MXFP4 experts, not {qw.describe()}")
     experts = qw.num_experts
     first = _prepare_2d(expert_weight(qw, 0))
     dims = {"weight": 0, "w_scale": 0, "w_block_scale": 0, "w_group_scale": 1}
-    stacked = {}
+    slots, stacked = {}, {}  # each expert's extent along the stacked dimension, the stacked tensors
     for name, dim in dims.items():
         part = getattr(first, name)
         if part is not None:
+            slots[name] = cdiv(qw.N, 128) * 128 if name == "weight" and first.w_format == "e4m3" else part.shape[dim]
             shape = list(part.shape)
-            shape[dim] *= experts
-            stacked[name] = torch.empty(shape, dtype=part.dtype, device=part.device)
+            shape[dim] = slots[name] * experts
+            padded = slots[name] != part.shape[dim]
+            stacked[name] = (torch.zeros if padded else torch.empty)(shape, dtype=part.dtype, device=part.device)
     for e in range(experts):
         part = first if e == 0 else _prepare_2d(expert_weight(qw, e))
         for name, out in stacked.items():
             piece = getattr(part, name)
-            out.narrow(dims[name], e * piece.shape[dims[name]], piece.shape[dims[name]]).copy_(piece)
+            out.narrow(dims[name], e * slots[name], piece.shape[dims[name]]).copy_(piece)
         del part
     return dataclasses.replace(first, **stacked, maps={}, num_experts=experts)
 

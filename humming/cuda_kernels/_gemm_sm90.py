@@ -1,7 +1,9 @@
 """Hopper weight-only GEMM for large M (``include/humming/gemm_sm90.cuh``; :mod:`.wna16_sm90` is its entry
 point): tuning, specs, checks and launch.
 
-Layout: the shared fragment layout (``_layout``) with tile groups of 8 (N % 128 == 0). Compute: w =
+Layout: the shared fragment layout (``_layout``): tile groups of 8 (N % 128 == 0), or of 1 (any N % 16 ==
+0: each 128-row block is copied as 8 separate 16-row tiles, the last one of the weight, of each expert,
+partly). Compute: w =
 (q - z) * s rounded once to the activation dtype (MXFP4, bf16 only: e2m1 * 2^e, exact), bf16/fp16 wgmma
 with fp32 accumulation. Tuning:
 tokens per block tile (the block tile is 128 weight rows x ``bm`` tokens) and pipeline ``stages``.
@@ -32,7 +34,6 @@ from ._layout import (
     WeightLayout,
     aligned_rows,
     check_out,
-    half_chunk_groups,
     x_scale_args,
 )
 from .jit import KernelSpec, per_call_cache
@@ -95,7 +96,8 @@ class GemmTuning:
 
     def smem_bytes(self, layout: WeightLayout) -> int:
         """Dynamic shared memory (``SmemLayout::kTotal`` in gemm_sm90.cuh) plus 1 KiB alignment slack."""
-        per_stage = self.bm * 128 + 128 * 64 * layout.bits // 8 + 128 * (4 if layout.scale == "f32" else 2)
+        four_byte_scales = layout.scale in ("f32", "bf16_halves", "f16_halves")  # halves: two per row
+        per_stage = self.bm * 128 + 128 * 64 * layout.bits // 8 + 128 * (4 if four_byte_scales else 2)
         per_stage += 128 * 2 if layout.zero < 0 else 0
         return self.stages * (per_stage + 16) + (16 if self.splits > 1 else 0) + 1024
 
@@ -121,7 +123,8 @@ def tile_time(m: int, n: int, bm: int, blocks: int, sm_count: int, splits: int =
     """The modelled time (us) of the dense GEMM's tiles per 1,000 K columns: the blocks (128 rows x ``bm``
     tokens x 1 / ``splits`` of K) spread over the SMs, each SM running its share one at a time, or two at
     a time with two blocks per SM."""
-    per_sm = -(-(n // 128) * -(-m // bm) * splits // sm_count)
+    n_blocks = -(-n // 128)
+    per_sm = -(-n_blocks * -(-m // bm) * splits // sm_count)
     if blocks == 1:
         return per_sm * _TILE_US[bm] / splits
     return (per_sm // 2 * _PAIR_US[bm] + per_sm % 2 * _TILE_US[bm]) / splits
@@ -189,10 +192,6 @@ def gemm_unsupported(qw, x: torch.Tensor, cc: tuple[int, int]) -> str | None:
         return f"the large-M CUDA GEMM needs compute capability 9.0 (wgmma, TMA), got {cc}"
     if qw.format.name == "e2m1" and x.dtype != torch.bfloat16:
         return f"the large-M CUDA GEMM takes MXFP4 weights with bfloat16 activations, not {x.dtype}"
-    if qw.N % 128:
-        return f"the large-M CUDA GEMM needs N % 128 == 0, got N={qw.N}"
-    if half_chunk_groups(qw):
-        return "the large-M CUDA GEMM takes integer weights in groups of 64 times a power of two, not 32"
     if x.stride(0) % 8 or x.data_ptr() % 16:
         return "the large-M CUDA GEMM needs 16-byte aligned activation rows (TMA)"
     return None
@@ -218,9 +217,11 @@ def gemm_spec(
     grouped: bool = False,
     gather: bool = False,
     gated: str | None = None,
+    tile_group: int = 8,
 ) -> KernelSpec:
     """The sm_90a GEMM for one layout, dtypes and tuning; ``grouped`` (MoE), ``gather`` (token rows through
-    an index) and ``gated`` (a :data:`GATED_ACTS` name: the fused activation of gate-up rows) variants."""
+    an index) and ``gated`` (a :data:`GATED_ACTS` name: the fused activation of gate-up rows) variants;
+    ``tile_group`` the prepared weight's (:func:`~._layout.tile_group`: 1 where N % 128 != 0)."""
     if gather and not grouped:
         raise ValueError("gather: the gathering GEMM is a grouped variant (grouped=True)")
     if gated is not None and (not grouped or gated not in GATED_ACTS or out == "f32"):
@@ -228,6 +229,8 @@ def gemm_spec(
             f"gated: a grouped variant with a 16-bit output and an activation in {sorted(GATED_ACTS)}, got "
             f"gated={gated!r}, grouped={grouped}, out={out}"
         )
+    if tile_group not in (1, 8) or (tile_group == 1 and gated is not None):
+        raise ValueError(f"tile_group: 8, or 1 without a gated epilogue, got {tile_group} (gated={gated!r})")
     if grouped and tuning.splits > 1:
         raise ValueError(f"tuning: the grouped GEMM does not split K, got splits={tuning.splits}")
     if tuning.arrive_lag and not gather:
@@ -238,9 +241,10 @@ def gemm_spec(
     persistent = "_p" if tuning.persistent else ""
     activation = f"_{gated}" if gated is not None else ""
     lag = f"_lag{tuning.arrive_lag}" if tuning.arrive_lag else ""
+    ragged = "_tg1" if tile_group == 1 else ""
     name = (
         f"humming_gemm_sm90_{kind}{layout.tag}_a{act}_s{layout.scale}_o{out}_b{bias}"
-        f"_bm{tuning.bm}_s{tuning.stages}{blocks}{split_k}{persistent}{activation}{lag}"
+        f"_bm{tuning.bm}_s{tuning.stages}{blocks}{split_k}{persistent}{activation}{lag}{ragged}"
     )
     args = ", ".join(
         (
@@ -259,6 +263,7 @@ def gemm_spec(
             "true" if tuning.persistent else "false",
             str(GATED_ACTS.get(gated, 0)),
             str(tuning.arrive_lag),
+            str(tile_group),
         )
     )
     return KernelSpec(
@@ -286,7 +291,7 @@ def gemm_call_spec(
 ) -> KernelSpec:
     bias_code = DTYPE_CODE[bias.dtype] if bias is not None else DTYPE_CODE[x.dtype]
     codes = DTYPE_CODE[x.dtype], DTYPE_CODE[out_dtype], bias_code
-    return gemm_spec(prep.layout, *codes, tuning, grouped, gather, gated)
+    return gemm_spec(prep.layout, *codes, tuning, grouped, gather, gated, prep.tile_group)
 
 
 class _Params(ctypes.Structure):
@@ -411,14 +416,15 @@ class GemmLaunch:
             raise ValueError(f"tuning: splits={tuning.splits} exceeds the {prep.k // 64} chunks of 64 columns of K")
         bias_code = DTYPE_CODE[bias_dtype if bias_dtype is not None else x_dtype]
         codes = DTYPE_CODE[x_dtype], DTYPE_CODE[out_dtype], bias_code
-        spec = gemm_spec(prep.layout, *codes, tuning, grouped, gather, None if gated is None else gated.name)
+        gate = None if gated is None else gated.name
+        spec = gemm_spec(prep.layout, *codes, tuning, grouped, gather, gate, prep.tile_group)
         self.kernel = get_kernel(spec, device)
         self.prep = prep  # the parameter struct holds its tensors' addresses
         self.m, self.out_dtype, self.device = m, out_dtype, device
         self.n = prep.n // 2 if gated is not None else prep.n  # the output's columns
         self.torch_device = torch.device("cuda", device)
         self.smem = tuning.smem_bytes(prep.layout)
-        tiles = (prep.n // 128, -(-m // tuning.bm))
+        tiles = (-(-prep.n // 128), -(-m // tuning.bm))
         if tuning.persistent:  # the block slots of the device, at most one block per tile
             self.grid = (min(tiles[0] * tiles[1], device_limits(device).sm_count * tuning.blocks), 1, 1)
         else:
@@ -505,4 +511,4 @@ def reserve_gemm_workspace(m: int, n: int, k: int, tuning: GemmTuning | None, la
     if tuning is None:
         tuning = default_gemm_tuning(m, n, k, layout, device_limits(device))
     if tuning.splits > 1:
-        WORKSPACES.reserve(m * n + (n // 128) * -(-m // tuning.bm), device)
+        WORKSPACES.reserve(m * n + -(-n // 128) * -(-m // tuning.bm), device)

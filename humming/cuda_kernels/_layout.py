@@ -302,7 +302,7 @@ def gate_up_rows(two_i: int, gate_up_layout: str) -> torch.Tensor:
 
 def half_chunk_groups(qw) -> bool:
     """Whether ``qw`` has integer codes in groups of 32 columns (two scales per 64-column chunk: scale codes
-    ``bf16_halves`` / ``f16_halves``, which the decode kernel takes and the sm_90a GEMM does not)."""
+    ``bf16_halves`` / ``f16_halves``, in the layout the decode kernel and the sm_90a GEMM read)."""
     return qw.format.name != "e2m1" and qw.layout == "group" and qw.group_size == 32
 
 

@@ -23,14 +23,14 @@ Configs come in the three kinds of the house style:
   contiguous ranges of K blocks, grid.z, whose scaled fp32 partial sums are added with ``red.add`` into a
   zero-filled fp32 workspace, then rounded to the output dtype; :func:`choose_split_tuning`).
 
-The grouped (MoE) variant (:func:`run_grouped`, ``humming.moe.grouped_linear(act="fp8" | "fp8_g128")``) is
-the same kernel with a compile-time flag: e4m3 or int4 experts ``[E, N, K]`` (N % 128 == 0) stacked along N
-(:func:`prepare`), activations ``[M_pad, K]`` in the contiguous grouped layout of :mod:`humming.moe`, each
-token tile reading its ``block_m`` segment's expert id (-1: skipped, rows not written). The whole
-``[M_pad, K]`` is quantized by the same activation pass: padding rows hold whatever the caller left there
-(their outputs are garbage, NaN / inf included) but cannot reach valid rows, since every scale is per row
-(per token, or per 1x128 group) and each output column depends on one token only. Per-tensor activation
-scales are refused: one scale over ``M_pad`` rows would mix in the padding.
+The grouped (MoE) variant (:func:`run_grouped`, ``humming.moe.grouped_linear(act="fp8" | "fp8_g128")``) is the
+same kernel with a compile-time flag: e4m3 or int4 experts ``[E, N, K]`` stacked along N, each padded to a
+multiple of 128 rows (:func:`prepare`), activations ``[M_pad, K]`` in the contiguous grouped layout of
+:mod:`humming.moe`, each token tile reading its ``block_m`` segment's expert id (-1: skipped, rows not
+written). The whole ``[M_pad, K]`` is quantized by the same activation pass: padding rows hold whatever the
+caller left there (their outputs are garbage, NaN / inf included) but cannot reach valid rows, since every
+scale is per row (per token, or per 1x128 group) and each output column depends on one token only. Per-tensor
+activation scales are refused: one scale over ``M_pad`` rows would mix in the padding.
 
 The module holds the entry points, the support checks and the kernel object the dispatcher lists
 (:data:`KERNEL`, ``cuda.fp8_gemm``; its grouped variant runs in :mod:`.grouped`); the tuning heuristics live
@@ -151,8 +151,6 @@ def _grouped_combination_unsupported(qweight, act) -> str | None:
             f"the grouped FP8 GEMM takes per-token or 1x128-group activation scales, not act={act.name}: one"
             " per-tensor scale over the grouped rows would mix in padding rows and skipped blocks"
         )
-    if qweight.N % 128:
-        return f"the grouped FP8 GEMM needs N % 128 == 0 (no weight tile straddles two experts), got N={qweight.N}"
     return None
 
 

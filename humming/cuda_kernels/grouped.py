@@ -15,7 +15,7 @@ import torch
 from ..device import device_index, device_info, device_limits
 from ..kernel import Kernel, LaunchesByWeight
 from . import _gemm_sm90, _wna16, fp8_gemm
-from ._layout import DTYPE_CODE, GATED_ACTS, aligned_rows, weight_layout, weight_unsupported
+from ._layout import DTYPE_CODE, GATED_ACTS, aligned_rows, tile_group, weight_layout, weight_unsupported
 from ._support import runtime_unavailable
 
 __all__ = [
@@ -148,6 +148,8 @@ def gated_unsupported(qweight, activation) -> str | None:
     rows are reordered, :func:`~._layout.gate_up_rows`)."""
     if activation.name not in GATED_ACTS:
         return f"the grouped GEMM's epilogue has no {activation.name!r} activation"
+    if qweight.N % 128:
+        return f"the gated epilogue reorders w13's rows in blocks of 128: it needs 2I % 128 == 0, got {qweight.N}"
     if qweight.group_shape[0] not in (1, -1):
         return f"w13's rows are reordered for the gated epilogue: its scales must be per row, not {qweight.group_shape}"
     return None
@@ -169,7 +171,9 @@ def grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, devic
         for m in m_values:
             tuning = _gemm_sm90.default_grouped_tuning(block_m, m, qw.num_experts, layout, smem)
             for gather in (False, True):
-                spec = _gemm_sm90.gemm_spec(layout, *codes, tuning, grouped=True, gather=gather)
+                spec = _gemm_sm90.gemm_spec(
+                    layout, *codes, tuning, grouped=True, gather=gather, tile_group=tile_group(qw.N)
+                )
                 jobs.append((spec, device_arch(spec, cc)))
     return jobs
 

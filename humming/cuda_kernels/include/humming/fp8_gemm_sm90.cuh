@@ -37,10 +37,11 @@
 //   and each group's remaining 2^d (d in [-5, 6]) into the consumer's code -> e4m3 table (an integer
 //   add or subtract per byte: e2m1 * 2^d stays an e4m3 normal; `mx_table`). Exact: the products are
 //   those of dequantize.
-// - Grouped (MoE) variant, kGrouped: the weights are E experts stacked along N (e4m3: one [E * N, Kp] map;
-//   4-bit: expert e's tiles after those of experts 0 .. e-1), scales and bias likewise ([E * N] per-channel,
-//   [E * N / 128, num_kb] blocks, [num_kb, E * N] per-row groups, bias [E, N]); N is a multiple of 128, so
-//   no weight tile straddles two experts. x rows come grouped by expert in segments of block_m rows
+// - Grouped (MoE) variant, kGrouped: the weights are E experts stacked along N, each N rounded up to Np, a
+//   multiple of 128, with zero rows (e4m3: one [E * Np, Kp] map; 4-bit: expert e's tiles after those of
+//   experts 0 .. e-1), scales likewise ([E * Np] per-channel, [E * Np / 128, num_kb] blocks, [num_kb, E * Np]
+//   per-row groups), bias [E, N]: no weight tile straddles two experts, and the columns past N are not
+//   stored. x rows come grouped by expert in segments of block_m rows
 //   (kBlockM divides block_m) and expert_ids[i] is the expert of rows [i * block_m, (i + 1) * block_m),
 //   -1 for unused segments, whose blocks return before any barrier (their output rows are not written).
 // - Split-K (kSplitK): blockIdx.z of gridDim.z takes the K blocks [z * num_kb / Z, (z + 1) * num_kb / Z)
@@ -193,7 +194,8 @@ __device__ __forceinline__ void run(const Params& p) {
     expert = __ldg(p.expert_ids + m_tile * kBlockM / p.block_m);
     if (expert < 0) return;  // the whole block, before any barrier
   }
-  const int w_base = expert * p.N + n_tile * kBlockN;  // first weight row of the tile (experts stacked)
+  // first weight row of the tile: experts are stacked N rounded up to 128 rows apart (zero padding rows)
+  const int w_base = expert * ((p.N + 127) / 128 * 128) + n_tile * kBlockN;
   // This block's K blocks (all of them unless split-K); K block kb_begin + i lives in stage i % kStages.
   const int kb_begin = kSplitK ? int(blockIdx.z) * p.num_kb / int(gridDim.z) : 0;
   const int kb_count = kSplitK ? (int(blockIdx.z) + 1) * p.num_kb / int(gridDim.z) - kb_begin : p.num_kb;

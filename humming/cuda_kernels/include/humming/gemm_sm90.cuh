@@ -22,6 +22,9 @@
 //   product is exact (bf16 has fp32's exponent range; 2^-127, code 0, is a bf16 subnormal). The chunk's
 //   scale bytes per row pair are (row g, row g + 8) of its first 32 columns, then of its last 32: the
 //   same 256 bytes per 128-row block as 16-bit scales.
+// - Integer codes in groups of 32 (S = bf16_halves / f16_halves, Kimi-K2's int4 g32): each chunk has two
+//   16-bit scales per row, one per 32-column half (4 bytes per row, as f32 scales), k16 steps 0-1 taking the
+//   first and 2-3 the second; each product rounded once, as with one scale per chunk.
 // - Grouped (MoE) variant, kGrouped: the weights are E experts stacked as extra 128-row blocks
 //   (expert e's block b is block e * N/128 + b, likewise for scales, zero points and bias [E, N]); x
 //   rows are grouped by expert in segments of block_m rows (kBM divides block_m), and expert_ids[i] is
@@ -40,6 +43,11 @@
 //   16-row tile, rows g are gates and rows g + 8 the ups of the same 8 features: gate_up_rows in _layout.py),
 //   so each thread holds a feature's gate and up sums; it writes act(gate, up) to out [M, N / 2], each input
 //   rounded to O first (as the unfused GEMM's output), the activation in fp32 (humming.reference.moe_layer).
+// - Ragged rows, kTileGroup = 1 (N % 128 != 0, N % 16 == 0: the layout's 16-row tiles are not grouped in
+//   eights, _layout.tile_group): a 128-row block is 8 separate 16-row tiles, the last block of the weight
+//   (of each expert) holding only N % 128 / 16 of them. Lanes 0..7 of the producer's first warp copy one tile
+//   each (weights, scales, zero points), the tiles past N none; the consumer warps of those tiles compute on
+//   whatever their shared memory holds and store nothing.
 // - Split-K (dense only), kSplitK: blockIdx.z takes chunks [z * C / splits, (z + 1) * C / splits) of the
 //   C = K / 64; each block red.adds its fp32 sums into a workspace [M, N] and counts itself in at the tile's
 //   arrival counter; the block that arrives last reads the totals back (atomicExch, which leaves zeros),
@@ -55,9 +63,9 @@ using sm90::TensorMap;
 
 struct alignas(64) Params {
   TensorMap x_map;       // x [M, K], box 64 x kBM, 128-byte swizzle
-  const uint4* qweight;  // fragment layout, tile group 8
-  const void* scales;    // [N/128, groups, 8, 8, 2]
-  const uint16_t* zeros; // [N/128, groups, 8, 8, 2] or null
+  const uint4* qweight;  // fragment layout, tile group kTileGroup
+  const void* scales;    // [N/16/kTileGroup, groups, kTileGroup, 8, 2]
+  const uint16_t* zeros; // [N/16/kTileGroup, groups, kTileGroup, 8, 2] or null
   const void* bias;      // [N] ([E, N] grouped) or null
   void* out;             // [M, N], row stride out_stride
   const int* expert_ids; // grouped: [M / block_m], -1 = skip; else null
@@ -83,7 +91,8 @@ template <int kBits, int kZero, DType S, int kBM, int kStages>
 struct SmemLayout {
   static constexpr int kXBytes = kBM * 128;                 // activation tile, 1024-byte aligned
   static constexpr int kWBytes = 128 * 64 * kBits / 8;      // weight chunk of 128 rows
-  static constexpr int kSBytes = 128 * (S == DType::f32 ? 4 : 2);
+  // f32 scales, or two 16-bit scales per row (groups of 32: each chunk's two halves): 4 bytes per row
+  static constexpr int kSBytes = 128 * (S == DType::f32 || S == DType::bf16_halves || S == DType::f16_halves ? 4 : 2);
   static constexpr int kZBytes = kZero < 0 ? 128 * 2 : 0;
   static constexpr int kX = 0;
   static constexpr int kW = kX + kStages * kXBytes;
@@ -95,7 +104,8 @@ struct SmemLayout {
 };
 
 template <DType A, int kBits, int kZero, DType S, DType O, DType B, int kBM, int kStages, bool kGrouped,
-          bool kGather, bool kSplitK, int kBlocksPerSm, bool kPersistent, int kAct, int kArriveLag>
+          bool kGather, bool kSplitK, int kBlocksPerSm, bool kPersistent, int kAct, int kArriveLag,
+          int kTileGroup = 8>
 __device__ __forceinline__ void run(const Params& p) {
   static_assert(kAct == kNoAct || (kGrouped && !kSplitK), "the gated epilogue is the grouped kernel's");
   static_assert(kAct == kNoAct || O != DType::f32, "the gated epilogue rounds gate and up to a 16-bit O");
@@ -104,11 +114,13 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(!kGather || kGrouped, "the gather reads grouped rows");
   static_assert(kArriveLag == 0 || (kGather && kArriveLag < kStages), "an arrival lag is the gather's, below kStages");
   static_assert(!(kSplitK && kGrouped), "split-K is a dense schedule");
+  static_assert(kTileGroup == 8 || (kTileGroup == 1 && kAct == kNoAct), "tile groups of 8, or 1 without the gated epilogue");
   // 128 * producer + 256 * consumer registers must fit the 384 * (65536 / 384 / kBlocksPerSm, rounded
   // down to 8) the block launches with (168 or 80 per thread).
   constexpr int kProducerRegs = kBlocksPerSm == 1 ? 40 : 24;
   constexpr int kConsumerRegs = kBlocksPerSm == 1 ? 232 : 104;
   constexpr bool kE2m1 = S == DType::e8m0 || S == DType::e8m0_any;
+  constexpr bool k16Halves = S == DType::bf16_halves || S == DType::f16_halves;
   static_assert(!kE2m1 || (kBits == 4 && kZero == 0 && A == DType::bf16), "MXFP4: e2m1 codes, bf16 activations");
   using L = SmemLayout<kBits, kZero, S, kBM, kStages>;
   constexpr int kVecs = kBits / 4;
@@ -122,7 +134,7 @@ __device__ __forceinline__ void run(const Params& p) {
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
 
   const int wg = threadIdx.x / 128;
-  const int n_blocks = p.N / 128, m_tiles = (p.M + kBM - 1) / kBM;
+  const int n_blocks = (p.N + 127) / 128, m_tiles = (p.M + kBM - 1) / kBM;
   // The block's tiles: (blockIdx.x, blockIdx.y), or with kPersistent tiles blockIdx.x, + gridDim.x, ... of
   // the n_blocks * m_tiles. Dense: in (n block, m tile) order, so that the tiles of one weight block run
   // together. Grouped: in (m tile, n block) order: the routing's used segments come first (moe_align pads
@@ -163,7 +175,9 @@ __device__ __forceinline__ void run(const Params& p) {
     // kGather: this thread copies 16-byte column c of the tile's rows r0 + 16 j, their tokens read again for
     // each chunk (L1 hits) rather than held: the producer has 24 or 40 registers.
     [[maybe_unused]] const int c = threadIdx.x % 8, r0 = threadIdx.x / 8;
-    if (kGather || threadIdx.x == 0) {
+    // kTileGroup 1: lane l < 8 copies 16-row tile l of the block; the weight's 16-row tiles, per expert
+    [[maybe_unused]] const int n_tiles = p.N / 16;
+    if (kGather || threadIdx.x < (kTileGroup == 1 ? 8 : 1)) {
       const char* w_src = reinterpret_cast<const char*>(p.qweight);
       const char* s_src = static_cast<const char*>(p.scales);
       const char* z_src = reinterpret_cast<const char*>(p.zeros);
@@ -179,14 +193,36 @@ __device__ __forceinline__ void run(const Params& p) {
             while (!sm90::mbar_try_wait(empty0 + 8 * s, ((step / kStages) & 1) ^ 1)) {}
           }
           const uint32_t full = full0 + 8 * s;
-          if (threadIdx.x == 0) {
-            sm90::mbar_expect_tx(full, kStageTx);
-            if constexpr (!kGather) sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
-            sm90::bulk_load(base + L::kW + s * L::kWBytes, w_src + (long(blk) * n_chunks + kc) * L::kWBytes, L::kWBytes, full);
-            const long group_block = long(blk) * p.groups + kc / p.chunks_per_group;
-            sm90::bulk_load(base + L::kS + s * L::kSBytes, s_src + group_block * L::kSBytes, L::kSBytes, full);
-            if constexpr (kZero < 0) {
-              sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
+          if constexpr (kTileGroup == 8) {
+            if (threadIdx.x == 0) {
+              sm90::mbar_expect_tx(full, kStageTx);
+              if constexpr (!kGather) sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
+              sm90::bulk_load(base + L::kW + s * L::kWBytes, w_src + (long(blk) * n_chunks + kc) * L::kWBytes, L::kWBytes, full);
+              const long group_block = long(blk) * p.groups + kc / p.chunks_per_group;
+              sm90::bulk_load(base + L::kS + s * L::kSBytes, s_src + group_block * L::kSBytes, L::kSBytes, full);
+              if constexpr (kZero < 0) {
+                sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
+              }
+            }
+          } else if (threadIdx.x < 8) {
+            // The block's first 16-row tile, and how many of its 8 lie within the expert's N rows.
+            const int first = n_block_of(ti) * 8, valid = min(8, n_tiles - first);
+            if (threadIdx.x == 0) {
+              const uint32_t tiles_tx = uint32_t(valid) * ((L::kWBytes + L::kSBytes + L::kZBytes) / 8);
+              sm90::mbar_expect_tx(full, (kGather ? 0 : L::kXBytes) + tiles_tx);
+              if constexpr (!kGather) sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
+            }
+            __syncwarp(0xff);  // the expected bytes are set before any tile's copy can complete
+            const int lt = threadIdx.x;
+            if (lt < valid) {
+              const long tile16 = long(expert) * n_tiles + first + lt;
+              constexpr int kW1 = L::kWBytes / 8, kS1 = L::kSBytes / 8, kZ1 = L::kZBytes / 8;
+              sm90::bulk_load(base + L::kW + s * L::kWBytes + lt * kW1, w_src + (tile16 * n_chunks + kc) * kW1, kW1, full);
+              const long group_tile = tile16 * p.groups + kc / p.chunks_per_group;
+              sm90::bulk_load(base + L::kS + s * L::kSBytes + lt * kS1, s_src + group_tile * kS1, kS1, full);
+              if constexpr (kZero < 0) {
+                sm90::bulk_load(base + L::kZ + s * L::kZBytes + lt * kZ1, z_src + group_tile * kZ1, kZ1, full);
+              }
             }
           }
           if constexpr (kGather) {
@@ -231,7 +267,20 @@ __device__ __forceinline__ void run(const Params& p) {
     // rounded once to the activation type.
     auto dequant_int = [&](int s, const uint32_t* words, uint32_t (&a)[4][4]) {
       float s_g, s_g8;
-      if constexpr (S == DType::f32) {
+      uint32_t half_scales[2][2];  // k16Halves: [half][row g, row g + 8] of the chunk's two 32-column groups
+      if constexpr (k16Halves) {
+        // per row pair: (half 0: row g, row g + 8), (half 1: row g, row g + 8), 16 bits each
+        constexpr DType H = S == DType::bf16_halves ? DType::bf16 : DType::f16;
+        const uint2 sp = reinterpret_cast<const uint2*>(smem + L::kS + s * L::kSBytes)[tile * 8 + g];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t pair = h ? sp.y : sp.x;
+          const float lo = to_float<H>(uint16_t(pair & 0xffff)), hi = to_float<H>(uint16_t(pair >> 16));
+          half_scales[h][0] = pack2<A>(lo, lo);
+          half_scales[h][1] = pack2<A>(hi, hi);
+        }
+        s_g = s_g8 = 0.0f;
+      } else if constexpr (S == DType::f32) {
         const float2 sp = reinterpret_cast<const float2*>(smem + L::kS + s * L::kSBytes)[tile * 8 + g];
         s_g = sp.x;
         s_g8 = sp.y;
@@ -256,7 +305,10 @@ __device__ __forceinline__ void run(const Params& p) {
           dequant8<A>(words[2 * j], words[2 * j + 1], zf_g, zf_g8, bias_g, bias_g8, a[j]);
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[j][i] = fma2<A>(a[j][i], (i & 1) ? scale_g8 : scale_g, kNegZero);
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t scale = k16Halves ? half_scales[j >> 1][i & 1] : (i & 1) ? scale_g8 : scale_g;
+          a[j][i] = fma2<A>(a[j][i], scale, kNegZero);
+        }
       }
     };
     // The same for MXFP4: e2m1 values (exact), each 32-column half times its e8m0 scale (exact in bf16).
@@ -344,13 +396,15 @@ __device__ __forceinline__ void run(const Params& p) {
       step += count;
       // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).
       const long n_base = long(n_block_of(ti)) * 128 + tile * 16 + g;  // column of out (row of the expert)
+      // kTileGroup 1: this warp's 16 rows lie past the expert's N rows (the last block's missing tiles)
+      const bool past_n = kTileGroup == 1 && n_base - g >= p.N;
       if constexpr (kSplitK) {
 #pragma unroll
         for (int i = 0; i < kBM / 8; ++i)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int token = m0 + 8 * i + 2 * c + (e & 1);
-            if (token < p.M) red_add_f32(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), acc[4 * i + e]);
+            if (token < p.M && !past_n) red_add_f32(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), acc[4 * i + e]);
           }
         __threadfence();  // this thread's adds are visible before the block's arrival below
         // the flag in dynamic shared memory: a static __shared__ would add a whole 1 KiB-aligned segment
@@ -367,7 +421,7 @@ __device__ __forceinline__ void run(const Params& p) {
           for (int e = 0; e < 4; ++e) {
             const int token = m0 + 8 * i + 2 * c + (e & 1);
             // atomicExch reads the total at L2, where the adds went, and restores the zero.
-            if (token < p.M) acc[4 * i + e] = atomicExch(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), 0.0f);
+            if (token < p.M && !past_n) acc[4 * i + e] = atomicExch(p.sums + long(token) * p.N + n_base + 8 * (e >> 1), 0.0f);
           }
         if (t == 0) p.arrivals[counter] = 0;
       }
@@ -396,6 +450,7 @@ __device__ __forceinline__ void run(const Params& p) {
       } else {
         // The thread's two rows' biases are loaded once per tile and the pointers tested once, so that each
         // output costs a predicated multiply-add and its store, not a branch with a dependent load.
+        if (past_n) continue;  // the thread's pipeline steps are all consumed: nothing left of this tile
         const bool scaled = p.x_scale != nullptr, biased = p.bias != nullptr;
         float bias_lo = 0.0f, bias_hi = 0.0f;
         if (biased) {
