@@ -208,6 +208,32 @@ def test_humming_moe_grouped_linear_runs_it(compiled, seed):
     assert diff < 1e-2, f"seed {seed}: cuda vs reference backend rel err {diff:.3e}"
 
 
+def test_calls_of_one_kind_reuse_their_launch(compiled, seed):
+    """A grouped call finds the launch made for its kind of call (shape, dtypes, act, tuning, block_m) and
+    gives what a fresh launch gives, bit for bit, on new activations; another M makes another launch."""
+    c = Case(8, 2816, 2048, 16, -1, "fp8")
+    qw, act = _weight(c), get_act_scheme(c.act)
+    prep = fp8_gemm.prepare(qw)
+    expert_ids, _, valid = _routing(_counts(c.e), c.block_m)
+    outs = []
+    for _ in range(2):
+        x = torch.randn(valid.shape[0], c.k, device="cuda", dtype=torch.bfloat16)
+        kept = fp8_gemm.run_grouped(prep, x, act, expert_ids, c.block_m, None, torch.bfloat16)
+        fresh = fp8_gemm.Fp8Launch(prep, act, x, None, torch.bfloat16, _tuning_of(prep, c, x), 0, c.block_m)
+        outs.append((kept, fresh(x, None, None, expert_ids)))
+    assert len(fp8_gemm._grouped_launches.kinds[prep]) == 1
+    for kept, fresh in outs:
+        assert torch.equal(kept[valid], fresh[valid])
+    x = torch.randn(valid.shape[0] - c.block_m, c.k, device="cuda", dtype=torch.bfloat16)
+    fp8_gemm.run_grouped(prep, x, act, expert_ids[:-1], c.block_m, None, torch.bfloat16)
+    assert len(fp8_gemm._grouped_launches.kinds[prep]) == 2
+
+
+def _tuning_of(prep, c: Case, x: torch.Tensor):
+    limits = fp8_gemm.device_limits(torch.cuda.current_device())
+    return fp8_gemm.choose_grouped_tuning(c.block_m, x.shape[0], prep.n, prep.num_experts, limits, prep.w_format)
+
+
 def test_fused_moe_fp8_matches_the_reference_backend(compiled, seed):
     """``fused_moe(act="fp8")`` on e4m3 per-channel experts: both grouped GEMMs on the CUDA backend."""
     e, hidden, inter, tokens, topk = 8, 2048, 1408, 40, 2

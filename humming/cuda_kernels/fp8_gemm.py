@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from ..device import DeviceLimits, device_index, device_info, device_limits
-from ..kernel import Kernel
+from ..kernel import Kernel, LaunchesByWeight
 from ._fp8_launch import FP8_CCS, Fp8Launch, _launch, call_spec, fp8_spec
 from ._fp8_layout import (
     GROUPED_W_FORMATS,
@@ -257,7 +257,24 @@ def run_grouped(
         raise ValueError(f"tuning: the grouped FP8 GEMM has no split-K (splits must be 1, got {tuning.splits})")
     if block_m % tuning.block_m:
         raise ValueError(f"tuning: the token tile block_m={tuning.block_m} must divide the segment {block_m}")
-    return _launch(prep, x, act, bias, out_dtype, tuning, out, expert_ids.contiguous(), block_m)
+    device, bias_dtype = device_index(codes.device), None if bias is None else bias.dtype
+    make = lambda: Fp8Launch(prep, act, x, bias_dtype, out_dtype, tuning, device, block_m)
+    key = (_activation_kind(x), act, bias_dtype, out_dtype, tuning, device, block_m)
+    return _grouped_launches.get(prep, key, make)(x, bias, out, expert_ids.contiguous())
+
+
+#: The grouped launches made ready, per prepared weight and kind of call: a fused_moe step with quantized
+#: activations finds its launch (kernel, grid, tensor maps, the quantization pass) in one lookup.
+_grouped_launches = LaunchesByWeight()
+
+
+def _activation_kind(x) -> tuple:
+    """What an :class:`Fp8Launch` made for ``x`` depends on: a float tensor's dtype, shape, strides and
+    16-byte alignment (its quantization pass is made for them), or a ``QuantizedActivation``'s codes shape."""
+    codes = getattr(x, "codes", None)
+    if codes is not None:
+        return "quantized", codes.dtype, codes.shape
+    return x.dtype, x.shape, x.stride(), x.data_ptr() % 16 == 0
 
 
 def linear(x, qweight, bias: torch.Tensor | None, act, out_dtype: torch.dtype) -> torch.Tensor:
