@@ -287,12 +287,7 @@ def test_linear_backend_cuda(seed):
     if torch.cuda.get_device_capability() != (9, 0):
         assert "large-M GEMM" in backend_unsupported(qw, None, wide, "cuda")
     narrow = humming.quantize(torch.randn(48, 512, device="cuda"), weight="int4", group_size=128)
-    if torch.cuda.get_device_capability() == (9, 0):  # N % 128 != 0: one partly filled 128-row block
-        assert backend_unsupported(narrow, None, wide, "cuda") is None
-        xw = torch.randn(65, 512, device="cuda", dtype=torch.bfloat16)
-        assert_rel_close(
-            humming.linear(xw, narrow, backend="cuda"), _reference(xw, narrow, None), precision=torch.float32
-        )
+    assert "N % 128" in backend_unsupported(narrow, None, wide, "cuda")  # dense: the GEMM runs it, unchosen
     mx = _quantize(1024, 512, "mxfp4", device="cuda")
     assert_rel_close(
         humming.linear(x, mx, backend="cuda").reshape(6, -1),
