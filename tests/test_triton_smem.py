@@ -71,19 +71,6 @@ def _decoding_cases():
     return tuple((label, quantize(w, fmt, 128, zero_point)) for label, fmt, zero_point in cases)
 
 
-def _grouped_cases():
-    """(label, expert-stacked weight) whose grouped tiles spilled before their K tile was capped (int4 with and
-    without zero points, MXFP4)."""
-    from humming.ir.concat import stack
-    from humming.ir.quantize import quantize
-
-    w = torch.ones(256, 512)
-    cases = (("grouped-int4-g128", "int4", 128, False), ("grouped-uint4-zp", "int4", 128, True))
-    weights = [(label, [quantize(w, fmt, group, zp) for _ in range(2)]) for label, fmt, group, zp in cases]
-    weights.append(("grouped-mxfp4", [quantize(w, "mxfp4") for _ in range(2)]))
-    return tuple((label, stack(parts)) for label, parts in weights)
-
-
 def _jobs() -> list[tuple[int, object, int, bool]]:
     """(arch, compile spec, estimate, whether its spills are counted) of the worst cases' chosen tiles, every M
     bucket, and of the W4A8 decoding tiles on sm_90 (:func:`_decoding_cases`). A tile that is also chosen
@@ -96,7 +83,7 @@ def _jobs() -> list[tuple[int, object, int, bool]]:
     from humming.triton_kernels.configs import CAPABILITY_LIMITS
     from humming.triton_kernels.scaled_mm_configs import scaled_mm_config
     from humming.triton_kernels.scaled_mm_configs import smem_estimate as scaled_estimate
-    from humming.triton_kernels.wna16_configs import grouped_config, smem_estimate, wna16_config
+    from humming.triton_kernels.wna16_configs import smem_estimate, wna16_config
 
     jobs = {}
     for arch, limit in LIMITS.items():
@@ -122,13 +109,6 @@ def _jobs() -> list[tuple[int, object, int, bool]]:
             if not cfg.dequant_first:
                 spec = wna16.kernel_spec("uint4-zp-g128", zero_points, torch.bfloat16, cfg)
                 jobs[("uint4-zp-g128", arch, cfg)] = (arch, spec, smem_estimate(cfg, 4, 128, False), True)
-    for label, qw in _grouped_cases():  # the grouped kernel's tiles, gathering token rows (fused_moe's w13)
-        group_k = max(qw.group_shape[1], 0)
-        for arch, limit in LIMITS.items():
-            for block_m in (16, 64, 128, 256):
-                cfg = grouped_config(8192, 2816, 2048, 4, block_m, SMS, limit, group_k, False, qw.zeros is not None)
-                spec = wna16.kernel_spec(label, qw, torch.bfloat16, cfg.replace(split_k=1), gather=True)
-                jobs[(label, arch, cfg.replace(split_k=1))] = (arch, spec, smem_estimate(cfg, 4, group_k, False), True)
     scheme = get_act_scheme("fp8")
     for label, qw in _decoding_cases():
         plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), (9, 0))
@@ -207,16 +187,6 @@ def test_zero_point_wna16_tiles_do_not_spill(arch: int, compiled: dict) -> None:
     """The fused WnA16 tiles chosen for int4 weights with zero points hold their zero tiles in registers."""
     counted = [r for r in compiled[arch] if r["name"].startswith("wna16-uint4-zp-g128")]
     assert any("m64n64k64s1g8w8" in r["name"] for r in counted), [r["name"] for r in counted]
-    spilled = {r["name"]: r["local_memory_instructions"] for r in counted if r["local_memory_instructions"]}
-    assert not spilled, spilled
-
-
-@pytest.mark.parametrize("arch", list(LIMITS), ids=lambda a: f"sm_{a}")
-def test_grouped_wna16_tiles_do_not_spill(arch: int, compiled: dict) -> None:
-    """The grouped kernel's tiles (K tiles of 64, 32 for 128 x 128; 8 warps from 64 rows or 128 columns) hold
-    their operands in registers for routing blocks of 16 to 256 rows, gathering token rows."""
-    counted = [r for r in compiled[arch] if r["name"].startswith("wna16-grouped-")]
-    assert len({r["name"] for r in counted}) >= 9 and all("k64" in r["name"] or "k32" in r["name"] for r in counted)
     spilled = {r["name"]: r["local_memory_instructions"] for r in counted if r["local_memory_instructions"]}
     assert not spilled, spilled
 

@@ -1,8 +1,9 @@
 """One GPU probe of this change set (prints JSON rows, then a table):
 
-- the Triton grouped WnA16 kernel's tiles: the dense heuristic's tile cut for the grouped call (what
-  ``grouped_config`` returned before it capped the K tile and set the warps) against ``grouped_config`` now,
-  on routed MoE shapes, results compared with each other;
+- the Triton grouped WnA16 kernel's tiles: ``grouped_config``'s (the dense heuristic's tile cut for the
+  grouped call) against the same tiles with K tiles of 64 (32 for 128 x 128) on 8 warps from 64 rows or 128
+  columns, which compile without local memory (bench/results/cpu-sass/triton_grouped_spills.md), on routed
+  MoE shapes, results compared with each other;
 - the sm_90a dense GEMM on N % 128 != 0 (16-row tiles copied one by one) against N % 128 == 0 of the same
   size, over token tiles, blocks per SM and splits, next to the Triton kernel (weights in L2: a comparison of
   the kernels' tiles, not of the memory system).
@@ -36,12 +37,17 @@ MOE = {  # name: (experts, topk, N, K, quantize arguments)
 TOKENS = {16: 16, 256: 64, 2048: 128, 8192: 256}  # tokens: routing block_m
 
 
-def old_grouped_tile(m_pad, n, k, qw, block_m, limits):
+def capped_grouped_tile(m_pad, n, k, qw, block_m, limits):
+    """``grouped_config``'s tile with K tiles of 64 (32 for 128 x 128), 8 warps from 64 rows or 128 columns."""
     bits, gk = qw.bits, max(qw.group_shape[1], 0)
     dense = wna16_config(block_m, n, k, bits, limits.sm_count, gk, limits.smem_per_block, False, qw.zeros is not None)
     if dense.swap:
         dense = fit_smem(TILED_16, lambda c: smem_estimate(c, bits, gk, False), limits.smem_per_block)
-    return grouped_tile(dense, block_m, m_pad, n, k, limits.sm_count)
+    tile = grouped_tile(dense.replace(block_k=min(dense.block_k, 64)), block_m, m_pad, n, k, limits.sm_count)
+    large = tile.block_m * tile.block_n >= 128 * 128
+    return tile.replace(
+        block_k=32 if large else tile.block_k, num_warps=8 if tile.block_m >= 64 or tile.block_n >= 128 else 4
+    )
 
 
 def grouped_rows(budget_end: float) -> list[dict]:
@@ -58,12 +64,12 @@ def grouped_rows(budget_end: float) -> list[dict]:
             x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
             m_pad = rows_idx.shape[0]
             gk = max(qw.group_shape[1], 0)
-            new = grouped_config(
+            chosen = grouped_config(
                 m_pad, n, k, qw.bits, block_m, limits.sm_count, limits.smem_per_block, gk, False, qw.zeros is not None
             )
-            old = old_grouped_tile(m_pad, n, k, qw, block_m, limits)
+            capped = capped_grouped_tile(m_pad, n, k, qw, block_m, limits)
             outs = {}
-            for label, cfg in (("old", old), ("new", new)):
+            for label, cfg in (("chosen", chosen), ("capped", capped)):
                 run = functools.partial(wna16.grouped_linear, x, qw, expert_ids, block_m, config=cfg, rows=rows_idx)
                 outs[label] = run()
                 r = time_calls([run])
@@ -74,7 +80,7 @@ def grouped_rows(budget_end: float) -> list[dict]:
                 )
                 print(json.dumps(rows[-1]), flush=True)
             used = rows_idx >= 0
-            a, b = outs["old"][used].float(), outs["new"][used].float()
+            a, b = outs["chosen"][used].float(), outs["capped"][used].float()
             rows[-1]["rel_diff"] = float((a - b).norm() / a.norm())
     return rows
 

@@ -152,23 +152,8 @@ def grouped_config(
     zero_points: bool = False,
 ) -> TileConfig:
     """The tile of the grouped kernel: the dense tile for ``block_m`` rows (within ``smem_limit`` bytes of
-    shared memory; 0: no limit), cut by :func:`grouped_tile` (a smaller ``block_m`` needs less), with the K
-    tile and warps of :data:`GROUPED_BLOCK_K`."""
+    shared memory; 0: no limit), cut by :func:`grouped_tile` (a smaller ``block_m`` needs less)."""
     dense = wna16_config(block_m, n, k, bits, sm_count, group_k, smem_limit, act_order, zero_points)
     if dense.swap:
         dense = fit_smem(TILED_16, lambda c: smem_estimate(c, bits, group_k, act_order), smem_limit)
-    tile = grouped_tile(dense.replace(block_k=min(dense.block_k, GROUPED_BLOCK_K)), block_m, m_pad, n, k, sm_count)
-    large = tile.block_m * tile.block_n >= 128 * 128
-    return tile.replace(
-        block_k=GROUPED_BLOCK_K // 2 if large else tile.block_k,
-        num_warps=8 if tile.block_m >= 64 or tile.block_n >= 128 else 4,
-    )
-
-
-#: The grouped kernel's largest K tile (half of it for 128 x 128 tiles), on 4 warps below 64 rows and 128
-#: columns, 8 from there. The dense heuristic's tiles (K tiles of 128 and 256 on 4 warps, 128 x 128 x 64)
-#: spilled 50-700 local-memory instructions in the grouped kernel, which also holds each row's token index
-#: and expert offsets; these compile without on triton 3.6 and 3.9, sm_80 and sm_90, but for 8-14 in the
-#: 64 x 128 tile of zero-point and NVFP4 experts on sm_80 with triton 3.6
-#: (bench/results/cpu-sass/triton_grouped_spills.md).
-GROUPED_BLOCK_K = 64
+    return grouped_tile(dense, block_m, m_pad, n, k, sm_count)
