@@ -83,7 +83,7 @@ def _jobs() -> list[tuple[int, object, int, bool]]:
     from humming.triton_kernels.configs import CAPABILITY_LIMITS
     from humming.triton_kernels.scaled_mm_configs import scaled_mm_config
     from humming.triton_kernels.scaled_mm_configs import smem_estimate as scaled_estimate
-    from humming.triton_kernels.wna16_configs import smem_estimate, wna16_config
+    from humming.triton_kernels.wna16_configs import grouped_config, smem_estimate, wna16_config
 
     jobs = {}
     for arch, limit in LIMITS.items():
@@ -109,6 +109,12 @@ def _jobs() -> list[tuple[int, object, int, bool]]:
             if not cfg.dequant_first:
                 spec = wna16.kernel_spec("uint4-zp-g128", zero_points, torch.bfloat16, cfg)
                 jobs[("uint4-zp-g128", arch, cfg)] = (arch, spec, smem_estimate(cfg, 4, 128, False), True)
+    mxfp4 = quantize(torch.ones(2, 256, 512), "mxfp4")  # the grouped kernel's e2m1 tiles, gathering token rows
+    for arch, limit in LIMITS.items():
+        for block_m in (16, 32, 64):
+            cfg = grouped_config(8192, 5760, 2880, 4, block_m, SMS, limit, 32, e2m1=True).replace(split_k=1)
+            spec = wna16.kernel_spec("grouped-mxfp4", mxfp4, torch.bfloat16, cfg, gather=True)
+            jobs[("grouped-mxfp4", arch, cfg)] = (arch, spec, smem_estimate(cfg, 4, 32, False), True)
     scheme = get_act_scheme("fp8")
     for label, qw in _decoding_cases():
         plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), (9, 0))
@@ -187,6 +193,18 @@ def test_zero_point_wna16_tiles_do_not_spill(arch: int, compiled: dict) -> None:
     """The fused WnA16 tiles chosen for int4 weights with zero points hold their zero tiles in registers."""
     counted = [r for r in compiled[arch] if r["name"].startswith("wna16-uint4-zp-g128")]
     assert any("m64n64k64s1g8w8" in r["name"] for r in counted), [r["name"] for r in counted]
+    spilled = {r["name"]: r["local_memory_instructions"] for r in counted if r["local_memory_instructions"]}
+    assert not spilled, spilled
+
+
+@pytest.mark.parametrize("arch", list(LIMITS), ids=lambda a: f"sm_{a}")
+def test_grouped_e2m1_tiles_do_not_spill(arch: int, compiled: dict) -> None:
+    """The grouped kernel's MXFP4 tiles up to 64 rows (K tiles of 64; 8 warps at 64 rows) hold their decoded
+    weights in registers; the dense heuristic's K tiles of 128 and 256 spilled there."""
+    counted = [r for r in compiled[arch] if r["name"].startswith("wna16-grouped-mxfp4")]
+    names = sorted(r["name"] for r in counted)
+    assert len(names) == 3 and all("k64" in n for n in names), names
+    assert any("m64n64k64s1g8w8" in n for n in names) and any("m16n64k64s1g8w4" in n for n in names), names
     spilled = {r["name"]: r["local_memory_instructions"] for r in counted if r["local_memory_instructions"]}
     assert not spilled, spilled
 

@@ -184,6 +184,7 @@ def grouped_linear(
         _group_k(qweight),
         qweight.g_idx is not None,
         qweight.zeros is not None,
+        qweight.format.name == "e2m1",
     )
     if block_m % cfg.block_m or cfg.block_m < MIN_GROUPED_BLOCK_M:
         raise ValueError(f"triton wna16: config block_m={cfg.block_m} must divide block_m={block_m} and be >= 16")
