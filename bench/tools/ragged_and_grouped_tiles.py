@@ -1,9 +1,9 @@
-"""One GPU probe of this change set (prints JSON rows, then a table):
+"""A GPU probe of the grouped Triton tiles and the ragged-N sm_90a GEMM (prints JSON rows, then a table):
 
-- the Triton grouped WnA16 kernel's tiles: ``grouped_config``'s (the dense heuristic's tile cut for the
-  grouped call) against the same tiles with K tiles of 64 (32 for 128 x 128) on 8 warps from 64 rows or 128
-  columns, which compile without local memory (bench/results/cpu-sass/triton_grouped_spills.md), on routed
-  MoE shapes, results compared with each other;
+- the Triton grouped WnA16 kernel's tiles: ``grouped_config``'s (what ``grouped_linear`` runs) against the
+  same tiles with K tiles of 64 (32 for 128 x 128) on 8 warps from 64 rows or 128 columns, which compile
+  without local memory (bench/results/cpu-sass/triton_grouped_spills.md), on routed MoE shapes, results
+  compared with each other;
 - the sm_90a dense GEMM on N % 128 != 0 (16-row tiles copied one by one) against N % 128 == 0 of the same
   size, over token tiles, blocks per SM and splits, next to the Triton kernel (weights in L2: a comparison of
   the kernels' tiles, not of the memory system).
@@ -26,8 +26,7 @@ from humming.cuda_kernels._layout import prepare_weight
 from humming.device import device_limits
 from humming.timing import time_calls
 from humming.triton_kernels import wna16
-from humming.triton_kernels.configs import grouped_tile
-from humming.triton_kernels.wna16_configs import TILED_16, fit_smem, grouped_config, smem_estimate, wna16_config
+from humming.triton_kernels.wna16_configs import grouped_config
 
 MOE = {  # name: (experts, topk, N, K, quantize arguments)
     "qwen3-int4": (128, 8, 1536, 2048, dict(weight="int4", group_size=128)),
@@ -37,17 +36,11 @@ MOE = {  # name: (experts, topk, N, K, quantize arguments)
 TOKENS = {16: 16, 256: 64, 2048: 128, 8192: 256}  # tokens: routing block_m
 
 
-def capped_grouped_tile(m_pad, n, k, qw, block_m, limits):
-    """``grouped_config``'s tile with K tiles of 64 (32 for 128 x 128), 8 warps from 64 rows or 128 columns."""
-    bits, gk = qw.bits, max(qw.group_shape[1], 0)
-    dense = wna16_config(block_m, n, k, bits, limits.sm_count, gk, limits.smem_per_block, False, qw.zeros is not None)
-    if dense.swap:
-        dense = fit_smem(TILED_16, lambda c: smem_estimate(c, bits, gk, False), limits.smem_per_block)
-    tile = grouped_tile(dense.replace(block_k=min(dense.block_k, 64)), block_m, m_pad, n, k, limits.sm_count)
+def capped(tile):
+    """``tile`` with K tiles of 64 (32 for 128 x 128), on 8 warps from 64 rows or 128 columns."""
     large = tile.block_m * tile.block_n >= 128 * 128
-    return tile.replace(
-        block_k=32 if large else tile.block_k, num_warps=8 if tile.block_m >= 64 or tile.block_n >= 128 else 4
-    )
+    warps = 8 if tile.block_m >= 64 or tile.block_n >= 128 else 4
+    return tile.replace(block_k=32 if large else min(tile.block_k, 64), num_warps=warps)
 
 
 def grouped_rows(budget_end: float) -> list[dict]:
@@ -65,11 +58,20 @@ def grouped_rows(budget_end: float) -> list[dict]:
             m_pad = rows_idx.shape[0]
             gk = max(qw.group_shape[1], 0)
             chosen = grouped_config(
-                m_pad, n, k, qw.bits, block_m, limits.sm_count, limits.smem_per_block, gk, False, qw.zeros is not None
+                m_pad,
+                n,
+                k,
+                qw.bits,
+                block_m,
+                limits.sm_count,
+                limits.smem_per_block,
+                gk,
+                False,
+                qw.zeros is not None,
+                qw.format.name == "e2m1",
             )
-            capped = capped_grouped_tile(m_pad, n, k, qw, block_m, limits)
             outs = {}
-            for label, cfg in (("chosen", chosen), ("capped", capped)):
+            for label, cfg in (("chosen", chosen), ("capped", capped(chosen))):
                 run = functools.partial(wna16.grouped_linear, x, qw, expert_ids, block_m, config=cfg, rows=rows_idx)
                 outs[label] = run()
                 r = time_calls([run])

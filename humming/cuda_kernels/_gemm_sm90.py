@@ -1,12 +1,11 @@
 """Hopper weight-only GEMM for large M (``include/humming/gemm_sm90.cuh``; :mod:`.wna16_sm90` is its entry
 point): tuning, specs, checks and launch.
 
-Layout: the shared fragment layout (``_layout``): tile groups of 8 (N % 128 == 0), or of 1 (any N % 16 ==
-0: each 128-row block is copied as 8 separate 16-row tiles, the last one of the weight, of each expert,
-partly). Compute: w =
+Layout: the shared fragment layout (``_layout``): tile groups of 8 (N % 128 == 0), or of 1 (any N % 16 == 0:
+each 128-row block is copied as 8 separate 16-row tiles, the last one of each expert partly). Compute: w =
 (q - z) * s rounded once to the activation dtype (MXFP4, bf16 only: e2m1 * 2^e, exact), bf16/fp16 wgmma
-with fp32 accumulation. Tuning:
-tokens per block tile (the block tile is 128 weight rows x ``bm`` tokens) and pipeline ``stages``.
+with fp32 accumulation. Tuning: tokens per block tile (the block tile is 128 weight rows x ``bm`` tokens)
+and pipeline ``stages``.
 
 The grouped (MoE) variant (``grouped=True``, :func:`run_grouped_gemm`) is the same kernel with a
 compile-time flag: x rows come grouped by expert in ``block_m``-row segments (the contiguous grouped

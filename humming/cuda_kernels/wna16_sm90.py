@@ -58,9 +58,9 @@ def _gemm_unsupported(qweight, x: torch.Tensor, cc: tuple[int, int]) -> str | No
     if reason is None and x.shape[0] <= GEMM_MIN_M:
         reason = f"the sm_90a GEMM takes M > {GEMM_MIN_M} (smaller M: the decode kernel)"
     if reason is None and qweight.N % 128:
-        # The kernel runs any N % 16 == 0 (the grouped calls take it); the dispatcher's table holds no such
-        # shape, and at 2880 x 2880 it measured 1.3x faster than Triton at M = 64 but 2.2x slower at M = 256
-        # (bench/results/h200/NOTES.md), so dense calls keep the other kernels until one is measured.
+        # The kernel runs any N % 16 == 0 (the grouped calls take it), but its ungrouped 16-row tiles cost
+        # more copies per stage, the dispatcher's table holds no such shape, and where one was timed the GEMM
+        # lost to Triton from M = 256 (bench/results/h200/NOTES.md): dense calls keep the other kernels.
         reason = f"dense calls of the sm_90a GEMM take N % 128 == 0 (the table measured none else), got N={qweight.N}"
     return reason or gemm_unsupported(qweight, x, cc)
 

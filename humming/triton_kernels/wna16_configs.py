@@ -166,8 +166,7 @@ def grouped_config(
 
 
 #: The grouped kernel's K tile for e2m1 codes up to 64 rows (8 warps at 64). With the dense heuristic's K tiles
-#: of 128 and 256 the MXFP4 kernel spills (up to 77 local-memory instructions, triton 3.6 and 3.9); with these
-#: it does not, and gpt-oss-size MXFP4 experts (H100, triton 3.6) ran 1196 -> 880 us at routing blocks of 16
-#: and 1098 -> 964 at 64 (bench/results/cpu-sass/triton_grouped_spills.md). Integer codes keep their tiles:
-#: for them the same cap measured 4% faster (int4, 16 rows) to 10-23% slower (int4 at 64, zero points at 16).
+#: of 128 and 256 the MXFP4 kernel spills its decoded tile to local memory; with these it does not, and it
+#: measured faster; integer codes keep their tiles, for which the same cap measured mixed
+#: (bench/results/cpu-sass/triton_grouped_spills.md).
 E2M1_GROUPED_BLOCK_K = 64

@@ -26,7 +26,8 @@
 //   16-bit scales per row, one per 32-column half (4 bytes per row, as f32 scales), k16 steps 0-1 taking the
 //   first and 2-3 the second; each product rounded once, as with one scale per chunk.
 // - Grouped (MoE) variant, kGrouped: the weights are E experts stacked as extra 128-row blocks
-//   (expert e's block b is block e * N/128 + b, likewise for scales, zero points and bias [E, N]); x
+//   (expert e's block b is block e * N/128 + b, likewise for scales and zero points, bias [E, N]; with
+//   kTileGroup 1, expert e's 16-row tile t is tile e * N/16 + t); x
 //   rows are grouped by expert in segments of block_m rows (kBM divides block_m), and expert_ids[i] is
 //   the expert of rows [i * block_m, (i + 1) * block_m), -1 for unused segments, whose tiles return at once.
 // - Gathering grouped variant, kGather: grouped row r is token rows[r] of x [T, K] (zeros where rows[r] is
