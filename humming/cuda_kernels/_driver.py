@@ -64,26 +64,42 @@ def current_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
-_TMAP_DTYPES = {torch.uint8: "UINT8", torch.bfloat16: "BFLOAT16", torch.float16: "FLOAT16"}
+_TMAP_DTYPES = {torch.uint8: "UINT8", torch.bfloat16: "BFLOAT16", torch.float16: "FLOAT16", torch.int32: "INT32"}
 
 
 class TensorMap2d:
     """The TMA descriptors (``CUtensorMap``, 128 bytes) of row-major 2-D tensors of one dtype (uint8, bf16
     or fp16), shape and row stride (elements), in boxes of ``box_rows x box_inner`` elements (``box_inner``
-    x element size = 128 bytes), 128-byte swizzle, zero fill outside the tensor: everything of the
+    x element size = 128 bytes), 128-byte swizzle (or int32 words without swizzle, boxes of up to 256 words),
+    zero fill outside the tensor: everything of the
     descriptor but the address, which :meth:`encode` takes. A descriptor depends on nothing else, so those of
     the last addresses are kept (activations often come back at the addresses of earlier calls)."""
 
     _KEEP = 64
 
-    def __init__(self, dtype: torch.dtype, rows: int, cols: int, row_stride: int, box_inner: int, box_rows: int):
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        rows: int,
+        cols: int,
+        row_stride: int,
+        box_inner: int,
+        box_rows: int,
+        swizzle: bool = True,
+    ):
         from cuda.bindings import driver
 
-        if dtype not in _TMAP_DTYPES:
-            raise ValueError(f"dtype: expected uint8 / bf16 / fp16, got {dtype}")
+        if dtype not in _TMAP_DTYPES or (swizzle and dtype == torch.int32):
+            raise ValueError(f"dtype: expected uint8 / bf16 / fp16 (int32: without swizzle), got {dtype}")
         size = dtype.itemsize
-        if box_inner * size != 128:
+        if swizzle and box_inner * size != 128:
             raise ValueError(f"box_inner: expected {128 // size} (128 bytes of {dtype}), got {box_inner}")
+        if not swizzle and ((box_inner * size) % 16 or not 0 < box_inner <= 256 or (row_stride * size) % 16):
+            raise ValueError(
+                f"box_inner, row_stride: a box of 16-byte multiples, at most 256 elements, rows 16-byte aligned; got"
+                f" box_inner={box_inner}, row_stride={row_stride} of {dtype}"
+            )
+        no_swizzle = driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
         u64, u32 = driver.cuuint64_t, driver.cuuint32_t
         self._encode = driver.cuTensorMapEncodeTiled
         self._dtype = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[dtype]}")
@@ -93,7 +109,7 @@ class TensorMap2d:
             [u32(box_inner), u32(box_rows)],
             [u32(1), u32(1)],
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle else no_swizzle,
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
@@ -112,9 +128,24 @@ class TensorMap2d:
 
 
 @functools.lru_cache(maxsize=1024)
-def tensor_map(dtype: torch.dtype, rows: int, cols: int, row_stride: int, box_inner: int, box_rows: int) -> TensorMap2d:
+def tensor_map(
+    dtype: torch.dtype, rows: int, cols: int, row_stride: int, box_inner: int, box_rows: int, swizzle: bool = True
+) -> TensorMap2d:
     """The :class:`TensorMap2d` of this geometry (one per process)."""
-    return TensorMap2d(dtype, rows, cols, row_stride, box_inner, box_rows)
+    return TensorMap2d(dtype, rows, cols, row_stride, box_inner, box_rows, swizzle)
+
+
+def rows_tensor_map(t: torch.Tensor, box_words: int, box_rows: int) -> bytes:
+    """The TMA descriptor of ``t`` (contiguous, first dimension the rows) read as rows of 32-bit words: boxes
+    of ``box_rows`` rows x ``box_words`` words, no swizzle, zero fill past the last row (the sm_90a GEMM's
+    16-row tiles of a layout whose tiles are not grouped, :mod:`._gemm_sm90`)."""
+    if not t.is_contiguous():
+        raise ValueError(
+            f"t: expected a contiguous tensor (the descriptor holds its address), got strides {t.stride()}"
+        )
+    words = t.reshape(t.shape[0], -1).view(torch.int32)
+    rows, cols = words.shape
+    return tensor_map(torch.int32, rows, cols, cols, box_words, box_rows, False).encode(words.data_ptr())
 
 
 def tensor_map_2d(t: torch.Tensor, box_inner: int, box_rows: int) -> bytes:

@@ -24,7 +24,7 @@ import torch
 
 from ..device import device_index, device_limits
 from ..workspaces import WORKSPACES
-from ._driver import PackedLaunch, current_stream, fields, get_kernel, tensor_map
+from ._driver import PackedLaunch, current_stream, fields, get_kernel, rows_tensor_map, tensor_map
 from ._layout import (
     CPP_DTYPE,
     DTYPE_CODE,
@@ -294,11 +294,11 @@ def gemm_call_spec(
 
 
 class _Params(ctypes.Structure):
-    """Mirror of ``humming::gemm_sm90::Params`` (the tensor map first; 276 bytes of fields that alignas(64)
-    pads to 320, all of which the launch copies)."""
+    """Mirror of ``humming::gemm_sm90::Params`` (the tensor maps first; 660 bytes of fields that alignas(64)
+    pads to 704, all of which the launch copies)."""
 
     _fields_ = (
-        *fields(ctypes.c_uint8 * 128, "x_map"),
+        *fields(ctypes.c_uint8 * 128, "x_map w_map s_map z_map"),
         *fields(ctypes.c_void_p, "qweight scales zeros bias out expert_ids"),
         *fields(ctypes.c_int, "M N K out_stride groups chunks_per_group block_m"),
         *fields(ctypes.c_void_p, "x_scale"),
@@ -438,6 +438,7 @@ class GemmLaunch:
             self.smem,
             _Params(
                 (ctypes.c_uint8 * 128)(),
+                *_tile_row_maps(prep),
                 prep.qweight.data_ptr(),
                 prep.scales.data_ptr(),
                 prep.zeros.data_ptr() if prep.zeros is not None else None,
@@ -502,6 +503,18 @@ class GemmLaunch:
                 params.sums, params.arrivals = sums, sums + 4 * m * n
             packed(stream)
         return out
+
+
+def _tile_row_maps(prep: PreparedWeight) -> tuple:
+    """The kernel's ``w_map``, ``s_map`` and ``z_map`` for a layout of ungrouped 16-row tiles (tile group 1:
+    each chunk's 8 tiles of a 128-row block, K / 64 chunks apart, are one TMA box of 8 rows); zeros otherwise."""
+    maps = [(ctypes.c_uint8 * 128)() for _ in range(3)]
+    if prep.tile_group == 1:
+        tiles = [prep.qweight, prep.scales] + ([prep.zeros] if prep.zeros is not None else [])
+        for i, t in enumerate(tiles):
+            per_group = t[0].numel() * t.element_size() // (prep.k // 64 if i == 0 else prep.groups) // 4
+            maps[i] = (ctypes.c_uint8 * 128).from_buffer_copy(rows_tensor_map(t, per_group, 8))
+    return tuple(maps)
 
 
 def reserve_gemm_workspace(m: int, n: int, k: int, tuning: GemmTuning | None, layout: WeightLayout, device: int):

@@ -45,10 +45,12 @@
 //   so each thread holds a feature's gate and up sums; it writes act(gate, up) to out [M, N / 2], each input
 //   rounded to O first (as the unfused GEMM's output), the activation in fp32 (humming.reference.moe_layer).
 // - Ragged rows, kTileGroup = 1 (N % 128 != 0, N % 16 == 0: the layout's 16-row tiles are not grouped in
-//   eights, _layout.tile_group): a 128-row block is 8 separate 16-row tiles, the last block of the weight
-//   (of each expert) holding only N % 128 / 16 of them. Lanes 0..7 of the producer's first warp copy one tile
-//   each (weights, scales, zero points), the tiles past N none; the consumer warps of those tiles compute on
-//   whatever their shared memory holds and store nothing.
+//   eights, _layout.tile_group): a 128-row block is 8 separate 16-row tiles, each chunk of them K / 64
+//   chunks apart, the last block of the weight (of each expert) holding only N % 128 / 16 of them. Weights,
+//   scales and zero points are each one 2-D TMA box of 8 tile rows (w_map, s_map, z_map: one row per 16-row
+//   tile, a chunk's or group's bytes of it as uint32 columns, no swizzle): rows past the last expert's are
+//   zero-filled, those past N in other experts are the next expert's tiles; the consumer warps of the tiles
+//   past N compute on them and store nothing.
 // - Split-K (dense only), kSplitK: blockIdx.z takes chunks [z * C / splits, (z + 1) * C / splits) of the
 //   C = K / 64; each block red.adds its fp32 sums into a workspace [M, N] and counts itself in at the tile's
 //   arrival counter; the block that arrives last reads the totals back (atomicExch, which leaves zeros),
@@ -64,6 +66,9 @@ using sm90::TensorMap;
 
 struct alignas(64) Params {
   TensorMap x_map;       // x [M, K], box 64 x kBM, 128-byte swizzle
+  TensorMap w_map;       // kTileGroup 1: qweight as [tiles, K/64 chunks x words], box (a chunk's words) x 8
+  TensorMap s_map;       // kTileGroup 1: scales as [tiles, groups x 16 entries], box (a group's words) x 8
+  TensorMap z_map;       // kTileGroup 1: zeros as scales, or unused
   const uint4* qweight;  // fragment layout, tile group kTileGroup
   const void* scales;    // [N/16/kTileGroup, groups, kTileGroup, 8, 2]
   const uint16_t* zeros; // [N/16/kTileGroup, groups, kTileGroup, 8, 2] or null
@@ -176,9 +181,8 @@ __device__ __forceinline__ void run(const Params& p) {
     // kGather: this thread copies 16-byte column c of the tile's rows r0 + 16 j, their tokens read again for
     // each chunk (L1 hits) rather than held: the producer has 24 or 40 registers.
     [[maybe_unused]] const int c = threadIdx.x % 8, r0 = threadIdx.x / 8;
-    // kTileGroup 1: lane l < 8 copies 16-row tile l of the block; the weight's 16-row tiles, per expert
-    [[maybe_unused]] const int n_tiles = p.N / 16;
-    if (kGather || threadIdx.x < (kTileGroup == 1 ? 8 : 1)) {
+    [[maybe_unused]] const int n_tiles = p.N / 16;  // kTileGroup 1: the weight's 16-row tiles, per expert
+    if (kGather || threadIdx.x == 0) {
       const char* w_src = reinterpret_cast<const char*>(p.qweight);
       const char* s_src = static_cast<const char*>(p.scales);
       const char* z_src = reinterpret_cast<const char*>(p.zeros);
@@ -205,25 +209,15 @@ __device__ __forceinline__ void run(const Params& p) {
                 sm90::bulk_load(base + L::kZ + s * L::kZBytes, z_src + group_block * L::kZBytes, L::kZBytes, full);
               }
             }
-          } else if (threadIdx.x < 8) {
-            // The block's first 16-row tile, and how many of its 8 lie within the expert's N rows.
-            const int first = n_block_of(ti) * 8, valid = min(8, n_tiles - first);
-            if (threadIdx.x == 0) {
-              const uint32_t tiles_tx = uint32_t(valid) * ((L::kWBytes + L::kSBytes + L::kZBytes) / 8);
-              sm90::mbar_expect_tx(full, (kGather ? 0 : L::kXBytes) + tiles_tx);
-              if constexpr (!kGather) sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
-            }
-            __syncwarp(0xff);  // the expected bytes are set before any tile's copy can complete
-            const int lt = threadIdx.x;
-            if (lt < valid) {
-              const long tile16 = long(expert) * n_tiles + first + lt;
-              constexpr int kW1 = L::kWBytes / 8, kS1 = L::kSBytes / 8, kZ1 = L::kZBytes / 8;
-              sm90::bulk_load(base + L::kW + s * L::kWBytes + lt * kW1, w_src + (tile16 * n_chunks + kc) * kW1, kW1, full);
-              const long group_tile = tile16 * p.groups + kc / p.chunks_per_group;
-              sm90::bulk_load(base + L::kS + s * L::kSBytes + lt * kS1, s_src + group_tile * kS1, kS1, full);
-              if constexpr (kZero < 0) {
-                sm90::bulk_load(base + L::kZ + s * L::kZBytes + lt * kZ1, z_src + group_tile * kZ1, kZ1, full);
-              }
+          } else if (threadIdx.x == 0) {
+            // The block's 8 tile rows from its first (TMA boxes count their zero-filled bytes too).
+            const int tile_row = expert * n_tiles + n_block_of(ti) * 8, group = kc / p.chunks_per_group;
+            sm90::mbar_expect_tx(full, kStageTx);
+            if constexpr (!kGather) sm90::tma_load_2d(base + L::kX + s * L::kXBytes, &p.x_map, full, kc * 64, m0);
+            sm90::tma_load_2d(base + L::kW + s * L::kWBytes, &p.w_map, full, kc * (L::kWBytes / 32), tile_row);
+            sm90::tma_load_2d(base + L::kS + s * L::kSBytes, &p.s_map, full, group * (L::kSBytes / 32), tile_row);
+            if constexpr (kZero < 0) {
+              sm90::tma_load_2d(base + L::kZ + s * L::kZBytes, &p.z_map, full, group * (L::kZBytes / 32), tile_row);
             }
           }
           if constexpr (kGather) {
