@@ -27,6 +27,16 @@ needs_nvrtc = pytest.mark.skipif(
 )
 
 
+#: An sm_90 GPU (H100 / H200 / H20): what the Hopper CUDA kernels run on.
+HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def needs_sm90(test):
+    """A GPU test that needs an sm_90 GPU (skipped on other GPUs; without one, as every gpu test)."""
+    test = pytest.mark.gpu(test)
+    return pytest.mark.skipif(torch.cuda.is_available() and not HAS_SM90, reason="needs an sm_90 GPU")(test)
+
+
 def compile_fresh(jobs, cache_dir) -> list[jit.CompiledKernel]:
     """The kernels of ``jobs`` (``(spec, arch)`` pairs) compiled by NVRTC into the empty disk cache
     ``cache_dir``, the in-process cache cleared before and after: every cubin and compile log comes from

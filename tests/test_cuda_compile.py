@@ -8,7 +8,7 @@ import re
 import pytest
 from helpers import compile_fresh, cubin_tool, instructions_after_each_wait, needs_nvrtc
 
-from humming.cuda_kernels import _decode_launch, _gemm_sm90, jit, wna16_decode
+from humming.cuda_kernels import _decode_launch, _gemm_sm90, _wgmma_source, jit, wna16_decode
 from humming.cuda_kernels._layout import WeightLayout
 
 pytestmark = needs_nvrtc
@@ -80,6 +80,8 @@ def _grouped_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(
             L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(64, 8, 2, persistent=True), grouped=True, tile_group=1
         ),
+        # a token tile sized to the tokens per expert (wgmma N = 144)
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(144, 6, persistent=True), grouped=True),
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(128, 6), grouped=True),
     ]
 
@@ -94,6 +96,7 @@ def _gather_specs() -> list[jit.KernelSpec]:
         _gemm_sm90.gemm_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(64, 8, 2), **g),
         _gemm_sm90.gemm_spec(L(8, 128, "bf16"), "bf16", "f32", "bf16", T(128, 6), **g),
         _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(256, 4), **g),
+        _gemm_sm90.gemm_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(48, 8, 2, persistent=True), **g, gated="silu"),
         _gemm_sm90.gemm_spec(
             L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(128, 6, persistent=True), **g, tile_group=1
         ),
@@ -124,6 +127,11 @@ def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
 def compiled(tmp_path_factory):
     kernels = compile_fresh(_all_jobs(), tmp_path_factory.mktemp("cache"))
     return {(k.spec.name, k.arch): k for k in kernels}
+
+
+def test_wgmma_header_is_its_generators_output():
+    regenerate = "run python -m humming.cuda_kernels._wgmma_source"
+    assert _wgmma_source.HEADER.read_text() == _wgmma_source.render(), regenerate
 
 
 def test_every_target_compiles(compiled):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close, backend_unsupported, with_sm_count
+from helpers import HAS_SM90, assert_rel_close, backend_unsupported, with_sm_count
 
 import humming
 from humming.cuda_kernels import _gemm_sm90
 from humming.cuda_kernels._layout import prepare_weight
 
-HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(torch.cuda.is_available() and not HAS_SM90, reason="needs an sm_90 GPU (H100/H200/H20)"),

@@ -7,7 +7,14 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import assert_gather_matches_copy, assert_rel_close, grouped_reference, grouped_route, with_sm_count
+from helpers import (
+    assert_gather_matches_copy,
+    assert_rel_close,
+    grouped_reference,
+    grouped_route,
+    needs_sm90,
+    with_sm_count,
+)
 
 import humming
 from humming.bench.inputs import random_experts
@@ -17,14 +24,6 @@ from humming.cuda_kernels import grouped as cuda_grouped
 from humming.cuda_kernels._layout import GATED_ACTS, prepare_weight
 from humming.moe import expert_weight
 from humming.reference import moe_layer
-
-HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-def needs_sm90(test):
-    test = pytest.mark.gpu(test)
-    return pytest.mark.skipif(torch.cuda.is_available() and not HAS_SM90, reason="needs an sm_90 GPU")(test)
-
 
 LAYOUT_CASES = {
     "int4-g128": dict(weight="int4", group_size=128),
@@ -118,8 +117,9 @@ def test_grouped_unsupported_says_why_not():
 def test_tuning_checks():
     with pytest.raises(ValueError, match="tuning"):
         _gemm_sm90.GemmTuning(128, 6, 2)  # two blocks per SM only for tiles of <= 64 tokens
-    with pytest.raises(ValueError, match="tuning"):
-        _gemm_sm90.GemmTuning(48, 4)
+    for bm in (40, 272):  # token tiles: multiples of 16 up to 256
+        with pytest.raises(ValueError, match="tuning"):
+            _gemm_sm90.GemmTuning(bm, 4)
     qw = humming.quantize(torch.randn(2, 128, 128), weight="int4", group_size=128)
     x, ids = torch.randn(32, 128, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match="must divide block_m"):
@@ -146,6 +146,9 @@ CASES = [
     (8, 2880, 2880, "mxfp4", 64, 300, (None, 32)),
     (8, 592, 1024, "uint4-g128-zp", 32, 100, (None, 16)),
     (8, 1024, 2048, "int4-g32", 64, 300, (None, 32)),  # Kimi-K2's experts: groups of 32
+    # routing blocks sized to the tokens per expert: token tiles of several wgmma widths (128 + 16, 32 + 16)
+    (8, 1536, 2048, "int4-g128", 144, 300, (None, 48)),
+    (8, 1536, 2048, "mxfp4", 176, 400, (None, 176)),
 ]
 
 
@@ -186,7 +189,8 @@ def test_grouped_matchesgrouped_reference(e, n, k, scheme, block_m, max_rows, bm
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 @pytest.mark.parametrize(
-    ("block_m", "bm", "blocks"), [(16, 16, 2), (64, 32, 2), (64, 64, 2), (128, 128, 1), (256, 256, 1)]
+    ("block_m", "bm", "blocks"),
+    [(16, 16, 2), (64, 32, 2), (64, 64, 2), (128, 128, 1), (256, 256, 1), (144, 144, 1), (96, 48, 2)],
 )
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.usefixtures("seed")

@@ -209,6 +209,7 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.heavy_memory  # the 28672 x 8192 weight quantized and dequantized on the GPU: 10-13 GiB
 @pytest.mark.parametrize("m", [1, 7, 128, 1024, 8192])
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
 def test_wna16_gpu_realistic(case: Case, m: int, seed: int) -> None:
@@ -226,6 +227,7 @@ def test_wna16_gpu_realistic(case: Case, m: int, seed: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.heavy_memory
 @pytest.mark.parametrize("m", [1024, 8192])
 def test_wna16_gpu_dequant_first(m: int, seed: int) -> None:
     """Large M without bias: the dequantize-then-GEMM path at a real shape."""

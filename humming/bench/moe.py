@@ -363,14 +363,13 @@ def coarse_to_fine(values) -> list[int]:
 
 def block_m_of(experts: Experts, num_slots: int, x: torch.Tensor) -> int:
     """The routing block humming's fused_moe takes for ``num_slots`` slots of 16-bit tokens like ``x``
-    (:func:`humming.moe.default_block_m`): the grouped parts are timed on the layer's routing."""
+    (:func:`humming.moe.grouped.layer_block_m`): the grouped parts are timed on the layer's routing."""
     from ..ir.activation import get_act_scheme
-    from ..moe import default_block_m
-    from ..moe.grouped import takes_blocks_of_8
+    from ..moe.grouped import layer_block_m
 
     w13, w2 = experts.qweights("w13")[0], experts.qweights("w2")[0]
     act = None if CASES[experts.case][1] is None else get_act_scheme(CASES[experts.case][1])
-    return default_block_m(num_slots, experts.model.experts, takes_blocks_of_8(w13, w2, x, act, "auto"))
+    return layer_block_m(num_slots, w13, w2, x, act, "auto")
 
 
 def warm(experts: Experts, m_values, act) -> None:

@@ -59,13 +59,14 @@ GEMM_CCS = ((9, 0),)
 #: The GEMM takes M above this: below, the decode kernel's 8-token tiles waste less of a tile (the
 #: dispatcher's tables choose between the two where both run).
 GEMM_MIN_M = 32
-#: Token tiles of the grouped kernel (wgmma N): each must divide ``block_m``.
-GROUPED_BMS = (256, 128, 64, 32, 16)
+#: Token tiles of the grouped kernel (wgmma N: _wgmma_source.WIDTHS), largest first: each must divide
+#: ``block_m``; routing blocks sized to the tokens per expert (144 for 256 +- 16) pad less.
+GROUPED_BMS = tuple(range(256, 0, -16))
 
 
 @dataclass(frozen=True)
 class GemmTuning:
-    """Speed-only knobs: tokens per block tile (``bm``: 128 or 256 dense; 16, 32, 64, 128 or 256 grouped),
+    """Speed-only knobs: tokens per block tile (``bm``: 128 or 256 dense; a multiple of 16 up to 256 grouped),
     pipeline ``stages`` (chunks of 64 columns in flight), ``blocks`` per SM (1, or 2 for tiles of at
     most 64 tokens: fewer registers per consumer, two blocks' copies in flight) and ``splits`` of K (dense
     only: each tile's K in that many blocks, summed in an fp32 workspace with atomics). ``persistent``: one
@@ -86,7 +87,8 @@ class GemmTuning:
         blocks_ok = self.blocks == 1 or (self.blocks == 2 and self.bm <= 64)
         if self.bm not in GROUPED_BMS or self.stages < 1 or not blocks_ok or self.splits < 1:
             raise ValueError(
-                f"tuning: bm in {GROUPED_BMS}, stages >= 1, blocks 1 (or 2 with bm <= 64), splits >= 1, got {self}"
+                f"tuning: bm a multiple of 16 up to 256, stages >= 1, blocks 1 (or 2 with bm <= 64), splits >= 1, "
+                f"got {self}"
             )
         if self.persistent and self.splits > 1:
             raise ValueError(f"tuning: a persistent grid does not split K, got {self}")

@@ -1,7 +1,7 @@
 """``cuda.wna16_sm90``: the Hopper weight-only GEMM for M > 32 (``include/humming/gemm_sm90.cuh``, sm_90a):
 TMA + mbarrier pipeline, producer / consumer warpgroups with setmaxnreg, wgmma with the dequantized weights
 as the register A operand; int4 / uint4 / int8 / uint8 weights and MXFP4 with bf16 activations (the decode
-kernel's layout; N % 128 == 0 for dense calls, any N % 16 == 0 grouped), and integer weights with per-token /
+kernel's layout, any N % 16 == 0), and integer weights with per-token /
 per-tensor e4m3 activations (their values in x's 16-bit dtype, the scales in the epilogue). Its grouped
 variant (the same kernel with a compile-time flag) runs in :mod:`.grouped`.
 
@@ -57,11 +57,6 @@ def _gemm_unsupported(qweight, x: torch.Tensor, cc: tuple[int, int]) -> str | No
     reason = weight_unsupported(qweight, x)
     if reason is None and x.shape[0] <= GEMM_MIN_M:
         reason = f"the sm_90a GEMM takes M > {GEMM_MIN_M} (smaller M: the decode kernel)"
-    if reason is None and qweight.N % 128:
-        # The kernel runs any N % 16 == 0 (the grouped calls take it), but its ungrouped 16-row tiles cost
-        # more copies per stage, the dispatcher's table holds no such shape, and where one was timed the GEMM
-        # lost to Triton from M = 256 (bench/results/h200/NOTES.md): dense calls keep the other kernels.
-        reason = f"dense calls of the sm_90a GEMM take N % 128 == 0 (the table measured none else), got N={qweight.N}"
     return reason or gemm_unsupported(qweight, x, cc)
 
 

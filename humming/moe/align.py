@@ -5,7 +5,9 @@ between the torch definition (:mod:`humming.reference.align`) and the Triton ker
 
 from __future__ import annotations
 
+import functools
 import importlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -62,15 +64,54 @@ class MoeRouting:
         return torch.where(self.src_slots >= 0, self.src_slots // topk, -1)
 
 
-def default_block_m(num_slots: int, num_experts: int, blocks_of_8: bool = False) -> int:
+#: Routing blocks a layer whose grouped GEMMs take any multiple of 16 chooses among (the sm_90a GEMM's token
+#: tiles, :data:`humming.cuda_kernels._gemm_sm90.GROUPED_BMS`).
+FITTED_BLOCK_MS = tuple(range(16, 257, 16))
+#: The grouped sm_90a GEMM's cost per routing segment, in token rows: each segment's tiles dequantize their
+#: weight blocks whatever the segment holds, which costs about as much as 100 rows of wgmma (fitted on the
+#: H100 sweeps of routing blocks 48-256, bench/results/h100/fine_tiles_2026-12-06/).
+SEGMENT_COST_ROWS = 100
+
+
+def default_block_m(num_slots: int, num_experts: int, blocks_of_8: bool = False, fitted: bool = False) -> int:
     """``block_m`` for ``num_slots`` routed slots over ``num_experts``: 16 while experts average <= 16 rows
     (decode: little padding), 64 up to 96 rows, else 128 (larger tiles for prefill). ``blocks_of_8``: the
     grouped GEMMs take blocks of 8 (:func:`humming.moe.grouped.takes_blocks_of_8`), then 8 while experts
-    average <= 4 rows (half the token tile's work and padding; bench/results/h200/grouped_decode.json)."""
+    average <= 4 rows (half the token tile's work and padding; bench/results/h200/grouped_decode.json).
+    ``fitted``: they take any multiple of 16 (:func:`humming.moe.grouped.takes_fitted_blocks`); above 16 rows
+    the block of :data:`FITTED_BLOCK_MS` with the least expected cost, segments x (block_m +
+    :data:`SEGMENT_COST_ROWS`), for uniformly routed slots (experts of 256 +- 16 rows: 144, two segments each)."""
     rows = num_slots / num_experts
     if blocks_of_8 and rows <= 4:
         return 8
-    return 16 if rows <= 16 else 64 if rows <= 96 else 128
+    if rows <= 16:
+        return 16
+    if fitted:
+        return _fitted_block_m(num_slots, num_experts)
+    return 64 if rows <= 96 else 128
+
+
+@functools.lru_cache(maxsize=4096)
+def _fitted_block_m(num_slots: int, num_experts: int) -> int:
+    cost = lambda b: expected_segments(num_slots, num_experts, b) * (b + SEGMENT_COST_ROWS)
+    return min(FITTED_BLOCK_MS, key=cost)
+
+
+def expected_segments(num_slots: int, num_experts: int, block_m: int) -> float:
+    """The expected routing segments, sum over experts of ceil(rows / block_m), when each slot picks an expert
+    uniformly: rows ~ Binomial(num_slots, 1 / num_experts), E[ceil(r / b)] = sum over j >= 0 of P(r > j b), the
+    tails past 0 from the normal approximation (continuity-corrected)."""
+    p = 1.0 / num_experts
+    mean, sd = num_slots * p, math.sqrt(num_slots * p * (1.0 - p))
+    per_expert = 1.0 - (1.0 - p) ** num_slots  # P(r > 0)
+    bound = block_m
+    while bound <= num_slots:
+        tail = 0.5 * math.erfc((bound + 0.5 - mean) / (sd * math.sqrt(2.0)))
+        if bound > mean and tail < 1e-9:
+            break
+        per_expert += tail
+        bound += block_m
+    return num_experts * per_expert
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, backend: str = "auto") -> MoeRouting:

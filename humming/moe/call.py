@@ -21,10 +21,10 @@ from ..ir.activation import ActScheme, get_act_scheme
 from ..ir.weight import QuantizedWeight
 from ..reference.moe_layer import Activation, check_activation
 from ._checks import check_act_scale, check_expert_map, check_experts
-from .align import default_block_m, padded_rows
+from .align import padded_rows
 from .align import triton_unsupported as align_unsupported
 from .fused import fused_moe, on_triton
-from .grouped import copies_on_triton, takes_blocks_of_8
+from .grouped import copies_on_triton, layer_block_m
 from .routing import check_routing, layer_backend, topk_routing, triton_unsupported
 
 __all__ = ["MoeCall", "MoeLaunch"]
@@ -120,7 +120,7 @@ class MoeCall:
         if not block_m:
             x = torch.empty(0, self.w13.K, dtype=x_dtype, device=self.w13.device)
             act = None if self.act is None else get_act_scheme(self.act)
-            block_m = default_block_m(slots, e, takes_blocks_of_8(self.w13, self.w2, x, act, self.backend))
+            block_m = layer_block_m(slots, self.w13, self.w2, x, act, self.backend)
         return block_m, padded_rows(slots, e, block_m)
 
     def launches(

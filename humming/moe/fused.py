@@ -29,8 +29,8 @@ from ._checks import (
     check_x,
     expert_bias,
 )
-from .align import align, default_block_m, padded_rows, prepare_align
-from .grouped import grouped_step, run_gated, run_grouped, takes_blocks_of_8
+from .align import align, padded_rows, prepare_align
+from .grouped import grouped_step, layer_block_m, run_gated, run_grouped
 from .routing import layer_backend
 
 __all__ = ["fused_moe", "local_ids", "on_triton", "run_fused_moe"]
@@ -80,7 +80,8 @@ def fused_moe(
         w13_act_scale, w2_act_scale: static per-tensor scales of the two GEMMs' inputs (one element each;
             ``x / scale`` is quantized, as a checkpoint's ``input_scale``) for an ``act`` with float32 scales
             and no global scale; ``None``: dynamic scales.
-        block_m: the routing block; ``None`` -> :func:`humming.moe.default_block_m`.
+        block_m: the routing block; ``None`` -> :func:`humming.moe.default_block_m` for the blocks the grouped
+            GEMMs take (:func:`humming.moe.grouped.layer_block_m`).
     Returns:
         ``[T, K]`` in ``x``'s dtype; the weighted sum accumulates in fp32 and is rounded once.
     """
@@ -222,7 +223,7 @@ def run_fused_moe(
     if x.shape[0] == 0:
         return torch.empty(0, k, dtype=x.dtype, device=x.device)
     if block_m is None:
-        block_m = default_block_m(topk_ids.numel(), e, takes_blocks_of_8(w13, w2, x, act, backend))
+        block_m = layer_block_m(topk_ids.numel(), w13, w2, x, act, backend)
     routing = align(ids, e, block_m, layer_backend(backend))
     triton_layer = on_triton(x, backend)
     quant = "triton" if triton_layer else "reference"
@@ -314,7 +315,7 @@ def _make_call(
     on_cpu = device.type == "cpu"  # values are checked on CPU tensors only (check_range)
     num_global = None if expert_map is None else expert_map.shape[0]
     if block_m is None:
-        block_m = default_block_m(topk_ids.numel(), e, takes_blocks_of_8(w13, w2, x, act, backend))
+        block_m = layer_block_m(topk_ids.numel(), w13, w2, x, act, backend)
     ids = topk_ids if expert_map is None else topk_ids.new_empty(topk_ids.shape, dtype=torch.int64)  # local_ids'
     route = prepare_align(ids, e, block_m, layer_backend(backend))
     m_pad = padded_rows(topk_ids.numel(), e, block_m)

@@ -16,6 +16,7 @@ from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
 from ..reference.moe_layer import gather_rows as reference_gather_rows
 from ._checks import check_block_m, check_experts, check_out_dtype, check_range, check_rows, check_x, expert_bias
+from .align import default_block_m
 
 __all__ = ["copies_on_triton", "gather_rows", "grouped_linear", "grouped_step", "run_gated", "run_grouped"]
 
@@ -137,6 +138,23 @@ def takes_blocks_of_8(w13, w2, x: torch.Tensor, act, backend: str) -> bool:
         return False
     kernel = GROUPED_KERNELS["cuda.grouped_decode"]
     return all(kernel.unsupported(w, None, x, 8) is None for w in (w13, w2))
+
+
+def takes_fitted_blocks(w13, w2, x: torch.Tensor, act, backend: str) -> bool:
+    """Whether both grouped GEMMs of a fused_moe layer run on the grouped sm_90a GEMM (the CUDA kernel the
+    dispatcher tries first for 16-bit activations above blocks of 16) for tokens like ``x``: the kernel whose
+    token tile is any multiple of 16, so that the routing block can follow the tokens per expert."""
+    if act is not None or requested_backend(backend) not in ("auto", "cuda"):
+        return False
+    kernel = GROUPED_KERNELS["cuda.grouped"]
+    return all(kernel.unsupported(w, None, x.new_empty(0, w.K), 16) is None for w in (w13, w2))
+
+
+def layer_block_m(num_slots: int, w13, w2, x: torch.Tensor, act, backend: str) -> int:
+    """The routing block a fused_moe layer takes for ``num_slots`` routed slots of tokens like ``x``:
+    :func:`humming.moe.default_block_m` for the blocks its grouped GEMMs take."""
+    blocks_of_8 = takes_blocks_of_8(w13, w2, x, act, backend)
+    return default_block_m(num_slots, w13.num_experts, blocks_of_8, takes_fitted_blocks(w13, w2, x, act, backend))
 
 
 def run_grouped(

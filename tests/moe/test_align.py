@@ -34,7 +34,16 @@ def _expectedrouting(ids: torch.Tensor, e: int, block_m: int) -> tuple[list[int]
 
 @pytest.mark.parametrize(
     ("t", "topk", "e", "block_m"),
-    [(1, 1, 1, 8), (5, 2, 4, 16), (33, 4, 8, 16), (7, 3, 16, 32), (64, 8, 8, 64), (40, 2, 6, 8), (3, 2, 9, 24)],
+    [
+        (1, 1, 1, 8),
+        (5, 2, 4, 16),
+        (33, 4, 8, 16),
+        (7, 3, 16, 32),
+        (64, 8, 8, 64),
+        (40, 2, 6, 8),
+        (3, 2, 9, 24),
+        (90, 4, 8, 144),
+    ],
     ids=lambda v: str(v),
 )
 @pytest.mark.parametrize("empty", [0, 2])
@@ -140,6 +149,7 @@ _SIZES = [
     (100, 3, 16, 16, 32),
     (64, 8, 128, 16, 64),
     (130, 8, 64, 16, None),
+    (90, 8, 4, 144, None),  # a block fitted to the tokens per expert (moe.default_block_m)
 ]
 
 

@@ -4,10 +4,11 @@ both gate / up layouts, expert maps, static and dynamic activation scales); GPU 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
-from helpers import rel_err
+from helpers import needs_sm90, rel_err
 from moe_cases import MOE_TOL, fused_ref, moe_args, quantize_experts, random_routing
 
 import humming
@@ -224,6 +225,30 @@ def test_default_block_m() -> None:
     assert [moe.default_block_m(s, 64) for s in (8, 1024, 4096, 65536)] == [16, 16, 64, 128]
     # where both grouped GEMMs take blocks of 8 (the CUDA grouped decode kernel): 8 up to 4 rows per expert
     assert [moe.default_block_m(s, 64, True) for s in (8, 256, 257, 1024, 4096)] == [8, 8, 16, 16, 64]
+    # where both take any multiple of 16 (the grouped sm_90a GEMM): the blocks that measured fastest on the H100
+    # (bench/results/h100/fine_tiles_2026-12-06): DeepSeek-V3 / Qwen3-30B-A3B at 8192 and 1024 tokens, top-8
+    fitted = [
+        moe.default_block_m(t * 8, e, fitted=True) for t, e in ((8192, 256), (8192, 128), (1024, 256), (1024, 128))
+    ]
+    assert fitted == [144, 192, 48, 80]
+    assert moe.default_block_m(64 * 16, 64, fitted=True) == 16  # decode sizes keep their blocks
+
+
+@pytest.mark.parametrize(("slots", "e", "block_m"), [(8192, 256, 48), (65536, 256, 144), (4000, 7, 256), (300, 64, 16)])
+def test_expected_segments_is_the_binomial_expectation(slots, e, block_m) -> None:
+    """The normal approximation against the exact sum over the binomial's pmf of ceil(rows / block_m)."""
+    from humming.moe.align import expected_segments
+
+    p = 1 / e
+    log_pmf = lambda r: (
+        math.lgamma(slots + 1)
+        - math.lgamma(r + 1)
+        - math.lgamma(slots - r + 1)
+        + r * math.log(p)
+        + (slots - r) * math.log1p(-p)
+    )
+    exact = e * sum(math.exp(log_pmf(r)) * -(-r // block_m) for r in range(slots + 1))
+    assert expected_segments(slots, e, block_m) == pytest.approx(exact, rel=0.01)
 
 
 def test_blocks_of_8_only_where_the_grouped_decode_kernel_runs_both_gemms() -> None:
@@ -236,6 +261,30 @@ def test_blocks_of_8_only_where_the_grouped_decode_kernel_runs_both_gemms() -> N
     assert not takes_blocks_of_8(w, w, x, None, "auto")  # CPU tensors
     assert not takes_blocks_of_8(w, w, x, None, "triton")
     assert not takes_blocks_of_8(w, w, x, humming.ir.activation.get_act_scheme("fp8"), "cuda")
+
+
+def test_fitted_blocks_only_where_the_grouped_gemm_runs_both_gemms() -> None:
+    """takes_fitted_blocks (any multiple of 16): never for quantized activations, the Triton or reference
+    backend, or CPU tensors; where it holds the layer's block follows the tokens per expert."""
+    from humming.moe.grouped import layer_block_m, takes_fitted_blocks
+
+    w = humming.quantize(torch.randn(4, 128, 128, dtype=torch.bfloat16), weight="int4", group_size=128)
+    x = torch.empty(0, 128, dtype=torch.bfloat16)
+    assert not takes_fitted_blocks(w, w, x, None, "auto")  # CPU tensors
+    assert not takes_fitted_blocks(w, w, x, None, "triton")
+    assert not takes_fitted_blocks(w, w, x, humming.ir.activation.get_act_scheme("fp8"), "cuda")
+    assert layer_block_m(4 * 256, w, w, x, None, "auto") == 128  # 256 rows per expert, standard blocks
+
+
+@needs_sm90
+def test_fitted_blocks_on_the_grouped_gemm() -> None:
+    from humming.moe.grouped import layer_block_m, takes_fitted_blocks
+
+    w13 = humming.quantize(torch.randn(4, 256, 128, device="cuda"), weight="int4", group_size=128)
+    w2 = humming.quantize(torch.randn(4, 128, 128, device="cuda"), weight="int4", group_size=128)
+    x = torch.empty(0, 128, dtype=torch.bfloat16, device="cuda")
+    assert takes_fitted_blocks(w13, w2, x, None, "auto")
+    assert layer_block_m(4 * 256, w13, w2, x, None, "auto") == 144  # 256 +- 14 rows per expert: two segments
 
 
 # ------------------------------------------------------------------------------------ GPU, real MoE shapes
@@ -282,6 +331,7 @@ def test_fused_moe_gpu_gpt_oss(mapped: bool, act, t: int, seed: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.heavy_memory  # two formats' E64 experts and their float references: 11-14 GiB
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
 @pytest.mark.parametrize("t", [1, 256])
 def test_fused_moe_gpu_gelu(activation: str, t: int, seed: int) -> None:

@@ -2,7 +2,7 @@
 //
 // The kernel computes out^T tile by tile so that the quantized weights are the wgmma A operand, which
 // Hopper lets come from registers: the weights never go through shared memory in 16-bit form.
-// - Block tile: 128 weight rows x kBM (16, 32, 64, 128 or 256) tokens, K in 64-column chunks;
+// - Block tile: 128 weight rows x kBM (a multiple of 16 up to 256) tokens, K in 64-column chunks;
 //   3 warpgroups (384 threads): warpgroup 0 is the producer (one thread issues all copies,
 //   setmaxnreg.dec to 40 registers), warpgroups 1 and 2 are consumers of 64 rows each (setmaxnreg.inc
 //   to 232). With kBlocksPerSm = 2 (small token tiles, whose consumers need few registers) each thread
