@@ -160,7 +160,7 @@ def test_scaled_mm_launches_made_ready_once_per_kind_of_call(seed, monkeypatch):
     )
     qw = humming.quantize(torch.randn(64, 128), "int8", -1, scale_dtype=torch.float32)
     kinds = lambda: launch_module._ready.kinds.get(qw, {})
-    call = lambda x, **kw: humming.linear(x, qw, act="int8", backend="triton", **kw)
+    call = lambda x, bias=None, out_dtype=torch.float16: scaled_mm.linear(x, qw, bias, "int8", out_dtype)
     x = torch.randn(3, 128, dtype=torch.float16)
     first = call(x)
     (ready,) = kinds().values()
@@ -199,7 +199,7 @@ def test_scaled_mm_launches_made_ready_once_per_kind_of_call(seed, monkeypatch):
 
     held = len(launch_module._ready.kinds)
     other = humming.quantize(torch.randn(64, 128), "int8", -1, scale_dtype=torch.float32)
-    humming.linear(x, other, act="int8", backend="triton")
+    scaled_mm.linear(x, other, None, "int8", torch.float16)
     assert len(launch_module._ready.kinds) == held + 1
     del other
     gc.collect()
@@ -212,9 +212,10 @@ def test_wna16_launches_made_ready_once_per_kind_of_call(m, seed):
     call: fresh activations reuse the entry and give what a launch made ready anew gives; another M or a bias
     is a new entry."""
     from humming.triton_kernels import _wna16_launch as launch_module
+    from humming.triton_kernels import wna16
 
     qw = humming.quantize(torch.randn(64, 256), "int4", 128, scale_dtype=torch.float16)
-    call = lambda x, **kw: humming.linear(x, qw, backend="triton", **kw)
+    call = lambda x, bias=None: wna16.linear(x, qw, bias)
     kinds = lambda: launch_module._ready.kinds.get(qw, {})
     call(torch.randn(m, 256, dtype=torch.float16))
     (ready,) = kinds().values()
@@ -228,6 +229,33 @@ def test_wna16_launches_made_ready_once_per_kind_of_call(m, seed):
     call(torch.randn(m + 1, 256, dtype=torch.float16))
     call(x, bias=torch.randn(64, dtype=torch.float16))
     assert len(kinds()) == 3
+
+
+def test_triton_launchers_make_a_kind_of_call_ready_once(seed, monkeypatch):
+    """humming.linear's prepared calls hold the Triton kernels' launches (WnA16, and the scaled GEMM with its
+    quantization pass): a repeat with fresh activations makes nothing new and gives the bits of the kernels'
+    own entry points; another M is another kind of call."""
+    from humming.triton_kernels import _scaled_mm_launch, _wna16_launch, scaled_mm, wna16
+
+    made = []
+    for module in (_wna16_launch, _scaled_mm_launch):
+        ready = module._Ready
+        monkeypatch.setattr(module, "_Ready", lambda *a, ready=ready: made.append(ready) or ready(*a))
+    int4 = humming.quantize(torch.randn(64, 256), "int4", 128, scale_dtype=torch.float16)
+    int8 = humming.quantize(torch.randn(64, 256), "int8", -1, scale_dtype=torch.float32)
+    for qw, act, direct in (
+        (int4, None, lambda x: wna16.linear(x, int4)),
+        (int8, "int8", lambda x: scaled_mm.linear(x, int8, None, "int8", torch.float16)),
+    ):
+        for m in (1, 24):
+            count = len(made)
+            humming.linear(torch.randn(m, 256, dtype=torch.float16), qw, act=act, backend="triton")
+            assert len(made) == count + 1
+            count += 1
+            x = torch.randn(m, 256, dtype=torch.float16)
+            out = humming.linear(x, qw, act=act, backend="triton")
+            assert len(made) == count, "a repeat made its launch ready again"
+            assert torch.equal(out, direct(x))
 
 
 def test_tensor_map_encoder_keeps_recent_descriptors(monkeypatch):

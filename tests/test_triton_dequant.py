@@ -90,6 +90,18 @@ def test_rejects_expert_weights(device: str) -> None:
         triton_dequant.dequantize(qw)
 
 
+def test_launch_is_made_ready_once_per_weight_and_dtype(device: str) -> None:
+    """The dequantize-first GEMM dequantizes on every call: later calls reuse the first one's prepared launch
+    (its arguments bound once), and give the same values."""
+    qw = humming.quantize(torch.randn(32, 256, device=device), "int4", group_size=128)
+    first = triton_dequant.dequantize(qw, torch.bfloat16)
+    kinds = triton_dequant._ready.kinds[qw]
+    assert_bit_exact(triton_dequant.dequantize(qw, torch.bfloat16), first)
+    assert list(kinds) == [(torch.bfloat16, qw.device)]
+    triton_dequant.dequantize(qw, torch.float16)
+    assert len(kinds) == 2
+
+
 @pytest.mark.gpu
 def test_dequant_realistic_shape(seed: int) -> None:
     qw = humming.quantize(torch.randn(4096, 4096, device="cuda"), "int4", group_size=128)

@@ -4,6 +4,8 @@ representative ones the all-architecture compile check builds (:func:`compile_sp
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
@@ -26,7 +28,7 @@ from ._tiles import split_k_words
 from ._weight_tile import WeightSpec, kernel_tensors, pointer_types, triton_type, weight_spec
 from .scaled_mm_configs import ScaledMMConfig
 
-__all__ = ["compile_specs", "kernel_spec", "launch", "launch_codes"]
+__all__ = ["compile_specs", "dense_launcher", "kernel_spec", "launch", "launch_codes"]
 
 
 def launch(
@@ -88,6 +90,22 @@ def launch_codes(
     make = lambda: _Ready(scheme, codes, a_scales, qweight, bias, out_dtype, config, out, grouped, route_bm, rows)
     ready = _ready.get(qweight, key, make)
     return ready(codes, a_scales, global_scale, bias, out, expert_ids, rows)
+
+
+def dense_launcher(scheme: ActScheme, quantize, qweight: QuantizedWeight, out_dtype: torch.dtype):
+    """``(x, bias) -> out`` for dense calls of one kind (activations quantized by ``quantize``, a cached pass
+    of :mod:`.act_quant`; the bias's presence and dtype fixed): the launch is made ready at the first call,
+    from that call's quantized buffers, and reused by the next ones without a lookup."""
+    weight, ready = weakref.ref(qweight), None  # held weakly, as the caller keeps it per weight
+
+    def call(x, bias):
+        nonlocal ready
+        codes, a_scales, global_scale = quantize(x)
+        if ready is None:
+            ready = _Ready(scheme, codes, a_scales, weight(), bias, out_dtype, None, None, False, 1, None)
+        return ready(codes, a_scales, global_scale, bias, None, None, None)
+
+    return call
 
 
 #: The launches made ready, per weight object, by the kind of call (everything :func:`launch_codes` keys them on).

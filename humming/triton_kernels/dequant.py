@@ -14,6 +14,7 @@ import triton.language as tl
 from ..ir.dtypes import FLOAT_DTYPES
 from ..ir.weight import QuantizedWeight
 from . import registry
+from ._launch import LaunchesByWeight, PreparedLaunch
 from ._weight_tile import WeightArgs, kernel_tensors, load_weight_tile, pointer_types, weight_spec
 from .interpreter import cast
 
@@ -21,6 +22,7 @@ __all__ = ["dequantize"]
 
 _BLOCK_N = 32
 _BLOCK_K = 256
+_NUM_WARPS = 4  # Triton's default
 
 
 @triton.jit
@@ -56,35 +58,45 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.bfloat16) -> torc
     """``humming.dequantize(qw, dtype)`` computed by a Triton kernel; 2-D weights ``[N, K]`` only.
 
     Returns a new ``[N, K]`` tensor of ``dtype`` (bfloat16, float16 or float32), bit-exact with the reference.
+    The launch is made ready once per weight and dtype (the dequantize-first GEMM calls this on every call).
     """
     if qw.num_experts is not None:
         raise ValueError(f"dequantize: expected a 2-D weight [N, K], got shape {qw.shape}")
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dequantize: dtype must be bfloat16, float16 or float32, got {dtype}")
+    out = torch.empty(qw.N, qw.K, dtype=dtype, device=qw.device)
+    _ready.get(qw, (dtype, qw.device), lambda: _prepared(qw))(qw.device.index, out)
+    return out
+
+
+#: The dequantization launches made ready, per weight object, by output dtype and device.
+_ready = LaunchesByWeight()
+
+
+def _prepared(qw: QuantizedWeight) -> PreparedLaunch:
+    """The dequantization of ``qw`` into a contiguous ``[N, K]`` output (the one tensor each call passes)."""
     n, k = qw.N, qw.K
     t = kernel_tensors(qw)
-    out = torch.empty(n, k, dtype=dtype, device=qw.device)
+    values = {
+        "qw_ptr": t["qw"],
+        "s_ptr": t["s"],
+        "z_ptr": t["z"],
+        "gs_ptr": t["gs"],
+        "gidx_ptr": t["gidx"],
+        "lut_ptr": t["lut"],
+        "N": n,
+        "K": k,
+        "stride_qn": t["qw"].stride(0),
+        "stride_sn": t["s"].stride(0),
+        "stride_zn": t["z"].stride(0),
+        "stride_on": k,
+        "BN": _BLOCK_N,
+        "EVEN_K": k % _BLOCK_K == 0,
+        "BK": _BLOCK_K,
+        "WEIGHT": weight_spec(qw),
+    }
     grid = (triton.cdiv(n, _BLOCK_N), triton.cdiv(k, _BLOCK_K))
-    _dequant_kernel[grid](
-        t["qw"],
-        t["s"],
-        t["z"],
-        t["gs"],
-        t["gidx"],
-        t["lut"],
-        out,
-        n,
-        k,
-        t["qw"].stride(0),
-        t["s"].stride(0),
-        t["z"].stride(0),
-        out.stride(0),
-        BN=_BLOCK_N,
-        EVEN_K=k % _BLOCK_K == 0,
-        BK=_BLOCK_K,
-        WEIGHT=weight_spec(qw),
-    )
-    return out
+    return PreparedLaunch(_dequant_kernel, grid, values, ("out_ptr",), _NUM_WARPS)
 
 
 def _compile_specs() -> list[registry.CompileSpec]:

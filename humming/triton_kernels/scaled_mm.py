@@ -30,6 +30,8 @@ and the grid in ``_scaled_mm_plan``, the kernel's arguments and the compile-chec
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
@@ -40,7 +42,7 @@ from ..workspaces import WORKSPACES
 from . import act_quant, registry
 from ._act_order import act_order_layout
 from ._act_quant_pass import pass_for
-from ._scaled_mm_launch import compile_specs, kernel_spec, launch, launch_codes
+from ._scaled_mm_launch import compile_specs, dense_launcher, kernel_spec, launch, launch_codes
 from ._scaled_mm_plan import (
     ACT_SCALE_DTYPES,
     ComputePlan,
@@ -267,6 +269,16 @@ def _run(x, qweight, bias, act, out_dtype, tuning):
     return launch_codes(act, codes, scales, global_scale, qweight, bias, out_dtype, tuning, None)
 
 
+def _launcher(x, qweight, act, bias_dtype, out_dtype, tuning):
+    """:attr:`humming.kernel.Kernel.launcher`: ``(x, bias) -> out`` for 16-bit ``x`` shaped as this one: its
+    quantization pass found once and the launch made ready at the first call (act-order weights take
+    :func:`linear`, which sorts them)."""
+    if qweight.g_idx is not None:
+        weight = weakref.ref(qweight)  # the prepared call is kept per weight, weakly: it must not hold it
+        return lambda x, bias: linear(x, weight(), bias, act, out_dtype, config=tuning)
+    return dense_launcher(act, pass_for(x, act, False, None, 0), qweight, out_dtype)
+
+
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
     """Nothing to compile ahead (Triton compiles at the first launch, which warmup runs); sets aside the
     split-K workspace of a dense call of ``m`` rows, which a CUDA graph capture cannot allocate."""
@@ -290,6 +302,7 @@ KERNEL = Kernel(
     deterministic_tuning=deterministic_config,
     prepare=prepare,
     warmup_jobs=_warmup_jobs,
+    launcher=_launcher,
 )
 
 registry.register("scaled_mm", compile_specs)

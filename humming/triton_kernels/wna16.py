@@ -23,6 +23,8 @@ specs in ``_wna16_launch``, the tile heuristics in :mod:`.wna16_configs`.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..device import device_limits
@@ -33,7 +35,7 @@ from ..workspaces import WORKSPACES
 from . import dequant, registry
 from ._support import device_unsupported, unavailable
 from ._tiles import split_k_words
-from ._wna16_launch import compile_specs, kernel_spec, launch
+from ._wna16_launch import compile_specs, kernel_spec, launch, prepared_launch
 from .configs import MIN_GROUPED_BLOCK_M, TileConfig
 from .interpreter import INTERPRET
 from .wna16_configs import grouped_config, wna16_config
@@ -102,26 +104,52 @@ def linear(
     ``config`` overrides the tile configuration of :func:`~humming.triton_kernels.wna16_configs.wna16_config`
     (benchmarks and the tuner use it; it never changes results beyond fp32 summation order).
     """
+    _check(x, qweight)
+    out_dtype = out_dtype or x.dtype
+    out = _out_buffer(out, x.shape[0], qweight.N, out_dtype, x.device)
+    if x.shape[0] == 0:
+        return out
+    cfg = _config(x, qweight, config)
+    if cfg.dequant_first and bias is None and out_dtype == x.dtype:
+        return torch.matmul(x, dequant.dequantize(qweight, x.dtype).T, out=out)
+    return launch(x, qweight, bias, out, cfg)
+
+
+def _check(x: torch.Tensor, qweight: QuantizedWeight) -> None:
+    """:func:`linear`'s checks of its weight and activations."""
     reason = unsupported(qweight, x)
     if reason:
         raise ValueError(f"triton wna16: {reason}")
-    m, k = x.shape
-    n = qweight.N
-    if k != qweight.K:
-        raise ValueError(f"triton wna16: x has K={k}, qweight has K={qweight.K}")
+    if x.shape[1] != qweight.K:
+        raise ValueError(f"triton wna16: x has K={x.shape[1]}, qweight has K={qweight.K}")
     if x.device.type != "cuda" and not INTERPRET:
         raise ValueError(f"triton wna16: x is on {x.device}; CPU tensors need TRITON_INTERPRET=1")
-    out_dtype = out_dtype or x.dtype
-    out = _out_buffer(out, m, n, out_dtype, x.device)
-    if m == 0:
-        return out
+
+
+def _config(x: torch.Tensor, qweight: QuantizedWeight, config: TileConfig | None) -> TileConfig:
+    """The tile configuration of a call of :func:`linear` with ``x``'s M > 0 rows: ``config`` or the default."""
+    m = x.shape[0]
     cfg = config or default_config(qweight, x)
-    if cfg.dequant_first and bias is None and out_dtype == x.dtype:
-        return torch.matmul(x, dequant.dequantize(qweight, x.dtype).T, out=out)
     if (cfg.block_m <= 4 or cfg.swap) and m > cfg.block_m:
         kind = "swapped-operand" if cfg.swap else "GEMV"
         raise ValueError(f"triton wna16: {kind} config block_m={cfg.block_m} cannot take M={m}")
-    return launch(x, qweight, bias, out, cfg)
+    return cfg
+
+
+def _launcher(x: torch.Tensor, qweight: QuantizedWeight, act, bias_dtype, out_dtype: torch.dtype, tuning):
+    """:attr:`humming.kernel.Kernel.launcher`: ``(x, bias) -> out`` for calls shaped as ``x`` with a bias of
+    ``bias_dtype``: the checks, the tile configuration and the prepared launch made once, so that a call
+    allocates its output and launches (the dequantize-first GEMM: its dequantization, prepared per weight,
+    and cuBLAS)."""
+    _check(x, qweight)
+    cfg = _config(x, qweight, tuning)
+    m, n = x.shape[0], qweight.N
+    if cfg.dequant_first and bias_dtype is None and out_dtype == x.dtype:
+        weight = weakref.ref(qweight)  # the prepared call is kept per weight, weakly: it must not hold it
+        return lambda x, bias: torch.matmul(x, dequant.dequantize(weight(), x.dtype).T)
+    bias = None if bias_dtype is None else torch.empty(n, dtype=bias_dtype, device=x.device)
+    ready = prepared_launch(x, qweight, bias, torch.empty(m, n, dtype=out_dtype, device=x.device), cfg)
+    return lambda x, bias: ready(x, bias, torch.empty(m, n, dtype=out_dtype, device=x.device), None, None)
 
 
 def default_config(qweight: QuantizedWeight, x: torch.Tensor) -> TileConfig:
@@ -224,6 +252,7 @@ KERNEL = Kernel(
     tuning=lambda qweight, act, x: default_config(qweight, x),
     deterministic_tuning=lambda qweight, act, x: deterministic_config(qweight, x),
     warmup_jobs=_warmup_jobs,
+    launcher=_launcher,
 )
 
 registry.register("wna16", compile_specs)
