@@ -147,6 +147,12 @@ def kernel_tensors(qw: QuantizedWeight) -> dict[str, torch.Tensor]:
     }
 
 
+def pointer_args(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weight's pointer parameters of every kernel that reads the IR (``qw_ptr`` ... ``lut_ptr``), from
+    :func:`kernel_tensors`."""
+    return {f"{name}_ptr": t[name] for name in ("qw", "s", "z", "gs", "gidx", "lut")}
+
+
 _TRITON_TYPES = {
     torch.float32: "fp32",
     torch.float16: "fp16",

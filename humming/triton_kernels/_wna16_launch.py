@@ -12,7 +12,7 @@ from ..workspaces import WORKSPACES
 from . import registry
 from ._launch import LaunchesByWeight, PreparedLaunch
 from ._tiles import split_k_words
-from ._weight_tile import kernel_tensors, pointer_types, triton_type, weight_spec
+from ._weight_tile import kernel_tensors, pointer_args, pointer_types, triton_type, weight_spec
 from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel, _wna16_swap_kernel
 from .configs import TileConfig
 from .wna16_configs import _BUCKETS, TILED_16, grouped_config, wna16_config
@@ -64,12 +64,7 @@ class _Ready:
         self.split = cfg.split_k > 1
         self.tiled = not cfg.swap and cfg.block_m > 4  # else the swapped-operand or the GEMV kernel
         values = {
-            "qw_ptr": t["qw"],
-            "s_ptr": t["s"],
-            "z_ptr": t["z"],
-            "gs_ptr": t["gs"],
-            "gidx_ptr": t["gidx"],
-            "lut_ptr": t["lut"],
+            **pointer_args(t),
             "M": m,
             "N": n,
             "K": k,

@@ -15,7 +15,7 @@ from ..ir.dtypes import FLOAT_DTYPES
 from ..ir.weight import QuantizedWeight
 from . import registry
 from ._launch import LaunchesByWeight, PreparedLaunch
-from ._weight_tile import WeightArgs, kernel_tensors, load_weight_tile, pointer_types, weight_spec
+from ._weight_tile import WeightArgs, kernel_tensors, load_weight_tile, pointer_args, pointer_types, weight_spec
 from .interpreter import cast
 
 __all__ = ["dequantize"]
@@ -78,12 +78,7 @@ def _prepared(qw: QuantizedWeight) -> PreparedLaunch:
     n, k = qw.N, qw.K
     t = kernel_tensors(qw)
     values = {
-        "qw_ptr": t["qw"],
-        "s_ptr": t["s"],
-        "z_ptr": t["z"],
-        "gs_ptr": t["gs"],
-        "gidx_ptr": t["gidx"],
-        "lut_ptr": t["lut"],
+        **pointer_args(t),
         "N": n,
         "K": k,
         "stride_qn": t["qw"].stride(0),
