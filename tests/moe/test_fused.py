@@ -25,6 +25,9 @@ wna16 = pytest.importorskip("humming.triton_kernels.wna16")
         ("triton", "int8-channel", None, torch.bfloat16, 1, 4, 8, 16, False),
         ("reference", "e4m3-channel", "fp8", torch.bfloat16, 6, 2, 4, 8, True),
         ("reference", "int4-g32", None, torch.float16, 4, 2, 3, None, False),
+        # routing blocks fitted to the tokens per expert (default_block_m(fitted=True) takes such multiples of 16)
+        ("reference", "int4-g128", None, torch.bfloat16, 20, 4, 4, 144, True),
+        ("triton", "int4-g128", None, torch.bfloat16, 6, 2, 4, 48, False),
     ],
     ids=lambda v: str(v).replace("torch.", ""),
 )
