@@ -9,8 +9,10 @@ copied into grouped order first (``copied`` rows: the kernel reading them by TMA
 row). Every variant is checked
 against the float64 product of the dequantized experts before it is timed (CUDA-graph time over weight copies
 past the L2, :func:`humming.timing.time_calls`). Writes one JSON row per (model, stack, M, variant) and prints,
-per point, the default's time and the best variant's. ``--profile``: one call of the default variant of each
-point and no timing (for ncu).
+per point, the default's time (fused_moe's routing block, ``default_block_m(..., fitted=True)``, at its default
+tuning) and the best variant's. ``--profile``: one call of each routing block at its default tuning and no
+timing, for ncu, e.g. ``ncu --set full -k regex:gemm_sm90 -o grouped python bench/tools/grouped_gemm_sweep.py
+--models deepseek-v3 --stacks grouped_w2 --m 8192 --block-ms 144,256 --profile --out /tmp/unused.json``.
 
 Usage (GPU machine, repository root): python bench/tools/grouped_gemm_sweep.py --out out/grouped_gemm.json
 """
@@ -68,15 +70,15 @@ def point(group: MoeGroup, m: int, block_ms: tuple[int, ...], profile: bool, lag
         return []
     prep = _wna16.prepare(qws[0])
     smem = device_limits(0).smem_per_block
-    default_bm = default_block_m(inp.ids.numel(), e)
-    block_ms = (default_bm,) if profile else tuple(dict.fromkeys((*block_ms, default_bm)))
+    default_bm = default_block_m(inp.ids.numel(), e, fitted=True)  # fused_moe's, both GEMMs running here
+    block_ms = tuple(dict.fromkeys((*block_ms, default_bm)))
     x_code = DTYPE_CODE[inp.x.dtype]
     codes = x_code, x_code, x_code if bias is None else DTYPE_CODE[bias.dtype]
     gather = group.stack == "w13"
     cc = torch.cuda.get_device_capability()
     tunings = {bm: variants(bm, prep.layout, smem, lags if gather else (0,)) for bm in block_ms}
     if profile:
-        tunings = {default_bm: [None]}
+        tunings = {bm: [None] for bm in block_ms}
     # w13 both ways: the tokens gathered by the kernel, and copied into grouped order first (then read by TMA)
     modes = {
         t: ("gather", "copied") if gather and not t.arrive_lag else ("gather",) if gather else ("rows",)
@@ -154,7 +156,9 @@ def main() -> int:
     parser.add_argument("--m", default=",".join(map(str, M_VALUES)))
     parser.add_argument("--block-ms", default="64,128,256")
     parser.add_argument("--budget-s", type=float, default=240.0)
-    parser.add_argument("--profile", action="store_true", help="one call of each point's default, no timing")
+    parser.add_argument(
+        "--profile", action="store_true", help="one call of each routing block at its default tuning, no timing (ncu)"
+    )
     parser.add_argument("--arrive-lags", default="0,1,2", help="the gathering kernel's arrival lags (w13)")
     args = parser.parse_args()
     block_ms = tuple(map(int, args.block_ms.split(",")))
