@@ -396,6 +396,8 @@ class PreparedAlign:
             self.parts.append((at, at + size))
             at += -(-size // 4) * 4
         self.elements = at
+        # the parts and the gaps after them, for one split of the buffer into views (every other one a part)
+        self.split_sizes = [n for a, b in self.parts for n in (b - a, -(-(b - a) // 4) * 4 - (b - a))]
         self.key = (device.index, num_experts, block_m, topk, lay)
         self.constexprs = (num_experts, block_m, topk) + ((lay.block, lay.block_e, _steps(num_experts)) if lay else ())
 
@@ -406,7 +408,8 @@ class PreparedAlign:
             src_slots, expert_ids, num_rows, slot_rows, token_rows, work = (empty(b - a) for a, b in self.parts)
         else:
             buffer = torch.empty(self.elements, dtype=torch.int32, device=self.device)
-            src_slots, expert_ids, num_rows, slot_rows, token_rows, work = (buffer[a:b] for a, b in self.parts)
+            parts = buffer.split_with_sizes(self.split_sizes)[::2]
+            src_slots, expert_ids, num_rows, slot_rows, token_rows, work = parts
         num_rows = num_rows[0]
         outputs = src_slots, expert_ids, num_rows, slot_rows, token_rows
         lay, num_slots, index = self.layout, self.num_slots, self.device.index
