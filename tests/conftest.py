@@ -87,9 +87,9 @@ def fake_cuda_device(monkeypatch):
     dispatch and heuristic tests on CPU; returns a function that sets its compute capability."""
     from humming import device
 
-    def fake(capability=(9, 0), sm_count=132, smem_per_block=232448, smem_per_sm=233472):
+    def fake(capability=(9, 0), sm_count=132, smem_per_block=232448, smem_per_sm=233472, name="fake"):
         info = device.DeviceInfo(
-            0, "fake", capability, device.DeviceLimits(sm_count, smem_per_block, smem_per_sm), 50 << 20
+            0, name, capability, device.DeviceLimits(sm_count, smem_per_block, smem_per_sm), 50 << 20
         )
         monkeypatch.setattr(device, "device_index", lambda d=None: 0)
         monkeypatch.setattr(device, "_info", lambda index: info)

@@ -128,6 +128,25 @@ def test_weight_keys_tell_apart_what_changes_the_kernels():
     assert dispatch.weight_key(humming.quantize(torch.randn(256, 256), "fp8_block")) == "e4m3+block"
 
 
+def test_a_table_of_the_gpus_own_name_comes_before_one_of_its_kind(fake_cuda_device, tmp_path, monkeypatch):
+    """GPUs of one compute capability and SM count (an H100 SXM and an H200) each take a table measured on a
+    GPU of their name, else the first of their kind; humming tune names each table's file after its GPU."""
+    from humming.dispatch.tune import table_file_name
+
+    kind = dict(capability=[9, 0], sm_count=132, entries=[])
+    names = {}
+    for device in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        names[device] = table_file_name(dict(kind, device=device))
+        (tmp_path / names[device]).write_text(json.dumps(dict(kind, device=device)))
+    assert names["NVIDIA H100 80GB HBM3"] == "sm90_132sm_nvidia-h100-80gb-hbm3.json"
+    monkeypatch.setenv("HUMMING_TABLES_DIR", str(tmp_path))
+    for device in names:
+        fake_cuda_device((9, 0), sm_count=132, name=device)
+        assert dispatch._table_for(torch.device("cuda", 0)).path.endswith(names[device])
+    fake_cuda_device((9, 0), sm_count=132, name="NVIDIA H800")  # no table of its own: the first of its kind
+    assert dispatch._table_for(torch.device("cuda", 0)).path.endswith(sorted(names.values())[0])
+
+
 def test_unknown_device_gets_no_table(fake_cuda_device):
     fake_cuda_device((8, 9), sm_count=128)
     assert dispatch._table_for(torch.device("cuda", 0)) is None

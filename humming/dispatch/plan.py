@@ -87,6 +87,7 @@ class Table:
     capability: tuple[int, int]
     sm_count: int
     entries: dict
+    device: str = ""  # the GPU's name, as torch reports it (``humming tune`` records it)
 
     def order(self, weight: str, act: str, m: int, n: int, k: int) -> tuple[str, ...] | None:
         """The order measured for the nearest shape (in log N + log K: the grid a kernel sees scales with
@@ -119,18 +120,21 @@ def load_tables(directory: str = str(TABLES_DIR)) -> tuple[Table, ...]:
                 raise ValueError(f"{path}: a table entry lacks the field {err}: {row}") from None
             shapes.setdefault(shape, []).append((m_max, tuple(row["order"])))
         entries = {key: {s: tuple(sorted(r)) for s, r in shapes.items()} for key, shapes in entries.items()}
-        tables.append(Table(str(path), tuple(data["capability"]), int(data["sm_count"]), entries))
+        kind = (tuple(data["capability"]), int(data["sm_count"]))
+        tables.append(Table(str(path), *kind, entries, data.get("device", "")))
     return tuple(tables)
 
 
 def _table_for(device: torch.device) -> Table | None:
     """The table for this device kind, from ``HUMMING_TABLES_DIR`` if set (a user's own ``humming tune``
-    output), else the committed ones."""
+    output), else the committed ones: one measured on a GPU of this name, else one of the same compute
+    capability and SM count (an H100 SXM and an H200 share those, not their memory bandwidth)."""
     from ..device import device_info
 
     info = device_info(device)
     tables = load_tables(str(env("HUMMING_TABLES_DIR") or TABLES_DIR))
-    return next((t for t in tables if (t.capability, t.sm_count) == (info.capability, info.sm_count)), None)
+    same_kind = [t for t in tables if (t.capability, t.sm_count) == (info.capability, info.sm_count)]
+    return next((t for t in same_kind if t.device == info.name), same_kind[0] if same_kind else None)
 
 
 #: From this M, e4m3 weights with 8-bit activations run first on ``cuda.scaled_mm`` (the vendor fp8 GEMM).

@@ -1,6 +1,6 @@
 """``python -m humming tune``: measure every kernel that can run each (weight format, activation scheme, M)
-on this GPU and write the dispatcher's table for it (``sm<arch>_<SMs>sm.json`` in the user data folder unless
-``--out`` says otherwise; ``HUMMING_TABLES_DIR`` points the dispatcher at it).
+on this GPU and write the dispatcher's table for it (``sm<arch>_<SMs>sm_<device>.json`` in the user data folder
+unless ``--out`` says otherwise; ``HUMMING_TABLES_DIR`` points the dispatcher at it).
 
 For each case, shape and M, every dense kernel that supports the call is timed (CUDA-graph time, weight
 copies past the L2, :mod:`humming.timing`) with the tuning it would run; the table's order for each shape
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from tqdm import tqdm
 
 from .._cli import Formatter, print_json, print_table
 
-__all__ = ["CASES", "add_arguments", "main", "run", "tune", "user_tables_dir"]
+__all__ = ["CASES", "add_arguments", "main", "run", "table_file_name", "tune", "user_tables_dir"]
 
 #: name -> (humming.quantize arguments, activation scheme): the formats serving runs.
 CASES = {
@@ -233,6 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     return run(parser.parse_args(argv), parser)
 
 
+def table_file_name(table: dict) -> str:
+    """``sm<arch>_<SMs>sm_<device>.json``: GPUs of one compute capability and SM count (an H100 SXM and an
+    H200) get tables of their own, which the dispatcher tells apart by the device name they record."""
+    arch = table["capability"][0] * 10 + table["capability"][1]
+    device = re.sub(r"[^a-z0-9]+", "-", table["device"].lower()).strip("-")
+    return f"sm{arch}_{table['sm_count']}sm_{device}.json"
+
+
 def user_tables_dir() -> Path:
     """Where ``tune`` writes tables by default: the user data folder's ``humming/tables`` (``platformdirs``:
     ``$XDG_DATA_HOME/humming/tables``, else ``~/.local/share/humming/tables`` on Linux)."""
@@ -288,8 +297,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("tune measures kernels on a CUDA GPU; none is visible")
     else:
         table = tune(args.cases.split(","), args.shapes, args.m)
-    arch = table["capability"][0] * 10 + table["capability"][1]
-    out = args.out or user_tables_dir() / f"sm{arch}_{table['sm_count']}sm.json"
+    out = args.out or user_tables_dir() / table_file_name(table)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
     summary = dict(out=str(out), entries=len(table["entries"]), timings=len(table["timings"]))
