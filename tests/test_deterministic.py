@@ -88,6 +88,26 @@ INTERPRETER_CASES = [
 ]
 
 
+@pytest.mark.parametrize("act", [None, "int8"])
+def test_prepared_triton_calls_launch_the_one_tile(act, deterministic, monkeypatch, seed):
+    """humming.linear's prepared Triton calls (WnA16, scaled GEMM) launch the deterministic plan's one tile at
+    every M, not the per-M default."""
+    from humming.dispatch.plan import plan_linear
+    from humming.ir.activation import get_act_scheme
+    from humming.triton_kernels import _scaled_mm_launch, _wna16_launch
+
+    launched = []
+    for module, at in ((_wna16_launch, 4), (_scaled_mm_launch, 6)):  # the config's place in _Ready's arguments
+        ready = module._Ready
+        monkeypatch.setattr(module, "_Ready", lambda *a, ready=ready, at=at: launched.append(a[at]) or ready(*a))
+    qw = humming.quantize(torch.randn(48, 128), "int8", group_size=-1, scale_dtype=torch.float32)
+    for m in (1, 40):
+        x = torch.randn(m, 128, dtype=torch.bfloat16)
+        humming.linear(x, qw, act=act, backend="triton")
+        tile = plan_linear(qw, None if act is None else get_act_scheme(act), x, "triton").tuning
+        assert tile is not None and launched[-1] == tile, (m, launched[-1], tile)
+
+
 @pytest.mark.parametrize("qargs, act", INTERPRETER_CASES, ids=lambda v: str(v))
 def test_rows_are_bit_identical_for_every_m_in_the_interpreter(qargs, act, deterministic, seed):
     qw = humming.quantize(torch.randn(48, 128) / 11, **qargs)

@@ -92,17 +92,18 @@ def launch_codes(
     return ready(codes, a_scales, global_scale, bias, out, expert_ids, rows)
 
 
-def dense_launcher(scheme: ActScheme, quantize, qweight: QuantizedWeight, out_dtype: torch.dtype):
+def dense_launcher(scheme: ActScheme, quantize, qweight: QuantizedWeight, out_dtype: torch.dtype, config):
     """``(x, bias) -> out`` for dense calls of one kind (activations quantized by ``quantize``, a cached pass
-    of :mod:`.act_quant`; the bias's presence and dtype fixed): the launch is made ready at the first call,
-    from that call's quantized buffers, and reused by the next ones without a lookup."""
+    of :mod:`.act_quant`; the bias's presence and dtype fixed) on ``config`` (``None``: the plan's default):
+    the launch is made ready at the first call, from that call's quantized buffers, and reused by the next
+    ones without a lookup."""
     weight, ready = weakref.ref(qweight), None  # held weakly, as the caller keeps it per weight
 
     def call(x, bias):
         nonlocal ready
         codes, a_scales, global_scale = quantize(x)
         if ready is None:
-            ready = _Ready(scheme, codes, a_scales, weight(), bias, out_dtype, None, None, False, 1, None)
+            ready = _Ready(scheme, codes, a_scales, weight(), bias, out_dtype, config, None, False, 1, None)
         return ready(codes, a_scales, global_scale, bias, None, None, None)
 
     return call

@@ -270,13 +270,13 @@ def _run(x, qweight, bias, act, out_dtype, tuning):
 
 
 def _launcher(x, qweight, act, bias_dtype, out_dtype, tuning):
-    """:attr:`humming.kernel.Kernel.launcher`: ``(x, bias) -> out`` for 16-bit ``x`` shaped as this one: its
-    quantization pass found once and the launch made ready at the first call (act-order weights take
-    :func:`linear`, which sorts them)."""
+    """:attr:`humming.kernel.Kernel.launcher`: ``(x, bias) -> out`` for 16-bit ``x`` shaped as this one on the
+    plan's ``tuning`` (the deterministic mode's one tile, else ``None``): its quantization pass found once and
+    the launch made ready at the first call (act-order weights take :func:`linear`, which sorts them)."""
     if qweight.g_idx is not None:
         weight = weakref.ref(qweight)  # the prepared call is kept per weight, weakly: it must not hold it
         return lambda x, bias: linear(x, weight(), bias, act, out_dtype, config=tuning)
-    return dense_launcher(act, pass_for(x, act, False, None, 0), qweight, out_dtype)
+    return dense_launcher(act, pass_for(x, act, False, None, 0), qweight, out_dtype, tuning)
 
 
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
