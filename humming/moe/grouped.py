@@ -134,20 +134,23 @@ def takes_blocks_of_8(w13, w2, x: torch.Tensor, act, backend: str) -> bool:
     """Whether both grouped GEMMs of a fused_moe layer run on the CUDA grouped decode kernel (the first the
     dispatcher tries for 16-bit activations on the ``"auto"`` and ``"cuda"`` backends) at routing blocks of 8
     for tokens like ``x`` (its dtype and device): the only grouped kernel that takes them."""
-    if act is not None or requested_backend(backend) not in ("auto", "cuda"):
-        return False
-    kernel = GROUPED_KERNELS["cuda.grouped_decode"]
-    return all(kernel.unsupported(w, None, x, 8) is None for w in (w13, w2))
+    return _both_run_on("cuda.grouped_decode", 8, w13, w2, x, act, backend)
 
 
 def takes_fitted_blocks(w13, w2, x: torch.Tensor, act, backend: str) -> bool:
     """Whether both grouped GEMMs of a fused_moe layer run on the grouped sm_90a GEMM (the CUDA kernel the
     dispatcher tries first for 16-bit activations above blocks of 16) for tokens like ``x``: the kernel whose
     token tile is any multiple of 16, so that the routing block can follow the tokens per expert."""
+    return _both_run_on("cuda.grouped", 16, w13, w2, x, act, backend)
+
+
+def _both_run_on(kernel: str, block_m: int, w13, w2, x: torch.Tensor, act, backend: str) -> bool:
+    """Whether grouped kernel ``kernel`` takes both GEMMs of a fused_moe layer with 16-bit activations of
+    ``x``'s dtype and device (each weight's own K) at routing blocks of ``block_m``."""
     if act is not None or requested_backend(backend) not in ("auto", "cuda"):
         return False
-    kernel = GROUPED_KERNELS["cuda.grouped"]
-    return all(kernel.unsupported(w, None, x.new_empty(0, w.K), 16) is None for w in (w13, w2))
+    unsupported = GROUPED_KERNELS[kernel].unsupported
+    return all(unsupported(w, None, x.new_empty(0, w.K), block_m) is None for w in (w13, w2))
 
 
 def layer_block_m(num_slots: int, w13, w2, x: torch.Tensor, act, backend: str) -> int:
