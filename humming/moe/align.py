@@ -101,6 +101,8 @@ def expected_segments(num_slots: int, num_experts: int, block_m: int) -> float:
     """The expected routing segments, sum over experts of ceil(rows / block_m), when each slot picks an expert
     uniformly: rows ~ Binomial(num_slots, 1 / num_experts), E[ceil(r / b)] = sum over j >= 0 of P(r > j b), the
     tails past 0 from the normal approximation (continuity-corrected)."""
+    if num_experts == 1:  # every slot on the one expert
+        return float(-(-num_slots // block_m))
     p = 1.0 / num_experts
     mean, sd = num_slots * p, math.sqrt(num_slots * p * (1.0 - p))
     per_expert = 1.0 - (1.0 - p) ** num_slots  # P(r > 0)

@@ -235,6 +235,8 @@ def test_default_block_m() -> None:
     ]
     assert fitted == [144, 192, 48, 80]
     assert moe.default_block_m(64 * 16, 64, fitted=True) == 16  # decode sizes keep their blocks
+    # one expert takes every slot: 100 rows fit one block of 112
+    assert moe.default_block_m(100, 1, fitted=True) == 112
 
 
 @pytest.mark.parametrize(("slots", "e", "block_m"), [(8192, 256, 48), (65536, 256, 144), (4000, 7, 256), (300, 64, 16)])
