@@ -354,14 +354,14 @@ def test_prepared_weight_is_the_e4m3_matrix(group, n, k, seed):
 @pytest.mark.parametrize("weight,group", [("e4m3", -1), ("int4", 128), ("mxfp4", 32)])
 def test_humming_prepare_with_act_repacks_for_the_kernel_linear_runs(weight, group):
     """``humming.prepare(qw, "cuda", act=...)`` at load time is the layout linear then runs: no repack later
-    (the FP8 GEMM's for e4m3 and MXFP4 weights; the WnA16 fragment layout for int4, whose fp8-activation
-    calls run through the WnA16 kernels)."""
+    (the FP8 GEMM's for e4m3 weights; the WnA16 fragment layout for int4 and MXFP4, whose small-M
+    fp8-activation calls run through the WnA16 kernels)."""
     from humming import cuda_kernels
     from humming.cuda_kernels._layout import PreparedWeight
 
     qw = humming.quantize(torch.randn(256, 256), weight=weight, group_size=group)
     prep = humming.prepare(qw, "cuda", act="fp8")
-    if weight == "int4":
+    if weight != "e4m3":
         assert isinstance(prep, PreparedWeight) and prep is cuda_kernels.prepare(qw)
     else:
         assert isinstance(prep, fp8_gemm.PreparedFp8) and prep is fp8_gemm.prepare(qw)

@@ -69,14 +69,16 @@ def kernel(name: str, unsupported, launch_class, tuning, warmup_jobs) -> Kernel:
 
 def wna8_weight_unsupported(qweight, act) -> str | None:
     """``None`` when the decode kernel and the sm_90a GEMM take ``act``'s e4m3 activations with this weight:
-    per-token or per-tensor fp32 scales, integer weights (their e4m3 values are exact in x's 16-bit dtype,
-    the scales go in the epilogue), else why not."""
+    per-token or per-tensor fp32 scales, integer or MXFP4 weights, else why not. The e4m3 values are exact
+    in x's 16-bit dtype and so is each product with a dequantized weight (an integer, or e2m1 times a power
+    of two) in the fp32 accumulator, as in the FP8 GEMM's e4m3 MMA; the activation scales go in the
+    epilogue. Each kernel's own checks still apply."""
     if act.format != "e4m3" or act.group not in ("token", "tensor") or act.global_scale:
         return f"the WnA16 kernels take fp8 activations as per-token or per-tensor e4m3 values, not act={act.name}"
     if act.scale_dtype != torch.float32:
         return f"the WnA16 kernels take float32 activation scales, not act={act.name}"
-    if qweight.format.name not in ("int4", "uint4", "int8", "uint8"):  # MXFP4: the FP8 GEMM serves every M
-        return f"the WnA16 route for fp8 activations takes integer weights, not {qweight.format.name}"
+    if qweight.format.name not in ("int4", "uint4", "int8", "uint8", "e2m1"):
+        return f"the WnA16 route for fp8 activations takes integer or MXFP4 weights, not {qweight.format.name}"
     if qweight.num_experts is not None:
         return "expert-stacked weights run through grouped_linear (humming.moe), not linear"
     return None

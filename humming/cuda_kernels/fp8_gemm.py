@@ -3,8 +3,9 @@ or x 4-bit weights turned into e4m3 in registers (W4A8): int4, or MXFP4 (e2m1 wi
 
 ``out[M, N] = x[M, K] @ dequantize(W)^T + bias`` with activations quantized to e4m3 (per token, per tensor,
 or 1x128 groups) by the Triton activation pass, bit-exact with :func:`humming.quantize_activation`.
-Dense integer-weight x per-token / per-tensor fp8 calls run here or on the WnA16 kernels' fp8-values route,
-as the dispatcher decides (``humming/dispatch/plan.py``); grouped W4A8 and MXFP4 x fp8 always run here.
+Dense integer- and MXFP4-weight x per-token / per-tensor fp8 calls run here or on the WnA16 kernels'
+fp8-values route, as the dispatcher decides (``humming/dispatch/plan.py``); grouped W4A8 and MXFP4 x fp8
+always run here.
 
 Configs come in the three kinds of the house style:
 

@@ -1,6 +1,6 @@
 """``cuda.wna16_decode``: the small-M weight-only GEMM (``include/humming/decode.cuh``), M <= 64 on compute
 capability 8.0 and newer: int4 / uint4 (+ zero points) / int8 / uint8 weights with per-tensor / per-channel /
-group scales, MXFP4, and integer weights with per-token / per-tensor e4m3 activations (their values in x's
+group scales, MXFP4, and those weights with per-token / per-tensor e4m3 activations (their values in x's
 16-bit dtype, the scales in the epilogue).
 
 Configs come in the three kinds of the house style:

@@ -1,9 +1,9 @@
 """``cuda.wna16_sm90``: the Hopper weight-only GEMM for M > 32 (``include/humming/gemm_sm90.cuh``, sm_90a):
 TMA + mbarrier pipeline, producer / consumer warpgroups with setmaxnreg, wgmma with the dequantized weights
 as the register A operand; int4 / uint4 / int8 / uint8 weights and MXFP4 with bf16 activations (the decode
-kernel's layout, any N % 16 == 0), and integer weights with per-token /
-per-tensor e4m3 activations (their values in x's 16-bit dtype, the scales in the epilogue). Its grouped
-variant (the same kernel with a compile-time flag) runs in :mod:`.grouped`.
+kernel's layout, any N % 16 == 0), and those weights with per-token / per-tensor e4m3 activations (their
+values in x's 16-bit dtype, the scales in the epilogue). Its grouped variant (the same kernel with a
+compile-time flag) runs in :mod:`.grouped`.
 
 This module holds the support checks and the kernel object the dispatcher lists (:data:`KERNEL`); tuning,
 specs and launch live in ``_gemm_sm90``, what it shares with :mod:`.wna16_decode` in ``_wna16``.

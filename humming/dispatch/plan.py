@@ -165,8 +165,8 @@ def act_key(act) -> str:
 # ------------------------------------------------------------------------------------------- heuristic
 def heuristic_order(qweight, act, m: int) -> tuple[str, ...]:
     """The kernel order where no table decides. On the H200 (bench/results/h200/linear.json): the WnA16
-    decode kernel serves 16-bit activations up to M = 64 and the sm_90a GEMM above M = 32; integer weights
-    with per-token / per-tensor e4m3 activations run on the decode kernel's fp8-values route up to M = 16,
+    decode kernel serves 16-bit activations up to M = 64 and the sm_90a GEMM above M = 32; integer and MXFP4
+    weights with per-token / per-tensor e4m3 activations run on the decode kernel's fp8-values route up to M = 16,
     where it beats the FP8 GEMM (one 4-bit weight read, no int4 -> e4m3 conversion), and on the FP8 GEMM
     above; e4m3 weights with per-tensor / per-channel scales from M = 256 on torch's fp8 GEMM
     (``cuda.scaled_mm``, faster than the FP8 GEMM's tiles there); Triton is the portable fallback, the
