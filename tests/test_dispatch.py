@@ -147,6 +147,33 @@ def test_a_table_of_the_gpus_own_name_comes_before_one_of_its_kind(fake_cuda_dev
     assert dispatch._table_for(torch.device("cuda", 0)).path.endswith(sorted(names.values())[0])
 
 
+def test_a_gpus_own_table_serves_its_cases_and_its_kinds_table_the_rest(fake_cuda_device, tmp_path, monkeypatch):
+    """A table tuned on one GPU for some cases only (``humming tune --cases``) keeps the rows of its kind's
+    table for every other case; the plan names the file its rows came from."""
+    from humming.dispatch.tune import table_file_name
+
+    def row(weight, act, order):
+        return dict(weight=weight, act=act, n=48, k=64, m_max=64, order=order)
+
+    kind = dict(capability=[9, 0], sm_count=132)
+    generic = dict(kind, device="NVIDIA H200", entries=[row("int4+group", "fp8", ["cuda.fp8_gemm"])])
+    generic["entries"].append(row("int4+group", "none", ["triton.wna16"]))
+    own = dict(kind, device="NVIDIA H100 80GB HBM3", entries=[row("int4+group", "fp8", ["cuda.wna16_decode"])])
+    for table in (generic, own):
+        (tmp_path / table_file_name(table)).write_text(json.dumps(table))
+    monkeypatch.setenv("HUMMING_TABLES_DIR", str(tmp_path))
+    fake_cuda_device((9, 0), sm_count=132, name=own["device"])
+    table = dispatch._table_for(torch.device("cuda", 0))
+    qw = _weight()
+    order, source = _order(qw, "fp8", 16, table=table)
+    assert order[0] == "cuda.wna16_decode" and source == f"table {table_file_name(own)}"
+    order, source = _order(qw, None, 16, table=table)
+    assert order[0] == "triton.wna16" and source == f"table {table_file_name(generic)}"
+    assert _order(_weight("int8", group_size=-1), None, 16, table=table) == _order(
+        _weight("int8", group_size=-1), None, 16
+    )  # in neither table: the heuristic
+
+
 def test_unknown_device_gets_no_table(fake_cuda_device):
     fake_cuda_device((8, 9), sm_count=128)
     assert dispatch._table_for(torch.device("cuda", 0)) is None

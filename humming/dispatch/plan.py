@@ -8,7 +8,8 @@ Order of precedence:
    or ``HUMMING_TABLES_DIR``; written by ``python -m humming tune``), the table's kernel order
    for the weight format, activation scheme, nearest measured shape and M bucket comes first. A table
    covers the M range it measured: an M above its largest bucket falls back to the heuristic, never to a
-   small-M entry.
+   small-M entry. A table recorded on a GPU of the device's own name comes first for the (weight, activation)
+   pairs it holds; another table of its capability and SM count serves the rest.
 3. Otherwise the heuristic order (:func:`heuristic_order`), from what was measured on Hopper.
 4. The first candidate whose ``unsupported`` returns ``None`` wins; every other candidate's reason is
    kept in ``Plan.rejected`` (``humming.explain`` prints them). CPU tensors run the reference under
@@ -27,7 +28,7 @@ import logging
 import math
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -88,11 +89,20 @@ class Table:
     sm_count: int
     entries: dict
     device: str = ""  # the GPU's name, as torch reports it (``humming tune`` records it)
+    #: The table of the same device kind whose rows serve the (weight, act) pairs this one has none of: a
+    #: GPU's own table may hold only the cases tuned on it.
+    fallback: Table | None = None
+
+    def holder(self, weight: str, act: str) -> Table:
+        """The table whose rows serve ``(weight, act)``: this one, else its fallback where that has them."""
+        if (weight, act) in self.entries or self.fallback is None:
+            return self
+        return self.fallback.holder(weight, act)
 
     def order(self, weight: str, act: str, m: int, n: int, k: int) -> tuple[str, ...] | None:
         """The order measured for the nearest shape (in log N + log K: the grid a kernel sees scales with
         N, its work per tile with K) up to the largest M measured there; ``None`` past it or unmeasured."""
-        shapes = self.entries.get((weight, act))
+        shapes = self.holder(weight, act).entries.get((weight, act))
         if not shapes:
             return None
         near = min(shapes, key=lambda s: (abs(math.log(s[0] / n)) + abs(math.log(s[1] / k)), s))
@@ -128,13 +138,18 @@ def load_tables(directory: str = str(TABLES_DIR)) -> tuple[Table, ...]:
 def _table_for(device: torch.device) -> Table | None:
     """The table for this device kind, from ``HUMMING_TABLES_DIR`` if set (a user's own ``humming tune``
     output), else the committed ones: one measured on a GPU of this name, else one of the same compute
-    capability and SM count (an H100 SXM and an H200 share those, not their memory bandwidth)."""
+    capability and SM count (an H100 SXM and an H200 share those, not their memory bandwidth). A table of
+    the GPU's own name serves the cases it holds; the first other table of its kind serves the rest."""
     from ..device import device_info
 
     info = device_info(device)
     tables = load_tables(str(env("HUMMING_TABLES_DIR") or TABLES_DIR))
     same_kind = [t for t in tables if (t.capability, t.sm_count) == (info.capability, info.sm_count)]
-    return next((t for t in same_kind if t.device == info.name), same_kind[0] if same_kind else None)
+    own = next((t for t in same_kind if t.device == info.name), None)
+    others = [t for t in same_kind if t is not own]
+    if own is None:
+        return others[0] if others else None
+    return replace(own, fallback=others[0]) if others else own
 
 
 #: From this M, e4m3 weights with 8-bit activations run first on ``cuda.scaled_mm`` (the vendor fp8 GEMM).
@@ -296,10 +311,12 @@ def candidate_order(
     if deterministic:
         return _DETERMINISTIC_ORDER, "deterministic mode (one kernel and tuning for every M)"
     heuristic = heuristic_order(qweight, act, m)
-    order = table.order(weight_key(qweight), act_key(act), m, qweight.N, qweight.K) if table else None
+    weight, activation = weight_key(qweight), act_key(act)
+    order = table.order(weight, activation, m, qweight.N, qweight.K) if table else None
     if order is None:
         return heuristic, "heuristic"
-    return order + tuple(k for k in heuristic if k not in order), f"table {Path(table.path).name}"
+    source = f"table {Path(table.holder(weight, activation).path).name}"
+    return order + tuple(k for k in heuristic if k not in order), source
 
 
 def _decide(qweight, act, x, requested: str, block_m: int | None) -> Plan:
