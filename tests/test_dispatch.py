@@ -149,7 +149,8 @@ def test_a_table_of_the_gpus_own_name_comes_before_one_of_its_kind(fake_cuda_dev
 
 def test_a_gpus_own_table_serves_its_cases_and_its_kinds_table_the_rest(fake_cuda_device, tmp_path, monkeypatch):
     """A table tuned on one GPU for some cases only (``humming tune --cases``) keeps the rows of its kind's
-    table for every other case; the plan names the file its rows came from."""
+    table for every other case and for the M its own rows do not reach; the plan names the file its rows came
+    from."""
     from humming.dispatch.tune import table_file_name
 
     def row(weight, act, order):
@@ -158,6 +159,7 @@ def test_a_gpus_own_table_serves_its_cases_and_its_kinds_table_the_rest(fake_cud
     kind = dict(capability=[9, 0], sm_count=132)
     generic = dict(kind, device="NVIDIA H200", entries=[row("int4+group", "fp8", ["cuda.fp8_gemm"])])
     generic["entries"].append(row("int4+group", "none", ["triton.wna16"]))
+    generic["entries"].append(dict(row("int4+group", "fp8", ["triton.scaled_mm"]), m_max=4096))
     own = dict(kind, device="NVIDIA H100 80GB HBM3", entries=[row("int4+group", "fp8", ["cuda.wna16_decode"])])
     for table in (generic, own):
         (tmp_path / table_file_name(table)).write_text(json.dumps(table))
@@ -169,6 +171,8 @@ def test_a_gpus_own_table_serves_its_cases_and_its_kinds_table_the_rest(fake_cud
     assert order[0] == "cuda.wna16_decode" and source == f"table {table_file_name(own)}"
     order, source = _order(qw, None, 16, table=table)
     assert order[0] == "triton.wna16" and source == f"table {table_file_name(generic)}"
+    order, source = _order(qw, "fp8", 1000, table=table)  # past the M the GPU's own rows reach
+    assert order[0] == "triton.scaled_mm" and source == f"table {table_file_name(generic)}"
     assert _order(_weight("int8", group_size=-1), None, 16, table=table) == _order(
         _weight("int8", group_size=-1), None, 16
     )  # in neither table: the heuristic

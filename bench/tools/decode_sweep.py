@@ -1,7 +1,6 @@
 """Time the dense decode kernel (``cuda.wna16_decode``) over its tuning space (row tiles per warp, warps,
 stages, tile grid or stream-K) on the standard shapes at small M: the data behind
-``_decode_tuning.choose_decode_tuning`` (issue 23's M <= 16 rows, where the kernel is 1.1-1.2x humming-kernels
-on 28672 x 8192 at M = 16).
+``_decode_tuning.choose_decode_tuning`` (issue 23's M <= 16 rows).
 
 Every variant is checked once against the float64 product of the dequantized weight before it is timed
 (CUDA-graph time over weight copies past the L2, :func:`humming.timing.time_calls`). Writes one JSON row per

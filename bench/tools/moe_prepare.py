@@ -37,7 +37,6 @@ M_VALUES = (1, 16, 256, 4096)
 def layer(model, case: str) -> MoeCall:
     experts = Experts(model, case, torch.bfloat16, "cuda")
     w13, w2 = experts.quantize("w13"), experts.quantize("w2")
-    del experts  # its 16-bit stacks
     options = dict(activation=model.activation, gate_up_layout=model.gate_up_layout)
     return MoeCall(w13, w2, model.topk, act=ACTS.get(case), **options)
 

@@ -295,9 +295,9 @@ class _Run:
         timed in ``rounds`` interleaved rounds, each keeping its fastest round: a clock or thermal drift
         during the sweep shifts all systems of a point alike, so two routes that run the same kernel (the
         ``humming`` row and its ``humming:<kernel>`` route) agree to within the timing noise. The first
-        point's first system is timed once more beforehand and that timing dropped: on an H100 the first CUDA
-        graph timed after a group's weights were made replayed 8-19% slower than the same kernel's timed next
-        (M = 1 of 28672 x 8192, one round; bench/results/h200/NOTES.md)."""
+        point's first system is timed once more beforehand and that timing dropped: the first CUDA graph timed
+        after a group's weights are made can replay slower than the same kernel timed next (bench/results/h200/
+        NOTES.md has the measurement)."""
         rows = []
         for index, m in enumerate(m_values):
             bar.update(len(systems))

@@ -9,7 +9,7 @@ Order of precedence:
    for the weight format, activation scheme, nearest measured shape and M bucket comes first. A table
    covers the M range it measured: an M above its largest bucket falls back to the heuristic, never to a
    small-M entry. A table recorded on a GPU of the device's own name comes first for the (weight, activation)
-   pairs it holds; another table of its capability and SM count serves the rest.
+   pairs and M it holds; another table of its capability and SM count serves the rest.
 3. Otherwise the heuristic order (:func:`heuristic_order`), from what was measured on Hopper.
 4. The first candidate whose ``unsupported`` returns ``None`` wins; every other candidate's reason is
    kept in ``Plan.rejected`` (``humming.explain`` prints them). CPU tensors run the reference under
@@ -89,27 +89,25 @@ class Table:
     sm_count: int
     entries: dict
     device: str = ""  # the GPU's name, as torch reports it (``humming tune`` records it)
-    #: The table of the same device kind whose rows serve the (weight, act) pairs this one has none of: a
-    #: GPU's own table may hold only the cases tuned on it.
+    #: The table of the same device kind that serves what this one did not measure: a GPU's own table may
+    #: hold only the cases (and M) tuned on it.
     fallback: Table | None = None
 
-    def holder(self, weight: str, act: str) -> Table:
-        """The table whose rows serve ``(weight, act)``: this one, else its fallback where that has them."""
-        if (weight, act) in self.entries or self.fallback is None:
-            return self
-        return self.fallback.holder(weight, act)
+    def lookup(self, weight: str, act: str, m: int, n: int, k: int) -> tuple[tuple[str, ...] | None, Table | None]:
+        """``(order, table it came from)``: the order measured for the nearest shape (in log N + log K: the
+        grid a kernel sees scales with N, its work per tile with K) up to the largest M measured there, from
+        this table or else its fallback; ``(None, None)`` past it or unmeasured."""
+        shapes = self.entries.get((weight, act))
+        if shapes:
+            near = min(shapes, key=lambda s: (abs(math.log(s[0] / n)) + abs(math.log(s[1] / k)), s))
+            for bound, order in shapes[near]:
+                if m <= bound:
+                    return order, self
+        return self.fallback.lookup(weight, act, m, n, k) if self.fallback is not None else (None, None)
 
     def order(self, weight: str, act: str, m: int, n: int, k: int) -> tuple[str, ...] | None:
-        """The order measured for the nearest shape (in log N + log K: the grid a kernel sees scales with
-        N, its work per tile with K) up to the largest M measured there; ``None`` past it or unmeasured."""
-        shapes = self.holder(weight, act).entries.get((weight, act))
-        if not shapes:
-            return None
-        near = min(shapes, key=lambda s: (abs(math.log(s[0] / n)) + abs(math.log(s[1] / k)), s))
-        for bound, order in shapes[near]:
-            if m <= bound:
-                return order
-        return None
+        """The order of :meth:`lookup`, or ``None``."""
+        return self.lookup(weight, act, m, n, k)[0]
 
 
 @functools.cache
@@ -311,12 +309,10 @@ def candidate_order(
     if deterministic:
         return _DETERMINISTIC_ORDER, "deterministic mode (one kernel and tuning for every M)"
     heuristic = heuristic_order(qweight, act, m)
-    weight, activation = weight_key(qweight), act_key(act)
-    order = table.order(weight, activation, m, qweight.N, qweight.K) if table else None
+    order, source = table.lookup(weight_key(qweight), act_key(act), m, qweight.N, qweight.K) if table else (None, None)
     if order is None:
         return heuristic, "heuristic"
-    source = f"table {Path(table.holder(weight, activation).path).name}"
-    return order + tuple(k for k in heuristic if k not in order), source
+    return order + tuple(k for k in heuristic if k not in order), f"table {Path(source.path).name}"
 
 
 def _decide(qweight, act, x, requested: str, block_m: int | None) -> Plan:
