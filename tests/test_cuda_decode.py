@@ -150,10 +150,11 @@ def test_tuning_is_a_pure_function_of_the_problem():
     "m,n,bits,stream_k",
     [
         (1, 28672, 4, False),  # one token tile: the tile grid
-        (16, 28672, 4, True),  # 3.4 waves of tiles: stream-K
-        (16, 28672, 8, True),
-        (16, 8192, 4, False),  # one wave: the tile grid
-        (64, 8192, 4, True),  # eight token tiles: stream-K
+        (16, 28672, 4, False),  # two token tiles: the tile grid's small blocks
+        (16, 28672, 8, False),
+        (32, 28672, 4, False),
+        (64, 8192, 4, False),  # eight token tiles in one wave: the tile grid
+        (64, 28672, 4, True),  # eight token tiles, 3.4 waves: stream-K
         (16, 256, 4, False),  # split-K tile grid
     ],
 )
@@ -479,10 +480,10 @@ def test_stream_k_tuning_is_the_tile_tuning_on_a_persistent_grid():
     assert wna16_decode.choose_decode_tuning(1, 28672, 8192, 4, *H200) == tiles  # one token tile: the tile grid
     assert (tiles.stream_k, stream_k.stream_k, stream_k.splits) == (0, 2, 1)
     assert (tiles.mt, tiles.r, tiles.warps, tiles.stages) == (stream_k.mt, stream_k.r, stream_k.warps, stream_k.stages)
-    assert wna16_decode.stream_k_grid(28672, 8192, stream_k, 132) == (264, 2112)
-    assert wna16_decode.stream_k_grid(48, 128, stream_k, 132) == (1, 8)  # 3 tiles x 2 chunks: one block
+    assert wna16_decode.stream_k_grid(28672, 8192, stream_k, 132) == (264, 264 * stream_k.warps)
+    assert wna16_decode.stream_k_grid(48, 128, stream_k, 132) == (1, stream_k.warps)  # 3 tiles x 2 chunks: one block
     big = wna16_decode.candidate_tunings(64, 8192, 8192, 8, *H200)[1]
-    assert big.stream_k == 1  # 8 token tiles: one block per SM fits in shared memory
+    assert big.stream_k == 2  # 8 token tiles of two row tiles: two blocks per SM fit in shared memory
     assert wna16_decode.candidate_tunings(256 // 16, 256, 4096, 4, *H200)[0].splits > 1
     assert wna16_decode.candidate_tunings(256 // 16, 256, 4096, 4, *H200)[1].splits == 1
     assert "_sk2" in wna16_decode.decode_spec(WeightLayout(4, 8, "bf16"), "bf16", "bf16", "bf16", stream_k).name

@@ -44,15 +44,16 @@ def choose_decode_tuning(
     """Tuning for ``out[m, n] = x[m, k] @ W^T`` with ``bits``-bit weights: a pure function of the problem
     and the device's SM count, shared memory per block (``sharedMemPerBlockOptin``) and per SM.
 
-    Tile grid or its stream-K twin (:func:`candidate_tunings`): stream-K from two token tiles (M > 8) on
-    when the tile grid takes more than one wave, and with eight token tiles always (its persistent warps
-    balance the last wave); the tile grid with one token tile or a one-wave grid, where stream-K's fp32
-    workspace costs more than it balances. Split-K tile grids (too few row tiles) keep split-K."""
+    Tile grid or its stream-K twin (:func:`candidate_tunings`): stream-K with eight token tiles where the tile
+    grid takes more than one wave (its persistent warps balance the last wave of the largest tiles), the tile
+    grid otherwise, where several small blocks per SM hide the weight stream's latency better than the
+    persistent grid and its fp32 workspace (bench/results/h100/decode_2026-12-06/decode_*.json). Split-K
+    tile grids keep split-K."""
     tiles, stream_k = candidate_tunings(m, n, k, bits, sm_count, smem_per_block, smem_per_sm)
-    if tiles.mt == 1 or tiles.splits > 1:
+    if tiles.mt < 8 or tiles.splits > 1:
         return tiles
     waves = (n // (16 * tiles.r)) / (stream_k.stream_k * sm_count)
-    return stream_k if tiles.mt == 8 or waves > 1 else tiles
+    return stream_k if waves > 1 else tiles
 
 
 def candidate_tunings(
@@ -64,20 +65,24 @@ def candidate_tunings(
     while mt * 8 < m:
         mt *= 2
     # Two row tiles per warp halve the per-chunk overhead (activation fragments, pipeline bookkeeping)
-    # per weight byte; one when that would leave SMs without a block, or with 8 token tiles (registers).
-    r = 2 if n % 32 == 0 and n // 32 >= sm_count and mt < 8 else 1
-    warps = 8
-    # 3 stages keep two blocks per SM, whose interleaved loads beat deeper pipelines with one block per SM.
-    stages = {1: 3, 2: 3, 4: 3, 8: 2}[mt]
+    # per weight byte; one with one token tile when that would leave SMs without a block (split-K fills
+    # them better with single row tiles), and with eight token tiles of 8-bit weights (registers); four
+    # with four token tiles where every SM still gets two blocks.
+    r = 2 if n % 32 == 0 and (n // 32 >= sm_count or mt > 1) and (mt < 8 or bits == 4) else 1
+    if mt == 4 and n % 64 == 0 and n // 64 >= 2 * sm_count:
+        r = 4
+    # Four warps, and pipelines as deep as the activation fragments allow: several small blocks per SM
+    # interleave their loads. Fewer stages, then fewer row tiles, where shared memory is short.
+    warps = 4
+    stages = {1: 4, 2: 3, 4: 2, 8: 2}[mt]
     while stages > 2 and DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
         stages -= 1
-    if DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
-        warps = 4
-    blocks = n // (16 * r)
+    while r > 1 and DecodeTuning(mt, r, warps, stages, 1).smem_bytes(bits) > smem_per_block:
+        r //= 2
     chunks = k // 64
     splits = 1
-    if blocks < sm_count:  # too few row tiles to fill the GPU: split K across blocks
-        splits = max(1, min(-(-2 * sm_count // blocks), chunks // (warps * 2)))
+    if n // (16 * r) < sm_count:  # too few row tiles to fill the GPU: split K until 16-row tiles fill it twice
+        splits = max(1, min(-(-2 * sm_count // (n // 16)), chunks // (warps * 2)))
     tiles = DecodeTuning(mt, r, warps, stages, splits)
     stream_k = DecodeTuning(mt, r, warps, stages, 1, stream_k_blocks_per_sm(tiles, bits, smem_per_sm))
     return tiles, stream_k
