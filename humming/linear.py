@@ -104,7 +104,7 @@ def _checked(x, qweight: QuantizedWeight, bias, act, out_dtype):
 
     if x_data.shape[-1] != k:
         raise ValueError(f"x: last dimension is {x_data.shape[-1]}, but qweight has K={k} (shape {qweight.shape})")
-    if x_data.device != qweight.qweight.device:
+    if x_data.device != qweight.device:
         raise ValueError(f"x is on {x_data.device} but qweight is on {qweight.device}; move one with .to()")
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,) or not bias.is_floating_point():

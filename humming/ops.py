@@ -119,7 +119,7 @@ def register(name: str, impl, fake) -> None:
 def weight_args(qw: QuantizedWeight) -> tuple:
     """``qw`` as op arguments: ``(qweight, scales, zeros, global_scale, g_idx, handle, meta)``
     (``qw.bias`` is passed apart); ``meta`` is ``qw.signature``."""
-    return (qw.qweight, qw.scales, qw.zeros, qw.global_scale, qw.g_idx, qw.handle, qw.signature)
+    return (qw.held_codes, qw.scales, qw.zeros, qw.global_scale, qw.g_idx, qw.handle, qw.signature)
 
 
 def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, meta: str) -> QuantizedWeight:
@@ -127,11 +127,11 @@ def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, m
     rebuilt (and validated) from the tensors and ``meta`` (no bias: ops take the bias apart)."""
     qw = weight_by_handle(handle)
     if qw is not None and qw.signature == meta:
-        own = qw.qweight is qweight and qw.scales is scales and qw.zeros is zeros and qw.g_idx is g_idx
+        own = qw.held_codes is qweight and qw.scales is scales and qw.zeros is zeros and qw.g_idx is g_idx
         if own and qw.global_scale is global_scale:  # the weight's own tensors, as compiled code passes them
             return qw
         tensors = (qweight, scales, zeros, global_scale, g_idx)
-        if all(map(_same, (qw.qweight, *_fields(qw)), tensors)):
+        if all(map(_same, (qw.held_codes, *_fields(qw)), tensors)):
             return qw
     fmt, group_shape, shape = _parse_meta(meta)
     return QuantizedWeight(

@@ -38,6 +38,7 @@ def warmup(
     backend: str = "auto",
     progress: bool = True,
     max_workers: int | None = None,
+    keep_codes: bool = True,
 ):
     """Make ready every kernel ``humming.linear`` (dense layers), ``humming.moe.grouped_linear``
     (expert-stacked layers, once per routing ``block_m`` of ``block_ms``, ``m_values`` read as grouped row
@@ -53,10 +54,17 @@ def warmup(
         act_dtype, out_dtype, bias_dtype: what the calls will pass (kernels are specialised on them); an
             ``MoeCall`` runs on ``act_dtype`` activations (its outputs too) with its weights' biases, and
             routes router logits of float32 and of ``act_dtype``.
+        keep_codes: ``False`` frees each weight's IR codes once the CUDA layout prepared from them holds them,
+            where every kernel planned for these token counts reads that layout (the WnA16 fragment layout:
+            the decode, sm_90a and grouped kernels): a served int4 / MXFP4 weight then takes its memory once.
+            The codes are rebuilt from the layout whenever something reads ``qweight``
+            (:meth:`~humming.ir.QuantizedWeight.release_codes`).
     Returns:
         The CUDA kernels' :class:`~humming.cuda_kernels.WarmupReport` (origin and seconds of each), or
         ``None`` when no CUDA kernel is involved.
     """
+    if not isinstance(keep_codes, bool):
+        raise TypeError(f"keep_codes: expected a bool, got {keep_codes!r}")
     if isinstance(layers, QuantizedWeight | MoeCall) or not hasattr(layers, "__iter__"):
         raise TypeError(f"layers: expected an iterable of QuantizedWeight or MoeCall, got {type(layers).__name__}")
     layers = list(layers)
@@ -90,16 +98,21 @@ def warmup(
         return None
     device = next(iter(devices))
     cuda_jobs, runs = [], []
+    planned: dict[QuantizedWeight, set[str]] = {}  # weight -> the kernels planned for it
     calls = [layer for layer in layers if isinstance(layer, MoeCall)]
     for qw in (layer for layer in layers if isinstance(layer, QuantizedWeight)):
         for m in m_values:
             for block_m in block_ms if qw.num_experts is not None else (None,):
-                jobs, run = _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device)
+                jobs, run, kernel = _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device)
                 cuda_jobs += jobs
                 runs.append(run)
+                planned.setdefault(qw, set()).add(kernel)
     for call in calls:
         for m in m_values:
             cuda_jobs += _moe_cuda_jobs(call, m, act_dtype, device)
+            for launch in call.launches(m, act_dtype):
+                if launch.step in ("w13", "w2"):
+                    planned.setdefault(call.w13 if launch.step == "w13" else call.w2, set()).add(launch.kernel)
     report = None
     if cuda_jobs:
         from . import cuda_kernels
@@ -113,7 +126,20 @@ def warmup(
             call.run(m, act_dtype)
             if call.routing is not None and act_dtype != torch.float32:
                 call.route(m, act_dtype)
+    if not keep_codes:
+        _release_codes(planned)
     return report
+
+
+def _release_codes(planned: dict) -> None:
+    """``keep_codes=False``: free the IR codes of each weight whose planned kernels are all CUDA kernels, where
+    a prepared layout holds them (:func:`humming.cuda_kernels.release_codes`). A weight that some planned
+    kernel reads the IR codes of on every call (Triton, the reference) keeps them."""
+    from . import cuda_kernels
+
+    for qw, kernels in planned.items():
+        if all(kernel.startswith("cuda.") for kernel in kernels):
+            cuda_kernels.release_codes(qw)
 
 
 def _device(layer) -> torch.device:
@@ -152,8 +178,9 @@ def _counts(name: str, values) -> tuple[int, ...]:
 
 
 def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device):
-    """The CUDA compile jobs of the kernel planned for this call, and a callable that runs the call once
-    through that plan once the jobs are loaded (a no-op for the reference, which compiles nothing)."""
+    """The CUDA compile jobs of the kernel planned for this call, a callable that runs the call once through
+    that plan once the jobs are loaded (a no-op for the reference, which compiles nothing), and the kernel's
+    name."""
     rows = m if block_m is None else -(-m // block_m) * block_m
     x = torch.randn(rows, qw.K, dtype=act_dtype, device=device)
     grouped = block_m is not None
@@ -176,8 +203,8 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
             kernel.run(x, qw, bias, act, out_dtype, plan.tuning)
 
     if plan.backend == "reference":  # nothing to compile
-        return [], lambda: None
+        return [], lambda: None, plan.kernel
     from .device import device_index
 
     options = dict(act_dtype=act_dtype, out_dtype=out_dtype, bias_dtype=bias_dtype, block_m=block_m)
-    return kernel.warmup_jobs(qw, act, rows, device=device_index(device), **options), run
+    return kernel.warmup_jobs(qw, act, rows, device=device_index(device), **options), run, plan.kernel

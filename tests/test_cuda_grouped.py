@@ -70,18 +70,18 @@ def test_the_gemm_takes_ragged_rows_and_groups_of_32_but_the_gated_epilogue_need
 @pytest.mark.parametrize("qargs", [LAYOUT_CASES["uint4-g64-zp"], LAYOUT_CASES["int8-channel"], dict(weight="mxfp4")])
 def test_prepare_unpacks_a_bounded_number_of_rows_at_a_time(qargs, monkeypatch, seed):
     """A DeepSeek-size MoE layer must prepare in little more memory than its result: the re-tiling unpacks
-    at most _ROWS_PER_STEP rows (plus one tile block) at a time, never the whole [E, N, K] weight."""
+    about _CODES_PER_STEP codes (whole tile blocks) at a time, never the whole [E, N, K] weight."""
     import humming.ir
     from humming.cuda_kernels import _layout
 
-    monkeypatch.setattr(_layout, "_ROWS_PER_STEP", 256)
+    monkeypatch.setattr(_layout, "_CODES_PER_STEP", 256 * 128)  # K = 128: 256 rows
     seen = []
     unpack = humming.ir.unpack_codes
     monkeypatch.setattr(humming.ir, "unpack_codes", lambda w, b, k: seen.append(w.shape[0]) or unpack(w, b, k))
     qw = humming.quantize(torch.randn(5, 384, 128), **qargs)
     prep = prepare_weight(qw)
     assert seen and max(seen) <= 256 and sum(seen) == 5 * 384, seen
-    monkeypatch.setattr(_layout, "_ROWS_PER_STEP", 1 << 20)  # one step: the same result
+    monkeypatch.setattr(_layout, "_CODES_PER_STEP", 1 << 30)  # one step: the same result
     whole = prepare_weight(qw)
     assert torch.equal(prep.qweight, whole.qweight) and torch.equal(prep.scales, whole.scales)
 

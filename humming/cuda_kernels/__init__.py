@@ -48,7 +48,7 @@ from ._support import runtime_unavailable as unavailable
 from ._warmup import WarmupReport, warmup_specs
 from .jit import KernelNotReadyError
 
-__all__ = ["KernelNotReadyError", "WarmupReport", "compile_and_load", "prepare", "unavailable"]
+__all__ = ["KernelNotReadyError", "WarmupReport", "compile_and_load", "prepare", "release_codes", "unavailable"]
 
 
 def prepare(qweight, act=None):
@@ -61,6 +61,12 @@ def prepare(qweight, act=None):
             kernel = fp4_gemm.KERNEL if act.format == "e2m1" else fp8_gemm.KERNEL
             return kernel.prepare(qweight, act)
     return _wna16.prepare(qweight)
+
+
+def release_codes(qweight) -> bool:
+    """Free ``qweight``'s IR codes where a prepared CUDA layout holds them (the WnA16 fragment layout, plain or
+    in a gated epilogue's row order), rebuilt from it when read; whether it did."""
+    return _wna16.release_codes(qweight)
 
 
 def compile_and_load(jobs: list, device: int, progress: bool = True, max_workers: int | None = None) -> WarmupReport:

@@ -199,27 +199,93 @@ def _pack_8bit(u: torch.Tensor, tg: int) -> torch.Tensor:
     return _to_int32(words.reshape(n // (16 * tg), k // 64, tg, 2, 32, 4))
 
 
-#: Rows re-tiled per step: the unpacked codes and the packers' int64 temporaries (about 30 bytes per code in
-#: all) stay near a hundred megabytes whatever the weight, so that preparing a whole MoE layer needs little
-#: more memory than its result.
-_ROWS_PER_STEP = 512
+#: Codes re-tiled per step: the unpacked codes and the packers' int64 temporaries (about 30 bytes per code in
+#: all) stay near half a gigabyte whatever the weight, so that preparing a whole MoE layer needs little more
+#: memory than its result, in steps few enough that their torch ops' launches do not dominate.
+_CODES_PER_STEP = 1 << 24
 
 
-def _retile_codes(qw, tg: int, pack, flip: int = 0) -> torch.Tensor:
+def _step_rows(k: int, tg: int) -> int:
+    """Rows per step of :func:`_retile_codes` and :func:`restore_codes`: whole tile blocks (the row blocks are
+    independent), about :data:`_CODES_PER_STEP` codes."""
+    return max(1, _CODES_PER_STEP // (k * 16 * tg)) * 16 * tg
+
+
+def _retile_codes(qw, tg: int, pack, flip: int = 0, rows: torch.Tensor | None = None) -> torch.Tensor:
     """``pack`` (``_pack_4bit`` / ``_pack_8bit`` / MXFP4) of every row of ``qw`` (experts stacked along rows),
-    ``flip`` XOR-ed into each code, one step of rows at a time into one preallocated result."""
+    ``flip`` XOR-ed into each code, one step of rows at a time into one preallocated result; ``rows``: each
+    expert's rows in this order (:func:`prepare_weight`), gathered step by step."""
     from humming.ir import unpack_codes
 
     rows_total, k = (qw.num_experts or 1) * qw.N, qw.K
     words = qw.qweight.reshape(rows_total, -1)
-    step = max(1, _ROWS_PER_STEP // (16 * tg)) * 16 * tg  # whole tile blocks: the row blocks are independent
+    step = _step_rows(k, tg)
     out = None
     for r0 in range(0, rows_total, step):
-        codes = unpack_codes(words[r0 : r0 + step], qw.bits, k)
+        count = min(step, rows_total - r0)
+        part = words[r0 : r0 + count] if rows is None else words[_source_rows(r0, count, qw.N, rows)]
+        codes = unpack_codes(part, qw.bits, k)
         part = pack(codes ^ flip if flip else codes, tg)
         if out is None:
             out = torch.empty(rows_total // (16 * tg), *part.shape[1:], dtype=part.dtype, device=part.device)
         out[r0 // (16 * tg) : r0 // (16 * tg) + part.shape[0]] = part
+    return out
+
+
+def _source_rows(r0: int, count: int, n: int, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``r0 .. r0 + count`` (experts stacked, ``n`` rows each) of the weight whose experts are reordered
+    by ``rows``: their rows in the stacked weight."""
+    at = torch.arange(r0, r0 + count, device=rows.device)
+    return rows[at % n] + at // n * n
+
+
+def _unpack_4bit(words: torch.Tensor, tg: int, e2m1: bool = False) -> torch.Tensor:
+    """Inverse of :func:`_pack_4bit`: int32 ``[blocks, K/64, TG, 32, 4]`` -> codes ``[blocks * 16 TG, K]``."""
+    blocks, chunks = words.shape[:2]
+    w = (words.to(torch.int64) & 0xFFFFFFFF).reshape(blocks, chunks, tg, 8, 4, 4)  # [blk, chunk, t, g, c, j]
+    ar = torch.arange(2, device=words.device)
+    if e2m1:  # code bit b of register 2 hk + h, half e: word bit E2M1_BITS[2 hk + h][b] + 16 e
+        at = torch.tensor(E2M1_BITS, device=words.device).view(2, 2, 1, 4) + 16 * ar.view(1, 1, 2, 1)
+        placed = (w[..., None, None, None, None] >> at) & 1  # [..., hk, h, e, b]
+        codes = (placed << torch.arange(4, device=words.device)).sum(-1)
+    else:
+        nibble = ar.view(2, 1, 1) * 2 + ar.view(1, 2, 1) + 4 * ar.view(1, 1, 2)  # [hk, h, e]
+        codes = (w[..., None, None, None] >> (4 * nibble)) & 15
+    # [blk, chunk, t, g, c, j, hk, h, e] -> [blk, t, h, g, chunk, j, hk, c, e]
+    codes = codes.permute(0, 2, 7, 3, 1, 5, 6, 4, 8)
+    return codes.reshape(blocks * 16 * tg, chunks * 64).to(torch.uint8)
+
+
+def _unpack_8bit(words: torch.Tensor, tg: int) -> torch.Tensor:
+    """Inverse of :func:`_pack_8bit`: int32 ``[blocks, K/64, TG, 2, 32, 4]`` -> codes ``[blocks * 16 TG, K]``."""
+    blocks, chunks = words.shape[:2]
+    w = (words.to(torch.int64) & 0xFFFFFFFF).reshape(blocks, chunks, tg, 2, 8, 4, 2, 2)
+    ar = torch.arange(2, device=words.device)
+    byte = ar.view(2, 1) * 2 + ar.view(1, 2)  # [h, e]
+    codes = (w[..., None, None] >> (8 * byte)) & 0xFF  # [blk, chunk, t, jh, g, c, jl, hk, h, e]
+    # -> [blk, t, h, g, chunk, jh, jl, hk, c, e]
+    codes = codes.permute(0, 2, 8, 4, 1, 3, 6, 7, 5, 9)
+    return codes.reshape(blocks * 16 * tg, chunks * 64).to(torch.uint8)
+
+
+def restore_codes(prep: PreparedWeight, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The IR's packed codes (int32 ``[E * N, words]``, experts stacked) of the weight ``prep`` was made
+    from: :func:`prepare_weight`'s re-tiling undone, exact, a step of rows at a time; ``rows``: the row order
+    ``prep`` was made with."""
+    from humming.ir import pack_codes, packed_words
+
+    bits, tg, k = prep.layout.bits, prep.tile_group, prep.k
+    rows_total = prep.num_experts * prep.n
+    e2m1 = prep.layout.codes == "e2m1"
+    flip = max(prep.layout.zero, 0) if not e2m1 else 0  # signed codes were stored offset binary
+    out = torch.empty(rows_total, packed_words(k, bits), dtype=torch.int32, device=prep.qweight.device)
+    step = _step_rows(k, tg) // (16 * tg)  # tile blocks
+    for b0 in range(0, prep.qweight.shape[0], step):
+        part = prep.qweight[b0 : b0 + step]
+        codes = _unpack_4bit(part, tg, e2m1) if bits == 4 else _unpack_8bit(part, tg)
+        r0 = b0 * 16 * tg
+        target = slice(r0, r0 + codes.shape[0]) if rows is None else _source_rows(r0, codes.shape[0], prep.n, rows)
+        out[target] = pack_codes(codes ^ flip if flip else codes, bits)
     return out
 
 
@@ -246,39 +312,48 @@ def weight_layout(qw) -> WeightLayout:
     return WeightLayout(qw.bits, zero, DTYPE_CODE[qw.scales.dtype])
 
 
-def prepare_weight(qw) -> PreparedWeight:
+def prepare_weight(qw, rows: torch.Tensor | None = None) -> PreparedWeight:
     """Re-tile an int4 / uint4 / int8 / uint8 / MXFP4 ``QuantizedWeight`` ``[N, K]`` or ``[E, N, K]`` with
-    N % 16 == 0 and K % 64 == 0, a few hundred rows at a time (:data:`_ROWS_PER_STEP`); any other weight is a
-    ``ValueError`` saying why (:func:`layout_unsupported`)."""
+    N % 16 == 0 and K % 64 == 0, a step of rows at a time (:data:`_CODES_PER_STEP`); any other weight is a
+    ``ValueError`` saying why (:func:`layout_unsupported`). ``rows``: a permutation of ``range(N)``, row ``j``
+    of each expert's result being its row ``rows[j]`` (gathered step by step: no reordered copy of the
+    weight is made)."""
     layout = weight_layout(qw)
     n, k, bits = qw.N, qw.K, qw.bits
     experts = qw.num_experts or 1
     tg = tile_group(n)
+    if rows is not None:
+        rows = rows.to(device=qw.device, dtype=torch.long)
+
+    def per_row(t: torch.Tensor, cols: int) -> torch.Tensor:  # [*lead, N or 1, cols] -> [*lead, N, cols], by rows
+        t = t.expand(*qw.lead, n, cols)
+        return t if rows is None else t[..., rows, :]
+
     if qw.format.name == "e2m1":
-        scales = qw.scales.expand(*qw.lead, n, k // 32).reshape(experts * n, k // 32).view(torch.uint8)
-        packed = _retile_codes(qw, tg, lambda codes, tg: _pack_4bit(codes, tg, e2m1=True))
+        scales = per_row(qw.scales, k // 32).reshape(experts * n, k // 32).view(torch.uint8)
+        packed = _retile_codes(qw, tg, lambda codes, tg: _pack_4bit(codes, tg, e2m1=True), rows=rows)
         return PreparedWeight(layout, n, k, k // 64, 1, tg, packed, _tile_rows_halves(scales, tg), None, experts)
     flip = 1 << (bits - 1) if qw.format.signed else 0  # two's complement -> offset binary: code' - 2^(bits-1)
     if half_chunk_groups(qw):  # 16-bit scales of 32-column groups, each chunk's two side by side
-        scales = qw.scales.expand(*qw.lead, n, k // 32).reshape(experts * n, k // 32)
-        packed = _retile_codes(qw, tg, _pack_4bit if bits == 4 else _pack_8bit, flip)
+        scales = per_row(qw.scales, k // 32).reshape(experts * n, k // 32)
+        packed = _retile_codes(qw, tg, _pack_4bit if bits == 4 else _pack_8bit, flip, rows)
         return PreparedWeight(layout, n, k, k // 64, 1, tg, packed, _tile_rows_halves(scales, tg), None, experts)
     groups = 1 if qw.scales is None else qw.scales.shape[-1]
     zeros = None
     if qw.zeros is not None:
-        zeros = qw.zeros.to(torch.int32).expand(*qw.lead, n, groups).reshape(experts * n, groups)
+        zeros = per_row(qw.zeros.to(torch.int32), groups).reshape(experts * n, groups)
         zeros = _tile_rows(zeros.to(torch.int16), tg)
     if qw.scales is None:
         scales = torch.ones(experts * n, 1, dtype=torch.float32, device=qw.device)
     else:
-        scales = qw.scales.expand(*qw.lead, n, groups)
+        scales = per_row(qw.scales, groups)
         if qw.global_scale is not None or scales.dtype not in DTYPE_CODE:
             scales = scales.to(torch.float32)  # fp8 / e8m0 scales are exact in fp32
             if qw.global_scale is not None:
                 g = qw.global_scale.to(torch.float32)
                 scales = scales * (g.reshape(*g.shape, 1, 1) if g.dim() else g)
         scales = scales.reshape(experts * n, groups)
-    packed = _retile_codes(qw, tg, _pack_4bit if bits == 4 else _pack_8bit, flip)
+    packed = _retile_codes(qw, tg, _pack_4bit if bits == 4 else _pack_8bit, flip, rows)
     chunks_per_group = (qw.group_size if qw.layout == "group" else k) // 64
     return PreparedWeight(layout, n, k, groups, chunks_per_group, tg, packed, _tile_rows(scales, tg), zeros, experts)
 

@@ -13,13 +13,20 @@ import torch
 
 from ..device import device_index, device_info
 from ..ir.dtypes import HALF_DTYPES
-from ..ir.shard import permute_rows
 from ..kernel import Kernel
 from ._decode_launch import DECODE_CCS
-from ._layout import PreparedWeight, aligned_rows, gate_up_rows, prepare_weight, rows_aligned
+from ._layout import PreparedWeight, aligned_rows, gate_up_rows, prepare_weight, restore_codes, rows_aligned
 from ._support import cached_launch, runtime_unavailable
 
-__all__ = ["kernel", "launcher", "prepare", "prepare_gate_up", "unsupported", "wna8_weight_unsupported"]
+__all__ = [
+    "kernel",
+    "launcher",
+    "prepare",
+    "prepare_gate_up",
+    "release_codes",
+    "unsupported",
+    "wna8_weight_unsupported",
+]
 
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _gate_up_prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> {gate_up_layout: prep}
@@ -32,7 +39,7 @@ def prepare_gate_up(qweight, gate_up_layout: str) -> PreparedWeight:
     prep = by_layout.get(gate_up_layout)
     if prep is None:
         rows = gate_up_rows(qweight.N, gate_up_layout)
-        prep = by_layout[gate_up_layout] = prepare_weight(permute_rows(qweight, rows))
+        prep = by_layout[gate_up_layout] = prepare_weight(qweight, rows)
     return prep
 
 
@@ -43,6 +50,23 @@ def prepare(qweight, act=None) -> PreparedWeight:
     if prep is None:
         prep = _prepared[qweight] = prepare_weight(qweight)
     return prep
+
+
+def release_codes(qweight) -> bool:
+    """Free ``qweight``'s IR codes when a fragment layout prepared from it holds them: they are then rebuilt
+    from that layout when read (:meth:`~humming.ir.QuantizedWeight.release_codes`). Whether it did."""
+    prep, rows = _prepared.get(qweight), None
+    if prep is None and _gate_up_prepared.get(qweight):
+        gate_up_layout, prep = next(iter(_gate_up_prepared[qweight].items()))
+        rows = gate_up_rows(qweight.N, gate_up_layout).to(prep.qweight.device)
+    if prep is None:
+        return False
+    qweight.release_codes(partial(_restored_codes, prep, rows, tuple(qweight.held_codes.shape)))
+    return True
+
+
+def _restored_codes(prep: PreparedWeight, rows, shape: tuple[int, ...]) -> torch.Tensor:
+    return restore_codes(prep, rows).reshape(shape)
 
 
 def kernel(name: str, unsupported, launch_class, tuning, warmup_jobs) -> Kernel:

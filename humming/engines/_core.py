@@ -175,7 +175,8 @@ class LinearCore:
         )
         if parts[0].device.type == "cuda":
             # warmup runs each capture size once: the planned kernel prepares the weights it reads (a repack
-            # for a backend that does not run them, such as the CUDA kernels for NVFP4 x bf16, would fail)
+            # for a backend that does not run them, such as the CUDA kernels for NVFP4 x bf16, would fail),
+            # and frees the IR codes a prepared CUDA layout holds, so that a served weight takes its memory once
             from .. import warmup
 
             for module in layer.humming:
@@ -185,6 +186,7 @@ class LinearCore:
                     act=module.act,
                     act_dtype=layer.humming_params_dtype,
                     progress=False,
+                    keep_codes=False,
                 )
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

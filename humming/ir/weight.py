@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +23,7 @@ from .shard import shard as _shard
 __all__ = [
     "SCALE_DTYPES",
     "QuantizedWeight",
+    "ReleasedCodes",
     "cdiv",
     "expert_weight",
     "layout_name",
@@ -35,6 +38,7 @@ _INT_ZERO_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32)
 _BIAS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+_TENSOR_FIELDS = ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
 _handles = itertools.count(1)
 _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handle -> QuantizedWeight
 
@@ -54,6 +58,21 @@ def layout_name(group_shape: tuple[int, int]) -> str:
     if bn == 1:
         return "group"
     return "block"
+
+
+@dataclass(frozen=True)
+class ReleasedCodes:
+    """What stands for the packed codes of a weight once :meth:`QuantizedWeight.release_codes` freed them:
+    their shape, dtype and device, ``restore`` (rebuilds them, exactly, from the kernel layout that holds them),
+    ``stand_in``, a zero-element tensor on their device that ops and modules hold in their place, and
+    ``source``, a weak reference to the freed tensor."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    restore: Callable[[], torch.Tensor]
+    stand_in: torch.Tensor
+    source: weakref.ref  # the freed codes tensor, while something else (a module's buffer) still holds it
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,7 +163,8 @@ class QuantizedWeight:
 
     @property
     def device(self) -> torch.device:
-        return self.qweight.device
+        released = self.released_codes
+        return self.qweight.device if released is None else released.device
 
     @property
     def has_zeros(self) -> bool:
@@ -152,13 +172,50 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every tensor held (what a kernel reads from memory for the whole weight)."""
-        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+        """Bytes of every tensor of the weight (what a kernel reads from memory for the whole weight); released
+        codes count at their size, which the kernel layout holding them takes."""
+        released = self.released_codes
+        names = _TENSOR_FIELDS if released is None else _TENSOR_FIELDS[1:]
+        held = sum(t.numel() * t.element_size() for t in (getattr(self, n) for n in names) if t is not None)
+        return held + (0 if released is None else math.prod(released.shape) * released.dtype.itemsize)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The tensor fields that are set, by name."""
-        names = ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
-        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+        """The tensor fields that are set, by name (released codes rebuilt)."""
+        return {n: getattr(self, n) for n in _TENSOR_FIELDS if getattr(self, n) is not None}
+
+    # ---------------------------------------------------------------------------------- released codes
+    def release_codes(self, restore: Callable[[], torch.Tensor]) -> None:
+        """Free the packed codes (``qweight``), which a kernel layout prepared from them also holds, so that a
+        served weight does not take its memory twice. ``restore()`` must rebuild them exactly from that layout
+        (:func:`humming.warmup` with ``keep_codes=False`` passes it). Reading ``qweight`` afterwards returns a
+        freshly rebuilt copy each time, for what reads the IR's codes (``humming.dequantize``, the Triton
+        kernels, preparing another kernel layout); the prepared kernels never read them."""
+        if self.released_codes is not None:
+            return
+        codes = self.qweight
+        stand_in = codes.new_empty(0)
+        released = ReleasedCodes(tuple(codes.shape), codes.dtype, codes.device, restore, stand_in, weakref.ref(codes))
+        object.__setattr__(self, "_released", released)
+        object.__delattr__(self, "qweight")
+
+    @property
+    def released_codes(self) -> ReleasedCodes | None:
+        """What stands for the codes after :meth:`release_codes`, else ``None``."""
+        return self.__dict__.get("_released")
+
+    @property
+    def held_codes(self) -> torch.Tensor:
+        """``qweight``, or after :meth:`release_codes` its zero-element stand-in (what ops pass: the kernels
+        they reach find the prepared layout through the weight's handle)."""
+        released = self.released_codes
+        return self.qweight if released is None else released.stand_in
+
+    def __getattr__(self, name: str):
+        # Reached only for attributes not found the usual way: ``qweight`` after release_codes.
+        released = self.__dict__.get("_released")
+        if name == "qweight" and released is not None:
+            return released.restore()
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------------------------- transforms
     def replace(self, **changes) -> QuantizedWeight:

@@ -13,6 +13,12 @@ from ..ir.weight import QuantizedWeight
 _TENSORS = ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
 
 
+def _held(qw: QuantizedWeight, name: str) -> torch.Tensor | None:
+    """The tensor the module's buffer ``name`` holds for ``qw``: its field, or the stand-in of released
+    codes (:meth:`~humming.ir.QuantizedWeight.release_codes`)."""
+    return qw.held_codes if name == "qweight" else getattr(qw, name)
+
+
 class QuantizedModule(nn.Module):
     """A module holding quantized weights under name prefixes (``""`` for one weight, ``"w13_"``...)."""
 
@@ -27,8 +33,15 @@ class QuantizedModule(nn.Module):
         that the module never serves a weight its buffers no longer hold."""
         qw = self._weights[prefix]
         buffers = self._buffers
-        if any(buffers[prefix + name] is not getattr(qw, name) for name in _TENSORS):
-            qw = self._weights[prefix] = qw.replace(**{name: buffers[prefix + name] for name in _TENSORS})
+        released = qw.released_codes
+        if released is not None and buffers[prefix + "qweight"] is released.source():
+            buffers[prefix + "qweight"] = released.stand_in  # the codes the weight freed: the module lets go too
+        if any(buffers[prefix + name] is not _held(qw, name) for name in _TENSORS):
+            tensors = {name: buffers[prefix + name] for name in _TENSORS}
+            if released is not None and tensors["qweight"] is released.stand_in:
+                tensors["qweight"] = qw.qweight  # another field replaced: the new weight takes the codes, rebuilt
+            qw = self._weights[prefix] = qw.replace(**tensors)
+            buffers[prefix + "qweight"] = qw.qweight
         return qw
 
     def _set_weight(self, prefix: str, qw: QuantizedWeight) -> None:
@@ -83,6 +96,10 @@ class QuantizedModule(nn.Module):
                             f"module holds {value!r}"
                         )
         loaded = any(key.startswith(prefix) for key in state_dict)
+        if loaded:
+            for name in self._weights:  # released codes: rebuilt into the buffer the state loads into
+                if self._weight(name).released_codes is not None:
+                    self._buffers[name + "qweight"] = self._weights[name].qweight
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
         if loaded:
             for name, qw in self._weights.items():
@@ -102,10 +119,22 @@ class QuantizedModule(nn.Module):
         for prefix, qw in self._weights.items():
             tensors = {}
             for name in _TENSORS:
-                old, new = getattr(qw, name), self._buffers[prefix + name]
+                old, new = _held(qw, name), self._buffers[prefix + name]
                 if new is not None and new.dtype != old.dtype:
                     new = self._buffers[prefix + name] = old.to(new.device)
                 tensors[name] = new
-            if any(tensors[name] is not getattr(qw, name) for name in _TENSORS):
+            if any(tensors[name] is not _held(qw, name) for name in _TENSORS):
+                if qw.released_codes is not None:  # released codes move as the rebuilt codes
+                    moved = tensors["qweight"]
+                    tensors["qweight"] = self._buffers[prefix + "qweight"] = qw.qweight.to(moved.device)
                 self._weights[prefix] = qw.replace(**tensors)
         return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """Buffers as ``nn.Module`` saves them, with a released weight's codes rebuilt (a state holds the
+        IR's codes, never a stand-in)."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name in self._weights:
+            qw = self._weight(name)
+            if qw.released_codes is not None:
+                destination[prefix + name + "qweight"] = qw.qweight
