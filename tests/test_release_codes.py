@@ -6,7 +6,9 @@ the memory on the GPU."""
 
 from __future__ import annotations
 
+import copy
 import gc
+import pickle
 import weakref
 
 import pytest
@@ -80,6 +82,11 @@ def test_a_released_weight_reads_as_before(fmt):
     assert (qw.nbytes, repr(qw), qw.device) == (nbytes, text, codes.device)
     assert torch.equal(humming.dequantize(qw), ref)
     assert torch.equal(qw.replace(bias=None).qweight, codes)
+    copies = [copy.deepcopy(qw)]
+    if qw.scales.dtype != torch.float8_e8m0fnu:  # torch cannot pickle e8m0 tensors (released or not)
+        copies.append(pickle.loads(pickle.dumps(qw)))
+    for copied in copies:  # a copy holds its codes again
+        assert copied.released_codes is None and torch.equal(copied.qweight, codes)
     qw.release_codes(lambda: pytest.fail("released twice"))  # already released: no-op
     with pytest.raises(AttributeError, match="no attribute 'codes'"):
         qw.codes  # noqa: B018

@@ -210,6 +210,14 @@ class QuantizedWeight:
         released = self.released_codes
         return self.qweight if released is None else released.stand_in
 
+    def __getstate__(self) -> dict:
+        """What pickle and ``copy`` keep: the fields, with released codes rebuilt (a copy holds its codes)."""
+        state = dict(self.__dict__)
+        released = state.pop("_released", None)
+        if released is not None:
+            state["qweight"] = released.restore()
+        return state
+
     def __getattr__(self, name: str):
         # Reached only for attributes not found the usual way: ``qweight`` after release_codes.
         released = self.__dict__.get("_released")
