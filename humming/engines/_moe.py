@@ -118,15 +118,35 @@ class MoECore:
         layer.humming_w13, layer.humming_w2 = weights["w13"], weights["w2"]
         layer.humming_act, layer.humming_act_scales = _activation(self.prefix, specs)
         if layer.humming_w13.device.type == "cuda":  # the planned kernels prepare what they read (_core.py)
-            from .. import warmup
+            self.warm_experts(layer)
 
-            warmup(
-                [layer.humming_w13, layer.humming_w2],
-                m_values=self.capture_sizes(),
-                act=layer.humming_act,
-                act_dtype=layer.humming_params_dtype,
-                progress=False,
-            )
+    def warm_experts(self, layer) -> None:
+        """Make the layer's kernels ready at the engine's capture sizes and free the IR codes that a prepared
+        CUDA layout holds (``keep_codes=False``: served experts take their memory once). Where the layer says
+        its ``top_k`` (vLLM's and SGLang's ``FusedMoE`` do), its fused_moe call as an :class:`~humming.moe.MoeCall`:
+        the routing blocks, w13 in the gated epilogue's layout, the activation and combine passes, at the token
+        counts it serves. Else its two expert weights as grouped GEMMs (w13's gated layout is then made on the
+        first call)."""
+        from .. import warmup
+        from ..moe import MoeCall
+
+        w13, w2 = layer.humming_w13, layer.humming_w2
+        top_k, expert_map = getattr(layer, "top_k", None), getattr(layer, "expert_map", None)
+        routed = w13.shape[0] if expert_map is None else expert_map.numel()
+        layers = [w13, w2]
+        if isinstance(top_k, int) and not isinstance(top_k, bool) and 1 <= top_k <= routed:
+            w13_scale, w2_scale = layer.humming_act_scales
+            options = dict(activation=self.activation, expert_map=expert_map, act=layer.humming_act)
+            options.update(w13_act_scale=w13_scale, w2_act_scale=w2_scale, backend=self.config.backend)
+            layers = [MoeCall(w13, w2, top_k, **options)]
+        warmup(
+            layers,
+            m_values=self.capture_sizes(),
+            act=layer.humming_act,
+            act_dtype=layer.humming_params_dtype,
+            progress=False,
+            keep_codes=False,
+        )
 
     def run(self, layer, x, topk_weights, topk_ids, expert_map=None) -> torch.Tensor:
         """``humming.moe.fused_moe`` on the engine's routing (``expert_map``: its expert parallelism)."""
