@@ -98,21 +98,24 @@ def warmup(
         return None
     device = next(iter(devices))
     cuda_jobs, runs = [], []
-    planned: dict[QuantizedWeight, set[str]] = {}  # weight -> the kernels planned for it
+    planned: dict[QuantizedWeight, set[str]] = {}  # weight -> the backends of the kernels planned for it
     calls = [layer for layer in layers if isinstance(layer, MoeCall)]
     for qw in (layer for layer in layers if isinstance(layer, QuantizedWeight)):
         for m in m_values:
             for block_m in block_ms if qw.num_experts is not None else (None,):
-                jobs, run, kernel = _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device)
+                jobs, run, planned_backend = _plan_call(
+                    qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device
+                )
                 cuda_jobs += jobs
                 runs.append(run)
-                planned.setdefault(qw, set()).add(kernel)
+                planned.setdefault(qw, set()).add(planned_backend)
     for call in calls:
         for m in m_values:
             cuda_jobs += _moe_cuda_jobs(call, m, act_dtype, device)
             for launch in call.launches(m, act_dtype):
                 if launch.step in ("w13", "w2"):
-                    planned.setdefault(call.w13 if launch.step == "w13" else call.w2, set()).add(launch.kernel)
+                    weight = call.w13 if launch.step == "w13" else call.w2
+                    planned.setdefault(weight, set()).add(GROUPED_KERNELS.backend(launch.kernel))
     report = None
     if cuda_jobs:
         from . import cuda_kernels
@@ -137,8 +140,8 @@ def _release_codes(planned: dict) -> None:
     kernel reads the IR codes of on every call (Triton, the reference) keeps them."""
     from . import cuda_kernels
 
-    for qw, kernels in planned.items():
-        if all(kernel.startswith("cuda.") for kernel in kernels):
+    for qw, backends in planned.items():
+        if backends == {"cuda"}:
             cuda_kernels.release_codes(qw)
 
 
@@ -179,8 +182,8 @@ def _counts(name: str, values) -> tuple[int, ...]:
 
 def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, device):
     """The CUDA compile jobs of the kernel planned for this call, a callable that runs the call once through
-    that plan once the jobs are loaded (a no-op for the reference, which compiles nothing), and the kernel's
-    name."""
+    that plan once the jobs are loaded (a no-op for the reference, which compiles nothing), and the planned
+    kernel's backend."""
     rows = m if block_m is None else -(-m // block_m) * block_m
     x = torch.randn(rows, qw.K, dtype=act_dtype, device=device)
     grouped = block_m is not None
@@ -203,8 +206,8 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
             kernel.run(x, qw, bias, act, out_dtype, plan.tuning)
 
     if plan.backend == "reference":  # nothing to compile
-        return [], lambda: None, plan.kernel
+        return [], lambda: None, plan.backend
     from .device import device_index
 
     options = dict(act_dtype=act_dtype, out_dtype=out_dtype, bias_dtype=bias_dtype, block_m=block_m)
-    return kernel.warmup_jobs(qw, act, rows, device=device_index(device), **options), run, plan.kernel
+    return kernel.warmup_jobs(qw, act, rows, device=device_index(device), **options), run, plan.backend

@@ -168,3 +168,13 @@ def test_compiled_calls_take_the_stand_in():
     compiled = torch.compile(lambda x: humming.linear(x, qw), fullgraph=True, dynamic=True)
     assert torch.equal(compiled(x), want)
     assert torch.equal(humming.linear(x, qw), want)
+
+
+def test_warmup_frees_only_weights_every_planned_kernel_of_which_is_cuda():
+    from humming.warmup import _release_codes
+
+    served, mixed = _weight("int4-g128", (256, 256)), _weight("int4-g128", (256, 256), seed=1)
+    for qw in (served, mixed):
+        _wna16.prepare(qw)
+    _release_codes({served: {"cuda"}, mixed: {"cuda", "triton"}})
+    assert served.released_codes is not None and mixed.released_codes is None

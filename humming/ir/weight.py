@@ -22,6 +22,7 @@ from .shard import shard as _shard
 
 __all__ = [
     "SCALE_DTYPES",
+    "TENSOR_FIELDS",
     "QuantizedWeight",
     "ReleasedCodes",
     "cdiv",
@@ -38,7 +39,8 @@ _INT_ZERO_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32)
 _BIAS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-_TENSOR_FIELDS = ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
+#: The tensor fields of a weight, in order.
+TENSOR_FIELDS = ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
 _handles = itertools.count(1)
 _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handle -> QuantizedWeight
 
@@ -175,13 +177,13 @@ class QuantizedWeight:
         """Bytes of every tensor of the weight (what a kernel reads from memory for the whole weight); released
         codes count at their size, which the kernel layout holding them takes."""
         released = self.released_codes
-        names = _TENSOR_FIELDS if released is None else _TENSOR_FIELDS[1:]
+        names = TENSOR_FIELDS if released is None else TENSOR_FIELDS[1:]
         held = sum(t.numel() * t.element_size() for t in (getattr(self, n) for n in names) if t is not None)
         return held + (0 if released is None else math.prod(released.shape) * released.dtype.itemsize)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensor fields that are set, by name (released codes rebuilt)."""
-        return {n: getattr(self, n) for n in _TENSOR_FIELDS if getattr(self, n) is not None}
+        return {n: getattr(self, n) for n in TENSOR_FIELDS if getattr(self, n) is not None}
 
     # ---------------------------------------------------------------------------------- released codes
     def release_codes(self, restore: Callable[[], torch.Tensor]) -> None:

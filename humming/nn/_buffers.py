@@ -8,9 +8,7 @@ import torch
 from torch import nn
 
 from ..ir.activation import ActScheme
-from ..ir.weight import QuantizedWeight
-
-_TENSORS = ("qweight", "scales", "zeros", "global_scale", "g_idx", "bias")
+from ..ir.weight import TENSOR_FIELDS, QuantizedWeight
 
 
 def _held(qw: QuantizedWeight, name: str) -> torch.Tensor | None:
@@ -36,8 +34,9 @@ class QuantizedModule(nn.Module):
         released = qw.released_codes
         if released is not None and buffers[prefix + "qweight"] is released.source():
             buffers[prefix + "qweight"] = released.stand_in  # the codes the weight freed: the module lets go too
-        if any(buffers[prefix + name] is not _held(qw, name) for name in _TENSORS):
-            tensors = {name: buffers[prefix + name] for name in _TENSORS}
+        changed = buffers[prefix + "qweight"] is not qw.held_codes
+        if changed or any(buffers[prefix + name] is not getattr(qw, name) for name in TENSOR_FIELDS[1:]):
+            tensors = {name: buffers[prefix + name] for name in TENSOR_FIELDS}
             if released is not None and tensors["qweight"] is released.stand_in:
                 tensors["qweight"] = qw.qweight  # another field replaced: the new weight takes the codes, rebuilt
             qw = self._weights[prefix] = qw.replace(**tensors)
@@ -49,7 +48,7 @@ class QuantizedModule(nn.Module):
         unset)."""
         if not isinstance(qw, QuantizedWeight):
             raise ValueError(f"{prefix or 'qweight'}: expected a humming.QuantizedWeight, got {type(qw).__name__}")
-        for name in _TENSORS:
+        for name in TENSOR_FIELDS:
             self.register_buffer(prefix + name, getattr(qw, name))
         self._weights[prefix] = qw
 
@@ -103,7 +102,7 @@ class QuantizedModule(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
         if loaded:
             for name, qw in self._weights.items():
-                self._weights[name] = qw.replace(**{t: self._buffers[name + t] for t in _TENSORS})
+                self._weights[name] = qw.replace(**{t: self._buffers[name + t] for t in TENSOR_FIELDS})
 
     def _apply(self, fn, recurse=True):
         """Device moves apply to the weights; dtype casts (``.half()``, ``.to(torch.bfloat16)``) do not, as
@@ -118,12 +117,12 @@ class QuantizedModule(nn.Module):
                 self._buffers[name] = old.to(new.device)
         for prefix, qw in self._weights.items():
             tensors = {}
-            for name in _TENSORS:
+            for name in TENSOR_FIELDS:
                 old, new = _held(qw, name), self._buffers[prefix + name]
                 if new is not None and new.dtype != old.dtype:
                     new = self._buffers[prefix + name] = old.to(new.device)
                 tensors[name] = new
-            if any(tensors[name] is not _held(qw, name) for name in _TENSORS):
+            if any(tensors[name] is not _held(qw, name) for name in TENSOR_FIELDS):
                 if qw.released_codes is not None:  # released codes move as the rebuilt codes
                     moved = tensors["qweight"]
                     tensors["qweight"] = self._buffers[prefix + "qweight"] = qw.qweight.to(moved.device)
