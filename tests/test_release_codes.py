@@ -124,7 +124,7 @@ def test_warmup_checks_keep_codes():
 @pytest.mark.parametrize("fmt", ["int4-g128", "mxfp4"])
 def test_warmup_frees_the_codes_of_served_weights(fmt):
     """A dense weight and a fused_moe layer warmed with keep_codes=False: nothing holds their codes any more,
-    and every served call gives the bits it gave before."""
+    and every served call gives what it gave before (to the ulp that split-K's atomic order may move)."""
     torch.manual_seed(0)
     dense = humming.quantize(torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16), **FORMATS[fmt])
     w13 = humming.quantize(torch.randn(8, 512, 1024, device="cuda", dtype=torch.bfloat16), **FORMATS[fmt])
@@ -143,10 +143,12 @@ def test_warmup_frees_the_codes_of_served_weights(fmt):
     gc.collect()
     assert all(w.released_codes is not None for w in (dense, w13, w2))
     assert all(ref() is None for ref in held)  # nothing holds the codes: the allocator has their memory back
+    _poison = [torch.full_like(c, -1) for c in codes]  # likely in the codes' old blocks: a stale read shows
     after = [humming.linear(x[:m], dense) for m in m_values]
     after += [moe.fused_moe(xm[:m], w13, w2, weights[:m], ids[:m]) for m in m_values]
     for a, b in zip(after, before, strict=True):
-        assert torch.equal(a, b)
+        # split-K sums in fp32 with atomics, in no fixed order: a value may move by one bf16 ulp between calls
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-3)
     for w, c in zip((dense, w13, w2), codes, strict=True):
         assert torch.equal(w.qweight, c)
 
