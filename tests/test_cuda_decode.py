@@ -267,7 +267,16 @@ def test_decode_float32_output_and_strided_x(seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "tuning", [(1, 1, 4, 8, 1), (1, 1, 16, 2, 1), (2, 2, 8, 4, 1), (1, 1, 8, 4, 3), (1, 2, 8, 4, 1), (1, 4, 8, 3, 1)]
+    "tuning",
+    [
+        (1, 1, 4, 8, 1),
+        (1, 1, 16, 2, 1),
+        (2, 2, 8, 4, 1),
+        (1, 1, 8, 4, 3),
+        (2, 1, 8, 3, 4),
+        (1, 2, 8, 4, 1),
+        (1, 4, 8, 3, 1),
+    ],
 )
 def test_tunings_agree(tuning, seed):
     qw = _quantize(2048, 2048, "int4-g128", device="cuda")
@@ -275,6 +284,26 @@ def test_tunings_agree(tuning, seed):
     x = torch.randn(8 * tuning[0], 2048, device="cuda", dtype=torch.bfloat16)
     out = wna16_decode.run_decode(prep, x, None, torch.float32, tuning=wna16_decode.DecodeTuning(*tuning))
     assert_rel_close(out, _reference(x, qw, None), 5e-3, precision=torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [(1, 1, 4, 4, 5), (1, 2, 4, 4, 3), (2, 1, 4, 3, 5), (4, 1, 4, 2, 2)])
+def test_split_k_repeated_calls(tuning, seed):
+    """Split-K with one token tile (the tile's last block reads the fp32 workspace back and leaves it zero)
+    and with more (an fp32 output rounded by a copy): 16-bit outputs over repeated calls, poisoned first."""
+    tuning = wna16_decode.DecodeTuning(*tuning)
+    qw = _quantize(512, 64 * 45, "int4-g64", device="cuda")
+    prep = prepare_weight(qw)
+    for m in (1, 8 * tuning.mt - 3):
+        for _ in range(2):
+            x = torch.randn(m, 64 * 45, device="cuda", dtype=torch.bfloat16)
+            out = torch.full((m, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+            wna16_decode.run_decode(prep, x, None, torch.bfloat16, tuning, out)
+            assert_rel_close(out, _reference(x, qw, None), precision=torch.bfloat16)
+    assert tuning.reads_back == (tuning.mt == 1)
+    stream = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
+    workspace = _decode_launch.WORKSPACES.by_stream.get(stream)
+    assert workspace is None or int(workspace.count_nonzero()) == 0
 
 
 @pytest.mark.gpu

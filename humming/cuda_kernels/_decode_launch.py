@@ -2,10 +2,13 @@
 kernel specs, the stream-K workspaces and the launch.
 
 Stream-K (``DecodeTuning.stream_k``) runs a persistent grid whose warps each take one contiguous range
-of the (row tile group, 64-column chunk) units; tiles shared by several warps are summed in an fp32
-workspace with atomics, in an order that varies from call to call (results are nondeterministic in the
-last bits of fp32). The workspace and its arrival counters are zero between calls (the last warp of a
-tile restores them), so they are allocated once per (device, stream), zero-filled, and grown when a
+of the (row tile group, 64-column chunk) units; split-K (``DecodeTuning.splits``) a tile grid whose
+blocks each take one range of K. Tiles shared by several warps or blocks are summed with atomics, in an
+order that varies from call to call (results are nondeterministic in the last bits of fp32): in an fp32
+workspace read back by the tile's last warp or block (stream-K, and split-K with one token tile:
+``DecodeTuning.reads_back``), else in a zeroed fp32 output rounded by a copy. The workspace and its
+arrival counters are zero between calls (the last warp or block of a tile restores them), so they are
+allocated once per (device, stream), zero-filled, and grown when a
 larger ``M * N`` comes; concurrent calls on different streams get different workspaces. A CUDA graph
 captures the workspace of its capture stream: :func:`reserve_workspace` (called by
 ``humming.warmup``) sets one aside for a stream that first runs the kernel while capturing;
@@ -69,7 +72,7 @@ def decode_spec(
         raise ValueError(f"the grouped decode kernel runs the tile grid with a 16-bit gated output, got {tuning}")
     if gated is not None and gated not in GATED_ACTS:
         raise ValueError(f"gated: expected one of {sorted(GATED_ACTS)}, got {gated!r}")
-    out_kernel = "f32" if tuning.splits > 1 else out
+    out_kernel = "f32" if tuning.splits > 1 and not tuning.reads_back else out
     if tuning.stream_k:
         schedule, suffix = "stream_k", f"_sk{tuning.stream_k}"
     else:
@@ -140,9 +143,9 @@ def _workspace_words(m: int, n: int, tuning: DecodeTuning) -> int:
 
 
 def reserve_workspace(m: int, n: int, tuning: DecodeTuning, device: int) -> None:
-    """Allocate, outside graph capture, the stream-K workspace a call ``[m, n]`` with ``tuning`` needs, for
-    the current stream and for one CUDA graph capture stream (no-op for the tile grid)."""
-    if tuning.stream_k:
+    """Allocate, outside graph capture, the stream-K or split-K workspace a call ``[m, n]`` with ``tuning``
+    needs, for the current stream and for one CUDA graph capture stream (no-op for the tile grid)."""
+    if tuning.stream_k or tuning.reads_back:
         WORKSPACES.reserve(_workspace_words(m, n, tuning), device)
 
 
@@ -183,10 +186,10 @@ class DecodeLaunch:
         self.prep = prep  # the parameter struct holds its tensors' addresses
         self.m, self.n, self.out_dtype, self.device = m, n, out_dtype, device
         self.torch_device = torch.device("cuda", device)
-        self.split = tuning.splits > 1
         self.smem = tuning.smem_bytes(prep.layout.bits)
         self.grid = (n // (16 * tuning.r), tuning.splits, 1)
-        self.workspace_words = 0
+        self.fp32_output = tuning.splits > 1 and not tuning.reads_back
+        self.workspace_words = _workspace_words(m, n, tuning) if tuning.reads_back else 0
         total_warps = 0
         if tuning.stream_k:
             blocks, total_warps = stream_k_grid(n, k, tuning, device_limits(device).sm_count)
@@ -231,33 +234,24 @@ class DecodeLaunch:
         """``x @ W^T * x_scale + bias`` into ``out`` (``[m, N]`` of the output dtype, unit column stride) or a
         new tensor."""
         m, n = self.m, self.n
-        result = out
         if out is not None:
             check_out(out, m, n, self.out_dtype)
-        if self.split:
-            acc = torch.zeros((m, n), dtype=torch.float32, device=self.torch_device)
-        elif out is None:
-            acc = result = torch.empty((m, n), dtype=self.out_dtype, device=self.torch_device)
         else:
-            acc = out
+            out = torch.empty((m, n), dtype=self.out_dtype, device=self.torch_device)
+        acc = torch.zeros((m, n), dtype=torch.float32, device=self.torch_device) if self.fp32_output else out
         stream = current_stream(self.device)
         packed = self.packed
         with packed.lock:
             params = packed.params
             params.x = x.data_ptr()
-            params.out = acc.data_ptr()
-            params.out_stride = out.stride(0) if acc is out else n
+            params.out, params.out_stride = acc.data_ptr(), acc.stride(0)
             params.bias = None if bias is None else bias.data_ptr()
             if self.workspace_words:
                 sums = WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
                 params.sums, params.arrivals = sums, sums + 4 * m * n
             params.x_scale, params.x_scale_stride = (None, 0) if x_scale is None else x_scale_args(x_scale, m)
             packed(stream)
-        if not self.split:
-            return result
-        if result is None:
-            return acc.to(self.out_dtype)
-        return result.copy_(acc)
+        return out.copy_(acc) if self.fp32_output else out
 
 
 def run_decode(

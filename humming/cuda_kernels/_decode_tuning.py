@@ -29,6 +29,13 @@ class DecodeTuning:
         if self.stream_k < 0 or (self.stream_k and (self.splits != 1 or 8 % self.r)):
             raise ValueError(f"stream_k: expected 0, or > 0 with splits=1 and r dividing 8; got {self}")
 
+    @property
+    def reads_back(self) -> bool:
+        """Split-K with one token tile: the blocks add into the fp32 workspace and the tile's last block
+        writes the output (one launch). With more token tiles that single block's read-back costs more than
+        the memset, the fp32 output and the rounding copy it saves, so those add into an fp32 output."""
+        return self.splits > 1 and self.mt == 1
+
     def smem_bytes(self, bits: int) -> int:
         """Dynamic shared memory: the pipeline (``Pipeline`` in decode.cuh), which the tile grid's warps
         reuse for their partial sums (``run_tiles``)."""

@@ -20,8 +20,11 @@
 //
 // Three schedules of the same per-chunk work (Schedule):
 // - tiles: one block per kR row tiles; its warps split K round-robin and reduce in shared memory;
-// - split_k: the same, with blockIdx.y splitting K too; blocks add into an fp32 output with atomics (for
-//   shapes with too few row tiles to fill the GPU);
+// - split_k: the same, with blockIdx.y splitting K too (for shapes with too few row tiles to fill the GPU).
+//   With one token tile the blocks add into an fp32 workspace with red.add and the tile's last block to
+//   arrive writes the output, leaving the workspace and its counter at zero (as stream_k does: no memset,
+//   no rounding pass); with more, that one block's read-back costs more than it saves, and the blocks add
+//   into an fp32 output (O = f32) that the host zeroes and rounds;
 // - stream_k: a persistent grid (blocks per SM x SMs). The work units (row tile group, 64-column chunk)
 //   are flattened tile-major and each warp takes one contiguous range of them, so every warp moves the
 //   same bytes whatever the shape: no partial last wave, and one pipeline ramp per warp rather than per
@@ -59,8 +62,8 @@ struct Params {
   int group_shift;       // log2(group size / 64), or 31 when there is one group
   int chunks_per_split;  // K/64 chunks handled by one blockIdx.y (split_k)
   int tile_group;        // 16-row tiles per contiguous block of the layout
-  float* sums;           // stream_k: [M, N] fp32 partial sums, all zero between calls
-  int* arrivals;         // stream_k: [N / 16 / kR] arrival counters, all zero between calls
+  float* sums;           // stream_k, split_k: [M, N] fp32 partial sums, all zero between calls
+  int* arrivals;         // stream_k, split_k: [N / 16 / kR] arrival counters, all zero between calls
   int total_warps;       // stream_k: warps of the persistent grid (W)
   const float* x_scale;  // per-token (x_scale_stride 1) or per-tensor (0) activation scale, or null: x holds
   int x_scale_stride;    // quantized activations' values (fp8 schemes run through the 16-bit kernels)
@@ -381,15 +384,17 @@ __device__ __forceinline__ void zero(float (&acc)[kR][kMT][4]) {
 // layout: tile0, or the expert's first tile plus tile0) for the pipeline's tokens; warp w takes chunks
 // chunk_begin + w, + kWarps, ... Then the warps' partial sums are reduced in the pipeline's shared memory
 // (idle by then: it holds every warp's kR * kMT * 16 bytes per lane, DecodeTuning.smem_bytes) and the tile
-// written (or atomically added): token t goes to out row row0 + t. Each value is summed in warp order:
-// without split-K, equal inputs give bit-equal outputs on every call. Ends with a barrier, after which the
-// shared memory may be refilled.
+// written (split-K: added to p.sums, the last block of the tile writing the totals, with one token tile; else
+// added to the fp32 output): token t goes to out row
+// row0 + t. Each value is summed in warp order: without split-K, equal inputs give bit-equal outputs on every
+// call. The pipeline's shared memory may be refilled after it.
 template <DType A, int kBits, bool kE2m1, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps,
           int kStages, bool kSplit, bool kGrouped, int kAct>
 __device__ __forceinline__ void tile_pass(const Params& p, Pipeline<A, kBits, kE2m1, kZero, S, kMT, kR, kWarps, kStages>& pipe,
                                           uint4* smem, int tile0, int w_tile0, int chunk_begin, int chunk_end,
                                           int row0, int expert) {
   constexpr int kThreads = kWarps * 32;
+  constexpr bool kReadBack = kSplit && kMT == 1;  // DecodeTuning.reads_back
   const int lane = pipe.lane;
   const int first = chunk_begin + pipe.warp;
   pipe.seek(p, w_tile0, first);
@@ -449,15 +454,34 @@ __device__ __forceinline__ void tile_pass(const Params& p, Pipeline<A, kBits, kE
       const int n = acc_row(tile0, r, l, i);
       if (!kGrouped && token >= p.M) continue;
       const float v = epilogue<B>(p, token, long(expert) * p.N + n, total(idx), chunk_begin == 0);
-      const long o = long(row0 + token) * p.out_stride + n;
-      if constexpr (kSplit) {
-        atomicAdd(static_cast<float*>(p.out) + o, v);
+      if constexpr (kReadBack) {
+        red_add_f32(p.sums + long(token) * p.N + n, v);
+      } else if constexpr (kSplit) {
+        atomicAdd(static_cast<float*>(p.out) + long(row0 + token) * p.out_stride + n, v);
       } else {
-        store_float<O>(p.out, o, v);
+        store_float<O>(p.out, long(row0 + token) * p.out_stride + n, v);
       }
     }
   }
+  if constexpr (kReadBack) __threadfence();  // this thread's adds are visible before the block's arrival below
   __syncthreads();  // every thread has read the partial sums
+  if constexpr (kReadBack) {
+    // The tile's last block to arrive (of gridDim.y) writes the totals: atomicExch reads them at L2, where
+    // the adds went, and leaves the zeros the next call needs; then it resets the counter.
+    int last = 0;
+    if (threadIdx.x == 0) last = atomicAdd(p.arrivals + blockIdx.x, 1) == int(gridDim.y) - 1;
+    if (__syncthreads_or(last)) {
+      __threadfence();  // every other block's adds happened before its arrival, which this block saw
+      for (int idx = threadIdx.x; idx < kTileValues; idx += kThreads) {
+        const int i = idx & 3, l = (idx >> 2) & 31, t = (idx >> 7) % kMT, r = (idx >> 7) / kMT;
+        const int token = acc_token(t, l, i);
+        if (token >= p.M) continue;
+        const int n = acc_row(tile0, r, l, i);
+        store_float<O>(p.out, long(token) * p.out_stride + n, atomicExch(p.sums + long(token) * p.N + n, 0.0f));
+      }
+      if (threadIdx.x == 0) p.arrivals[blockIdx.x] = 0;
+    }
+  }
 }
 
 // Schedules tiles and split_k: block (blockIdx.x, blockIdx.y) = row tiles blockIdx.x * kR .. + kR - 1,
