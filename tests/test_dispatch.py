@@ -36,8 +36,8 @@ def _order(qw, act, m, **overrides):
 def test_heuristic_order_by_activation_and_m():
     qw = _weight()
     assert _order(qw, None, 1) == (("cuda.wna16_sm90", "cuda.wna16_decode", "triton.wna16", "reference"), "heuristic")
-    assert _order(qw, "fp8", 32)[0][:2] == ("cuda.wna16_decode", "cuda.fp8_gemm")
-    assert _order(qw, "fp8", 33)[0][:2] == ("cuda.fp8_gemm", "cuda.wna16_sm90")  # the W4A8 route above M = 32
+    assert _order(qw, "fp8", 16)[0][:2] == ("cuda.wna16_decode", "cuda.fp8_gemm")
+    assert _order(qw, "fp8", 17)[0][:2] == ("cuda.fp8_gemm", "cuda.wna16_sm90")  # the W4A8 route above M = 16
     assert _order(humming.quantize(torch.randn(32, 64), "nvfp4"), "nvfp4", 64)[0][0] == "cuda.fp4_gemm"
 
 

@@ -179,16 +179,17 @@ def act_key(act) -> str:
 def heuristic_order(qweight, act, m: int) -> tuple[str, ...]:
     """The kernel order where no table decides. On the H200 (bench/results/h200/linear.json): the WnA16
     decode kernel serves 16-bit activations up to M = 64 and the sm_90a GEMM above M = 32; integer and MXFP4
-    weights with per-token / per-tensor e4m3 activations run on the decode kernel's fp8-values route up to M = 32,
-    where it beats the FP8 GEMM (one 4-bit weight read, no int4 -> e4m3 conversion), and on the FP8 GEMM
-    above; e4m3 weights with per-tensor / per-channel scales from M = 256 on torch's fp8 GEMM
+    weights with per-token / per-tensor e4m3 activations run on the decode kernel's fp8-values route up to M = 16,
+    where it beats the FP8 GEMM on most shapes (one 4-bit weight read, no int4 -> e4m3 conversion), and on the FP8
+    GEMM above (it wins at M = 32 on three of the four standard shapes: bench/results/h100/fp8_prefetch_2026-12-06);
+    e4m3 weights with per-tensor / per-channel scales from M = 256 on torch's fp8 GEMM
     (``cuda.scaled_mm``, faster than the FP8 GEMM's tiles there); Triton is the portable fallback, the
     reference the last resort."""
     if act is None:
         return ("cuda.wna16_sm90", "cuda.wna16_decode", "triton.wna16", "reference")
     if act.format == "e2m1":
         return ("cuda.fp4_gemm", "triton.scaled_mm", "reference")
-    if m <= 32:
+    if m <= 16:
         return ("cuda.wna16_decode", "cuda.fp8_gemm", "cuda.wna16_sm90", "triton.scaled_mm", "reference")
     if m >= VENDOR_FP8_MIN_M and qweight.format.name == "e4m3":
         return ("cuda.scaled_mm", "cuda.fp8_gemm", "triton.scaled_mm", "reference")

@@ -250,7 +250,9 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
 
-    // The scales of K block kb (loaded before the block's wgmmas are waited on: the loads overlap them).
+    // The scales of K block kb, loaded before the block's wgmmas are issued (the loads overlap them) or, for
+    // 4-bit weights in token tiles of at most 64 (kPrefetchScales), a K block earlier still: there a block's
+    // wgmmas are too short to cover the loads' latency, and the promotion would wait on them.
     struct BlockScales {
       float w_block = 1.0f, w_row0 = 1.0f, w_row1 = 1.0f;
       float2 x_block[kBlockM / 8];
@@ -360,19 +362,30 @@ __device__ __forceinline__ void run(const Params& p) {
       // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
       // the wgmma wait after it).
       uint32_t a0[kBK / 32][4], a1[kBK / 32][4];
+      constexpr bool kPrefetchScales = kBlockM <= 64;  // 128-token tiles ran slower with it (NOTES.md)
+      BlockScales b0, b1;                               // the scales of steps i and i + 1
+      if (kPrefetchScales && kb_count > 0) b0 = load_scales(kb_begin);
       if (kb_count > 0) convert(0, a0);
       for (int i = 0; i < kb_count; i += 2) {
-        BlockScales b = load_scales(kb_begin + i);
+        if constexpr (kPrefetchScales) {
+          if (i + 1 < kb_count) b1 = load_scales(kb_begin + i + 1);
+        } else {
+          b0 = load_scales(kb_begin + i);
+        }
         issue(i, a0);
         if (i + 1 < kb_count) convert(i + 1, a1);
         wgmma_wait<0>();
-        promote(acc, i % kStages, b);
+        promote(acc, i % kStages, b0);
         if (i + 1 >= kb_count) break;
-        b = load_scales(kb_begin + i + 1);
+        if constexpr (kPrefetchScales) {
+          if (i + 2 < kb_count) b0 = load_scales(kb_begin + i + 2);
+        } else {
+          b1 = load_scales(kb_begin + i + 1);
+        }
         issue(i + 1, a1);
         if (i + 2 < kb_count) convert(i + 2, a0);
         wgmma_wait<0>();
-        promote(acc, (i + 1) % kStages, b);
+        promote(acc, (i + 1) % kStages, b1);
       }
     }
 
