@@ -152,7 +152,7 @@ def test_split_k_heuristic_fills_the_empty_block_slots():
         (1, 4096, 4096): (64, 4),
         (64, 4096, 4096): (64, 4),
         (1, 4096, 1024): (64, 1),  # 8 K blocks: one split's worth
-        (1, 4096, 2048): (64, 2),
+        (1, 4096, 2048): (64, 1),  # 16 K blocks: below _MIN_SPLIT_K_BLOCKS
         (3, 1000, 8192): (16, 8),  # 8 K blocks per split caps 16 copies at 8
         (1, 28672, 8192): (224, 1),  # 128-row tiles fill the 132 one-block slots
         (128, 8192, 8192): (128, 2),

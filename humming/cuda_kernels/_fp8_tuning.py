@@ -16,6 +16,9 @@ _TILE_BYTES = 4096  # one 64-row x 128-K tile of 4-bit codes
 _SHIFT_BYTES = 256  # MXFP4: the table shifts of a tile's 64 rows x 4 k-steps, after its codes
 _BLOCK_M_CHOICES = (8, 16, 32, 64, 128)
 _MIN_SPLIT_KB = 8  # K blocks of 128 per split at least: a split still fills a few pipeline stages
+#: K blocks of 128 below which one split runs: a short K's tiles are quick, and the split's fixed costs (the
+#: workspace's memset, the red.adds, the rounding copy) outweigh the slots it fills
+_MIN_SPLIT_K_BLOCKS = 32
 _PRODUCER_REGS = 40
 
 
@@ -89,11 +92,15 @@ def choose_split_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: 
     """:func:`choose_tile_tuning` plus split-K where its tile grid leaves block slots empty: a pure function.
 
     ``splits`` = how many copies of the tile grid fit in the block slots (``sm_count * min_blocks // tiles``,
-    one wave), at most one split per ``_MIN_SPLIT_KB`` K blocks; 1 when the tiles fill the slots.
+    one wave), at most one split per ``_MIN_SPLIT_KB`` K blocks; 1 when the tiles fill the slots or K has fewer
+    than ``_MIN_SPLIT_K_BLOCKS`` blocks (bench/results/h100/fp8_prefetch_2026-12-06/fp8_splitk.json).
     """
     tuning = choose_tile_tuning(m, n, k, limits, w_format)
     tiles = cdiv(n, tuning.block_n) * cdiv(m, tuning.block_m)
-    splits = min(limits.sm_count * tuning.min_blocks // tiles, cdiv(k, _BK) // _MIN_SPLIT_KB)
+    k_blocks = cdiv(k, _BK)
+    if k_blocks < _MIN_SPLIT_K_BLOCKS:
+        return tuning
+    splits = min(limits.sm_count * tuning.min_blocks // tiles, k_blocks // _MIN_SPLIT_KB)
     return dataclasses.replace(tuning, splits=max(1, splits))
 
 
