@@ -129,12 +129,12 @@ class MoECore:
         first call)."""
         from .. import warmup
         from ..moe import MoeCall
+        from ..moe.call import top_k_unsupported
 
         w13, w2 = layer.humming_w13, layer.humming_w2
         top_k, expert_map = getattr(layer, "top_k", None), getattr(layer, "expert_map", None)
-        routed = w13.shape[0] if expert_map is None else expert_map.numel()
         layers = [w13, w2]
-        if isinstance(top_k, int) and not isinstance(top_k, bool) and 1 <= top_k <= routed:
+        if top_k_unsupported(top_k, w13, expert_map) is None:
             w13_scale, w2_scale = layer.humming_act_scales
             options = dict(activation=self.activation, expert_map=expert_map, act=layer.humming_act)
             options.update(w13_act_scale=w13_scale, w2_act_scale=w2_scale, backend=self.config.backend)

@@ -27,7 +27,16 @@ from .fused import fused_moe, on_triton
 from .grouped import copies_on_triton, layer_block_m
 from .routing import check_routing, layer_backend, topk_routing, triton_unsupported
 
-__all__ = ["MoeCall", "MoeLaunch"]
+__all__ = ["MoeCall", "MoeLaunch", "top_k_unsupported"]
+
+
+def top_k_unsupported(top_k, w13, expert_map) -> str | None:
+    """``None`` when ``top_k`` is an int in ``[1, routed experts]`` (``E_global`` with an expert map, else
+    w13's ``E``), else why not: :class:`MoeCall`'s check, for callers that hold a layer's own ``top_k``."""
+    routed = w13.num_experts if expert_map is None else expert_map.shape[0]
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= routed:
+        return f"top_k: expected an int in [1, {routed}], got {top_k!r}"
+    return None
 
 
 @functools.cache
@@ -81,9 +90,10 @@ class MoeCall:
             raise ValueError(f"w2: expected shape {(w13.shape[0], w13.shape[2], w13.shape[1] // 2)}, got {w2.shape}")
         if self.expert_map is not None:
             check_expert_map(self.expert_map, w13.num_experts, w13.device)
+        reason = top_k_unsupported(self.top_k, w13, self.expert_map)
+        if reason is not None:
+            raise ValueError(reason)
         routed = self.num_routed
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= routed:
-            raise ValueError(f"top_k: expected an int in [1, {routed}], got {self.top_k!r}")
         check_activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
         act = None if self.act is None else get_act_scheme(self.act)
         for name in ("w13_act_scale", "w2_act_scale"):
