@@ -23,7 +23,6 @@ and why) and the rows; ``bench/report.py`` turns it into tables and plots.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -297,7 +296,8 @@ class _Run:
         ``humming`` row and its ``humming:<kernel>`` route) agree to within the timing noise. The first
         point's first system is timed once more beforehand and that timing dropped: the first CUDA graph timed
         after a group's weights are made can replay slower than the same kernel timed next (bench/results/h200/
-        NOTES.md has the measurement)."""
+        NOTES.md has the measurement). An error of that timing is kept in the header's
+        ``dropped_timing_errors`` (a lasting one is also the kept timing's row)."""
         rows = []
         for index, m in enumerate(m_values):
             bar.update(len(systems))
@@ -324,8 +324,11 @@ class _Run:
                 else:
                     pending[system.name] = (prepared.kernel, prepared)
             if index == 0 and pending and not self.check_only:
-                with contextlib.suppress(Exception):  # an error is recorded by the timing kept
-                    self._measure(group, inp, next(iter(pending.values()))[1])
+                name, (_, first) = next(iter(pending.items()))
+                try:
+                    self._measure(group, inp, first)
+                except Exception as err:  # a lasting error is the kept timing's row; a passing one is noted
+                    self.header.setdefault("dropped_timing_errors", {})[f"{name} {group.label} M={m}"] = _error(err)
             for name, (kernel, result) in self._measure_all(group, inp, pending).items():
                 done[name] = (kernel, result)
             for system in systems:
