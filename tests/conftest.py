@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
 #: The most GPU memory (allocator reserve, GiB) an unmarked ``gpu`` test may take.
 LIGHT_MEMORY_GIB = 12
 #: The most a ``heavy_memory`` test may take; beyond it a test is ``big_memory``.
-GPU_MEMORY_LIMIT_GIB = 22
+GPU_MEMORY_LIMIT_GIB = 24
 
 
 @pytest.fixture(autouse=True)
