@@ -307,6 +307,34 @@ def test_split_k_repeated_calls(tuning, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [(1, 1, 4, 4, 5), (2, 1, 4, 3, 5)], ids=["read-back", "fp32-output"])
+def test_split_k_in_a_cuda_graph(tuning, seed, tmp_path, monkeypatch):
+    """Split-K warmed and captured on the default capture stream, replayed on fresh inputs: the read-back
+    variant's workspace (reserved by warmup) stays zero between replays; the fp32 output's memset and rounding
+    copy are graph nodes."""
+    monkeypatch.setenv("HUMMING_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_decode_launch, "WORKSPACES", workspaces.Workspaces())
+    tuning = wna16_decode.DecodeTuning(*tuning)
+    n, k, m = 512, 64 * 45, 8 * tuning.mt - 3
+    qw = _quantize(n, k, "int4-g64", device="cuda")
+    w64 = humming.dequantize(qw, torch.float32).double()
+    monkeypatch.setattr(wna16_decode, "default_tuning", lambda *args: tuning)
+    humming.warmup([qw], m_values=(m,), backend="cuda", progress=False)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = humming.linear(x, qw, backend="cuda")
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_rel_close(out, (x.double() @ w64.T).float(), precision=torch.bfloat16)
+    for workspace in _decode_launch.WORKSPACES.captured:
+        assert int(workspace.count_nonzero()) == 0
+
+
+@pytest.mark.gpu
 def test_linear_backend_cuda(seed):
     qw = _quantize(1024, 512, "int4-g128", device="cuda")
     x = torch.randn(2, 3, 512, device="cuda", dtype=torch.bfloat16)
