@@ -366,3 +366,31 @@ def test_bench_timings_join_the_table():
     bench["header"]["device"]["name"] = "NVIDIA A100"
     with pytest.raises(ValueError, match="--add-bench"):
         merge_bench_timings(table, bench)
+
+
+def test_tune_takes_several_bench_sweeps(tmp_path):
+    """``humming tune --from-timings T --add-bench B1 --add-bench B2``: both sweeps join the table, the later
+    one's timing of a point replacing the earlier one's."""
+    import json
+
+    from humming.__main__ import main
+
+    def timing(kernel, m, us):
+        return dict(case="c", weight="int4", act="none", n=64, k=128, m=m, kernel=kernel, graph_us=us, eager_us=us)
+
+    def bench(*rows):
+        header = dict(op="linear", device=dict(name="NVIDIA H200"))
+        return dict(
+            header=header, rows=[timing(k, m, us) | dict(system=f"humming:{k}", dtype="bf16") for k, m, us in rows]
+        )
+
+    table = dict(device="NVIDIA H200", timings=[timing("cuda.wna16_decode", 16, 10.0)])
+    paths = [tmp_path / name for name in ("table.json", "b1.json", "b2.json")]
+    paths[0].write_text(json.dumps(table))
+    paths[1].write_text(json.dumps(bench(("triton.wna16", 16, 8.0), ("triton.wna16", 1, 5.0))))
+    paths[2].write_text(json.dumps(bench(("triton.wna16", 16, 12.0))))
+    out = tmp_path / "out.json"
+    args = ["tune", "--from-timings", str(paths[0]), "--add-bench", str(paths[1]), "--add-bench", str(paths[2])]
+    assert main([*args, "--out", str(out), "--json"]) == 0
+    timings = {(t["kernel"], t["m"]): t["graph_us"] for t in json.loads(out.read_text())["timings"]}
+    assert timings == {("cuda.wna16_decode", 16): 10.0, ("triton.wna16", 16): 12.0, ("triton.wna16", 1): 5.0}

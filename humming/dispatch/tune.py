@@ -279,8 +279,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--add-bench",
         type=Path,
+        action="append",
         default=None,
-        help="with --from-timings: also take the per-kernel rows of a `humming bench linear` JSON (same device)",
+        help="with --from-timings: also take the per-kernel rows of a `humming bench linear` JSON (same device); "
+        "repeat it for several sweeps, later ones replacing earlier ones' timings of the same point",
     )
     parser.add_argument("--json", action="store_true", help="print what was written as JSON on stdout")
 
@@ -294,8 +296,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--add-bench: needs --from-timings (the table whose timings it joins)")
     if args.from_timings is not None:
         table = json.loads(args.from_timings.read_text())
-        if args.add_bench is not None:
-            table["timings"] = merge_bench_timings(table, json.loads(args.add_bench.read_text()))
+        for bench in args.add_bench or ():
+            table["timings"] = merge_bench_timings(table, json.loads(bench.read_text()))
         table["entries"] = _entries(table["timings"])
     elif not torch.cuda.is_available():
         parser.error("tune measures kernels on a CUDA GPU; none is visible")
