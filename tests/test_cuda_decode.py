@@ -300,10 +300,9 @@ def test_split_k_repeated_calls(tuning, seed):
             out = torch.full((m, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
             wna16_decode.run_decode(prep, x, None, torch.bfloat16, tuning, out)
             assert_rel_close(out, _reference(x, qw, None), precision=torch.bfloat16)
-    assert tuning.reads_back == (tuning.mt == 1)
-    stream = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
-    workspace = _decode_launch.WORKSPACES.by_stream.get(stream)
-    assert workspace is None or int(workspace.count_nonzero()) == 0
+    if tuning.reads_back:  # the tile's last block left the workspace at zero for the next call
+        stream = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
+        assert int(_decode_launch.WORKSPACES.by_stream[stream].count_nonzero()) == 0
 
 
 @pytest.mark.gpu
