@@ -362,7 +362,7 @@ __device__ __forceinline__ void run(const Params& p) {
       // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
       // the wgmma wait after it).
       uint32_t a0[kBK / 32][4], a1[kBK / 32][4];
-      constexpr bool kPrefetchScales = kBlockM <= 64;  // 128-token tiles ran slower with it (NOTES.md)
+      constexpr bool kPrefetchScales = kBlockM <= 64;  // slower with 128-token tiles (NOTES.md)
       BlockScales b0, b1;                               // the scales of steps i and i + 1
       if (kPrefetchScales && kb_count > 0) b0 = load_scales(kb_begin);
       if (kb_count > 0) convert(0, a0);
