@@ -105,12 +105,19 @@ def graph_us(call, calls: int, rounds: int, device) -> float | None:
     return best
 
 
-def compiled(fn, dry_run: bool):
+def compiled(fn, args):
     """``fn`` compiled as the issue measures it: fullgraph, dynamic M, inductor, no CUDA graph (dynamo's
     caches reset first: every row's function is one code object, whose recompiles per weight would count
-    against dynamo's limit)."""
+    against dynamo's limit); ``None`` with ``--eager-only``."""
+    if args.eager_only:
+        return None
     torch._dynamo.reset()
-    return torch.compile(fn, fullgraph=True, dynamic=True, backend="eager" if dry_run else "inductor")
+    return torch.compile(fn, fullgraph=True, dynamic=True, backend="eager" if args.dry_run else "inductor")
+
+
+def bound(fn, *args):
+    """``functools.partial(fn, *args)``, or ``None`` for no ``fn`` (no compiled function)."""
+    return None if fn is None else functools.partial(fn, *args)
 
 
 def measure(name: str, kind: str, m: int, call, compiled_call, args, device) -> dict:
@@ -161,11 +168,11 @@ def recorded(name: str, kind: str, m: int, measured, *measured_args) -> dict:
 
 def timed_rows(name: str, kind: str, fn, args, device, dtype=torch.bfloat16) -> list[dict]:
     """A row per M for ``fn(x)``, ``x [M, K]`` of ``dtype``: graph, eager and compiled."""
-    fn_compiled = compiled(fn, args.dry_run)
+    fn_compiled = compiled(fn, args)
     rows = []
     for m in args.m:
         x = torch.randn(m, args.k, device=device).to(dtype)
-        call, compiled_call = functools.partial(fn, x), functools.partial(fn_compiled, x)
+        call, compiled_call = functools.partial(fn, x), bound(fn_compiled, x)
         rows.append(recorded(name, kind, m, measure, name, kind, m, call, compiled_call, args, device))
     return rows
 
@@ -178,11 +185,11 @@ def chain_rows(name: str, step, weights: list, args, device) -> list[dict]:
             x = step(x, weight)
         return x
 
-    chain_compiled = compiled(chain, args.dry_run)
+    chain_compiled = compiled(chain, args)
     rows = []
     for m in args.m:
         x = torch.randn(m, args.k, dtype=torch.bfloat16, device=device)
-        calls = functools.partial(chain, x), functools.partial(chain_compiled, x)
+        calls = functools.partial(chain, x), bound(chain_compiled, x)
         rows.append(recorded(name, "chain", m, measure_chain, name, m, len(weights), *calls, args, device))
     return rows
 
@@ -190,9 +197,10 @@ def chain_rows(name: str, step, weights: list, args, device) -> list[dict]:
 def measure_chain(name: str, m: int, steps: int, call, compiled_call, args, device) -> dict:
     row = {"name": name, "kind": "chain", "m": m, "linears": steps}
     row["eager_host_us"], row["eager_us"] = (v / steps for v in host_and_wall(call, args.iters, args.rounds, device))
-    done = host_and_wall(compiled_call, args.iters, args.rounds, device)
-    row["compiled_host_us"], row["compiled_us"] = (v / steps for v in done)
-    row["compiled_minus_eager_us"] = row["compiled_us"] - row["eager_us"]
+    if compiled_call is not None:
+        done = host_and_wall(compiled_call, args.iters, args.rounds, device)
+        row["compiled_host_us"], row["compiled_us"] = (v / steps for v in done)
+        row["compiled_minus_eager_us"] = row["compiled_us"] - row["eager_us"]
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}
 
 
@@ -241,12 +249,12 @@ def moe_rows(args, device) -> list[dict]:
         fn = lambda x, weights, ids, w13=w13, w2=w2, options=options: humming.moe.fused_moe(
             x, w13, w2, weights, ids, **options
         )
-        fn_compiled = compiled(fn, args.dry_run)
+        fn_compiled = compiled(fn, args)
         for m in args.m:
             x = torch.randn(m, hidden, dtype=torch.bfloat16, device=device)
             ids = torch.stack([torch.randperm(experts, device=device)[:topk] for _ in range(m)]).to(torch.int32)
             weights = torch.rand(m, topk, device=device)
-            calls = functools.partial(fn, x, weights, ids), functools.partial(fn_compiled, x, weights, ids)
+            calls = functools.partial(fn, x, weights, ids), bound(fn_compiled, x, weights, ids)
             rows.append(recorded(name, "fused_moe", m, measure, name, "fused_moe", m, *calls, args, device))
         del w13, w2
     return rows
@@ -264,6 +272,7 @@ def main(argv=None) -> None:
     parser.add_argument("--no-moe", action="store_true", help="the linear rows only")
     parser.add_argument("--chain", type=int, default=8, help="linears per chain row (0: no chain rows)")
     parser.add_argument("--out", default=str(ROOT / "bench/results/h200/host.json"))
+    parser.add_argument("--eager-only", action="store_true", help="no compiled timings (graph and eager only)")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: every code path, no GPU")
     args = parser.parse_args(argv)
     args.m = [int(v) for v in args.m.split(",")]
