@@ -70,3 +70,38 @@ def test_split_k_specs_declare_the_workspace() -> None:
     wrong = [f"{s.name}: ws_ptr {s.pointers['ws_ptr']}" for s in split if s.pointers["ws_ptr"] != "*i32"]
     wrong += [f"{s.name}: out_ptr {s.pointers['out_ptr']}" for s in split if s.pointers["out_ptr"] == "*i32"]
     assert not wrong, "\n".join(wrong)
+
+
+_FUSED_COMBINE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from humming.triton_kernels import moe_layer
+spec = next(s for s in moe_layer._compile_specs() if s.name.startswith("moe_combine-"))
+src = triton.compiler.ASTSource(spec.kernel, spec.signature(), spec.constexprs, spec.attrs())
+ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=spec.options()).asm["ptx"]
+print(ptx.count("fma.rn.f32"), ptx.count("mul.rn.f32") + ptx.count("mul.f32"))
+"""
+
+
+def test_kernels_contract_multiply_adds_whatever_the_tritons_default() -> None:
+    """The combine's ``acc += w * y`` compiles to fma with Triton's default turned off (Triton 3.10's): the
+    specs, like the launches, ask for contraction themselves."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "0"}
+    proc = subprocess.run([sys.executable, "-c", _FUSED_COMBINE], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    fma, mul = map(int, proc.stdout.split())
+    assert fma >= 8 and mul == 0, proc.stdout
+
+
+def test_launches_ask_for_contraction() -> None:
+    """``CompiledLaunches`` passes ``enable_fp_fusion=True`` to the JIT launch that compiles a kernel."""
+    from humming.triton_kernels._launch import CompiledLaunches
+
+    seen = {}
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **options: seen.update(options)
+
+    CompiledLaunches(Kernel()).launch(("key",), (1, 1, 1), (), 4, 0, num_stages=2)
+    assert seen == {"num_warps": 4, "enable_fp_fusion": True, "num_stages": 2}

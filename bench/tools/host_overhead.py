@@ -45,7 +45,6 @@ import time
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # real Triton JIT functions, not the interpreter
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # its default; set, so that Triton does not warn
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch

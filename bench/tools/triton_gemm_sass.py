@@ -80,8 +80,7 @@ def analyse(spec, arch: int) -> dict:
     from triton.backends.compiler import GPUTarget
 
     src = triton.compiler.ASTSource(spec.kernel, spec.signature(), spec.constexprs, spec.attrs())
-    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=spec.options())
     instructions = disassemble(compiled.asm["cubin"])
     body = loop_body(instructions)
     ops = collections.Counter(opcode(t) for t in body)

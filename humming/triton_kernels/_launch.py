@@ -10,6 +10,10 @@ directly, with what ``JITFunction.run`` itself ends with. The key is the caller'
 pair of calls that Triton could compile differently (argument dtypes, integer argument values, the 16-byte
 alignment of each pointer, constexprs, launch options) and the device.
 
+Every kernel compiles with floating-point contraction on (``enable_fp_fusion=True``, a multiply feeding an
+add becomes one fma), whatever the Triton version's default: Triton 3.10 turns that default off, which would
+change the last bits of results that humming's references, CUDA twins and tests hold to.
+
 Under Triton's interpreter (``TRITON_INTERPRET=1``) nothing is kept: every launch goes through ``run``.
 """
 
@@ -37,7 +41,7 @@ class CompiledLaunches:
         further launch options such as ``num_stages``, too)."""
         kernel = self.compiled.get(key)
         if kernel is None:
-            kernel = self.fn[grid](*args, num_warps=num_warps, **options)
+            kernel = self.fn[grid](*args, num_warps=num_warps, enable_fp_fusion=True, **options)
             if isinstance(kernel, CompiledKernel):
                 if len(self.compiled) >= self.keep:
                     self.compiled.clear()

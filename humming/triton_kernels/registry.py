@@ -95,6 +95,11 @@ class CompileSpec:
                 sig[arg] = self.pointers.get(arg) or self.scalars.get(arg, "i32")
         return sig
 
+    def options(self) -> dict[str, object]:
+        """``triton.compile``'s options for this spec, as :class:`~._launch.CompiledLaunches` launches it
+        (floating-point contraction on, whatever the Triton version's default)."""
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, "enable_fp_fusion": True}
+
     def attrs(self) -> dict[tuple[int, ...], list]:
         hinted = set(self.pointers) | set(self.aligned)
         return {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(self.kernel.arg_names) if arg in hinted}
@@ -165,9 +170,8 @@ def compile_spec(spec: CompileSpec, arch: int, local_memory: bool = False) -> di
         result.update(ok=True, problem=f"skipped: targets sm_{spec.min_arch}+")
         return result
     src = triton.compiler.ASTSource(spec.kernel, spec.signature(), spec.constexprs, spec.attrs())
-    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     try:
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=spec.options())
     except Exception as err:  # report every compiler failure as data: the test prints them all
         result["problem"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
         return result
