@@ -91,17 +91,3 @@ def test_kernels_contract_multiply_adds_whatever_the_tritons_default() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     fma, mul = map(int, proc.stdout.split())
     assert fma >= 8 and mul == 0, proc.stdout
-
-
-def test_launches_ask_for_contraction() -> None:
-    """``CompiledLaunches`` passes ``enable_fp_fusion=True`` to the JIT launch that compiles a kernel."""
-    from humming.triton_kernels._launch import CompiledLaunches
-
-    seen = {}
-
-    class Kernel:
-        def __getitem__(self, grid):
-            return lambda *args, **options: seen.update(options)
-
-    CompiledLaunches(Kernel()).launch(("key",), (1, 1, 1), (), 4, 0, num_stages=2)
-    assert seen == {"num_warps": 4, "enable_fp_fusion": True, "num_stages": 2}

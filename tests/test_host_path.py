@@ -71,7 +71,8 @@ def test_compiled_launches_go_to_the_kept_kernel(monkeypatch):
     launches.launch(("b",), (1, 1, 1), ("w", 4), 8, 1)
     launches.launch(("c",), (1, 1, 1), ("v", 5), 4, 0, num_stages=3)
     assert [run[1] for run in fn.runs] == [("x", 1), ("z", 3), ("v", 5)]
-    assert fn.runs[-1][2:] == (4, {"num_stages": 3})  # launch options reach the JIT function
+    # launch options reach the JIT function, with floating-point contraction asked for (the module docstring)
+    assert fn.runs[-1][2:] == (4, {"enable_fp_fusion": True, "num_stages": 3})
     assert launches.compiled[("a",)].launches == [((3, 1, 1), ("y", 2), 1000)]
     assert launches.compiled[("b",)].launches == [((1, 1, 1), ("w", 4), 1001)]
 
@@ -83,7 +84,7 @@ def test_compiled_launches_keep_nothing_under_the_interpreter():
         calls = 0
 
         def __getitem__(self, grid):
-            def run(*args, num_warps):
+            def run(*args, num_warps, enable_fp_fusion):
                 Interpreted.calls += 1
 
             return run
@@ -109,7 +110,7 @@ def test_prepared_launch_keys_on_each_tensors_dtype_and_alignment(monkeypatch):
     launch(0, a, out.double())
     launch(0, a[1:], out)
     assert [(run[0], run[1][1:2], run[1][3], run[3]) for run in fn.runs] == [
-        ((2, 1, 1), (7,), 64, {"num_stages": 2})
+        ((2, 1, 1), (7,), 64, {"enable_fp_fusion": True, "num_stages": 2})
     ] * 3
     assert fn.runs[0][1][0] is a and fn.runs[0][1][2] is out
     assert len(launch.launches.compiled) == 3
