@@ -104,7 +104,7 @@ class CudaQuantizePass:
             grid = (m, 1, 1)
         else:
             threads = _GROUP_THREADS
-            grid = (-(-(k // 8) // threads), m, 1)
+            grid = (m, -(-(k // 8) // threads), 1)
         values = "u8" if values_dtype is None else DTYPE_CODE[values_dtype]
         self.spec = act_quant_spec(DTYPE_CODE[x.dtype], group, values, threads)
         self.packed = PackedLaunch(get_kernel(self.spec, self.device), grid, 0, params)

@@ -12,8 +12,9 @@
 // - Layout: x [M, K] of 16-bit floats X, rows x_stride elements apart and 16 bytes aligned, K % 8 == 0;
 //   each thread holds 8 consecutive columns (one 16-byte load). Per token (kGroup 0): a block per row, the
 //   block's threads strided over it, the absmax reduced across the block; the row is read twice (the second
-//   time from L1). Groups (kGroup 16 ... 256, K % kGroup == 0): a block of kThreads threads takes
-//   kThreads * 8 columns of one row, kGroup / 8 neighbouring lanes a group, reduced by shuffles.
+//   time from L1). Groups (kGroup 16 ... 256, K % kGroup == 0): block (row, j) of kThreads threads takes
+//   columns [j, j + 1) * kThreads * 8 of the row, kGroup / 8 neighbouring lanes a group, reduced by shuffles
+//   (rows along the grid's x: M may pass the 65535 blocks of y).
 #include "humming/common.cuh"
 
 namespace humming {
@@ -172,7 +173,7 @@ __device__ __forceinline__ void run(const Params& p) {
     }
   } else {
     constexpr int kLanes = kGroup / 8;  // threads per group (neighbouring lanes of one warp)
-    const int row = blockIdx.y, v = blockIdx.x * kThreads + threadIdx.x;
+    const int row = blockIdx.x, v = blockIdx.y * kThreads + threadIdx.x;
     const bool valid = v < vecs;  // K % kGroup == 0: a group's lanes are all valid or all not
     float f[8] = {};
     if (valid) unpack8<X>(load8<X>(p, row, 8 * v), f);
