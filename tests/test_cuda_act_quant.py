@@ -53,7 +53,7 @@ def _poisoned_allocations(nbytes: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["fp8", "fp8_g128"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("m", "k"), [(1, 64), (5, 1024), (37, 2048), (300, 8192), (9, 28672)])
+@pytest.mark.parametrize(("m", "k"), [(1, 64), (5, 1024), (37, 2048), (300, 8192), (9, 28672), (66000, 128)])
 def test_codes_and_scales_are_the_reference_bits(act, dtype, m, k):
     """Codes and scales against humming.quantize_activation, from ``__call__`` and from
     ``addresses`` (one buffer), scales in rows or transposed into ``[spans, scales_rows]``."""
