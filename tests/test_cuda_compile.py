@@ -8,7 +8,7 @@ import re
 import pytest
 from helpers import compile_fresh, cubin_tool, instructions_after_each_wait, needs_nvrtc
 
-from humming.cuda_kernels import _decode_launch, _gemm_sm90, _wgmma_source, jit, wna16_decode
+from humming.cuda_kernels import _decode_launch, _gemm_sm90, _wgmma_source, act_quant, jit, wna16_decode
 from humming.cuda_kernels._layout import WeightLayout
 
 pytestmark = needs_nvrtc
@@ -116,8 +116,17 @@ def _lag_specs() -> list[jit.KernelSpec]:
     ]
 
 
+def _act_quant_specs() -> list[jit.KernelSpec]:
+    """Per token into codes, 1x128 groups into codes, per token into f16 values (a small row's block)."""
+    return [
+        act_quant.act_quant_spec("bf16", 0, "u8", 256),
+        act_quant.act_quant_spec("bf16", 128, "u8", 256),
+        act_quant.act_quant_spec("f16", 0, "f16", 64),
+    ]
+
+
 def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
-    specs = _decode_specs() + _gemm_specs() + _grouped_specs() + _gather_specs() + _lag_specs()
+    specs = _decode_specs() + _gemm_specs() + _grouped_specs() + _gather_specs() + _lag_specs() + _act_quant_specs()
     return [(spec, arch) for spec in specs for arch in spec.targets()]
 
 
@@ -159,6 +168,15 @@ def test_decode_sass_uses_tensor_cores_and_16_byte_async_loads(compiled, tmp_pat
         assert "HMMA.16816.F32" in sass, spec.name
         assert "LDGSTS.E.BYPASS.128" in sass, f"{spec.name}: weights are not streamed with 16-byte cp.async"
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
+
+
+def test_act_quant_reads_16_bytes_at_once_and_stays_in_fp32(compiled, tmp_path):
+    """One 16-byte load per 8 elements, and no float64 instruction: the element arithmetic settles the rounding
+    in float32 (the Triton pass's float64 step is for NVFP4 scales only)."""
+    for spec in _act_quant_specs():
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90")], tmp_path)
+        assert "LDG.E.128" in sass, spec.name
+        assert not re.search(r"\b(DADD|DMUL|DFMA|F2F\.F64)", sass), spec.name
 
 
 def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
@@ -308,6 +326,7 @@ def _mirrors():
         (_fp4_launch._ProbeParams, "fp4_mma_probe_sm120.cuh", "humming::fp4_sm120::ProbeParams", "sm_120a"),
         (_fp4_launch._Sm100Params, "fp4_gemm_sm100.cuh", "humming::fp4_sm100::Params", "sm_100a"),
         (_fp4_launch._Sm100ProbeParams, "fp4_mma_probe_sm100.cuh", "humming::fp4_sm100::ProbeParams", "sm_100a"),
+        (act_quant._Params, "act_quant.cuh", "humming::act_quant::Params", "sm_80"),
     ]
 
 

@@ -18,6 +18,7 @@ from ._driver import PackedLaunch, current_stream, fields, get_kernel, tensor_ma
 from ._fp8_layout import SCALE_MODES, W_FORMATS, PreparedFp8
 from ._fp8_tuning import _BK, Fp8Tuning, smem_bytes
 from ._layout import CPP_DTYPE, DTYPE_CODE
+from .act_quant import CudaQuantizePass, quantize_pass
 from .jit import KernelSpec, per_call_cache
 
 #: Compute capabilities the kernel is built for (wgmma and setmaxnreg need sm_90a).
@@ -162,7 +163,6 @@ class Fp8Launch:
         device: int,
         block_m: int = 0,
     ) -> None:
-        from ..triton_kernels.act_quant import quantize_pass
 
         m = getattr(x, "codes", x).shape[0]
         self.prep, self.act, self.m, self.out_dtype, self.device = prep, act, m, out_dtype, device
@@ -185,6 +185,7 @@ class Fp8Launch:
         self.quantize = None
         if isinstance(x, torch.Tensor) and prep.kp == prep.k:
             self.quantize = quantize_pass(x, act, scales_rows=self.block_rows)
+        self.x_scale_stride = int(act is not None and act.group == "token" and m > 1)  # per-token / per-tensor
         self.x_map = tensor_map(torch.uint8, m, prep.kp, prep.kp, _BK, tuning.block_m)
         self.out_map = tensor_map(out_dtype, m, prep.n, self.n_pad, 64, tuning.block_m) if tuning.tma_store else None
         if prep.w_bits == 8 and tuning.block_n not in prep.maps:
@@ -229,11 +230,13 @@ class Fp8Launch:
             return out
         tuning = self.tuning
         if self.quantize is not None:
-            codes, scales, _ = self.quantize(x)
-            x_scale, x_block_scale = (None, scales) if self.block_rows else (scales, None)
+            held, codes, scales = self._quantized(x)
+            x_scale, x_scale_stride = (None, 0) if self.block_rows else (scales, self.x_scale_stride)
+            x_block_scale = scales if self.block_rows else None
         else:
-            a = _activations(x, self.act, self.prep.kp, tuning.block_m)
-            codes, x_scale, x_block_scale = a.codes, a.x_scale, a.x_block_scale
+            held = _activations(x, self.act, self.prep.kp, tuning.block_m)
+            codes, x_block_scale = held.codes.data_ptr(), _ptr(held.x_block_scale)
+            x_scale, x_scale_stride = _ptr(held.x_scale), int(held.x_scale is not None and held.x_scale.numel() > 1)
         if bias is not None:
             bias = bias.contiguous()
         # split-K: the splits add into a zero-filled fp32 workspace (fp32 out: ``out`` itself), rounded afterwards;
@@ -246,23 +249,26 @@ class Fp8Launch:
         packed, address = self.packed, self.address
         with packed.lock:
             params = packed.params
-            ctypes.memmove(address + _X_MAP, self.x_map.encode(codes.data_ptr()), 128)
+            ctypes.memmove(address + _X_MAP, self.x_map.encode(codes), 128)
             if tuning.tma_store:
                 out_map = tensor_map(out_dtype, m, n, out.stride(0), 64, tuning.block_m) if given else self.out_map
                 ctypes.memmove(address + _OUT_MAP, out_map.encode(out.data_ptr()), 128)
-            if x_scale is not None:
-                params.x_scale, params.x_scale_stride = x_scale.data_ptr(), int(x_scale.numel() > 1)
-                params.x_block_scale = None
-            else:
-                params.x_scale, params.x_scale_stride = None, 0
-                params.x_block_scale = x_block_scale.data_ptr()
+            params.x_scale, params.x_scale_stride, params.x_block_scale = x_scale, x_scale_stride, x_block_scale
             params.bias = None if bias is None else bias.data_ptr()
             params.out, params.out_stride = acc.data_ptr(), acc.stride(0)
             params.expert_ids = None if expert_ids is None else expert_ids.data_ptr()
             packed(current_stream(self.device))
+        del held  # the kernel is queued: the activations' memory may be reused in stream order
         if acc is not out:
             out.copy_(acc)
         return out
+
+    def _quantized(self, x) -> tuple[object, int, int]:
+        """``(what holds them, codes address, scales address)`` of float ``x`` quantized by the pass."""
+        if isinstance(self.quantize, CudaQuantizePass):
+            return self.quantize.addresses(x)
+        codes, scales, _ = self.quantize(x)
+        return (codes, scales), codes.data_ptr(), scales.data_ptr()
 
 
 _X_MAP, _OUT_MAP = _Params.x_map.offset, _Params.out_map.offset

@@ -134,7 +134,7 @@ def launcher(make, x: torch.Tensor, qweight, act, bias_dtype, out_dtype: torch.d
     m, k = x.shape
     index = device_index(x.device)
     if act is not None:
-        from ..triton_kernels.act_quant import quantize_pass
+        from .act_quant import quantize_pass
 
         # fp8 activations: their e4m3 values in x's 16-bit dtype (contiguous rows), the scales in the epilogue
         quantize = quantize_pass(x, act, values=True)

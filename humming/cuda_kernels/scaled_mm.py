@@ -111,7 +111,7 @@ def _runs_here(qweight, act, x: torch.Tensor, out_dtype: torch.dtype) -> bool:
 def _launcher(x, qweight, act, bias_dtype, out_dtype: torch.dtype, tuning):
     """A callable ``(x, bias) -> out`` for calls shaped as ``x`` (:func:`~._support.cached_launch`): the
     activation pass made ready, the weight's operand and scales picked once."""
-    from ..triton_kernels.act_quant import quantize_pass
+    from .act_quant import quantize_pass
 
     if not _runs_here(qweight, act, x, out_dtype):
         return fp8_gemm.KERNEL.launcher(x, qweight, act, bias_dtype, out_dtype, tuning)
