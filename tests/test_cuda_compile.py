@@ -8,7 +8,7 @@ import re
 import pytest
 from helpers import compile_fresh, cubin_tool, instructions_after_each_wait, needs_nvrtc
 
-from humming.cuda_kernels import _decode_launch, _gemm_sm90, _wgmma_source, jit, wna16_decode
+from humming.cuda_kernels import _decode_launch, _gemm_sm90, _wgmma_source, jit, moe_combine, wna16_decode
 from humming.cuda_kernels._layout import WeightLayout
 
 pytestmark = needs_nvrtc
@@ -116,8 +116,12 @@ def _lag_specs() -> list[jit.KernelSpec]:
     ]
 
 
+def _combine_specs() -> list[jit.KernelSpec]:
+    return [moe_combine.combine_spec("bf16", "f32", "bf16"), moe_combine.combine_spec("f16", "bf16", "f16")]
+
+
 def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
-    specs = _decode_specs() + _gemm_specs() + _grouped_specs() + _gather_specs() + _lag_specs()
+    specs = _decode_specs() + _gemm_specs() + _grouped_specs() + _gather_specs() + _lag_specs() + _combine_specs()
     return [(spec, arch) for spec in specs for arch in spec.targets()]
 
 
@@ -159,6 +163,14 @@ def test_decode_sass_uses_tensor_cores_and_16_byte_async_loads(compiled, tmp_pat
         assert "HMMA.16816.F32" in sass, spec.name
         assert "LDGSTS.E.BYPASS.128" in sass, f"{spec.name}: weights are not streamed with 16-byte cp.async"
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
+
+
+def test_combine_sums_each_slot_with_fused_multiply_adds(compiled, tmp_path):
+    """One 16-byte load of y per slot and 8 FFMA per slot and thread (the Triton combine's contraction)."""
+    for spec in _combine_specs():
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90")], tmp_path)
+        assert "LDG.E.128.CONSTANT" in sass or "LDG.E.128" in sass, spec.name
+        assert sass.count("FFMA") >= 8 and "FMUL" not in sass.replace("FMUL.FTZ", ""), spec.name
 
 
 def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):

@@ -192,6 +192,16 @@ def on_triton(x: torch.Tensor, backend: str) -> bool:
     return requested != "reference" and x.device.type == "cuda" and backend_unavailable("triton") is None
 
 
+def prepared_combine(y, slot_rows, topk_weights, dtype, backend: str, slot_block: int = 0, num_experts: int = 0):
+    """The prepared combine of fused_moe's kernel layer (``on_triton``): the Triton kernel with
+    ``backend="triton"``, else the CUDA one where it applies (the same bits, a cheaper launch)."""
+    if requested_backend(backend) == "triton":
+        kernels = importlib.import_module("humming.triton_kernels.moe_layer")
+        return kernels.PreparedCombine(y, slot_rows, topk_weights, dtype, slot_block, num_experts)
+    moe_combine = importlib.import_module("humming.cuda_kernels.moe_combine")
+    return moe_combine.prepared_combine(y, slot_rows, topk_weights, dtype, slot_block, num_experts)
+
+
 def run_fused_moe(
     x,
     w13,
@@ -364,7 +374,7 @@ def _make_call(
 
     if triton_layer:
         slot_rows = torch.empty(topk_ids.numel(), dtype=torch.int32, device=device)
-        combine = kernels.PreparedCombine(x.new_empty(m_pad, k), slot_rows, topk_weights, dtype)
+        combine = prepared_combine(x.new_empty(m_pad, k), slot_rows, topk_weights, dtype, backend)
     else:
         combine = lambda y, slot_rows, topk_weights: moe_layer.combine(y, slot_rows, topk_weights, dtype)
 
@@ -434,11 +444,9 @@ def slot_route(x, w13, w2, topk_weights, topk_ids, expert_map, act, block_m: int
     dtype = x.dtype
     launch13 = grouped_step(w13, x, m_pad, block_m, bias_dtypes[0], dtype, backend, activation)
     launch2 = grouped_step(w2, x.new_empty(m_pad, w13.N // 2), None, block_m, bias_dtypes[1], dtype, backend)
-    kernels = importlib.import_module("humming.triton_kernels.moe_layer")
     ids = topk_ids.reshape(-1)
-    combine = kernels.PreparedCombine(
-        x.new_empty(m_pad, w13.shape[2]), ids, topk_weights, dtype, block_m, w13.num_experts
-    )
+    y = x.new_empty(m_pad, w13.shape[2])
+    combine = prepared_combine(y, ids, topk_weights, dtype, backend, block_m, w13.num_experts)
     rows = torch.full((m_pad,), -1, dtype=torch.int32, device=x.device)
     rows[::block_m] = 0  # each segment's first row reads the token
 
