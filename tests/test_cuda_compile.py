@@ -320,6 +320,7 @@ def _mirrors():
         (_fp4_launch._ProbeParams, "fp4_mma_probe_sm120.cuh", "humming::fp4_sm120::ProbeParams", "sm_120a"),
         (_fp4_launch._Sm100Params, "fp4_gemm_sm100.cuh", "humming::fp4_sm100::Params", "sm_100a"),
         (_fp4_launch._Sm100ProbeParams, "fp4_mma_probe_sm100.cuh", "humming::fp4_sm100::ProbeParams", "sm_100a"),
+        (moe_combine._Params, "moe_combine.cuh", "humming::moe_combine::Params", "sm_80"),
     ]
 
 
