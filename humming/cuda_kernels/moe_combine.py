@@ -78,7 +78,7 @@ class CudaCombine:
         params.weight_t, params.weight_j = topk_weights.stride()
         params.num_experts, params.topk, params.slot_block = num_experts, topk, slot_block
         spec = combine_spec(DTYPE_CODE[y.dtype], DTYPE_CODE[topk_weights.dtype], DTYPE_CODE[self.dtype])
-        grid = (-(-h // (8 * _THREADS)), t, 1)
+        grid = (t, -(-h // (8 * _THREADS)), 1)
         self.packed = PackedLaunch(get_kernel(spec, self.device), grid, 0, params)
 
     def __call__(self, y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@
 //   token) slot_rows holds the slots' expert ids, and slot s has row s * slot_block where its id is in
 //   [0, num_experts).
 // - Each thread takes 8 columns (one 16-byte load of y per slot, one 16-byte store): H % 8 == 0, y and out
-//   rows 16-byte aligned. Grid (cdiv(H, 8 * kThreads), T).
+//   rows 16-byte aligned. Grid (T, cdiv(H, 8 * kThreads)): tokens along x, which takes more than 65535.
 #include "humming/common.cuh"
 
 namespace humming {
@@ -24,7 +24,7 @@ struct Params {
 template <DType Y, DType W, DType O, int kThreads>
 __device__ __forceinline__ void run(const Params& p) {
   static_assert(Y != DType::f32 && O != DType::f32, "16-bit y and out");
-  const int t = blockIdx.y, col = 8 * (blockIdx.x * kThreads + threadIdx.x);
+  const int t = blockIdx.x, col = 8 * (blockIdx.y * kThreads + threadIdx.x);
   if (col >= p.H) return;
   float acc[8] = {};
   for (int j = 0; j < p.topk; ++j) {
