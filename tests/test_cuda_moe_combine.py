@@ -36,7 +36,7 @@ def _routing(t: int, topk: int, rows: int, device) -> torch.Tensor:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("t", "topk", "h"), [(1, 8, 2048), (7, 4, 2880), (64, 8, 7168), (3, 1, 8)])
+@pytest.mark.parametrize(("t", "topk", "h"), [(1, 8, 2048), (7, 4, 2880), (64, 8, 7168), (3, 1, 8), (66000, 2, 8)])
 def test_rows_by_slot_are_the_triton_bits(dtype, weights_dtype, t, topk, h):
     """Against the Triton combine, bit for bit, and the float reference; rows of slots without a row hold NaN,
     which must not reach the output."""
