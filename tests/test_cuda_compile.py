@@ -8,7 +8,7 @@ import re
 import pytest
 from helpers import compile_fresh, cubin_tool, instructions_after_each_wait, needs_nvrtc
 
-from humming.cuda_kernels import _decode_launch, _gemm_sm90, _wgmma_source, act_quant, jit, wna16_decode
+from humming.cuda_kernels import _decode_launch, _gemm_sm90, _wgmma_source, act_quant, jit, moe_combine, wna16_decode
 from humming.cuda_kernels._layout import WeightLayout
 
 pytestmark = needs_nvrtc
@@ -125,8 +125,13 @@ def _act_quant_specs() -> list[jit.KernelSpec]:
     ]
 
 
+def _combine_specs() -> list[jit.KernelSpec]:
+    return [moe_combine.combine_spec("bf16", "f32", "bf16"), moe_combine.combine_spec("f16", "bf16", "f16")]
+
+
 def _all_jobs() -> list[tuple[jit.KernelSpec, str]]:
-    specs = _decode_specs() + _gemm_specs() + _grouped_specs() + _gather_specs() + _lag_specs() + _act_quant_specs()
+    specs = _decode_specs() + _gemm_specs() + _grouped_specs() + _gather_specs() + _lag_specs()
+    specs += _act_quant_specs() + _combine_specs()
     return [(spec, arch) for spec in specs for arch in spec.targets()]
 
 
@@ -177,6 +182,14 @@ def test_act_quant_reads_16_bytes_at_once_and_stays_in_fp32(compiled, tmp_path):
         sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90")], tmp_path)
         assert "LDG.E.128" in sass, spec.name
         assert not re.search(r"\b(DADD|DMUL|DFMA|F2F\.F64)", sass), spec.name
+
+
+def test_combine_sums_each_slot_with_fused_multiply_adds(compiled, tmp_path):
+    """One 16-byte load of y per slot and 8 FFMA per slot and thread (the Triton combine's contraction)."""
+    for spec in _combine_specs():
+        sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90")], tmp_path)
+        assert "LDG.E.128.CONSTANT" in sass or "LDG.E.128" in sass, spec.name
+        assert sass.count("FFMA") >= 8 and "FMUL" not in sass.replace("FMUL.FTZ", ""), spec.name
 
 
 def test_gemm_sm90_sass_uses_wgmma_tma_and_setmaxnreg(compiled, tmp_path):
@@ -327,6 +340,7 @@ def _mirrors():
         (_fp4_launch._Sm100Params, "fp4_gemm_sm100.cuh", "humming::fp4_sm100::Params", "sm_100a"),
         (_fp4_launch._Sm100ProbeParams, "fp4_mma_probe_sm100.cuh", "humming::fp4_sm100::ProbeParams", "sm_100a"),
         (act_quant._Params, "act_quant.cuh", "humming::act_quant::Params", "sm_80"),
+        (moe_combine._Params, "moe_combine.cuh", "humming::moe_combine::Params", "sm_80"),
     ]
 
 

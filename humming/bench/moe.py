@@ -423,7 +423,9 @@ def _humming(group: MoeGroup, inp: Inputs) -> Prepared:
 
 
 def _humming_layer(group: MoeGroup, inp: Inputs) -> Prepared:
-    """``fused_moe`` on each (w13, w2) copy pair; ``kernel``: the kernels its two GEMMs run."""
+    """``fused_moe`` on each (w13, w2) copy pair, with int32 ids as vLLM and SGLang pass them (one token's
+    call then runs without an alignment: :func:`humming.moe.fused.slot_route`); ``kernel``: the kernels its two
+    GEMMs run."""
     from ..dispatch.plan import plan_grouped
     from ..moe import fused_moe
 
@@ -443,7 +445,8 @@ def _humming_layer(group: MoeGroup, inp: Inputs) -> Prepared:
         act=group.act,
     )
     pairs = [(w13s[i % len(w13s)], w2s[i % len(w2s)]) for i in range(max(len(w13s), len(w2s)))]
-    calls = [partial(layer, inp.x, w13, w2, inp.weights, inp.ids) for w13, w2 in pairs]
+    ids = inp.ids.to(torch.int32)
+    calls = [partial(layer, inp.x, w13, w2, inp.weights, ids) for w13, w2 in pairs]
     return Prepared(calls, " + ".join(kernels))
 
 

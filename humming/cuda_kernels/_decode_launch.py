@@ -126,7 +126,7 @@ class _Params(ctypes.Structure):
         *fields(ctypes.c_void_p, "expert_ids rows"),
         *fields(ctypes.c_int, "block_m"),
         *fields(ctypes.c_float, "act_alpha act_limit"),
-        *fields(ctypes.c_int, "gate_up_interleaved"),
+        *fields(ctypes.c_int, "gate_up_interleaved num_experts"),
     )
 
 

@@ -148,6 +148,7 @@ class GroupedDecodeLaunch:
                 act_alpha=1.0 if gated is None or gated.alpha is None else gated.alpha,
                 act_limit=1.0 if gated is None or gated.limit is None else gated.limit,
                 gate_up_interleaved=int(gated is not None and gated.gate_up_layout == "interleaved"),
+                num_experts=prep.num_experts,
             ),
         )
 
@@ -230,8 +231,8 @@ def grouped_linear(
 ) -> torch.Tensor:
     """``x [M_pad, K]`` grouped by expert (or, with ``rows``, the tokens ``[T, K]`` read through the int32
     ``[M_pad]`` row index, -1 = padding) -> ``[M_pad, N]`` of ``out_dtype``: row ``r`` is ``x[r] @
-    dequantize(qweight)[e]^T + bias[e]``, ``e = expert_ids[r // block_m]``; rows of segments whose id is -1
-    are not written. Ids and rows are not checked on the GPU. ``gated``: fused_moe's activation of w13 =
+    dequantize(qweight)[e]^T + bias[e]``, ``e = expert_ids[r // block_m]``; rows of segments whose id is outside
+    ``[0, E)`` are not written. Ids and rows are not checked on the GPU. ``gated``: fused_moe's activation of w13 =
     ``qweight``, the result ``[M_pad, N / 2]``. ``out``: where to write it (unit column stride), or ``None``."""
     reason = unsupported(qweight, None, x, block_m)
     if reason is None and gated is not None:

@@ -23,7 +23,7 @@ from ..reference.moe_layer import Activation, check_activation
 from ._checks import check_act_scale, check_expert_map, check_experts
 from .align import padded_rows
 from .align import triton_unsupported as align_unsupported
-from .fused import fused_moe, on_triton
+from .fused import fused_moe, on_triton, slot_route_rows
 from .grouped import copies_on_triton, layer_block_m
 from .routing import check_routing, layer_backend, topk_routing, triton_unsupported
 
@@ -131,7 +131,18 @@ class MoeCall:
             x = torch.empty(0, self.w13.K, dtype=x_dtype, device=self.w13.device)
             act = None if self.act is None else get_act_scheme(self.act)
             block_m = layer_block_m(slots, self.w13, self.w2, x, act, self.backend)
-        return block_m, padded_rows(slots, e, block_m)
+        return block_m, self._slot_rows(num_tokens, x_dtype, block_m) or padded_rows(slots, e, block_m)
+
+    def _slot_rows(self, num_tokens: int, x_dtype: torch.dtype, block_m: int) -> int:
+        """The grouped rows of the slot-major route where a call at ``num_tokens`` tokens takes it (its ids are
+        :meth:`route`'s, int32), else 0 (:func:`humming.moe.fused.slot_route_rows`)."""
+        x = torch.empty(num_tokens, self.w13.K, dtype=x_dtype, device=self.w13.device)
+        act = None if self.act is None else get_act_scheme(self.act)
+        activation = Activation(self.activation, self.alpha, self.limit, self.gate_up_layout)
+        mapped = self.expert_map is not None
+        return slot_route_rows(
+            x, self.w13, self.w2, self.top_k, torch.int32, mapped, act, block_m, self.backend, activation
+        )
 
     def launches(
         self, num_tokens: int, x_dtype: torch.dtype = torch.bfloat16, logits_dtype: torch.dtype = torch.float32
@@ -147,7 +158,8 @@ class MoeCall:
             detail = f"E={spec.num_experts} top_k={spec.top_k} {spec.scoring} {spec.order} logits {logits_dtype}"
             launches.append(MoeLaunch("routing", "triton.topk_routing" if triton else "reference", detail))
         block_m, m_pad = self.grouped_shape(num_tokens, x_dtype)
-        launches += self._align_launches(num_tokens, block_m)
+        if not self._slot_rows(num_tokens, x_dtype, block_m):  # the slot-major route has no alignment
+            launches += self._align_launches(num_tokens, block_m)
         x = torch.empty(num_tokens, self.w13.K, dtype=x_dtype, device=device)
         triton_layer = on_triton(x, self.backend)
         copier = "triton.gather_rows" if copies_on_triton(device) else "torch"  # into grouped order

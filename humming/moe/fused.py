@@ -13,8 +13,8 @@ import torch
 from .. import ops
 from .._env import env
 from ..deterministic import is_deterministic
-from ..dispatch.kernels import backend_unavailable
-from ..dispatch.plan import requested_backend
+from ..dispatch.kernels import GROUPED_KERNELS, backend_unavailable
+from ..dispatch.plan import plan_grouped, requested_backend
 from ..dispatch.support import combination_error
 from ..ir.activation import ActScheme, get_act_scheme
 from ..ir.weight import QuantizedWeight
@@ -192,6 +192,16 @@ def on_triton(x: torch.Tensor, backend: str) -> bool:
     return requested != "reference" and x.device.type == "cuda" and backend_unavailable("triton") is None
 
 
+def prepared_combine(y, slot_rows, topk_weights, dtype, backend: str, slot_block: int = 0, num_experts: int = 0):
+    """The prepared combine of fused_moe's kernel layer (``on_triton``): the Triton kernel with
+    ``backend="triton"``, else the CUDA one where it applies (the same bits, a cheaper launch)."""
+    if requested_backend(backend) == "triton":
+        kernels = importlib.import_module("humming.triton_kernels.moe_layer")
+        return kernels.PreparedCombine(y, slot_rows, topk_weights, dtype, slot_block, num_experts)
+    moe_combine = importlib.import_module("humming.cuda_kernels.moe_combine")
+    return moe_combine.prepared_combine(y, slot_rows, topk_weights, dtype, slot_block, num_experts)
+
+
 def run_fused_moe(
     x,
     w13,
@@ -316,6 +326,13 @@ def _make_call(
     num_global = None if expert_map is None else expert_map.shape[0]
     if block_m is None:
         block_m = layer_block_m(topk_ids.numel(), w13, w2, x, act, backend)
+    bias13 = None if w13_bias is None else w13_bias.dtype
+    bias2 = None if w2_bias is None else w2_bias.dtype
+    slots = slot_route(
+        x, w13, w2, topk_weights, topk_ids, expert_map, act, block_m, (bias13, bias2), backend, activation
+    )
+    if slots is not None:
+        return slots
     ids = topk_ids if expert_map is None else topk_ids.new_empty(topk_ids.shape, dtype=torch.int64)  # local_ids'
     route = prepare_align(ids, e, block_m, layer_backend(backend))
     m_pad = padded_rows(topk_ids.numel(), e, block_m)
@@ -324,8 +341,6 @@ def _make_call(
     quant = "triton" if triton_layer else "reference"
     static = lambda v, scale: v if scale is None else ops.quantize_activation(v, act, scale=scale, backend=quant)
     weight13, weight2 = weakref.ref(w13), weakref.ref(w2)
-    bias13 = None if w13_bias is None else w13_bias.dtype
-    bias2 = None if w2_bias is None else w2_bias.dtype
 
     if act is None:
         # the activation in w13's epilogue where its grouped kernel has one (the Triton layer's path), else a pass
@@ -359,7 +374,7 @@ def _make_call(
 
     if triton_layer:
         slot_rows = torch.empty(topk_ids.numel(), dtype=torch.int32, device=device)
-        combine = kernels.PreparedCombine(x.new_empty(m_pad, k), slot_rows, topk_weights, dtype)
+        combine = prepared_combine(x.new_empty(m_pad, k), slot_rows, topk_weights, dtype, backend)
     else:
         combine = lambda y, slot_rows, topk_weights: moe_layer.combine(y, slot_rows, topk_weights, dtype)
 
@@ -382,6 +397,63 @@ def _make_call(
             scales = (None if s is None else s.to(torch.float32).reshape(1, 1) for s in (w13_act_scale, w2_act_scale))
             hidden = first(x, expert_ids, w13_bias, rows, num_rows, *scales)
         return combine(second(hidden, expert_ids, w2_bias), slot_rows, topk_weights)
+
+    return call
+
+
+#: The grouped kernel the slot-major route runs both GEMMs on (it skips segments whose expert id is out of
+#: range, so unaligned routing ids can be its segments' experts).
+SLOT_ROUTE_KERNEL = "cuda.grouped_decode"
+
+
+def slot_route_rows(x, w13, w2, top_k: int, ids_dtype, mapped: bool, act, block_m: int, backend, activation) -> int:
+    """The grouped rows (``top_k * block_m``) of a fused_moe call of ``x`` (``[T, K]``) in slot-major rows
+    (:func:`slot_route`), or 0 where the call does not take that route: one token of 16-bit activations, int32
+    ids (``ids_dtype``; vLLM's and SGLang's) and no expert map (``mapped``) on CUDA tensors, both GEMMs
+    planning :data:`SLOT_ROUTE_KERNEL` at those rows, w13's activation in its epilogue."""
+    if x.shape[0] != 1 or mapped or act is not None or ids_dtype != torch.int32 or x.device.type != "cuda":
+        return 0
+    if not on_triton(x, backend):  # the combine
+        return 0
+    m_pad = top_k * block_m
+    for weight, rows, gather in ((w13, x, m_pad), (w2, x.new_empty(m_pad, w13.N // 2), None)):
+        try:
+            if plan_grouped(weight, None, rows, block_m, backend, gather).kernel != SLOT_ROUTE_KERNEL:
+                return 0
+        except ValueError:
+            return 0
+    return m_pad if GROUPED_KERNELS[SLOT_ROUTE_KERNEL].gates(w13, x, activation) else 0
+
+
+def slot_route(x, w13, w2, topk_weights, topk_ids, expert_map, act, block_m: int, bias_dtypes, backend, activation):
+    """The prepared call of one token's fused_moe in slot-major rows, or ``None`` where it does not apply
+    (:func:`slot_route_rows`).
+
+    One token's top-k slots are distinct experts, so no alignment is needed: segment ``j`` (``block_m`` rows,
+    the first one the token's) belongs to slot ``j``, its expert ``topk_ids[0, j]`` read in place as the
+    segment's id, and the combine reads row ``j * block_m``. That saves the alignment kernel and its
+    allocations; each row is computed exactly as in the aligned layout (same kernels, same per-row sums, the
+    slots combined in the same order), so the results are the same bits. Ids out of range drop their slots
+    (the kernel skips their segments, the combine their rows), as the alignment would. ``bias_dtypes``:
+    w13's and w2's bias dtypes (``None``: no bias)."""
+    top_k = topk_ids.shape[1]
+    mapped = expert_map is not None
+    m_pad = slot_route_rows(x, w13, w2, top_k, topk_ids.dtype, mapped, act, block_m, backend, activation)
+    if not m_pad or not topk_ids.is_contiguous():
+        return None
+    dtype = x.dtype
+    launch13 = grouped_step(w13, x, m_pad, block_m, bias_dtypes[0], dtype, backend, activation)
+    launch2 = grouped_step(w2, x.new_empty(m_pad, w13.N // 2), None, block_m, bias_dtypes[1], dtype, backend)
+    ids = topk_ids.reshape(-1)
+    y = x.new_empty(m_pad, w13.shape[2])
+    combine = prepared_combine(y, ids, topk_weights, dtype, backend, block_m, w13.num_experts)
+    rows = torch.full((m_pad,), -1, dtype=torch.int32, device=x.device)
+    rows[::block_m] = 0  # each segment's first row reads the token
+
+    def call(x, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, w13_act_scale, w2_act_scale):
+        ids = topk_ids.view(-1)
+        hidden = launch13(x, ids, w13_bias, rows)
+        return combine(launch2(hidden, ids, w2_bias, None), ids, topk_weights)
 
     return call
 

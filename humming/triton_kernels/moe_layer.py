@@ -157,17 +157,23 @@ def _combine_kernel(
     stride_wt,
     stride_wj,
     stride_ot,
+    num_experts,
     TOPK: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    SLOT_BLOCK: tl.constexpr,
 ):
     """out [T, H] = sum_j weights[t, j] * y[slot_rows[t * TOPK + j]] over slots with a row (>= 0).
-    Grid: (T, cdiv(H, BLOCK_H))."""
+    ``SLOT_BLOCK`` > 0 (slot-major rows, :func:`humming.moe.fused` at one token): ``slot_rows_ptr`` holds
+    the slots' expert ids instead, and slot ``s`` has row ``s * SLOT_BLOCK`` where its id is in
+    ``[0, num_experts)``. Grid: (T, cdiv(H, BLOCK_H))."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_mask = cols < H
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for j in tl.static_range(TOPK):
         row = tl.load(slot_rows_ptr + t * TOPK + j)
+        if SLOT_BLOCK > 0:
+            row = tl.where((row >= 0) & (row < num_experts), (t * TOPK + j) * SLOT_BLOCK, -1)
         if row >= 0:
             w = tl.load(weights_ptr + t * stride_wt + j * stride_wj).to(tl.float32)
             y = tl.load(y_ptr + row.to(tl.int64) * stride_ym + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -284,9 +290,19 @@ def combine(y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor
 
 class PreparedCombine:
     """:func:`combine` made ready (checked, its launch arguments but the tensors packed) for every call whose
-    ``y``, ``slot_rows`` and ``topk_weights`` have these ones' dtypes, shapes and strides, on their device."""
+    ``y``, ``slot_rows`` and ``topk_weights`` have these ones' dtypes, shapes and strides, on their device.
+    ``slot_block`` > 0: slot-major rows, ``slot_rows`` the slots' int32 expert ids (``_combine_kernel``'s
+    ``SLOT_BLOCK``; ids outside ``[0, num_experts)`` add nothing)."""
 
-    def __init__(self, y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor, dtype) -> None:
+    def __init__(
+        self,
+        y: torch.Tensor,
+        slot_rows: torch.Tensor,
+        topk_weights: torch.Tensor,
+        dtype,
+        slot_block: int = 0,
+        num_experts: int = 0,
+    ) -> None:
         _check("y", y, FLOAT_DTYPES)
         t, topk = topk_weights.shape
         h = y.shape[1]
@@ -297,7 +313,7 @@ class PreparedCombine:
         block_h = min(triton.next_power_of_2(h), 1024)
         self.grid = (t, triton.cdiv(h, block_h), 1)
         # the arguments after the four tensors, and their part of _launch's key
-        self.values = (h, y.stride(0), *topk_weights.stride(), h, topk, block_h)
+        self.values = (h, y.stride(0), *topk_weights.stride(), h, num_experts, topk, block_h, slot_block)
         self.key = (y.device, y.dtype, torch.int32, topk_weights.dtype, dtype, *self.values)
         self.launches = bool(t and h)
 
@@ -350,15 +366,16 @@ def _compile_specs() -> list[registry.CompileSpec]:
                 aligned=("stride_hm", "stride_om"),
             )
         )
-    specs.append(
-        registry.CompileSpec(
-            name="moe_combine-bf16",
-            kernel=_combine_kernel,
-            pointers={"y_ptr": "*bf16", "slot_rows_ptr": "*i32", "weights_ptr": "*fp32", "out_ptr": "*bf16"},
-            constexprs={"TOPK": 8, "BLOCK_H": 1024},
-            aligned=("stride_ym", "stride_ot"),
+    for slot_block in (0, 8):  # rows by slot_rows, and slot-major rows (one token)
+        specs.append(
+            registry.CompileSpec(
+                name=f"moe_combine-bf16-slots{slot_block}",
+                kernel=_combine_kernel,
+                pointers={"y_ptr": "*bf16", "slot_rows_ptr": "*i32", "weights_ptr": "*fp32", "out_ptr": "*bf16"},
+                constexprs={"TOPK": 8, "BLOCK_H": 1024, "SLOT_BLOCK": slot_block},
+                aligned=("stride_ym", "stride_ot"),
+            )
         )
-    )
     return specs
 
 

@@ -387,3 +387,44 @@ def test_fused_moe_gpu_w13_copied_equals_gathered(activation: str, monkeypatch, 
     assert torch.equal(outs[0], outs[1])
     ref = moe.fused_moe(x.float(), w13, w2, weights, ids, activation=activation, backend="reference")
     assert rel_err(outs[1], ref.double()) <= MOE_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["int4-g128", "mxfp4"])
+def test_fused_moe_gpu_one_token_slot_route(name: str, seed: int) -> None:
+    """One token with int32 ids runs in slot-major rows (no alignment: fused.slot_route): the same bits as
+    the aligned route (int64 ids); ids out of range (an expert off the rank, an id past E) drop their slots
+    in both; a CUDA graph of the call replays it; MoeCall lists no alignment launch for it."""
+    from humming.moe.fused import slot_route_rows
+    from humming.reference.moe_layer import check_activation
+
+    e, topk, k, inter = 64, 8, 2048, 768
+    mxfp4 = name == "mxfp4"  # gpt-oss's layer: biases, interleaved clamped SwiGLU
+    w13 = quantize_experts(name, e, 2 * inter, k, "cuda", bias=mxfp4)
+    w2 = quantize_experts(name, e, k, inter, "cuda", bias=mxfp4)
+    kwargs = dict(activation="swiglu_oai", gate_up_layout="interleaved") if mxfp4 else {}
+    activation = check_activation(kwargs.get("activation", "silu"), None, None, kwargs.get("gate_up_layout", "concat"))
+    x = (torch.randn(1, k, device="cuda") / (16 if mxfp4 else 1)).bfloat16()
+    weights = torch.softmax(torch.randn(1, topk, device="cuda"), -1)
+    call = moe.MoeCall(w13, w2, topk, **kwargs)
+    block_m, m_pad = call.grouped_shape(1)
+    assert (
+        m_pad
+        == topk * block_m
+        == slot_route_rows(x, w13, w2, topk, torch.int32, False, None, block_m, "auto", activation)
+    )
+    assert not any(launch.step == "align" for launch in call.launches(1))
+    for ids in (random_routing(1, topk, e, "cuda"), torch.tensor([[3, e, 7, -1, 9, e + 5, 11, 0]], device="cuda")):
+        ids = ids.to(torch.int32)
+        out = moe.fused_moe(x, w13, w2, weights, ids, **kwargs)
+        assert torch.equal(out, moe.fused_moe(x, w13, w2, weights, ids.long(), **kwargs))
+        kept = (ids >= 0) & (ids < e)
+        ref = moe.fused_moe(x.float(), w13, w2, weights * kept, ids.clamp(0, e - 1), backend="reference", **kwargs)
+        assert rel_err(out, ref.double()) <= MOE_TOL[torch.bfloat16]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = moe.fused_moe(x, w13, w2, weights, ids, **kwargs)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, moe.fused_moe(x, w13, w2, weights, ids.long(), **kwargs))

@@ -129,6 +129,28 @@ def test_combine_matches_reference(t: int, topk: int, out_dtype, seed: int, devi
     assert rel_err(want, exact) <= (1e-6 if out_dtype == torch.float32 else 4e-3)
 
 
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize(("t", "topk"), [(1, 4), (1, 8), (3, 2)], ids=str)
+def test_combine_of_slot_major_rows(t: int, topk: int, block: int, seed: int, device: str) -> None:
+    """``slot_block``: slot ``s`` has row ``s * slot_block`` where its expert id is in ``[0, E)``; the rows of
+    slots whose id is out of range (-1, E, beyond) are NaN and must add nothing, as the rows of no slot."""
+    e, h = 16, 200
+    ids = torch.randint(0, e, (t, topk), dtype=torch.int32, device=device)
+    ids.view(-1)[0], ids.view(-1)[-1] = -1, e + 7  # an expert off this rank, an id out of range
+    if t * topk > 2:
+        ids.view(-1)[1] = e
+    y = torch.full((t * topk * block, h), float("nan"), dtype=torch.bfloat16, device=device)
+    valid = (ids.view(-1) >= 0) & (ids.view(-1) < e)
+    slot_rows = torch.where(valid, torch.arange(t * topk, device=device, dtype=torch.int32) * block, -1).int()
+    y[slot_rows[valid].long()] = torch.randn(int(valid.sum()), h, device=device).bfloat16()
+    weights = torch.rand(t, topk, device=device)
+    prepared = moe_layer.PreparedCombine(y, ids.view(-1), weights, torch.float32, block, e)
+    out = prepared(y, ids.view(-1), weights)
+    assert not torch.isnan(out).any()
+    want = _moe_layer.combine(y, slot_rows, weights, torch.float32)
+    assert rel_err(out, want.double()) <= 1e-6
+
+
 def test_activate_and_combine_reject() -> None:
     activation = _activation("silu", "concat")
     with pytest.raises(ValueError, match="odd width 7"):

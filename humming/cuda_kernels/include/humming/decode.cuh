@@ -35,11 +35,12 @@
 // Grouped (MoE) variant of the tiles schedule, kGrouped: the weights hold E experts stacked along rows
 // (expert e's 16-row tile t is tile e * N / 16 + t of the layout, likewise scales and zero points; bias is
 // [E, N]); out has M = M_pad grouped rows, in segments of block_m rows, expert_ids[s] the expert of segment s
-// (-1: unused, not written). Grouped row r reads x row rows[r] (the tokens [T, K], read in place; -1: a
-// padding row, zeros) or, without rows, x row r. A block takes kR row tiles (blockIdx.x) of units of kMT * 8
-// grouped rows (which divide block_m): units blockIdx.y, blockIdx.y + gridDim.y, ...; its warps find the used
-// ones 32 at a time with one ballot, so a grid sized for the used units (a decode call uses a few of the
-// worst case's segments) skips the rest without launching blocks for them, and a smaller grid is still exact.
+// (outside [0, num_experts), as -1 or an out-of-range routing id: unused, not written). Grouped row r reads
+// x row rows[r] (the tokens [T, K], read in place; -1: a padding row, zeros) or, without rows, x row r. A
+// block takes kR row tiles (blockIdx.x) of units of kMT * 8 grouped rows (which divide block_m): units
+// blockIdx.y, blockIdx.y + gridDim.y, ...; its warps find the used ones 32 at a time with one ballot, so a
+// grid sized for the used units (a decode call uses a few of the worst case's segments) skips the rest
+// without launching blocks for them, and a smaller grid is still exact.
 // kAct (gated epilogue): the weights are fused_moe's w13 in gate-up order (gate_up_rows in _layout.py: row g
 // of each 16-row tile is the gate of a feature, row g + 8 its up), out is [M, N / 2]: act(gate, up), each
 // rounded to O first as the unfused GEMM's output would be.
@@ -67,12 +68,13 @@ struct Params {
   int total_warps;       // stream_k: warps of the persistent grid (W)
   const float* x_scale;  // per-token (x_scale_stride 1) or per-tensor (0) activation scale, or null: x holds
   int x_scale_stride;    // quantized activations' values (fp8 schemes run through the 16-bit kernels)
-  const int* expert_ids; // kGrouped: [M / block_m] expert of each segment, -1 = unused
+  const int* expert_ids; // kGrouped: [M / block_m] expert of each segment, -1 (or >= num_experts) = unused
   const int* rows;       // kGrouped: [M] x row of each grouped row (-1: padding), or null: x holds grouped rows
   int block_m;           // kGrouped: grouped rows per expert_ids entry
   float act_alpha;       // kAct == kSwigluOai: the sigmoid's slope and the clamp bound
   float act_limit;
   int gate_up_interleaved;  // kAct: the bias's gate / up columns are 2f / 2f + 1 (else f / N / 2 + f)
+  int num_experts;       // kGrouped: segments whose id is not in [0, num_experts) are unused
 };
 
 // The output value of `sum` (x row `token` times a W row whose bias is bias[bias_col]): times the
@@ -508,7 +510,8 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
       // 32 candidate units, one per lane; every warp finds the same used ones.
       const int unit = base + pipe.lane * stride;
       const int lane_expert = unit < units ? __ldg(p.expert_ids + unit * kRows / p.block_m) : -1;
-      for (unsigned used = __ballot_sync(0xffffffffu, lane_expert >= 0); used != 0; used &= used - 1) {
+      const bool lane_used = lane_expert >= 0 && lane_expert < p.num_experts;
+      for (unsigned used = __ballot_sync(0xffffffffu, lane_used); used != 0; used &= used - 1) {
         const int l = __ffs(used) - 1;
         const int expert = __shfl_sync(0xffffffffu, lane_expert, l);
         const int row0 = (base + l * stride) * kRows;
