@@ -141,6 +141,19 @@ def compiled(tmp_path_factory):
     return {(k.spec.name, k.arch): k for k in kernels}
 
 
+def test_no_lambda_takes_auto_parameters():
+    """NVRTC 13.0 (the GPU image's; CI gets the newest) takes a lambda with ``auto`` parameters in device code
+    for a host function and refuses the kernel: the headers write their generic helpers as templates."""
+    generic = re.compile(r"\]\s*\(\s*(const\s+)?auto\b")
+    found = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in sorted(jit.INCLUDE_DIR.rglob("*.cuh"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if generic.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
 def test_wgmma_header_is_its_generators_output():
     regenerate = "run python -m humming.cuda_kernels._wgmma_source"
     assert _wgmma_source.HEADER.read_text() == _wgmma_source.render(), regenerate
