@@ -1,5 +1,5 @@
 """fused_moe's CUDA combine (``humming.cuda_kernels.moe_combine``): the Triton combine's bits, rows by slot or
-slot-major, and the Triton combine wherever the CUDA one does not apply."""
+slot-major, and the Triton combine wherever the CUDA one does not apply (``humming.moe.fused.prepared_combine``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from helpers import assert_bit_exact
 
 from humming.cuda_kernels import moe_combine
+from humming.moe.fused import prepared_combine
 from humming.reference import moe_layer as reference
 from humming.triton_kernels import moe_layer
 
@@ -48,7 +49,7 @@ def test_rows_by_slot_are_the_triton_bits(dtype, weights_dtype, t, topk, h):
     unused[used] = False
     y[unused] = float("nan")
     weights = torch.rand(t, topk, device="cuda").to(weights_dtype)
-    combine = moe_combine.prepared_combine(y, slot_rows, weights, dtype)
+    combine = prepared_combine(y, slot_rows, weights, dtype, "auto")
     assert isinstance(combine, moe_combine.CudaCombine)
     torch.full((4 * t * h,), 0x7FFF, dtype=torch.int16, device="cuda")  # freed NaN bits where out will come from
     out = combine(y, slot_rows, weights)
@@ -70,7 +71,7 @@ def test_slot_major_rows_are_the_triton_bits(topk):
         ids[2] = -1
     y = torch.randn(topk * block, h, device="cuda", dtype=torch.bfloat16)
     weights = torch.rand(1, topk, device="cuda")
-    combine = moe_combine.prepared_combine(y, ids, weights, torch.bfloat16, block, e)
+    combine = prepared_combine(y, ids, weights, torch.bfloat16, "auto", block, e)
     assert isinstance(combine, moe_combine.CudaCombine)
     out = combine(y, ids, weights)
     want = moe_layer.PreparedCombine(y, ids, weights, torch.bfloat16, block, e)(y, ids, weights)
@@ -84,7 +85,7 @@ def test_unaligned_y_goes_through_the_triton_combine():
     y = base[4:].view(16, h)  # 8-byte aligned
     slot_rows = _routing(t, topk, 16, "cuda")
     weights = torch.rand(t, topk, device="cuda")
-    combine = moe_combine.prepared_combine(base[: 16 * h].view(16, h), slot_rows, weights, torch.bfloat16)
+    combine = prepared_combine(base[: 16 * h].view(16, h), slot_rows, weights, torch.bfloat16, "auto")
     assert isinstance(combine, moe_combine.CudaCombine) and y.data_ptr() % 16
     want = moe_layer.PreparedCombine(y, slot_rows, weights, torch.bfloat16)(y, slot_rows, weights)
     assert_bit_exact(combine(y, slot_rows, weights), want, "unaligned y")

@@ -3,9 +3,9 @@ combine (:class:`humming.triton_kernels.moe_layer.PreparedCombine`), launched fr
 
 It exists for the host: at one token a fused_moe layer is a few microseconds of GPU work, and a Triton launch
 (argument binding, Triton's launcher) costs the host more than that; this launch writes four addresses into a
-parameter struct and calls the driver. :func:`prepared_combine` hands it out where it covers the call (16-bit
-``y`` and output, ``H % 8 == 0``, 16-byte rows, float ``topk_weights``, a device it is built for) and the
-Triton combine everywhere else.
+parameter struct and calls the driver. ``humming.moe.fused.prepared_combine`` hands it out where
+:func:`cuda_unsupported` allows (16-bit ``y`` and output, ``H % 8 == 0``, 16-byte rows, float ``topk_weights``, a
+device it is built for) and the Triton combine everywhere else.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ._driver import PackedLaunch, current_stream, fields, get_kernel
 from ._layout import CPP_DTYPE, DTYPE_CODE
 from .jit import KernelSpec, compiler_unavailable_reason, per_call_cache
 
-__all__ = ["COMBINE_CCS", "CudaCombine", "combine_spec", "cuda_unsupported", "prepared_combine"]
+__all__ = ["COMBINE_CCS", "CudaCombine", "combine_spec", "cuda_unsupported"]
 
 #: Compute capabilities the combine is built for: those of the grouped kernels whose output it reads.
 COMBINE_CCS = DECODE_CCS
@@ -64,26 +64,27 @@ def cuda_unsupported(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.d
 
 
 class CudaCombine:
-    """The Triton ``PreparedCombine`` ``triton`` (which checked the call) made a CUDA launch: the same calls,
-    the same bits; ``y`` whose address is not 16-byte aligned goes through ``triton``."""
+    """A combine made ready for the calls shaped as these (the arguments of the Triton ``PreparedCombine``, which
+    checks them: ``fallback``), launched on CUDA with the same bits; ``y`` whose address is not 16-byte aligned
+    goes through ``fallback``."""
 
-    def __init__(self, triton, y: torch.Tensor, topk_weights: torch.Tensor, slot_block: int, num_experts: int):
+    def __init__(self, fallback, y, topk_weights, dtype, slot_block: int = 0, num_experts: int = 0) -> None:
         t, topk = topk_weights.shape
         h = y.shape[1]
-        self.triton, self.shape, self.dtype = triton, (t, h), triton.dtype
+        self.fallback, self.shape, self.dtype = fallback, (t, h), dtype
         self.device = device_index(y.device)
         self.torch_device = torch.device("cuda", self.device)
         params = _Params()
         params.H, params.y_stride, params.out_stride = h, y.stride(0) if y.shape[0] > 1 else h, h
         params.weight_t, params.weight_j = topk_weights.stride()
         params.num_experts, params.topk, params.slot_block = num_experts, topk, slot_block
-        spec = combine_spec(DTYPE_CODE[y.dtype], DTYPE_CODE[topk_weights.dtype], DTYPE_CODE[self.dtype])
+        spec = combine_spec(DTYPE_CODE[y.dtype], DTYPE_CODE[topk_weights.dtype], DTYPE_CODE[dtype])
         grid = (t, -(-h // (8 * _THREADS)), 1)
         self.packed = PackedLaunch(get_kernel(spec, self.device), grid, 0, params)
 
     def __call__(self, y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         if y.data_ptr() % 16:
-            return self.triton(y, slot_rows, topk_weights)
+            return self.fallback(y, slot_rows, topk_weights)
         if not slot_rows.is_contiguous():
             slot_rows = slot_rows.contiguous()
         out = torch.empty(self.shape, dtype=self.dtype, device=self.torch_device)
@@ -94,14 +95,3 @@ class CudaCombine:
             params.weights, params.out = topk_weights.data_ptr(), out.data_ptr()
             packed(current_stream(self.device))
         return out
-
-
-def prepared_combine(y, slot_rows, topk_weights, dtype, slot_block: int = 0, num_experts: int = 0):
-    """The combine for calls shaped as these (``PreparedCombine``'s arguments): the CUDA kernel where
-    :func:`cuda_unsupported` allows, the Triton one otherwise."""
-    from ..triton_kernels.moe_layer import PreparedCombine
-
-    triton = PreparedCombine(y, slot_rows, topk_weights, dtype, slot_block, num_experts)
-    if cuda_unsupported(y, topk_weights, dtype) is not None:
-        return triton
-    return CudaCombine(triton, y, topk_weights, slot_block, num_experts)

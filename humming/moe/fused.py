@@ -193,13 +193,16 @@ def on_triton(x: torch.Tensor, backend: str) -> bool:
 
 
 def prepared_combine(y, slot_rows, topk_weights, dtype, backend: str, slot_block: int = 0, num_experts: int = 0):
-    """The prepared combine of fused_moe's kernel layer (``on_triton``): the Triton kernel with
-    ``backend="triton"``, else the CUDA one where it applies (the same bits, a cheaper launch)."""
+    """The prepared combine of fused_moe's kernel layer (``on_triton``): the CUDA kernel where it applies (the
+    Triton combine's bits, a cheaper launch) unless ``backend="triton"``, else the Triton one."""
+    kernels = importlib.import_module("humming.triton_kernels.moe_layer")
+    combine = kernels.PreparedCombine(y, slot_rows, topk_weights, dtype, slot_block, num_experts)
     if requested_backend(backend) == "triton":
-        kernels = importlib.import_module("humming.triton_kernels.moe_layer")
-        return kernels.PreparedCombine(y, slot_rows, topk_weights, dtype, slot_block, num_experts)
+        return combine
     moe_combine = importlib.import_module("humming.cuda_kernels.moe_combine")
-    return moe_combine.prepared_combine(y, slot_rows, topk_weights, dtype, slot_block, num_experts)
+    if moe_combine.cuda_unsupported(y, topk_weights, dtype) is not None:
+        return combine
+    return moe_combine.CudaCombine(combine, y, topk_weights, dtype, slot_block, num_experts)
 
 
 def run_fused_moe(
