@@ -23,7 +23,7 @@ from ..reference.moe_layer import Activation, check_activation
 from ._checks import check_act_scale, check_expert_map, check_experts
 from .align import padded_rows
 from .align import triton_unsupported as align_unsupported
-from .fused import fused_moe, on_triton, slot_route_rows
+from .fused import combine_kernel, fused_moe, on_triton, slot_route_rows
 from .grouped import copies_on_triton, layer_block_m
 from .routing import check_routing, layer_backend, topk_routing, triton_unsupported
 
@@ -51,10 +51,10 @@ class MoeLaunch:
     """One kernel launch of a fused_moe call: its ``step`` (``"routing"``, ``"align"``, ``"w13 input"``, ``"w13"``,
     ``"activation"``, ``"w2 input"``, ``"w2"``, ``"combine"``), the ``kernel`` (``"triton.topk_routing"``,
     ``"triton.moe_align"`` (or its three launches ``"triton.moe_align_count"``, ``"..._offsets"``,
-    ``"..._scatter"``), ``"triton.act_quant"``, a grouped plan's kernel such as ``"cuda.grouped"`` /
-    ``"triton.grouped"`` / ``"reference"``, ``"triton.moe_act"``, ``"triton.moe_combine"``, or ``"torch"`` for
-    torch ops) and what it is specialised on. A ``"w13"`` launch whose kernel applies the activation in its
-    epilogue (``Kernel.gates``) has no ``"activation"`` launch after it."""
+    ``"..._scatter"``), ``"triton.act_quant"`` / ``"cuda.act_quant"``, a grouped plan's kernel such as
+    ``"cuda.grouped"`` / ``"triton.grouped"`` / ``"reference"``, ``"triton.moe_act"``, ``"triton.moe_combine"`` /
+    ``"cuda.moe_combine"``, or ``"torch"`` for torch ops) and what it is specialised on. A ``"w13"`` launch whose
+    kernel applies the activation in its epilogue (``Kernel.gates``) has no ``"activation"`` launch after it."""
 
     step: str
     kernel: str
@@ -177,10 +177,15 @@ class MoeCall:
             if gather and not gathers:  # a kernel that reads grouped rows: the tokens copied into that order
                 launches.append(MoeLaunch(f"{step} input", copier, f"gather rows={m_pad}"))
             if act is not None and x.dtype != torch.uint8 and plan.backend != "reference":
-                # the CUDA and Triton scaled GEMMs quantize their 16-bit input in a Triton pass first (a gathering
-                # kernel quantizes the T tokens)
+                # the CUDA and Triton scaled GEMMs quantize their 16-bit input in a pass first (a gathering kernel
+                # quantizes the T tokens): the CUDA kernels' own where it applies, else Triton's
                 rows = x.shape[0] if gathers else m_pad
-                launches.append(MoeLaunch(f"{step} input", "triton.act_quant", f"{act.name} rows={rows}"))
+                kernel = "triton.act_quant"
+                if plan.backend == "cuda":
+                    act_quant = importlib.import_module("humming.cuda_kernels.act_quant")
+                    rows_in = torch.empty(rows, x.shape[1], dtype=x.dtype, device=device)
+                    kernel = "cuda.act_quant" if act_quant.cuda_unsupported(rows_in, act) is None else kernel
+                launches.append(MoeLaunch(f"{step} input", kernel, f"{act.name} rows={rows}"))
             detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act={_name(act)}" + (" gathered" if gathers else "")
             launches.append(MoeLaunch(step, plan.kernel, detail))
 
@@ -209,7 +214,12 @@ class MoeCall:
             launches.append(MoeLaunch("activation", "triton.moe_act" if triton_layer else "torch", detail))
         gemm("w2", self.w2, hidden, self.w2_act_scale)
         detail = f"top_k={self.top_k} tokens={num_tokens}"
-        launches.append(MoeLaunch("combine", "triton.moe_combine" if triton_layer else "torch", detail))
+        combine = "torch"
+        if triton_layer:
+            y = torch.empty(m_pad, self.w2.N, dtype=x_dtype, device=device)
+            weights = torch.empty(num_tokens, self.top_k, dtype=torch.float32, device=device)
+            combine = combine_kernel(y, weights, x_dtype, self.backend)
+        launches.append(MoeLaunch("combine", combine, detail))
         return launches
 
     def _align_launches(self, num_tokens: int, block_m: int) -> list[MoeLaunch]:

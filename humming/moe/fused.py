@@ -192,16 +192,24 @@ def on_triton(x: torch.Tensor, backend: str) -> bool:
     return requested != "reference" and x.device.type == "cuda" and backend_unavailable("triton") is None
 
 
+def combine_kernel(y, topk_weights, dtype, backend: str) -> str:
+    """The combine fused_moe's kernel layer (``on_triton``) runs for ``y`` (w2's output), ``topk_weights`` and
+    the output ``dtype``: ``"cuda.moe_combine"`` (the Triton combine's bits, a cheaper launch) where it applies,
+    unless ``backend="triton"``; else ``"triton.moe_combine"``."""
+    if requested_backend(backend) != "triton":
+        moe_combine = importlib.import_module("humming.cuda_kernels.moe_combine")
+        if moe_combine.cuda_unsupported(y, topk_weights, dtype) is None:
+            return "cuda.moe_combine"
+    return "triton.moe_combine"
+
+
 def prepared_combine(y, slot_rows, topk_weights, dtype, backend: str, slot_block: int = 0, num_experts: int = 0):
-    """The prepared combine of fused_moe's kernel layer (``on_triton``): the CUDA kernel where it applies (the
-    Triton combine's bits, a cheaper launch) unless ``backend="triton"``, else the Triton one."""
+    """The prepared combine of fused_moe's kernel layer (:func:`combine_kernel`'s)."""
     kernels = importlib.import_module("humming.triton_kernels.moe_layer")
     combine = kernels.PreparedCombine(y, slot_rows, topk_weights, dtype, slot_block, num_experts)
-    if requested_backend(backend) == "triton":
+    if combine_kernel(y, topk_weights, dtype, backend) == "triton.moe_combine":
         return combine
     moe_combine = importlib.import_module("humming.cuda_kernels.moe_combine")
-    if moe_combine.cuda_unsupported(y, topk_weights, dtype) is not None:
-        return combine
     return moe_combine.CudaCombine(combine, y, topk_weights, dtype, slot_block, num_experts)
 
 

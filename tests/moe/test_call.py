@@ -196,3 +196,24 @@ def test_warmup_refuses_cpu_moe_calls():
         humming.warmup([moe.MoeCall(w13, w2, 2)])
     with pytest.raises(TypeError, match=r"layers: expected an iterable of QuantizedWeight or MoeCall"):
         humming.warmup(moe.MoeCall(w13, w2, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [None, "fp8"])
+def test_launches_name_the_cuda_passes(act, seed):
+    """On CUDA (backend "auto") the combine, and the activation pass of an FP8 grouped GEMM, are CUDA kernels
+    where they apply, and MoeCall.launches names them so; with backend="triton" they are Triton's."""
+    w13 = humming.quantize(torch.randn(E, 2 * 128, 256, device="cuda"), "int4", group_size=128)
+    w2 = humming.quantize(torch.randn(E, 256, 128, device="cuda"), "int4", group_size=128)
+    for backend, combine in (("auto", "cuda.moe_combine"), ("triton", "triton.moe_combine")):
+        call = moe.MoeCall(w13, w2, 2, act=act, backend=backend)
+        launches = call.launches(24)
+        assert launches[-1].kernel == combine, launches
+        gemms = {la.step: la.kernel for la in launches if la.step in ("w13", "w2")}
+        for la in launches:
+            if "act_quant" in la.kernel:  # a GEMM's input pass: the CUDA one before a CUDA GEMM
+                cuda = gemms[la.step.split()[0]].startswith("cuda.") and backend == "auto"
+                assert la.kernel == ("cuda.act_quant" if cuda else "triton.act_quant"), launches
+        assert (act is not None) == any("act_quant" in la.kernel for la in launches), launches
+        out = call.run(24)
+        assert out.shape == (24, 256) and torch.isfinite(out).all()

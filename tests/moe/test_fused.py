@@ -414,6 +414,7 @@ def test_fused_moe_gpu_one_token_slot_route(name: str, seed: int) -> None:
         == slot_route_rows(x, w13, w2, topk, torch.int32, False, None, block_m, "auto", activation)
     )
     assert not any(launch.step == "align" for launch in call.launches(1))
+    assert call.launches(1)[-1].kernel == "cuda.moe_combine"
     for ids in (random_routing(1, topk, e, "cuda"), torch.tensor([[3, e, 7, -1, 9, e + 5, 11, 0]], device="cuda")):
         ids = ids.to(torch.int32)
         out = moe.fused_moe(x, w13, w2, weights, ids, **kwargs)
