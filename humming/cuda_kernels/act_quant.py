@@ -106,8 +106,8 @@ class CudaQuantizePass:
             threads = _GROUP_THREADS
             grid = (m, -(-(k // 8) // threads), 1)
         values = "u8" if values_dtype is None else DTYPE_CODE[values_dtype]
-        self.spec = act_quant_spec(DTYPE_CODE[x.dtype], group, values, threads)
-        self.packed = PackedLaunch(get_kernel(self.spec, self.device), grid, 0, params)
+        spec = act_quant_spec(DTYPE_CODE[x.dtype], group, values, threads)
+        self.packed = PackedLaunch(get_kernel(spec, self.device), grid, 0, params)
         codes_bytes = m * k * self.codes_dtype.itemsize
         self.scales_offset = -(-codes_bytes // 16) * 16
         self.buffer_bytes = self.scales_offset + 4 * self.scales_shape[0] * self.scales_shape[1]
