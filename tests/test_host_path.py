@@ -288,7 +288,8 @@ def test_tensor_map_encoder_keeps_recent_descriptors(monkeypatch):
 
 def test_host_overhead_harness_runs():
     """bench/tools/host_overhead.py at a small shape: a row per combination, M and backend, each with its
-    kernel and its launches (one CUDA / Triton launch, two with an activation pass)."""
+    kernel and its launches (one CUDA / Triton launch, two with an activation pass). A CUDA kernel behind the
+    CUDA activation pass allocates twice: the pass's one buffer (codes or values, and scales) and the output."""
     pytest.importorskip("cuda.bindings.driver")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
@@ -304,6 +305,9 @@ def test_host_overhead_harness_runs():
     for row in rows:
         activation_passes = 0 if "bf16" in row or row[0] == "W4A16" else 2 if "nvfp4" in row else 1
         assert int(row[-2]) == 1 + activation_passes, row  # nvfp4: the global scale's absmax pass first
+    fp8_on_cuda = [row for row in rows if "fp8" in row and row[-3].startswith("cuda.") and row[0] in ("W4A8", "MXFP4")]
+    assert {row[-3] for row in fp8_on_cuda} == {"cuda.wna16_decode", "cuda.fp8_gemm"}, run.stdout
+    assert all(row[-1] == "2" for row in fp8_on_cuda), run.stdout
 
 
 def test_host_overhead_harness_runs_fused_moe():

@@ -233,6 +233,14 @@ class DecodeLaunch:
     ) -> torch.Tensor:
         """``x @ W^T * x_scale + bias`` into ``out`` (``[m, N]`` of the output dtype, unit column stride) or a
         new tensor."""
+        return self.at(x.data_ptr(), bias, out, x_scale_args(x_scale, self.m))
+
+    def at(
+        self, x: int, bias: torch.Tensor | None, out: torch.Tensor | None, x_scale: tuple[int | None, int]
+    ) -> torch.Tensor:
+        """The call of :meth:`__call__` with ``x`` and its scales given by address: ``x`` the address of the
+        rows the launch was made for, ``x_scale`` ``(address, stride)`` as :func:`x_scale_args` gives them (an
+        activation pass's buffer, which holds both, then costs one allocation)."""
         m, n = self.m, self.n
         if out is not None:
             check_out(out, m, n, self.out_dtype)
@@ -243,13 +251,13 @@ class DecodeLaunch:
         packed = self.packed
         with packed.lock:
             params = packed.params
-            params.x = x.data_ptr()
+            params.x = x
             params.out, params.out_stride = acc.data_ptr(), acc.stride(0)
             params.bias = None if bias is None else bias.data_ptr()
             if self.workspace_words:
                 sums = WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
                 params.sums, params.arrivals = sums, sums + 4 * m * n
-            params.x_scale, params.x_scale_stride = (None, 0) if x_scale is None else x_scale_args(x_scale, m)
+            params.x_scale, params.x_scale_stride = x_scale
             packed(stream)
         return out.copy_(acc) if self.fp32_output else out
 

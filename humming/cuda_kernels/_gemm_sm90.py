@@ -481,6 +481,20 @@ class GemmLaunch:
         """``x @ W^T * x_scale + bias`` into ``out`` (``[m, N]`` of the output dtype, unit column stride) or a
         new tensor; ``expert_ids``: the grouped kernel's segment experts; ``rows``: the gathering kernel's
         token of each grouped row."""
+        return self.at(x.data_ptr(), bias, out, x_scale_args(x_scale, self.m), expert_ids, rows)
+
+    def at(
+        self,
+        x: int,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None,
+        x_scale: tuple[int | None, int],
+        expert_ids: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The call of :meth:`__call__` with ``x`` and its scales given by address: ``x`` the address of the
+        rows the launch was made for, ``x_scale`` ``(address, stride)`` as :func:`x_scale_args` gives them (an
+        activation pass's buffer, which holds both, then costs one allocation)."""
         m, n = self.m, self.n
         if out is None:
             out = torch.empty((m, n), dtype=self.out_dtype, device=self.torch_device)
@@ -493,13 +507,13 @@ class GemmLaunch:
         with packed.lock:
             params = packed.params
             if self.x_map is None:
-                params.x, params.rows = x.data_ptr(), rows.data_ptr()
+                params.x, params.rows = x, rows.data_ptr()
             else:
-                ctypes.memmove(self.x_map_address, self.x_map.encode(x.data_ptr()), 128)
+                ctypes.memmove(self.x_map_address, self.x_map.encode(x), 128)
             params.out, params.out_stride = out.data_ptr(), out.stride(0)
             params.bias = None if bias is None else bias.data_ptr()
             params.expert_ids = None if expert_ids is None else expert_ids.data_ptr()
-            params.x_scale, params.x_scale_stride = (None, 0) if x_scale is None else x_scale_args(x_scale, m)
+            params.x_scale, params.x_scale_stride = x_scale
             if self.workspace_words:
                 sums = WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
                 params.sums, params.arrivals = sums, sums + 4 * m * n

@@ -134,11 +134,22 @@ def launcher(make, x: torch.Tensor, qweight, act, bias_dtype, out_dtype: torch.d
     m, k = x.shape
     index = device_index(x.device)
     if act is not None:
-        from .act_quant import quantize_pass
+        from .act_quant import CudaQuantizePass, quantize_pass
 
         # fp8 activations: their e4m3 values in x's 16-bit dtype (contiguous rows), the scales in the epilogue
         quantize = quantize_pass(x, act, values=True)
         launch = make(prepare(qweight), m, x.dtype, k, bias_dtype, out_dtype, tuning, index)
+        if isinstance(quantize, CudaQuantizePass):  # values and scales in one allocation
+            spans = quantize.scales_shape[0] * quantize.scales_shape[1]
+            scale_stride = int(spans == m and m > 1)  # per token (x_scale_args' rule)
+
+            def run_values_at(x, bias):
+                held, values, scales = quantize.addresses(x)
+                out = launch.at(values, bias, None, (scales, scale_stride))
+                del held  # the kernel is queued: the buffer may be reused in stream order
+                return out
+
+            return run_values_at
 
         def run_values(x, bias):
             values, scales, _ = quantize(x)
