@@ -73,6 +73,10 @@ class Kernel:
       Grouped kernels: ``launcher(x, qweight, act, block_m, m_pad, bias_dtype, out_dtype, tuning, gather,
       gated)`` -> ``(x, expert_ids, bias, rows) -> out`` for calls of ``m_pad`` grouped rows shaped as ``x``
       (``gather``: through ``rows``; ``gated``: as ``gates``), or ``None`` for a call it does not split so.
+    - ``pass_launcher(quantize, x, qweight, act, bias_dtype, out_dtype, tuning)`` (dense kernels that quantize
+      16-bit ``x`` themselves first): ``launcher`` with the activation pass ``quantize`` (``x -> (codes,
+      scales, global_scale)`` for calls shaped as ``x``) chosen by the caller, since the cheapest pass to
+      launch on a device may be another backend's; ``None`` where the kernel picks its own.
     """
 
     name: str
@@ -87,6 +91,7 @@ class Kernel:
     gathers: Callable[..., bool] = never_gathers
     gates: Callable[..., bool] = never_gates
     launcher: Callable[..., Callable] | None = None
+    pass_launcher: Callable[..., Callable] | None = None
 
 
 class LaunchesByWeight:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import weakref
 from functools import partial
 
@@ -163,6 +164,15 @@ def _prepared_call(x: torch.Tensor, qweight: QuantizedWeight, bias, act, out_dty
     return call
 
 
+def activation_pass(x2d: torch.Tensor, act: ActScheme, backend: str):
+    """The activation quantization pass of a kernel that takes one (``Kernel.pass_launcher``), for 16-bit ``x2d``
+    with scheme ``act``: the CUDA pass where it applies (the Triton pass's bits, a packed launch), unless the
+    Triton backend is asked for; else the Triton pass."""
+    requested = env("HUMMING_BACKEND") if backend == "auto" else backend
+    module = "humming.triton_kernels.act_quant" if requested == "triton" else "humming.cuda_kernels.act_quant"
+    return importlib.import_module(module).quantize_pass(x2d, act)
+
+
 def _make_call(x: torch.Tensor, qweight: QuantizedWeight, bias, act, out_dtype, backend: str):
     """The prepared call of :func:`_prepared_call` for calls like this one (which it checks). It holds the
     weight weakly (it is kept in a dictionary keyed weakly by the weight, which it must not keep alive)."""
@@ -176,6 +186,10 @@ def _make_call(x: torch.Tensor, qweight: QuantizedWeight, bias, act, out_dtype, 
     try:
         if x2d.shape[0] == 0:  # no tokens (an idle batch): nothing to launch
             launch = partial(_no_tokens, n, out_dtype, qweight.device)
+        elif kernel.pass_launcher is not None and act is not None:
+            bias_dtype = None if bias is None else bias.dtype
+            quantize = activation_pass(x2d, act, backend)
+            launch = kernel.pass_launcher(quantize, x2d, qweight, act, bias_dtype, out_dtype, plan.tuning)
         elif kernel.launcher is not None:
             bias_dtype = None if bias is None else bias.dtype
             launch = kernel.launcher(x2d, qweight, act, bias_dtype, out_dtype, plan.tuning)

@@ -6,6 +6,7 @@ repeated calls with fresh activations on every route, then a CUDA graph captured
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from triton.compiler import CompiledKernel
 
 import humming
 from humming._env import env
+from humming.ir.activation import get_act_scheme
 from humming.triton_kernels._launch import CompiledLaunches, LaunchesByWeight, PreparedLaunch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -564,3 +566,49 @@ def test_fused_moe_prepared_call_then_a_captured_graph(m, seed):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, unprepared(x, weights, ids))
+
+
+@pytest.mark.parametrize("backend,module", [("auto", "cuda"), ("cuda", "cuda"), ("triton", "triton")])
+def test_activation_pass_is_the_cuda_one_unless_triton_is_asked(backend, module, monkeypatch):
+    """A kernel that takes its activation pass from the caller (``pass_launcher``) gets the CUDA pass's chooser
+    (which itself falls back to Triton's where the CUDA pass does not apply), except with backend="triton"."""
+    from humming.cuda_kernels import act_quant as cuda_act_quant
+    from humming.triton_kernels import act_quant as triton_act_quant
+
+    asked = []
+    monkeypatch.setattr(cuda_act_quant, "quantize_pass", lambda x, act: asked.append("cuda"))
+    monkeypatch.setattr(triton_act_quant, "quantize_pass", lambda x, act: asked.append("triton"))
+    monkeypatch.delenv("HUMMING_BACKEND", raising=False)
+    linear_module = importlib.import_module("humming.linear")  # humming.linear is the function
+    linear_module.activation_pass(torch.randn(4, 64), get_act_scheme("fp8"), backend)
+    assert asked == [module]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weight,act", [("e4m3-channel", "fp8"), ("e4m3-block", "fp8_g128")])
+@pytest.mark.parametrize("m", [1, 16])
+def test_triton_scaled_mm_on_the_cuda_pass_keeps_its_bits(weight, act, m, seed, monkeypatch):
+    """The Triton scaled GEMM behind the CUDA activation pass (the default backend) gives the bits it gives
+    behind the Triton pass (backend="triton"), and the CUDA pass is what ran."""
+    from humming.cuda_kernels.act_quant import CudaQuantizePass, cuda_unsupported
+    from humming.dispatch.plan import plan_linear
+
+    k = 1024
+    qw = humming.quantize(torch.randn(512, k, device="cuda") * 0.05, **WEIGHTS[weight])
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    scheme = get_act_scheme(act)
+    if cuda_unsupported(x, scheme) is not None:
+        pytest.skip(cuda_unsupported(x, scheme))
+    for backend in ("auto", "triton"):
+        if plan_linear(qw, scheme, x, backend).kernel != "triton.scaled_mm":
+            pytest.skip(f"backend={backend} plans {plan_linear(qw, scheme, x, backend).kernel} here")
+    ran = []
+    call = CudaQuantizePass.__call__
+    monkeypatch.setattr(CudaQuantizePass, "__call__", lambda self, *a: ran.append(1) or call(self, *a))
+    on_cuda = humming.linear(x, qw, act=act)
+    assert ran, "the CUDA activation pass did not run"
+    on_triton = humming.linear(x, qw, act=act, backend="triton")
+    assert len(ran) == 1
+    ref = humming.linear(x, qw, act=act, backend="reference")
+    assert not on_cuda.isnan().any() and torch.equal(on_cuda, on_triton)
+    assert (on_cuda.float() - ref.float()).norm() <= 1e-2 * ref.float().norm()

@@ -271,12 +271,18 @@ def _run(x, qweight, bias, act, out_dtype, tuning):
 
 def _launcher(x, qweight, act, bias_dtype, out_dtype, tuning):
     """:attr:`humming.kernel.Kernel.launcher`: ``(x, bias) -> out`` for 16-bit ``x`` shaped as this one on the
-    plan's ``tuning`` (the deterministic mode's one tile, else ``None``): its quantization pass found once and
-    the launch made ready at the first call (act-order weights take :func:`linear`, which sorts them)."""
+    plan's ``tuning`` (the deterministic mode's one tile, else ``None``), x quantized by its Triton pass."""
+    return _pass_launcher(pass_for(x, act, False, None, 0), x, qweight, act, bias_dtype, out_dtype, tuning)
+
+
+def _pass_launcher(quantize, x, qweight, act, bias_dtype, out_dtype, tuning):
+    """:attr:`humming.kernel.Kernel.pass_launcher`: :func:`_launcher` with ``quantize``, a pass of the same
+    buffers and bits as Triton's, found once; the launch made ready at the first call (act-order weights take
+    :func:`linear`, which quantizes them in group order)."""
     if qweight.g_idx is not None:
         weight = weakref.ref(qweight)  # the prepared call is kept per weight, weakly: it must not hold it
         return lambda x, bias: linear(x, weight(), bias, act, out_dtype, config=tuning)
-    return dense_launcher(act, pass_for(x, act, False, None, 0), qweight, out_dtype, tuning)
+    return dense_launcher(act, quantize, qweight, out_dtype, tuning)
 
 
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
@@ -303,6 +309,7 @@ KERNEL = Kernel(
     prepare=prepare,
     warmup_jobs=_warmup_jobs,
     launcher=_launcher,
+    pass_launcher=_pass_launcher,
 )
 
 registry.register("scaled_mm", compile_specs)
