@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,91 @@ def test_prepared_launch_keys_on_each_tensors_dtype_and_alignment(monkeypatch):
     assert len(launch.launches.compiled) == 3
     (kept,) = [k for key, k in launch.launches.compiled.items() if key[1:] == (torch.float32, 0, torch.float32, 0)]
     assert len(kept.launches) == 1 and kept.launches[0][2] == 1000
+
+
+_DIRECT_CHECK = """
+import json, re, sys, triton
+from triton.backends.compiler import GPUTarget
+from humming.triton_kernels import registry
+from humming.triton_kernels._launch import DirectLaunch
+rows = {}
+for spec in registry.compile_specs():
+    if spec.name not in sys.argv[1:]:
+        continue
+    src = triton.compiler.ASTSource(spec.kernel, spec.signature(), spec.constexprs, spec.attrs())
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=spec.options())
+    kernel.function = 0  # as if loaded
+    launch = DirectLaunch.of(kernel)
+    entry = re.search(r"\\.entry\\s+\\w+\\s*\\(([^)]*)\\)", kernel.asm["ptx"]).group(1)
+    fields = None if launch is None else [name for name, _ in type(launch.values)._fields_]
+    rows[spec.name] = {"signature": list(spec.signature().values()), "fields": fields, "ptx": entry.count(".param")}
+print(json.dumps(rows))
+"""
+
+
+def test_direct_launch_packs_the_non_constexpr_arguments_in_order():
+    """Kernels compiled for sm_90 by this Triton (no GPU; in a subprocess, outside the interpreter): the direct
+    launch has a field per non-constexpr argument in the kernel's order, then Triton's scratch pointers, as
+    many as the PTX entry's parameters (the ABI of Triton's launcher, which a Triton release could change)."""
+    pytest.importorskip("cuda.bindings.driver")
+    names = ["act_quant-absmax-bf16", "scaled_mm-int8-channel-int8-int8-fp16-m16n64k128s4g8w4st4"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _DIRECT_CHECK, *names], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout)
+    assert sorted(rows) == sorted(names)
+    for name, row in rows.items():
+        plain = [f"p{i}" for i, ty in enumerate(row["signature"]) if ty != "constexpr"]
+        assert row["fields"] is not None, name
+        assert row["fields"][: len(plain)] == plain and len(row["fields"]) == row["ptx"], (name, row)
+        assert all(field.startswith("s") for field in row["fields"][len(plain) :]), (name, row)
+
+
+def _kernel_like(signature: dict, ptx_params: list[str], **meta):
+    """What :meth:`DirectLaunch.of` reads of a compiled kernel: its source's signature and argument names, its
+    metadata, its PTX entry, its function handle."""
+    fn = types.SimpleNamespace(arg_names=list(signature))
+    metadata = {"num_warps": 4, "shared": 0, "num_ctas": 1, "global_scratch_size": 0, "profile_scratch_size": 0}
+    ptx = ".visible .entry k(" + ", ".join(f".param .{ty} p{i}" for i, ty in enumerate(ptx_params)) + ")"
+    return types.SimpleNamespace(
+        src=types.SimpleNamespace(signature=signature, fn=fn),
+        metadata=types.SimpleNamespace(**{**metadata, **meta}),
+        asm={"ptx": ptx},
+        function=0,
+    )
+
+
+def test_direct_launch_leaves_what_it_cannot_launch_to_triton(monkeypatch):
+    """No direct launch where Triton's launcher does more than pass the parameters: scratch memory, clusters,
+    programmatic dependent launch, a launch hook (a profiler), a PTX entry whose parameters differ from the
+    signature's, an argument type it does not pack, a kernel not loaded. ``set`` writes the arguments."""
+    pytest.importorskip("cuda.bindings.driver")
+    from triton import knobs
+
+    from humming.triton_kernels._launch import DirectLaunch
+
+    signature = {"x_ptr": "*bf16", "M": "i32", "scale": "fp32", "BLOCK": "constexpr", "out_ptr": "*fp32"}
+    ptx = ["u64 .ptr .global .align 16", "u32", "f32", "u64 .ptr .global .align 16", "u64", "u64"]
+    launch = DirectLaunch.of(_kernel_like(signature, ptx))
+    assert [name for name, _ in type(launch.values)._fields_] == ["p0", "p1", "p2", "p4", "s0", "s1"]
+    x, out = torch.empty(4), torch.empty(4)
+    launch.set([x, 7, 0.5, 64, out])
+    values = launch.values
+    assert (values.p0, values.p1, values.p2, values.p4) == (x.data_ptr(), 7, 0.5, out.data_ptr())
+    for meta in [{"global_scratch_size": 64}, {"profile_scratch_size": 64}, {"num_ctas": 2}, {"launch_pdl": True}]:
+        assert DirectLaunch.of(_kernel_like(signature, ptx, **meta)) is None, meta
+    assert DirectLaunch.of(_kernel_like(signature, [*ptx, "u64"])) is None  # a parameter it cannot account for
+    assert DirectLaunch.of(_kernel_like(signature, ["u64", "u64", *ptx[2:]])) is None  # i32 declared 64-bit
+    assert DirectLaunch.of(_kernel_like({**signature, "h": "fp16"}, [*ptx[:4], "u16", "u64", "u64"])) is None
+    kernel = _kernel_like(signature, ptx)
+    kernel.function = None
+    assert DirectLaunch.of(kernel) is None
+    hook = knobs.runtime.launch_enter_hook
+    if hasattr(hook, "calls"):  # a chain of hooks (later Tritons)
+        monkeypatch.setattr(hook, "calls", [lambda *args: None])
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *args: None)
+    assert DirectLaunch.of(_kernel_like(signature, ptx)) is None
 
 
 def test_launches_by_weight_make_each_once_and_start_over_past_keep():
@@ -612,3 +698,36 @@ def test_triton_scaled_mm_on_the_cuda_pass_keeps_its_bits(weight, act, m, seed, 
     ref = humming.linear(x, qw, act=act, backend="reference")
     assert not on_cuda.isnan().any() and torch.equal(on_cuda, on_triton)
     assert (on_cuda.float() - ref.float()).norm() <= 1e-2 * ref.float().norm()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "weight,act", [("int4-g128", None), ("mxfp4", None), ("e4m3-channel", "fp8"), ("e4m3-block", "fp8_g128")]
+)
+@pytest.mark.parametrize("m", [1, 40])
+def test_triton_direct_launches_give_the_launchers_bits(weight, act, m, seed, monkeypatch):
+    """The Triton kernels' first launch of a kind goes through Triton's launcher, the next ones through the
+    direct launch: same output bits, call after call and replayed from a CUDA graph, the direct launch
+    counted (the activation pass and the GEMM)."""
+    from humming.triton_kernels._launch import DirectLaunch
+
+    direct = []
+    launch = DirectLaunch.__call__
+    monkeypatch.setattr(DirectLaunch, "__call__", lambda self, *a: direct.append(1) or launch(self, *a))
+    k = 1024
+    qw = humming.quantize(torch.randn(512, k, device="cuda") * 0.05, **WEIGHTS[weight])
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    first = humming.linear(x, qw, act=act, backend="triton")
+    assert not direct
+    again = [humming.linear(x, qw, act=act, backend="triton") for _ in range(2)]
+    assert direct and len(direct) % 2 == 0  # each later call launches its kernels directly
+    ref = humming.linear(x, qw, act=act, backend="reference")
+    assert not first.isnan().any() and (first.float() - ref.float()).norm() <= 1e-2 * ref.float().norm()
+    assert all(torch.equal(first, out) for out in again)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = humming.linear(x, qw, act=act, backend="triton")
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(first, out)

@@ -42,6 +42,7 @@ import os
 import pstats
 import sys
 import time
+import types
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # real Triton JIT functions, not the interpreter
@@ -72,6 +73,21 @@ def _on_cpu(fn):
         return fn(*args, device=device, **kwargs)
 
     return factory
+
+
+_PARAM_BYTES = {
+    "i1": 1,
+    "i8": 1,
+    "u8": 1,
+    "i16": 2,
+    "u16": 2,
+    "i32": 4,
+    "u32": 4,
+    "i64": 8,
+    "u64": 8,
+    "fp32": 4,
+    "fp64": 8,
+}
 
 
 def fake_gpu() -> None:
@@ -137,7 +153,10 @@ def fake_gpu() -> None:
     triton_driver.set_active(FakeTritonDriver())
 
     def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
-        launcher = object.__new__(CudaLauncher)  # its Python runs, its C launch only counts
+        """A compiled kernel as Triton's compiler would return it, its parameters those of its signature's
+        non-constexpr arguments and the two scratch pointers (the PTX entry says so, for humming's direct
+        launch); its launcher's Python runs, its C launch only counts."""
+        launcher = object.__new__(CudaLauncher)
         launcher.launch = counted("triton launch", None)
         launcher.gsan_enabled = launcher.launch_cooperative_grid = launcher.launch_pdl = False
         launcher.num_ctas, launcher.arg_annotations, launcher.kernel_signature = 1, None, None
@@ -145,7 +164,12 @@ def fake_gpu() -> None:
         launcher.global_scratch_align = launcher.profile_scratch_align = 1
         kernel = object.__new__(CompiledKernel)
         kernel.module, kernel._module_pid = object(), None  # "loaded"; never unloaded
-        kernel.function, kernel.packed_metadata, kernel.name, kernel.src = 0, (), self.fn.__name__, None
+        kernel.function, kernel.packed_metadata, kernel.name = 0, (), self.fn.__name__
+        kernel.src = types.SimpleNamespace(signature=signature, fn=self)
+        kernel.metadata = types.SimpleNamespace(num_warps=options.num_warps, num_ctas=1, shared=0)
+        sizes = [8 if ty.startswith("*") else _PARAM_BYTES[ty] for ty in signature.values() if ty != "constexpr"]
+        params = ", ".join(f".param .u{8 * size} p{i}" for i, size in enumerate([*sizes, 8, 8]))
+        kernel.asm = {"ptx": f".visible .entry {kernel.name}({params})"}
         kernel._run = launcher
         self.device_caches[device][0][key] = kernel
         return kernel

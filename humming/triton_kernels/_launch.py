@@ -14,17 +14,151 @@ Every kernel compiles with floating-point contraction on (``enable_fp_fusion=Tru
 add becomes one fma), whatever the Triton version's default: Triton 3.10 turns that default off, which would
 change the last bits of results that humming's references, CUDA twins and tests hold to.
 
+Later launches skip Triton's launcher too where they can (:class:`DirectLaunch`): a compiled kernel's
+parameters are its non-constexpr arguments in order, then Triton's global and profile scratch pointers (the
+ABI of Triton's own launcher, checked against the kernel's PTX entry), so a launch writes them into one
+packed struct and calls ``cuLaunchKernel`` on the kernel's function. A kernel with scratch memory, clusters,
+programmatic dependent launch, a cooperative grid or tensor descriptors, a launch hook (a profiler), or no
+``cuda-bindings`` keeps Triton's launcher.
+
 Under Triton's interpreter (``TRITON_INTERPRET=1``) nothing is kept: every launch goes through ``run``.
 """
 
 from __future__ import annotations
+
+import ctypes
+import re
+import threading
 
 import torch
 from triton.compiler import CompiledKernel
 
 from ..kernel import LaunchesByWeight
 
-__all__ = ["CompiledLaunches", "LaunchesByWeight", "PreparedLaunch"]
+__all__ = ["CompiledLaunches", "DirectLaunch", "LaunchesByWeight", "PreparedLaunch"]
+
+#: ctypes of the scalar parameter types of a Triton signature (pointers, ``*...``, are 64-bit addresses).
+_SCALARS = {
+    "i1": ctypes.c_int8,
+    "i8": ctypes.c_int8,
+    "u8": ctypes.c_uint8,
+    "i16": ctypes.c_int16,
+    "u16": ctypes.c_uint16,
+    "i32": ctypes.c_int32,
+    "u32": ctypes.c_uint32,
+    "i64": ctypes.c_int64,
+    "u64": ctypes.c_uint64,
+    "fp32": ctypes.c_float,
+    "fp64": ctypes.c_double,
+}
+_PTX_ENTRY = re.compile(r"\.entry\s+[\w$]+\s*\(([^)]*)\)")
+_PTX_PARAM = re.compile(r"\.param\s+\.[a-z]+(\d+)\b")
+_SCRATCH_PARAMS = 2  # Triton's launcher appends the global and the profile scratch pointers
+
+
+def _launch_hook_set() -> bool:
+    """Whether a launch hook is installed (a profiler such as proton): launches then go through Triton."""
+    from triton import knobs
+
+    # a function or None (Triton 3.6), or a chain of them (later Tritons), empty when none is installed
+    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    return any(hook is not None and getattr(hook, "calls", True) for hook in hooks)
+
+
+class DirectLaunch:
+    """Launches of one compiled Triton kernel through ``cuLaunchKernel``, its parameters packed in one struct.
+
+    Made by :meth:`of`, which returns ``None`` for a kernel this cannot launch as Triton's launcher would.
+    :meth:`set` writes every parameter from the kernel's arguments (all of them, constexprs included, as
+    ``kernel[grid](*args)`` takes them) into :attr:`values`, where a caller may also write single fields
+    (:meth:`field`); a launch uses the parameters as they are (callers hold ``lock`` from their first write
+    to the launch)."""
+
+    def __init__(self, kernel, params: list[tuple[int, type, bool]], scratch: int) -> None:
+        from cuda.bindings import driver
+
+        fields = [(f"p{i}", ctype) for i, ctype, _ in params] + [(f"s{j}", ctypes.c_uint64) for j in range(scratch)]
+        struct = type("TritonParams", (ctypes.Structure,), {"_fields_": fields})
+        self.values = struct()
+        base = ctypes.addressof(self.values)
+        self._argv = (ctypes.c_void_p * len(fields))(*[base + getattr(struct, name).offset for name, _ in fields])
+        self._scalars = tuple((i, f"p{i}") for i, _, pointer in params if not pointer)
+        self._pointers = tuple((i, f"p{i}") for i, _, pointer in params if pointer)
+        self._names = {i: f"p{i}" for i, _, _ in params}
+        self.lock = threading.Lock()
+        self._function = driver.CUfunction(kernel.function)
+        self._threads, self._smem = 32 * kernel.metadata.num_warps, kernel.metadata.shared
+        self._launch, self._stream, self._success = driver.cuLaunchKernel, driver.CUstream, driver.CUresult.CUDA_SUCCESS
+        self._streams: dict[int, object] = {}
+
+    @classmethod
+    def of(cls, kernel) -> DirectLaunch | None:
+        """The direct launch of compiled ``kernel``, or ``None`` where Triton's launcher must run it."""
+        try:
+            import cuda.bindings.driver  # noqa: F401 (the direct launch's driver calls)
+        except ImportError:
+            return None
+        src, meta = getattr(kernel, "src", None), getattr(kernel, "metadata", None)
+        signature = getattr(src, "signature", None)
+        if not isinstance(signature, dict) or meta is None or not isinstance(kernel.function, int):
+            return None  # not a kernel compiled from Triton source and loaded
+        if _launch_hook_set():
+            return None
+        if getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "tensordesc_meta", None):
+            return None
+        if getattr(meta, "launch_pdl", False) or getattr(meta, "launch_cooperative_grid", False):
+            return None
+        if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+            return None
+        if list(signature) != list(getattr(src.fn, "arg_names", ())):
+            return None
+        params = []
+        for i, ty in enumerate(signature.values()):
+            if ty == "constexpr":
+                continue
+            if not isinstance(ty, str) or not (ty.startswith("*") or ty in _SCALARS):
+                return None  # tuples, tensor descriptors, 16-bit float scalars: Triton packs those
+            pointer = ty.startswith("*")
+            params.append((i, ctypes.c_uint64 if pointer else _SCALARS[ty], pointer))
+        entry = _PTX_ENTRY.search(getattr(kernel, "asm", {}).get("ptx", ""))
+        if entry is None:
+            return None
+        sizes = [int(bits) // 8 for bits in _PTX_PARAM.findall(entry.group(1))]
+        scratch = sizes[len(params) :]
+        if sizes[: len(params)] != [ctypes.sizeof(ctype) for _, ctype, _ in params]:
+            return None
+        if len(scratch) > _SCRATCH_PARAMS or any(size != 8 for size in scratch):
+            return None
+        return cls(kernel, params, len(scratch))
+
+    def set(self, args) -> None:
+        """Write every parameter from ``args``, the kernel's arguments in order (tensors by address)."""
+        values = self.values
+        for i, name in self._scalars:
+            setattr(values, name, args[i])
+        for i, name in self._pointers:
+            setattr(values, name, args[i].data_ptr())
+
+    def field(self, i: int) -> str:
+        """The name of argument ``i``'s field of :attr:`values` (its index among all the kernel's arguments)."""
+        return self._names[i]
+
+    def __call__(self, grid: tuple[int, int, int], stream: int) -> None:
+        """Launch on ``grid`` and ``stream`` (a ``cudaStream_t`` as int) with the parameters as they are."""
+        if grid[0] * grid[1] * grid[2] == 0:
+            return
+        handle = self._streams.get(stream)
+        if handle is None:
+            if len(self._streams) >= 64:
+                self._streams.clear()
+            handle = self._streams[stream] = self._stream(stream)
+        argv = ctypes.addressof(self._argv)
+        result = self._launch(self._function, *grid, self._threads, 1, 1, self._smem, handle, argv, 0)
+        if result[0] != self._success:
+            from cuda.bindings import driver
+
+            _, name = driver.cuGetErrorName(result[0])
+            raise RuntimeError(f"CUDA driver error {name.decode() if name else result[0]} launching a Triton kernel")
 
 
 class CompiledLaunches:
@@ -34,18 +168,27 @@ class CompiledLaunches:
         self.fn = fn
         self.keep = keep
         self.compiled: dict = {}
+        self.direct: dict = {}  # key -> the DirectLaunch of its compiled kernel, or None: Triton's launcher
 
     def launch(self, key, grid: tuple[int, int, int], args: tuple, num_warps: int, device: int, **options) -> None:
         """Launch ``fn`` on ``grid`` with ``args`` (every parameter in order, constexprs included) on the
         current stream of CUDA device ``device``; ``key`` as the module docstring says (it covers ``options``,
         further launch options such as ``num_stages``, too)."""
+        direct = self.direct.get(key)
+        if direct is not None:
+            with direct.lock:
+                direct.set(args)
+                direct(grid, torch._C._cuda_getCurrentRawStream(device))
+            return
         kernel = self.compiled.get(key)
         if kernel is None:
             kernel = self.fn[grid](*args, num_warps=num_warps, enable_fp_fusion=True, **options)
             if isinstance(kernel, CompiledKernel):
                 if len(self.compiled) >= self.keep:
                     self.compiled.clear()
+                    self.direct.clear()
                 self.compiled[key] = kernel
+                self.direct[key] = DirectLaunch.of(kernel)
             return
         kernel[grid](*args, stream=torch._C._cuda_getCurrentRawStream(device))
 
@@ -67,12 +210,30 @@ class PreparedLaunch:
         self.grid = (*grid, 1, 1)[:3]
         self.num_warps, self.options = num_warps, options
         self.launches = CompiledLaunches(fn)
+        self.direct: dict = {}  # launch key -> (its DirectLaunch, the fields of the per-call tensors)
 
     def __call__(self, device: int | None, *tensors: torch.Tensor) -> None:
         """Launch on the current stream of CUDA device ``device`` with ``tensors`` (in ``per_call``'s order)."""
-        args = self.template.copy()
+        addresses = [tensor.data_ptr() for tensor in tensors]
         key = [device]
-        for slot, tensor in zip(self.slots, tensors, strict=True):
+        for tensor, address in zip(tensors, addresses):
+            key += (tensor.dtype, address & 15)
+        key = tuple(key)
+        direct = self.direct.get(key)
+        if direct is not None:  # the template's parameters are in; only the call's addresses change
+            launch, fields = direct
+            with launch.lock:
+                values = launch.values
+                for field, address in zip(fields, addresses):
+                    setattr(values, field, address)
+                launch(self.grid, torch._C._cuda_getCurrentRawStream(device))
+            return
+        args = self.template.copy()
+        for slot, tensor in zip(self.slots, tensors):
             args[slot] = tensor
-            key += (tensor.dtype, tensor.data_ptr() % 16)
-        self.launches.launch(tuple(key), self.grid, tuple(args), self.num_warps, device, **self.options)
+        launches = self.launches
+        launches.launch(key, self.grid, tuple(args), self.num_warps, device, **self.options)
+        launch = launches.direct.get(key)
+        if launch is not None:
+            launch.set(args)
+            self.direct[key] = (launch, tuple(launch.field(slot) for slot in self.slots))
