@@ -5,6 +5,7 @@ repeated calls with fresh activations on every route, then a CUDA graph captured
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -175,11 +176,13 @@ def _kernel_like(signature: dict, ptx_params: list[str], **meta):
 
 def test_direct_launch_leaves_what_it_cannot_launch_to_triton(monkeypatch):
     """No direct launch where Triton's launcher does more than pass the parameters: scratch memory, clusters,
-    programmatic dependent launch, a launch hook (a profiler), a PTX entry whose parameters differ from the
-    signature's, an argument type it does not pack, a kernel not loaded. ``set`` writes the arguments."""
+    programmatic dependent launch, a PTX entry whose parameters differ from the signature's, an argument type it
+    does not pack, a kernel not loaded; and no launch while a launch hook (a profiler) is installed. ``set``
+    writes the arguments."""
     pytest.importorskip("cuda.bindings.driver")
     from triton import knobs
 
+    from humming.triton_kernels import _launch
     from humming.triton_kernels._launch import DirectLaunch
 
     signature = {"x_ptr": "*bf16", "M": "i32", "scale": "fp32", "BLOCK": "constexpr", "out_ptr": "*fp32"}
@@ -198,12 +201,45 @@ def test_direct_launch_leaves_what_it_cannot_launch_to_triton(monkeypatch):
     kernel = _kernel_like(signature, ptx)
     kernel.function = None
     assert DirectLaunch.of(kernel) is None
+    assert not _launch.launch_hook_set()
     hook = knobs.runtime.launch_enter_hook
     if hasattr(hook, "calls"):  # a chain of hooks (later Tritons)
         monkeypatch.setattr(hook, "calls", [lambda *args: None])
     else:
         monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *args: None)
-    assert DirectLaunch.of(_kernel_like(signature, ptx)) is None
+    assert _launch.launch_hook_set()  # every launch goes through Triton's launcher meanwhile
+
+
+def test_launches_go_through_triton_while_a_launch_hook_is_installed(monkeypatch):
+    """With a launch hook installed (a profiler), a kept kernel with a direct launch is launched by Triton, which
+    calls the hook; without, directly."""
+    from triton import knobs
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    direct = []
+
+    class Direct:
+        lock = contextlib.nullcontext()
+
+        def set(self, args):
+            direct.append(("set", args))
+
+        def __call__(self, grid, stream):
+            direct.append(("launch", grid, stream))
+
+    fn = _JitFunction()
+    launches = CompiledLaunches(fn)
+    launches.launch(("a",), (1, 1, 1), ("x", 1), 4, 0)
+    launches.direct[("a",)] = Direct()
+    launches.launch(("a",), (2, 1, 1), ("y", 2), 4, 0)
+    assert direct == [("set", ("y", 2)), ("launch", (2, 1, 1), 1000)] and not launches.compiled[("a",)].launches
+    hook = knobs.runtime.launch_enter_hook
+    if hasattr(hook, "calls"):
+        monkeypatch.setattr(hook, "calls", [lambda *args: None])
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *args: None)
+    launches.launch(("a",), (3, 1, 1), ("z", 3), 4, 0)
+    assert len(direct) == 2 and launches.compiled[("a",)].launches == [((3, 1, 1), ("z", 3), 1000)]
 
 
 def test_launches_by_weight_make_each_once_and_start_over_past_keep():

@@ -18,8 +18,8 @@ Later launches skip Triton's launcher too where they can (:class:`DirectLaunch`)
 parameters are its non-constexpr arguments in order, then Triton's global and profile scratch pointers (the
 ABI of Triton's own launcher, checked against the kernel's PTX entry), so a launch writes them into one
 packed struct and calls ``cuLaunchKernel`` on the kernel's function. A kernel with scratch memory, clusters,
-programmatic dependent launch, a cooperative grid or tensor descriptors, a launch hook (a profiler), or no
-``cuda-bindings`` keeps Triton's launcher.
+programmatic dependent launch, a cooperative grid or tensor descriptors, or without ``cuda-bindings`` keeps
+Triton's launcher, and so does every launch while a launch hook (a profiler) is installed.
 
 Under Triton's interpreter (``TRITON_INTERPRET=1``) nothing is kept: every launch goes through ``run``.
 """
@@ -31,11 +31,12 @@ import re
 import threading
 
 import torch
+from triton import knobs
 from triton.compiler import CompiledKernel
 
 from ..kernel import LaunchesByWeight
 
-__all__ = ["CompiledLaunches", "DirectLaunch", "LaunchesByWeight", "PreparedLaunch"]
+__all__ = ["CompiledLaunches", "DirectLaunch", "LaunchesByWeight", "PreparedLaunch", "launch_hook_set"]
 
 #: ctypes of the scalar parameter types of a Triton signature (pointers, ``*...``, are 64-bit addresses).
 _SCALARS = {
@@ -56,13 +57,15 @@ _PTX_PARAM = re.compile(r"\.param\s+\.[a-z]+(\d+)\b")
 _SCRATCH_PARAMS = 2  # Triton's launcher appends the global and the profile scratch pointers
 
 
-def _launch_hook_set() -> bool:
-    """Whether a launch hook is installed (a profiler such as proton): launches then go through Triton."""
-    from triton import knobs
-
+def launch_hook_set() -> bool:
+    """Whether a launch hook is installed (a profiler such as proton): launches then go through Triton, which
+    calls it. Checked on every launch (a profiler may start at any time)."""
+    runtime = knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
     # a function or None (Triton 3.6), or a chain of them (later Tritons), empty when none is installed
-    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-    return any(hook is not None and getattr(hook, "calls", True) for hook in hooks)
+    return (enter is not None and bool(getattr(enter, "calls", True))) or (
+        leave is not None and bool(getattr(leave, "calls", True))
+    )
 
 
 class DirectLaunch:
@@ -102,8 +105,6 @@ class DirectLaunch:
         signature = getattr(src, "signature", None)
         if not isinstance(signature, dict) or meta is None or not isinstance(kernel.function, int):
             return None  # not a kernel compiled from Triton source and loaded
-        if _launch_hook_set():
-            return None
         if getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "tensordesc_meta", None):
             return None
         if getattr(meta, "launch_pdl", False) or getattr(meta, "launch_cooperative_grid", False):
@@ -175,7 +176,7 @@ class CompiledLaunches:
         current stream of CUDA device ``device``; ``key`` as the module docstring says (it covers ``options``,
         further launch options such as ``num_stages``, too)."""
         direct = self.direct.get(key)
-        if direct is not None:
+        if direct is not None and not launch_hook_set():
             with direct.lock:
                 direct.set(args)
                 direct(grid, torch._C._cuda_getCurrentRawStream(device))
@@ -220,7 +221,7 @@ class PreparedLaunch:
             key += (tensor.dtype, address & 15)
         key = tuple(key)
         direct = self.direct.get(key)
-        if direct is not None:  # the template's parameters are in; only the call's addresses change
+        if direct is not None and not launch_hook_set():  # the template's parameters are in: only addresses
             launch, fields = direct
             with launch.lock:
                 values = launch.values
