@@ -21,6 +21,7 @@ from .dispatch.plan import plan_grouped, plan_linear
 from .ir.activation import get_act_scheme
 from .ir.dtypes import FLOAT_DTYPES, HALF_DTYPES
 from .ir.weight import QuantizedWeight
+from .linear import activation_pass
 from .moe.call import MoeCall
 
 __all__ = ["warmup"]
@@ -202,6 +203,9 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
             if kernel.gathers(qw, act, 1, rows):
                 index = torch.arange(rows, dtype=torch.int32, device=device)
                 kernel.run(x, qw, ids, block_m, bias, act, out_dtype, plan.tuning, rows=index)
+        elif kernel.pass_launcher is not None and act is not None:  # the activation pass humming.linear picks
+            quantize = activation_pass(x, act, backend)
+            kernel.pass_launcher(quantize, x, qw, act, bias_dtype, out_dtype, plan.tuning)(x, bias)
         else:
             kernel.run(x, qw, bias, act, out_dtype, plan.tuning)
 

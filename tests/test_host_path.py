@@ -767,3 +767,30 @@ def test_triton_direct_launches_give_the_launchers_bits(weight, act, m, seed, mo
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(first, out)
+
+
+_WARMUP_CHECK = """
+import runpy, sys, torch
+sys.argv = ["host_overhead"]
+runpy.run_path(SCRIPT, run_name="harness")["fake_gpu"]()
+import humming
+from humming.cuda_kernels import act_quant
+from humming.dispatch.plan import plan_linear
+qw = humming.quantize(torch.randn(256, 512), "e4m3", -1)
+x = torch.randn(3, 512, dtype=torch.bfloat16)
+assert plan_linear(qw, humming.ir.activation.get_act_scheme("fp8"), x).kernel == "triton.scaled_mm"
+humming.warmup([qw], m_values=(3,), act="fp8", progress=False)
+print(sorted(str(key[1]) for key in act_quant._passes))
+"""
+
+
+def test_warmup_readies_the_cuda_pass_of_the_triton_scaled_gemm():
+    """On a faked H200, a call planned on the Triton scaled GEMM quantizes its activations with the CUDA pass
+    (humming.linear's choice); humming.warmup makes that pass (compiles and loads its kernel), so that a CUDA
+    graph captured after warmup alone finds it."""
+    pytest.importorskip("cuda.bindings.driver")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = _WARMUP_CHECK.replace("SCRIPT", repr(str(ROOT / "bench/tools/host_overhead.py")))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[-2] == "['torch.Size([3, 512])']", run.stdout
