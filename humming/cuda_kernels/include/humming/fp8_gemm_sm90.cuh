@@ -167,6 +167,9 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(kScaleMode >= 0 && kScaleMode <= 2, "scale mode 0, 1 or 2");
   constexpr int kBlockN = L::kBlockN;
   constexpr int kAcc = kBlockM / 2;
+  // Token tiles of at most 64: two sets of wgmma accumulators, so that a K block's promotion overlaps the next
+  // block's wgmmas (with 128 tokens, three sets of 64 accumulators and the A fragments exceed the registers).
+  constexpr bool kTwoAccumulators = kBlockM <= 64;
   constexpr int kReleasesPerWg = kWFormat == kE4m3 ? 4 : 128;  // see "warp specialisation" above
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
   static_assert(!kTmaStore || O == DType::bf16 || O == DType::f16, "the TMA-store epilogue writes 16-bit floats");
@@ -250,9 +253,8 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
 
-    // The scales of K block kb, loaded before the block's wgmmas are issued (the loads overlap them) or, for
-    // 4-bit weights in token tiles of at most 64 (kPrefetchScales), a K block earlier still: there a block's
-    // wgmmas are too short to cover the loads' latency, and the promotion would wait on them.
+    // The scales of K block kb, loaded before the block's wgmmas are issued (the loads overlap them); with
+    // two accumulator sets, a step earlier still.
     struct BlockScales {
       float w_block = 1.0f, w_row0 = 1.0f, w_row1 = 1.0f;
       float2 x_block[kBlockM / 8];
@@ -297,6 +299,43 @@ __device__ __forceinline__ void run(const Params& p) {
       }
     };
 
+    // kTwoAccumulators: the steps in groups of kGroupSteps. Within a group each step's wgmmas go into the
+    // accumulator set of its parity, issued before the previous step is waited on (wgmma_wait<1>), so that
+    // the previous step's promotion runs while they do; a group ends with no wgmma in flight (a loop that
+    // carried the accumulators of wgmmas in flight would have them copied, and ptxas serialise every wgmma).
+    // The steps past the last whole group run one at a time. step(i, parity): wait for pipeline step i and
+    // issue its wgmmas into accumulator set `parity` (acc, acc1).
+    [[maybe_unused]] float acc1[kAcc];  // the second set (dead code without kTwoAccumulators)
+    [[maybe_unused]] auto two_sets = [&](auto&& step) {
+      constexpr int kGroupSteps = 4;
+      int i = 0;
+      for (; i + kGroupSteps <= kb_count; i += kGroupSteps) {
+        BlockScales b0 = load_scales(kb_begin + i), b1;
+        step(i, 0);
+#pragma unroll
+        for (int j = 0; j < kGroupSteps; j += 2) {
+          b1 = load_scales(kb_begin + i + j + 1);
+          step(i + j + 1, 1);
+          wgmma_wait<1>();
+          promote(acc, (i + j) % kStages, b0);
+          if (j + 2 < kGroupSteps) {
+            b0 = load_scales(kb_begin + i + j + 2);
+            step(i + j + 2, 0);
+            wgmma_wait<1>();
+          } else {
+            wgmma_wait<0>();
+          }
+          promote(acc1, (i + j + 1) % kStages, b1);
+        }
+      }
+      for (; i < kb_count; ++i) {
+        const BlockScales b = load_scales(kb_begin + i);
+        step(i, 0);
+        wgmma_wait<0>();
+        promote(acc, i % kStages, b);
+      }
+    };
+
     if constexpr (kWFormat == kE4m3) {
       // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
       auto issue_ss = [&](int i, float (&d)[kAcc]) {
@@ -310,11 +349,17 @@ __device__ __forceinline__ void run(const Params& p) {
         for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k);
         wgmma_commit();
       };
-      for (int i = 0; i < kb_count; ++i) {
-        const BlockScales b = load_scales(kb_begin + i);
-        issue_ss(i, acc);
-        wgmma_wait<0>();
-        promote(acc, i % kStages, b);
+      if constexpr (kTwoAccumulators) {
+        two_sets([&](int i, int parity) {
+          if constexpr (kTwoAccumulators) issue_ss(i, parity ? acc1 : acc);
+        });
+      } else {
+        for (int i = 0; i < kb_count; ++i) {
+          const BlockScales b = load_scales(kb_begin + i);
+          issue_ss(i, acc);
+          wgmma_wait<0>();
+          promote(acc, i % kStages, b);
+        }
       }
     } else {
       uint32_t pos0 = 0, neg0 = 0;  // int4: the code table's register words (int4x8_to_e4m3)
@@ -350,42 +395,43 @@ __device__ __forceinline__ void run(const Params& p) {
           }
         }
       };
-      auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4]) {
+      auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4], float (&d)[kAcc]) {
         const uint64_t b_desc = sw128_desc(x_tile(i % kStages));
-        fence_registers(acc);
+        fence_registers(d);
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(acc, a[k], b_desc + 2 * k, k);
+        for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(d, a[k], b_desc + 2 * k, k);
         wgmma_commit();
       };
-      // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
-      // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
-      // the wgmma wait after it).
       uint32_t a0[kBK / 32][4], a1[kBK / 32][4];
-      constexpr bool kPrefetchScales = kBlockM <= 64;  // slower with 128-token tiles (NOTES.md)
-      BlockScales b0, b1;                               // the scales of steps i and i + 1
-      if (kPrefetchScales && kb_count > 0) b0 = load_scales(kb_begin);
-      if (kb_count > 0) convert(0, a0);
-      for (int i = 0; i < kb_count; i += 2) {
-        if constexpr (kPrefetchScales) {
-          if (i + 1 < kb_count) b1 = load_scales(kb_begin + i + 1);
-        } else {
+      if constexpr (kTwoAccumulators) {
+        // each step converted into the A fragments of its parity while the previous step's wgmmas run
+        two_sets([&](int i, int parity) {
+          if constexpr (kTwoAccumulators) {
+            auto& a = parity ? a1 : a0;
+            convert(i, a);
+            issue(i, a, parity ? acc1 : acc);
+          }
+        });
+      } else {
+        // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
+        // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
+        // the wgmma wait after it).
+        BlockScales b0, b1;
+        if (kb_count > 0) convert(0, a0);
+        for (int i = 0; i < kb_count; i += 2) {
           b0 = load_scales(kb_begin + i);
-        }
-        issue(i, a0);
-        if (i + 1 < kb_count) convert(i + 1, a1);
-        wgmma_wait<0>();
-        promote(acc, i % kStages, b0);
-        if (i + 1 >= kb_count) break;
-        if constexpr (kPrefetchScales) {
-          if (i + 2 < kb_count) b0 = load_scales(kb_begin + i + 2);
-        } else {
+          issue(i, a0, acc);
+          if (i + 1 < kb_count) convert(i + 1, a1);
+          wgmma_wait<0>();
+          promote(acc, i % kStages, b0);
+          if (i + 1 >= kb_count) break;
           b1 = load_scales(kb_begin + i + 1);
+          issue(i + 1, a1, acc);
+          if (i + 2 < kb_count) convert(i + 2, a0);
+          wgmma_wait<0>();
+          promote(acc, (i + 1) % kStages, b1);
         }
-        issue(i + 1, a1);
-        if (i + 2 < kb_count) convert(i + 2, a0);
-        wgmma_wait<0>();
-        promote(acc, (i + 1) % kStages, b1);
       }
     }
 
