@@ -170,6 +170,9 @@ __device__ __forceinline__ void run(const Params& p) {
   // Token tiles of at most 64: two sets of wgmma accumulators, so that a K block's promotion overlaps the next
   // block's wgmmas (with 128 tokens, three sets of 64 accumulators and the A fragments exceed the registers).
   constexpr bool kTwoAccumulators = kBlockM <= 64;
+  // 128-token tiles: each K block's wgmmas in two groups of 64 tokens, so that one half's promotion overlaps
+  // the other half's wgmmas in the same registers (no third accumulator set fits).
+  constexpr bool kHalves = kBlockM == 128;
   constexpr int kReleasesPerWg = kWFormat == kE4m3 ? 4 : 128;  // see "warp specialisation" above
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
   static_assert(!kTmaStore || O == DType::bf16 || O == DType::f16, "the TMA-store epilogue writes 16-bit floats");
@@ -274,29 +277,40 @@ __device__ __forceinline__ void run(const Params& p) {
       }
       return b;
     };
-    // Releases a finished block's stage and adds its partial sum `d` into the total.
-    auto promote = [&](float (&d)[kAcc], int s, const BlockScales& b) {
-      fence_registers(d);
+    // Releases stage s (its wgmmas are done; with ld.shared reads, this thread's too).
+    auto release = [&](int s) {
       if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(s));
+    };
+    // Adds the partial sums `d` of token groups j0 .. (8 tokens each, a whole tile or its second half) times
+    // their scales into the total (after the caller's fence_registers(d)).
+    auto accumulate = [&](auto& d, int j0, const BlockScales& b) {
+      constexpr int kGroups = sizeof(d) / sizeof(float) / 4;
 #pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
+      for (int jj = 0; jj < kGroups; ++jj) {
+        const int j = j0 + jj;
         if constexpr (kBlockScale) {
           const float s0 = b.w_block * b.x_block[j].x;
           const float s1 = b.w_block * b.x_block[j].y;
-          total[4 * j + 0] = fmaf(d[4 * j + 0], s0, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(d[4 * j + 1], s1, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(d[4 * j + 2], s0, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(d[4 * j + 3], s1, total[4 * j + 3]);
+          total[4 * j + 0] = fmaf(d[4 * jj + 0], s0, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(d[4 * jj + 1], s1, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(d[4 * jj + 2], s0, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(d[4 * jj + 3], s1, total[4 * j + 3]);
         } else if constexpr (kScaleMode == 2) {
-          total[4 * j + 0] = fmaf(d[4 * j + 0], b.w_row0, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(d[4 * j + 1], b.w_row0, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(d[4 * j + 2], b.w_row1, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(d[4 * j + 3], b.w_row1, total[4 * j + 3]);
+          total[4 * j + 0] = fmaf(d[4 * jj + 0], b.w_row0, total[4 * j + 0]);
+          total[4 * j + 1] = fmaf(d[4 * jj + 1], b.w_row0, total[4 * j + 1]);
+          total[4 * j + 2] = fmaf(d[4 * jj + 2], b.w_row1, total[4 * j + 2]);
+          total[4 * j + 3] = fmaf(d[4 * jj + 3], b.w_row1, total[4 * j + 3]);
         } else {
 #pragma unroll
-          for (int c = 0; c < 4; ++c) total[4 * j + c] += d[4 * j + c];
+          for (int c = 0; c < 4; ++c) total[4 * j + c] += d[4 * jj + c];
         }
       }
+    };
+    // Releases a finished block's stage and adds its partial sum `d` into the total.
+    auto promote = [&](float (&d)[kAcc], int s, const BlockScales& b) {
+      fence_registers(d);
+      release(s);
+      accumulate(d, 0, b);
     };
 
     // kTwoAccumulators: the steps in groups of kGroupSteps. Within a group each step's wgmmas go into the
@@ -336,6 +350,52 @@ __device__ __forceinline__ void run(const Params& p) {
       }
     };
 
+    // kHalves: each step's wgmmas in two groups, tokens 0-63 into half0 and 64-127 into half1. A half's
+    // promotion runs while the other half's group does: step i's first half is promoted while its second
+    // runs, its second while step i + 1's first runs (the next step's conversion goes before that issue).
+    // Groups of kGroupSteps steps end with no wgmma in flight, as with two_sets; the rest one at a time.
+    // issue_half(i, h, parity): wait for pipeline step i (h = 0) and issue its half h from the A fragments
+    // of set `parity`.
+    [[maybe_unused]] float half0[kAcc / 2], half1[kAcc / 2];
+    [[maybe_unused]] auto halves = [&](auto&& issue_half) {
+      constexpr int kGroupSteps = 4;
+      int i = 0;
+      for (; i + kGroupSteps <= kb_count; i += kGroupSteps) {
+        BlockScales b0 = load_scales(kb_begin + i), b1;  // the scales of even and odd steps of the group
+        issue_half(i, 0, 0);
+        issue_half(i, 1, 0);
+#pragma unroll
+        for (int j = 0; j < kGroupSteps; ++j) {
+          const int parity = j & 1;
+          wgmma_wait<1>();  // step i + j's first half is done
+          fence_registers(half0);
+          accumulate(half0, 0, parity ? b1 : b0);
+          if (j + 1 < kGroupSteps) {
+            (parity ? b0 : b1) = load_scales(kb_begin + i + j + 1);
+            issue_half(i + j + 1, 0, parity ^ 1);
+            wgmma_wait<1>();  // step i + j's second half is done
+          } else {
+            wgmma_wait<0>();
+          }
+          fence_registers(half1);
+          release((i + j) % kStages);
+          accumulate(half1, kBlockM / 16, parity ? b1 : b0);
+          if (j + 1 < kGroupSteps) issue_half(i + j + 1, 1, parity ^ 1);
+        }
+      }
+      for (; i < kb_count; ++i) {
+        const BlockScales b = load_scales(kb_begin + i);
+        issue_half(i, 0, 0);
+        issue_half(i, 1, 0);
+        wgmma_wait<0>();
+        fence_registers(half0);
+        fence_registers(half1);
+        release(i % kStages);
+        accumulate(half0, 0, b);
+        accumulate(half1, kBlockM / 16, b);
+      }
+    };
+
     if constexpr (kWFormat == kE4m3) {
       // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
       auto issue_ss = [&](int i, float (&d)[kAcc]) {
@@ -352,6 +412,19 @@ __device__ __forceinline__ void run(const Params& p) {
       if constexpr (kTwoAccumulators) {
         two_sets([&](int i, int parity) {
           if constexpr (kTwoAccumulators) issue_ss(i, parity ? acc1 : acc);
+        });
+      } else if constexpr (kHalves) {
+        halves([&](int i, int h, int) {
+          const int s = i % kStages;
+          if (h == 0) mbar_wait(full(s), (i / kStages) & 1);
+          const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
+          const uint64_t b_desc = sw128_desc(x_tile(s) + h * (kBlockM / 2) * kBK);
+          auto& d = h ? half1 : half0;
+          fence_registers(d);
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM / 2>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k);
+          wgmma_commit();
         });
       } else {
         for (int i = 0; i < kb_count; ++i) {
@@ -412,6 +485,18 @@ __device__ __forceinline__ void run(const Params& p) {
             convert(i, a);
             issue(i, a, parity ? acc1 : acc);
           }
+        });
+      } else if constexpr (kHalves) {
+        halves([&](int i, int h, int parity) {
+          auto& a = parity ? a1 : a0;
+          if (h == 0) convert(i, a);
+          const uint64_t b_desc = sw128_desc(x_tile(i % kStages) + h * (kBlockM / 2) * kBK);
+          auto& d = h ? half1 : half0;
+          fence_registers(d);
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM / 2>::mma(d, a[k], b_desc + 2 * k, k);
+          wgmma_commit();
         });
       } else {
         // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
