@@ -150,6 +150,126 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, const MxTable& lo_t, 
   hi = prmt(hi_t.pos0, hi_t.pos1, w >> 16) ^ prmt(hi_t.neg0, hi_t.neg1, flipped >> 16);
 }
 
+// The consumers' helpers that take arrays of several sizes or callables are function templates: NVRTC 13.0
+// refuses lambdas with auto parameters in device code (tests/test_cuda_compile.py checks none is left).
+
+// Adds partial sums d of the kGroups token groups from j0 (8 tokens each: a whole tile, or its second half)
+// times their scales (Scales: the consumer's BlockScales) into total, after the caller's fence_registers(d).
+template <int kGroups, bool kBlockScale, int kScaleMode, int kTotal, class Scales>
+__device__ __forceinline__ void accumulate_groups(float (&total)[kTotal], const float (&d)[4 * kGroups], int j0,
+                                                  const Scales& b) {
+#pragma unroll
+  for (int jj = 0; jj < kGroups; ++jj) {
+    const int j = j0 + jj;
+    if constexpr (kBlockScale) {
+      const float s0 = b.w_block * b.x_block[j].x;
+      const float s1 = b.w_block * b.x_block[j].y;
+      total[4 * j + 0] = fmaf(d[4 * jj + 0], s0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(d[4 * jj + 1], s1, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(d[4 * jj + 2], s0, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(d[4 * jj + 3], s1, total[4 * j + 3]);
+    } else if constexpr (kScaleMode == 2) {
+      total[4 * j + 0] = fmaf(d[4 * jj + 0], b.w_row0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(d[4 * jj + 1], b.w_row0, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(d[4 * jj + 2], b.w_row1, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(d[4 * jj + 3], b.w_row1, total[4 * j + 3]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) total[4 * j + c] += d[4 * jj + c];
+    }
+  }
+}
+
+// kTwoAccumulators (token tiles of at most 64): the steps in groups of kGroupSteps. Within a group each step's
+// wgmmas go into the accumulator set of its parity, issued before the previous step is waited on
+// (wgmma_wait<1>), so that the previous step's promotion runs while they do; a group ends with no wgmma in
+// flight (a loop that carried the accumulators of wgmmas in flight would have them copied, and ptxas
+// serialise every wgmma). The steps past the last whole group run one at a time. step(i, parity): wait for
+// pipeline step i and issue its wgmmas into set `parity` (acc, acc1); promote(set, stage, scales): release
+// the stage and add the set into the total.
+template <int kStages, int kAcc, class LoadScales, class Step, class Promote>
+__device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadScales& load_scales, const Step& step,
+                                         const Promote& promote, float (&acc)[kAcc], float (&acc1)[kAcc]) {
+  constexpr int kGroupSteps = 4;
+  int i = 0;
+  for (; i + kGroupSteps <= kb_count; i += kGroupSteps) {
+    auto b0 = load_scales(kb_begin + i);
+    decltype(b0) b1;
+    step(i, 0);
+#pragma unroll
+    for (int j = 0; j < kGroupSteps; j += 2) {
+      b1 = load_scales(kb_begin + i + j + 1);
+      step(i + j + 1, 1);
+      wgmma_wait<1>();
+      promote(acc, (i + j) % kStages, b0);
+      if (j + 2 < kGroupSteps) {
+        b0 = load_scales(kb_begin + i + j + 2);
+        step(i + j + 2, 0);
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+      promote(acc1, (i + j + 1) % kStages, b1);
+    }
+  }
+  for (; i < kb_count; ++i) {
+    const auto b = load_scales(kb_begin + i);
+    step(i, 0);
+    wgmma_wait<0>();
+    promote(acc, i % kStages, b);
+  }
+}
+
+// kHalves (128-token tiles): each step's wgmmas in two groups, tokens 0-63 into half0 and 64-127 into half1. A
+// half's promotion runs while the other half's group does: step i's first half is promoted while its second
+// runs, its second while step i + 1's first runs (the next step's conversion goes before that issue). Groups
+// of kGroupSteps steps end with no wgmma in flight, as with two_sets; the rest one at a time.
+// issue_half(i, h, parity): wait for pipeline step i (h = 0) and issue its half h from the A fragments of set
+// `parity`; release(stage); accumulate(half, first token group, scales).
+template <int kStages, int kHalf, class LoadScales, class IssueHalf, class Release, class Accumulate>
+__device__ __forceinline__ void halves(int kb_begin, int kb_count, const LoadScales& load_scales,
+                                       const IssueHalf& issue_half, const Release& release,
+                                       const Accumulate& accumulate, float (&half0)[kHalf], float (&half1)[kHalf]) {
+  constexpr int kGroupSteps = 4;
+  constexpr int kSecond = kHalf / 4;  // the second half's first token group
+  int i = 0;
+  for (; i + kGroupSteps <= kb_count; i += kGroupSteps) {
+    auto b0 = load_scales(kb_begin + i);  // the scales of even and odd steps of the group
+    decltype(b0) b1;
+    issue_half(i, 0, 0);
+    issue_half(i, 1, 0);
+#pragma unroll
+    for (int j = 0; j < kGroupSteps; ++j) {
+      const int parity = j & 1;
+      wgmma_wait<1>();  // step i + j's first half is done
+      fence_registers(half0);
+      accumulate(half0, 0, parity ? b1 : b0);
+      if (j + 1 < kGroupSteps) {
+        (parity ? b0 : b1) = load_scales(kb_begin + i + j + 1);
+        issue_half(i + j + 1, 0, parity ^ 1);
+        wgmma_wait<1>();  // step i + j's second half is done
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_registers(half1);
+      release((i + j) % kStages);
+      accumulate(half1, kSecond, parity ? b1 : b0);
+      if (j + 1 < kGroupSteps) issue_half(i + j + 1, 1, parity ^ 1);
+    }
+  }
+  for (; i < kb_count; ++i) {
+    const auto b = load_scales(kb_begin + i);
+    issue_half(i, 0, 0);
+    issue_half(i, 1, 0);
+    wgmma_wait<0>();
+    fence_registers(half0);
+    fence_registers(half1);
+    release(i % kStages);
+    accumulate(half0, 0, b);
+    accumulate(half1, kSecond, b);
+  }
+}
+
 // kWFormat: a WFormat (e4m3 weights through TMA, or pre-tiled 4-bit codes through bulk copies).
 // kScaleMode: 0 = scales in the epilogue (per-tensor / per-channel weights, per-token / per-tensor
 // activations); 1 = 128 x 128 weight blocks x 1 x 128 activation groups at each promotion; 2 = per-row
@@ -281,120 +401,19 @@ __device__ __forceinline__ void run(const Params& p) {
     auto release = [&](int s) {
       if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(s));
     };
-    // Adds the partial sums `d` of token groups j0 .. (8 tokens each, a whole tile or its second half) times
-    // their scales into the total (after the caller's fence_registers(d)).
-    auto accumulate = [&](auto& d, int j0, const BlockScales& b) {
-      constexpr int kGroups = sizeof(d) / sizeof(float) / 4;
-#pragma unroll
-      for (int jj = 0; jj < kGroups; ++jj) {
-        const int j = j0 + jj;
-        if constexpr (kBlockScale) {
-          const float s0 = b.w_block * b.x_block[j].x;
-          const float s1 = b.w_block * b.x_block[j].y;
-          total[4 * j + 0] = fmaf(d[4 * jj + 0], s0, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(d[4 * jj + 1], s1, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(d[4 * jj + 2], s0, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(d[4 * jj + 3], s1, total[4 * j + 3]);
-        } else if constexpr (kScaleMode == 2) {
-          total[4 * j + 0] = fmaf(d[4 * jj + 0], b.w_row0, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(d[4 * jj + 1], b.w_row0, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(d[4 * jj + 2], b.w_row1, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(d[4 * jj + 3], b.w_row1, total[4 * j + 3]);
-        } else {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) total[4 * j + c] += d[4 * jj + c];
-        }
-      }
-    };
     // Releases a finished block's stage and adds its partial sum `d` into the total.
     auto promote = [&](float (&d)[kAcc], int s, const BlockScales& b) {
       fence_registers(d);
       release(s);
-      accumulate(d, 0, b);
+      accumulate_groups<kAcc / 4, kBlockScale, kScaleMode>(total, d, 0, b);
     };
-
-    // kTwoAccumulators: the steps in groups of kGroupSteps. Within a group each step's wgmmas go into the
-    // accumulator set of its parity, issued before the previous step is waited on (wgmma_wait<1>), so that
-    // the previous step's promotion runs while they do; a group ends with no wgmma in flight (a loop that
-    // carried the accumulators of wgmmas in flight would have them copied, and ptxas serialise every wgmma).
-    // The steps past the last whole group run one at a time. step(i, parity): wait for pipeline step i and
-    // issue its wgmmas into accumulator set `parity` (acc, acc1).
-    [[maybe_unused]] float acc1[kAcc];  // the second set (dead code without kTwoAccumulators)
-    [[maybe_unused]] auto two_sets = [&](auto&& step) {
-      constexpr int kGroupSteps = 4;
-      int i = 0;
-      for (; i + kGroupSteps <= kb_count; i += kGroupSteps) {
-        BlockScales b0 = load_scales(kb_begin + i), b1;
-        step(i, 0);
-#pragma unroll
-        for (int j = 0; j < kGroupSteps; j += 2) {
-          b1 = load_scales(kb_begin + i + j + 1);
-          step(i + j + 1, 1);
-          wgmma_wait<1>();
-          promote(acc, (i + j) % kStages, b0);
-          if (j + 2 < kGroupSteps) {
-            b0 = load_scales(kb_begin + i + j + 2);
-            step(i + j + 2, 0);
-            wgmma_wait<1>();
-          } else {
-            wgmma_wait<0>();
-          }
-          promote(acc1, (i + j + 1) % kStages, b1);
-        }
-      }
-      for (; i < kb_count; ++i) {
-        const BlockScales b = load_scales(kb_begin + i);
-        step(i, 0);
-        wgmma_wait<0>();
-        promote(acc, i % kStages, b);
-      }
+    // kHalves: a half's partial sums, token groups from j0, into the total (after fence_registers(d)).
+    constexpr int kHalfAcc = kHalves ? kAcc / 2 : 4;  // (any whole token group where there are no halves)
+    [[maybe_unused]] auto accumulate_half = [&](float (&d)[kHalfAcc], int j0, const BlockScales& b) {
+      accumulate_groups<kHalfAcc / 4, kBlockScale, kScaleMode>(total, d, j0, b);
     };
-
-    // kHalves: each step's wgmmas in two groups, tokens 0-63 into half0 and 64-127 into half1. A half's
-    // promotion runs while the other half's group does: step i's first half is promoted while its second
-    // runs, its second while step i + 1's first runs (the next step's conversion goes before that issue).
-    // Groups of kGroupSteps steps end with no wgmma in flight, as with two_sets; the rest one at a time.
-    // issue_half(i, h, parity): wait for pipeline step i (h = 0) and issue its half h from the A fragments
-    // of set `parity`.
-    [[maybe_unused]] float half0[kAcc / 2], half1[kAcc / 2];
-    [[maybe_unused]] auto halves = [&](auto&& issue_half) {
-      constexpr int kGroupSteps = 4;
-      int i = 0;
-      for (; i + kGroupSteps <= kb_count; i += kGroupSteps) {
-        BlockScales b0 = load_scales(kb_begin + i), b1;  // the scales of even and odd steps of the group
-        issue_half(i, 0, 0);
-        issue_half(i, 1, 0);
-#pragma unroll
-        for (int j = 0; j < kGroupSteps; ++j) {
-          const int parity = j & 1;
-          wgmma_wait<1>();  // step i + j's first half is done
-          fence_registers(half0);
-          accumulate(half0, 0, parity ? b1 : b0);
-          if (j + 1 < kGroupSteps) {
-            (parity ? b0 : b1) = load_scales(kb_begin + i + j + 1);
-            issue_half(i + j + 1, 0, parity ^ 1);
-            wgmma_wait<1>();  // step i + j's second half is done
-          } else {
-            wgmma_wait<0>();
-          }
-          fence_registers(half1);
-          release((i + j) % kStages);
-          accumulate(half1, kBlockM / 16, parity ? b1 : b0);
-          if (j + 1 < kGroupSteps) issue_half(i + j + 1, 1, parity ^ 1);
-        }
-      }
-      for (; i < kb_count; ++i) {
-        const BlockScales b = load_scales(kb_begin + i);
-        issue_half(i, 0, 0);
-        issue_half(i, 1, 0);
-        wgmma_wait<0>();
-        fence_registers(half0);
-        fence_registers(half1);
-        release(i % kStages);
-        accumulate(half0, 0, b);
-        accumulate(half1, kBlockM / 16, b);
-      }
-    };
+    [[maybe_unused]] float acc1[kAcc];  // the second set of kTwoAccumulators (dead code without)
+    [[maybe_unused]] float half0[kHalfAcc], half1[kHalfAcc];  // kHalves' two groups of 64 tokens
 
     if constexpr (kWFormat == kE4m3) {
       // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
@@ -410,11 +429,11 @@ __device__ __forceinline__ void run(const Params& p) {
         wgmma_commit();
       };
       if constexpr (kTwoAccumulators) {
-        two_sets([&](int i, int parity) {
-          if constexpr (kTwoAccumulators) issue_ss(i, parity ? acc1 : acc);
-        });
+        two_sets<kStages>(kb_begin, kb_count, load_scales, [&](int i, int parity) {
+          issue_ss(i, parity ? acc1 : acc);
+        }, promote, acc, acc1);
       } else if constexpr (kHalves) {
-        halves([&](int i, int h, int) {
+        halves<kStages>(kb_begin, kb_count, load_scales, [&](int i, int h, int) {
           const int s = i % kStages;
           if (h == 0) mbar_wait(full(s), (i / kStages) & 1);
           const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
@@ -425,7 +444,7 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
           for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM / 2>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k);
           wgmma_commit();
-        });
+        }, release, accumulate_half, half0, half1);
       } else {
         for (int i = 0; i < kb_count; ++i) {
           const BlockScales b = load_scales(kb_begin + i);
@@ -479,15 +498,13 @@ __device__ __forceinline__ void run(const Params& p) {
       uint32_t a0[kBK / 32][4], a1[kBK / 32][4];
       if constexpr (kTwoAccumulators) {
         // each step converted into the A fragments of its parity while the previous step's wgmmas run
-        two_sets([&](int i, int parity) {
-          if constexpr (kTwoAccumulators) {
-            auto& a = parity ? a1 : a0;
-            convert(i, a);
-            issue(i, a, parity ? acc1 : acc);
-          }
-        });
+        two_sets<kStages>(kb_begin, kb_count, load_scales, [&](int i, int parity) {
+          auto& a = parity ? a1 : a0;
+          convert(i, a);
+          issue(i, a, parity ? acc1 : acc);
+        }, promote, acc, acc1);
       } else if constexpr (kHalves) {
-        halves([&](int i, int h, int parity) {
+        halves<kStages>(kb_begin, kb_count, load_scales, [&](int i, int h, int parity) {
           auto& a = parity ? a1 : a0;
           if (h == 0) convert(i, a);
           const uint64_t b_desc = sw128_desc(x_tile(i % kStages) + h * (kBlockM / 2) * kBK);
@@ -497,7 +514,7 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
           for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM / 2>::mma(d, a[k], b_desc + 2 * k, k);
           wgmma_commit();
-        });
+        }, release, accumulate_half, half0, half1);
       } else {
         // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
         // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
