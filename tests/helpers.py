@@ -213,6 +213,23 @@ def assert_fp4_matches_reference(got: torch.Tensor, qw, qa, bias) -> None:
     assert not bad.any(), f"{int(bad.sum())} elements off; worst relative to |x| @ |w|^T at (m, n) = {worst}"
 
 
+def instructions_before_each_wait(sass: str, mma: str, only: str = "") -> list[int]:
+    """For every wgmma group of ``sass`` (``mma`` instructions, e.g. ``"HGMMA"``, then a
+    ``WARPGROUP.DEPBAR``), the instructions between its last MMA and the wait (those whose opcode starts
+    with ``only``): the work the consumer does while its tensor-core operations run."""
+    gaps, last, counted = [], None, 0
+    ops = _sass_ops(sass)
+    for op in ops:
+        if op.startswith(mma):
+            last, counted = op, 0
+        elif op.startswith("WARPGROUP.DEPBAR") and last is not None:
+            gaps.append(counted)
+            last = None
+        elif last is not None and op.startswith(only):
+            counted += 1
+    return gaps
+
+
 def instructions_between_groups(sass: str, mma: str, only: str = "") -> list[int]:
     """For every pair of consecutive wgmma groups of ``sass`` (``mma`` instructions after a
     ``WARPGROUP.ARRIVE``) with no wait for all groups (``WARPGROUP.DEPBAR`` to 0) between them, the

@@ -153,29 +153,28 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, const MxTable& lo_t, 
 // The consumers' helpers that take arrays of several sizes or callables are function templates: NVRTC 13.0
 // refuses lambdas with auto parameters in device code (tests/test_cuda_compile.py checks none is left).
 
-// Adds partial sums d of the kGroups token groups from j0 (8 tokens each: a whole tile, or its second half)
-// times their scales (Scales: the consumer's BlockScales) into total, after the caller's fence_registers(d).
-template <int kGroups, bool kBlockScale, int kScaleMode, int kTotal, class Scales>
-__device__ __forceinline__ void accumulate_groups(float (&total)[kTotal], const float (&d)[4 * kGroups], int j0,
+// Adds partial sums d of the kGroups token groups (8 tokens each) times their scales (Scales: the consumer's
+// BlockScales) into total, after the caller's fence_registers(d).
+template <int kGroups, bool kBlockScale, int kScaleMode, class Scales>
+__device__ __forceinline__ void accumulate_groups(float (&total)[4 * kGroups], const float (&d)[4 * kGroups],
                                                   const Scales& b) {
 #pragma unroll
-  for (int jj = 0; jj < kGroups; ++jj) {
-    const int j = j0 + jj;
+  for (int j = 0; j < kGroups; ++j) {
     if constexpr (kBlockScale) {
       const float s0 = b.w_block * b.x_block[j].x;
       const float s1 = b.w_block * b.x_block[j].y;
-      total[4 * j + 0] = fmaf(d[4 * jj + 0], s0, total[4 * j + 0]);
-      total[4 * j + 1] = fmaf(d[4 * jj + 1], s1, total[4 * j + 1]);
-      total[4 * j + 2] = fmaf(d[4 * jj + 2], s0, total[4 * j + 2]);
-      total[4 * j + 3] = fmaf(d[4 * jj + 3], s1, total[4 * j + 3]);
+      total[4 * j + 0] = fmaf(d[4 * j + 0], s0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(d[4 * j + 1], s1, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(d[4 * j + 2], s0, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(d[4 * j + 3], s1, total[4 * j + 3]);
     } else if constexpr (kScaleMode == 2) {
-      total[4 * j + 0] = fmaf(d[4 * jj + 0], b.w_row0, total[4 * j + 0]);
-      total[4 * j + 1] = fmaf(d[4 * jj + 1], b.w_row0, total[4 * j + 1]);
-      total[4 * j + 2] = fmaf(d[4 * jj + 2], b.w_row1, total[4 * j + 2]);
-      total[4 * j + 3] = fmaf(d[4 * jj + 3], b.w_row1, total[4 * j + 3]);
+      total[4 * j + 0] = fmaf(d[4 * j + 0], b.w_row0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(d[4 * j + 1], b.w_row0, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(d[4 * j + 2], b.w_row1, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(d[4 * j + 3], b.w_row1, total[4 * j + 3]);
     } else {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) total[4 * j + c] += d[4 * jj + c];
+      for (int c = 0; c < 4; ++c) total[4 * j + c] += d[4 * j + c];
     }
   }
 }
@@ -220,56 +219,6 @@ __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadS
   }
 }
 
-// kHalves (128-token tiles): each step's wgmmas in two groups, tokens 0-63 into half0 and 64-127 into half1. A
-// half's promotion runs while the other half's group does: step i's first half is promoted while its second
-// runs, its second while step i + 1's first runs (the next step's conversion goes before that issue). Groups
-// of kGroupSteps steps end with no wgmma in flight, as with two_sets; the rest one at a time.
-// issue_half(i, h, parity): wait for pipeline step i (h = 0) and issue its half h from the A fragments of set
-// `parity`; release(stage); accumulate(half, first token group, scales).
-template <int kStages, int kHalf, class LoadScales, class IssueHalf, class Release, class Accumulate>
-__device__ __forceinline__ void halves(int kb_begin, int kb_count, const LoadScales& load_scales,
-                                       const IssueHalf& issue_half, const Release& release,
-                                       const Accumulate& accumulate, float (&half0)[kHalf], float (&half1)[kHalf]) {
-  constexpr int kGroupSteps = 4;
-  constexpr int kSecond = kHalf / 4;  // the second half's first token group
-  int i = 0;
-  for (; i + kGroupSteps <= kb_count; i += kGroupSteps) {
-    auto b0 = load_scales(kb_begin + i);  // the scales of even and odd steps of the group
-    decltype(b0) b1;
-    issue_half(i, 0, 0);
-    issue_half(i, 1, 0);
-#pragma unroll
-    for (int j = 0; j < kGroupSteps; ++j) {
-      const int parity = j & 1;
-      wgmma_wait<1>();  // step i + j's first half is done
-      fence_registers(half0);
-      accumulate(half0, 0, parity ? b1 : b0);
-      if (j + 1 < kGroupSteps) {
-        (parity ? b0 : b1) = load_scales(kb_begin + i + j + 1);
-        issue_half(i + j + 1, 0, parity ^ 1);
-        wgmma_wait<1>();  // step i + j's second half is done
-      } else {
-        wgmma_wait<0>();
-      }
-      fence_registers(half1);
-      release((i + j) % kStages);
-      accumulate(half1, kSecond, parity ? b1 : b0);
-      if (j + 1 < kGroupSteps) issue_half(i + j + 1, 1, parity ^ 1);
-    }
-  }
-  for (; i < kb_count; ++i) {
-    const auto b = load_scales(kb_begin + i);
-    issue_half(i, 0, 0);
-    issue_half(i, 1, 0);
-    wgmma_wait<0>();
-    fence_registers(half0);
-    fence_registers(half1);
-    release(i % kStages);
-    accumulate(half0, 0, b);
-    accumulate(half1, kSecond, b);
-  }
-}
-
 // kWFormat: a WFormat (e4m3 weights through TMA, or pre-tiled 4-bit codes through bulk copies).
 // kScaleMode: 0 = scales in the epilogue (per-tensor / per-channel weights, per-token / per-tensor
 // activations); 1 = 128 x 128 weight blocks x 1 x 128 activation groups at each promotion; 2 = per-row
@@ -290,9 +239,6 @@ __device__ __forceinline__ void run(const Params& p) {
   // Token tiles of at most 64: two sets of wgmma accumulators, so that a K block's promotion overlaps the next
   // block's wgmmas (with 128 tokens, three sets of 64 accumulators and the A fragments exceed the registers).
   constexpr bool kTwoAccumulators = kBlockM <= 64;
-  // 128-token tiles: each K block's wgmmas in two groups of 64 tokens, so that one half's promotion overlaps
-  // the other half's wgmmas in the same registers (no third accumulator set fits).
-  constexpr bool kHalves = kBlockM == 128;
   constexpr int kReleasesPerWg = kWFormat == kE4m3 ? 4 : 128;  // see "warp specialisation" above
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
   static_assert(!kTmaStore || O == DType::bf16 || O == DType::f16, "the TMA-store epilogue writes 16-bit floats");
@@ -405,15 +351,9 @@ __device__ __forceinline__ void run(const Params& p) {
     auto promote = [&](float (&d)[kAcc], int s, const BlockScales& b) {
       fence_registers(d);
       release(s);
-      accumulate_groups<kAcc / 4, kBlockScale, kScaleMode>(total, d, 0, b);
-    };
-    // kHalves: a half's partial sums, token groups from j0, into the total (after fence_registers(d)).
-    constexpr int kHalfAcc = kHalves ? kAcc / 2 : 4;  // (any whole token group where there are no halves)
-    [[maybe_unused]] auto accumulate_half = [&](float (&d)[kHalfAcc], int j0, const BlockScales& b) {
-      accumulate_groups<kHalfAcc / 4, kBlockScale, kScaleMode>(total, d, j0, b);
+      accumulate_groups<kAcc / 4, kBlockScale, kScaleMode>(total, d, b);
     };
     [[maybe_unused]] float acc1[kAcc];  // the second set of kTwoAccumulators (dead code without)
-    [[maybe_unused]] float half0[kHalfAcc], half1[kHalfAcc];  // kHalves' two groups of 64 tokens
 
     if constexpr (kWFormat == kE4m3) {
       // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
@@ -432,19 +372,6 @@ __device__ __forceinline__ void run(const Params& p) {
         two_sets<kStages>(kb_begin, kb_count, load_scales, [&](int i, int parity) {
           issue_ss(i, parity ? acc1 : acc);
         }, promote, acc, acc1);
-      } else if constexpr (kHalves) {
-        halves<kStages>(kb_begin, kb_count, load_scales, [&](int i, int h, int) {
-          const int s = i % kStages;
-          if (h == 0) mbar_wait(full(s), (i / kStages) & 1);
-          const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
-          const uint64_t b_desc = sw128_desc(x_tile(s) + h * (kBlockM / 2) * kBK);
-          auto& d = h ? half1 : half0;
-          fence_registers(d);
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM / 2>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k);
-          wgmma_commit();
-        }, release, accumulate_half, half0, half1);
       } else {
         for (int i = 0; i < kb_count; ++i) {
           const BlockScales b = load_scales(kb_begin + i);
@@ -503,18 +430,6 @@ __device__ __forceinline__ void run(const Params& p) {
           convert(i, a);
           issue(i, a, parity ? acc1 : acc);
         }, promote, acc, acc1);
-      } else if constexpr (kHalves) {
-        halves<kStages>(kb_begin, kb_count, load_scales, [&](int i, int h, int parity) {
-          auto& a = parity ? a1 : a0;
-          if (h == 0) convert(i, a);
-          const uint64_t b_desc = sw128_desc(x_tile(i % kStages) + h * (kBlockM / 2) * kBK);
-          auto& d = h ? half1 : half0;
-          fence_registers(d);
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM / 2>::mma(d, a[k], b_desc + 2 * k, k);
-          wgmma_commit();
-        }, release, accumulate_half, half0, half1);
       } else {
         // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
         // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
