@@ -218,11 +218,7 @@ def instructions_before_each_wait(sass: str, mma: str, only: str = "") -> list[i
     ``WARPGROUP.DEPBAR``), the instructions between its last MMA and the wait (those whose opcode starts
     with ``only``): the work the consumer does while its tensor-core operations run."""
     gaps, last, counted = [], None, 0
-    ops = [
-        line.split("*/", 1)[1].split(";")[0].strip()
-        for line in sass.splitlines()
-        if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)
-    ]
+    ops = _sass_ops(sass)
     for op in ops:
         if op.startswith(mma):
             last, counted = op, 0
@@ -234,16 +230,41 @@ def instructions_before_each_wait(sass: str, mma: str, only: str = "") -> list[i
     return gaps
 
 
+def instructions_between_groups(sass: str, mma: str, only: str = "") -> list[int]:
+    """For every pair of consecutive wgmma groups of ``sass`` (``mma`` instructions after a
+    ``WARPGROUP.ARRIVE``) with no wait for all groups (``WARPGROUP.DEPBAR`` to 0) between them, the
+    instructions between the first group's last MMA and the second's first (those whose opcode starts with
+    ``only``): the work the consumer does while the first group runs, before it queues the second."""
+    gaps, counted, new_group = [], None, False
+    for op in _sass_ops(sass):
+        if op.startswith(mma):
+            if counted is not None and new_group:
+                gaps.append(counted)
+            counted, new_group = 0, False
+        elif op.startswith("WARPGROUP.DEPBAR") and op.endswith("0x0"):
+            counted = None
+        elif op.startswith("WARPGROUP.ARRIVE"):
+            new_group = True
+        elif counted is not None and op.startswith(only):
+            counted += 1
+    return gaps
+
+
+def _sass_ops(sass: str) -> list[str]:
+    """The opcodes and operands of ``sass``'s instructions, in order."""
+    return [
+        line.split("*/", 1)[1].split(";")[0].strip()
+        for line in sass.splitlines()
+        if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)
+    ]
+
+
 def instructions_after_each_wait(sass: str, mma: str, pending: int) -> list[int]:
     """For every ``WARPGROUP.DEPBAR`` of ``sass`` that leaves ``pending`` wgmma groups in flight, the
     instructions between it and the next ``mma`` instruction (e.g. ``"HGMMA"``): the work the consumer does
     while those groups run, before it queues the next one."""
     gaps, since = [], None
-    ops = [
-        line.split("*/", 1)[1].split(";")[0].strip()
-        for line in sass.splitlines()
-        if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)
-    ]
+    ops = _sass_ops(sass)
     for op in ops:
         if op.startswith(mma) and since is not None:
             gaps.append(since)

@@ -150,6 +150,75 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, const MxTable& lo_t, 
   hi = prmt(hi_t.pos0, hi_t.pos1, w >> 16) ^ prmt(hi_t.neg0, hi_t.neg1, flipped >> 16);
 }
 
+// The consumers' helpers that take arrays of several sizes or callables are function templates: NVRTC 13.0
+// refuses lambdas with auto parameters in device code (tests/test_cuda_compile.py checks none is left).
+
+// Adds partial sums d of the kGroups token groups (8 tokens each) times their scales (Scales: the consumer's
+// BlockScales) into total, after the caller's fence_registers(d).
+template <int kGroups, bool kBlockScale, int kScaleMode, class Scales>
+__device__ __forceinline__ void accumulate_groups(float (&total)[4 * kGroups], const float (&d)[4 * kGroups],
+                                                  const Scales& b) {
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j) {
+    if constexpr (kBlockScale) {
+      const float s0 = b.w_block * b.x_block[j].x;
+      const float s1 = b.w_block * b.x_block[j].y;
+      total[4 * j + 0] = fmaf(d[4 * j + 0], s0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(d[4 * j + 1], s1, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(d[4 * j + 2], s0, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(d[4 * j + 3], s1, total[4 * j + 3]);
+    } else if constexpr (kScaleMode == 2) {
+      total[4 * j + 0] = fmaf(d[4 * j + 0], b.w_row0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(d[4 * j + 1], b.w_row0, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(d[4 * j + 2], b.w_row1, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(d[4 * j + 3], b.w_row1, total[4 * j + 3]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) total[4 * j + c] += d[4 * j + c];
+    }
+  }
+}
+
+// kTwoAccumulators (token tiles of at most 64): the steps in groups of kGroupSteps. Within a group each step's
+// wgmmas go into the accumulator set of its parity, issued before the previous step is waited on
+// (wgmma_wait<1>), so that the previous step's promotion runs while they do; a group ends with no wgmma in
+// flight (a loop that carried the accumulators of wgmmas in flight would have them copied, and ptxas
+// serialise every wgmma). The steps past the last whole group run one at a time. step(i, parity): wait for
+// pipeline step i and issue its wgmmas into set `parity` (acc, acc1); promote(set, stage, scales): release
+// the stage and add the set into the total.
+template <int kStages, int kAcc, class LoadScales, class Step, class Promote>
+__device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadScales& load_scales, const Step& step,
+                                         const Promote& promote, float (&acc)[kAcc], float (&acc1)[kAcc]) {
+  constexpr int kGroupSteps = 4;
+  int i = 0;
+  for (; i + kGroupSteps <= kb_count; i += kGroupSteps) {
+    auto b0 = load_scales(kb_begin + i);
+    decltype(b0) b1;
+    step(i, 0);
+#pragma unroll
+    for (int j = 0; j < kGroupSteps; j += 2) {
+      b1 = load_scales(kb_begin + i + j + 1);
+      step(i + j + 1, 1);
+      wgmma_wait<1>();
+      promote(acc, (i + j) % kStages, b0);
+      if (j + 2 < kGroupSteps) {
+        b0 = load_scales(kb_begin + i + j + 2);
+        step(i + j + 2, 0);
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+      promote(acc1, (i + j + 1) % kStages, b1);
+    }
+  }
+  for (; i < kb_count; ++i) {
+    const auto b = load_scales(kb_begin + i);
+    step(i, 0);
+    wgmma_wait<0>();
+    promote(acc, i % kStages, b);
+  }
+}
+
 // kWFormat: a WFormat (e4m3 weights through TMA, or pre-tiled 4-bit codes through bulk copies).
 // kScaleMode: 0 = scales in the epilogue (per-tensor / per-channel weights, per-token / per-tensor
 // activations); 1 = 128 x 128 weight blocks x 1 x 128 activation groups at each promotion; 2 = per-row
@@ -167,6 +236,9 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(kScaleMode >= 0 && kScaleMode <= 2, "scale mode 0, 1 or 2");
   constexpr int kBlockN = L::kBlockN;
   constexpr int kAcc = kBlockM / 2;
+  // Token tiles of at most 64: two sets of wgmma accumulators, so that a K block's promotion overlaps the next
+  // block's wgmmas (with 128 tokens, three sets of 64 accumulators and the A fragments exceed the registers).
+  constexpr bool kTwoAccumulators = kBlockM <= 64;
   constexpr int kReleasesPerWg = kWFormat == kE4m3 ? 4 : 128;  // see "warp specialisation" above
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
   static_assert(!kTmaStore || O == DType::bf16 || O == DType::f16, "the TMA-store epilogue writes 16-bit floats");
@@ -250,9 +322,8 @@ __device__ __forceinline__ void run(const Params& p) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
 
-    // The scales of K block kb, loaded before the block's wgmmas are issued (the loads overlap them) or, for
-    // 4-bit weights in token tiles of at most 64 (kPrefetchScales), a K block earlier still: there a block's
-    // wgmmas are too short to cover the loads' latency, and the promotion would wait on them.
+    // The scales of K block kb, loaded before the block's wgmmas are issued (the loads overlap them); with
+    // two accumulator sets, a step earlier still.
     struct BlockScales {
       float w_block = 1.0f, w_row0 = 1.0f, w_row1 = 1.0f;
       float2 x_block[kBlockM / 8];
@@ -272,30 +343,17 @@ __device__ __forceinline__ void run(const Params& p) {
       }
       return b;
     };
+    // Releases stage s (its wgmmas are done; with ld.shared reads, this thread's too).
+    auto release = [&](int s) {
+      if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(s));
+    };
     // Releases a finished block's stage and adds its partial sum `d` into the total.
     auto promote = [&](float (&d)[kAcc], int s, const BlockScales& b) {
       fence_registers(d);
-      if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(s));
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-        if constexpr (kBlockScale) {
-          const float s0 = b.w_block * b.x_block[j].x;
-          const float s1 = b.w_block * b.x_block[j].y;
-          total[4 * j + 0] = fmaf(d[4 * j + 0], s0, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(d[4 * j + 1], s1, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(d[4 * j + 2], s0, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(d[4 * j + 3], s1, total[4 * j + 3]);
-        } else if constexpr (kScaleMode == 2) {
-          total[4 * j + 0] = fmaf(d[4 * j + 0], b.w_row0, total[4 * j + 0]);
-          total[4 * j + 1] = fmaf(d[4 * j + 1], b.w_row0, total[4 * j + 1]);
-          total[4 * j + 2] = fmaf(d[4 * j + 2], b.w_row1, total[4 * j + 2]);
-          total[4 * j + 3] = fmaf(d[4 * j + 3], b.w_row1, total[4 * j + 3]);
-        } else {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) total[4 * j + c] += d[4 * j + c];
-        }
-      }
+      release(s);
+      accumulate_groups<kAcc / 4, kBlockScale, kScaleMode>(total, d, b);
     };
+    [[maybe_unused]] float acc1[kAcc];  // the second set of kTwoAccumulators (dead code without)
 
     if constexpr (kWFormat == kE4m3) {
       // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
@@ -310,11 +368,17 @@ __device__ __forceinline__ void run(const Params& p) {
         for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k);
         wgmma_commit();
       };
-      for (int i = 0; i < kb_count; ++i) {
-        const BlockScales b = load_scales(kb_begin + i);
-        issue_ss(i, acc);
-        wgmma_wait<0>();
-        promote(acc, i % kStages, b);
+      if constexpr (kTwoAccumulators) {
+        two_sets<kStages>(kb_begin, kb_count, load_scales, [&](int i, int parity) {
+          issue_ss(i, parity ? acc1 : acc);
+        }, promote, acc, acc1);
+      } else {
+        for (int i = 0; i < kb_count; ++i) {
+          const BlockScales b = load_scales(kb_begin + i);
+          issue_ss(i, acc);
+          wgmma_wait<0>();
+          promote(acc, i % kStages, b);
+        }
       }
     } else {
       uint32_t pos0 = 0, neg0 = 0;  // int4: the code table's register words (int4x8_to_e4m3)
@@ -350,42 +414,41 @@ __device__ __forceinline__ void run(const Params& p) {
           }
         }
       };
-      auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4]) {
+      auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4], float (&d)[kAcc]) {
         const uint64_t b_desc = sw128_desc(x_tile(i % kStages));
-        fence_registers(acc);
+        fence_registers(d);
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(acc, a[k], b_desc + 2 * k, k);
+        for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(d, a[k], b_desc + 2 * k, k);
         wgmma_commit();
       };
-      // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
-      // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
-      // the wgmma wait after it).
       uint32_t a0[kBK / 32][4], a1[kBK / 32][4];
-      constexpr bool kPrefetchScales = kBlockM <= 64;  // slower with 128-token tiles (NOTES.md)
-      BlockScales b0, b1;                               // the scales of steps i and i + 1
-      if (kPrefetchScales && kb_count > 0) b0 = load_scales(kb_begin);
-      if (kb_count > 0) convert(0, a0);
-      for (int i = 0; i < kb_count; i += 2) {
-        if constexpr (kPrefetchScales) {
-          if (i + 1 < kb_count) b1 = load_scales(kb_begin + i + 1);
-        } else {
+      if constexpr (kTwoAccumulators) {
+        // each step converted into the A fragments of its parity while the previous step's wgmmas run
+        two_sets<kStages>(kb_begin, kb_count, load_scales, [&](int i, int parity) {
+          auto& a = parity ? a1 : a0;
+          convert(i, a);
+          issue(i, a, parity ? acc1 : acc);
+        }, promote, acc, acc1);
+      } else {
+        // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
+        // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
+        // the wgmma wait after it).
+        BlockScales b0, b1;
+        if (kb_count > 0) convert(0, a0);
+        for (int i = 0; i < kb_count; i += 2) {
           b0 = load_scales(kb_begin + i);
-        }
-        issue(i, a0);
-        if (i + 1 < kb_count) convert(i + 1, a1);
-        wgmma_wait<0>();
-        promote(acc, i % kStages, b0);
-        if (i + 1 >= kb_count) break;
-        if constexpr (kPrefetchScales) {
-          if (i + 2 < kb_count) b0 = load_scales(kb_begin + i + 2);
-        } else {
+          issue(i, a0, acc);
+          if (i + 1 < kb_count) convert(i + 1, a1);
+          wgmma_wait<0>();
+          promote(acc, i % kStages, b0);
+          if (i + 1 >= kb_count) break;
           b1 = load_scales(kb_begin + i + 1);
+          issue(i + 1, a1, acc);
+          if (i + 2 < kb_count) convert(i + 2, a0);
+          wgmma_wait<0>();
+          promote(acc, (i + 1) % kStages, b1);
         }
-        issue(i + 1, a1);
-        if (i + 2 < kb_count) convert(i + 2, a0);
-        wgmma_wait<0>();
-        promote(acc, (i + 1) % kStages, b1);
       }
     }
 
