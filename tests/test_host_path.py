@@ -193,6 +193,8 @@ def test_direct_launch_leaves_what_it_cannot_launch_to_triton(monkeypatch):
     launch.set([x, 7, 0.5, 64, out])
     values = launch.values
     assert (values.p0, values.p1, values.p2, values.p4) == (x.data_ptr(), 7, 0.5, out.data_ptr())
+    with pytest.raises(ValueError, match="argument 1: 2147483648 does not fit"):  # an i64 to Triton: another kernel
+        launch.set([x, 2**31, 0.5, 64, out])
     for meta in [{"global_scratch_size": 64}, {"profile_scratch_size": 64}, {"num_ctas": 2}, {"launch_pdl": True}]:
         assert DirectLaunch.of(_kernel_like(signature, ptx, **meta)) is None, meta
     assert DirectLaunch.of(_kernel_like(signature, [*ptx, "u64"])) is None  # a parameter it cannot account for

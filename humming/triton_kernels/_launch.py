@@ -87,6 +87,8 @@ class DirectLaunch:
         self._argv = (ctypes.c_void_p * len(fields))(*[base + getattr(struct, name).offset for name, _ in fields])
         self._scalars = tuple((i, f"p{i}") for i, _, pointer in params if not pointer)
         self._pointers = tuple((i, f"p{i}") for i, _, pointer in params if pointer)
+        ranges = {ctypes.c_int32: (-(2**31), 2**31 - 1), ctypes.c_uint32: (0, 2**32 - 1)}
+        self._int32 = tuple((i, *ranges[ctype]) for i, ctype, _ in params if ctype in ranges)
         self._names = {i: f"p{i}" for i, _, _ in params}
         self.lock = threading.Lock()
         self._function = driver.CUfunction(kernel.function)
@@ -133,7 +135,12 @@ class DirectLaunch:
         return cls(kernel, params, len(scratch))
 
     def set(self, args) -> None:
-        """Write every parameter from ``args``, the kernel's arguments in order (tensors by address)."""
+        """Write every parameter from ``args``, the kernel's arguments in order (tensors by address). An integer
+        that its 32-bit field cannot hold raises (ctypes would wrap it): Triton compiles such a value as a
+        64-bit parameter, another kernel, which the caller's launch key failed to tell apart."""
+        for i, lo, hi in self._int32:
+            if not lo <= args[i] <= hi:
+                raise ValueError(f"argument {i}: {args[i]} does not fit the compiled kernel's 32-bit parameter")
         values = self.values
         for i, name in self._scalars:
             setattr(values, name, args[i])
