@@ -173,6 +173,15 @@ def activation_pass(x2d: torch.Tensor, act: ActScheme, backend: str):
     return importlib.import_module(module).quantize_pass(x2d, act)
 
 
+def activation_pass_jobs(x2d: torch.Tensor, act: ActScheme, backend: str) -> list:
+    """The NVRTC jobs of :func:`activation_pass`'s pass for calls shaped as ``x2d`` (``humming.warmup`` compiles
+    them with the kernels' own, in parallel); none for Triton's pass."""
+    requested = env("HUMMING_BACKEND") if backend == "auto" else backend
+    if requested == "triton":
+        return []
+    return importlib.import_module("humming.cuda_kernels.act_quant").warmup_jobs(x2d, act)
+
+
 def _make_call(x: torch.Tensor, qweight: QuantizedWeight, bias, act, out_dtype, backend: str):
     """The prepared call of :func:`_prepared_call` for calls like this one (which it checks). It holds the
     weight weakly (it is kept in a dictionary keyed weakly by the weight, which it must not keep alive)."""

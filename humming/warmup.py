@@ -21,7 +21,7 @@ from .dispatch.plan import plan_grouped, plan_linear
 from .ir.activation import get_act_scheme
 from .ir.dtypes import FLOAT_DTYPES, HALF_DTYPES
 from .ir.weight import QuantizedWeight
-from .linear import activation_pass
+from .linear import activation_pass, activation_pass_jobs
 from .moe.call import MoeCall
 
 __all__ = ["warmup"]
@@ -214,4 +214,7 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
     from .device import device_index
 
     options = dict(act_dtype=act_dtype, out_dtype=out_dtype, bias_dtype=bias_dtype, block_m=block_m)
-    return kernel.warmup_jobs(qw, act, rows, device=device_index(device), **options), run, plan.backend
+    jobs = kernel.warmup_jobs(qw, act, rows, device=device_index(device), **options)
+    if not grouped and kernel.pass_launcher is not None and act is not None:
+        jobs = [*jobs, *activation_pass_jobs(x, act, backend)]
+    return jobs, run, plan.backend

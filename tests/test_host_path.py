@@ -781,18 +781,29 @@ from humming.dispatch.plan import plan_linear
 qw = humming.quantize(torch.randn(256, 512), "e4m3", -1)
 x = torch.randn(3, 512, dtype=torch.bfloat16)
 assert plan_linear(qw, humming.ir.activation.get_act_scheme("fp8"), x).kernel == "triton.scaled_mm"
-humming.warmup([qw], m_values=(3,), act="fp8", progress=False)
+report = humming.warmup([qw], m_values=(3,), act="fp8", progress=False)
+print(sorted(k.spec.name for k in report.kernels))
+int4 = humming.quantize(torch.randn(256, 512), "int4", 128)
+for m in (1, 64):  # the decode kernel's fp8-values route, the FP8 GEMM
+    report = humming.warmup([int4], m_values=(m,), act="fp8", progress=False)
+    print(sorted(k.spec.name for k in report.kernels))
 print(sorted(str(key[1]) for key in act_quant._passes))
 """
 
 
 def test_warmup_readies_the_cuda_pass_of_the_triton_scaled_gemm():
     """On a faked H200, a call planned on the Triton scaled GEMM quantizes its activations with the CUDA pass
-    (humming.linear's choice); humming.warmup makes that pass (compiles and loads its kernel), so that a CUDA
-    graph captured after warmup alone finds it."""
+    (humming.linear's choice); humming.warmup compiles that pass with the call's kernels and makes it, so that a
+    CUDA graph captured after warmup alone finds it; likewise the passes of the CUDA kernels (codes before the
+    FP8 GEMM, values before the decode kernel)."""
     pytest.importorskip("cuda.bindings.driver")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = _WARMUP_CHECK.replace("SCRIPT", repr(str(ROOT / "bench/tools/host_overhead.py")))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split("\n")[-2] == "['torch.Size([3, 512])']", run.stdout
+    lines = run.stdout.splitlines()
+    # warmup compiles each call's pass with its kernels (in parallel), then makes the passes
+    assert lines[-4] == "['humming_act_quant_e4m3_xbf16_g0_u8_t64']", run.stdout  # Triton's GEMM: no NVRTC job
+    assert "humming_act_quant_e4m3_xbf16_g0_bf16_t64" in lines[-3] and "decode" in lines[-3], run.stdout
+    assert "humming_act_quant_e4m3_xbf16_g0_u8_t64" in lines[-2] and "fp8_gemm" in lines[-2], run.stdout
+    assert lines[-1].startswith("['torch.Size([1, 512])', 'torch.Size([3, 512])', 'torch.Size([64, 512])'"), run.stdout

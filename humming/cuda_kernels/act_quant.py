@@ -22,9 +22,17 @@ from ..ir.dtypes import HALF_DTYPES
 from ._decode_launch import DECODE_CCS
 from ._driver import PackedLaunch, current_stream, fields, get_kernel
 from ._layout import CPP_DTYPE, DTYPE_CODE
-from .jit import KernelSpec, compiler_unavailable_reason, per_call_cache
+from .jit import KernelSpec, compiler_unavailable_reason, device_arch, per_call_cache
 
-__all__ = ["ACT_QUANT_CCS", "CudaQuantizePass", "act_quant_spec", "cuda_unsupported", "quantize_pass"]
+__all__ = [
+    "ACT_QUANT_CCS",
+    "CudaQuantizePass",
+    "act_quant_spec",
+    "cuda_unsupported",
+    "pass_spec",
+    "quantize_pass",
+    "warmup_jobs",
+]
 
 #: Compute capabilities the pass is built for: those of the kernels that take its output.
 ACT_QUANT_CCS = DECODE_CCS
@@ -45,6 +53,28 @@ def act_quant_spec(x_dtype: str, group: int, values: str, threads: int) -> Kerne
         threads=threads,
         ccs=ACT_QUANT_CCS,
     )
+
+
+def pass_spec(x_dtype: torch.dtype, k: int, scheme: ActScheme, values_dtype: torch.dtype | None) -> KernelSpec:
+    """The pass's kernel for 16-bit x of ``x_dtype`` with ``k`` columns, e4m3 codes (``values_dtype`` None)
+    or their values: per token, a block of up to 256 threads per row (8 columns each); per group, blocks of
+    ``_GROUP_THREADS`` threads along the row."""
+    bk = scheme.group_shape[1]
+    group = 0 if bk == -1 else bk
+    threads = max(32, min(256, 1 << max(0, (k // 8 - 1).bit_length()))) if group == 0 else _GROUP_THREADS
+    values = "u8" if values_dtype is None else DTYPE_CODE[values_dtype]
+    return act_quant_spec(DTYPE_CODE[x_dtype], group, values, threads)
+
+
+def warmup_jobs(x: torch.Tensor, act: str | ActScheme, *, values: bool = False) -> list[tuple[KernelSpec, str]]:
+    """The ``(spec, arch)`` job of the pass :func:`quantize_pass` makes for calls shaped as ``x`` (for
+    ``humming.warmup``, which compiles every job in parallel before the calls); none where Triton's pass runs."""
+    scheme = get_act_scheme(act)
+    if cuda_unsupported(x, scheme) is not None:
+        return []
+    spec = pass_spec(x.dtype, x.shape[1], scheme, x.dtype if values else None)
+    arch = device_arch(spec, device_info(x.device).capability)
+    return [] if arch is None else [(spec, arch)]
 
 
 class _Params(ctypes.Structure):
@@ -99,14 +129,8 @@ class CudaQuantizePass:
         else:
             self.scales_shape = (m, spans)
             params.scale_row, params.scale_span = spans, 1
-        if group == 0:
-            threads = max(32, min(256, 1 << max(0, (k // 8 - 1).bit_length())))
-            grid = (m, 1, 1)
-        else:
-            threads = _GROUP_THREADS
-            grid = (m, -(-(k // 8) // threads), 1)
-        values = "u8" if values_dtype is None else DTYPE_CODE[values_dtype]
-        spec = act_quant_spec(DTYPE_CODE[x.dtype], group, values, threads)
+        spec = pass_spec(x.dtype, k, scheme, values_dtype)
+        grid = (m, 1 if group == 0 else -(-(k // 8) // spec.threads), 1)
         self.packed = PackedLaunch(get_kernel(spec, self.device), grid, 0, params)
         codes_bytes = m * k * self.codes_dtype.itemsize
         self.scales_offset = -(-codes_bytes // 16) * 16

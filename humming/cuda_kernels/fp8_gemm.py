@@ -45,6 +45,7 @@ import torch
 
 from ..device import DeviceLimits, device_index, device_info, device_limits
 from ..kernel import Kernel, LaunchesByWeight
+from . import act_quant
 from ._fp8_launch import FP8_CCS, Fp8Launch, _launch, call_spec, fp8_spec
 from ._fp8_layout import (
     GROUPED_W_FORMATS,
@@ -318,7 +319,12 @@ def _run(x, qweight, bias, act, out_dtype, tuning):
 
 
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
-    return warmup_jobs(qweight, act, (m,), out_dtype, bias_dtype, device_info(device).limits)
+    """The GEMM of a call of ``m`` tokens and, for a dense call whose 16-bit x it quantizes (K a multiple of 16,
+    as :class:`Fp8Launch` takes it), the activation pass."""
+    jobs = warmup_jobs(qweight, act, (m,), out_dtype, bias_dtype, device_info(device).limits)
+    if jobs and block_m is None and qweight.K % 16 == 0:
+        jobs += act_quant.warmup_jobs(torch.empty(m, qweight.K, dtype=act_dtype, device=f"cuda:{device}"), act)
+    return jobs
 
 
 #: ``cuda.fp8_gemm``: W8A8 / W4A8 on Hopper's fp8 wgmma; its tuning is chosen at launch.

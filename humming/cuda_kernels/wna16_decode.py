@@ -88,6 +88,7 @@ def _tuning(qweight, act, x) -> DecodeTuning:
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
     """The kernel of a call of ``m`` tokens; also sets aside the stream-K workspace it uses, since a CUDA
     graph capture cannot allocate it."""
+    from . import act_quant
     from .jit import device_arch
 
     x = torch.empty(m, qweight.K, dtype=act_dtype, device=f"cuda:{device}")
@@ -95,7 +96,8 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
     bias = None if bias_dtype is None else torch.empty(0, dtype=bias_dtype)
     spec = decode_call_spec(_wna16.prepare(qweight), x, bias, out_dtype, tuning)
     reserve_workspace(m, qweight.N, tuning, device)
-    return [(spec, device_arch(spec, device_info(device).capability))]
+    jobs = [(spec, device_arch(spec, device_info(device).capability))]
+    return jobs if act is None else jobs + act_quant.warmup_jobs(x, act, values=True)  # the fp8-values route
 
 
 #: ``cuda.wna16_decode``: weight-only GEMM for M <= 64 (and the fp8-values route of integer weights).

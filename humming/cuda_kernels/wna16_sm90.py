@@ -73,6 +73,7 @@ def _tuning(qweight, act, x) -> GemmTuning:
 
 
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
+    from . import act_quant
     from .jit import device_arch
 
     x = torch.empty(m, qweight.K, dtype=act_dtype, device=f"cuda:{device}")
@@ -80,7 +81,8 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
     prep, tuning = _wna16.prepare(qweight), _tuning(qweight, act, x)
     spec = gemm_call_spec(prep, x, bias, out_dtype, tuning)
     reserve_gemm_workspace(m, prep.n, prep.k, tuning, prep.layout, device)
-    return [(spec, device_arch(spec, device_info(device).capability))]
+    jobs = [(spec, device_arch(spec, device_info(device).capability))]
+    return jobs if act is None else jobs + act_quant.warmup_jobs(x, act, values=True)  # the fp8-values route
 
 
 #: ``cuda.wna16_sm90``: weight-only GEMM for M > 32 on Hopper (and the fp8-values route of integer weights).
