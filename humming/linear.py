@@ -13,7 +13,7 @@ from ._env import env
 from .cuda_kernels.jit import KernelNotReadyError
 from .deterministic import is_deterministic
 from .dispatch.kernels import DENSE_KERNELS
-from .dispatch.plan import plan_linear, unwarmed_error
+from .dispatch.plan import plan_linear, requested_backend, unwarmed_error
 from .dispatch.support import combination_error
 from .ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from .ir.dtypes import FLOAT_DTYPES
@@ -168,16 +168,15 @@ def activation_pass(x2d: torch.Tensor, act: ActScheme, backend: str):
     """The activation quantization pass of a kernel that takes one (``Kernel.pass_launcher``), for 16-bit ``x2d``
     with scheme ``act``: the CUDA pass where it applies (the Triton pass's bits, a packed launch), unless the
     Triton backend is asked for; else the Triton pass."""
-    requested = env("HUMMING_BACKEND") if backend == "auto" else backend
-    module = "humming.triton_kernels.act_quant" if requested == "triton" else "humming.cuda_kernels.act_quant"
+    triton = requested_backend(backend) == "triton"
+    module = "humming.triton_kernels.act_quant" if triton else "humming.cuda_kernels.act_quant"
     return importlib.import_module(module).quantize_pass(x2d, act)
 
 
 def activation_pass_jobs(x2d: torch.Tensor, act: ActScheme, backend: str) -> list:
     """The NVRTC jobs of :func:`activation_pass`'s pass for calls shaped as ``x2d`` (``humming.warmup`` compiles
     them with the kernels' own, in parallel); none for Triton's pass."""
-    requested = env("HUMMING_BACKEND") if backend == "auto" else backend
-    if requested == "triton":
+    if requested_backend(backend) == "triton":
         return []
     return importlib.import_module("humming.cuda_kernels.act_quant").warmup_jobs(x2d, act)
 
