@@ -76,9 +76,11 @@ def seed(request) -> int:
     return value
 
 
-@pytest.fixture
-def device() -> str:
-    return "cuda" if HAS_CUDA else "cpu"
+@pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else ["cpu"])
+def device(request) -> str:
+    """Where a test that runs anywhere runs: the interpreter on CPU, the GPU where there is one; there it is a
+    ``gpu`` test, so that the GPU suite (``-m gpu``) runs it."""
+    return request.param
 
 
 @pytest.fixture

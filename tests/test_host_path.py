@@ -77,8 +77,23 @@ def test_compiled_launches_go_to_the_kept_kernel(monkeypatch):
     assert [run[1] for run in fn.runs] == [("x", 1), ("z", 3), ("v", 5)]
     # launch options reach the JIT function, with floating-point contraction asked for (the module docstring)
     assert fn.runs[-1][2:] == (4, {"enable_fp_fusion": True, "num_stages": 3})
-    assert launches.compiled[("a",)].launches == [((3, 1, 1), ("y", 2), 1000)]
-    assert launches.compiled[("b",)].launches == [((1, 1, 1), ("w", 4), 1001)]
+    kept = {key[0]: kernel for key, kernel in launches.compiled.items()}
+    assert kept[("a",)].launches == [((3, 1, 1), ("y", 2), 1000)]
+    assert kept[("b",)].launches == [((1, 1, 1), ("w", 4), 1001)]
+
+
+def test_compiled_launches_key_on_constexprs_and_warps(monkeypatch):
+    """Calls whose caller key is the same but whose constexpr arguments (a tile size) or warps differ are
+    other kernels: each compiles on its first launch; the non-constexpr arguments do not split the key."""
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    fn = _JitFunction()
+    fn.params = [types.SimpleNamespace(num=i, is_constexpr=i == 1) for i in range(3)]  # (x, BLOCK: constexpr, n)
+    launches = CompiledLaunches(fn)
+    for args, warps in [(("x", 512, 7), 4), (("y", 512, 9), 4), (("z", 2048, 7), 4), (("w", 2048, 7), 8)]:
+        launches.launch(("k",), (1, 1, 1), args, warps, 0)
+    assert [run[1] for run in fn.runs] == [("x", 512, 7), ("z", 2048, 7), ("w", 2048, 7)]
+    assert [kernel.launches for kernel in launches.compiled.values()] == [[((1, 1, 1), ("y", 512, 9), 1000)], [], []]
+    assert launches.kept(("k",), ("v", 512, 1), 4) and not launches.kept(("k",), ("v", 1024, 1), 4)
 
 
 def test_compiled_launches_keep_nothing_under_the_interpreter():
@@ -118,7 +133,7 @@ def test_prepared_launch_keys_on_each_tensors_dtype_and_alignment(monkeypatch):
     ] * 3
     assert fn.runs[0][1][0] is a and fn.runs[0][1][2] is out
     assert len(launch.launches.compiled) == 3
-    (kept,) = [k for key, k in launch.launches.compiled.items() if key[1:] == (torch.float32, 0, torch.float32, 0)]
+    (kept,) = [k for key, k in launch.launches.compiled.items() if key[0][1:] == (torch.float32, 0, torch.float32, 0)]
     assert len(kept.launches) == 1 and kept.launches[0][2] == 1000
 
 
@@ -232,16 +247,17 @@ def test_launches_go_through_triton_while_a_launch_hook_is_installed(monkeypatch
     fn = _JitFunction()
     launches = CompiledLaunches(fn)
     launches.launch(("a",), (1, 1, 1), ("x", 1), 4, 0)
-    launches.direct[("a",)] = Direct()
+    (key,) = launches.direct  # the caller's key, the warps, the constexprs
+    launches.direct[key] = Direct()
     launches.launch(("a",), (2, 1, 1), ("y", 2), 4, 0)
-    assert direct == [("set", ("y", 2)), ("launch", (2, 1, 1), 1000)] and not launches.compiled[("a",)].launches
+    assert direct == [("set", ("y", 2)), ("launch", (2, 1, 1), 1000)] and not launches.compiled[key].launches
     hook = knobs.runtime.launch_enter_hook
     if hasattr(hook, "calls"):
         monkeypatch.setattr(hook, "calls", [lambda *args: None])
     else:
         monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *args: None)
     launches.launch(("a",), (3, 1, 1), ("z", 3), 4, 0)
-    assert len(direct) == 2 and launches.compiled[("a",)].launches == [((3, 1, 1), ("z", 3), 1000)]
+    assert len(direct) == 2 and launches.compiled[key].launches == [((3, 1, 1), ("z", 3), 1000)]
 
 
 def test_launches_by_weight_make_each_once_and_start_over_past_keep():

@@ -6,9 +6,10 @@ compiled kernels and looks the kernel up: tens of microseconds of Python for a k
 arguments, more than an activation-quantization pass over a few tokens takes on the GPU.
 :class:`CompiledLaunches` sends the first launch of each *launch key* through ``JITFunction.run`` (which
 compiles when needed), keeps the compiled kernel it returns, and launches later calls with that key on it
-directly, with what ``JITFunction.run`` itself ends with. The key is the caller's: it must tell apart every
-pair of calls that Triton could compile differently (argument dtypes, integer argument values, the 16-byte
-alignment of each pointer, constexprs, launch options) and the device.
+directly, with what ``JITFunction.run`` itself ends with. The key is the caller's, with the constexpr
+arguments and the warps added: it must tell apart every other pair of calls that Triton could compile
+differently (argument dtypes, integer argument values, the 16-byte alignment of each pointer, launch options)
+and the device.
 
 Every kernel compiles with floating-point contraction on (``enable_fp_fusion=True``, a multiply feeding an
 add becomes one fma), whatever the Triton version's default: Triton 3.10 turns that default off, which would
@@ -27,6 +28,7 @@ Under Triton's interpreter (``TRITON_INTERPRET=1``) nothing is kept: every launc
 from __future__ import annotations
 
 import ctypes
+import operator
 import re
 import threading
 
@@ -177,11 +179,21 @@ class CompiledLaunches:
         self.keep = keep
         self.compiled: dict = {}
         self.direct: dict = {}  # key -> the DirectLaunch of its compiled kernel, or None: Triton's launcher
+        # the constexpr arguments' positions: they join every key, so that a caller's key that leaves out a
+        # tile size (or the warps) cannot send a call to a kernel compiled for another
+        slots = tuple(param.num for param in getattr(fn, "params", ()) if param.is_constexpr)
+        self._constexprs = operator.itemgetter(*slots, slots[0]) if slots else lambda args: ()  # always a tuple
+
+    def kept(self, key, args: tuple, num_warps: int) -> bool:
+        """Whether a launch with ``key``, ``args`` and ``num_warps`` finds its kernel compiled already."""
+        return (key, num_warps, self._constexprs(args)) in self.compiled
 
     def launch(self, key, grid: tuple[int, int, int], args: tuple, num_warps: int, device: int, **options) -> None:
         """Launch ``fn`` on ``grid`` with ``args`` (every parameter in order, constexprs included) on the
         current stream of CUDA device ``device``; ``key`` as the module docstring says (it covers ``options``,
-        further launch options such as ``num_stages``, too)."""
+        further launch options such as ``num_stages``, too; the constexpr arguments and ``num_warps`` are added
+        here)."""
+        key = (key, num_warps, self._constexprs(args))
         direct = self.direct.get(key)
         if direct is not None and not launch_hook_set():
             with direct.lock:

@@ -223,7 +223,7 @@ def _launch(launches: CompiledLaunches, grid, args: tuple, num_warps: int, devic
     if key is None:
         key = (device, *(a.dtype if isinstance(a, torch.Tensor) else a for a in args))
         key += tuple(a.data_ptr() % 16 for a in args if isinstance(a, torch.Tensor))
-    if device.type == "cuda" and key not in launches.compiled and torch.cuda.is_current_stream_capturing():
+    if device.type == "cuda" and not launches.kept(key, args, num_warps) and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             "humming.moe.fused_moe: a CUDA graph is being captured, but this call's activation or combine "
             "kernel never ran at these shapes; run the call once before capturing"

@@ -217,3 +217,15 @@ def test_gather_rows_kernel_matches_the_definition(dtype, t, k, seed: int, devic
             assert torch.equal(got.codes, want.codes), act
             assert torch.equal(got.scales.view(torch.uint8), want.scales.view(torch.uint8)), act
             assert got.global_scale is qa.global_scale
+
+
+def test_gather_rows_kernel_widths_one_after_another(seed: int, device: str) -> None:
+    """Widths whose launches Triton specializes alike (multiples of 16) but which take other column tiles, one
+    after the other in one process: each call runs its own kernel (a kept kernel of another tile would leave
+    columns unwritten)."""
+    from humming.triton_kernels import gather_rows as triton_gather
+
+    for k in (64, 7168, 512, 2048, 40):
+        x = torch.randn(37, k, device=device).bfloat16()
+        rows = torch.randint(-1, 37, (301,), dtype=torch.int32, device=device)
+        assert torch.equal(triton_gather.gather_rows(x, rows), _moe_layer.gather_rows(x, rows)), k
