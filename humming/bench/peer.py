@@ -62,6 +62,7 @@ CONFIGS = {
     ),
     "w8a8-int8-channel": ({"dtype": "int8", "group_size": 0}, {"dtype": "int8"}),
     "w4a8-int4-g128-fp8": ({"dtype": "int4", "group_size": 128}, {"dtype": "float8e4m3"}),
+    "w4a8-int4-channel-fp8": ({"dtype": "int4", "group_size": 0}, {"dtype": "float8e4m3"}),
     "w4a8-mxfp4-fp8": ({"dtype": "float4e2m1", "group_size": 32, "scale_dtype": "float8e8m0"}, {"dtype": "float8e4m3"}),
 }
 

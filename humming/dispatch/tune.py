@@ -37,6 +37,7 @@ CASES = {
     "w8a8-fp8-block": (dict(weight="fp8_block"), "fp8_g128"),
     "w8a8-int8-channel": (dict(weight="int8", group_size=-1), "int8"),
     "w4a8-int4-g128-fp8": (dict(weight="int4", group_size=128), "fp8"),
+    "w4a8-int4-channel-fp8": (dict(weight="int4", group_size=-1), "fp8"),
     "w4a8-mxfp4-fp8": (dict(weight="mxfp4"), "fp8"),
 }
 
