@@ -77,9 +77,9 @@ def gemm_tunings(m: int, n: int, k: int, layout, limits) -> list[_gemm_sm90.Gemm
     return out
 
 
-def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) -> list[Fp8Tuning]:
+def fp8_tunings(m: int, n: int, k: int, limits, w_format: str) -> list[Fp8Tuning]:
     """The default, and each (warpgroups, blocks per SM) with the stages shared memory holds, with one split
-    and with the split count that fills one wave; where two K blocks share a promotion, each also with one."""
+    and with the split count that fills one wave."""
     base = choose_tuning(m, n, k, limits, w_format)
     out = [base]
     for wgs, blocks in ((1, 2), (2, 1), (1, 1), (2, 2)):
@@ -95,7 +95,7 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) 
             t = Fp8Tuning(wgs, base.block_m, stages, blocks, splits=splits)
             if t not in out:
                 out.append(t)
-    return out + [dataclasses.replace(t, promote_blocks=1) for t in out if t.promotes_every(scale_mode) > 1]
+    return out
 
 
 def _spec(kernel: str, qw, prep, tuning):
@@ -169,7 +169,7 @@ def main() -> int:
                     tunings = [default, *gemm_tunings(m, n, k, prep.layout, info.limits)]
                 else:
                     default = choose_tuning(m, n, k, info.limits, prep.w_format)
-                    tunings = fp8_tunings(m, n, k, info.limits, prep.w_format, prep.scale_mode)
+                    tunings = fp8_tunings(m, n, k, info.limits, prep.w_format)
                 points.append((m, x, default, list(dict.fromkeys(tunings))))
             failed = _compile([_spec(kernel, first, prep, t) for *_, ts in points for t in ts], cc, dev)
             points = [

@@ -27,10 +27,8 @@ class Fp8Tuning:
     """Speed-only knobs: consumer warpgroups (``wgs``, 64 weight rows each), tokens per block
     (``block_m``, the wgmma N), pipeline ``stages``, blocks per SM the registers are sized for
     (``min_blocks``), token tiles per raster group (``group_m``), the epilogue's store (``tma_store``:
-    stmatrix + TMA store, else plain global stores), the number of contiguous K ranges (``splits``,
-    grid.z; above 1 the kernel adds fp32 partial sums into a workspace, with plain stores) and the K blocks of
-    128 that the tensor core sums before each promotion to fp32 (``promote_blocks``, 1 or 2; 2 applies where
-    the scales wait for the epilogue and tiles are 128 tokens, :meth:`promotes_every`)."""
+    stmatrix + TMA store, else plain global stores) and the number of contiguous K ranges (``splits``,
+    grid.z; above 1 the kernel adds fp32 partial sums into a workspace, with plain stores)."""
 
     wgs: int
     block_m: int
@@ -39,18 +37,10 @@ class Fp8Tuning:
     group_m: int = 8
     tma_store: bool = True
     splits: int = 1
-    promote_blocks: int = 2
 
     def __post_init__(self):
         if isinstance(self.splits, bool) or not isinstance(self.splits, int) or self.splits < 1:
             raise ValueError(f"splits: expected an int >= 1, got {self.splits!r}")
-        if self.promote_blocks not in (1, 2):
-            raise ValueError(f"promote_blocks: expected 1 or 2, got {self.promote_blocks!r}")
-
-    def promotes_every(self, scale_mode: str) -> int:
-        """K blocks per promotion for weights of ``scale_mode``: ``promote_blocks`` with scales applied in the
-        epilogue (``rowcol``) and 128-token tiles (one accumulator set), else 1."""
-        return self.promote_blocks if scale_mode == "rowcol" and self.block_m == 128 else 1
 
     @property
     def block_n(self) -> int:
