@@ -5,9 +5,9 @@ then makes that kernel ready: CUDA kernels compile through NVRTC in parallel (an
 once on random inputs, which compiles its Triton kernels (the kernel itself, or the activation quantization
 pass before a CUDA GEMM) and builds its cached launcher. A fused MoE layer (:class:`humming.moe.MoeCall`)
 lists its launches (:meth:`~humming.moe.MoeCall.launches`: routing, the two grouped GEMMs, the activation
-pass, the combine): the CUDA GEMMs among them compile with the rest, then the whole call runs once per token
-count, which readies its Triton kernels with the launch keys of that shape. Serving, and CUDA graph capture,
-then never compile.
+pass, the combine): the CUDA GEMMs and the CUDA combine among them compile with the rest, then the whole call
+runs once per token count, which readies its Triton kernels with the launch keys of that shape. Serving, and
+CUDA graph capture, then never compile.
 """
 
 from __future__ import annotations
@@ -151,8 +151,8 @@ def _device(layer) -> torch.device:
 
 
 def _moe_cuda_jobs(call: MoeCall, m: int, act_dtype, device) -> list:
-    """The CUDA compile jobs of the grouped GEMMs a fused_moe call at ``m`` tokens plans on CUDA (what the
-    call's own run would otherwise compile one at a time)."""
+    """The CUDA compile jobs of the grouped GEMMs and the combine a fused_moe call at ``m`` tokens plans on CUDA
+    (what the call's own run would otherwise compile one at a time)."""
     block_m, m_pad = call.grouped_shape(m, act_dtype)
     act = None if call.act is None else get_act_scheme(call.act)
     jobs = []
@@ -161,6 +161,11 @@ def _moe_cuda_jobs(call: MoeCall, m: int, act_dtype, device) -> list:
             qw = call.w13 if launch.step == "w13" else call.w2
             bias_dtype = None if qw.bias is None else qw.bias.dtype
             jobs += _plan_call(qw, act, m_pad, block_m, act_dtype, act_dtype, bias_dtype, call.backend, device)[0]
+        elif launch.kernel == "cuda.moe_combine":  # rows and output of act_dtype, the routing's float32 weights
+            from .cuda_kernels import moe_combine
+            from .device import device_index
+
+            jobs += moe_combine.warmup_jobs(act_dtype, torch.float32, act_dtype, device_index(device))
     return jobs
 
 

@@ -831,3 +831,40 @@ def test_warmup_readies_the_cuda_pass_of_the_triton_scaled_gemm():
     assert "humming_act_quant_e4m3_xbf16_g0_bf16_t64" in lines[-3] and "decode" in lines[-3], run.stdout
     assert "humming_act_quant_e4m3_xbf16_g0_u8_t64" in lines[-2] and "fp8_gemm" in lines[-2], run.stdout
     assert lines[-1].startswith("['torch.Size([1, 512])', 'torch.Size([3, 512])', 'torch.Size([64, 512])'"), run.stdout
+
+
+_MOE_WARMUP_CHECK = """
+import runpy, sys, torch
+sys.argv = ["host_overhead"]
+harness = runpy.run_path(SCRIPT, run_name="harness")
+w13, w2 = harness["_moe_layer"](8, 128, 256)
+harness["fake_gpu"]()
+import humming
+from humming.cuda_kernels import _driver
+from humming.moe import MoeCall
+first_use = []
+compile_kernel = _driver.compile_kernel
+_driver.compile_kernel = lambda spec, arch: first_use.append(spec.name) or compile_kernel(spec, arch)
+call = MoeCall(w13, w2, top_k=2)
+print(sorted({launch.kernel for m in (1, 16) for launch in call.launches(m)}))
+report = humming.warmup([call], m_values=(1, 16), progress=False)
+print(sorted(k.spec.name for k in report.kernels))
+for m in (1, 16):
+    call.run(m)
+print(first_use)
+"""
+
+
+def test_warmup_compiles_the_cuda_combine_of_fused_moe():
+    """On a faked H200, a fused_moe layer whose combine is the CUDA kernel (one token's slot route and 16
+    tokens' aligned route alike): humming.warmup compiles that combine with the layer's other CUDA kernels, in
+    parallel, rather than at its first launch (warmup's own run of the call, or a served call)."""
+    pytest.importorskip("cuda.bindings.driver")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = _MOE_WARMUP_CHECK.replace("SCRIPT", repr(str(ROOT / "bench/tools/host_overhead.py")))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    kernels, compiled, first_use = run.stdout.splitlines()[-3:]
+    assert "'cuda.moe_combine'" in kernels, run.stdout
+    assert "'humming_moe_combine_ybf16_wf32_obf16'" in compiled, run.stdout
+    assert "moe_combine" not in first_use, run.stdout

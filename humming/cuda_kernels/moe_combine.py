@@ -19,9 +19,9 @@ from ..ir.dtypes import FLOAT_DTYPES, HALF_DTYPES
 from ._decode_launch import DECODE_CCS
 from ._driver import PackedLaunch, current_stream, fields, get_kernel
 from ._layout import CPP_DTYPE, DTYPE_CODE
-from .jit import KernelSpec, compiler_unavailable_reason, per_call_cache
+from .jit import KernelSpec, compiler_unavailable_reason, device_arch, per_call_cache
 
-__all__ = ["COMBINE_CCS", "CudaCombine", "combine_spec", "cuda_unsupported"]
+__all__ = ["COMBINE_CCS", "CudaCombine", "combine_spec", "cuda_unsupported", "warmup_jobs"]
 
 #: Compute capabilities the combine is built for: those of the grouped kernels whose output it reads.
 COMBINE_CCS = DECODE_CCS
@@ -40,6 +40,15 @@ def combine_spec(y: str, weights: str, out: str) -> KernelSpec:
         threads=_THREADS,
         ccs=COMBINE_CCS,
     )
+
+
+def warmup_jobs(y_dtype: torch.dtype, weights_dtype: torch.dtype, dtype: torch.dtype, device: int) -> list:
+    """The ``(spec, arch)`` job of the combine of ``y_dtype`` rows, ``weights_dtype`` weights and a ``dtype``
+    output on CUDA device ``device``, for calls :func:`cuda_unsupported` allows (``humming.warmup`` compiles
+    every job in parallel before the calls)."""
+    spec = combine_spec(DTYPE_CODE[y_dtype], DTYPE_CODE[weights_dtype], DTYPE_CODE[dtype])
+    arch = device_arch(spec, device_info(device).capability)
+    return [] if arch is None else [(spec, arch)]
 
 
 class _Params(ctypes.Structure):
