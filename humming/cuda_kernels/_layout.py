@@ -200,9 +200,10 @@ def _pack_8bit(u: torch.Tensor, tg: int) -> torch.Tensor:
 
 
 #: Codes re-tiled per step: the unpacked codes and the packers' int64 temporaries (about 30 bytes per code in
-#: all) stay near half a gigabyte whatever the weight, so that preparing a whole MoE layer needs little more
-#: memory than its result, in steps few enough that their torch ops' launches do not dominate.
-_CODES_PER_STEP = 1 << 24
+#: all) stay near a quarter of a gigabyte whatever the weight, under a tenth of a DeepSeek-V3 w2's int4 bytes
+#: (1.8 GB), so that preparing a whole MoE layer needs little more memory than its result, in steps few enough
+#: that their torch ops' launches do not dominate.
+_CODES_PER_STEP = 1 << 23
 
 
 def _step_rows(k: int, tg: int) -> int:
