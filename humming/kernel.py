@@ -57,6 +57,9 @@ class Kernel:
       result for a row does not depend on the batch; ``None`` for the other kernels.
     - ``warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m)``: the ``(spec,
       arch)`` NVRTC jobs a call of ``m`` rows compiles (``humming.warmup`` compiles them in parallel first).
+      Grouped kernels also take ``gather`` (the call reads token rows through an index, grouped rows, or
+      ``None``: either) and ``gated`` (as ``gates``: the variant with that activation in the epilogue), which
+      ``humming.warmup`` passes for each GEMM of a fused_moe call.
     - ``layout`` names the prepared weight layout the kernel reads (``"ir"``: the QuantizedWeight as it is)
       and ``prepare(qweight, act)`` makes it for activation scheme ``act`` (``None``: 16-bit).
     - ``gathers(qweight, act, tokens, m_pad)``: whether the grouped kernel reads token rows through an index

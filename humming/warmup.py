@@ -5,9 +5,10 @@ then makes that kernel ready: CUDA kernels compile through NVRTC in parallel (an
 once on random inputs, which compiles its Triton kernels (the kernel itself, or the activation quantization
 pass before a CUDA GEMM) and builds its cached launcher. A fused MoE layer (:class:`humming.moe.MoeCall`)
 lists its launches (:meth:`~humming.moe.MoeCall.launches`: routing, the two grouped GEMMs, the activation
-pass, the combine): the CUDA GEMMs and the CUDA combine among them compile with the rest, then the whole call
-runs once per token count, which readies its Triton kernels with the launch keys of that shape. Serving, and
-CUDA graph capture, then never compile.
+pass, the combine): the CUDA GEMMs (each in the variant the call launches: gathering, gated), their CUDA
+activation passes and the CUDA combine among them compile with the rest, then the whole call runs once per
+token count, which readies its Triton kernels with the launch keys of that shape. Serving, and CUDA graph
+capture, then never compile.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .ir.dtypes import FLOAT_DTYPES, HALF_DTYPES
 from .ir.weight import QuantizedWeight
 from .linear import activation_pass, activation_pass_jobs
 from .moe.call import MoeCall
+from .reference.moe_layer import Activation
 
 __all__ = ["warmup"]
 
@@ -151,21 +153,42 @@ def _device(layer) -> torch.device:
 
 
 def _moe_cuda_jobs(call: MoeCall, m: int, act_dtype, device) -> list:
-    """The CUDA compile jobs of the grouped GEMMs and the combine a fused_moe call at ``m`` tokens plans on CUDA
-    (what the call's own run would otherwise compile one at a time)."""
+    """The CUDA compile jobs of the grouped GEMMs, their activation passes and the combine a fused_moe call at
+    ``m`` tokens launches (what the call's own run would otherwise compile one at a time): each GEMM's variant
+    as the call runs it, w13 gathering the tokens where its kernel does and with the gated activation in its
+    epilogue where no activation pass follows it (:class:`~humming.moe.MoeLaunch`)."""
+    from .cuda_kernels import act_quant, moe_combine
+    from .device import device_index
+
     block_m, m_pad = call.grouped_shape(m, act_dtype)
     act = None if call.act is None else get_act_scheme(call.act)
+    launches = call.launches(m, act_dtype)
+    gated = None
+    if all(launch.step != "activation" for launch in launches):
+        gated = Activation(call.activation, call.alpha, call.limit, call.gate_up_layout)
+    index = device_index(device)
     jobs = []
-    for launch in call.launches(m, act_dtype):
+    for launch in launches:
         if launch.step in ("w13", "w2") and launch.kernel.startswith("cuda."):
-            qw = call.w13 if launch.step == "w13" else call.w2
-            bias_dtype = None if qw.bias is None else qw.bias.dtype
-            jobs += _plan_call(qw, act, m_pad, block_m, act_dtype, act_dtype, bias_dtype, call.backend, device)[0]
+            first = launch.step == "w13"
+            qw, kernel = call.w13 if first else call.w2, GROUPED_KERNELS[launch.kernel]
+            jobs += kernel.warmup_jobs(
+                qw,
+                act,
+                m_pad,
+                act_dtype=act_dtype,
+                out_dtype=act_dtype,
+                bias_dtype=None if qw.bias is None else qw.bias.dtype,
+                device=index,
+                block_m=block_m,
+                gather=first and kernel.gathers(qw, act, m, m_pad),
+                gated=gated if first else None,
+            )
+        elif launch.kernel == "cuda.act_quant":  # the CUDA pass quantizing the grouped rows the FP8 GEMM reads
+            qw = call.w13 if launch.step == "w13 input" else call.w2
+            jobs += act_quant.warmup_jobs(torch.empty(m_pad, qw.K, dtype=act_dtype, device=device), act)
         elif launch.kernel == "cuda.moe_combine":  # rows and output of act_dtype, the routing's float32 weights
-            from .cuda_kernels import moe_combine
-            from .device import device_index
-
-            jobs += moe_combine.warmup_jobs(act_dtype, torch.float32, act_dtype, device_index(device))
+            jobs += moe_combine.warmup_jobs(act_dtype, torch.float32, act_dtype, index)
     return jobs
 
 
@@ -222,4 +245,9 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
     jobs = kernel.warmup_jobs(qw, act, rows, device=device_index(device), **options)
     if not grouped and kernel.pass_launcher is not None and act is not None:
         jobs = [*jobs, *activation_pass_jobs(x, act, backend)]
+    elif grouped and plan.backend == "cuda" and act is not None and qw.K % 16 == 0:
+        # run's 16-bit rows: the grouped FP8 GEMM quantizes them in the CUDA pass (in Triton's where it pads K)
+        from .cuda_kernels import act_quant
+
+        jobs = [*jobs, *act_quant.warmup_jobs(x, act)]
     return jobs, run, plan.backend

@@ -868,3 +868,83 @@ def test_warmup_compiles_the_cuda_combine_of_fused_moe():
     assert "'cuda.moe_combine'" in kernels, run.stdout
     assert "'humming_moe_combine_ybf16_wf32_obf16'" in compiled, run.stdout
     assert "moe_combine" not in first_use, run.stdout
+
+
+_FIRST_USE_CHECK = """
+import json, runpy, sys, torch
+sys.argv = ["host_overhead"]
+harness = runpy.run_path(SCRIPT, run_name="harness")
+kind, fmt, act = CASE
+gpt_oss = fmt == "mxfp4"  # gpt-oss's experts: MXFP4 with biases, swiglu_oai on interleaved gate / up rows
+layout = "interleaved" if gpt_oss else "concat"
+if kind != "linear":
+    w13, w2 = harness["_moe_layer"](8, 128, 256, fmt, gpt_oss, layout)
+harness["fake_gpu"]()
+import humming
+from humming.cuda_kernels import _driver
+from humming.dispatch.plan import plan_grouped, plan_linear
+from humming.ir.activation import get_act_scheme
+from humming.moe import MoeCall, grouped_linear
+# a kernel compiles outside warmup's parallel batch in _driver.get_kernel, through jit.compile_kernel under this
+# name (fake_gpu's stand-in; the batch calls jit's own)
+first_use = []
+compile_kernel = _driver.compile_kernel
+_driver.compile_kernel = lambda spec, arch: first_use.append(spec.name) or compile_kernel(spec, arch)
+scheme = None if act is None else get_act_scheme(act)
+if kind == "fused_moe":
+    activation = dict(activation="swiglu_oai", gate_up_layout=layout) if gpt_oss else {}
+    layer = MoeCall(w13, w2, top_k=2, act=act, **activation)
+    counts = (1, 16, 256, 1024)  # 1024: w13 reads its tokens copied into grouped order, not gathered
+    launched = {launch.kernel for m in counts for launch in layer.launches(m)}
+    serve = lambda m, dtype: layer.run(m, dtype)
+elif kind == "grouped_linear":  # w2's experts on their own, in routing blocks of 16 rows
+    layer, counts = w2, (16, 256)
+    x = lambda m, dtype: torch.randn(m, layer.K, dtype=dtype)
+    launched = {plan_grouped(layer, scheme, x(m, torch.bfloat16), 16).kernel for m in counts}
+    serve = lambda m, dtype: grouped_linear(x(m, dtype), layer, torch.zeros(m // 16, dtype=torch.int32), 16, act=act)
+else:
+    layer, counts = humming.quantize(torch.randn(256, 512), fmt, 128), (1, 64)
+    x = lambda m, dtype: torch.randn(m, layer.K, dtype=dtype)
+    launched = {plan_linear(layer, scheme, x(m, torch.bfloat16)).kernel for m in counts}
+    serve = lambda m, dtype: humming.linear(x(m, dtype), layer, act=act)
+humming.warmup([layer], m_values=counts, act=act, progress=False)
+in_warmup = first_use[:]  # warmup's own runs of the calls, after its batch
+first_use.clear()
+for m in counts:
+    serve(m, torch.bfloat16)
+served = first_use[:]
+first_use.clear()
+serve(counts[0], torch.float16)  # a call warmup did not cover (float16 tokens): the hook sees its kernels compile
+print(json.dumps([sorted(launched), in_warmup, served, first_use]))
+"""
+
+
+@pytest.mark.parametrize(
+    "case,kernels",
+    [
+        (("fused_moe", "int4", None), {"cuda.grouped_decode", "cuda.grouped", "cuda.moe_combine"}),
+        (("fused_moe", "mxfp4", None), {"cuda.grouped_decode", "cuda.grouped", "cuda.moe_combine"}),
+        (("fused_moe", "int4", "fp8"), {"cuda.act_quant", "cuda.grouped", "cuda.moe_combine"}),
+        (("linear", "int4", None), {"cuda.wna16_decode", "cuda.wna16_sm90"}),
+        (("linear", "int4", "fp8"), {"cuda.wna16_decode", "cuda.fp8_gemm"}),
+        (("grouped_linear", "int4", "fp8"), {"cuda.grouped"}),
+    ],
+    ids=["moe-int4", "moe-mxfp4-swiglu_oai", "moe-int4-fp8", "linear-int4", "linear-int4-fp8", "grouped-int4-fp8"],
+)
+def test_warmup_compiles_every_cuda_kernel_the_served_calls_launch(case, kernels):
+    """On a faked H200, fused_moe calls at 1, 16, 256 and 1024 tokens (Qwen3-like int4 g128 experts, with 16-bit
+    and fp8 activations; gpt-oss-like MXFP4 experts), humming.linear calls at M = 1 and 64 (int4 g128, 16-bit and fp8
+    activations) and grouped_linear calls of fp8 activations: humming.warmup compiles in its parallel batch every
+    CUDA kernel they launch, each in the variant launched (w13's grouped kernels with the gated activation in their
+    epilogue, gathering the tokens or not; the activation passes), so that neither warmup's own run of the calls
+    after its batch nor a served call compiles one; a call warmup did not cover does."""
+    pytest.importorskip("cuda.bindings.driver")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = _FIRST_USE_CHECK.replace("SCRIPT", repr(str(ROOT / "bench/tools/host_overhead.py")))
+    code = code.replace("CASE", repr(case))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    launched, in_warmup, served, uncovered = json.loads(run.stdout.splitlines()[-1])
+    assert kernels <= set(launched), launched
+    assert in_warmup == [] and served == [], f"compiled at first use: in warmup's runs {in_warmup}, served {served}"
+    assert uncovered, "the compile hook saw no kernel of a call warmup did not cover"

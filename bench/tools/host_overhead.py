@@ -222,22 +222,29 @@ def _runs_on_cuda(qw, scheme, x) -> bool:
     return True
 
 
-def _moe_layer(experts: int, inter: int, k: int) -> tuple:
-    """``(w13, w2)``: int4 g128 expert weights of random codes, prepared for the CUDA grouped kernels (w13
-    with its rows in the gated epilogue's order, as fused_moe runs it)."""
+def _moe_layer(
+    experts: int, inter: int, k: int, fmt: str = "int4", bias: bool = False, gate_up_layout: str = "concat"
+) -> tuple:
+    """``(w13, w2)``: expert weights of random codes, int4 g128 (``fmt="int4"``) or MXFP4 (``"mxfp4"``), with
+    random bf16 biases where ``bias``, prepared for the CUDA grouped kernels (w13 with its rows in the gated
+    epilogue's order for ``gate_up_layout``, as fused_moe runs it)."""
     from humming import cuda_kernels
     from humming.cuda_kernels import _wna16
     from humming.ir.weight import QuantizedWeight
 
     def weight(n, width):
         codes = torch.randint(-(2**31), 2**31 - 1, (experts, n, width // 8), dtype=torch.int32)
+        biases = torch.randn(experts, n, dtype=torch.bfloat16) if bias else None
+        if fmt == "mxfp4":
+            e8m0 = torch.full((experts, n, width // 32), 120, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+            return QuantizedWeight((experts, n, width), "e2m1", codes, e8m0, (1, 32), bias=biases)
         scales = (torch.rand(experts, n, width // 128) + 0.5).to(torch.bfloat16)
-        return QuantizedWeight((experts, n, width), "int4", codes, scales, (1, 128))
+        return QuantizedWeight((experts, n, width), "int4", codes, scales, (1, 128), bias=biases)
 
     layer = weight(2 * inter, k), weight(k, inter)
     with contextlib.suppress(ValueError, RuntimeError):
         # w13 in the gated epilogue's row order (fused_moe's path), w2 in the plain one
-        _wna16.prepare_gate_up(layer[0], "concat")
+        _wna16.prepare_gate_up(layer[0], gate_up_layout)
         cuda_kernels.prepare(layer[1])
     return layer
 

@@ -155,12 +155,16 @@ def gated_unsupported(qweight, activation) -> str | None:
     return None
 
 
-def grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, device: int, cc) -> list:
+def grouped_jobs(
+    qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, device: int, cc, gather=None, gated=None
+) -> list:
     """The ``(spec, arch)`` of the grouped WnA16 GEMM for each ``block_m`` and grouped row count ``m``, reading
-    grouped rows and gathering token rows (fused_moe's first GEMM)."""
+    grouped rows (``gather`` False), gathering token rows (True: fused_moe's first GEMM below
+    :data:`COPY_FROM_TOKENS` tokens) or both (``None``); ``gated``: the variant with fused_moe's activation of
+    w13 = ``qw`` in the epilogue."""
     from .jit import device_arch
 
-    jobs = []
+    jobs, gate = [], None if gated is None else gated.name
     for block_m in block_ms:
         x = torch.empty(block_m, qw.K, dtype=act_dtype, device=f"cuda:{device}")
         if grouped_unsupported(qw, None, x, block_m) is not None:
@@ -170,20 +174,24 @@ def grouped_jobs(qw, m_values, block_ms, act_dtype, out_dtype, bias_dtype, devic
         codes = DTYPE_CODE[act_dtype], DTYPE_CODE[out_dtype], DTYPE_CODE[bias_dtype or act_dtype]
         for m in m_values:
             tuning = _gemm_sm90.default_grouped_tuning(block_m, m, qw.num_experts, layout, smem)
-            for gather in (False, True):
+            for gathering in (False, True) if gather is None else (gather,):
                 spec = _gemm_sm90.gemm_spec(
-                    layout, *codes, tuning, grouped=True, gather=gather, tile_group=tile_group(qw.N)
+                    layout, *codes, tuning, grouped=True, gather=gathering, gated=gate, tile_group=tile_group(qw.N)
                 )
                 jobs.append((spec, device_arch(spec, cc)))
     return jobs
 
 
-def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m) -> list:
-    """The compile jobs of ``m`` grouped rows in routing blocks of ``block_m``."""
+def _warmup_jobs(
+    qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m, gather=None, gated=None
+) -> list:
+    """The compile jobs of ``m`` grouped rows in routing blocks of ``block_m`` (``gather``, ``gated``: as
+    :func:`grouped_jobs`; the FP8 GEMM reads grouped rows and has no gated epilogue)."""
     info = device_info(device)
     if act is not None:
         return fp8_gemm.grouped_warmup_jobs(qweight, act, (m,), (block_m,), out_dtype, bias_dtype, info.limits)
-    return grouped_jobs(qweight, (m,), (block_m,), act_dtype, out_dtype, bias_dtype, device, info.capability)
+    args = act_dtype, out_dtype, bias_dtype, device, info.capability, gather, gated
+    return grouped_jobs(qweight, (m,), (block_m,), *args)
 
 
 def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning, rows=None, gated=None):

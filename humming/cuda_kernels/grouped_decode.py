@@ -262,15 +262,18 @@ def grouped_linear(
     return launch(x, bias, expert_ids.contiguous(), rows, out)
 
 
-def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m) -> list:
-    """The compile jobs of ``m`` grouped rows in routing blocks of ``block_m``: reading grouped rows and
-    gathering token rows (fused_moe's first GEMM)."""
+def _warmup_jobs(
+    qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m, gather=None, gated=None
+) -> list:
+    """The compile jobs of ``m`` grouped rows in routing blocks of ``block_m``: one kernel reads grouped rows
+    and gathers token rows alike (``gather`` does not matter); ``gated``: its variant with fused_moe's
+    activation of w13 = ``qweight`` in the epilogue (the rows reordered keep the weight's layout and N)."""
     from .jit import device_arch
 
     segments = segment_grid(m, block_m, qweight.num_experts)
     tuning = grouped_decode_tuning(block_m, qweight.N, qweight.K, segments, device_info(device).limits.sm_count)
     codes = DTYPE_CODE[act_dtype], DTYPE_CODE[out_dtype], DTYPE_CODE[bias_dtype or act_dtype]
-    spec = decode_spec(weight_layout(qweight), *codes, tuning, True)
+    spec = decode_spec(weight_layout(qweight), *codes, tuning, True, None if gated is None else gated.name)
     return [(spec, device_arch(spec, device_info(device).capability))]
 
 
