@@ -137,6 +137,43 @@ def test_prepared_launch_keys_on_each_tensors_dtype_and_alignment(monkeypatch):
     assert len(kept.launches) == 1 and kept.launches[0][2] == 1000
 
 
+def test_prepared_launch_writes_only_addresses_once_its_kernel_has_a_direct_launch(monkeypatch):
+    """The first call of a prepared launch compiles; the direct launch of its kernel then gets the template's
+    parameters once, and each later call writes only the per-call tensors' addresses before launching."""
+    from humming.triton_kernels import _launch
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    events = []
+
+    class Direct:
+        lock = contextlib.nullcontext()
+
+        def __init__(self) -> None:
+            self.values = types.SimpleNamespace()
+
+        def set(self, args):
+            events.append(("set", args[1], args[3]))
+
+        def field(self, i):
+            return f"p{i}"
+
+        def __call__(self, grid, stream):
+            events.append(("launch", grid, stream))
+
+    monkeypatch.setattr(_launch.DirectLaunch, "of", classmethod(lambda cls, kernel: Direct()))
+    fn = _JitFunction()
+    fn.arg_names, fn.__name__ = ["a_ptr", "N", "out_ptr", "BLOCK"], "kernel"
+    fn.params = [types.SimpleNamespace(num=i, is_constexpr=i == 3) for i in range(4)]
+    launch = PreparedLaunch(fn, (2,), {"N": 7, "BLOCK": 64}, ("a_ptr", "out_ptr"), 4)
+    a, out = torch.zeros(8), torch.zeros(8)
+    for _ in range(3):
+        launch(0, a, out)
+    assert len(fn.runs) == 1
+    assert events == [("set", 7, 64), ("launch", (2, 1, 1), 1000), ("launch", (2, 1, 1), 1000)]
+    ((direct, fields),) = launch.direct.values()
+    assert fields == ("p0", "p2") and (direct.values.p0, direct.values.p2) == (a.data_ptr(), out.data_ptr())
+
+
 _DIRECT_CHECK = """
 import json, re, sys, triton
 from triton.backends.compiler import GPUTarget

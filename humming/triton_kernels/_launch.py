@@ -188,6 +188,10 @@ class CompiledLaunches:
         """Whether a launch with ``key``, ``args`` and ``num_warps`` finds its kernel compiled already."""
         return (key, num_warps, self._constexprs(args)) in self.compiled
 
+    def direct_launch(self, key, args: tuple, num_warps: int) -> DirectLaunch | None:
+        """The :class:`DirectLaunch` a launch with ``key``, ``args`` and ``num_warps`` uses, if it has one."""
+        return self.direct.get((key, num_warps, self._constexprs(args)))
+
     def launch(self, key, grid: tuple[int, int, int], args: tuple, num_warps: int, device: int, **options) -> None:
         """Launch ``fn`` on ``grid`` with ``args`` (every parameter in order, constexprs included) on the
         current stream of CUDA device ``device``; ``key`` as the module docstring says (it covers ``options``,
@@ -251,9 +255,9 @@ class PreparedLaunch:
         args = self.template.copy()
         for slot, tensor in zip(self.slots, tensors):
             args[slot] = tensor
-        launches = self.launches
-        launches.launch(key, self.grid, tuple(args), self.num_warps, device, **self.options)
-        launch = launches.direct.get(key)
+        launches, args = self.launches, tuple(args)
+        launches.launch(key, self.grid, args, self.num_warps, device, **self.options)
+        launch = launches.direct_launch(key, args, self.num_warps)
         if launch is not None:
             launch.set(args)
             self.direct[key] = (launch, tuple(launch.field(slot) for slot in self.slots))
