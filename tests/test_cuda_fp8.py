@@ -147,6 +147,16 @@ def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
             assert max(copies[:2], default=0) < 8, (name, copies)
 
 
+def test_persistent_grid_has_a_block_per_block_slot():
+    """A persistent grid: one block per block slot (SMs x blocks per SM), fewer where there are fewer tiles; one
+    split only."""
+    walk = fp8_gemm.Fp8Tuning(1, 64, 4, 2, persistent=True)
+    assert walk.grid_blocks(1000, H200) == 264 and walk.grid_blocks(100, H200) == 100
+    assert dataclasses.replace(walk, persistent=False).grid_blocks(1000, H200) == 1000
+    with pytest.raises(ValueError, match="persistent"):
+        fp8_gemm.Fp8Tuning(2, 128, 4, 1, splits=2, persistent=True)
+
+
 def test_tuning_is_pure_and_fits_the_device():
     for m in (1, 7, 16, 100, 128, 129, 1024, 8192):
         for n in (256, 8192, 28672):
@@ -731,6 +741,28 @@ def test_every_tuning_computes_the_same_function(seed, fp8_sm90):
                 precision=torch.float64,
                 seed=seed,
             )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(2, 128, 4, 1), (1, 64, 4, 2), (1, 16, 3, 2)], ids=["w2m128", "w1m64", "w1m16"])
+def test_persistent_grid_gives_the_bits_of_one_block_per_tile(tile, seed, fp8_sm90, monkeypatch):
+    """A persistent grid (here 3 SMs' block slots, so that each block walks many tiles with its stage ring
+    running on across them and its epilogue's store left in flight) computes every tile as a block of its own
+    would: the same bits, for every weight format and scale mode, TMA-store and plain-store epilogues."""
+    real = _fp8_launch.device_limits
+    monkeypatch.setattr(_fp8_launch, "device_limits", lambda device=None: real(device)._replace(sm_count=3))
+    weights = ((-1, "fp8", "e4m3"), ((128, 128), "fp8_g128", "e4m3"), (128, "fp8", "int4"), (32, "fp8", "mxfp4"))
+    for weight, act_name, w in weights:
+        qw, qa, bias, ref = _problem(Case(300, 1000, 1000, weight, act_name, bias=torch.bfloat16, w=w))
+        prep = fp8_gemm.prepare(qw)
+        for tma in (True, False):
+            tuning = fp8_gemm.Fp8Tuning(*tile, group_m=2, tma_store=tma)
+            one = fp8_gemm.run(prep, qa, qa.scheme, bias, torch.bfloat16, tuning=tuning)
+            walked = fp8_gemm.run(
+                prep, qa, qa.scheme, bias, torch.bfloat16, tuning=dataclasses.replace(tuning, persistent=True)
+            )
+            assert torch.equal(one, walked), (w, tma)
+            assert_rel_close(walked, ref, precision=torch.float64, seed=seed)
 
 
 @pytest.mark.gpu

@@ -79,7 +79,8 @@ def gemm_tunings(m: int, n: int, k: int, layout, limits) -> list[_gemm_sm90.Gemm
 
 def fp8_tunings(m: int, n: int, k: int, limits, w_format: str) -> list[Fp8Tuning]:
     """The default, and each (warpgroups, blocks per SM) with the stages shared memory holds, with one split
-    and with the split count that fills one wave."""
+    and with the split count that fills one wave; those of one split with more tiles than block slots also on a
+    persistent grid."""
     base = choose_tuning(m, n, k, limits, w_format)
     out = [base]
     for wgs, blocks in ((1, 2), (2, 1), (1, 1), (2, 2)):
@@ -95,7 +96,12 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str) -> list[Fp8Tuning
             t = Fp8Tuning(wgs, base.block_m, stages, blocks, splits=splits)
             if t not in out:
                 out.append(t)
-    return out
+    walks = [
+        dataclasses.replace(t, persistent=True)
+        for t in out
+        if t.splits == 1 and math.ceil(n / t.block_n) * math.ceil(m / t.block_m) > limits.sm_count * t.min_blocks
+    ]
+    return out + walks
 
 
 def _spec(kernel: str, qw, prep, tuning):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..device import device_index
+from ..device import device_index, device_limits
 from ..ir.weight import cdiv
 from ._driver import PackedLaunch, current_stream, fields, get_kernel, tensor_map, tensor_map_2d
 from ._fp8_layout import SCALE_MODES, W_FORMATS, PreparedFp8
@@ -177,7 +177,7 @@ class Fp8Launch:
             call_spec(prep.w_format, prep.scale_mode, bias_dtype, out_dtype, tuning, block_m > 0), device
         )
         tiles_m, tiles_n = cdiv(m, tuning.block_m), cdiv(prep.n, tuning.block_n)
-        self.grid = (tiles_m * tiles_n, 1, tuning.splits)
+        self.grid = (tuning.grid_blocks(tiles_m * tiles_n, device_limits(device)), 1, tuning.splits)
         self.smem = smem_bytes(tuning.wgs, tuning.block_m, tuning.stages, prep.w_format)
         # float x straight into the kernel's layout: codes [M, K] (K padded: the general path), per-token /
         # per-tensor scales as they come, 1x128 scales written transposed, [num_kb, M padded to the tile]

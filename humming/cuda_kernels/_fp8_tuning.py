@@ -27,8 +27,11 @@ class Fp8Tuning:
     """Speed-only knobs: consumer warpgroups (``wgs``, 64 weight rows each), tokens per block
     (``block_m``, the wgmma N), pipeline ``stages``, blocks per SM the registers are sized for
     (``min_blocks``), token tiles per raster group (``group_m``), the epilogue's store (``tma_store``:
-    stmatrix + TMA store, else plain global stores) and the number of contiguous K ranges (``splits``,
-    grid.z; above 1 the kernel adds fp32 partial sums into a workspace, with plain stores)."""
+    stmatrix + TMA store, else plain global stores), the number of contiguous K ranges (``splits``,
+    grid.z; above 1 the kernel adds fp32 partial sums into a workspace, with plain stores) and whether the
+    grid is ``persistent``: one block per block slot (``sm_count * min_blocks``), each walking the tiles
+    ``b, b + grid, ...`` with its stage ring running on across them, so that a tile's first loads overlap the
+    epilogue of the one before (dense calls of one split only)."""
 
     wgs: int
     block_m: int
@@ -37,10 +40,17 @@ class Fp8Tuning:
     group_m: int = 8
     tma_store: bool = True
     splits: int = 1
+    persistent: bool = False
 
     def __post_init__(self):
         if isinstance(self.splits, bool) or not isinstance(self.splits, int) or self.splits < 1:
             raise ValueError(f"splits: expected an int >= 1, got {self.splits!r}")
+        if self.persistent and self.splits > 1:
+            raise ValueError(f"persistent: a persistent grid runs one split, got splits={self.splits}")
+
+    def grid_blocks(self, tiles: int, limits: DeviceLimits) -> int:
+        """Blocks along grid.x for ``tiles`` tiles: one per tile, or one per block slot when persistent."""
+        return min(tiles, limits.sm_count * self.min_blocks) if self.persistent else tiles
 
     @property
     def block_n(self) -> int:

@@ -44,6 +44,11 @@
 //   stored. x rows come grouped by expert in segments of block_m rows
 //   (kBlockM divides block_m) and expert_ids[i] is the expert of rows [i * block_m, (i + 1) * block_m),
 //   -1 for unused segments, whose blocks return before any barrier (their output rows are not written).
+// - Tiles: block b computes tiles b, b + gridDim.x, ... in a grouped raster. A grid of one block per tile runs
+//   one each; a persistent grid (one block per block slot, the host's choice) walks several, with its stage
+//   ring, barrier phases and pipeline step count running on across them, so that the producer loads a tile's
+//   first stages while the consumers run the epilogue of the tile before, and each warpgroup's TMA store is
+//   waited on only before its output slab is written again (or before the block exits).
 // - Split-K (kSplitK): blockIdx.z of gridDim.z takes the K blocks [z * num_kb / Z, (z + 1) * num_kb / Z)
 //   (possibly none), so that small-M calls whose tile grid leaves block slots empty still stream the
 //   weights from every slot. Its partial sum is already in fp32 and already scaled (per-channel x per-token
@@ -184,9 +189,9 @@ __device__ __forceinline__ void accumulate_groups(float (&total)[4 * kGroups], c
 // (wgmma_wait<1>), so that the previous step's promotion runs while they do; a group ends with no wgmma in
 // flight (a loop that carried the accumulators of wgmmas in flight would have them copied, and ptxas
 // serialise every wgmma). The steps past the last whole group run one at a time. step(i, parity): wait for
-// pipeline step i and issue its wgmmas into set `parity` (acc, acc1); promote(set, stage, scales): release
-// the stage and add the set into the total.
-template <int kStages, int kAcc, class LoadScales, class Step, class Promote>
+// pipeline step i and issue its wgmmas into set `parity` (acc, acc1); promote(set, i, scales): release step i's
+// stage and add the set into the total.
+template <int kAcc, class LoadScales, class Step, class Promote>
 __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadScales& load_scales, const Step& step,
                                          const Promote& promote, float (&acc)[kAcc], float (&acc1)[kAcc]) {
   constexpr int kGroupSteps = 4;
@@ -200,7 +205,7 @@ __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadS
       b1 = load_scales(kb_begin + i + j + 1);
       step(i + j + 1, 1);
       wgmma_wait<1>();
-      promote(acc, (i + j) % kStages, b0);
+      promote(acc, i + j, b0);
       if (j + 2 < kGroupSteps) {
         b0 = load_scales(kb_begin + i + j + 2);
         step(i + j + 2, 0);
@@ -208,14 +213,14 @@ __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadS
       } else {
         wgmma_wait<0>();
       }
-      promote(acc1, (i + j + 1) % kStages, b1);
+      promote(acc1, i + j + 1, b1);
     }
   }
   for (; i < kb_count; ++i) {
     const auto b = load_scales(kb_begin + i);
     step(i, 0);
     wgmma_wait<0>();
-    promote(acc, i % kStages, b);
+    promote(acc, i, b);
   }
 }
 
@@ -253,22 +258,30 @@ __device__ __forceinline__ void run(const Params& p) {
   auto full = [&](int s) { return bar_base + 8 * s; };
   auto empty = [&](int s) { return bar_base + 8 * (kStages + s); };
 
-  // Grouped raster: group_m token tiles share each weight tile while it is in L2.
-  const int per_group = p.group_m * p.tiles_n;
-  const int group = blockIdx.x / per_group;
-  const int first_m = group * p.group_m;
-  const int group_rows = min(p.tiles_m - first_m, p.group_m);
-  const int in_group = blockIdx.x % per_group;
-  const int m_tile = first_m + in_group % group_rows;
-  const int n_tile = in_group / group_rows;
-  int expert = 0;
-  if constexpr (kGrouped) {
-    expert = __ldg(p.expert_ids + m_tile * kBlockM / p.block_m);
-    if (expert < 0) return;  // the whole block, before any barrier
-  }
-  // first weight row of the tile: experts are stacked N rounded up to 128 rows apart (zero padding rows)
-  const int w_base = expert * ((p.N + 127) / 128 * 128) + n_tile * kBlockN;
-  // This block's K blocks (all of them unless split-K); K block kb_begin + i lives in stage i % kStages.
+  // Tiles: block b takes tiles b, b + gridDim.x, ... (a persistent grid of fewer blocks than tiles walks several;
+  // the stage ring runs on across them, so the producer loads a tile's first stages during the epilogue of the
+  // one before). locate(t) sets tile t's coordinates in a grouped raster (group_m token tiles share each weight
+  // tile while it is in L2); false for a grouped tile of no expert.
+  const int num_tiles = p.tiles_m * p.tiles_n;
+  int m_tile = 0, n_tile = 0, expert = 0, w_base = 0;
+  auto locate = [&](int t) {
+    const int per_group = p.group_m * p.tiles_n;
+    const int first_m = t / per_group * p.group_m;
+    const int group_rows = min(p.tiles_m - first_m, p.group_m);
+    const int in_group = t % per_group;
+    m_tile = first_m + in_group % group_rows;
+    n_tile = in_group / group_rows;
+    if constexpr (kGrouped) {
+      expert = __ldg(p.expert_ids + m_tile * kBlockM / p.block_m);
+      if (expert < 0) return false;
+    }
+    // first weight row of the tile: experts are stacked N rounded up to 128 rows apart (zero padding rows)
+    w_base = expert * ((p.N + 127) / 128 * 128) + n_tile * kBlockN;
+    return true;
+  };
+  if (gridDim.x == num_tiles && !locate(blockIdx.x)) return;  // a block's only tile is skipped: before any barrier
+  // Each tile's K blocks (all of them unless split-K); the tile's K block kb_begin + i is pipeline step it0 + i
+  // of the block, in stage (it0 + i) % kStages, it0 the steps of the block's earlier tiles.
   const int kb_begin = kSplitK ? int(blockIdx.z) * p.num_kb / int(gridDim.z) : 0;
   const int kb_count = kSplitK ? (int(blockIdx.z) + 1) * p.num_kb / int(gridDim.z) - kb_begin : p.num_kb;
 
@@ -292,21 +305,25 @@ __device__ __forceinline__ void run(const Params& p) {
     if (tid == 0) {
       prefetch_tensor_map(&p.w_map);
       prefetch_tensor_map(&p.x_map);
-      for (int i = 0; i < kb_count; ++i) {
-        const int kb = kb_begin + i;
-        const int s = i % kStages;
-        if (i >= kStages) mbar_wait(empty(s), ((i / kStages) - 1) & 1);
-        mbar_expect_tx(full(s), L::kStageTx);
-        if constexpr (kWFormat == kE4m3) {
-          tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, w_base);
-        } else {
+      int it = 0;  // pipeline step
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        if (!locate(tile)) continue;
+        for (int i = 0; i < kb_count; ++i, ++it) {
+          const int kb = kb_begin + i;
+          const int s = it % kStages;
+          if (it >= kStages) mbar_wait(empty(s), ((it / kStages) - 1) & 1);
+          mbar_expect_tx(full(s), L::kStageTx);
+          if constexpr (kWFormat == kE4m3) {
+            tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, w_base);
+          } else {
 #pragma unroll
-          for (int t = 0; t < kWgs; ++t) {
-            const long tile = long(w_base / 64 + t) * p.num_kb + kb;
-            bulk_load(w_tile(s) + t * L::kTile, p.w_packed + tile * L::kTile, L::kTile, full(s));
+            for (int w = 0; w < kWgs; ++w) {
+              const long at = long(w_base / 64 + w) * p.num_kb + kb;
+              bulk_load(w_tile(s) + w * L::kTile, p.w_packed + at * L::kTile, L::kTile, full(s));
+            }
           }
+          tma_load_2d(x_tile(s), &p.x_map, full(s), kb * kBK, m_tile * kBlockM);
         }
-        tma_load_2d(x_tile(s), &p.x_map, full(s), kb * kBK, m_tile * kBlockM);
       }
     }
   } else {
@@ -315,12 +332,12 @@ __device__ __forceinline__ void run(const Params& p) {
     const int lane = tid % 32;
     const int col = 2 * (lane % 4);  // this thread's first token column in each group of 8
     const int row = 16 * warp + lane / 4;  // this thread's channels: row and row + 8 of the warpgroup's 64
-    const int n = n_tile * kBlockN + 64 * wg + row;  // output column
-    const int wn = w_base + 64 * wg + row;           // weight row (of expert `expert`)
+    int wn = 0;   // the tile's weight row of this thread (of expert `expert`)
+    int it0 = 0;  // pipeline steps of this block's earlier tiles
+    auto stage = [&](int i) { return (it0 + i) % kStages; };  // the stage of the tile's step i
+    auto phase = [&](int i) { return ((it0 + i) / kStages) & 1; };
     float acc[kAcc];
     float total[kAcc];
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
 
     // The scales of K block kb, loaded before the block's wgmmas are issued (the loads overlap them); with
     // two accumulator sets, a step earlier still.
@@ -343,167 +360,184 @@ __device__ __forceinline__ void run(const Params& p) {
       }
       return b;
     };
-    // Releases stage s (its wgmmas are done; with ld.shared reads, this thread's too).
-    auto release = [&](int s) {
-      if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(s));
+    // Releases step i's stage (its wgmmas are done; with ld.shared reads, this thread's too).
+    auto release = [&](int i) {
+      if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(stage(i)));
     };
-    // Releases a finished block's stage and adds its partial sum `d` into the total.
-    auto promote = [&](float (&d)[kAcc], int s, const BlockScales& b) {
+    // Releases a finished step's stage and adds its partial sum `d` into the total.
+    auto promote = [&](float (&d)[kAcc], int i, const BlockScales& b) {
       fence_registers(d);
-      release(s);
+      release(i);
       accumulate_groups<kAcc / 4, kBlockScale, kScaleMode>(total, d, b);
     };
-    [[maybe_unused]] float acc1[kAcc];  // the second set of kTwoAccumulators (dead code without)
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      if (!locate(tile)) continue;
+      wn = w_base + 64 * wg + row;
+      const int n = n_tile * kBlockN + 64 * wg + row;  // output column
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) total[i] = 0.0f;
+      [[maybe_unused]] float acc1[kAcc];  // the second set of kTwoAccumulators (dead code without)
 
-    if constexpr (kWFormat == kE4m3) {
-      // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
-      auto issue_ss = [&](int i, float (&d)[kAcc]) {
-        const int s = i % kStages;
-        mbar_wait(full(s), (i / kStages) & 1);
-        const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
-        const uint64_t b_desc = sw128_desc(x_tile(s));
-        fence_registers(d);
-        wgmma_fence();
+      if constexpr (kWFormat == kE4m3) {
+        // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
+        auto issue_ss = [&](int i, float (&d)[kAcc]) {
+          const int s = stage(i);
+          mbar_wait(full(s), phase(i));
+          const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
+          const uint64_t b_desc = sw128_desc(x_tile(s));
+          fence_registers(d);
+          wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k);
-        wgmma_commit();
-      };
-      if constexpr (kTwoAccumulators) {
-        two_sets<kStages>(kb_begin, kb_count, load_scales, [&](int i, int parity) {
-          issue_ss(i, parity ? acc1 : acc);
-        }, promote, acc, acc1);
-      } else {
-        for (int i = 0; i < kb_count; ++i) {
-          const BlockScales b = load_scales(kb_begin + i);
-          issue_ss(i, acc);
-          wgmma_wait<0>();
-          promote(acc, i % kStages, b);
-        }
-      }
-    } else {
-      uint32_t pos0 = 0, neg0 = 0;  // int4: the code table's register words (int4x8_to_e4m3)
-      if constexpr (kWFormat == kInt4) {
-        pos0 = lds_u32(base + L::kTable);
-        neg0 = lds_u32(base + L::kTable + 4);
-      }
-      // Waits for pipeline step i and turns this thread's 4-bit codes of it into e4m3 A fragments.
-      auto convert = [&](int i, uint32_t (&a)[kBK / 32][4]) {
-        const int s = i % kStages;
-        mbar_wait(full(s), (i / kStages) & 1);
-        // [warp][half][lane][16 bytes]: half h holds k-steps 2h, 2h + 1, two words each (k and k + 16)
-        const uint32_t tile = w_tile(s) + wg * L::kTile;
-        const uint32_t src = tile + warp * 1024 + lane * 16;
-        const uint4 h0 = lds_v4(src), h1 = lds_v4(src + 512);
-        const uint32_t words[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-        if constexpr (kMx) {
-          // byte k of each word: the table shift of k-step k for this thread's rows row and row + 8
-          const uint32_t sh0 = lds_u32(tile + kCodeBytes + 4 * row);
-          const uint32_t sh1 = lds_u32(tile + kCodeBytes + 4 * (row + 8));
-#pragma unroll
-          for (int k = 0; k < kBK / 32; ++k) {
-            const MxTable t0 = mx_table(prmt(sh0, 0u, 0x1111u * k));  // shift byte k in every byte
-            const MxTable t1 = mx_table(prmt(sh1, 0u, 0x1111u * k));
-            e2m1x8_to_e4m3(words[2 * k], t0, t1, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
-            e2m1x8_to_e4m3(words[2 * k + 1], t0, t1, a[k][2], a[k][3]);  // k + 16 ..
-          }
+          for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k);
+          wgmma_commit();
+        };
+        if constexpr (kTwoAccumulators) {
+          two_sets(kb_begin, kb_count, load_scales, [&](int i, int parity) {
+            issue_ss(i, parity ? acc1 : acc);
+          }, promote, acc, acc1);
         } else {
-#pragma unroll
-          for (int k = 0; k < kBK / 32; ++k) {
-            int4x8_to_e4m3(words[2 * k], pos0, neg0, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
-            int4x8_to_e4m3(words[2 * k + 1], pos0, neg0, a[k][2], a[k][3]);  // k + 16 ..
+          for (int i = 0; i < kb_count; ++i) {
+            const BlockScales b = load_scales(kb_begin + i);
+            issue_ss(i, acc);
+            wgmma_wait<0>();
+            promote(acc, i, b);
           }
         }
-      };
-      auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4], float (&d)[kAcc]) {
-        const uint64_t b_desc = sw128_desc(x_tile(i % kStages));
-        fence_registers(d);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(d, a[k], b_desc + 2 * k, k);
-        wgmma_commit();
-      };
-      uint32_t a0[kBK / 32][4], a1[kBK / 32][4];
-      if constexpr (kTwoAccumulators) {
-        // each step converted into the A fragments of its parity while the previous step's wgmmas run
-        two_sets<kStages>(kb_begin, kb_count, load_scales, [&](int i, int parity) {
-          auto& a = parity ? a1 : a0;
-          convert(i, a);
-          issue(i, a, parity ? acc1 : acc);
-        }, promote, acc, acc1);
       } else {
-        // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
-        // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
-        // the wgmma wait after it).
-        BlockScales b0, b1;
-        if (kb_count > 0) convert(0, a0);
-        for (int i = 0; i < kb_count; i += 2) {
-          b0 = load_scales(kb_begin + i);
-          issue(i, a0, acc);
-          if (i + 1 < kb_count) convert(i + 1, a1);
-          wgmma_wait<0>();
-          promote(acc, i % kStages, b0);
-          if (i + 1 >= kb_count) break;
-          b1 = load_scales(kb_begin + i + 1);
-          issue(i + 1, a1, acc);
-          if (i + 2 < kb_count) convert(i + 2, a0);
-          wgmma_wait<0>();
-          promote(acc, (i + 1) % kStages, b1);
+        uint32_t pos0 = 0, neg0 = 0;  // int4: the code table's register words (int4x8_to_e4m3)
+        if constexpr (kWFormat == kInt4) {
+          pos0 = lds_u32(base + L::kTable);
+          neg0 = lds_u32(base + L::kTable + 4);
         }
-      }
-    }
-
-    // Epilogue: this thread holds channels n and n + 8, tokens 8 j + col + {0, 1}.
-    float ws0 = 1.0f, ws1 = 1.0f, b0 = 0.0f, b1 = 0.0f;
-    if constexpr (kScaleMode == 0) {
-      ws0 = p.w_scale[wn];
-      ws1 = p.w_scale[wn + 8];
-    }
-    if (p.bias != nullptr && (!kSplitK || blockIdx.z == 0)) {  // split-K: split 0 adds the bias
-      const long bias_row = long(expert) * p.N;
-      b0 = load_float<B>(p.bias, bias_row + min(n, p.N - 1));
-      b1 = load_float<B>(p.bias, bias_row + min(n + 8, p.N - 1));
-    }
-    const uint32_t slab = out_base + wg * L::kOutSlab;
-    const int token_row = lane % 8;         // stmatrix row address of this lane (lanes 0-15)
-    const int chunk = 2 * warp + (lane / 8) % 2;  // its 16-byte chunk (8 channels) in the 128-byte row
+        // Waits for pipeline step i and turns this thread's 4-bit codes of it into e4m3 A fragments.
+        auto convert = [&](int i, uint32_t (&a)[kBK / 32][4]) {
+          const int s = stage(i);
+          mbar_wait(full(s), phase(i));
+          // [warp][half][lane][16 bytes]: half h holds k-steps 2h, 2h + 1, two words each (k and k + 16)
+          const uint32_t tile = w_tile(s) + wg * L::kTile;
+          const uint32_t src = tile + warp * 1024 + lane * 16;
+          const uint4 h0 = lds_v4(src), h1 = lds_v4(src + 512);
+          const uint32_t words[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+          if constexpr (kMx) {
+            // byte k of each word: the table shift of k-step k for this thread's rows row and row + 8
+            const uint32_t sh0 = lds_u32(tile + kCodeBytes + 4 * row);
+            const uint32_t sh1 = lds_u32(tile + kCodeBytes + 4 * (row + 8));
 #pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j) {
-      float xs0 = 1.0f, xs1 = 1.0f;
-      if constexpr (!kBlockScale) {
-        const int t = m_tile * kBlockM + 8 * j + col;
-        xs0 = p.x_scale[min(t, p.M - 1) * p.x_scale_stride];
-        xs1 = p.x_scale[min(t + 1, p.M - 1) * p.x_scale_stride];
-      }
-      const float v00 = total[4 * j + 0] * ws0 * xs0 + b0;  // (channel n, token t)
-      const float v01 = total[4 * j + 1] * ws0 * xs1 + b0;  // (n, t + 1)
-      const float v10 = total[4 * j + 2] * ws1 * xs0 + b1;  // (n + 8, t)
-      const float v11 = total[4 * j + 3] * ws1 * xs1 + b1;  // (n + 8, t + 1)
-      if constexpr (kTmaStore) {
-        const int token = 8 * j + token_row;
-        stmatrix_x2_trans(slab + token * 128 + ((chunk ^ (token % 8)) << 4), pack2<O>(v00, v01), pack2<O>(v10, v11));
-      } else {
-        const int t = m_tile * kBlockM + 8 * j + col;
-        const long row0 = long(t) * p.out_stride, row1 = row0 + p.out_stride;
-        auto put = [&](long at, float v) {
-          if constexpr (kSplitK) {
-            red_add_f32(static_cast<float*>(p.out) + at, v);
+            for (int k = 0; k < kBK / 32; ++k) {
+              const MxTable t0 = mx_table(prmt(sh0, 0u, 0x1111u * k));  // shift byte k in every byte
+              const MxTable t1 = mx_table(prmt(sh1, 0u, 0x1111u * k));
+              e2m1x8_to_e4m3(words[2 * k], t0, t1, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
+              e2m1x8_to_e4m3(words[2 * k + 1], t0, t1, a[k][2], a[k][3]);  // k + 16 ..
+            }
           } else {
-            store_float<O>(p.out, at, v);
+#pragma unroll
+            for (int k = 0; k < kBK / 32; ++k) {
+              int4x8_to_e4m3(words[2 * k], pos0, neg0, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
+              int4x8_to_e4m3(words[2 * k + 1], pos0, neg0, a[k][2], a[k][3]);  // k + 16 ..
+            }
           }
         };
-        if (t < p.M && n < p.N) put(row0 + n, v00);
-        if (t + 1 < p.M && n < p.N) put(row1 + n, v01);
-        if (t < p.M && n + 8 < p.N) put(row0 + n + 8, v10);
-        if (t + 1 < p.M && n + 8 < p.N) put(row1 + n + 8, v11);
+        auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4], float (&d)[kAcc]) {
+          const uint64_t b_desc = sw128_desc(x_tile(stage(i)));
+          fence_registers(d);
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(d, a[k], b_desc + 2 * k, k);
+          wgmma_commit();
+        };
+        uint32_t a0[kBK / 32][4], a1[kBK / 32][4];
+        if constexpr (kTwoAccumulators) {
+          // each step converted into the A fragments of its parity while the previous step's wgmmas run
+          two_sets(kb_begin, kb_count, load_scales, [&](int i, int parity) {
+            auto& a = parity ? a1 : a0;
+            convert(i, a);
+            issue(i, a, parity ? acc1 : acc);
+          }, promote, acc, acc1);
+        } else {
+          // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
+          // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
+          // the wgmma wait after it).
+          BlockScales b0, b1;
+          if (kb_count > 0) convert(0, a0);
+          for (int i = 0; i < kb_count; i += 2) {
+            b0 = load_scales(kb_begin + i);
+            issue(i, a0, acc);
+            if (i + 1 < kb_count) convert(i + 1, a1);
+            wgmma_wait<0>();
+            promote(acc, i, b0);
+            if (i + 1 >= kb_count) break;
+            b1 = load_scales(kb_begin + i + 1);
+            issue(i + 1, a1, acc);
+            if (i + 2 < kb_count) convert(i + 2, a0);
+            wgmma_wait<0>();
+            promote(acc, i + 1, b1);
+          }
+        }
       }
+
+      // Epilogue: this thread holds channels n and n + 8, tokens 8 j + col + {0, 1}.
+      float ws0 = 1.0f, ws1 = 1.0f, b0 = 0.0f, b1 = 0.0f;
+      if constexpr (kScaleMode == 0) {
+        ws0 = p.w_scale[wn];
+        ws1 = p.w_scale[wn + 8];
+      }
+      if (p.bias != nullptr && (!kSplitK || blockIdx.z == 0)) {  // split-K: split 0 adds the bias
+        const long bias_row = long(expert) * p.N;
+        b0 = load_float<B>(p.bias, bias_row + min(n, p.N - 1));
+        b1 = load_float<B>(p.bias, bias_row + min(n + 8, p.N - 1));
+      }
+      const uint32_t slab = out_base + wg * L::kOutSlab;
+      const int token_row = lane % 8;         // stmatrix row address of this lane (lanes 0-15)
+      const int chunk = 2 * warp + (lane / 8) % 2;  // its 16-byte chunk (8 channels) in the 128-byte row
+      if constexpr (kTmaStore) {
+        if (tile != int(blockIdx.x)) {  // the store of the block's previous tile has read the slab
+          if (tid == 0) tma_store_wait_read();
+          named_barrier_sync(1 + wg, 128);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+        float xs0 = 1.0f, xs1 = 1.0f;
+        if constexpr (!kBlockScale) {
+          const int t = m_tile * kBlockM + 8 * j + col;
+          xs0 = p.x_scale[min(t, p.M - 1) * p.x_scale_stride];
+          xs1 = p.x_scale[min(t + 1, p.M - 1) * p.x_scale_stride];
+        }
+        const float v00 = total[4 * j + 0] * ws0 * xs0 + b0;  // (channel n, token t)
+        const float v01 = total[4 * j + 1] * ws0 * xs1 + b0;  // (n, t + 1)
+        const float v10 = total[4 * j + 2] * ws1 * xs0 + b1;  // (n + 8, t)
+        const float v11 = total[4 * j + 3] * ws1 * xs1 + b1;  // (n + 8, t + 1)
+        if constexpr (kTmaStore) {
+          const int token = 8 * j + token_row;
+          stmatrix_x2_trans(slab + token * 128 + ((chunk ^ (token % 8)) << 4), pack2<O>(v00, v01), pack2<O>(v10, v11));
+        } else {
+          const int t = m_tile * kBlockM + 8 * j + col;
+          const long row0 = long(t) * p.out_stride, row1 = row0 + p.out_stride;
+          auto put = [&](long at, float v) {
+            if constexpr (kSplitK) {
+              red_add_f32(static_cast<float*>(p.out) + at, v);
+            } else {
+              store_float<O>(p.out, at, v);
+            }
+          };
+          if (t < p.M && n < p.N) put(row0 + n, v00);
+          if (t + 1 < p.M && n < p.N) put(row1 + n, v01);
+          if (t < p.M && n + 8 < p.N) put(row0 + n + 8, v10);
+          if (t + 1 < p.M && n + 8 < p.N) put(row1 + n + 8, v11);
+        }
+      }
+      if constexpr (kTmaStore) {
+        fence_proxy_async();
+        named_barrier_sync(1 + wg, 128);
+        if (tid == 0) {
+          tma_store_2d(&p.out_map, slab, n_tile * kBlockN + 64 * wg, m_tile * kBlockM);
+          tma_store_commit();
+        }
+      }
+      it0 += kb_count;
     }
     if constexpr (kTmaStore) {
-      fence_proxy_async();
-      named_barrier_sync(1 + wg, 128);
-      if (tid == 0) {
-        tma_store_2d(&p.out_map, slab, n_tile * kBlockN + 64 * wg, m_tile * kBlockM);
-        tma_store_commit_and_wait();
-      }
+      if (tid == 0) tma_store_wait_read();  // the last store has read the slab before the block exits
     }
   }
 }

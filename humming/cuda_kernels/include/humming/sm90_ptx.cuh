@@ -110,8 +110,12 @@ __device__ __forceinline__ void tma_store_2d(const TensorMap* map, uint32_t src,
                : "memory");
 }
 
-__device__ __forceinline__ void tma_store_commit_and_wait() {
-  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;" ::: "memory");
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Waits until this thread's committed TMA stores have read their shared memory (their writes may still be in
+// flight: the shared memory may be written again, or the block may exit).
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
 // Orders this thread's ordinary shared-memory writes before later async-proxy (TMA, wgmma) reads.
