@@ -10,7 +10,10 @@
 # Logs under $OUT: env.log, gpu_tests.log, gpu_heavy.log, gpu_big.log, gpu_memory.log (each gpu test's peak), sanitizers.log,
 # fuzz.log; the last lines printed are one summary line per step.
 # Usage (repository root, on the GPU machine, carrying .whl): OUT=out bash bench/tools/h200_checks.sh
+# STEPS (comma-separated, default all): the steps to run, so that the suite can be spread over device calls, e.g.
+#   STEPS=gpu_tests TESTS_S=540 ... then STEPS=gpu_heavy,gpu_big,sanitizers,fuzz ...
 set -u
+STEPS=${STEPS:-gpu_tests,gpu_heavy,gpu_big,sanitizers,fuzz}
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 source bench/tools/carried_wheels.sh "$OUT/env.log"  # platformdirs and filelock: the image lacks them
@@ -18,9 +21,10 @@ export PYTHONUNBUFFERED=1 HUMMING_CACHE_DIR=/tmp/humming-cache
 export HUMMING_TEST_MEMORY_LOG=$OUT/gpu_memory.log
 : >"$HUMMING_TEST_MEMORY_LOG"
 SUMMARY=()
-step() {  # step NAME SECONDS CMD...: time-limited, logged to $OUT/NAME.log, keeps going on failure
+step() {  # step NAME SECONDS CMD...: time-limited, logged to $OUT/NAME.log, keeps going on failure; skipped unless in STEPS
   local name=$1 limit=$2
   shift 2
+  [[ ",$STEPS," == *",$name,"* ]] || return 0
   local t0=$SECONDS
   timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
@@ -45,7 +49,7 @@ workers() {
 LIGHT=$(workers "$(python3 -c 'import tests.conftest as c; print(c.LIGHT_MEMORY_GIB)')")
 HEAVY=$(workers "$(python3 -c 'import tests.conftest as c; print(c.GPU_MEMORY_LIMIT_GIB)')")
 echo "workers: $LIGHT light, $HEAVY heavy" | tee -a "$OUT/env.log"
-failures() { grep -E "(FAILED|ERROR) tests/" "$OUT/$1.log" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //; s/ - .*//' | sort -u | head -30; }
+failures() { [ -f "$OUT/$1.log" ] || return 0; grep -E "(FAILED|ERROR) tests/" "$OUT/$1.log" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //; s/ - .*//' | sort -u | head -30; }
 step gpu_tests "${TESTS_S:-240}" "${PYTEST[@]}" -m "gpu and not big_memory and not heavy_memory" -n "$LIGHT" \
   --ignore=tests/test_fuzz.py tests
 failures gpu_tests
@@ -67,7 +71,7 @@ export -f sanitize
 export SANITIZER
 step sanitizers "${SAN_S:-90}" bash -c sanitize
 # memcheck also lists cuda-bindings' cuGetProcAddress probes (host API errors); kernel errors are the rest
-grep -E "^### |ERROR SUMMARY|RACECHECK SUMMARY|Invalid __|Out of bounds" "$OUT/sanitizers.log"
+[ -f "$OUT/sanitizers.log" ] && grep -E "^### |ERROR SUMMARY|RACECHECK SUMMARY|Invalid __|Out of bounds" "$OUT/sanitizers.log"
 step fuzz "${FUZZ_S:-70}" env HUMMING_FUZZ_PROFILE=long HUMMING_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-40}" \
   "${PYTEST[@]}" -m gpu -n "$LIGHT" tests/test_fuzz.py
 echo "-- largest GPU peaks (GiB):"
