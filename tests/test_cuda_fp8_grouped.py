@@ -9,6 +9,7 @@ skipped (-1) segments must stay NaN. CPU checks (compile, SASS, layout, reasons)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -180,6 +181,31 @@ def test_every_grouped_tuning_computes_the_same_function(compiled, seed):
         fp8_gemm.run_grouped(fp8_gemm.prepare(qw), qa, qa.scheme, expert_ids, 64, None, torch.bfloat16, tuning, out)
         assert_rel_close(out[valid], ref[valid], precision=torch.float64, seed=seed)
         _check_skipped_unwritten(out, row_expert)
+
+
+def test_persistent_grouped_grid_gives_the_bits_of_one_block_per_tile(compiled, seed, monkeypatch):
+    """A persistent grid over grouped tiles (3 SMs' block slots: each block walks many tiles and skips those of
+    unused segments without touching its stage ring) computes each used tile as a block of its own would, and
+    leaves the rows of unused segments unwritten."""
+    from humming.cuda_kernels import _fp8_launch
+
+    real = _fp8_launch.device_limits
+    monkeypatch.setattr(_fp8_launch, "device_limits", lambda device=None: real(device)._replace(sm_count=3))
+    c = Case(8, 1024, 1000, 64, (128, 128), "fp8_g128")
+    qw = _weight(c)
+    expert_ids, row_expert, valid = _routing(_counts(c.e), c.block_m)
+    qa = _activations(c, valid)
+    prep = fp8_gemm.prepare(qw)
+    for t in TUNINGS:
+        tuning = fp8_gemm.Fp8Tuning(*t[:4], group_m=2, tma_store=t[4])
+        outs = []
+        for persistent in (False, True):
+            out = torch.full((valid.shape[0], c.n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            walk = dataclasses.replace(tuning, persistent=persistent)
+            fp8_gemm.run_grouped(prep, qa, qa.scheme, expert_ids, 64, None, torch.bfloat16, walk, out)
+            _check_skipped_unwritten(out, row_expert)
+            outs.append(out)
+        assert torch.equal(outs[0][valid], outs[1][valid]), t
 
 
 def test_humming_moe_grouped_linear_runs_it(compiled, seed):

@@ -31,7 +31,7 @@ class Fp8Tuning:
     grid.z; above 1 the kernel adds fp32 partial sums into a workspace, with plain stores) and whether the
     grid is ``persistent``: one block per block slot (``sm_count * min_blocks``), each walking the tiles
     ``b, b + grid, ...`` with its stage ring running on across them, so that a tile's first loads overlap the
-    epilogue of the one before (dense calls of one split only)."""
+    epilogue of the one before (one split only; grouped blocks skip the tiles of unused segments)."""
 
     wgs: int
     block_m: int
