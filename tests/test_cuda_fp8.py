@@ -147,6 +147,23 @@ def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
             assert max(copies[:2], default=0) < 8, (name, copies)
 
 
+def test_a_tuning_passed_to_the_dense_kernel_is_the_one_it_launches(fake_cuda_device, monkeypatch):
+    """``KERNEL.run(..., tuning)`` (the tuning sweep's way in) launches that tuning; ``None`` the heuristic's."""
+    from types import SimpleNamespace
+
+    fake_cuda_device()
+    made = []
+    monkeypatch.setattr(fp8_gemm, "device_index", lambda device: 0)
+    monkeypatch.setattr(fp8_gemm, "unsupported", lambda *args: None)
+    monkeypatch.setattr(fp8_gemm, "prepare", lambda qw: SimpleNamespace(n=4096, k=4096, w_format="int4"))
+    monkeypatch.setattr(fp8_gemm, "Fp8Launch", lambda prep, act, x, b, o, tuning, index: made.append(tuning))
+    qw, x = humming.quantize(torch.randn(64, 128), "int4", -1), torch.randn(300, 4096)
+    asked = fp8_gemm.Fp8Tuning(1, 16, 3, 2, persistent=True)
+    fp8_gemm._launcher(x, qw, get_act_scheme("fp8"), None, torch.bfloat16, asked)
+    fp8_gemm._launcher(x, qw, get_act_scheme("fp8"), None, torch.bfloat16, None)
+    assert made == [asked, fp8_gemm.choose_tuning(300, 4096, 4096, fp8_gemm.device_info(0).limits, "int4")]
+
+
 def test_persistent_grid_has_a_block_per_block_slot():
     """A persistent grid: one block per block slot (SMs x blocks per SM), fewer where there are fewer tiles; one
     split only."""
@@ -743,26 +760,46 @@ def test_every_tuning_computes_the_same_function(seed, fp8_sm90):
             )
 
 
+def _record_grids(monkeypatch) -> list:
+    """The grids of the FP8 launches made from here on."""
+    grids, init = [], _fp8_launch.Fp8Launch.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        grids.append(self.grid)
+
+    monkeypatch.setattr(_fp8_launch.Fp8Launch, "__init__", recording)
+    return grids
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", [(2, 128, 4, 1), (1, 64, 4, 2), (1, 16, 3, 2)], ids=["w2m128", "w1m64", "w1m16"])
-def test_persistent_grid_gives_the_bits_of_one_block_per_tile(tile, seed, fp8_sm90, monkeypatch):
+@pytest.mark.parametrize(
+    "tile", [(2, 128, 4, 1), (2, 128, 3, 1), (1, 64, 4, 2), (1, 16, 3, 2)], ids=["w2m128", "w2m128s3", "w1m64", "w1m16"]
+)
+@pytest.mark.parametrize("k", [1000, 1152, 128])  # 8 and 9 K blocks a tile; one (epilogues back to back)
+def test_persistent_grid_gives_the_bits_of_one_block_per_tile(tile, k, seed, fp8_sm90, monkeypatch):
     """A persistent grid (here 3 SMs' block slots, so that each block walks many tiles with its stage ring
     running on across them and its epilogue's store left in flight) computes every tile as a block of its own
-    would: the same bits, for every weight format and scale mode, TMA-store and plain-store epilogues."""
+    would: the same bits, for every weight format and scale mode, TMA-store and plain-store epilogues, K block
+    counts that start tiles anywhere in the stage ring, and one-block tiles whose epilogues follow each other
+    (three calls each)."""
     real = _fp8_launch.device_limits
     monkeypatch.setattr(_fp8_launch, "device_limits", lambda device=None: real(device)._replace(sm_count=3))
+    grids = _record_grids(monkeypatch)
     weights = ((-1, "fp8", "e4m3"), ((128, 128), "fp8_g128", "e4m3"), (128, "fp8", "int4"), (32, "fp8", "mxfp4"))
     for weight, act_name, w in weights:
-        qw, qa, bias, ref = _problem(Case(300, 1000, 1000, weight, act_name, bias=torch.bfloat16, w=w))
+        qw, qa, bias, ref = _problem(Case(300, 1000, k, weight, act_name, bias=torch.bfloat16, w=w))
         prep = fp8_gemm.prepare(qw)
         for tma in (True, False):
             tuning = fp8_gemm.Fp8Tuning(*tile, group_m=2, tma_store=tma)
             one = fp8_gemm.run(prep, qa, qa.scheme, bias, torch.bfloat16, tuning=tuning)
-            walked = fp8_gemm.run(
-                prep, qa, qa.scheme, bias, torch.bfloat16, tuning=dataclasses.replace(tuning, persistent=True)
-            )
-            assert torch.equal(one, walked), (w, tma)
+            walk = dataclasses.replace(tuning, persistent=True)
+            for _ in range(3):
+                walked = fp8_gemm.run(prep, qa, qa.scheme, bias, torch.bfloat16, tuning=walk)
+                assert torch.equal(one, walked), (w, tma)
             assert_rel_close(walked, ref, precision=torch.float64, seed=seed)
+            tiles = -(-300 // tuning.block_m) * -(-1000 // tuning.block_n)
+            assert grids[-2:] == [(tiles, 1, 1), (3 * tuning.min_blocks, 1, 1)], grids[-2:]  # the walk happens
 
 
 @pytest.mark.gpu

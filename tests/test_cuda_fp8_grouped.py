@@ -191,6 +191,10 @@ def test_persistent_grouped_grid_gives_the_bits_of_one_block_per_tile(compiled, 
 
     real = _fp8_launch.device_limits
     monkeypatch.setattr(_fp8_launch, "device_limits", lambda device=None: real(device)._replace(sm_count=3))
+    grids, init = [], _fp8_launch.Fp8Launch.__init__
+    monkeypatch.setattr(
+        _fp8_launch.Fp8Launch, "__init__", lambda self, *a, **k: init(self, *a, **k) or grids.append(self.grid)
+    )
     c = Case(8, 1024, 1000, 64, (128, 128), "fp8_g128")
     qw = _weight(c)
     expert_ids, row_expert, valid = _routing(_counts(c.e), c.block_m)
@@ -206,6 +210,7 @@ def test_persistent_grouped_grid_gives_the_bits_of_one_block_per_tile(compiled, 
             _check_skipped_unwritten(out, row_expert)
             outs.append(out)
         assert torch.equal(outs[0][valid], outs[1][valid]), t
+        assert grids[-1][0] == 3 * tuning.min_blocks < grids[-2][0], grids[-2:]  # the walk happens
 
 
 def test_humming_moe_grouped_linear_runs_it(compiled, seed):

@@ -307,7 +307,7 @@ def _launcher(x: torch.Tensor, qweight, act, bias_dtype, out_dtype: torch.dtype,
     if reason is not None:
         raise ValueError(f"humming FP8 GEMM: {reason}")
     prep = prepare(qweight)
-    if m:
+    if m and tuning is None:
         tuning = choose_tuning(m, prep.n, prep.k, device_info(index).limits, prep.w_format)
     return Fp8Launch(prep, act, x, bias_dtype, out_dtype, tuning, index)
 
