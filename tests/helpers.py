@@ -276,6 +276,21 @@ def instructions_after_each_wait(sass: str, mma: str, pending: int) -> list[int]
     return gaps
 
 
+def instructions_between_waits(sass: str, pending: int, only: str = "") -> list[int]:
+    """For every ``WARPGROUP.DEPBAR`` of ``sass`` that leaves ``pending`` wgmma groups in flight and is followed
+    by another wait, the instructions between the two (those whose opcode starts with ``only``): the work the
+    consumer does while those groups run, before it waits for them."""
+    gaps, since = [], None
+    for op in _sass_ops(sass):
+        if op.startswith("WARPGROUP.DEPBAR"):
+            if since is not None:
+                gaps.append(since)
+            since = 0 if op.endswith(f"gsb0, {pending:#x}") else None
+        elif since is not None and op.startswith(only):
+            since += 1
+    return gaps
+
+
 def with_sm_count(monkeypatch, module, sm_count: int) -> None:
     """Makes ``module``'s ``device_limits`` report ``sm_count`` multiprocessors (the rest as the device has):
     a persistent grid of that few blocks walks many tiles per block even on small test shapes."""

@@ -16,6 +16,7 @@ from helpers import (
     instructions_after_each_wait,
     instructions_before_each_wait,
     instructions_between_groups,
+    instructions_between_waits,
     needs_nvrtc,
 )
 
@@ -42,6 +43,9 @@ def _specs() -> list[jit.KernelSpec]:
     for m, mode in ((1, "group"), (4096, "group"), (128, "rowcol")):  # W4A8 int4
         tuning = fp8_gemm.choose_tile_tuning(m, 8192, 8192, H200, "int4")
         specs.append(fp8_gemm.fp8_spec("int4", mode, "bf16", "f16", tuning))
+    two_per_promotion = dataclasses.replace(fp8_gemm.choose_tile_tuning(4096, 8192, 8192, H200), promote_blocks=2)
+    for w in ("int4", "e4m3"):  # two K blocks summed before each promotion
+        specs.append(fp8_gemm.fp8_spec(w, "rowcol", "bf16", "bf16", two_per_promotion))
     for m, n in ((1, 4096), (4096, 28672)):  # W4A8 MXFP4
         tuning = fp8_gemm.choose_tile_tuning(m, n, 8192, H200, "mxfp4")
         specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "bf16", "bf16", tuning))
@@ -127,21 +131,25 @@ def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
     than waiting first: all its prmt (int4: 4 per 32-bit word of codes, 8 words; MXFP4: 2 per 4 codes and 2
     per k-step for the table shifts) come while a group runs: before the wait with 128-token tiles, before the
     next group is queued with two accumulator sets (tiles of at most 64 tokens, whose promotions then run
-    while the next group does). int4 keeps its table words in registers (ptxas copies a constant into a
-    register before each of 32 prmt else)."""
+    while the next group does) and with two K blocks per promotion (the second block's conversion while the
+    first's group runs, the third's between the waits for the two). int4 keeps its table words in registers
+    (ptxas copies a constant into a register before each of 32 prmt else)."""
     for name, kernel in compiled.items():
         prmts = 32 if "_w4a8_" in name else 40 if "_wmxfp4a8_" in name else None
         if prmts is None:
             continue
         sass = cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path)
         block_m = int(re.search(r"_m(\d+)_", name).group(1))
+        windows = 2  # the K loop is unrolled by two: both halves
         if block_m <= 64:
             gaps = instructions_between_groups(sass, "QGMMA", only="PRMT")
             promotions = instructions_after_each_wait(sass, "QGMMA", pending=1)
             assert len(promotions) >= 2 and min(promotions) >= block_m // 2, (name, promotions)
+        elif name.endswith("_p2"):  # block i + 2's conversion between the waits for block i and block i + 1
+            gaps, windows = instructions_between_waits(sass, pending=1, only="PRMT"), 1
         else:
             gaps = instructions_before_each_wait(sass, "QGMMA", only="PRMT")
-        assert len(gaps) >= 2 and min(gaps[:2]) >= prmts, (name, gaps)
+        assert len(gaps) >= windows and min(gaps[:2]) >= prmts, (name, gaps)
         if prmts == 32:
             copies = instructions_before_each_wait(sass, "QGMMA", only="IMAD")
             assert max(copies[:2], default=0) < 8, (name, copies)
@@ -800,6 +808,26 @@ def test_persistent_grid_gives_the_bits_of_one_block_per_tile(tile, k, seed, fp8
             assert_rel_close(walked, ref, precision=torch.float64, seed=seed)
             tiles = -(-300 // tuning.block_m) * -(-1000 // tuning.block_n)
             assert grids[-2:] == [(tiles, 1, 1), (3 * tuning.min_blocks, 1, 1)], grids[-2:]  # the walk happens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w", ["e4m3", "int4"])
+@pytest.mark.parametrize("k", [896, 1024, 8192])  # 7 (an odd last block), 8 and 64 K blocks
+def test_two_k_blocks_per_promotion_match_one(w, k, seed, fp8_sm90):
+    """128-token tiles of per-channel weights summing two K blocks in the tensor core before each promotion:
+    against the float64 reference as closely as one block per promotion, split along K and persistent too."""
+    qw, qa, _, ref = _problem(Case(200, 1000, k, -1, "fp8", w=w))
+    prep = fp8_gemm.prepare(qw)
+    for splits, persistent in ((1, False), (2, False), (1, True)):
+        errors = []
+        for promote in (1, 2):
+            tuning = fp8_gemm.Fp8Tuning(
+                2, 128, 4, 1, splits=splits, tma_store=splits == 1, persistent=persistent, promote_blocks=promote
+            )
+            out = fp8_gemm.run(prep, qa, qa.scheme, None, torch.bfloat16, tuning=tuning)
+            assert_rel_close(out, ref, precision=torch.float64, seed=seed)
+            errors.append((out.double() - ref).norm() / ref.norm())
+        assert errors[1] <= 1.05 * errors[0] + 1e-4, (splits, persistent, errors)
 
 
 @pytest.mark.gpu

@@ -77,10 +77,10 @@ def gemm_tunings(m: int, n: int, k: int, layout, limits) -> list[_gemm_sm90.Gemm
     return out
 
 
-def fp8_tunings(m: int, n: int, k: int, limits, w_format: str) -> list[Fp8Tuning]:
+def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) -> list[Fp8Tuning]:
     """The default, and each (warpgroups, blocks per SM) with the stages shared memory holds, with one split
     and with the split count that fills one wave; those of one split with more tiles than block slots also on a
-    persistent grid."""
+    persistent grid; where two K blocks may share a promotion, each also with two."""
     base = choose_tuning(m, n, k, limits, w_format)
     out = [base]
     for wgs, blocks in ((1, 2), (2, 1), (1, 1), (2, 2)):
@@ -101,7 +101,9 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str) -> list[Fp8Tuning
         for t in out
         if t.splits == 1 and math.ceil(n / t.block_n) * math.ceil(m / t.block_m) > limits.sm_count * t.min_blocks
     ]
-    return out + walks
+    out += walks
+    doubled = [dataclasses.replace(t, promote_blocks=2) for t in out]
+    return out + [t for t in doubled if t.promotes_every(scale_mode) == 2]
 
 
 def _spec(kernel: str, qw, prep, tuning):
@@ -175,7 +177,7 @@ def main() -> int:
                     tunings = [default, *gemm_tunings(m, n, k, prep.layout, info.limits)]
                 else:
                     default = choose_tuning(m, n, k, info.limits, prep.w_format)
-                    tunings = fp8_tunings(m, n, k, info.limits, prep.w_format)
+                    tunings = fp8_tunings(m, n, k, info.limits, prep.w_format, prep.scale_mode)
                 points.append((m, x, default, list(dict.fromkeys(tunings))))
             failed = _compile([_spec(kernel, first, prep, t) for *_, ts in points for t in ts], cc, dev)
             points = [

@@ -41,11 +41,14 @@ def fp8_spec(
             f" got out={out!r}, tma_store={tuning.tma_store}, grouped={grouped} (call_spec sets these)"
         )
     producer, consumer = tuning.registers()
+    promote = tuning.promotes_every(scale_mode)
     kind = "grouped_" if grouped else ""
     name = (
         f"humming_fp8_gemm_sm90_{kind}{_W_NAMES[w_format]}_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}"
-        f"_m{tuning.block_m}"
-        f"_s{tuning.stages}_mb{tuning.min_blocks}" + ("_sk" if split else "") + ("" if tuning.tma_store else "_stg")
+        f"_m{tuning.block_m}_s{tuning.stages}_mb{tuning.min_blocks}"
+        + ("_sk" if split else "")
+        + ("" if tuning.tma_store else "_stg")
+        + (f"_p{promote}" if promote > 1 else "")
     )
     args = ", ".join(
         (
@@ -61,6 +64,7 @@ def fp8_spec(
             CPP_DTYPE[bias],
             str(producer),
             str(consumer),
+            str(promote),
         )
     )
     return KernelSpec(

@@ -31,7 +31,9 @@ class Fp8Tuning:
     grid.z; above 1 the kernel adds fp32 partial sums into a workspace, with plain stores) and whether the
     grid is ``persistent``: one block per block slot (``sm_count * min_blocks``), each walking the tiles
     ``b, b + grid, ...`` with its stage ring running on across them, so that a tile's first loads overlap the
-    epilogue of the one before (one split only; grouped blocks skip the tiles of unused segments)."""
+    epilogue of the one before (one split only; grouped blocks skip the tiles of unused segments), and the K
+    blocks of 128 the tensor core sums before each promotion to fp32 (``promote_blocks``, 1 or 2; 2 applies where
+    the scales wait for the epilogue and tiles are 128 tokens, :meth:`promotes_every`)."""
 
     wgs: int
     block_m: int
@@ -41,12 +43,20 @@ class Fp8Tuning:
     tma_store: bool = True
     splits: int = 1
     persistent: bool = False
+    promote_blocks: int = 1
 
     def __post_init__(self):
         if isinstance(self.splits, bool) or not isinstance(self.splits, int) or self.splits < 1:
             raise ValueError(f"splits: expected an int >= 1, got {self.splits!r}")
         if self.persistent and self.splits > 1:
             raise ValueError(f"persistent: a persistent grid runs one split, got splits={self.splits}")
+        if self.promote_blocks not in (1, 2):
+            raise ValueError(f"promote_blocks: expected 1 or 2, got {self.promote_blocks!r}")
+
+    def promotes_every(self, scale_mode: str) -> int:
+        """K blocks per promotion for weights of ``scale_mode``: ``promote_blocks`` with scales applied in the
+        epilogue (``rowcol``) and 128-token tiles (one accumulator set), else 1."""
+        return self.promote_blocks if scale_mode == "rowcol" and self.block_m == 128 else 1
 
     def grid_blocks(self, tiles: int, limits: DeviceLimits) -> int:
         """Blocks along grid.x for ``tiles`` tiles: one per tile, or one per block slot when persistent."""

@@ -19,7 +19,9 @@
 //   plain fp32, into the running total (tensor-core fp8 accumulation keeps fewer mantissa bits than fp32;
 //   promoting once per 128 keeps the sum at fp32 accuracy). With kBlockScale the K block's partial sum is
 //   multiplied by its scales there: weight block (128 x 128) times activation group (1 x 128) — the
-//   DeepSeek-V3 recipe;
+//   DeepSeek-V3 recipe. Where the scales wait for the epilogue, 128-token tiles may sum two K blocks in the
+//   tensor core before each promotion (kPromoteBlocks = 2, a tuning: 8 fp8 accumulation steps of 32 instead
+//   of 4, still far below a bf16 / fp16 output's rounding), which halves the promotions' adds and waits;
 // - epilogue: total * w_scale[n] * x_scale[m] + bias[n] (per-channel or per-tensor weights, per-token or
 //   per-tensor activations), rounded to bf16 / fp16, written transposed into shared memory with
 //   stmatrix.trans (128-byte swizzled, conflict-free) and stored by TMA, which clips rows and columns
@@ -230,8 +232,10 @@ __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadS
 // weight scales of each K block at each promotion, activation scales in the epilogue.
 // kTmaStore: epilogue through shared memory (stmatrix) and a TMA store; else plain global stores.
 // kGrouped: the MoE variant; kSplitK: blockIdx.z adds its K range's partial sums into p.out (header comment).
+// kPromoteBlocks: K blocks whose wgmmas add into the same accumulators before each promotion, 1 or 2 (2: scale
+// mode 0 with 128-token tiles; the header comment's "promotion").
 template <int kWgs, int kBlockM, int kStages, int kWFormat, int kScaleMode, bool kTmaStore, bool kGrouped,
-          bool kSplitK, DType O, DType B, int kProducerRegs, int kConsumerRegs>
+          bool kSplitK, DType O, DType B, int kProducerRegs, int kConsumerRegs, int kPromoteBlocks>
 __device__ __forceinline__ void run(const Params& p) {
   using L = SmemLayout<kWgs, kBlockM, kStages, kWFormat>;
   constexpr bool kBlockScale = kScaleMode == 1;
@@ -248,6 +252,8 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
   static_assert(!kTmaStore || O == DType::bf16 || O == DType::f16, "the TMA-store epilogue writes 16-bit floats");
   static_assert(!kSplitK || (!kTmaStore && !kGrouped && O == DType::f32), "split-K adds fp32 with plain stores");
+  static_assert(kPromoteBlocks == 1 || (kPromoteBlocks == 2 && kScaleMode == 0 && !kTwoAccumulators),
+                "two K blocks per promotion: scales in the epilogue, one accumulator set");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -380,25 +386,43 @@ __device__ __forceinline__ void run(const Params& p) {
 
       if constexpr (kWFormat == kE4m3) {
         // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
-        auto issue_ss = [&](int i, float (&d)[kAcc]) {
+        // carry: add into d behind the wgmmas in flight on it (the promotion's second K block; d is not touched
+        // in between, which would make ptxas wait for them); else the block's first wgmma overwrites d
+        auto issue_ss = [&](int i, float (&d)[kAcc], int carry) {
           const int s = stage(i);
           mbar_wait(full(s), phase(i));
           const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
           const uint64_t b_desc = sw128_desc(x_tile(s));
-          fence_registers(d);
+          if (!carry) fence_registers(d);
           wgmma_fence();
 #pragma unroll
-          for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k);
+          for (int k = 0; k < kBK / 32; ++k) Wgmma<kBlockM>::mma(d, a_desc + 2 * k, b_desc + 2 * k, k + carry);
           wgmma_commit();
         };
         if constexpr (kTwoAccumulators) {
           two_sets(kb_begin, kb_count, load_scales, [&](int i, int parity) {
-            issue_ss(i, parity ? acc1 : acc);
+            issue_ss(i, parity ? acc1 : acc, 0);
           }, promote, acc, acc1);
+        } else if constexpr (kPromoteBlocks == 2) {
+          // blocks i and i + 1 into acc back to back; block i's stage released once its wgmmas are done
+          const BlockScales b{};
+          for (int i = 0; i < kb_count; i += 2) {
+            issue_ss(i, acc, 0);
+            if (i + 1 < kb_count) {
+              issue_ss(i + 1, acc, 1);
+              wgmma_wait<1>();
+              release(i);
+              wgmma_wait<0>();
+              promote(acc, i + 1, b);
+            } else {
+              wgmma_wait<0>();
+              promote(acc, i, b);
+            }
+          }
         } else {
           for (int i = 0; i < kb_count; ++i) {
             const BlockScales b = load_scales(kb_begin + i);
-            issue_ss(i, acc);
+            issue_ss(i, acc, 0);
             wgmma_wait<0>();
             promote(acc, i, b);
           }
@@ -437,12 +461,13 @@ __device__ __forceinline__ void run(const Params& p) {
             }
           }
         };
-        auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4], float (&d)[kAcc]) {
+        // carry: as issue_ss's
+        auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4], float (&d)[kAcc], int carry) {
           const uint64_t b_desc = sw128_desc(x_tile(stage(i)));
-          fence_registers(d);
+          if (!carry) fence_registers(d);
           wgmma_fence();
 #pragma unroll
-          for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(d, a[k], b_desc + 2 * k, k);
+          for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM>::mma(d, a[k], b_desc + 2 * k, k + carry);
           wgmma_commit();
         };
         uint32_t a0[kBK / 32][4], a1[kBK / 32][4];
@@ -451,8 +476,30 @@ __device__ __forceinline__ void run(const Params& p) {
           two_sets(kb_begin, kb_count, load_scales, [&](int i, int parity) {
             auto& a = parity ? a1 : a0;
             convert(i, a);
-            issue(i, a, parity ? acc1 : acc);
+            issue(i, a, parity ? acc1 : acc, 0);
           }, promote, acc, acc1);
+        } else if constexpr (kPromoteBlocks == 2) {
+          // Blocks i and i + 1 into acc: block i + 1 is converted while block i's wgmmas run and issued behind
+          // them; once block i's are done (wait<1>) its stage is released and block i + 2 converted into its A
+          // fragments while block i + 1's run; then one promotion for both. Nothing stays in flight across the
+          // loop (ptxas would serialise the wgmmas).
+          const BlockScales b{};
+          if (kb_count > 0) convert(0, a0);
+          for (int i = 0; i < kb_count; i += 2) {
+            issue(i, a0, acc, 0);
+            if (i + 1 < kb_count) {
+              convert(i + 1, a1);
+              issue(i + 1, a1, acc, 1);
+              wgmma_wait<1>();
+              release(i);
+              if (i + 2 < kb_count) convert(i + 2, a0);
+              wgmma_wait<0>();
+              promote(acc, i + 1, b);
+            } else {
+              wgmma_wait<0>();
+              promote(acc, i, b);
+            }
+          }
         } else {
           // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
           // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
@@ -461,13 +508,13 @@ __device__ __forceinline__ void run(const Params& p) {
           if (kb_count > 0) convert(0, a0);
           for (int i = 0; i < kb_count; i += 2) {
             b0 = load_scales(kb_begin + i);
-            issue(i, a0, acc);
+            issue(i, a0, acc, 0);
             if (i + 1 < kb_count) convert(i + 1, a1);
             wgmma_wait<0>();
             promote(acc, i, b0);
             if (i + 1 >= kb_count) break;
             b1 = load_scales(kb_begin + i + 1);
-            issue(i + 1, a1, acc);
+            issue(i + 1, a1, acc, 0);
             if (i + 2 < kb_count) convert(i + 2, a0);
             wgmma_wait<0>();
             promote(acc, i + 1, b1);
