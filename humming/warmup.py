@@ -245,9 +245,8 @@ def _plan_call(qw, act, m, block_m, act_dtype, out_dtype, bias_dtype, backend, d
     jobs = kernel.warmup_jobs(qw, act, rows, device=device_index(device), **options)
     if not grouped and kernel.pass_launcher is not None and act is not None:
         jobs = [*jobs, *activation_pass_jobs(x, act, backend)]
-    elif grouped and plan.backend == "cuda" and act is not None and qw.K % 16 == 0:
-        # run's 16-bit rows: the grouped FP8 GEMM quantizes them in the CUDA pass (in Triton's where it pads K)
-        from .cuda_kernels import act_quant
+    elif grouped and plan.backend == "cuda" and act is not None:  # run's 16-bit rows, which the FP8 GEMM quantizes
+        from .cuda_kernels import fp8_gemm
 
-        jobs = [*jobs, *act_quant.warmup_jobs(x, act)]
+        jobs = [*jobs, *fp8_gemm.pass_warmup_jobs(qw, act, x)]
     return jobs, run, plan.backend

@@ -54,6 +54,7 @@ __all__ = [
     "weight_layout",
     "weight_unsupported",
     "x_scale_args",
+    "x_scale_stride",
 ]
 
 DTYPE_CODE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -106,6 +107,11 @@ class PreparedWeight:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def x_scale_stride(count: int, m: int) -> int:
+    """The kernels' ``x_scale_stride`` for ``count`` activation scales of ``m`` tokens: 1 per token, 0 per tensor."""
+    return 1 if count == m and m > 1 else 0
+
+
 def x_scale_args(x_scale: torch.Tensor | None, m: int) -> tuple[int | None, int]:
     """(pointer, stride) of the kernels' ``x_scale`` parameter: fp32 activation scales, one per token
     (``[M]`` or ``[M, 1]``) or one per tensor (any single element), or ``None``."""
@@ -116,7 +122,7 @@ def x_scale_args(x_scale: torch.Tensor | None, m: int) -> tuple[int | None, int]
             f"x_scale: expected a contiguous float32 tensor of {m} or 1 elements, got {x_scale.dtype} "
             f"{tuple(x_scale.shape)}"
         )
-    return x_scale.data_ptr(), 1 if x_scale.numel() == m and m > 1 else 0
+    return x_scale.data_ptr(), x_scale_stride(x_scale.numel(), m)
 
 
 def check_out(out: torch.Tensor, m: int, n: int, dtype: torch.dtype) -> None:

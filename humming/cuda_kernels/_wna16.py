@@ -15,7 +15,15 @@ from ..device import device_index, device_info
 from ..ir.dtypes import HALF_DTYPES
 from ..kernel import Kernel
 from ._decode_launch import DECODE_CCS
-from ._layout import PreparedWeight, aligned_rows, gate_up_rows, prepare_weight, restore_codes, rows_aligned
+from ._layout import (
+    PreparedWeight,
+    aligned_rows,
+    gate_up_rows,
+    prepare_weight,
+    restore_codes,
+    rows_aligned,
+    x_scale_stride,
+)
 from ._support import cached_launch, runtime_unavailable
 
 __all__ = [
@@ -140,8 +148,7 @@ def launcher(make, x: torch.Tensor, qweight, act, bias_dtype, out_dtype: torch.d
         quantize = quantize_pass(x, act, values=True)
         launch = make(prepare(qweight), m, x.dtype, k, bias_dtype, out_dtype, tuning, index)
         if isinstance(quantize, CudaQuantizePass):  # values and scales in one allocation
-            spans = quantize.scales_shape[0] * quantize.scales_shape[1]
-            scale_stride = int(spans == m and m > 1)  # per token (x_scale_args' rule)
+            scale_stride = x_scale_stride(quantize.scales_shape[0] * quantize.scales_shape[1], m)
 
             def run_values_at(x, bias):
                 held, values, scales = quantize.addresses(x)

@@ -89,6 +89,7 @@ __all__ = [
     "grouped_unsupported",
     "grouped_warmup_jobs",
     "linear",
+    "pass_warmup_jobs",
     "prepare",
     "run",
     "run_grouped",
@@ -318,12 +319,17 @@ def _run(x, qweight, bias, act, out_dtype, tuning):
     return cached_launch(KERNEL.name, _launcher, x, qweight, bias, act, out_dtype, tuning)
 
 
+def pass_warmup_jobs(qweight, act, x: torch.Tensor) -> list:
+    """The jobs of the CUDA activation pass the GEMM runs on 16-bit ``x`` itself: where K needs no padding (a
+    multiple of 16, as :class:`Fp8Launch` takes the pass; else Triton's pass, which pads, runs)."""
+    return act_quant.warmup_jobs(x, act) if qweight.K % 16 == 0 else []
+
+
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:
-    """The GEMM of a call of ``m`` tokens and, for a dense call whose 16-bit x it quantizes (K a multiple of 16,
-    as :class:`Fp8Launch` takes it), the activation pass."""
+    """The GEMM of a call of ``m`` tokens and, for a dense call of 16-bit x, its activation pass."""
     jobs = warmup_jobs(qweight, act, (m,), out_dtype, bias_dtype, device_info(device).limits)
-    if jobs and block_m is None and qweight.K % 16 == 0:
-        jobs += act_quant.warmup_jobs(torch.empty(m, qweight.K, dtype=act_dtype, device=f"cuda:{device}"), act)
+    if jobs and block_m is None:
+        jobs += pass_warmup_jobs(qweight, act, torch.empty(m, qweight.K, dtype=act_dtype, device=f"cuda:{device}"))
     return jobs
 
 
