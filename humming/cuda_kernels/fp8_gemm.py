@@ -44,6 +44,7 @@ from __future__ import annotations
 import torch
 
 from ..device import DeviceLimits, device_index, device_info, device_limits
+from ..ir.activation import get_act_scheme
 from ..kernel import Kernel, LaunchesByWeight
 from . import act_quant
 from ._fp8_launch import FP8_CCS, Fp8Launch, _launch, call_spec, fp8_spec
@@ -319,10 +320,17 @@ def _run(x, qweight, bias, act, out_dtype, tuning):
     return cached_launch(KERNEL.name, _launcher, x, qweight, bias, act, out_dtype, tuning)
 
 
+def pass_kernel(qweight, act, x: torch.Tensor) -> str:
+    """The kernel of the activation pass the GEMM runs on 16-bit ``x``: the CUDA pass where K needs no padding
+    (a multiple of 16, as :class:`Fp8Launch` takes it) and the pass takes ``x``, else Triton's, which pads."""
+    if qweight.K % 16 == 0 and act_quant.cuda_unsupported(x, get_act_scheme(act)) is None:
+        return "cuda.act_quant"
+    return "triton.act_quant"
+
+
 def pass_warmup_jobs(qweight, act, x: torch.Tensor) -> list:
-    """The jobs of the CUDA activation pass the GEMM runs on 16-bit ``x`` itself: where K needs no padding (a
-    multiple of 16, as :class:`Fp8Launch` takes the pass; else Triton's pass, which pads, runs)."""
-    return act_quant.warmup_jobs(x, act) if qweight.K % 16 == 0 else []
+    """The jobs of the CUDA activation pass the GEMM runs on 16-bit ``x`` itself (:func:`pass_kernel`)."""
+    return act_quant.warmup_jobs(x, act) if pass_kernel(qweight, act, x) == "cuda.act_quant" else []
 
 
 def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, block_m=None) -> list:

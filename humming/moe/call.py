@@ -182,9 +182,8 @@ class MoeCall:
                 rows = x.shape[0] if gathers else m_pad
                 kernel = "triton.act_quant"
                 if plan.backend == "cuda":
-                    act_quant = importlib.import_module("humming.cuda_kernels.act_quant")
-                    rows_in = torch.empty(rows, x.shape[1], dtype=x.dtype, device=device)
-                    kernel = "cuda.act_quant" if act_quant.cuda_unsupported(rows_in, act) is None else kernel
+                    fp8_gemm = importlib.import_module("humming.cuda_kernels.fp8_gemm")
+                    kernel = fp8_gemm.pass_kernel(qw, act, torch.empty(rows, x.shape[1], dtype=x.dtype, device=device))
                 launches.append(MoeLaunch(f"{step} input", kernel, f"{act.name} rows={rows}"))
             detail = f"block_m={block_m} rows={m_pad} x {x.dtype} act={_name(act)}" + (" gathered" if gathers else "")
             launches.append(MoeLaunch(step, plan.kernel, detail))

@@ -199,21 +199,25 @@ def test_warmup_refuses_cpu_moe_calls():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("act", [None, "fp8"])
-def test_launches_name_the_cuda_passes(act, seed):
+@pytest.mark.parametrize("act, hidden", [(None, 256), ("fp8", 256), ("fp8", 264)], ids=["bf16", "fp8", "fp8-k264"])
+def test_launches_name_the_cuda_passes(act, hidden, seed):
     """On CUDA (backend "auto") the combine, and the activation pass of an FP8 grouped GEMM, are CUDA kernels
-    where they apply, and MoeCall.launches names them so; with backend="triton" they are Triton's."""
-    w13 = humming.quantize(torch.randn(E, 2 * 128, 256, device="cuda"), "int4", group_size=128)
-    w2 = humming.quantize(torch.randn(E, 256, 128, device="cuda"), "int4", group_size=128)
+    where they apply, and MoeCall.launches names them so; with backend="triton" they are Triton's. A hidden size
+    of 264 (K % 16 = 8: the GEMM pads K, so Triton's pass runs) asks for per-channel int4 experts."""
+    group = 128 if hidden % 128 == 0 else -1
+    w13 = humming.quantize(torch.randn(E, 2 * 128, hidden, device="cuda"), "int4", group_size=group)
+    w2 = humming.quantize(torch.randn(E, hidden, 128, device="cuda"), "int4", group_size=128)
     for backend, combine in (("auto", "cuda.moe_combine"), ("triton", "triton.moe_combine")):
         call = moe.MoeCall(w13, w2, 2, act=act, backend=backend)
         launches = call.launches(24)
         assert launches[-1].kernel == combine, launches
         gemms = {la.step: la.kernel for la in launches if la.step in ("w13", "w2")}
         for la in launches:
-            if "act_quant" in la.kernel:  # a GEMM's input pass: the CUDA one before a CUDA GEMM
-                cuda = gemms[la.step.split()[0]].startswith("cuda.") and backend == "auto"
+            if "act_quant" in la.kernel:  # a GEMM's input pass: the CUDA one before a CUDA GEMM of K % 16 = 0
+                step = la.step.split()[0]
+                k = hidden if step == "w13" else 128
+                cuda = gemms[step].startswith("cuda.") and backend == "auto" and k % 16 == 0
                 assert la.kernel == ("cuda.act_quant" if cuda else "triton.act_quant"), launches
         assert (act is not None) == any("act_quant" in la.kernel for la in launches), launches
         out = call.run(24)
-        assert out.shape == (24, 256) and torch.isfinite(out).all()
+        assert out.shape == (24, hidden) and torch.isfinite(out).all()
