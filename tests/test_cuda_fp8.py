@@ -43,9 +43,10 @@ def _specs() -> list[jit.KernelSpec]:
     for m, mode in ((1, "group"), (4096, "group"), (128, "rowcol")):  # W4A8 int4
         tuning = fp8_gemm.choose_tile_tuning(m, 8192, 8192, H200, "int4")
         specs.append(fp8_gemm.fp8_spec("int4", mode, "bf16", "f16", tuning))
-    two_per_promotion = dataclasses.replace(fp8_gemm.choose_tile_tuning(4096, 8192, 8192, H200), promote_blocks=2)
-    for w in ("int4", "e4m3"):  # two K blocks summed before each promotion
-        specs.append(fp8_gemm.fp8_spec(w, "rowcol", "bf16", "bf16", two_per_promotion))
+    for promote in (2, 4):  # two or four K blocks summed before each promotion
+        tuning = dataclasses.replace(fp8_gemm.choose_tile_tuning(4096, 8192, 8192, H200), promote_blocks=promote)
+        for w in ("int4", "e4m3"):
+            specs.append(fp8_gemm.fp8_spec(w, "rowcol", "bf16", "bf16", tuning))
     for m, n in ((1, 4096), (4096, 28672)):  # W4A8 MXFP4
         tuning = fp8_gemm.choose_tile_tuning(m, n, 8192, H200, "mxfp4")
         specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "bf16", "bf16", tuning))
@@ -131,8 +132,8 @@ def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
     than waiting first: all its prmt (int4: 4 per 32-bit word of codes, 8 words; MXFP4: 2 per 4 codes and 2
     per k-step for the table shifts) come while a group runs: before the wait with 128-token tiles, before the
     next group is queued with two accumulator sets (tiles of at most 64 tokens, whose promotions then run
-    while the next group does) and with two K blocks per promotion (the second block's conversion while the
-    first's group runs, the third's between the waits for the two). int4 keeps its table words in registers
+    while the next group does) and with several K blocks per promotion (block i + 1's conversion while block
+    i's group runs, block i + 2's between the waits for the two). int4 keeps its table words in registers
     (ptxas copies a constant into a register before each of 32 prmt else)."""
     for name, kernel in compiled.items():
         prmts = 32 if "_w4a8_" in name else 40 if "_wmxfp4a8_" in name else None
@@ -145,7 +146,7 @@ def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
             gaps = instructions_between_groups(sass, "QGMMA", only="PRMT")
             promotions = instructions_after_each_wait(sass, "QGMMA", pending=1)
             assert len(promotions) >= 2 and min(promotions) >= block_m // 2, (name, promotions)
-        elif name.endswith("_p2"):  # block i + 2's conversion between the waits for block i and block i + 1
+        elif name.endswith(("_p2", "_p4")):  # block i + 2's conversion between the waits for blocks i and i + 1
             gaps, windows = instructions_between_waits(sass, pending=1, only="PRMT"), 1
         else:
             gaps = instructions_before_each_wait(sass, "QGMMA", only="PRMT")
@@ -813,21 +814,26 @@ def test_persistent_grid_gives_the_bits_of_one_block_per_tile(tile, k, seed, fp8
 @pytest.mark.gpu
 @pytest.mark.parametrize("w", ["e4m3", "int4"])
 @pytest.mark.parametrize("k", [896, 1024, 8192])  # 7 (an odd last block), 8 and 64 K blocks
-def test_two_k_blocks_per_promotion_match_one(w, k, seed, fp8_sm90):
-    """128-token tiles of per-channel weights summing two K blocks in the tensor core before each promotion:
-    against the float64 reference as closely as one block per promotion, split along K and persistent too."""
+def test_k_blocks_per_promotion_match_one(w, k, seed, fp8_sm90):
+    """128-token tiles of per-channel weights summing two or four K blocks in the tensor core before each
+    promotion: against the float64 reference about as closely as one block per promotion (two: within 5%,
+    four: 15%), split along K and persistent too."""
     qw, qa, _, ref = _problem(Case(200, 1000, k, -1, "fp8", w=w))
     prep = fp8_gemm.prepare(qw)
     for splits, persistent in ((1, False), (2, False), (1, True)):
         errors = []
-        for promote in (1, 2):
+        for promote in (1, 2, 4):
             tuning = fp8_gemm.Fp8Tuning(
                 2, 128, 4, 1, splits=splits, tma_store=splits == 1, persistent=persistent, promote_blocks=promote
             )
             out = fp8_gemm.run(prep, qa, qa.scheme, None, torch.bfloat16, tuning=tuning)
             assert_rel_close(out, ref, precision=torch.float64, seed=seed)
             errors.append((out.double() - ref).norm() / ref.norm())
-        assert errors[1] <= 1.05 * errors[0] + 1e-4, (splits, persistent, errors)
+        assert errors[1] <= 1.05 * errors[0] + 1e-4 and errors[2] <= 1.15 * errors[0] + 1e-4, (
+            splits,
+            persistent,
+            errors,
+        )
 
 
 @pytest.mark.gpu

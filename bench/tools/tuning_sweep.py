@@ -80,7 +80,7 @@ def gemm_tunings(m: int, n: int, k: int, layout, limits) -> list[_gemm_sm90.Gemm
 def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) -> list[Fp8Tuning]:
     """The default, and each (warpgroups, blocks per SM) with the stages shared memory holds, with one split
     and with the split count that fills one wave; those of one split with more tiles than block slots also on a
-    persistent grid; where two K blocks may share a promotion, each also with two."""
+    persistent grid; where K blocks may share a promotion, each also with two and four."""
     base = choose_tuning(m, n, k, limits, w_format)
     out = [base]
     for wgs, blocks in ((1, 2), (2, 1), (1, 1), (2, 2)):
@@ -102,8 +102,8 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) 
         if t.splits == 1 and math.ceil(n / t.block_n) * math.ceil(m / t.block_m) > limits.sm_count * t.min_blocks
     ]
     out += walks
-    doubled = [dataclasses.replace(t, promote_blocks=2) for t in out]
-    return out + [t for t in doubled if t.promotes_every(scale_mode) == 2]
+    fewer = [dataclasses.replace(t, promote_blocks=p) for p in (2, 4) for t in out]
+    return out + [t for t in fewer if t.promotes_every(scale_mode) == t.promote_blocks]
 
 
 def _spec(kernel: str, qw, prep, tuning):

@@ -32,8 +32,8 @@ class Fp8Tuning:
     grid is ``persistent``: one block per block slot (``sm_count * min_blocks``), each walking the tiles
     ``b, b + grid, ...`` with its stage ring running on across them, so that a tile's first loads overlap the
     epilogue of the one before (one split only; grouped blocks skip the tiles of unused segments), and the K
-    blocks of 128 the tensor core sums before each promotion to fp32 (``promote_blocks``, 1 or 2; 2 applies where
-    the scales wait for the epilogue and tiles are 128 tokens, :meth:`promotes_every`)."""
+    blocks of 128 the tensor core sums before each promotion to fp32 (``promote_blocks``, 1, 2 or 4; above 1 applies
+    where the scales wait for the epilogue and tiles are 128 tokens, :meth:`promotes_every`)."""
 
     wgs: int
     block_m: int
@@ -50,8 +50,8 @@ class Fp8Tuning:
             raise ValueError(f"splits: expected an int >= 1, got {self.splits!r}")
         if self.persistent and self.splits > 1:
             raise ValueError(f"persistent: a persistent grid runs one split, got splits={self.splits}")
-        if self.promote_blocks not in (1, 2):
-            raise ValueError(f"promote_blocks: expected 1 or 2, got {self.promote_blocks!r}")
+        if self.promote_blocks not in (1, 2, 4):
+            raise ValueError(f"promote_blocks: expected 1, 2 or 4, got {self.promote_blocks!r}")
 
     def promotes_every(self, scale_mode: str) -> int:
         """K blocks per promotion for weights of ``scale_mode``: ``promote_blocks`` with scales applied in the

@@ -19,9 +19,9 @@
 //   plain fp32, into the running total (tensor-core fp8 accumulation keeps fewer mantissa bits than fp32;
 //   promoting once per 128 keeps the sum at fp32 accuracy). With kBlockScale the K block's partial sum is
 //   multiplied by its scales there: weight block (128 x 128) times activation group (1 x 128) — the
-//   DeepSeek-V3 recipe. Where the scales wait for the epilogue, 128-token tiles may sum two K blocks in the
-//   tensor core before each promotion (kPromoteBlocks = 2, a tuning: 8 fp8 accumulation steps of 32 instead
-//   of 4, still far below a bf16 / fp16 output's rounding), which halves the promotions' adds and waits;
+//   DeepSeek-V3 recipe. Where the scales wait for the epilogue, 128-token tiles may sum two or four K blocks
+//   in the tensor core before each promotion (kPromoteBlocks, a tuning: 8 or 16 fp8 accumulation steps of 32
+//   instead of 4), which halves or quarters the promotions' adds and waits;
 // - epilogue: total * w_scale[n] * x_scale[m] + bias[n] (per-channel or per-tensor weights, per-token or
 //   per-tensor activations), rounded to bf16 / fp16, written transposed into shared memory with
 //   stmatrix.trans (128-byte swizzled, conflict-free) and stored by TMA, which clips rows and columns
@@ -232,8 +232,8 @@ __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadS
 // weight scales of each K block at each promotion, activation scales in the epilogue.
 // kTmaStore: epilogue through shared memory (stmatrix) and a TMA store; else plain global stores.
 // kGrouped: the MoE variant; kSplitK: blockIdx.z adds its K range's partial sums into p.out (header comment).
-// kPromoteBlocks: K blocks whose wgmmas add into the same accumulators before each promotion, 1 or 2 (2: scale
-// mode 0 with 128-token tiles; the header comment's "promotion").
+// kPromoteBlocks: K blocks whose wgmmas add into the same accumulators before each promotion, 1, 2 or 4 (above 1:
+// scale mode 0 with 128-token tiles; the header comment's "promotion").
 template <int kWgs, int kBlockM, int kStages, int kWFormat, int kScaleMode, bool kTmaStore, bool kGrouped,
           bool kSplitK, DType O, DType B, int kProducerRegs, int kConsumerRegs, int kPromoteBlocks>
 __device__ __forceinline__ void run(const Params& p) {
@@ -252,8 +252,9 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
   static_assert(!kTmaStore || O == DType::bf16 || O == DType::f16, "the TMA-store epilogue writes 16-bit floats");
   static_assert(!kSplitK || (!kTmaStore && !kGrouped && O == DType::f32), "split-K adds fp32 with plain stores");
-  static_assert(kPromoteBlocks == 1 || (kPromoteBlocks == 2 && kScaleMode == 0 && !kTwoAccumulators),
-                "two K blocks per promotion: scales in the epilogue, one accumulator set");
+  static_assert(kPromoteBlocks == 1 || ((kPromoteBlocks == 2 || kPromoteBlocks == 4) && kScaleMode == 0 &&
+                                        !kTwoAccumulators),
+                "two or four K blocks per promotion: scales in the epilogue, one accumulator set");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -403,21 +404,24 @@ __device__ __forceinline__ void run(const Params& p) {
           two_sets(kb_begin, kb_count, load_scales, [&](int i, int parity) {
             issue_ss(i, parity ? acc1 : acc, 0);
           }, promote, acc, acc1);
-        } else if constexpr (kPromoteBlocks == 2) {
-          // blocks i and i + 1 into acc back to back; block i's stage released once its wgmmas are done
+        } else if constexpr (kPromoteBlocks > 1) {
+          // blocks i .. i + kPromoteBlocks - 1 into acc back to back, each issued behind the one before; a
+          // block's stage released once its wgmmas are done; one promotion for all of them
           const BlockScales b{};
-          for (int i = 0; i < kb_count; i += 2) {
+          for (int i = 0; i < kb_count; i += kPromoteBlocks) {
             issue_ss(i, acc, 0);
-            if (i + 1 < kb_count) {
-              issue_ss(i + 1, acc, 1);
-              wgmma_wait<1>();
-              release(i);
-              wgmma_wait<0>();
-              promote(acc, i + 1, b);
-            } else {
-              wgmma_wait<0>();
-              promote(acc, i, b);
+            int last = i;
+#pragma unroll
+            for (int p = 1; p < kPromoteBlocks; ++p) {
+              if (i + p < kb_count) {
+                issue_ss(i + p, acc, 1);
+                wgmma_wait<1>();
+                release(i + p - 1);
+                last = i + p;
+              }
             }
+            wgmma_wait<0>();
+            promote(acc, last, b);
           }
         } else {
           for (int i = 0; i < kb_count; ++i) {
@@ -478,27 +482,32 @@ __device__ __forceinline__ void run(const Params& p) {
             convert(i, a);
             issue(i, a, parity ? acc1 : acc, 0);
           }, promote, acc, acc1);
-        } else if constexpr (kPromoteBlocks == 2) {
-          // Blocks i and i + 1 into acc: block i + 1 is converted while block i's wgmmas run and issued behind
-          // them; once block i's are done (wait<1>) its stage is released and block i + 2 converted into its A
-          // fragments while block i + 1's run; then one promotion for both. Nothing stays in flight across the
-          // loop (ptxas would serialise the wgmmas).
+        } else if constexpr (kPromoteBlocks > 1) {
+          // Blocks i .. i + kPromoteBlocks - 1 into acc: block i + p is converted into A fragment set p while
+          // block i + p - 1's wgmmas run and issued behind them; once those are done (wait<1>) block i + p - 1's
+          // stage is released. The next group's first block is converted into set 0 while the group's last
+          // runs; then one promotion for the group. A set per block: ptxas serialises the wgmmas where
+          // registers an in-flight chain of wgmmas read are written and read again before it is waited on,
+          // and where anything stays in flight across the loop.
+          uint32_t ap[kPromoteBlocks][kBK / 32][4];
           const BlockScales b{};
-          if (kb_count > 0) convert(0, a0);
-          for (int i = 0; i < kb_count; i += 2) {
-            issue(i, a0, acc, 0);
-            if (i + 1 < kb_count) {
-              convert(i + 1, a1);
-              issue(i + 1, a1, acc, 1);
-              wgmma_wait<1>();
-              release(i);
-              if (i + 2 < kb_count) convert(i + 2, a0);
-              wgmma_wait<0>();
-              promote(acc, i + 1, b);
-            } else {
-              wgmma_wait<0>();
-              promote(acc, i, b);
+          if (kb_count > 0) convert(0, ap[0]);
+          for (int i = 0; i < kb_count; i += kPromoteBlocks) {
+            issue(i, ap[0], acc, 0);
+            int last = i;
+#pragma unroll
+            for (int p = 1; p < kPromoteBlocks; ++p) {
+              if (i + p < kb_count) {
+                convert(i + p, ap[p]);
+                issue(i + p, ap[p], acc, 1);
+                wgmma_wait<1>();
+                release(i + p - 1);
+                last = i + p;
+              }
             }
+            if (i + kPromoteBlocks < kb_count) convert(i + kPromoteBlocks, ap[0]);
+            wgmma_wait<0>();
+            promote(acc, last, b);
           }
         } else {
           // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
