@@ -115,8 +115,8 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
         assert f"QGMMA.64x{block_m}x32.F32.E4M3.E4M3" in sass, name
         if "_w4a8_" in name or "_wmxfp4a8_" in name:  # A from registers, fed by bulk copies and prmt lookups
             assert re.search(rf"QGMMA\.64x{block_m}x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", sass), name
-            # int4: 3 prmt per 4 codes, 16 groups of 4 per stage; MXFP4: 2 per 4 codes + 8 shift broadcasts
-            assert "UBLKCP" in sass and sass.count("PRMT") >= (40 if "_wmxfp4a8_" in name else 48), name
+            # int4: 3 prmt per 4 codes, 16 groups of 4 per stage; MXFP4: 1 per 4 codes + 8 offset extractions
+            assert "UBLKCP" in sass and sass.count("PRMT") >= (24 if "_wmxfp4a8_" in name else 48), name
         for op in ("UTMALDG.2D", "USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"):
             assert op in sass, (name, op)
         tma_store = not name.endswith("_stg")
@@ -129,14 +129,14 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
 @needs_nvrtc
 def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
     """W4A8 (int4, MXFP4): the next K block's whole conversion of codes to e4m3 overlaps a wgmma group rather
-    than waiting first: all its prmt (int4: 4 per 32-bit word of codes, 8 words; MXFP4: 2 per 4 codes and 2
-    per k-step for the table shifts) come while a group runs: before the wait with 128-token tiles, before the
+    than waiting first: all its prmt (int4: 4 per 32-bit word of codes, 8 words; MXFP4: 2 per word and 2
+    per k-step for the table offsets) come while a group runs: before the wait with 128-token tiles, before the
     next group is queued with two accumulator sets (tiles of at most 64 tokens, whose promotions then run
     while the next group does) and with several K blocks per promotion (block i + 1's conversion while block
     i's group runs, block i + 2's between the waits for the two). int4 keeps its table words in registers
     (ptxas copies a constant into a register before each of 32 prmt else)."""
     for name, kernel in compiled.items():
-        prmts = 32 if "_w4a8_" in name else 40 if "_wmxfp4a8_" in name else None
+        prmts = 32 if "_w4a8_" in name else 24 if "_wmxfp4a8_" in name else None
         if prmts is None:
             continue
         sass = cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path)
@@ -499,47 +499,73 @@ def test_int4_tiles_are_the_wgmma_fragments(group, seed):
         assert torch.equal(prep.w_scale[:n], scales.expand(n, 1).reshape(n))
 
 
-def _e2m1x8_to_e4m3(word: int, shift_lo: int, shift_hi: int) -> tuple[int, int]:
-    """The header's mx_table and e2m1x8_to_e4m3, run on the host with the header's constants (32-bit adds)."""
+def _e2m1x8_to_e4m3(word: int, offset_lo: int, offset_hi: int) -> tuple[int, int]:
+    """The header's mx_table and e2m1x8_to_e4m3, run on the host with the header's constants (32-bit
+    multiply-adds) on a word packed as the kernel reads it."""
     text = (jit.INCLUDE_DIR / "humming" / "fp8_gemm_sm90.cuh").read_text()
-    c = {k: int(v, 16) for k, v in re.findall(r"(kMx(?:Pos|Neg)[01]) = (0x[0-9A-F]+)u", text)}
-    flipped = word ^ 0x88888888
+    pairs = re.findall(r"offset \* (0x\w+)u \+ (0x\w+)u", text)
+    (m_lo, c_lo), (m_hi, c_hi) = [(int(a, 16), int(b, 16)) for a, b in pairs]
 
-    def half(codes: int, flipped_codes: int, shift: int) -> int:
-        pos = ((c["kMxPos0"] + (shift << 8)) & 0xFFFFFFFF, (c["kMxPos1"] + shift) & 0xFFFFFFFF)
-        neg = ((c["kMxNeg0"] + shift) & 0xFFFFFFFF, (c["kMxNeg1"] - shift) & 0xFFFFFFFF)
-        return _prmt(*pos, codes) ^ _prmt(*neg, flipped_codes)
+    def table(offset: int) -> tuple[int, int]:
+        return (offset * m_lo + c_lo) & 0xFFFFFFFF, (offset * m_hi + c_hi) & 0xFFFFFFFF
 
-    return half(word, flipped, shift_lo), half(word >> 16, flipped >> 16, shift_hi)
+    magnitudes = word & 0x77777777
+    lo = ((word << 4) & 0x80808080) | _prmt(*table(offset_lo), magnitudes)
+    hi = (word & 0x80808080) | _prmt(*table(offset_hi), magnitudes >> 16)
+    return lo, hi
 
 
 _E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 
 
+def _mx_word(codes: list[int]) -> int:
+    """Eight e2m1 codes (places 0-3: row r, 4-7: row r + 8) as the packed word the kernel reads."""
+    raw = torch.tensor([sum(c << (4 * p) for p, c in enumerate(codes))], dtype=torch.int64)
+    raw = torch.where(raw >= 2**31, raw - 2**32, raw).to(torch.int32).view(torch.uint8)
+    return int(_fp8_layout._pack_mx_signs(raw).view(torch.int32)) & 0xFFFFFFFF
+
+
 def _e4m3_table() -> torch.Tensor:
-    """uint8 [12, 16]: the kernel's e4m3 byte of kernel code c under shift byte 8 (d + 5), d = -5 .. 6 (the
-    low half of a word under one shift, the high half under the next)."""
+    """uint8 [13, 16]: the kernel's e4m3 byte of e2m1 code c under table offset o = 0 .. 12 (d = o - 6; offset 0
+    is that of groups of zeros), each code at every place of a word (the low half of a word under one offset,
+    the high half under another)."""
     rows = []
-    for shift in range(0, 96, 8):
-        words = [sum((c + i) << (4 * i) for i in range(8)) for c in (0, 8)]  # codes 0 .. 15
-        lo_hi = [_e2m1x8_to_e4m3(w, shift * 0x01010101, shift * 0x01010101) for w in words]
-        rows.append([(half >> (8 * j)) & 0xFF for pair in lo_hi for half in pair for j in range(4)])
-        other = _e2m1x8_to_e4m3(words[0], 0, shift * 0x01010101)[1]  # the high half reads its own shift
-        assert [(other >> (8 * j)) & 0xFF for j in range(4)] == rows[-1][4:8]
+    for offset in range(13):
+        row = []
+        for c in range(16):
+            places = []
+            for p in range(8):
+                codes = [(c + 5 * q) % 16 if q != p else c for q in range(8)]
+                other = (offset + 1) % 13  # the other half's offset
+                lo, hi = _e2m1x8_to_e4m3(_mx_word(codes), *((offset, other) if p < 4 else (other, offset)))
+                places.append(((lo if p < 4 else hi) >> (8 * (p % 4))) & 0xFF)
+            assert len(set(places)) == 1, (offset, c, places)  # the same byte at every place
+            row.append(places[0])
+        rows.append(row)
     return torch.tensor(rows, dtype=torch.uint8)
 
 
 def test_e2m1_codes_turn_into_e2m1_times_two_to_the_shift():
-    """Every e2m1 code, as its kernel code (_E2M1_CODES), under every table shift: e2m1 * 2^d in e4m3
-    (-0 as 0); codes are a bijection but for -0, code 0 is the zero padding."""
-    codes = torch.tensor(_fp8_layout._E2M1_CODES)
-    assert codes[0] == 0 and codes[8] == 0 and len(set(codes.tolist())) == 15
+    """Every e2m1 code at every place of a packed word, under every table offset d + 6: e2m1 * 2^d in e4m3
+    (-0 as -0); groups of zeros (offset 0) decode +-0 to +-0."""
     table = _e4m3_table()
-    for i, d in enumerate(range(-5, 7)):
+    for d in range(-5, 7):
         want = _E2M1 * 2.0**d
         assert torch.equal(want.to(torch.float8_e4m3fn).to(torch.float64), want), d  # exact: every value is an e4m3
-        got = table[i][codes].view(torch.float8_e4m3fn).to(torch.float64)
-        assert torch.equal(got, want), d  # -0 == 0
+        got = table[d + 6].view(torch.float8_e4m3fn).to(torch.float64)
+        assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit()), d
+    assert table[0, 0] == 0 and table[0, 8] == 0x80
+
+
+def _unpack_mx_signs(tiles: torch.Tensor) -> torch.Tensor:
+    """The inverse of the layout's sign move: nibble j of a word gets the sign in bit 3 of nibble 2j, nibble
+    4 + j that of nibble 2j + 1."""
+    words = tiles.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    out = words & 0x77777777
+    for j in range(4):
+        out |= ((words >> (8 * j + 3)) & 1) << (4 * j + 3)
+        out |= ((words >> (8 * j + 7)) & 1) << (16 + 4 * j + 3)
+    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32).view(torch.uint8)
 
 
 def _mx_weight(n: int, k: int, exps: torch.Tensor, codes: torch.Tensor | None = None):
@@ -554,8 +580,8 @@ def _mx_weight(n: int, k: int, exps: torch.Tensor, codes: torch.Tensor | None = 
 @pytest.mark.parametrize("global_scale", [None, 0.37])
 @pytest.mark.parametrize("n,k,span", [(130, 300, 12), (64, 128, 1), (256, 1024, 12), (70, 40, 3)])
 def test_mxfp4_tiles_decode_to_dequantize_bit_for_bit(n, k, span, global_scale, seed):
-    """Decode the packed tiles as the kernel does (fragment order, shift byte per row and k-step, the folded
-    table) and scale by the per-(row, 128-K) fp32 scale: the result is ``humming.dequantize`` bit for bit."""
+    """Decode the packed tiles as the kernel does (fragment order, signs moved, table offset per row and k-step)
+    and scale by the per-(row, 128-K) fp32 scale: the result is ``humming.dequantize`` bit for bit."""
     groups = -(-k // 32)
     exps = torch.randint(127 - 20, 127 - 20 + span, (n, groups))
     codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
@@ -566,16 +592,16 @@ def test_mxfp4_tiles_decode_to_dequantize_bit_for_bit(n, k, span, global_scale, 
         qw = qw.replace(global_scale=torch.tensor(global_scale))
     prep = fp8_gemm.prepare(qw)
     assert prep.w_format == "mxfp4" and prep.scale_mode == "group" and prep.weight.shape[-1] == 4096 + 256
-    codes_back = _read_tiles(prep.weight[..., :4096])
+    codes_back = _read_tiles(_unpack_mx_signs(prep.weight[..., :4096]))
     n_pad, k_pad = codes_back.shape
-    assert torch.equal(codes_back[:n, :k], torch.tensor(_fp8_layout._E2M1_CODES)[codes.long()])
+    assert torch.equal(codes_back[:n, :k], codes.long())
     assert not codes_back[n:].any() and not codes_back[:, k:].any()
-    # shift byte of (row r, k-step g) of a tile at 4 r + g after its codes
-    shifts = prep.weight[..., 4096:].reshape(n_pad // 64, k_pad // 128, 64, 4).permute(0, 2, 1, 3)
-    shifts = shifts.reshape(n_pad, k_pad // 32).to(torch.int64)
-    assert (shifts % 8 == 0).all() and (shifts <= 88).all()
-    shift = shifts.repeat_interleave(32, 1)  # [N, K] per element
-    e4m3 = _e4m3_table()[shift // 8, codes_back]
+    # offset byte of (row r, k-step g) of a tile at 4 r + g after its codes
+    offsets = prep.weight[..., 4096:].reshape(n_pad // 64, k_pad // 128, 64, 4).permute(0, 2, 1, 3)
+    offsets = offsets.reshape(n_pad, k_pad // 32).to(torch.int64)
+    assert (offsets <= 12).all() and (offsets[:n, 1:] > 0).any()
+    offset = offsets.repeat_interleave(32, 1)  # [N, K] per element
+    e4m3 = _e4m3_table()[offset, codes_back]
     scale = prep.w_group_scale.T.repeat_interleave(128, 1)  # [N, K] fp32 per row and 128-K block
     values = e4m3.view(torch.float8_e4m3fn).to(torch.float64) * scale.to(torch.float64)
     assert torch.equal(values[:n, :k].to(torch.float32), humming.dequantize(qw, torch.float32))

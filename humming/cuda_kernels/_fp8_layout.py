@@ -1,7 +1,7 @@
 """Weight layout of the FP8 GEMM (:mod:`humming.cuda_kernels.fp8_gemm`): which weights the kernel takes
 (:func:`weight_unsupported`), and :func:`prepare`, which turns a ``QuantizedWeight`` into the kernel's view
 (:class:`PreparedFp8`): e4m3 bytes, or 4-bit codes tiled in wgmma fragment order, MXFP4 scales folded into
-table shifts and per-block fp32 scales; expert-stacked weights (the grouped variant) expert by expert."""
+table offsets and per-block fp32 scales; expert-stacked weights (the grouped variant) expert by expert."""
 
 from __future__ import annotations
 
@@ -122,9 +122,10 @@ def _prepare_int4(qw, kp: int, scales: torch.Tensor) -> PreparedFp8:
 @dataclass(frozen=True)
 class _MxFold:
     """MXFP4 scales split for the kernel: ``2^e`` of each (row, 32-K group) = ``2^d`` in the e2m1 -> e4m3
-    table (``shifts``, the byte 8 (d + 5)) times a per-(row, 128-K block) fp32 ``block_scale``."""
+    table (``offsets``, the byte d + 6; 0 for groups without a nonzero code) times a per-(row, 128-K block)
+    fp32 ``block_scale``."""
 
-    shifts: torch.Tensor  # uint8 [round_up(N, 128), round_up(K, 128) / 32]
+    offsets: torch.Tensor  # uint8 [round_up(N, 128), round_up(K, 128) / 32]
     block_scale: torch.Tensor  # fp32 [round_up(K, 128) / 128, round_up(N, 128)], zero past N and K
 
 
@@ -186,28 +187,36 @@ def _compute_mx_fold(qw) -> _MxFold | str:
             f"MXFP4 scales of row {row}, K {128 * kb}..{128 * kb + 127} span {span + 1} binades; the W4A8 GEMM"
             f" folds at most {_MX_SHIFTS[1] - _MX_SHIFTS[0] + 1} per 128 of K exactly"
         )
-    shifts = torch.where(live, 8 * (d - _MX_SHIFTS[0]), 0).to(torch.uint8).view(n_pad, k_pad // 32)
+    offsets = torch.where(live, d - _MX_SHIFTS[0] + 1, 0).to(torch.uint8).view(n_pad, k_pad // 32)
     top = top.view(n_pad, k_pad // 128)
     scale = torch.where(top > dead, torch.ldexp(torch.ones_like(top, dtype=torch.float64), top - 6), 0.0)
     scale = scale.to(torch.float32)
     if qw.global_scale is not None:
         scale = scale * qw.global_scale.to(torch.float32)
-    return _MxFold(shifts, scale.T.contiguous())
+    return _MxFold(offsets, scale.T.contiguous())
 
 
-#: The kernel's 4-bit code of each e2m1 code (sign bit 3, magnitude 0, .5, 1, 1.5, 2, 3, 4, 6): the code
-#: ``e2m1x8_to_e4m3`` (fp8_gemm_sm90.cuh) turns into that value; -0 becomes 0, code 0.
-_E2M1_CODES = (0, 1, 2, 3, 8, 9, 10, 11, 0, 4, 5, 6, 7, 12, 13, 14)
+def _pack_mx_signs(tiles: torch.Tensor) -> torch.Tensor:
+    """Tiles of e2m1 codes (:func:`_pack_nibbles`: nibble p of a word, row r + 8 (p // 4), sign bit 3) with the
+    signs moved for ``e2m1x8_to_e4m3`` (fp8_gemm_sm90.cuh): bits 0-2 of each nibble keep its magnitude; bit 3
+    of nibble 2j holds the sign of nibble j (row r, byte j of the low result), of nibble 2j + 1 that of nibble
+    4 + j (row r + 8, byte j of the high one)."""
+    words = tiles.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    out = words & 0x77777777
+    for j in range(4):
+        out |= ((words >> (4 * j + 3)) & 1) << (8 * j + 3)
+        out |= ((words >> (16 + 4 * j + 3)) & 1) << (8 * j + 7)
+    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32).view(torch.uint8)
 
 
 def _prepare_mxfp4(qw, kp: int) -> PreparedFp8:
     fold = _fold_mx(qw)
     n, k = qw.N, qw.K
     n_pad, k_pad = cdiv(n, 128) * 128, cdiv(k, 128) * 128
-    codes = _kernel_codes(qw, _E2M1_CODES)
-    # shift byte of (row r of a tile, k-step g) at 4 r + g after the tile's codes
-    shifts = fold.shifts.view(n_pad // 64, 64, k_pad // 128, 4).permute(0, 2, 1, 3).reshape(n_pad // 64, -1, 256)
-    weight = torch.cat((_pack_nibbles(codes), shifts), dim=-1).contiguous()
+    codes = _kernel_codes(qw, tuple(range(16)))  # the e2m1 codes as they are
+    # offset byte of (row r of a tile, k-step g) at 4 r + g after the tile's codes
+    offsets = fold.offsets.view(n_pad // 64, 64, k_pad // 128, 4).permute(0, 2, 1, 3).reshape(n_pad // 64, -1, 256)
+    weight = torch.cat((_pack_mx_signs(_pack_nibbles(codes)), offsets), dim=-1).contiguous()
     return PreparedFp8(n, k, kp, "mxfp4", "group", weight, None, None, fold.block_scale)
 
 

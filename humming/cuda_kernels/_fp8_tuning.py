@@ -13,7 +13,7 @@ from .jit import per_call_cache
 
 _BK = 128  # K per pipeline stage
 _TILE_BYTES = 4096  # one 64-row x 128-K tile of 4-bit codes
-_SHIFT_BYTES = 256  # MXFP4: the table shifts of a tile's 64 rows x 4 k-steps, after its codes
+_SHIFT_BYTES = 256  # MXFP4: the table offsets of a tile's 64 rows x 4 k-steps, after its codes
 _BLOCK_M_CHOICES = (8, 16, 32, 64, 128)
 _MIN_SPLIT_KB = 8  # K blocks of 128 per split at least: a split still fills a few pipeline stages
 #: K blocks of 128 below which one split runs: a short K's tiles are quick, and the split's fixed costs (the

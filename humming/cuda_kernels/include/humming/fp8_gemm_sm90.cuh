@@ -33,12 +33,12 @@
 //   with two 16-byte shared loads and turns every 4 codes into 4 e4m3 bytes with two prmt and one lop3;
 //   wgmma takes A from registers, and the next K block is converted into a second set of them while the
 //   wgmmas run. Group scales (groups of 128 multiples along K) are applied per row at each promotion.
-// - W4A8 MXFP4 (kWFormat == 2): e2m1 codes in the same tiles, each followed by 256 bytes of shifts (one
-//   byte per row and 32-K group = one wgmma k-step); one bulk copy fetches both. The e8m0 scales are folded on the host: per row and
-//   128-K block, 2^(max group exponent - 6) goes into the per-row scale of the promotion (scale mode 2),
-//   and each group's remaining 2^d (d in [-5, 6]) into the consumer's code -> e4m3 table (an integer
-//   add or subtract per byte: e2m1 * 2^d stays an e4m3 normal; `mx_table`). Exact: the products are
-//   those of dequantize.
+// - W4A8 MXFP4 (kWFormat == 2): e2m1 codes (sign and magnitude) in the same tiles, each tile followed by 256
+//   bytes of table offsets (one byte per row and 32-K group = one wgmma k-step); one bulk copy fetches both.
+//   The e8m0 scales are folded on the host: per row and 128-K block, 2^(max group exponent - 6) goes into the
+//   per-row scale of the promotion (scale mode 2), and each group's remaining 2^d (d in [-5, 6]) into the
+//   consumer's magnitude -> e4m3 table (two integer multiply-adds: e2m1 * 2^d stays an e4m3 normal;
+//   `mx_table`). Exact: the products are those of dequantize.
 // - Grouped (MoE) variant, kGrouped: the weights are E experts stacked along N, each N rounded up to Np, a
 //   multiple of 128, with zero rows (e4m3: one [E * Np, Kp] map; 4-bit: expert e's tiles after those of
 //   experts 0 .. e-1), scales likewise ([E * Np] per-channel, [E * Np / 128, num_kb] blocks, [num_kb, E * Np]
@@ -91,7 +91,7 @@ static_assert(sizeof(Params) == 512, "the host mirrors this layout (fp8_gemm.py,
 constexpr int kBK = 128;  // K per pipeline stage (bytes of e4m3 per tile row)
 
 // Weight formats (kWFormat): e4m3 bytes through TMA, or 4-bit codes pre-tiled in fragment order: int4, or
-// MXFP4 e2m1 with a 256-byte block of per-(row, k-step) table shifts after each 4 KiB tile.
+// MXFP4 e2m1 with a 256-byte block of per-(row, k-step) table offsets after each 4 KiB tile.
 enum WFormat : int { kE4m3 = 0, kInt4 = 1, kMxfp4 = 2 };
 constexpr int kCodeBytes = 4096;  // one 64-row x 128-K tile of 4-bit codes
 constexpr int kShiftBytes = 256;  // MXFP4: 64 rows x 4 k-steps, after the codes
@@ -133,28 +133,28 @@ __device__ __forceinline__ void int4x8_to_e4m3(uint32_t w, uint32_t pos0, uint32
   hi = prmt(pos0, kPos1, w >> 16) ^ prmt(neg0, kNeg1, flipped >> 16);
 }
 
-// MXFP4: e2m1 values as 4-bit codes decoded like int4's (int4x8_to_e4m3): codes 0-3 -> 0, .5, 1, 1.5 and
-// 8-11 -> 2, 3, 4, 6; codes 4-7 -> -.5, -1, -1.5, -2 and 12-14 -> -3, -4, -6 (15 is unused, -0 is code
-// 0; _fp8_layout.py, `_E2M1_CODES`), each times 2^d. The tables hold them times 2^-5; `mx_table` raises
-// the exponent field of every nonzero entry by d + 5 (shift byte 8 (d + 5), 0 .. 88, in every byte of
-// `shift`): added to the values, subtracted from the inverted ones; no byte carries or borrows.
-constexpr uint32_t kMxPos0 = 0x14100800u, kMxPos1 = 0x98949088u;  // {0, .5, 1, 1.5 | -.5, -1, -1.5, -2} 2^-5
-constexpr uint32_t kMxNeg0 = 0x24201C18u, kMxNeg1 = 0x5B5B5F63u;  // {2, 3, 4, 6} 2^-5 | ~{-3, -4, -6, -6} 2^-5
-
+// MXFP4: the e4m3 byte of e2m1 magnitude code m (0, .5, 1, 1.5, 2, 3, 4, 6) times 2^d, from the table offset
+// o = d + 6 (1 .. 12; _fp8_layout.py, `_compute_mx_fold`): 0 for m = 0, 8 o for .5 (exponent field o), and
+// 8 o + {8, 12, 16, 20, 24, 28} for 1 .. 6 (exponent and mantissa fields of 2^(m / 2 - 1) (1 + m % 2 / 2) 2^d);
+// every byte stays below 0x80. `mx_table` builds the eight bytes as two words, one multiply-add each.
 struct MxTable {
-  uint32_t pos0, pos1, neg0, neg1;
+  uint32_t lo, hi;  // e4m3 bytes of magnitude codes 0-3 and 4-7
 };
 
-__device__ __forceinline__ MxTable mx_table(uint32_t shift) {
-  return {kMxPos0 + (shift << 8), kMxPos1 + shift, kMxNeg0 + shift, kMxNeg1 - shift};
+__device__ __forceinline__ MxTable mx_table(uint32_t offset) {
+  return {offset * 0x08080800u + 0x0C080000u, offset * 0x08080808u + 0x1C181410u};
 }
 
-// Eight codes of `w` -> e4m3 bytes of codes 0-3 (table `lo_t`) in `lo`, 4-7 (table `hi_t`) in `hi`.
+// Eight codes of `w` -> e4m3 bytes of row r (table `lo_t`) in `lo`, row r + 8 (`hi_t`) in `hi`. The host packs
+// each word as nibbles whose bits 0-2 are magnitude codes (nibbles 0-3: lo's bytes 0-3, 4-7: hi's) and whose
+// bit 3 is a sign: nibble 2j that of lo's byte j, nibble 2j + 1 that of hi's byte j (`_pack_mx_signs`), so
+// that prmt looks up four magnitudes from the low half of the masked word (its selectors' bit 3, the sign
+// replication, clear) and one and-or moves four signs into place.
 __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, const MxTable& lo_t, const MxTable& hi_t, uint32_t& lo,
                                                uint32_t& hi) {
-  const uint32_t flipped = w ^ 0x88888888u;
-  lo = prmt(lo_t.pos0, lo_t.pos1, w) ^ prmt(lo_t.neg0, lo_t.neg1, flipped);
-  hi = prmt(hi_t.pos0, hi_t.pos1, w >> 16) ^ prmt(hi_t.neg0, hi_t.neg1, flipped >> 16);
+  const uint32_t magnitudes = w & 0x77777777u;
+  lo = ((w << 4) & 0x80808080u) | prmt(lo_t.lo, lo_t.hi, magnitudes);
+  hi = (w & 0x80808080u) | prmt(hi_t.lo, hi_t.hi, magnitudes >> 16);
 }
 
 // The consumers' helpers that take arrays of several sizes or callables are function templates: NVRTC 13.0
@@ -447,13 +447,13 @@ __device__ __forceinline__ void run(const Params& p) {
           const uint4 h0 = lds_v4(src), h1 = lds_v4(src + 512);
           const uint32_t words[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
           if constexpr (kMx) {
-            // byte k of each word: the table shift of k-step k for this thread's rows row and row + 8
-            const uint32_t sh0 = lds_u32(tile + kCodeBytes + 4 * row);
-            const uint32_t sh1 = lds_u32(tile + kCodeBytes + 4 * (row + 8));
+            // byte k of each word: the table offset of k-step k for this thread's rows row and row + 8
+            const uint32_t off0 = lds_u32(tile + kCodeBytes + 4 * row);
+            const uint32_t off1 = lds_u32(tile + kCodeBytes + 4 * (row + 8));
 #pragma unroll
             for (int k = 0; k < kBK / 32; ++k) {
-              const MxTable t0 = mx_table(prmt(sh0, 0u, 0x1111u * k));  // shift byte k in every byte
-              const MxTable t1 = mx_table(prmt(sh1, 0u, 0x1111u * k));
+              const MxTable t0 = mx_table(prmt(off0, 0u, 0x4440u + k));  // offset byte k alone
+              const MxTable t1 = mx_table(prmt(off1, 0u, 0x4440u + k));
               e2m1x8_to_e4m3(words[2 * k], t0, t1, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
               e2m1x8_to_e4m3(words[2 * k + 1], t0, t1, a[k][2], a[k][3]);  // k + 16 ..
             }
