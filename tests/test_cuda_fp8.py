@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -222,6 +223,20 @@ def test_split_k_heuristic_fills_the_empty_block_slots():
             assert (-(-n // t.block_n) * -(-m // t.block_m), t.splits) == (tiles, splits), (m, n, k, w)
     for m in (1, 16, 128, 4096):  # e4m3 weights keep one split: reducing fp32 splits costs more than they fill
         assert fp8_gemm.choose_tuning(m, 8192, 8192, H200).splits == 1
+
+
+@pytest.mark.parametrize("w", ["e4m3", "int4", "mxfp4"])
+def test_tile_tuning_walks_128_token_tiles_past_the_block_slots(w):
+    """128-token tiles run on a persistent grid where they outnumber the block slots, and int4 weights sum four
+    K blocks per promotion there; smaller tiles keep a block per tile and one K block per promotion."""
+    for m, n in itertools.product((1, 16, 64, 100, 128, 256, 1024, 4096), (4096, 8192, 28672)):
+        t = fp8_gemm.choose_tile_tuning(m, n, 8192, H200, w)
+        tiles = -(-n // t.block_n) * -(-m // t.block_m)
+        assert t.persistent == (t.block_m == 128 and tiles > H200.sm_count * t.min_blocks), (m, n, t)
+        assert t.promote_blocks == (4 if w == "int4" and t.block_m == 128 else 1), (m, n, t)
+        assert t.grid_blocks(tiles, H200) == (min(tiles, H200.sm_count * t.min_blocks) if t.persistent else tiles)
+    assert fp8_gemm.choose_tile_tuning(1024, 8192, 8192, H200, w).persistent  # 512 tiles of 128 x 128
+    assert not fp8_gemm.choose_tile_tuning(256, 8192, 8192, H200, w).persistent  # 128 tiles: one wave
 
 
 def test_split_k_specs_say_what_they_need():
@@ -827,6 +842,7 @@ def test_persistent_grid_gives_the_bits_of_one_block_per_tile(tile, k, seed, fp8
         prep = fp8_gemm.prepare(qw)
         for tma in (True, False):
             tuning = fp8_gemm.Fp8Tuning(*tile, group_m=2, tma_store=tma)
+            first = len(grids)
             one = fp8_gemm.run(prep, qa, qa.scheme, bias, torch.bfloat16, tuning=tuning)
             walk = dataclasses.replace(tuning, persistent=True)
             for _ in range(3):
@@ -834,7 +850,8 @@ def test_persistent_grid_gives_the_bits_of_one_block_per_tile(tile, k, seed, fp8
                 assert torch.equal(one, walked), (w, tma)
             assert_rel_close(walked, ref, precision=torch.float64, seed=seed)
             tiles = -(-300 // tuning.block_m) * -(-1000 // tuning.block_n)
-            assert grids[-2:] == [(tiles, 1, 1), (3 * tuning.min_blocks, 1, 1)], grids[-2:]  # the walk happens
+            walks = [(3 * tuning.min_blocks, 1, 1)] * 3
+            assert grids[first:] == [(tiles, 1, 1), *walks], grids[first:]  # the walk happens
 
 
 @pytest.mark.gpu

@@ -103,9 +103,15 @@ def choose_tile_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: s
     """One split: tokens per block, the smallest wgmma N that covers ``m`` (at most 128). Two consumer
     warpgroups (128 weight rows) when that still gives every SM a block, else one (64 rows, two blocks per
     SM) so that small-M calls spread the weight stream over the whole GPU. Stages: as many as shared memory
-    holds."""
+    holds. 128-token tiles: a persistent grid where they outnumber the block slots (a tile's first loads
+    overlap the epilogue of the one before), and int4 weights sum four K blocks per promotion (applied where
+    the scales wait for the epilogue: per-channel). Measured: bench/results/h100/fp8_persistent_2026-12-06/."""
     block_m = next((b for b in _BLOCK_M_CHOICES if b >= m), _BLOCK_M_CHOICES[-1])
-    return _fill_tuning(block_m, cdiv(n, 128) * cdiv(m, block_m), limits, w_format)
+    tuning = _fill_tuning(block_m, cdiv(n, 128) * cdiv(m, block_m), limits, w_format)
+    if block_m == _BLOCK_M_CHOICES[-1]:
+        walks = cdiv(n, tuning.block_n) * cdiv(m, block_m) > limits.sm_count * tuning.min_blocks
+        tuning = dataclasses.replace(tuning, persistent=walks, promote_blocks=4 if w_format == "int4" else 1)
+    return tuning
 
 
 def choose_split_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: str = "e4m3") -> Fp8Tuning:
