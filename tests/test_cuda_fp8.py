@@ -51,6 +51,9 @@ def _specs() -> list[jit.KernelSpec]:
     for m, n in ((1, 4096), (4096, 28672)):  # W4A8 MXFP4
         tuning = fp8_gemm.choose_tile_tuning(m, n, 8192, H200, "mxfp4")
         specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "bf16", "bf16", tuning))
+    for m, w, mode in ((4096, "int4", "rowcol"), (4096, "int4", "group"), (4096, "mxfp4", "group")):  # codes ahead
+        tuning = dataclasses.replace(fp8_gemm.choose_tile_tuning(m, 8192, 8192, H200, w), prefetch_codes=True)
+        specs.append(fp8_gemm.fp8_spec(w, mode, "bf16", "bf16", tuning))
     direct_mx = dataclasses.replace(fp8_gemm.choose_tile_tuning(77, 8192, 8192, H200, "mxfp4"), tma_store=False)
     specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "f32", "f32", direct_mx))
     return specs + _split_specs() + _grouped_specs()
@@ -147,7 +150,7 @@ def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
             gaps = instructions_between_groups(sass, "QGMMA", only="PRMT")
             promotions = instructions_after_each_wait(sass, "QGMMA", pending=1)
             assert len(promotions) >= 2 and min(promotions) >= block_m // 2, (name, promotions)
-        elif name.endswith(("_p2", "_p4")):  # block i + 2's conversion between the waits for blocks i and i + 1
+        elif re.search(r"_p[24](_pc)?$", name):  # block i + 2's conversion between the waits for blocks i and i + 1
             gaps, windows = instructions_between_waits(sass, pending=1, only="PRMT"), 1
         else:
             gaps = instructions_before_each_wait(sass, "QGMMA", only="PRMT")
@@ -852,6 +855,29 @@ def test_persistent_grid_gives_the_bits_of_one_block_per_tile(tile, k, seed, fp8
             tiles = -(-300 // tuning.block_m) * -(-1000 // tuning.block_n)
             walks = [(3 * tuning.min_blocks, 1, 1)] * 3
             assert grids[first:] == [(tiles, 1, 1), *walks], grids[first:]  # the walk happens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(2, 128, 4, 1), (2, 128, 3, 1), (1, 128, 4, 2)], ids=["w2s4", "w2s3", "w1s4"])
+@pytest.mark.parametrize("k", [128, 1000, 1152])  # one, 8 and 9 K blocks a tile
+def test_codes_read_a_block_ahead_give_the_same_bits(tile, k, seed, fp8_sm90):
+    """4-bit weights on 128-token tiles whose conversions read the next K block's codes ahead: the bits of
+    reading each block's codes when it is converted, for int4 (per channel, one and four K blocks per
+    promotion; g128) and MXFP4, one split, split along K and persistent."""
+    weights = ((-1, "int4"), (128, "int4"), (32, "mxfp4"))
+    for weight, w in weights:
+        qw, qa, bias, ref = _problem(Case(300, 1000, k, weight, "fp8", bias=torch.bfloat16, w=w))
+        prep = fp8_gemm.prepare(qw)
+        for splits, persistent, promote in ((1, False, 1), (1, False, 4), (2, False, 4), (1, True, 4)):
+            tuning = fp8_gemm.Fp8Tuning(
+                *tile, splits=splits, tma_store=splits == 1, persistent=persistent, promote_blocks=promote
+            )
+            now = fp8_gemm.run(prep, qa, qa.scheme, bias, torch.bfloat16, tuning=tuning)
+            ahead = fp8_gemm.run(
+                prep, qa, qa.scheme, bias, torch.bfloat16, tuning=dataclasses.replace(tuning, prefetch_codes=True)
+            )
+            assert torch.equal(now, ahead), (w, weight, splits, persistent)
+            assert_rel_close(ahead, ref, precision=torch.float64, seed=seed)
 
 
 @pytest.mark.gpu

@@ -80,7 +80,8 @@ def gemm_tunings(m: int, n: int, k: int, layout, limits) -> list[_gemm_sm90.Gemm
 def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) -> list[Fp8Tuning]:
     """The default, and each (warpgroups, blocks per SM) with the stages shared memory holds, with one split
     and with the split count that fills one wave; those of one split with more tiles than block slots also on a
-    persistent grid; where K blocks may share a promotion, each also with two and four."""
+    persistent grid; where K blocks may share a promotion, each also with two and four; 4-bit weights' on 128-token
+    tiles each also reading codes a K block ahead."""
     base = choose_tuning(m, n, k, limits, w_format)
     out = [base]
     for wgs, blocks in ((1, 2), (2, 1), (1, 1), (2, 2)):
@@ -103,7 +104,10 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) 
     ]
     out += walks
     fewer = [dataclasses.replace(t, promote_blocks=p) for p in (2, 4) for t in out]
-    return out + [t for t in fewer if t.promotes_every(scale_mode) == t.promote_blocks]
+    out += [t for t in fewer if t.promotes_every(scale_mode) == t.promote_blocks]
+    if w_format == "e4m3":
+        return out
+    return out + [dataclasses.replace(t, prefetch_codes=True) for t in out if t.block_m > 64]
 
 
 def _spec(kernel: str, qw, prep, tuning):

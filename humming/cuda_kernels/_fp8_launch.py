@@ -42,6 +42,7 @@ def fp8_spec(
         )
     producer, consumer = tuning.registers()
     promote = tuning.promotes_every(scale_mode)
+    prefetch = tuning.prefetch_codes and w_format != "e4m3" and tuning.block_m > 64  # see Fp8Tuning
     kind = "grouped_" if grouped else ""
     name = (
         f"humming_fp8_gemm_sm90_{kind}{_W_NAMES[w_format]}_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}"
@@ -49,6 +50,7 @@ def fp8_spec(
         + ("_sk" if split else "")
         + ("" if tuning.tma_store else "_stg")
         + (f"_p{promote}" if promote > 1 else "")
+        + ("_pc" if prefetch else "")
     )
     args = ", ".join(
         (
@@ -65,6 +67,7 @@ def fp8_spec(
             str(producer),
             str(consumer),
             str(promote),
+            "true" if prefetch else "false",
         )
     )
     return KernelSpec(

@@ -33,7 +33,10 @@ class Fp8Tuning:
     ``b, b + grid, ...`` with its stage ring running on across them, so that a tile's first loads overlap the
     epilogue of the one before (one split only; grouped blocks skip the tiles of unused segments), and the K
     blocks of 128 the tensor core sums before each promotion to fp32 (``promote_blocks``, 1, 2 or 4; above 1 applies
-    where the scales wait for the epilogue and tiles are 128 tokens, :meth:`promotes_every`)."""
+    where the scales wait for the epilogue and tiles are 128 tokens, :meth:`promotes_every`), and whether 4-bit
+    weights' conversions read the next K block's codes from shared memory (``prefetch_codes``), so that the loads'
+    latency passes behind the wgmma issue rather than at the start of the next conversion (tiles of more than 64
+    tokens: with two accumulator sets ptxas moves the decoding out from under the wgmmas)."""
 
     wgs: int
     block_m: int
@@ -44,6 +47,7 @@ class Fp8Tuning:
     splits: int = 1
     persistent: bool = False
     promote_blocks: int = 1
+    prefetch_codes: bool = False
 
     def __post_init__(self):
         if isinstance(self.splits, bool) or not isinstance(self.splits, int) or self.splits < 1:

@@ -234,8 +234,11 @@ __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadS
 // kGrouped: the MoE variant; kSplitK: blockIdx.z adds its K range's partial sums into p.out (header comment).
 // kPromoteBlocks: K blocks whose wgmmas add into the same accumulators before each promotion, 1, 2 or 4 (above 1:
 // scale mode 0 with 128-token tiles; the header comment's "promotion").
+// kPrefetchCodes: 4-bit weights, tiles of more than 64 tokens: each conversion reads the next K block's codes from
+// shared memory ("convert").
 template <int kWgs, int kBlockM, int kStages, int kWFormat, int kScaleMode, bool kTmaStore, bool kGrouped,
-          bool kSplitK, DType O, DType B, int kProducerRegs, int kConsumerRegs, int kPromoteBlocks>
+          bool kSplitK, DType O, DType B, int kProducerRegs, int kConsumerRegs, int kPromoteBlocks,
+          bool kPrefetchCodes>
 __device__ __forceinline__ void run(const Params& p) {
   using L = SmemLayout<kWgs, kBlockM, kStages, kWFormat>;
   constexpr bool kBlockScale = kScaleMode == 1;
@@ -255,6 +258,7 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(kPromoteBlocks == 1 || ((kPromoteBlocks == 2 || kPromoteBlocks == 4) && kScaleMode == 0 &&
                                         !kTwoAccumulators),
                 "two or four K blocks per promotion: scales in the epilogue, one accumulator set");
+  static_assert(!kPrefetchCodes || (kWFormat != kE4m3 && !kTwoAccumulators), "codes read ahead: 4-bit, one set");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -437,34 +441,63 @@ __device__ __forceinline__ void run(const Params& p) {
           pos0 = lds_u32(base + L::kTable);
           neg0 = lds_u32(base + L::kTable + 4);
         }
-        // Waits for pipeline step i and turns this thread's 4-bit codes of it into e4m3 A fragments.
-        auto convert = [&](int i, uint32_t (&a)[kBK / 32][4]) {
+        // This thread's codes of one K block (and MXFP4's table offsets), as read from shared memory.
+        struct Codes {
+          uint32_t words[8];
+          uint32_t off0, off1;
+        };
+        // Waits for pipeline step i and reads this thread's codes of it.
+        auto load_codes = [&](int i, Codes& c) {
           const int s = stage(i);
           mbar_wait(full(s), phase(i));
           // [warp][half][lane][16 bytes]: half h holds k-steps 2h, 2h + 1, two words each (k and k + 16)
           const uint32_t tile = w_tile(s) + wg * L::kTile;
           const uint32_t src = tile + warp * 1024 + lane * 16;
           const uint4 h0 = lds_v4(src), h1 = lds_v4(src + 512);
-          const uint32_t words[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+          c.words[0] = h0.x, c.words[1] = h0.y, c.words[2] = h0.z, c.words[3] = h0.w;
+          c.words[4] = h1.x, c.words[5] = h1.y, c.words[6] = h1.z, c.words[7] = h1.w;
           if constexpr (kMx) {
             // byte k of each word: the table offset of k-step k for this thread's rows row and row + 8
-            const uint32_t off0 = lds_u32(tile + kCodeBytes + 4 * row);
-            const uint32_t off1 = lds_u32(tile + kCodeBytes + 4 * (row + 8));
+            c.off0 = lds_u32(tile + kCodeBytes + 4 * row);
+            c.off1 = lds_u32(tile + kCodeBytes + 4 * (row + 8));
+          }
+        };
+        // Turns codes into e4m3 A fragments.
+        auto decode = [&](const Codes& c, uint32_t (&a)[kBK / 32][4]) {
+          if constexpr (kMx) {
 #pragma unroll
             for (int k = 0; k < kBK / 32; ++k) {
-              const MxTable t0 = mx_table(prmt(off0, 0u, 0x4440u + k));  // offset byte k alone
-              const MxTable t1 = mx_table(prmt(off1, 0u, 0x4440u + k));
-              e2m1x8_to_e4m3(words[2 * k], t0, t1, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
-              e2m1x8_to_e4m3(words[2 * k + 1], t0, t1, a[k][2], a[k][3]);  // k + 16 ..
+              const MxTable t0 = mx_table(prmt(c.off0, 0u, 0x4440u + k));  // offset byte k alone
+              const MxTable t1 = mx_table(prmt(c.off1, 0u, 0x4440u + k));
+              e2m1x8_to_e4m3(c.words[2 * k], t0, t1, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
+              e2m1x8_to_e4m3(c.words[2 * k + 1], t0, t1, a[k][2], a[k][3]);  // k + 16 ..
             }
           } else {
 #pragma unroll
             for (int k = 0; k < kBK / 32; ++k) {
-              int4x8_to_e4m3(words[2 * k], pos0, neg0, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
-              int4x8_to_e4m3(words[2 * k + 1], pos0, neg0, a[k][2], a[k][3]);  // k + 16 ..
+              int4x8_to_e4m3(c.words[2 * k], pos0, neg0, a[k][0], a[k][1]);      // rows row, row + 8; k .. k + 15
+              int4x8_to_e4m3(c.words[2 * k + 1], pos0, neg0, a[k][2], a[k][3]);  // k + 16 ..
             }
           }
         };
+        // Turns pipeline step i's codes into A fragments; every branch below converts the tile's steps in order,
+        // once each. kPrefetchCodes: step i's codes were read by the conversion before (the tile's first below),
+        // and this one reads step i + 1's once it has decoded step i's, so that the shared-memory loads' latency
+        // passes during the wgmma issue and promotion that follow instead of stalling the decode.
+        Codes ahead;
+        auto convert = [&](int i, uint32_t (&a)[kBK / 32][4]) {
+          if constexpr (kPrefetchCodes) {
+            decode(ahead, a);
+            if (i + 1 < kb_count) load_codes(i + 1, ahead);
+          } else {
+            Codes c;
+            load_codes(i, c);
+            decode(c, a);
+          }
+        };
+        if constexpr (kPrefetchCodes) {
+          if (kb_count > 0) load_codes(0, ahead);
+        }
         // carry: as issue_ss's
         auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4], float (&d)[kAcc], int carry) {
           const uint64_t b_desc = sw128_desc(x_tile(stage(i)));
