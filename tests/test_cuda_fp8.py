@@ -177,6 +177,29 @@ def test_a_tuning_passed_to_the_dense_kernel_is_the_one_it_launches(fake_cuda_de
     assert made == [asked, fp8_gemm.choose_tuning(300, 4096, 4096, fp8_gemm.device_info(0).limits, "int4")]
 
 
+@pytest.mark.parametrize("act", [None, "fp8"])
+def test_a_tuning_passed_to_the_grouped_kernel_reaches_its_launch(act, monkeypatch):
+    """``cuda.grouped``'s ``KERNEL.run(..., tuning)`` hands the tuning to the GEMM that runs (the FP8 GEMM with
+    an activation scheme, else the WnA16 GEMM); ``None`` leaves the choice to its heuristic."""
+    from humming.cuda_kernels import _gemm_sm90, _wna16, grouped
+
+    seen = []
+    monkeypatch.setattr(grouped, "grouped_unsupported", lambda *args: None)
+    monkeypatch.setattr(fp8_gemm, "prepare", lambda qw: "prepared")
+    monkeypatch.setattr(_wna16, "prepare", lambda qw: "prepared")
+    monkeypatch.setattr(fp8_gemm, "run_grouped", lambda prep, x, act, ids, bm, bias, o, tuning: seen.append(tuning))
+    monkeypatch.setattr(
+        _gemm_sm90, "run_grouped_gemm", lambda prep, x, ids, bm, b, o, tuning, **kw: seen.append(tuning)
+    )
+    qw = humming.quantize(torch.randn(2, 128, 256), "int4", group_size=128)
+    x, ids = torch.randn(32, 256), torch.zeros(2, dtype=torch.int32)
+    asked = fp8_gemm.Fp8Tuning(1, 16, 3, 2, persistent=True) if act else _gemm_sm90.GemmTuning(16, 4, 2)
+    scheme = None if act is None else get_act_scheme(act)
+    grouped.KERNEL.run(x, qw, ids, 16, None, scheme, torch.bfloat16, asked)
+    grouped.KERNEL.run(x, qw, ids, 16, None, scheme, torch.bfloat16, None)
+    assert seen == [asked, None]
+
+
 def test_persistent_grid_has_a_block_per_block_slot():
     """A persistent grid: one block per block slot (SMs x blocks per SM), fewer where there are fewer tiles; one
     split only."""

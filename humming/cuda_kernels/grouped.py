@@ -56,6 +56,7 @@ def grouped_linear(
     out_dtype: torch.dtype,
     rows: torch.Tensor | None = None,
     gated=None,
+    tuning=None,
 ) -> torch.Tensor:
     """``x [M_pad, K]`` grouped by expert -> ``[M_pad, N]`` of ``out_dtype``: row ``r`` is ``x[r] @
     dequantize(qweight)[e]^T + bias[e]`` with ``e = expert_ids[r // block_m]`` (int32, ``M_pad // block_m``
@@ -65,7 +66,8 @@ def grouped_linear(
     ``rows`` (16-bit activations only): int32 ``[M_pad]``, grouped row ``r`` is token ``rows[r]`` of ``x
     [T, K]`` (-1: padding), read in place; values are not checked on the GPU. ``gated``: fused_moe's
     activation (a ``humming.reference.moe_layer.Activation``; ``qweight`` is then its w13, see
-    :func:`gated_unsupported`): the result is the activation of each row's gate and up, ``[M_pad, N / 2]``."""
+    :func:`gated_unsupported`): the result is the activation of each row's gate and up, ``[M_pad, N / 2]``.
+    ``tuning``: the kernel's (a ``GemmTuning``, with ``act`` an ``Fp8Tuning``), or ``None`` for its heuristic's."""
     codes = getattr(x, "codes", x)
     reason = grouped_unsupported(qweight, act, codes, block_m)
     if reason is not None:
@@ -86,14 +88,16 @@ def grouped_linear(
         raise ValueError(f"bias: expected shape ({e}, {n}) on {device}, got {tuple(bias.shape)} on {bias.device}")
     bias = bias.contiguous() if bias is not None else None
     if act is not None:
-        return fp8_gemm.run_grouped(fp8_gemm.prepare(qweight), x, act, expert_ids, block_m, bias, out_dtype)
+        return fp8_gemm.run_grouped(fp8_gemm.prepare(qweight), x, act, expert_ids, block_m, bias, out_dtype, tuning)
     if gated is not None and (reason := gated_unsupported(qweight, gated)) is not None:
         raise ValueError(f"humming CUDA backend: {reason}")
     prep = _wna16.prepare(qweight) if gated is None else _wna16.prepare_gate_up(qweight, gated.gate_up_layout)
     rows = None if rows is None else rows.contiguous()
     ids = expert_ids.contiguous()
     kept = lambda key, make: _launches.get(qweight, key, make)
-    return _gemm_sm90.run_grouped_gemm(prep, x, ids, block_m, bias, out_dtype, rows=rows, gated=gated, kept=kept)
+    return _gemm_sm90.run_grouped_gemm(
+        prep, x, ids, block_m, bias, out_dtype, tuning, rows=rows, gated=gated, kept=kept
+    )
 
 
 def launcher(x, qweight, act, block_m: int, m_pad: int, bias_dtype, out_dtype, tuning, gather: bool, gated=None):
@@ -195,7 +199,7 @@ def _warmup_jobs(
 
 
 def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning, rows=None, gated=None):
-    return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows, gated)
+    return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows, gated, tuning)
 
 
 #: ``cuda.grouped``: the grouped sm_90a GEMMs (WnA16, gathering token rows; FP8 with e4m3 activations).
