@@ -4,7 +4,9 @@ proxy for their speed at large M, where ncu shows them bound by instruction issu
 
 For each kernel it compiles the sm_90a cubin with NVRTC and reports its instructions, and those between
 the first K block's last QGMMA and its wait (the next K block's conversion of codes to e4m3, which the
-wgmmas hide; the K loop is unrolled by two, and both halves match), with the opcode mix there.
+wgmmas hide; the K loop is unrolled by two, and both halves match), with the opcode mix there, and the
+instructions one consumer warp issues per K block in the steady state (``/block``: the innermost loop that
+issues wgmmas, per four QGMMA).
 
 Usage (repository root): ``python bench/tools/fp8_sass.py --out FILE.json`` (about a minute of CPU).
 """
@@ -22,16 +24,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from triton_sass import disassemble, opcode, registers
+from triton_sass import disassemble, loop_body, opcode, registers
 
-#: (weight format, scale mode, Fp8Tuning arguments: wgs, block_m, stages, min_blocks)
+from humming.cuda_kernels._fp8_tuning import Fp8Tuning
+
+#: (weight format, scale mode, tuning): the W4A8 kernels at decode and large M, and the defaults of 128-token
+#: tiles (8192 x 8192, M = 4096) with W8A8's for comparison
 CASES = (
-    ("int4", "rowcol", (2, 128, 4, 1)),
-    ("int4", "rowcol", (1, 64, 4, 2)),
-    ("int4", "rowcol", (1, 8, 4, 2)),
-    ("int4", "group", (2, 128, 4, 1)),
-    ("mxfp4", "group", (2, 128, 4, 1)),
-    ("mxfp4", "group", (1, 8, 4, 2)),
+    ("int4", "rowcol", Fp8Tuning(2, 128, 4, 1)),
+    ("int4", "rowcol", Fp8Tuning(1, 64, 4, 2)),
+    ("int4", "rowcol", Fp8Tuning(1, 8, 4, 2)),
+    ("int4", "group", Fp8Tuning(2, 128, 4, 1)),
+    ("mxfp4", "group", Fp8Tuning(2, 128, 4, 1)),
+    ("mxfp4", "group", Fp8Tuning(1, 8, 4, 2)),
+    ("int4", "rowcol", Fp8Tuning(2, 128, 8, 1, persistent=True, promote_blocks=4)),
+    ("int4", "group", Fp8Tuning(2, 128, 8, 1, persistent=True)),
+    ("mxfp4", "group", Fp8Tuning(2, 128, 7, 1, persistent=True)),
+    ("e4m3", "rowcol", Fp8Tuning(2, 128, 6, 1, persistent=True)),
 )
 _MIX = ("PRMT", "LOP3", "SHF", "IMAD", "IADD3", "FADD", "FFMA")
 
@@ -48,12 +57,18 @@ def conversion_window(instructions: list[str]) -> list[str]:
     return []
 
 
-def analyse(w_format: str, scale_mode: str, tuning_args: tuple) -> dict:
+def k_block(instructions: list[tuple[int, str]]) -> float:
+    """Instructions per K block of the innermost loop that issues wgmmas (four QGMMA a block): what one consumer
+    warp issues per 128 of K in the steady state."""
+    body = loop_body(instructions, holding="QGMMA", innermost=True)
+    return round(4 * len(body) / max(1, sum(opcode(text).startswith("QGMMA") for text in body)), 1)
+
+
+def analyse(w_format: str, scale_mode: str, tuning: Fp8Tuning) -> dict:
     from humming.cuda_kernels import _fp8_launch
-    from humming.cuda_kernels._fp8_tuning import Fp8Tuning
     from humming.cuda_kernels._warmup import warmup_specs
 
-    spec = _fp8_launch.fp8_spec(w_format, scale_mode, "bf16", "bf16", Fp8Tuning(*tuning_args))
+    spec = _fp8_launch.fp8_spec(w_format, scale_mode, "bf16", "bf16", tuning)
     kernel = warmup_specs([(spec, "sm_90a")], progress=False).kernels[0]
     instructions = disassemble(kernel.cubin)
     texts = [text for addr, text in instructions if addr >= 0]
@@ -64,6 +79,7 @@ def analyse(w_format: str, scale_mode: str, tuning_args: tuple) -> dict:
         "registers": registers(kernel.cubin),
         "instructions": len(texts),
         "conversion_window": len(window),
+        "k_block": k_block(instructions),
         "window_mix": {op: mix.get(op, 0) for op in _MIX},
     }
 
@@ -74,10 +90,11 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["HUMMING_CACHE_DIR"] = tempfile.mkdtemp()  # compiled here, not read from an earlier cache
     rows = [analyse(*case) for case in CASES]
-    print(f"{'kernel':64s} {'regs':>4s} {'instr':>6s} {'window':>6s}  mix")
+    print(f"{'kernel':64s} {'regs':>4s} {'instr':>6s} {'window':>6s} {'/block':>6s}  mix")
     for r in rows:
         mix = " ".join(f"{k}={v}" for k, v in r["window_mix"].items() if v)
-        print(f"{r['kernel']:64s} {r['registers']!s:>4s} {r['instructions']:6d} {r['conversion_window']:6d}  {mix}")
+        cells = f"{r['registers']!s:>4s} {r['instructions']:6d} {r['conversion_window']:6d} {r['k_block']:6.1f}"
+        print(f"{r['kernel']:64s} {cells}  {mix}")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
     return 0

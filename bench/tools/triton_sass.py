@@ -52,8 +52,9 @@ def registers(cubin: bytes) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def loop_body(instructions: list[tuple[int, str]]) -> list[str]:
-    """The instructions of the largest loop (from a backward branch's target to the branch)."""
+def loop_body(instructions: list[tuple[int, str]], holding: str = "", innermost: bool = False) -> list[str]:
+    """The instructions of the largest loop (from a backward branch's target to the branch), or of the smallest
+    (``innermost``), among the loops with an instruction whose opcode starts with ``holding``."""
     labels, pending = {}, []
     for addr, text in instructions:
         if addr < 0:
@@ -66,10 +67,11 @@ def loop_body(instructions: list[tuple[int, str]]) -> list[str]:
         target = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", text)
         if addr >= 0 and target and labels.get(target.group(1), addr + 1) <= addr:
             loops.append((labels[target.group(1)], addr))
+    body = lambda lo, hi: [text for addr, text in instructions if lo <= addr <= hi]
+    loops = [r for r in loops if any(opcode(text).startswith(holding) for text in body(*r))]
     if not loops:
         return []
-    lo, hi = max(loops, key=lambda r: r[1] - r[0])
-    return [text for addr, text in instructions if lo <= addr <= hi]
+    return body(*(min if innermost else max)(loops, key=lambda r: r[1] - r[0]))
 
 
 def opcode(text: str) -> str:
