@@ -296,7 +296,9 @@ __device__ __forceinline__ void run(const Params& p) {
   const int kb_begin = kSplitK ? int(blockIdx.z) * p.num_kb / int(gridDim.z) : 0;
   const int kb_count = kSplitK ? (int(blockIdx.z) + 1) * p.num_kb / int(gridDim.z) - kb_begin : p.num_kb;
 
-  const int wg = threadIdx.x / 128;
+  // The warpgroup, read from lane 0: provably warp-uniform, so the wgmma descriptors derived from it are built in
+  // uniform registers (threadIdx.x / 128 alone: rebuilt in vector registers and moved over every K block).
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   const int tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
