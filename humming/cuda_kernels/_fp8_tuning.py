@@ -13,7 +13,7 @@ from .jit import per_call_cache
 
 _BK = 128  # K per pipeline stage
 _TILE_BYTES = 4096  # one 64-row x 128-K tile of 4-bit codes
-_SHIFT_BYTES = 256  # MXFP4: the table offsets of a tile's 64 rows x 4 k-steps, after its codes
+_OFFSET_BYTES = 256  # MXFP4: the table offsets of a tile's 64 rows x 4 k-steps, after its codes
 _BLOCK_M_CHOICES = (8, 16, 32, 64, 128)
 _MIN_SPLIT_KB = 8  # K blocks of 128 per split at least: a split still fills a few pipeline stages
 #: K blocks of 128 below which one split runs: a short K's tiles are quick, and the split's fixed costs (the
@@ -84,7 +84,7 @@ class Fp8Tuning:
 
 def smem_bytes(wgs: int, block_m: int, stages: int, w_format: str = "e4m3") -> int:
     """Dynamic shared memory of one block (mirrors ``SmemLayout`` in the header)."""
-    tile = 64 * _BK if w_format == "e4m3" else _TILE_BYTES + (_SHIFT_BYTES if w_format == "mxfp4" else 0)
+    tile = 64 * _BK if w_format == "e4m3" else _TILE_BYTES + (_OFFSET_BYTES if w_format == "mxfp4" else 0)
     stage = cdiv(wgs * tile, 1024) * 1024 + block_m * _BK  # weight tiles padded to whole swizzle atoms
     table = 16 if w_format == "int4" else 0  # int4: the code table's words
     return 1024 + stages * stage + wgs * block_m * 128 + 16 * stages + table

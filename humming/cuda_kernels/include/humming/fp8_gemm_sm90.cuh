@@ -94,14 +94,14 @@ constexpr int kBK = 128;  // K per pipeline stage (bytes of e4m3 per tile row)
 // MXFP4 e2m1 with a 256-byte block of per-(row, k-step) table offsets after each 4 KiB tile.
 enum WFormat : int { kE4m3 = 0, kInt4 = 1, kMxfp4 = 2 };
 constexpr int kCodeBytes = 4096;  // one 64-row x 128-K tile of 4-bit codes
-constexpr int kShiftBytes = 256;  // MXFP4: 64 rows x 4 k-steps, after the codes
+constexpr int kOffsetBytes = 256;  // MXFP4: table offsets of 64 rows x 4 k-steps, after the codes
 
 // Dynamic shared memory: [stages x (W tiles, x tile)] [kWgs output slabs] [full, empty barriers], from a
 // 1024-byte aligned base (the swizzle atom); the W tiles are padded to whole atoms so that x tiles stay aligned.
 template <int kWgs, int kBlockM, int kStages, int kWFormat>
 struct SmemLayout {
   static constexpr int kBlockN = 64 * kWgs;
-  static constexpr int kTile = kCodeBytes + (kWFormat == kMxfp4 ? kShiftBytes : 0);  // 4-bit: bytes per tile
+  static constexpr int kTile = kCodeBytes + (kWFormat == kMxfp4 ? kOffsetBytes : 0);  // 4-bit: bytes per tile
   static constexpr int kWBytes = kWFormat == kE4m3 ? kBlockN * kBK : kWgs * kTile;
   static constexpr int kWRegion = (kWBytes + 1023) / 1024 * 1024;
   static constexpr int kXBytes = kBlockM * kBK;
