@@ -908,8 +908,8 @@ def test_codes_read_a_block_ahead_give_the_same_bits(tile, k, seed, fp8_sm90):
 @pytest.mark.parametrize("k", [896, 1024, 8192])  # 7 (an odd last block), 8 and 64 K blocks
 def test_k_blocks_per_promotion_match_one(w, k, seed, fp8_sm90):
     """128-token tiles of per-channel weights summing two or four K blocks in the tensor core before each
-    promotion: against the float64 reference about as closely as one block per promotion (two: within 5%,
-    four: 15%), split along K and persistent too."""
+    promotion: against the float64 reference as closely as one block per promotion (within 5%), split along K
+    and persistent too."""
     qw, qa, _, ref = _problem(Case(200, 1000, k, -1, "fp8", w=w))
     prep = fp8_gemm.prepare(qw)
     for splits, persistent in ((1, False), (2, False), (1, True)):
@@ -921,11 +921,7 @@ def test_k_blocks_per_promotion_match_one(w, k, seed, fp8_sm90):
             out = fp8_gemm.run(prep, qa, qa.scheme, None, torch.bfloat16, tuning=tuning)
             assert_rel_close(out, ref, precision=torch.float64, seed=seed)
             errors.append((out.double() - ref).norm() / ref.norm())
-        assert errors[1] <= 1.05 * errors[0] + 1e-4 and errors[2] <= 1.15 * errors[0] + 1e-4, (
-            splits,
-            persistent,
-            errors,
-        )
+        assert max(errors[1:]) <= 1.05 * errors[0] + 1e-4, (splits, persistent, errors)
 
 
 @pytest.mark.gpu

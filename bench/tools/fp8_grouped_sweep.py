@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch
 
 import humming
-from humming.bench.moe import MoeGroup, grouped_call, grouped_reference, sweep_points
+from humming.bench.moe import MoeGroup, grouped_call, grouped_reference, run_sweep, sweep_points
 from humming.cuda_kernels import fp8_gemm
 from humming.cuda_kernels import grouped as cuda_grouped
 from humming.device import device_limits
@@ -48,10 +46,10 @@ def variants(default: fp8_gemm.Fp8Tuning, w_format: str, scale_mode: str) -> lis
     """``default`` and its persistent copy; with 128-token tiles, each also with four K blocks per promotion
     (per-channel scales) and with codes read ahead (4-bit experts)."""
     out = [default, dataclasses.replace(default, persistent=True)]
-    if default.block_m == 128 and scale_mode == "rowcol":
-        out += [dataclasses.replace(t, promote_blocks=4) for t in out]
-    if default.block_m == 128 and w_format != "e4m3":
-        out += [dataclasses.replace(t, prefetch_codes=True) for t in out]
+    fewer = [dataclasses.replace(t, promote_blocks=4) for t in out]
+    out += [t for t in fewer if t.promotes_every(scale_mode) == 4]
+    ahead = [dataclasses.replace(t, prefetch_codes=True) for t in out]
+    out += [t for t in ahead if t.reads_codes_ahead(w_format)]
     return list(dict.fromkeys(out))
 
 
@@ -121,17 +119,8 @@ def main() -> int:
     args = parser.parse_args()
     block_ms = tuple(map(int, args.block_ms.split(",")))
     models, stacks, m_values = args.models.split(","), args.stacks.split(","), list(map(int, args.m.split(",")))
-    rows, summary = [], []
-    for name, stack, group, m in sweep_points(models, stacks, m_values, args.budget_s, FP8_CASES):
-        got = point(group, m, block_ms)
-        if not got:
-            continue
-        rows += got
-        summary.append(f"{name:14} {stack:11} M={m:<5} " + summarize(got))
-        print(summary[-1], flush=True)
-    header = dict(op="fp8_grouped_gemm", device=torch.cuda.get_device_name(), command=" ".join(sys.argv))
-    Path(args.out).write_text(json.dumps(dict(header=header, rows=rows), indent=1))
-    print("\n".join(summary))
+    points = sweep_points(models, stacks, m_values, args.budget_s, FP8_CASES)
+    run_sweep(points, lambda group, m: point(group, m, block_ms), summarize, "fp8_grouped_gemm", args.out)
     return 0
 
 

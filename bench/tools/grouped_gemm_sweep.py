@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 
 import torch
 
-from humming.bench.moe import MoeGroup, grouped_call, grouped_reference, sweep_points
+from humming.bench.moe import MoeGroup, grouped_call, grouped_reference, run_sweep, sweep_points
 from humming.cuda_kernels import _driver, _gemm_sm90, _wna16
 from humming.cuda_kernels import grouped as cuda_grouped
 from humming.cuda_kernels._layout import DTYPE_CODE
@@ -162,18 +160,11 @@ def main() -> int:
     parser.add_argument("--arrive-lags", default="0,1,2", help="the gathering kernel's arrival lags (w13)")
     args = parser.parse_args()
     block_ms = tuple(map(int, args.block_ms.split(",")))
-    rows, summary = [], []
     models, stacks, m_values = args.models.split(","), args.stacks.split(","), map(int, args.m.split(","))
-    for name, stack, group, m in sweep_points(models, stacks, list(m_values), args.budget_s, CASE):
-        got = point(group, m, block_ms, args.profile, tuple(map(int, args.arrive_lags.split(","))))
-        if not got:
-            continue
-        rows += got
-        summary.append(f"{name:14} {stack:11} M={m:<5} " + summarize(got))
-        print(summary[-1], flush=True)
-    header = dict(op="grouped_gemm", device=torch.cuda.get_device_name(), command=" ".join(sys.argv))
-    Path(args.out).write_text(json.dumps(dict(header=header, rows=rows), indent=1))
-    print("\n".join(summary))
+    lags = tuple(map(int, args.arrive_lags.split(",")))
+    points = sweep_points(models, stacks, list(m_values), args.budget_s, CASE)
+    measure = lambda group, m: point(group, m, block_ms, args.profile, lags)
+    run_sweep(points, measure, summarize, "grouped_gemm", args.out)
     return 0
 
 

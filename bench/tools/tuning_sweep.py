@@ -105,9 +105,8 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) 
     out += walks
     fewer = [dataclasses.replace(t, promote_blocks=p) for p in (2, 4) for t in out]
     out += [t for t in fewer if t.promotes_every(scale_mode) == t.promote_blocks]
-    if w_format == "e4m3":
-        return out
-    return out + [dataclasses.replace(t, prefetch_codes=True) for t in out if t.block_m > 64]
+    ahead = [dataclasses.replace(t, prefetch_codes=True) for t in out]
+    return out + [t for t in ahead if t.reads_codes_ahead(w_format)]
 
 
 def _spec(kernel: str, qw, prep, tuning):

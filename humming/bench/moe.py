@@ -345,6 +345,28 @@ def sweep_points(models, stacks, m_values, budget_s: float, cases: dict):
         torch.cuda.empty_cache()
 
 
+def run_sweep(points, measure, summarize, op: str, out) -> None:
+    """A kernel sweep over ``points`` (:func:`sweep_points`): ``measure(group, m)`` gives a point's rows (none:
+    the point is skipped), ``summarize(rows)`` its line after the model, stack and M, printed as it comes. The
+    rows go to the JSON file ``out`` under a header naming ``op``, the device and the command; the lines are
+    printed again at the end."""
+    import json
+    import sys
+    from pathlib import Path
+
+    rows, summary = [], []
+    for name, stack, group, m in points:
+        got = measure(group, m)
+        if not got:
+            continue
+        rows += got
+        summary.append(f"{name:14} {stack:11} M={m:<5} " + summarize(got))
+        print(summary[-1], flush=True)
+    header = dict(op=op, device=torch.cuda.get_device_name(), command=" ".join(sys.argv))
+    Path(out).write_text(json.dumps(dict(header=header, rows=rows), indent=1))
+    print("\n".join(summary))
+
+
 def coarse_to_fine(values) -> list[int]:
     """``values`` sorted, then reordered so that every prefix spans the range: both ends, then the middle of
     each gap, level by level (a sweep cut short by its budget still has small and large M)."""

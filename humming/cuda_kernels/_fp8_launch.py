@@ -42,7 +42,7 @@ def fp8_spec(
         )
     producer, consumer = tuning.registers()
     promote = tuning.promotes_every(scale_mode)
-    prefetch = tuning.prefetch_codes and w_format != "e4m3" and tuning.block_m > 64  # see Fp8Tuning
+    prefetch = tuning.reads_codes_ahead(w_format)
     kind = "grouped_" if grouped else ""
     name = (
         f"humming_fp8_gemm_sm90_{kind}{_W_NAMES[w_format]}_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}"

@@ -62,6 +62,11 @@ class Fp8Tuning:
         epilogue (``rowcol``) and 128-token tiles (one accumulator set), else 1."""
         return self.promote_blocks if scale_mode == "rowcol" and self.block_m == 128 else 1
 
+    def reads_codes_ahead(self, w_format: str) -> bool:
+        """Whether conversions read the next K block's codes ahead for weights of ``w_format``:
+        ``prefetch_codes`` for 4-bit weights on tiles of more than 64 tokens (one accumulator set), else no."""
+        return self.prefetch_codes and w_format != "e4m3" and self.block_m > 64
+
     def grid_blocks(self, tiles: int, limits: DeviceLimits) -> int:
         """Blocks along grid.x for ``tiles`` tiles: one per tile, or one per block slot when persistent."""
         return min(tiles, limits.sm_count * self.min_blocks) if self.persistent else tiles
