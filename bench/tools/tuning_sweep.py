@@ -109,6 +109,11 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) 
     return out + [t for t in ahead if t.reads_codes_ahead(w_format)]
 
 
+def fields_apart(a, b) -> int:
+    """How many fields two tunings of one dataclass differ in."""
+    return sum(getattr(a, f.name) != getattr(b, f.name) for f in dataclasses.fields(a))
+
+
 def _spec(kernel: str, qw, prep, tuning):
     if kernel == "gemm_sm90":
         return _gemm_sm90.gemm_spec(prep.layout, "bf16", "bf16", "bf16", tuning)
@@ -146,6 +151,9 @@ def main() -> int:
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     parser.add_argument("--m", help="comma-separated M values (default: each kernel family's list)")
     parser.add_argument("--budget-s", type=float, default=math.inf, help="stop timing new points after this")
+    parser.add_argument(
+        "--max-apart", type=int, help="time only tunings at most this many fields from the default (0: it alone)"
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     info = device_info()
@@ -181,7 +189,10 @@ def main() -> int:
                 else:
                     default = choose_tuning(m, n, k, info.limits, prep.w_format)
                     tunings = fp8_tunings(m, n, k, info.limits, prep.w_format, prep.scale_mode)
-                points.append((m, x, default, list(dict.fromkeys(tunings))))
+                tunings = list(dict.fromkeys([default, *tunings]))
+                if args.max_apart is not None:
+                    tunings = [t for t in tunings if fields_apart(t, default) <= args.max_apart]
+                points.append((m, x, default, tunings))
             failed = _compile([_spec(kernel, first, prep, t) for *_, ts in points for t in ts], cc, dev)
             points = [
                 (m, x, d, [t for t in ts if _spec(kernel, first, prep, t) not in failed]) for m, x, d, ts in points
