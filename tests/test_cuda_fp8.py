@@ -54,6 +54,11 @@ def _specs() -> list[jit.KernelSpec]:
     for m, w, mode in ((4096, "int4", "rowcol"), (4096, "int4", "group"), (4096, "mxfp4", "group")):  # codes ahead
         tuning = dataclasses.replace(fp8_gemm.choose_tile_tuning(m, 8192, 8192, H200, w), prefetch_codes=True)
         specs.append(fp8_gemm.fp8_spec(w, mode, "bf16", "bf16", tuning))
+    for w, mode in (("int4", "group"), ("mxfp4", "group"), ("int4", "rowcol"), ("e4m3", "block128")):  # token halves
+        tuning = dataclasses.replace(
+            fp8_gemm.choose_tile_tuning(4096, 8192, 8192, H200, w), promote_blocks=1, token_halves=True
+        )
+        specs.append(fp8_gemm.fp8_spec(w, mode, "bf16", "bf16", tuning))
     direct_mx = dataclasses.replace(fp8_gemm.choose_tile_tuning(77, 8192, 8192, H200, "mxfp4"), tma_store=False)
     specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "f32", "f32", direct_mx))
     return specs + _split_specs() + _grouped_specs()
@@ -116,6 +121,7 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
     for name, kernel in compiled.items():
         sass = cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path)
         block_m = int(re.search(r"_m(\d+)_", name).group(1))
+        block_m //= 2 if name.endswith("_th") else 1  # token halves: wgmmas of 64 tokens
         assert f"QGMMA.64x{block_m}x32.F32.E4M3.E4M3" in sass, name
         if "_w4a8_" in name or "_wmxfp4a8_" in name:  # A from registers, fed by bulk copies and prmt lookups
             assert re.search(rf"QGMMA\.64x{block_m}x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", sass), name
@@ -137,7 +143,8 @@ def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
     per k-step for the table offsets) come while a group runs: before the wait with 128-token tiles, before the
     next group is queued with two accumulator sets (tiles of at most 64 tokens, whose promotions then run
     while the next group does) and with several K blocks per promotion (block i + 1's conversion while block
-    i's group runs, block i + 2's between the waits for the two). int4 keeps its table words in registers
+    i's group runs, block i + 2's between the waits for the two; in token halves while both of block i's groups
+    run, before the wait for the first). int4 keeps its table words in registers
     (ptxas copies a constant into a register before each of 32 prmt else)."""
     for name, kernel in compiled.items():
         prmts = 32 if "_w4a8_" in name else 24 if "_wmxfp4a8_" in name else None
@@ -152,6 +159,8 @@ def test_w4a8_converts_the_next_block_while_wgmmas_run(compiled, tmp_path):
             assert len(promotions) >= 2 and min(promotions) >= block_m // 2, (name, promotions)
         elif re.search(r"_p[24](_pc)?$", name):  # block i + 2's conversion between the waits for blocks i and i + 1
             gaps, windows = instructions_between_waits(sass, pending=1, only="PRMT"), 1
+        elif name.endswith("_th"):  # token halves: block i + 1's conversion before the wait for block i's h0 group
+            gaps = instructions_before_each_wait(sass, "QGMMA", only="PRMT")[::2]
         else:
             gaps = instructions_before_each_wait(sass, "QGMMA", only="PRMT")
         assert len(gaps) >= windows and min(gaps[:2]) >= prmts, (name, gaps)
@@ -901,6 +910,30 @@ def test_codes_read_a_block_ahead_give_the_same_bits(tile, k, seed, fp8_sm90):
             )
             assert torch.equal(now, ahead), (w, weight, splits, persistent)
             assert_rel_close(ahead, ref, precision=torch.float64, seed=seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [128, 1000, 1152, 2176])  # 1, 8, 9 and 17 K blocks: groups of four and the rest
+def test_token_halves_give_the_bits_of_whole_tiles(k, seed, fp8_sm90):
+    """128-token tiles issuing each K block's wgmmas as two groups of 64 tokens: the bits of whole-tile wgmmas
+    (the same products summed in the same order) for int4 g128 and per channel, MXFP4, and e4m3 in 128 x 128
+    blocks with 1 x 128 activation groups and per channel, with codes read ahead or not, one split, split along K
+    and persistent."""
+    weights = ((-1, "int4", "fp8"), (128, "int4", "fp8"), (32, "mxfp4", "fp8"), ((128, 128), "e4m3", "fp8_g128"))
+    weights += ((-1, "e4m3", "fp8"),)
+    for weight, w, act in weights:
+        qw, qa, bias, ref = _problem(Case(300, 1000, k, weight, act, bias=torch.bfloat16, w=w))
+        prep = fp8_gemm.prepare(qw)
+        for splits, persistent, ahead in ((1, False, False), (2, False, False), (1, True, False), (1, True, True)):
+            tuning = fp8_gemm.Fp8Tuning(
+                2, 128, 4, 1, splits=splits, tma_store=splits == 1, persistent=persistent, prefetch_codes=ahead
+            )
+            whole = fp8_gemm.run(prep, qa, qa.scheme, bias, torch.bfloat16, tuning=tuning)
+            halves = fp8_gemm.run(
+                prep, qa, qa.scheme, bias, torch.bfloat16, tuning=dataclasses.replace(tuning, token_halves=True)
+            )
+            assert torch.equal(whole, halves), (w, weight, splits, persistent, ahead)
+            assert_rel_close(halves, ref, precision=torch.float64, seed=seed)
 
 
 @pytest.mark.gpu

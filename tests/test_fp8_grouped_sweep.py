@@ -32,6 +32,8 @@ def test_variants_of_a_point(w_format, scale_mode, block_m):
     assert {t.persistent for t in tunings} == {False, True}
     assert any(t.promote_blocks == 4 for t in tunings) == (default.block_m == 128 and scale_mode == "rowcol")
     assert any(t.prefetch_codes for t in tunings) == (default.block_m == 128 and w_format != "e4m3")
+    halves = default.block_m == 128 and any(t.promotes_every(scale_mode) == 1 for t in tunings)
+    assert any(t.token_halves for t in tunings) == halves
 
 
 @needs_nvrtc

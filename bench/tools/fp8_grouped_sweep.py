@@ -44,12 +44,15 @@ FP8_CASES = {"deepseek-v3": "w8a8-fp8-block", "qwen3-30b-a3b": "w4a8-int4-channe
 
 def variants(default: fp8_gemm.Fp8Tuning, w_format: str, scale_mode: str) -> list[fp8_gemm.Fp8Tuning]:
     """``default`` and its persistent copy; with 128-token tiles, each also with four K blocks per promotion
-    (per-channel scales) and with codes read ahead (4-bit experts)."""
+    (per-channel scales) and with codes read ahead (4-bit experts), and those promoted at every K block in token
+    halves."""
     out = [default, dataclasses.replace(default, persistent=True)]
     fewer = [dataclasses.replace(t, promote_blocks=4) for t in out]
     out += [t for t in fewer if t.promotes_every(scale_mode) == 4]
     ahead = [dataclasses.replace(t, prefetch_codes=True) for t in out]
     out += [t for t in ahead if t.reads_codes_ahead(w_format)]
+    halves = [dataclasses.replace(t, token_halves=True) for t in out]
+    out += [t for t in halves if t.issues_token_halves(w_format, scale_mode)]
     return list(dict.fromkeys(out))
 
 
@@ -57,7 +60,8 @@ def label(tuning: fp8_gemm.Fp8Tuning) -> str:
     grid = " persistent" if tuning.persistent else ""
     promote = f" promote{tuning.promote_blocks}" if tuning.promote_blocks > 1 else ""
     ahead = " codes-ahead" if tuning.prefetch_codes else ""
-    return f"w{tuning.wgs} m{tuning.block_m} s{tuning.stages} x{tuning.min_blocks}{grid}{promote}{ahead}"
+    halves = " token-halves" if tuning.token_halves else ""
+    return f"w{tuning.wgs} m{tuning.block_m} s{tuning.stages} x{tuning.min_blocks}{grid}{promote}{ahead}{halves}"
 
 
 def point(group: MoeGroup, m: int, block_ms: tuple[int, ...]) -> list[dict]:

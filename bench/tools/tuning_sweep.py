@@ -81,7 +81,7 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) 
     """The default, and each (warpgroups, blocks per SM) with the stages shared memory holds, with one split
     and with the split count that fills one wave; those of one split with more tiles than block slots also on a
     persistent grid; where K blocks may share a promotion, each also with two and four; 4-bit weights' on 128-token
-    tiles each also reading codes a K block ahead."""
+    tiles each also reading codes a K block ahead, and those promoted at every K block also in token halves."""
     base = choose_tuning(m, n, k, limits, w_format)
     out = [base]
     for wgs, blocks in ((1, 2), (2, 1), (1, 1), (2, 2)):
@@ -106,7 +106,9 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) 
     fewer = [dataclasses.replace(t, promote_blocks=p) for p in (2, 4) for t in out]
     out += [t for t in fewer if t.promotes_every(scale_mode) == t.promote_blocks]
     ahead = [dataclasses.replace(t, prefetch_codes=True) for t in out]
-    return out + [t for t in ahead if t.reads_codes_ahead(w_format)]
+    out += [t for t in ahead if t.reads_codes_ahead(w_format)]
+    halves = [dataclasses.replace(t, token_halves=True) for t in out]
+    return out + [t for t in halves if t.issues_token_halves(w_format, scale_mode)]
 
 
 def fields_apart(a, b) -> int:

@@ -43,6 +43,7 @@ def fp8_spec(
     producer, consumer = tuning.registers()
     promote = tuning.promotes_every(scale_mode)
     prefetch = tuning.reads_codes_ahead(w_format)
+    halves = tuning.issues_token_halves(w_format, scale_mode)
     kind = "grouped_" if grouped else ""
     name = (
         f"humming_fp8_gemm_sm90_{kind}{_W_NAMES[w_format]}_{scale_mode}_o{out}_b{bias}_w{tuning.wgs}"
@@ -51,6 +52,7 @@ def fp8_spec(
         + ("" if tuning.tma_store else "_stg")
         + (f"_p{promote}" if promote > 1 else "")
         + ("_pc" if prefetch else "")
+        + ("_th" if halves else "")
     )
     args = ", ".join(
         (
@@ -68,6 +70,7 @@ def fp8_spec(
             str(consumer),
             str(promote),
             "true" if prefetch else "false",
+            "true" if halves else "false",
         )
     )
     return KernelSpec(

@@ -36,7 +36,9 @@ class Fp8Tuning:
     where the scales wait for the epilogue and tiles are 128 tokens, :meth:`promotes_every`), and whether 4-bit
     weights' conversions read the next K block's codes from shared memory (``prefetch_codes``), so that the loads'
     latency passes behind the wgmma issue rather than at the start of the next conversion (tiles of more than 64
-    tokens: with two accumulator sets ptxas moves the decoding out from under the wgmmas)."""
+    tokens: with two accumulator sets ptxas moves the decoding out from under the wgmmas), and whether 128-token tiles
+    promoted at every K block issue each block's wgmmas as two groups of 64 tokens (``token_halves``), so that each
+    half's promotion runs while the other half's wgmmas do."""
 
     wgs: int
     block_m: int
@@ -48,6 +50,7 @@ class Fp8Tuning:
     persistent: bool = False
     promote_blocks: int = 1
     prefetch_codes: bool = False
+    token_halves: bool = False
 
     def __post_init__(self):
         if isinstance(self.splits, bool) or not isinstance(self.splits, int) or self.splits < 1:
@@ -66,6 +69,18 @@ class Fp8Tuning:
         """Whether conversions read the next K block's codes ahead for weights of ``w_format``:
         ``prefetch_codes`` for 4-bit weights on tiles of more than 64 tokens (one accumulator set), else no."""
         return self.prefetch_codes and w_format != "e4m3" and self.block_m > 64
+
+    def issues_token_halves(self, w_format: str, scale_mode: str) -> bool:
+        """Whether K blocks' wgmmas run as two groups of 64 tokens for weights of ``w_format`` / ``scale_mode``:
+        ``token_halves`` on 128-token tiles promoted at every K block (scales that change along K, or one K block
+        per promotion), else no; not for MXFP4 with codes read ahead, whose tables and codes in flight then leave
+        too few registers (ptxas spills)."""
+        return (
+            self.token_halves
+            and self.block_m == 128
+            and self.promotes_every(scale_mode) == 1
+            and not (w_format == "mxfp4" and self.reads_codes_ahead(w_format))
+        )
 
     def grid_blocks(self, tiles: int, limits: DeviceLimits) -> int:
         """Blocks along grid.x for ``tiles`` tiles: one per tile, or one per block slot when persistent."""

@@ -160,16 +160,16 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, const MxTable& lo_t, 
 // The consumers' helpers that take arrays of several sizes or callables are function templates: NVRTC 13.0
 // refuses lambdas with auto parameters in device code (tests/test_cuda_compile.py checks none is left).
 
-// Adds partial sums d of the kGroups token groups (8 tokens each) times their scales (Scales: the consumer's
-// BlockScales) into total, after the caller's fence_registers(d).
-template <int kGroups, bool kBlockScale, int kScaleMode, class Scales>
+// Adds partial sums d of the kGroups token groups (8 tokens each, the tile's groups kFirst ...) times their scales
+// (Scales: the consumer's BlockScales) into total, after the caller's fence_registers(d).
+template <int kGroups, bool kBlockScale, int kScaleMode, int kFirst = 0, class Scales>
 __device__ __forceinline__ void accumulate_groups(float (&total)[4 * kGroups], const float (&d)[4 * kGroups],
                                                   const Scales& b) {
 #pragma unroll
   for (int j = 0; j < kGroups; ++j) {
     if constexpr (kBlockScale) {
-      const float s0 = b.w_block * b.x_block[j].x;
-      const float s1 = b.w_block * b.x_block[j].y;
+      const float s0 = b.w_block * b.x_block[kFirst + j].x;
+      const float s1 = b.w_block * b.x_block[kFirst + j].y;
       total[4 * j + 0] = fmaf(d[4 * j + 0], s0, total[4 * j + 0]);
       total[4 * j + 1] = fmaf(d[4 * j + 1], s1, total[4 * j + 1]);
       total[4 * j + 2] = fmaf(d[4 * j + 2], s0, total[4 * j + 2]);
@@ -186,13 +186,28 @@ __device__ __forceinline__ void accumulate_groups(float (&total)[4 * kGroups], c
   }
 }
 
+// A pipeline step's place in the stage ring: its stage and the parity of the ring's turn, carried from one step to
+// the next (deriving both from the step's index divides by the stage count at every use, on the path between a
+// promotion and the next wgmma issue).
+template <int kStages>
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 // kTwoAccumulators (token tiles of at most 64): the steps in groups of kGroupSteps. Within a group each step's
 // wgmmas go into the accumulator set of its parity, issued before the previous step is waited on
 // (wgmma_wait<1>), so that the previous step's promotion runs while they do; a group ends with no wgmma in
 // flight (a loop that carried the accumulators of wgmmas in flight would have them copied, and ptxas
 // serialise every wgmma). The steps past the last whole group run one at a time. step(i, parity): wait for
-// pipeline step i and issue its wgmmas into set `parity` (acc, acc1); promote(set, i, scales): release step i's
-// stage and add the set into the total.
+// pipeline step i and issue its wgmmas into set `parity` (acc, acc1); promote(set, scales): release the oldest
+// unreleased step's stage and add the set into the total.
 template <int kAcc, class LoadScales, class Step, class Promote>
 __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadScales& load_scales, const Step& step,
                                          const Promote& promote, float (&acc)[kAcc], float (&acc1)[kAcc]) {
@@ -207,7 +222,7 @@ __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadS
       b1 = load_scales(kb_begin + i + j + 1);
       step(i + j + 1, 1);
       wgmma_wait<1>();
-      promote(acc, i + j, b0);
+      promote(acc, b0);
       if (j + 2 < kGroupSteps) {
         b0 = load_scales(kb_begin + i + j + 2);
         step(i + j + 2, 0);
@@ -215,14 +230,66 @@ __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadS
       } else {
         wgmma_wait<0>();
       }
-      promote(acc1, i + j + 1, b1);
+      promote(acc1, b1);
     }
   }
   for (; i < kb_count; ++i) {
     const auto b = load_scales(kb_begin + i);
     step(i, 0);
     wgmma_wait<0>();
-    promote(acc, i, b);
+    promote(acc, b);
+  }
+}
+
+// Token halves (128-token tiles promoted at every K block): each K block's wgmmas as two groups, tokens 0-63 into
+// h0 and 64-127 into h1. Once a block's h0 group is done its promotion runs behind the h1 group, and the block's h1
+// promotion behind the next block's h0 group, so that the tensor core keeps working through promotions (128 tokens
+// leave no registers for a second whole accumulator set). Groups of kGroupBlocks K blocks end with no wgmma in
+// flight (ptxas serialises the wgmmas of a chain left in flight across a loop's iterations); the blocks past the
+// last whole group run one at a time. begin(parity): waits for the next pipeline step and returns its operands
+// (4-bit weights: A fragment set `parity`, ready); issue(operands, parity, half, d): one half's group into d;
+// ready(i, parity): makes step i's A operand ready in set `parity` (4-bit weights convert its codes), while both
+// groups of the step before run: in a branch of its own, which keeps ptxas from moving it after their wait;
+// release(): the oldest unreleased step's stage; promote(d, half, scales).
+template <int kHalf, class LoadScales, class Begin, class Issue, class Ready, class Release, class Promote>
+__device__ __forceinline__ void token_halves(int kb_begin, int kb_count, const LoadScales& load_scales,
+                                             const Begin& begin, const Issue& issue, const Ready& ready,
+                                             const Release& release, const Promote& promote, float (&h0)[kHalf],
+                                             float (&h1)[kHalf]) {
+  constexpr int kGroupBlocks = 4;
+  if (kb_count > 0) ready(0, 0);
+  int i = 0;
+  for (; i + kGroupBlocks <= kb_count; i += kGroupBlocks) {
+    decltype(load_scales(0)) b[2];
+#pragma unroll
+    for (int j = 0; j < kGroupBlocks; ++j) {
+      b[j % 2] = load_scales(kb_begin + i + j);
+      const auto operands = begin(j % 2);
+      issue(operands, j % 2, 0, h0);
+      if (j > 0) {
+        wgmma_wait<1>();  // block j - 1's h1 group
+        release();
+        promote(h1, 1, b[(j - 1) % 2]);
+      }
+      issue(operands, j % 2, 1, h1);
+      if (i + j + 1 < kb_count) ready(i + j + 1, (j + 1) % 2);  // true inside the group
+      wgmma_wait<1>();  // block j's h0 group
+      promote(h0, 0, b[j % 2]);
+    }
+    wgmma_wait<0>();
+    release();
+    promote(h1, 1, b[(kGroupBlocks - 1) % 2]);
+  }
+  for (; i < kb_count; ++i) {  // set 0 holds block i's A operand
+    const auto b = load_scales(kb_begin + i);
+    const auto operands = begin(0);
+    issue(operands, 0, 0, h0);
+    issue(operands, 0, 1, h1);
+    wgmma_wait<0>();
+    release();
+    promote(h0, 0, b);
+    promote(h1, 1, b);
+    if (i + 1 < kb_count) ready(i + 1, 0);
   }
 }
 
@@ -236,9 +303,11 @@ __device__ __forceinline__ void two_sets(int kb_begin, int kb_count, const LoadS
 // scale mode 0 with 128-token tiles; the header comment's "promotion").
 // kPrefetchCodes: 4-bit weights, tiles of more than 64 tokens: each conversion reads the next K block's codes from
 // shared memory ("convert").
+// kTokenHalves: 128-token tiles promoted at every K block: each block's wgmmas as two groups of 64 tokens, each
+// half promoted while the other's group runs (token_halves).
 template <int kWgs, int kBlockM, int kStages, int kWFormat, int kScaleMode, bool kTmaStore, bool kGrouped,
           bool kSplitK, DType O, DType B, int kProducerRegs, int kConsumerRegs, int kPromoteBlocks,
-          bool kPrefetchCodes>
+          bool kPrefetchCodes, bool kTokenHalves>
 __device__ __forceinline__ void run(const Params& p) {
   using L = SmemLayout<kWgs, kBlockM, kStages, kWFormat>;
   constexpr bool kBlockScale = kScaleMode == 1;
@@ -259,6 +328,8 @@ __device__ __forceinline__ void run(const Params& p) {
                                         !kTwoAccumulators),
                 "two or four K blocks per promotion: scales in the epilogue, one accumulator set");
   static_assert(!kPrefetchCodes || (kWFormat != kE4m3 && !kTwoAccumulators), "codes read ahead: 4-bit, one set");
+  static_assert(!kTokenHalves || (kBlockM == 128 && kPromoteBlocks == 1),
+                "token halves: 128-token tiles, a promotion at every K block");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -291,8 +362,8 @@ __device__ __forceinline__ void run(const Params& p) {
     return true;
   };
   if (gridDim.x == num_tiles && !locate(blockIdx.x)) return;  // a block's only tile is skipped: before any barrier
-  // Each tile's K blocks (all of them unless split-K); the tile's K block kb_begin + i is pipeline step it0 + i
-  // of the block, in stage (it0 + i) % kStages, it0 the steps of the block's earlier tiles.
+  // Each tile's K blocks (all of them unless split-K): its K block kb_begin + i is the tile's pipeline step i. The
+  // block's steps run through the stage ring in order across its tiles (RingPos).
   const int kb_begin = kSplitK ? int(blockIdx.z) * p.num_kb / int(gridDim.z) : 0;
   const int kb_count = kSplitK ? (int(blockIdx.z) + 1) * p.num_kb / int(gridDim.z) - kb_begin : p.num_kb;
 
@@ -318,13 +389,14 @@ __device__ __forceinline__ void run(const Params& p) {
     if (tid == 0) {
       prefetch_tensor_map(&p.w_map);
       prefetch_tensor_map(&p.x_map);
-      int it = 0;  // pipeline step
+      int it = 0;           // pipeline step
+      RingPos<kStages> at;  // its place in the ring
       for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
         if (!locate(tile)) continue;
-        for (int i = 0; i < kb_count; ++i, ++it) {
+        for (int i = 0; i < kb_count; ++i, ++it, at.advance()) {
           const int kb = kb_begin + i;
-          const int s = it % kStages;
-          if (it >= kStages) mbar_wait(empty(s), ((it / kStages) - 1) & 1);
+          const int s = at.stage;
+          if (it >= kStages) mbar_wait(empty(s), at.phase ^ 1);  // the stage's previous turn is released
           mbar_expect_tx(full(s), L::kStageTx);
           if constexpr (kWFormat == kE4m3) {
             tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, w_base);
@@ -346,9 +418,12 @@ __device__ __forceinline__ void run(const Params& p) {
     const int col = 2 * (lane % 4);  // this thread's first token column in each group of 8
     const int row = 16 * warp + lane / 4;  // this thread's channels: row and row + 8 of the warpgroup's 64
     int wn = 0;   // the tile's weight row of this thread (of expert `expert`)
-    int it0 = 0;  // pipeline steps of this block's earlier tiles
-    auto stage = [&](int i) { return (it0 + i) % kStages; };  // the stage of the tile's step i
-    auto phase = [&](int i) { return ((it0 + i) / kStages) & 1; };
+    // Every pipeline step is waited for, issued and released once, each in step order: a ring position for each.
+    RingPos<kStages> acquired, issued, released;
+    // wgmma descriptors of stage 0's tiles; stage s's are kStageBytes * s bytes on (the start address field, in
+    // 16-byte units, stays below 2^14: shared memory addresses are below 256 KiB)
+    constexpr uint32_t kStageDesc = L::kStageBytes >> 4;
+    const uint64_t w_desc0 = sw128_desc(w_tile(0) + wg * 64 * kBK), x_desc0 = sw128_desc(x_tile(0));
     float acc[kAcc];
     float total[kAcc];
 
@@ -373,15 +448,30 @@ __device__ __forceinline__ void run(const Params& p) {
       }
       return b;
     };
-    // Releases step i's stage (its wgmmas are done; with ld.shared reads, this thread's too).
-    auto release = [&](int i) {
-      if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(stage(i)));
+    // Releases the oldest unreleased step's stage (its wgmmas are done; with ld.shared reads, this thread's too).
+    auto release = [&]() {
+      if (kReleasesPerWg == 128 || lane == 0) mbar_arrive(empty(released.stage));
+      released.advance();
     };
     // Releases a finished step's stage and adds its partial sum `d` into the total.
-    auto promote = [&](float (&d)[kAcc], int i, const BlockScales& b) {
+    auto promote = [&](float (&d)[kAcc], const BlockScales& b) {
       fence_registers(d);
-      release(i);
+      release();
       accumulate_groups<kAcc / 4, kBlockScale, kScaleMode>(total, d, b);
+    };
+    // Token halves: adds the partial sum `d` of tokens 64 * half ... into the total.
+    constexpr int kHalf = kAcc / 2;
+    constexpr uint32_t kHalfDesc = 64 * kBK >> 4;  // a B descriptor's start address, 64 token rows on
+    auto promote_half = [&](float (&d)[kHalf], int half, const BlockScales& b) {
+      if constexpr (kTokenHalves) {
+        fence_registers(d);
+        if (half == 0) {
+          accumulate_groups<kHalf / 4, kBlockScale, kScaleMode>(*reinterpret_cast<float(*)[kHalf]>(total), d, b);
+        } else {
+          accumulate_groups<kHalf / 4, kBlockScale, kScaleMode, kHalf / 4>(
+              *reinterpret_cast<float(*)[kHalf]>(total + kHalf), d, b);
+        }
+      }
     };
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       if (!locate(tile)) continue;
@@ -392,14 +482,14 @@ __device__ __forceinline__ void run(const Params& p) {
       [[maybe_unused]] float acc1[kAcc];  // the second set of kTwoAccumulators (dead code without)
 
       if constexpr (kWFormat == kE4m3) {
-        // Waits for pipeline step i and issues its wgmmas (both operands in shared memory) into d.
+        // Waits for the next pipeline step and issues its wgmmas (both operands in shared memory) into d.
         // carry: add into d behind the wgmmas in flight on it (the promotion's second K block; d is not touched
         // in between, which would make ptxas wait for them); else the block's first wgmma overwrites d
-        auto issue_ss = [&](int i, float (&d)[kAcc], int carry) {
-          const int s = stage(i);
-          mbar_wait(full(s), phase(i));
-          const uint64_t a_desc = sw128_desc(w_tile(s) + wg * 64 * kBK);
-          const uint64_t b_desc = sw128_desc(x_tile(s));
+        auto issue_ss = [&](float (&d)[kAcc], int carry) {
+          mbar_wait(full(acquired.stage), acquired.phase);
+          const uint64_t a_desc = w_desc0 + kStageDesc * acquired.stage;
+          const uint64_t b_desc = x_desc0 + kStageDesc * acquired.stage;
+          acquired.advance();
           if (!carry) fence_registers(d);
           wgmma_fence();
 #pragma unroll
@@ -407,34 +497,51 @@ __device__ __forceinline__ void run(const Params& p) {
           wgmma_commit();
         };
         if constexpr (kTwoAccumulators) {
-          two_sets(kb_begin, kb_count, load_scales, [&](int i, int parity) {
-            issue_ss(i, parity ? acc1 : acc, 0);
+          two_sets(kb_begin, kb_count, load_scales, [&](int, int parity) {
+            issue_ss(parity ? acc1 : acc, 0);
           }, promote, acc, acc1);
+        } else if constexpr (kTokenHalves) {
+          struct Operands {
+            uint64_t a, b;
+          };
+          float h0[kHalf], h1[kHalf];
+          token_halves(kb_begin, kb_count, load_scales, [&](int) {
+            mbar_wait(full(acquired.stage), acquired.phase);
+            const Operands ops{w_desc0 + kStageDesc * acquired.stage, x_desc0 + kStageDesc * acquired.stage};
+            acquired.advance();
+            return ops;
+          }, [&](const Operands& ops, int, int half, float (&d)[kHalf]) {
+            fence_registers(d);
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < kBK / 32; ++k) {
+              Wgmma<kBlockM / 2>::mma(d, ops.a + 2 * k, ops.b + half * kHalfDesc + 2 * k, k);
+            }
+            wgmma_commit();
+          }, [](int, int) {}, release, promote_half, h0, h1);
         } else if constexpr (kPromoteBlocks > 1) {
           // blocks i .. i + kPromoteBlocks - 1 into acc back to back, each issued behind the one before; a
           // block's stage released once its wgmmas are done; one promotion for all of them
           const BlockScales b{};
           for (int i = 0; i < kb_count; i += kPromoteBlocks) {
-            issue_ss(i, acc, 0);
-            int last = i;
+            issue_ss(acc, 0);
 #pragma unroll
             for (int p = 1; p < kPromoteBlocks; ++p) {
               if (i + p < kb_count) {
-                issue_ss(i + p, acc, 1);
+                issue_ss(acc, 1);
                 wgmma_wait<1>();
-                release(i + p - 1);
-                last = i + p;
+                release();  // step i + p - 1
               }
             }
             wgmma_wait<0>();
-            promote(acc, last, b);
+            promote(acc, b);  // the group's last step
           }
         } else {
           for (int i = 0; i < kb_count; ++i) {
             const BlockScales b = load_scales(kb_begin + i);
-            issue_ss(i, acc, 0);
+            issue_ss(acc, 0);
             wgmma_wait<0>();
-            promote(acc, i, b);
+            promote(acc, b);
           }
         }
       } else {
@@ -448,12 +555,12 @@ __device__ __forceinline__ void run(const Params& p) {
           uint32_t words[8];
           uint32_t off0, off1;
         };
-        // Waits for pipeline step i and reads this thread's codes of it.
-        auto load_codes = [&](int i, Codes& c) {
-          const int s = stage(i);
-          mbar_wait(full(s), phase(i));
+        // Waits for the next pipeline step and reads this thread's codes of it.
+        auto load_codes = [&](Codes& c) {
+          mbar_wait(full(acquired.stage), acquired.phase);
           // [warp][half][lane][16 bytes]: half h holds k-steps 2h, 2h + 1, two words each (k and k + 16)
-          const uint32_t tile = w_tile(s) + wg * L::kTile;
+          const uint32_t tile = w_tile(acquired.stage) + wg * L::kTile;
+          acquired.advance();
           const uint32_t src = tile + warp * 1024 + lane * 16;
           const uint4 h0 = lds_v4(src), h1 = lds_v4(src + 512);
           c.words[0] = h0.x, c.words[1] = h0.y, c.words[2] = h0.z, c.words[3] = h0.w;
@@ -490,19 +597,20 @@ __device__ __forceinline__ void run(const Params& p) {
         auto convert = [&](int i, uint32_t (&a)[kBK / 32][4]) {
           if constexpr (kPrefetchCodes) {
             decode(ahead, a);
-            if (i + 1 < kb_count) load_codes(i + 1, ahead);
+            if (i + 1 < kb_count) load_codes(ahead);  // step i + 1's
           } else {
             Codes c;
-            load_codes(i, c);
+            load_codes(c);
             decode(c, a);
           }
         };
         if constexpr (kPrefetchCodes) {
-          if (kb_count > 0) load_codes(0, ahead);
+          if (kb_count > 0) load_codes(ahead);
         }
-        // carry: as issue_ss's
-        auto issue = [&](int i, const uint32_t (&a)[kBK / 32][4], float (&d)[kAcc], int carry) {
-          const uint64_t b_desc = sw128_desc(x_tile(stage(i)));
+        // Issues the wgmmas of the next pipeline step to issue (its codes converted into a); carry: as issue_ss's
+        auto issue = [&](const uint32_t (&a)[kBK / 32][4], float (&d)[kAcc], int carry) {
+          const uint64_t b_desc = x_desc0 + kStageDesc * issued.stage;
+          issued.advance();
           if (!carry) fence_registers(d);
           wgmma_fence();
 #pragma unroll
@@ -515,7 +623,7 @@ __device__ __forceinline__ void run(const Params& p) {
           two_sets(kb_begin, kb_count, load_scales, [&](int i, int parity) {
             auto& a = parity ? a1 : a0;
             convert(i, a);
-            issue(i, a, parity ? acc1 : acc, 0);
+            issue(a, parity ? acc1 : acc, 0);
           }, promote, acc, acc1);
         } else if constexpr (kPromoteBlocks > 1) {
           // Blocks i .. i + kPromoteBlocks - 1 into acc: block i + p is converted into A fragment set p while
@@ -528,22 +636,34 @@ __device__ __forceinline__ void run(const Params& p) {
           const BlockScales b{};
           if (kb_count > 0) convert(0, ap[0]);
           for (int i = 0; i < kb_count; i += kPromoteBlocks) {
-            issue(i, ap[0], acc, 0);
-            int last = i;
+            issue(ap[0], acc, 0);
 #pragma unroll
             for (int p = 1; p < kPromoteBlocks; ++p) {
               if (i + p < kb_count) {
                 convert(i + p, ap[p]);
-                issue(i + p, ap[p], acc, 1);
+                issue(ap[p], acc, 1);
                 wgmma_wait<1>();
-                release(i + p - 1);
-                last = i + p;
+                release();  // step i + p - 1
               }
             }
             if (i + kPromoteBlocks < kb_count) convert(i + kPromoteBlocks, ap[0]);
             wgmma_wait<0>();
-            promote(acc, last, b);
+            promote(acc, b);  // the group's last step
           }
+        } else if constexpr (kTokenHalves) {
+          float h0[kHalf], h1[kHalf];
+          token_halves(kb_begin, kb_count, load_scales, [&](int) {
+            const uint64_t desc = x_desc0 + kStageDesc * issued.stage;
+            issued.advance();
+            return desc;
+          }, [&](uint64_t desc, int parity, int half, float (&d)[kHalf]) {
+            const auto& a = parity ? a1 : a0;
+            fence_registers(d);
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < kBK / 32; ++k) WgmmaRegA<kBlockM / 2>::mma(d, a[k], desc + half * kHalfDesc + 2 * k, k);
+            wgmma_commit();
+          }, [&](int i, int parity) { convert(i, parity ? a1 : a0); }, release, promote_half, h0, h1);
         } else {
           // Two register sets of A fragments: step i + 1 is converted while the wgmmas of step i run (unrolled
           // by two so that each set is fixed registers; each conversion in its own block, so that ptxas keeps
@@ -552,16 +672,16 @@ __device__ __forceinline__ void run(const Params& p) {
           if (kb_count > 0) convert(0, a0);
           for (int i = 0; i < kb_count; i += 2) {
             b0 = load_scales(kb_begin + i);
-            issue(i, a0, acc, 0);
+            issue(a0, acc, 0);
             if (i + 1 < kb_count) convert(i + 1, a1);
             wgmma_wait<0>();
-            promote(acc, i, b0);
+            promote(acc, b0);
             if (i + 1 >= kb_count) break;
             b1 = load_scales(kb_begin + i + 1);
-            issue(i + 1, a1, acc, 0);
+            issue(a1, acc, 0);
             if (i + 2 < kb_count) convert(i + 2, a0);
             wgmma_wait<0>();
-            promote(acc, i + 1, b1);
+            promote(acc, b1);
           }
         }
       }
@@ -625,7 +745,6 @@ __device__ __forceinline__ void run(const Params& p) {
           tma_store_commit();
         }
       }
-      it0 += kb_count;
     }
     if constexpr (kTmaStore) {
       if (tid == 0) tma_store_wait_read();  // the last store has read the slab before the block exits
