@@ -186,21 +186,6 @@ __device__ __forceinline__ void accumulate_groups(float (&total)[4 * kGroups], c
   }
 }
 
-// A pipeline step's place in the stage ring: its stage and the parity of the ring's turn, carried from one step to
-// the next (deriving both from the step's index divides by the stage count at every use, on the path between a
-// promotion and the next wgmma issue).
-template <int kStages>
-struct RingPos {
-  int stage = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void advance() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
-
 // kTwoAccumulators (token tiles of at most 64): the steps in groups of kGroupSteps. Within a group each step's
 // wgmmas go into the accumulator set of its parity, issued before the previous step is waited on
 // (wgmma_wait<1>), so that the previous step's promotion runs while they do; a group ends with no wgmma in

@@ -186,16 +186,17 @@ __device__ __forceinline__ void run(const Params& p) {
       const char* w_src = reinterpret_cast<const char*>(p.qweight);
       const char* s_src = static_cast<const char*>(p.scales);
       const char* z_src = reinterpret_cast<const char*>(p.zeros);
-      int step = 0;  // the pipeline's step, counted over the block's tiles
+      int step = 0;                // the pipeline's step, counted over the block's tiles
+      sm90::RingPos<kStages> at;  // its place in the stage ring
       for (int ti = first_tile; ti < tile_end; ti += tile_step) {
         const int expert = expert_of(ti);
         if (expert < 0) continue;
         const int m0 = m_tile_of(ti) * kBM;                  // first token of the tile
         const int blk = expert * n_blocks + n_block_of(ti);  // 128-row block of the (stacked) weights
-        for (int i = 0; i < count; ++i, ++step) {  // kc: the chunk of K step `step` loads
-          const int kc = k_begin + i, s = step % kStages;
-          if (step >= kStages) {
-            while (!sm90::mbar_try_wait(empty0 + 8 * s, ((step / kStages) & 1) ^ 1)) {}
+        for (int i = 0; i < count; ++i, ++step, at.advance()) {  // kc: the chunk of K step `step` loads
+          const int kc = k_begin + i, s = at.stage;
+          if (step >= kStages) {  // the stage's previous turn is released
+            while (!sm90::mbar_try_wait(empty0 + 8 * s, at.phase ^ 1)) {}
           }
           const uint32_t full = full0 + 8 * s;
           if constexpr (kTileGroup == 8) {
@@ -324,11 +325,13 @@ __device__ __forceinline__ void run(const Params& p) {
         for (int i = 0; i < 4; ++i) a[j][i] = fma2<A>(a[j][i], scale[2 * (j >> 1) + (i & 1)], kNegZero);
       }
     };
-    // Wait for pipeline step i (counted over the block's tiles), load this lane's weight fragment and
-    // dequantize it.
-    auto load_dequant = [&](int i, uint32_t (&a)[4][4]) {
-      const int s = i % kStages;
-      while (!sm90::mbar_try_wait(full0 + 8 * s, (i / kStages) & 1)) {}
+    // Every pipeline step is waited for, issued and released once, each in step order: a ring position for each.
+    sm90::RingPos<kStages> acquired, issued, released;
+    // Wait for the next pipeline step, load this lane's weight fragment of it and dequantize it.
+    auto load_dequant = [&](uint32_t (&a)[4][4]) {
+      const int s = acquired.stage;
+      while (!sm90::mbar_try_wait(full0 + 8 * s, acquired.phase)) {}
+      acquired.advance();
       // the gathered rows, written by cp.async, read by wgmma (with kArriveLag the producer fenced them)
       if constexpr (kGather && kArriveLag == 0) sm90::fence_proxy_async();
       const uint4* w = reinterpret_cast<const uint4*>(smem + L::kW + s * L::kWBytes) + tile * kVecs * 32 + lane;
@@ -342,9 +345,13 @@ __device__ __forceinline__ void run(const Params& p) {
         dequant_int(s, words, a);
       }
     };
-    // The wgmmas of pipeline step i; the tile's first step (`first`) overwrites the accumulators.
-    auto issue_mma = [&](int i, bool first, const uint32_t (&a)[4][4]) {
-      const uint64_t desc = sm90::sw128_desc(base + L::kX + (i % kStages) * L::kXBytes);
+    // The wgmmas of the next pipeline step to issue; the tile's first step (`first`) overwrites the accumulators.
+    // Stage s's activation tile descriptor is stage 0's plus s tiles (the start address field, in 16-byte units,
+    // stays below 2^14: shared memory addresses are below 256 KiB).
+    const uint64_t x_desc0 = sm90::sw128_desc(base + L::kX);
+    auto issue_mma = [&](bool first, const uint32_t (&a)[4][4]) {
+      const uint64_t desc = x_desc0 + (L::kXBytes >> 4) * issued.stage;
+      issued.advance();
       sm90::wgmma_fence();
 #pragma unroll
       for (int j = 0; j < 4; ++j) sm90::wgmma_rs<A, kBM>(acc, a[j], desc + 2 * j, !first || j > 0);
@@ -356,39 +363,42 @@ __device__ __forceinline__ void run(const Params& p) {
     // registers while chunk i + 1's wgmmas run. The loop is unrolled by two so that each set is a fixed set
     // of registers (ptxas serializes wgmmas whose register inputs are written while they are in flight).
     uint32_t a0[4][4], a1[4][4];
-    int step = 0;  // the pipeline's step, counted over the block's tiles
+    // Releases the oldest unreleased step's stage.
+    auto release = [&]() {
+      sm90::mbar_arrive(empty0 + 8 * released.stage);
+      released.advance();
+    };
     for (int ti = first_tile; ti < tile_end; ti += tile_step) {
       const int expert = expert_of(ti);
       if (expert < 0) continue;
       const int m0 = m_tile_of(ti) * kBM;  // first token of the tile
-      load_dequant(step, a0);
-      issue_mma(step, true, a0);
-      if (count > 1) load_dequant(step + 1, a1);
+      load_dequant(a0);
+      issue_mma(true, a0);
+      if (count > 1) load_dequant(a1);
       // Every exit from the loop follows a wgmma_wait<0> (ptxas would otherwise add a wait of its own before the
       // epilogue reads the accumulators).
       for (int i = 0;; i += 2) {  // here chunk i's wgmmas (a0) are in flight, a1 holds chunk i + 1
         if (i + 1 < count) {
-          issue_mma(step + i + 1, false, a1);
+          issue_mma(false, a1);
           sm90::wgmma_wait<1>();
-          sm90::mbar_arrive(empty0 + 8 * ((step + i) % kStages));
+          release();  // chunk i
         } else {
           sm90::wgmma_wait<0>();
-          sm90::mbar_arrive(empty0 + 8 * ((step + i) % kStages));
+          release();
           break;
         }
         if (i + 2 < count) {
-          load_dequant(step + i + 2, a0);
-          issue_mma(step + i + 2, false, a0);
+          load_dequant(a0);
+          issue_mma(false, a0);
           sm90::wgmma_wait<1>();
-          sm90::mbar_arrive(empty0 + 8 * ((step + i + 1) % kStages));
+          release();  // chunk i + 1
         } else {
           sm90::wgmma_wait<0>();
-          sm90::mbar_arrive(empty0 + 8 * ((step + i + 1) % kStages));
+          release();
           break;
         }
-        if (i + 3 < count) load_dequant(step + i + 3, a1);
+        if (i + 3 < count) load_dequant(a1);
       }
-      step += count;
       // acc[4i + e]: weight row tile*16 + g + 8 * (e >> 1), token m0 + 8i + 2c + (e & 1).
       const long n_base = long(n_block_of(ti)) * 128 + tile * 16 + g;  // column of out (row of the expert)
       // kTileGroup 1: this warp's 16 rows lie past the expert's N rows (the last block's missing tiles)

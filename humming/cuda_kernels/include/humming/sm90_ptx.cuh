@@ -141,6 +141,21 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 // ---- wgmma ----
 
+// A pipeline step's place in the stage ring: its stage and the parity of the ring's turn, carried from one step to
+// the next (deriving both from the step's index divides by the stage count at every use, on the consumers' path from
+// one wgmma group to the next).
+template <int kStages>
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 // Descriptor of a K-major operand tile in shared memory written by TMA with 128-byte swizzling: rows of
 // 128 bytes, 8-row (1024-byte) swizzle atoms (stride byte offset 1024), the tile 1024-byte aligned.
 // Stepping K by 32 bytes inside the atom advances the start address (bits 0-13, in 16-byte units).
