@@ -388,8 +388,8 @@ __device__ __forceinline__ void run(const Params& p) {
           } else {
 #pragma unroll
             for (int w = 0; w < kWgs; ++w) {
-              const long at = long(w_base / 64 + w) * p.num_kb + kb;
-              bulk_load(w_tile(s) + w * L::kTile, p.w_packed + at * L::kTile, L::kTile, full(s));
+              const long tile_index = long(w_base / 64 + w) * p.num_kb + kb;
+              bulk_load(w_tile(s) + w * L::kTile, p.w_packed + tile_index * L::kTile, L::kTile, full(s));
             }
           }
           tma_load_2d(x_tile(s), &p.x_map, full(s), kb * kBK, m_tile * kBlockM);
