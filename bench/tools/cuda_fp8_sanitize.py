@@ -1,6 +1,6 @@
 """Small FP8 GEMM calls for compute-sanitizer: W8A8 in both scaling modes and W4A8 (int4, MXFP4), odd shapes,
-both warpgroup counts and both epilogues; prints the relative error of each against float64 and exits 1 on any
-failure.
+both warpgroup counts and both epilogues, the persistent grid, token halves and codes read ahead; prints the
+relative error of each against float64 and exits 1 on any failure.
 
 Usage: compute-sanitizer python bench/tools/cuda_fp8_sanitize.py [WEIGHT_FORMAT ...]   (only those formats, e.g. mxfp4)
 """
@@ -24,6 +24,11 @@ CASES = [  # weight format, m, n, k, weight group, act, tuning (None: the heuris
     ("int4", 130, 200, 520, -1, "fp8", fp8_gemm.Fp8Tuning(2, 128, 2, 1)),
     ("mxfp4", 37, 333, 1000, 32, "fp8", None),
     ("mxfp4", 130, 200, 520, 32, "fp8_tensor", fp8_gemm.Fp8Tuning(2, 128, 2, 1, tma_store=False)),
+    # token halves (a group of four K blocks and the one after it), codes read ahead, persistent
+    ("int4", 130, 200, 640, 128, "fp8", fp8_gemm.Fp8Tuning(2, 128, 2, 1, persistent=True, token_halves=True)),
+    ("mxfp4", 130, 200, 640, 32, "fp8", fp8_gemm.Fp8Tuning(2, 128, 3, 1, token_halves=True)),
+    ("e4m3", 130, 200, 640, (128, 128), "fp8_g128", fp8_gemm.Fp8Tuning(2, 128, 2, 1, token_halves=True)),
+    ("int4", 130, 200, 640, -1, "fp8", fp8_gemm.Fp8Tuning(2, 128, 2, 1, prefetch_codes=True)),
 ]
 
 
