@@ -29,7 +29,7 @@ from triton_sass import disassemble, loop_body, opcode, registers
 from humming.cuda_kernels._fp8_tuning import Fp8Tuning
 
 #: (weight format, scale mode, tuning): the W4A8 kernels at decode and large M, and the defaults of 128-token
-#: tiles (8192 x 8192, M = 4096) with W8A8's for comparison
+#: tiles (8192 x 8192, M = 4096) with W8A8's for comparison, then the same in token halves
 CASES = (
     ("int4", "rowcol", Fp8Tuning(2, 128, 4, 1)),
     ("int4", "rowcol", Fp8Tuning(1, 64, 4, 2)),
@@ -41,6 +41,9 @@ CASES = (
     ("int4", "group", Fp8Tuning(2, 128, 8, 1, persistent=True)),
     ("mxfp4", "group", Fp8Tuning(2, 128, 7, 1, persistent=True)),
     ("e4m3", "rowcol", Fp8Tuning(2, 128, 6, 1, persistent=True)),
+    ("int4", "group", Fp8Tuning(2, 128, 8, 1, persistent=True, token_halves=True)),
+    ("mxfp4", "group", Fp8Tuning(2, 128, 7, 1, persistent=True, token_halves=True)),
+    ("e4m3", "rowcol", Fp8Tuning(2, 128, 6, 1, persistent=True, token_halves=True)),
 )
 _MIX = ("PRMT", "LOP3", "SHF", "IMAD", "IADD3", "FADD", "FFMA")
 
@@ -57,11 +60,13 @@ def conversion_window(instructions: list[str]) -> list[str]:
     return []
 
 
-def k_block(instructions: list[tuple[int, str]]) -> float:
-    """Instructions per K block of the innermost loop that issues wgmmas (four QGMMA a block): what one consumer
-    warp issues per 128 of K in the steady state."""
-    body = loop_body(instructions, holding="QGMMA", innermost=True)
-    return round(4 * len(body) / max(1, sum(opcode(text).startswith("QGMMA") for text in body)), 1)
+def k_block(instructions: list[tuple[int, str]], halves: bool = False) -> float:
+    """Instructions per K block of the innermost loop that issues wgmmas (four QGMMA a block; with token halves
+    eight, and the loop of a group of four blocks): what one consumer warp issues per 128 of K in the steady
+    state."""
+    per_block = 8 if halves else 4
+    body = loop_body(instructions, holding="QGMMA", innermost=True, at_least=4 * per_block if halves else 1)
+    return round(per_block * len(body) / max(1, sum(opcode(text).startswith("QGMMA") for text in body)), 1)
 
 
 def analyse(w_format: str, scale_mode: str, tuning: Fp8Tuning) -> dict:
@@ -79,7 +84,7 @@ def analyse(w_format: str, scale_mode: str, tuning: Fp8Tuning) -> dict:
         "registers": registers(kernel.cubin),
         "instructions": len(texts),
         "conversion_window": len(window),
-        "k_block": k_block(instructions),
+        "k_block": k_block(instructions, tuning.issues_token_halves(w_format, scale_mode)),
         "window_mix": {op: mix.get(op, 0) for op in _MIX},
     }
 

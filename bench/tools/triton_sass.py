@@ -52,9 +52,11 @@ def registers(cubin: bytes) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def loop_body(instructions: list[tuple[int, str]], holding: str = "", innermost: bool = False) -> list[str]:
+def loop_body(
+    instructions: list[tuple[int, str]], holding: str = "", innermost: bool = False, at_least: int = 1
+) -> list[str]:
     """The instructions of the largest loop (from a backward branch's target to the branch), or of the smallest
-    (``innermost``), among the loops with an instruction whose opcode starts with ``holding``."""
+    (``innermost``), among the loops with at least ``at_least`` instructions whose opcode starts with ``holding``."""
     labels, pending = {}, []
     for addr, text in instructions:
         if addr < 0:
@@ -68,7 +70,7 @@ def loop_body(instructions: list[tuple[int, str]], holding: str = "", innermost:
         if addr >= 0 and target and labels.get(target.group(1), addr + 1) <= addr:
             loops.append((labels[target.group(1)], addr))
     body = lambda lo, hi: [text for addr, text in instructions if lo <= addr <= hi]
-    loops = [r for r in loops if any(opcode(text).startswith(holding) for text in body(*r))]
+    loops = [r for r in loops if sum(opcode(text).startswith(holding) for text in body(*r)) >= at_least]
     if not loops:
         return []
     return body(*(min if innermost else max)(loops, key=lambda r: r[1] - r[0]))
