@@ -274,6 +274,22 @@ def test_tile_tuning_walks_128_token_tiles_past_the_block_slots(w):
     assert not fp8_gemm.choose_tile_tuning(256, 8192, 8192, H200, w).persistent  # 128 tiles: one wave
 
 
+@pytest.mark.parametrize(
+    "w, mode", [("e4m3", "rowcol"), ("e4m3", "block128"), ("int4", "rowcol"), ("int4", "group"), ("mxfp4", "group")]
+)
+def test_token_halves_apply_to_128_token_tiles_promoted_at_every_k_block(w, mode):
+    """``token_halves`` takes effect (the kernel's name says so) on 128-token tiles promoted at every K block, for
+    every weight format and scale mode, and nowhere else: not on smaller tiles, not with several K blocks a
+    promotion, not for MXFP4 with its codes read ahead (ptxas spills there)."""
+    for block_m, promote, ahead in itertools.product((64, 128), (1, 4), (False, True)):
+        t = fp8_gemm.Fp8Tuning(2, block_m, 4, 1, promote_blocks=promote, prefetch_codes=ahead, token_halves=True)
+        every_block = t.promotes_every(mode) == 1
+        want = block_m == 128 and every_block and not (w == "mxfp4" and t.reads_codes_ahead(w))
+        assert t.issues_token_halves(w, mode) == want, (block_m, promote, ahead)
+        assert fp8_gemm.fp8_spec(w, mode, "bf16", "bf16", t).name.endswith("_th") == want
+        assert not dataclasses.replace(t, token_halves=False).issues_token_halves(w, mode)
+
+
 def test_split_k_specs_say_what_they_need():
     tuning = fp8_gemm.choose_split_tuning(1, 8192, 8192, H200)
     spec = fp8_gemm.call_spec("e4m3", "rowcol", None, torch.float16, tuning)
