@@ -261,7 +261,7 @@ def test_arrive_lag_moves_the_proxy_fence_to_the_producer(compiled, tmp_path):
         assert "LDGDEPBAR" in sass and "ARRIVES.LDGSTSBAR" not in sass, spec.name
         plain = sass.count("MEMBAR.ALL.CTA")
         assert 0 < plain <= 2, f"{spec.name}: {plain} proxy fences (the producer's two expected)"
-    for bad in (dict(stages=4, arrive_lag=4), dict(stages=4, arrive_lag=-1)):
+    for bad in (dict(stages=4, arrive_lag=3), dict(stages=4, arrive_lag=4), dict(stages=4, arrive_lag=-1)):
         with pytest.raises(ValueError, match="arrive_lag"):
             _gemm_sm90.GemmTuning(128, **bad)
     with pytest.raises(ValueError, match="tile_group"):

@@ -129,7 +129,7 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
             assert "UBLKCP" in sass and sass.count("PRMT") >= (24 if "_wmxfp4a8_" in name else 48), name
         for op in ("UTMALDG.2D", "USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"):
             assert op in sass, (name, op)
-        tma_store = not name.endswith("_stg")
+        tma_store = not re.search(r"_stg(_|$)", name)
         assert ("UTMASTG.2D" in sass) == tma_store and ("STSM.16.MT88" in sass) == tma_store, name
         # split-K: fp32 reductions in L2 (red.global.add.f32) instead of stores; nowhere else
         assert bool(re.search(r"REDG\.E\.ADD\.F32", sass)) == ("_sk_" in name), name
@@ -262,13 +262,15 @@ def test_split_k_heuristic_fills_the_empty_block_slots():
 
 @pytest.mark.parametrize("w", ["e4m3", "int4", "mxfp4"])
 def test_tile_tuning_walks_128_token_tiles_past_the_block_slots(w):
-    """128-token tiles run on a persistent grid where they outnumber the block slots, and int4 weights sum four
-    K blocks per promotion there; smaller tiles keep a block per tile and one K block per promotion."""
+    """128-token tiles run on a persistent grid where they outnumber the block slots, int4 weights sum four
+    K blocks per promotion there, and 4-bit weights up to 1024 tokens run them as two token halves; smaller tiles
+    keep a block per tile, one K block per promotion and whole tiles."""
     for m, n in itertools.product((1, 16, 64, 100, 128, 256, 1024, 4096), (4096, 8192, 28672)):
         t = fp8_gemm.choose_tile_tuning(m, n, 8192, H200, w)
         tiles = -(-n // t.block_n) * -(-m // t.block_m)
         assert t.persistent == (t.block_m == 128 and tiles > H200.sm_count * t.min_blocks), (m, n, t)
         assert t.promote_blocks == (4 if w == "int4" and t.block_m == 128 else 1), (m, n, t)
+        assert t.token_halves == (w != "e4m3" and t.block_m == 128 and m <= 1024), (m, n, t)
         assert t.grid_blocks(tiles, H200) == (min(tiles, H200.sm_count * t.min_blocks) if t.persistent else tiles)
     assert fp8_gemm.choose_tile_tuning(1024, 8192, 8192, H200, w).persistent  # 512 tiles of 128 x 128
     assert not fp8_gemm.choose_tile_tuning(256, 8192, 8192, H200, w).persistent  # 128 tiles: one wave

@@ -46,13 +46,14 @@ TILES = ((64, 2, 8), (64, 1, 8), (128, 1, 4), (128, 1, 8), (256, 1, 3), (256, 1,
 def variants(block_m: int, layout, smem: int, lags: tuple[int, ...]) -> list[_gemm_sm90.GemmTuning]:
     """Each tile of :data:`TILES` that divides ``block_m`` and the tile of ``block_m`` itself (two blocks per SM
     up to 64 tokens), with as many stages as fit (up to its bound), persistent and one block per tile, each
-    with every arrival lag of ``lags`` below its stages (the gathering kernel's; ``(0,)`` for the others)."""
+    with every arrival lag of ``lags`` its stages allow (at most stages - 2: the gathering kernel's; ``(0,)`` for
+    the others)."""
     out = []
     for bm, blocks, most in (*TILES, (block_m, 2 if block_m <= 64 else 1, 8)):
         if block_m % bm == 0:
             tuning = _gemm_sm90._with_stages(bm, blocks, layout, smem, most)
             for persistent in (True, False):
-                for lag in (lag for lag in lags if lag < tuning.stages):
+                for lag in (lag for lag in lags if lag <= tuning.stages - 2):
                     out.append(dataclasses.replace(tuning, persistent=persistent, arrive_lag=lag))
     return list(dict.fromkeys(out))
 

@@ -72,9 +72,12 @@ class GemmTuning:
     only: each tile's K in that many blocks, summed in an fp32 workspace with atomics). ``persistent``: one
     grid of ``blocks`` per SM that walks the tiles (a block's pipeline runs on from one tile into the next,
     and the grouped kernel's unused segments cost a skip rather than a block launch); not with splits.
-    ``arrive_lag`` (the gathering kernel only, below ``stages``): 0, each producer thread's row copies
+    ``arrive_lag`` (the gathering kernel only, at most ``stages - 2``): 0, each producer thread's row copies
     arrive on their chunk's barrier as they land and the consumers fence the chunk for wgmma; L > 0, the
-    producer threads wait for the copies of the chunk L steps back, fence them and arrive."""
+    producer threads wait for the copies of the chunk L steps back, fence them and arrive. The bound: the
+    producer reuses chunk s - stages's stage for chunk s once the consumers release it, which they do after
+    acquiring chunk s - stages + 1 (its dequantization runs before the wait for chunk s - stages); that chunk
+    has arrived only once the producer has issued chunk s - stages + 1 + L, so L = stages - 1 deadlocks."""
 
     bm: int
     stages: int
@@ -92,8 +95,8 @@ class GemmTuning:
             )
         if self.persistent and self.splits > 1:
             raise ValueError(f"tuning: a persistent grid does not split K, got {self}")
-        if not 0 <= self.arrive_lag < self.stages:
-            raise ValueError(f"tuning: arrive_lag in [0, stages), got {self}")
+        if not 0 <= self.arrive_lag <= max(0, self.stages - 2):
+            raise ValueError(f"tuning: arrive_lag in [0, stages - 2] (stages - 1 deadlocks), got {self}")
 
     def smem_bytes(self, layout: WeightLayout) -> int:
         """Dynamic shared memory (``SmemLayout::kTotal`` in gemm_sm90.cuh) plus 1 KiB alignment slack."""

@@ -118,7 +118,8 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(kBlocksPerSm == 1 || kBlocksPerSm == 2, "one or two blocks per SM");
   static_assert(!(kSplitK && kPersistent), "split-K blocks own one tile's share of K each");
   static_assert(!kGather || kGrouped, "the gather reads grouped rows");
-  static_assert(kArriveLag == 0 || (kGather && kArriveLag < kStages), "an arrival lag is the gather's, below kStages");
+  static_assert(kArriveLag == 0 || (kGather && kArriveLag > 0 && kArriveLag <= kStages - 2),
+                "an arrival lag is the gather's, at most kStages - 2 (consumers release a stage after acquiring the next)");
   static_assert(!(kSplitK && kGrouped), "split-K is a dense schedule");
   static_assert(kTileGroup == 8 || (kTileGroup == 1 && kAct == kNoAct), "tile groups of 8, or 1 without the gated epilogue");
   // 128 * producer + 256 * consumer registers must fit the 384 * (65536 / 384 / kBlocksPerSm, rounded
