@@ -27,10 +27,11 @@ def random_codes(rows: int, k: int, device) -> torch.Tensor:
 
 
 def random_weight(
-    n: int, k: int, group, device, bias_dtype: torch.dtype | None = None, fmt: str = "e4m3"
+    n: int, k: int, group, device, bias_dtype: torch.dtype | None = None, fmt: str = "e4m3", mx_row_span: int = 12
 ) -> QuantizedWeight:
     """An e4m3, int4 or MXFP4 ``QuantizedWeight [n, k]`` with ``group`` scales (``"tensor"``, ``-1``, ``g``,
-    ``(bn, bk)``; MXFP4: e8m0 scales per 32, ``group`` ignored, exponents uniform over 12 binades)."""
+    ``(bn, bk)``; MXFP4: e8m0 scales per 32, ``group`` ignored, exponents uniform over 12 binades in each 128-K
+    block, odd blocks ``mx_row_span - 12`` binades up: rows of ``mx_row_span`` binades where K spans two blocks)."""
     if fmt in ("int4", "mxfp4"):  # nibbles: element k in bits 4k..4k+3 of the row's little-endian stream
         nibbles = F.pad(torch.randint(0, 16, (n, k), device=device), (0, -k % 8))
         qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
@@ -38,7 +39,9 @@ def random_weight(
         qweight = F.pad(random_codes(n, k, device), (0, -k % 4)).view(torch.int32)
     bias = None if bias_dtype is None else torch.randn(n, device=device, dtype=bias_dtype)
     if fmt == "mxfp4":
-        exps = torch.randint(127 - 14, 127 - 2, (n, -(-k // 32)), dtype=torch.uint8, device=device)
+        groups = -(-k // 32)
+        exps = torch.randint(127 - 14, 127 - 2, (n, groups), dtype=torch.uint8, device=device)
+        exps += ((torch.arange(groups, device=device) // 4) % 2 * (mx_row_span - 12)).to(torch.uint8)
         return QuantizedWeight((n, k), "e2m1", qweight, exps.view(torch.float8_e8m0fnu), (1, 32), bias=bias)
     probe = QuantizedWeight((n, k), fmt, qweight, None, parse_group_size(group), bias=bias)
     return probe.replace(scales=(1 + torch.rand(probe.scale_grid, device=device)) * 2e-3)

@@ -48,10 +48,12 @@ def _specs() -> list[jit.KernelSpec]:
         tuning = dataclasses.replace(fp8_gemm.choose_tile_tuning(4096, 8192, 8192, H200), promote_blocks=promote)
         for w in ("int4", "e4m3"):
             specs.append(fp8_gemm.fp8_spec(w, "rowcol", "bf16", "bf16", tuning))
-    for m, n in ((1, 4096), (4096, 28672)):  # W4A8 MXFP4
+    # W4A8 MXFP4, scales folded per K block (group) or per row (rowcol: four K blocks a promotion at 128 tokens)
+    for m, n, mode in ((1, 4096, "group"), (4096, 28672, "group"), (1, 4096, "rowcol"), (256, 28672, "rowcol")):
         tuning = fp8_gemm.choose_tile_tuning(m, n, 8192, H200, "mxfp4")
-        specs.append(fp8_gemm.fp8_spec("mxfp4", "group", "bf16", "bf16", tuning))
-    for m, w, mode in ((4096, "int4", "rowcol"), (4096, "int4", "group"), (4096, "mxfp4", "group")):  # codes ahead
+        specs.append(fp8_gemm.fp8_spec("mxfp4", mode, "bf16", "bf16", tuning))
+    ahead = ((4096, "int4", "rowcol"), (4096, "int4", "group"), (4096, "mxfp4", "group"), (4096, "mxfp4", "rowcol"))
+    for m, w, mode in ahead:  # codes ahead
         tuning = dataclasses.replace(fp8_gemm.choose_tile_tuning(m, 8192, 8192, H200, w), prefetch_codes=True)
         specs.append(fp8_gemm.fp8_spec(w, mode, "bf16", "bf16", tuning))
     for w, mode in (("int4", "group"), ("mxfp4", "group"), ("int4", "rowcol"), ("e4m3", "block128")):  # token halves
@@ -68,6 +70,7 @@ def _split_specs() -> list[jit.KernelSpec]:
     """Split-K kernels at decode M on 8192 x 8192 / 4096 x 4096: every weight format and scale mode, bias."""
     picks = [(1, 8192, "e4m3", "rowcol", torch.bfloat16), (16, 4096, "e4m3", "block128", None)]
     picks += [(3, 8192, "int4", "group", torch.float32), (64, 4096, "mxfp4", "group", torch.float16)]
+    picks += [(8, 8192, "mxfp4", "rowcol", None)]
     specs = []
     for m, n, w, mode, bias in picks:
         tuning = fp8_gemm.choose_split_tuning(m, n, n, H200, w)
@@ -81,7 +84,7 @@ def _grouped_specs() -> list[jit.KernelSpec]:
     W8A8 recipes, int4 and MXFP4 W4A8, the plain-store epilogue."""
     picks = [(16, 976, "e4m3", "rowcol", torch.bfloat16), (64, 8192, "e4m3", "block128", torch.float16)]
     picks += [(128, 16384, "e4m3", "block128", torch.float32), (32, 4096, "int4", "group", torch.bfloat16)]
-    picks += [(16, 976, "mxfp4", "group", torch.bfloat16)]
+    picks += [(16, 976, "mxfp4", "group", torch.bfloat16), (64, 8192, "mxfp4", "rowcol", torch.bfloat16)]
     specs = []
     for block_m, m_pad, w, mode, out in picks:
         tuning = fp8_gemm.choose_grouped_tuning(block_m, m_pad, 2816, 64, H200, w)
@@ -262,14 +265,15 @@ def test_split_k_heuristic_fills_the_empty_block_slots():
 
 @pytest.mark.parametrize("w", ["e4m3", "int4", "mxfp4"])
 def test_tile_tuning_walks_128_token_tiles_past_the_block_slots(w):
-    """128-token tiles run on a persistent grid where they outnumber the block slots, int4 weights sum four
-    K blocks per promotion there, and 4-bit weights up to 1024 tokens run them as two token halves; smaller tiles
-    keep a block per tile, one K block per promotion and whole tiles."""
+    """128-token tiles run on a persistent grid where they outnumber the block slots; 4-bit weights sum four
+    K blocks per promotion there (where their scales allow it: int4 per channel, MXFP4 folded per row) and up to
+    1024 tokens run as two token halves (where they promote at every K block); smaller tiles keep a block per
+    tile, one K block per promotion and whole tiles."""
     for m, n in itertools.product((1, 16, 64, 100, 128, 256, 1024, 4096), (4096, 8192, 28672)):
         t = fp8_gemm.choose_tile_tuning(m, n, 8192, H200, w)
         tiles = -(-n // t.block_n) * -(-m // t.block_m)
         assert t.persistent == (t.block_m == 128 and tiles > H200.sm_count * t.min_blocks), (m, n, t)
-        assert t.promote_blocks == (4 if w == "int4" and t.block_m == 128 else 1), (m, n, t)
+        assert t.promote_blocks == (4 if w != "e4m3" and t.block_m == 128 else 1), (m, n, t)
         assert t.token_halves == (w != "e4m3" and t.block_m == 128 and m <= 1024), (m, n, t)
         assert t.grid_blocks(tiles, H200) == (min(tiles, H200.sm_count * t.min_blocks) if t.persistent else tiles)
     assert fp8_gemm.choose_tile_tuning(1024, 8192, 8192, H200, w).persistent  # 512 tiles of 128 x 128
@@ -328,8 +332,14 @@ def test_warmup_jobs_are_the_kernels_linear_runs():
     mx = humming.quantize(torch.randn(256, 512), weight="mxfp4")
     (spec, _), *_ = fp8_gemm.warmup_jobs(mx, fp8, (300,), torch.float16, torch.float32, H200)
     tuning = fp8_gemm.choose_tuning(300, 256, 512, H200, "mxfp4")
+    assert spec == fp8_gemm.call_spec("mxfp4", "rowcol", torch.float32, torch.float16, tuning)
+    assert "_wmxfp4a8_rowcol_of16_bf32_" in spec.name  # scales folded per row, as prepare folds them
+    exps = mx.scales.view(torch.uint8).clone()
+    exps[0, 4:8] += 12  # row 0's second 128-K block twelve binades up: folded per K block
+    wide = mx.replace(scales=exps.view(torch.float8_e8m0fnu))
+    (spec, _), *_ = fp8_gemm.warmup_jobs(wide, fp8, (300,), torch.float16, torch.float32, H200)
     assert spec == fp8_gemm.call_spec("mxfp4", "group", torch.float32, torch.float16, tuning)
-    assert "_wmxfp4a8_group_of16_bf32_" in spec.name
+    assert fp8_gemm.prepare(wide).scale_mode == "group"
 
 
 # ---- grouped (MoE) variant, CPU ----
@@ -446,6 +456,15 @@ def test_grouped_warmup_jobs_are_the_kernels_run_grouped_runs():
         _stacked("int4", 128), get_act_scheme("fp8"), (64,), (32,), torch.float32, None, H200
     )
     assert "_grouped_w4a8_group_of32_" in w4.name and w4.name.endswith("_stg")
+    mx = _stacked("mxfp4", 32, k=512)
+    jobs = fp8_gemm.grouped_warmup_jobs(mx, get_act_scheme("fp8"), (64, 4096), (16, 64), torch.bfloat16, None, H200)
+    want = []
+    for block_m in (16, 64):
+        for m in (64, 4096):
+            tuning = fp8_gemm.choose_grouped_tuning(block_m, m, 256, 3, H200, "mxfp4")
+            spec = fp8_gemm.call_spec("mxfp4", "rowcol", None, torch.bfloat16, tuning, grouped=True)
+            want += [(spec, "sm_90a")] if (spec, "sm_90a") not in want else []
+    assert jobs == want and fp8_gemm.prepare(mx).scale_mode == "rowcol"
     assert (
         fp8_gemm.grouped_warmup_jobs(qw, get_act_scheme("fp8_tensor"), (64,), (16,), torch.bfloat16, None, H200) == []
     )
@@ -646,20 +665,27 @@ def _mx_weight(n: int, k: int, exps: torch.Tensor, codes: torch.Tensor | None = 
 
 
 @pytest.mark.parametrize("global_scale", [None, 0.37])
-@pytest.mark.parametrize("n,k,span", [(130, 300, 12), (64, 128, 1), (256, 1024, 12), (70, 40, 3)])
-def test_mxfp4_tiles_decode_to_dequantize_bit_for_bit(n, k, span, global_scale, seed):
+@pytest.mark.parametrize(
+    "n,k,span,drift", [(130, 300, 12, 0), (64, 128, 1, 0), (256, 1024, 12, 0), (70, 40, 3, 0), (256, 1024, 12, 4)]
+)
+def test_mxfp4_tiles_decode_to_dequantize_bit_for_bit(n, k, span, drift, global_scale, seed):
     """Decode the packed tiles as the kernel does (fragment order, signs moved, table offset per row and k-step)
-    and scale by the per-(row, 128-K) fp32 scale: the result is ``humming.dequantize`` bit for bit."""
+    and scale by the fp32 scale per row (rows whose scales span at most 12 binades: ``rowcol``, applied in the
+    epilogue) or per (row, 128-K block) (``group``, here odd blocks ``drift`` binades up: rows of 16): the result
+    is ``humming.dequantize`` bit for bit."""
     groups = -(-k // 32)
     exps = torch.randint(127 - 20, 127 - 20 + span, (n, groups))
+    exps += drift * ((torch.arange(groups) // 4) % 2)  # K blocks 1, 3, ...: drift binades up
     codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
     codes[:, :32] &= 8  # a group of zeros (+-0): its scale must not count towards the span
     exps[:, 0] = 0
     qw = _mx_weight(n, k, exps, codes)
-    if global_scale is not None:  # folded into the per-128 scale: 2^(t - 6) * g is exact in fp32
+    if global_scale is not None:  # folded into the fp32 scale: 2^(t - 6) * g is exact in fp32
         qw = qw.replace(global_scale=torch.tensor(global_scale))
     prep = fp8_gemm.prepare(qw)
-    assert prep.w_format == "mxfp4" and prep.scale_mode == "group" and prep.weight.shape[-1] == 4096 + 256
+    per_row = span + drift <= 12
+    assert prep.w_format == "mxfp4" and prep.scale_mode == ("rowcol" if per_row else "group")
+    assert prep.weight.shape[-1] == 4096 + 256
     codes_back = _read_tiles(_unpack_mx_signs(prep.weight[..., :4096]))
     n_pad, k_pad = codes_back.shape
     assert torch.equal(codes_back[:n, :k], codes.long())
@@ -670,10 +696,41 @@ def test_mxfp4_tiles_decode_to_dequantize_bit_for_bit(n, k, span, global_scale, 
     assert (offsets <= 12).all() and (offsets[:n, 1:] > 0).any()
     offset = offsets.repeat_interleave(32, 1)  # [N, K] per element
     e4m3 = _e4m3_table()[offset, codes_back]
-    scale = prep.w_group_scale.T.repeat_interleave(128, 1)  # [N, K] fp32 per row and 128-K block
+    if per_row:
+        assert prep.w_group_scale is None and prep.w_scale.shape == (n_pad,)
+        scale = prep.w_scale[:, None].expand(n_pad, k_pad)  # [N, K] fp32 per row
+    else:
+        assert prep.w_scale is None
+        scale = prep.w_group_scale.T.repeat_interleave(128, 1)  # [N, K] fp32 per row and 128-K block
     values = e4m3.view(torch.float8_e4m3fn).to(torch.float64) * scale.to(torch.float64)
     assert torch.equal(values[:n, :k].to(torch.float32), humming.dequantize(qw, torch.float32))
     assert not values[n:].any() and not values[:, k:].any()
+
+
+def test_mxfp4_experts_fold_alike():
+    """Expert-stacked MXFP4: the experts fold per row when every expert's rows allow it, else all per K block
+    (one kernel runs them all), and the stacked parts are each expert's prepared alone."""
+    e, n, k = 3, 64, 512
+    exps = torch.randint(110, 122, (e, n, k // 32))
+    narrow = humming.QuantizedWeight(
+        (e, n, k),
+        "e2m1",
+        torch.randint(0, 2**31, (e, n, k // 8), dtype=torch.int32),
+        exps.to(torch.uint8).view(torch.float8_e8m0fnu),
+        (1, 32),
+    )
+    assert fp8_gemm.prepare(narrow).scale_mode == "rowcol"
+    exps[1, 7, 4:8] += 6  # expert 1, row 7: K 128..255 six binades up, 18 in the row, 12 in the block
+    wide = narrow.replace(scales=exps.to(torch.uint8).view(torch.float8_e8m0fnu))
+    assert _fp8_layout._layout_unsupported(wide) is None
+    stacked = fp8_gemm.prepare(wide)
+    assert stacked.scale_mode == "group" and stacked.w_scale is None
+    alone = fp8_gemm.prepare(expert_weight(wide, 2))
+    assert alone.scale_mode == "rowcol"  # alone it folds per row; stacked it follows expert 1
+    part = _fp8_layout._prepare_2d(expert_weight(wide, 2), mx_per_row=False)
+    tiles = part.weight.shape[0]  # N rounded up to 128 rows: 2 tiles of 64
+    assert part.scale_mode == "group" and torch.equal(stacked.weight[2 * tiles : 3 * tiles], part.weight)
+    assert torch.equal(part.weight[..., :4096], alone.weight[..., :4096])  # the same codes, other offsets
 
 
 def test_mxfp4_from_the_quantizer_is_taken():
@@ -764,6 +821,7 @@ class Case:
     out: torch.dtype = torch.bfloat16
     bias: torch.dtype | None = None
     w: str = "e4m3"  # weight format: e4m3 (W8A8), int4 or mxfp4 (W4A8; mxfp4: e8m0 scales per 32)
+    mx_row_span: int = 12  # MXFP4: binades of a row's scales (above 12: folded per 128-K block)
 
 
 CASES = [
@@ -804,19 +862,24 @@ CASES = [
     Case(77, 1000, 520, 32, "fp8_tensor", torch.float16, w="mxfp4"),
     Case(300, 1001, 300, 32, "fp8", torch.float32, torch.float32, w="mxfp4"),
     Case(1, 129, 72, 32, "fp8", torch.float32, w="mxfp4"),
+    # MXFP4 rows over 12 binades: scales folded per 128-K block, promoted at every block
+    Case(1024, 4096, 4096, 32, "fp8", bias=torch.bfloat16, w="mxfp4", mx_row_span=16),
+    Case(16, 28672, 8192, 32, "fp8", w="mxfp4", mx_row_span=16),
+    Case(300, 1001, 300, 32, "fp8", torch.float32, torch.float32, w="mxfp4", mx_row_span=15),
 ]
 
 
 def _ids(case: Case) -> str:
     group = "x".join(map(str, case.weight)) if isinstance(case.weight, tuple) else case.weight
     bias = str(case.bias)[6:]
-    return f"{case.w}-m{case.m}-n{case.n}-k{case.k}-w{group}-{case.act}-{str(case.out)[6:]}-b{bias}"
+    span = f"-span{case.mx_row_span}" if case.mx_row_span != 12 else ""
+    return f"{case.w}{span}-m{case.m}-n{case.n}-k{case.k}-w{group}-{case.act}-{str(case.out)[6:]}-b{bias}"
 
 
 def _problem(case: Case):
     """(weight, activations, bias, float64 reference) for ``case`` on the GPU: operands built directly in the
     IR (:mod:`humming.testing`), so that the check depends on nothing but the kernel."""
-    qw = random_weight(case.n, case.k, case.weight, "cuda", fmt=case.w)
+    qw = random_weight(case.n, case.k, case.weight, "cuda", fmt=case.w, mx_row_span=case.mx_row_span)
     qa = random_activation(case.m, case.k, case.act, "cuda")
     bias = None if case.bias is None else torch.randn(case.n, device="cuda", dtype=case.bias)
     return qw, qa, bias, reference(qa, qw, bias)
@@ -827,6 +890,8 @@ def _problem(case: Case):
 def test_matches_float64_reference(case, seed, fp8_sm90):
     qw, qa, bias, ref = _problem(case)
     assert fp8_gemm.unsupported(qw, qa.scheme, qa.codes, case.out) is None
+    if case.w == "mxfp4":  # the scales fold per row where the rows allow it, else per 128-K block
+        assert fp8_gemm.prepare(qw).scale_mode == ("rowcol" if case.mx_row_span <= 12 else "group")
     n_pad = -(-case.n // 8) * 8
     out = torch.full((case.m, n_pad), float("nan"), device="cuda", dtype=case.out)[:, : case.n]
     fp8_gemm.run(fp8_gemm.prepare(qw), qa, qa.scheme, bias, case.out, out=out)

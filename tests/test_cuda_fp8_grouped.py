@@ -38,6 +38,7 @@ class Case:
     out: torch.dtype = torch.bfloat16
     bias: torch.dtype | None = None
     w: str = "e4m3"
+    mx_shift: int = 0  # MXFP4: expert 0's second 128-K block this many binades up (rows past 12: folded per block)
 
 
 CASES = [
@@ -52,6 +53,7 @@ CASES = [
     Case(4, 5760, 2880, 64, 32, "fp8", torch.float16, torch.bfloat16, w="mxfp4"),  # gpt-oss-120b's up projection
     # N % 128 != 0: experts stacked N rounded up to 128 rows apart (gpt-oss-120b's down projection, N = 2880)
     Case(4, 2880, 2880, 64, 32, "fp8", bias=torch.bfloat16, w="mxfp4"),
+    Case(4, 2880, 2880, 64, 32, "fp8", torch.float16, w="mxfp4", mx_shift=12),
     Case(8, 592, 2048, 16, -1, "fp8", bias=torch.bfloat16),
     Case(8, 1040, 2048, 32, 128, "fp8", torch.float16, w="int4"),
 ]
@@ -59,14 +61,18 @@ CASES = [
 
 def _ids(c: Case) -> str:
     group = "x".join(map(str, c.weight)) if isinstance(c.weight, tuple) else c.weight
-    return f"{c.w}-E{c.e}-n{c.n}-k{c.k}-bm{c.block_m}-w{group}-{c.act}-{str(c.out)[6:]}-b{str(c.bias)[6:]}"
+    shift = f"-shift{c.mx_shift}" if c.mx_shift else ""
+    return f"{c.w}{shift}-E{c.e}-n{c.n}-k{c.k}-bm{c.block_m}-w{group}-{c.act}-{str(c.out)[6:]}-b{str(c.bias)[6:]}"
 
 
 def _weight(c: Case):
     """An expert-stacked ``[E, N, K]`` weight with random codes and scales in ``[1, 2) * 2e-3`` (MXFP4: the
-    e8m0 scales humming.quantize gives a normal matrix of scale 2e-3)."""
+    e8m0 scales humming.quantize gives a normal matrix of scale 2e-3, ``mx_shift`` applied)."""
     if c.w == "mxfp4":
-        return humming.quantize(torch.randn(c.e, c.n, c.k, device="cuda") * 2e-3, weight="mxfp4")
+        qw = humming.quantize(torch.randn(c.e, c.n, c.k, device="cuda") * 2e-3, weight="mxfp4")
+        exps = qw.scales.view(torch.uint8).clone()
+        exps[0, :, 4:8] += c.mx_shift
+        return qw.replace(scales=exps.view(torch.float8_e8m0fnu))
     if c.w == "int4":
         nibbles = torch.randint(0, 16, (c.e * c.n, c.k), device="cuda")
         qweight = (nibbles[:, 0::2] | nibbles[:, 1::2] << 4).to(torch.uint8).view(torch.int32)
@@ -120,7 +126,14 @@ def _check_skipped_unwritten(out: torch.Tensor, row_expert: torch.Tensor) -> Non
 
 #: Tunings timed against each other in test_every_grouped_tuning_computes_the_same_function.
 TUNINGS = [(1, 8, 2, 2, True), (1, 32, 4, 2, False), (2, 64, 3, 1, True)]
-_MODE = {"tensor": "rowcol", -1: "rowcol", 128: "group", 32: "group"}
+_MODE = {"tensor": "rowcol", -1: "rowcol", 128: "group"}
+
+
+def _mode(c: Case) -> str:
+    """The scale mode ``prepare`` gives the case's weight (MXFP4: folded per row unless shifted past 12)."""
+    if isinstance(c.weight, tuple):
+        return "block128"
+    return ("group" if c.mx_shift else "rowcol") if c.w == "mxfp4" else _MODE[c.weight]
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +144,7 @@ def compiled(fp8_sm90):
     extra = [Case(8, 2816, 2048, 32, (128, 128), "fp8_g128", bias=torch.bfloat16), Case(8, 2816, 2048, 16, -1, "fp8")]
     jobs = []
     for c in [*CASES, *extra, Case(8, 2048, 1408, 16, -1, "fp8")]:
-        mode = "block128" if isinstance(c.weight, tuple) else _MODE[c.weight]
+        mode = _mode(c)
         for m in (c.block_m, 1 << 20):  # few segments in use: one warpgroup; many: two
             tuning = fp8_gemm.choose_grouped_tuning(c.block_m, m, c.n, c.e, limits, c.w)
             jobs.append((fp8_gemm.call_spec(c.w, mode, c.bias, c.out, tuning, grouped=True), "sm_90a"))
@@ -163,6 +176,7 @@ def test_grouped_matches_float64_reference(case, compiled, seed):
     bias = None if case.bias is None else torch.randn(case.e, case.n, device="cuda", dtype=case.bias)
     out = torch.full((valid.shape[0], case.n), float("nan"), device="cuda", dtype=case.out)
     prep = fp8_gemm.prepare(qw)
+    assert prep.scale_mode == _mode(case)
     fp8_gemm.run_grouped(prep, qa, qa.scheme, expert_ids, case.block_m, bias, case.out, out=out)
     assert_rel_close(out[valid], _reference(qa, qw, row_expert, valid, bias)[valid], precision=torch.float64, seed=seed)
     _check_skipped_unwritten(out, row_expert)

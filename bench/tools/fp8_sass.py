@@ -40,6 +40,7 @@ CASES = (
     ("int4", "rowcol", Fp8Tuning(2, 128, 8, 1, persistent=True, promote_blocks=4)),
     ("int4", "group", Fp8Tuning(2, 128, 8, 1, persistent=True)),
     ("mxfp4", "group", Fp8Tuning(2, 128, 7, 1, persistent=True)),
+    ("mxfp4", "rowcol", Fp8Tuning(2, 128, 7, 1, persistent=True, promote_blocks=4)),
     ("e4m3", "rowcol", Fp8Tuning(2, 128, 6, 1, persistent=True)),
     ("int4", "group", Fp8Tuning(2, 128, 8, 1, persistent=True, token_halves=True)),
     ("mxfp4", "group", Fp8Tuning(2, 128, 7, 1, persistent=True, token_halves=True)),

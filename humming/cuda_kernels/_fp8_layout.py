@@ -61,7 +61,10 @@ def _weight_scales(qw) -> torch.Tensor:
 
 
 def _scale_mode(qw) -> str:
-    """Where the kernel applies ``qw``'s scales (a key of :data:`SCALE_MODES`)."""
+    """Where the kernel applies ``qw``'s scales (a key of :data:`SCALE_MODES`); MXFP4: as they fold."""
+    if qw.format.name == "e2m1":
+        per_row = _experts_mx_fold(qw)[1] if qw.num_experts is not None else getattr(_fold_mx(qw), "per_row", False)
+        return "rowcol" if per_row else "group"
     if qw.layout == "block":
         return "block128"
     return "group" if qw.layout == "group" else "rowcol"
@@ -122,49 +125,55 @@ def _prepare_int4(qw, kp: int, scales: torch.Tensor) -> PreparedFp8:
 @dataclass(frozen=True)
 class _MxFold:
     """MXFP4 scales split for the kernel: ``2^e`` of each (row, 32-K group) = ``2^d`` in the e2m1 -> e4m3
-    table (``offsets``, the byte d + 6; 0 for groups without a nonzero code) times a per-(row, 128-K block)
-    fp32 ``block_scale``."""
+    table (``offsets``, the byte d + 6; 0 for groups without a nonzero code) times an fp32 ``scale`` per row
+    (``per_row``: the row's groups span at most 12 binades, and the scale is applied in the epilogue, as a
+    per-channel one) or per (row, 128-K block) (applied at each K block's promotion)."""
 
     offsets: torch.Tensor  # uint8 [round_up(N, 128), round_up(K, 128) / 32]
-    block_scale: torch.Tensor  # fp32 [round_up(K, 128) / 128, round_up(N, 128)], zero past N and K
+    # fp32, zero past N (and K): per_row [round_up(N, 128)], else [round_up(K, 128) / 128, round_up(N, 128)]
+    scale: torch.Tensor
+    per_row: bool
 
 
 _mx_folds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _fold_mx(qw) -> _MxFold | str:
-    """The folded scales of an MXFP4 weight, or why they cannot be folded exactly; computed once per weight.
-
-    Per (row, 128-K block) the top exponent ``t`` of the groups holding a nonzero code goes into the block
-    scale as ``2^(t - 6)``; each such group keeps ``d = e - t + 6``, exact in the table while ``d >= -5``
-    (all-zero groups need no shift). Blocks whose groups span more than 12 binades are refused (e8m0 NaN
-    scales cannot occur: QuantizedWeight refuses non-finite scales).
-    """
+    """The folded scales of a 2-D MXFP4 weight (:func:`_compute_mx_fold`), or why they cannot be folded
+    exactly; computed once per weight."""
     fold = _mx_folds.get(qw)
     if fold is None:
         fold = _mx_folds[qw] = _compute_mx_fold(qw)
     return fold
 
 
-_mx_expert_verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> "" or why not
+_mx_expert_verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> ("" or why not, per row)
 
 
-def _experts_mx_unsupported(qw) -> str | None:
-    """:func:`_fold_mx`'s verdict on each expert of an expert-stacked MXFP4 weight (each is folded on its
-    own when it is prepared); computed once per weight."""
+def _experts_mx_fold(qw) -> tuple[str, bool]:
+    """:func:`_compute_mx_fold`'s verdict on each expert of an expert-stacked MXFP4 weight ("" when every
+    expert folds) and whether every expert folds per row (then all do: one kernel runs them); computed once
+    per weight."""
     verdict = _mx_expert_verdicts.get(qw)
     if verdict is None:
-        verdict = ""
+        why, per_row = "", True
         for e in range(qw.num_experts):
-            fold = _compute_mx_fold(expert_weight(qw, e))
+            fold = _compute_mx_fold(expert_weight(qw, e), per_row)
             if isinstance(fold, str):
-                verdict = f"expert {e}: {fold}"
+                why = f"expert {e}: {fold}"
                 break
-        _mx_expert_verdicts[qw] = verdict
-    return verdict or None
+            per_row = fold.per_row
+        verdict = _mx_expert_verdicts[qw] = (why, per_row)
+    return verdict
 
 
-def _compute_mx_fold(qw) -> _MxFold | str:
+def _compute_mx_fold(qw, per_row: bool = True) -> _MxFold | str:
+    """Split ``qw``'s e8m0 exponents: the top exponent ``t`` of the groups holding a nonzero code goes into the
+    fp32 scale as ``2^(t - 6)``; each such group keeps ``d = e - t + 6``, exact in the table while ``d >= -5``
+    (all-zero groups need no shift). ``t`` is the row's where every row's groups span at most 12 binades and
+    ``per_row`` allows it (one scale per row: the kernel sums several K blocks per promotion, as for per-channel
+    weights), else each (row, 128-K block)'s. Blocks whose groups span more than 12 binades are refused (e8m0 NaN
+    scales cannot occur: QuantizedWeight refuses non-finite scales)."""
     from ..ir.quantize import unpacked_codes
 
     n, k = qw.N, qw.K
@@ -175,10 +184,15 @@ def _compute_mx_fold(qw) -> _MxFold | str:
     dead = -(1 << 20)  # below every e8m0 exponent: groups without a nonzero code, and the padding
     e = torch.full((n_pad, k_pad // 32), dead, dtype=torch.int32, device=qw.device)
     e[:n, :groups] = torch.where(magnitudes.any(-1).bool(), exps, dead)
-    e = e.view(n_pad, k_pad // 128, 4)
+    live = e > dead
+    if per_row:
+        top = e.amax(-1, keepdim=True)
+        d = e - top + _MX_SHIFTS[1]
+        if not bool((live & (d < _MX_SHIFTS[0])).any()):
+            return _MxFold(_mx_offsets(d, live), _mx_scale(qw, top.view(n_pad), dead), True)
+    e, live = e.view(n_pad, k_pad // 128, 4), live.view(n_pad, k_pad // 128, 4)
     top = e.amax(-1, keepdim=True)
     d = e - top + _MX_SHIFTS[1]
-    live = e > dead
     bad = live & (d < _MX_SHIFTS[0])
     if bool(bad.any()):
         row, kb, _ = (int(i) for i in bad.nonzero()[0])
@@ -187,13 +201,22 @@ def _compute_mx_fold(qw) -> _MxFold | str:
             f"MXFP4 scales of row {row}, K {128 * kb}..{128 * kb + 127} span {span + 1} binades; the W4A8 GEMM"
             f" folds at most {_MX_SHIFTS[1] - _MX_SHIFTS[0] + 1} per 128 of K exactly"
         )
-    offsets = torch.where(live, d - _MX_SHIFTS[0] + 1, 0).to(torch.uint8).view(n_pad, k_pad // 32)
-    top = top.view(n_pad, k_pad // 128)
+    offsets = _mx_offsets(d, live).view(n_pad, k_pad // 32)
+    return _MxFold(offsets, _mx_scale(qw, top.view(n_pad, k_pad // 128).T, dead), False)
+
+
+def _mx_offsets(d: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """Table offsets (uint8 ``d + 6``) of shifts ``d``; 0 for the groups that are not ``live``."""
+    return torch.where(live, d - _MX_SHIFTS[0] + 1, 0).to(torch.uint8)
+
+
+def _mx_scale(qw, top: torch.Tensor, dead: int) -> torch.Tensor:
+    """fp32 ``2^(top - 6)`` (times ``qw``'s global scale: exact in fp32), 0 where ``top`` is ``dead``."""
     scale = torch.where(top > dead, torch.ldexp(torch.ones_like(top, dtype=torch.float64), top - 6), 0.0)
-    scale = scale.to(torch.float32)
+    scale = scale.to(torch.float32).contiguous()
     if qw.global_scale is not None:
         scale = scale * qw.global_scale.to(torch.float32)
-    return _MxFold(offsets, scale.T.contiguous())
+    return scale
 
 
 def _pack_mx_signs(tiles: torch.Tensor) -> torch.Tensor:
@@ -209,15 +232,23 @@ def _pack_mx_signs(tiles: torch.Tensor) -> torch.Tensor:
     return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32).view(torch.uint8)
 
 
-def _prepare_mxfp4(qw, kp: int) -> PreparedFp8:
-    fold = _fold_mx(qw)
+def _prepare_mxfp4(qw, kp: int, per_row: bool | None) -> PreparedFp8:
+    """``per_row``: None for a 2-D weight (its cached fold), else an expert's (the stacked weight's choice)."""
+    reason = weight_unsupported(qw) if per_row is None else None
+    if reason is not None:
+        raise ValueError(f"qw: {reason}")
+    fold = _fold_mx(qw) if per_row is None else _compute_mx_fold(qw, per_row)
+    if isinstance(fold, str):
+        raise ValueError(f"qw: {fold}")
     n, k = qw.N, qw.K
     n_pad, k_pad = cdiv(n, 128) * 128, cdiv(k, 128) * 128
     codes = _kernel_codes(qw, tuple(range(16)))  # the e2m1 codes as they are
     # offset byte of (row r of a tile, k-step g) at 4 r + g after the tile's codes
     offsets = fold.offsets.view(n_pad // 64, 64, k_pad // 128, 4).permute(0, 2, 1, 3).reshape(n_pad // 64, -1, 256)
     weight = torch.cat((_pack_mx_signs(_pack_nibbles(codes)), offsets), dim=-1).contiguous()
-    return PreparedFp8(n, k, kp, "mxfp4", "group", weight, None, None, fold.block_scale)
+    if fold.per_row:
+        return PreparedFp8(n, k, kp, "mxfp4", "rowcol", weight, fold.scale, None, None)
+    return PreparedFp8(n, k, kp, "mxfp4", "group", weight, None, None, fold.scale)
 
 
 def prepare(qw) -> PreparedFp8:
@@ -237,7 +268,8 @@ def _prepare_stacked(qw) -> PreparedFp8:
     if qw.format.name not in GROUPED_W_FORMATS:
         raise ValueError(f"qw: the grouped FP8 GEMM takes e4m3 / int4 / MXFP4 experts, not {qw.describe()}")
     experts = qw.num_experts
-    first = _prepare_2d(expert_weight(qw, 0))
+    per_row = _experts_mx_fold(qw)[1] if qw.format.name == "e2m1" else None  # one scale mode for all experts
+    first = _prepare_2d(expert_weight(qw, 0), per_row)
     dims = {"weight": 0, "w_scale": 0, "w_block_scale": 0, "w_group_scale": 1}
     slots, stacked = {}, {}  # each expert's extent along the stacked dimension, the stacked tensors
     for name, dim in dims.items():
@@ -249,7 +281,7 @@ def _prepare_stacked(qw) -> PreparedFp8:
             padded = slots[name] != part.shape[dim]
             stacked[name] = (torch.zeros if padded else torch.empty)(shape, dtype=part.dtype, device=part.device)
     for e in range(experts):
-        part = first if e == 0 else _prepare_2d(expert_weight(qw, e))
+        part = first if e == 0 else _prepare_2d(expert_weight(qw, e), per_row)
         for name, out in stacked.items():
             piece = getattr(part, name)
             out.narrow(dims[name], e * slots[name], piece.shape[dims[name]]).copy_(piece)
@@ -257,16 +289,14 @@ def _prepare_stacked(qw) -> PreparedFp8:
     return dataclasses.replace(first, **stacked, maps={}, num_experts=experts)
 
 
-def _prepare_2d(qw) -> PreparedFp8:
+def _prepare_2d(qw, mx_per_row: bool | None = None) -> PreparedFp8:
+    """``mx_per_row``: an MXFP4 expert's fold (:func:`_prepare_mxfp4`); None for 2-D weights."""
     n, k = qw.N, qw.K
     kp = cdiv(k, 16) * 16
     if qw.format.name == "int4":
         return _prepare_int4(qw, kp, _weight_scales(qw))
     if qw.format.name == "e2m1":
-        reason = weight_unsupported(qw)
-        if reason is not None:
-            raise ValueError(f"qw: {reason}")
-        return _prepare_mxfp4(qw, kp)
+        return _prepare_mxfp4(qw, kp, mx_per_row)
     weight = torch.zeros(n, kp, dtype=torch.uint8, device=qw.device)
     weight[:, :k] = qw.qweight.contiguous().view(torch.uint8)[:, :k]  # little-endian: byte i is element i
     scales = _weight_scales(qw)
@@ -300,7 +330,7 @@ def _layout_unsupported(qw) -> str | None:
         if qw.scales is None or qw.scales.dtype != torch.float8_e8m0fnu or qw.layout != "group" or qw.group_size % 32:
             return f"the W4A8 GEMM takes e2m1 weights with e8m0 scales in groups of 32 (MXFP4), not {qw.describe()}"
         if qw.num_experts is not None:
-            return _experts_mx_unsupported(qw)
+            return _experts_mx_fold(qw)[0] or None
         fold = _fold_mx(qw)
         return fold if isinstance(fold, str) else None
     if qw.format.name == "int4":

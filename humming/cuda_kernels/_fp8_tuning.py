@@ -131,16 +131,16 @@ def choose_tile_tuning(m: int, n: int, k: int, limits: DeviceLimits, w_format: s
     warpgroups (128 weight rows) when that still gives every SM a block, else one (64 rows, two blocks per
     SM) so that small-M calls spread the weight stream over the whole GPU. Stages: as many as shared memory
     holds. 128-token tiles: a persistent grid where they outnumber the block slots (a tile's first loads
-    overlap the epilogue of the one before), and int4 weights sum four K blocks per promotion (applied where
-    the scales wait for the epilogue: per-channel), and 4-bit weights promoted at every K block issue each
-    block as two 64-token halves up to ``_TOKEN_HALVES_MAX_M`` tokens. Measured:
+    overlap the epilogue of the one before); 4-bit weights sum four K blocks per promotion (applied where the
+    scales wait for the epilogue: int4 per channel, MXFP4 folded per row), and where they promote at every K
+    block, run each block as two 64-token halves up to ``_TOKEN_HALVES_MAX_M`` tokens. Measured:
     bench/results/h100/fp8_persistent_2026-12-06/, bench/results/h100/token_halves_2026-12-06/."""
     block_m = next((b for b in _BLOCK_M_CHOICES if b >= m), _BLOCK_M_CHOICES[-1])
     tuning = _fill_tuning(block_m, cdiv(n, 128) * cdiv(m, block_m), limits, w_format)
     if block_m == _BLOCK_M_CHOICES[-1]:
         walks = cdiv(n, tuning.block_n) * cdiv(m, block_m) > limits.sm_count * tuning.min_blocks
         halves = w_format in ("int4", "mxfp4") and m <= _TOKEN_HALVES_MAX_M
-        promote = 4 if w_format == "int4" else 1
+        promote = 4 if w_format in ("int4", "mxfp4") else 1
         tuning = dataclasses.replace(tuning, persistent=walks, promote_blocks=promote, token_halves=halves)
     return tuning
 

@@ -12,12 +12,15 @@ Configs come in the three kinds of the house style:
 - layout (:class:`PreparedFp8`): the e4m3 weight bytes ``[N, Kp]`` (K padded to 16 for the TMA row-stride
   rule), or 4-bit codes pre-tiled in wgmma fragment order (:func:`_pack_nibbles`), and fp32 scales; MXFP4
   tiles carry per-(row, 32-K group) shifts of the kernel's e2m1 -> e4m3 table, the rest of each e8m0
-  scale is a per-row fp32 scale of each 128-K block (:func:`_fold_mx`, exact); built once per
+  scale is a per-row fp32 scale (where the row's scales span at most 12 binades), else one of each
+  128-K block (:func:`_fold_mx`, exact); built once per
   ``QuantizedWeight`` by :func:`prepare`;
-- compute: fp32 accumulation on wgmma, promoted into an fp32 total every 128 of K; scales in fp32 either
+- compute: fp32 accumulation on wgmma, promoted into an fp32 total every 128 of K (every 512 where scales wait
+  for the epilogue, ``promote_blocks``); scales in fp32 either
   in the epilogue (per-tensor / per-channel weights x per-token / per-tensor activations) or at each
   promotion (``block``: 128x128 weight blocks x 1x128 activation groups, the DeepSeek-V3 recipe;
-  ``group``: int4 weight groups of a multiple of 128 along K, or folded MXFP4 scales, per row);
+  ``group``: int4 weight groups of a multiple of 128 along K, or MXFP4 scales folded per 128-K block, per
+  row);
 - tuning (:class:`Fp8Tuning`): warpgroups, tokens per block, pipeline stages, blocks per SM, raster
   grouping, K splits; a pure function of the problem and the device limits (:func:`choose_tuning`). A
   tuning change never changes results beyond fp32 summation order across K blocks (split-K: ``splits``
@@ -170,11 +173,11 @@ def warmup_jobs(
     counts ``m_values`` (for ``humming.warmup``); empty when the combination has no kernel."""
     if weight_unsupported(qweight) or _act_unsupported(qweight, act) or out_dtype not in DTYPE_CODE:
         return []
-    w_format = _w_format(qweight)
+    w_format, scale_mode = _w_format(qweight), _scale_mode(qweight)
     jobs = []
     for m in m_values:
         tuning = choose_tuning(m, qweight.N, qweight.K, limits, w_format)
-        spec = call_spec(w_format, _scale_mode(qweight), bias_dtype, out_dtype, tuning)
+        spec = call_spec(w_format, scale_mode, bias_dtype, out_dtype, tuning)
         if (spec, "sm_90a") not in jobs:
             jobs.append((spec, "sm_90a"))
     return jobs
@@ -194,13 +197,14 @@ def grouped_warmup_jobs(
     ``block_ms``; empty when the combination has no grouped kernel."""
     if _grouped_combination_unsupported(qweight, act) is not None or out_dtype not in DTYPE_CODE:
         return []
+    w_format, scale_mode = _w_format(qweight), _scale_mode(qweight)
     jobs = []
     for block_m in block_ms:
         for m in m_values:
             if block_m <= 0 or block_m % 8:
                 continue
-            tuning = choose_grouped_tuning(block_m, m, qweight.N, qweight.num_experts, limits, qweight.format.name)
-            spec = call_spec(qweight.format.name, _scale_mode(qweight), bias_dtype, out_dtype, tuning, grouped=True)
+            tuning = choose_grouped_tuning(block_m, m, qweight.N, qweight.num_experts, limits, w_format)
+            spec = call_spec(w_format, scale_mode, bias_dtype, out_dtype, tuning, grouped=True)
             if (spec, "sm_90a") not in jobs:
                 jobs.append((spec, "sm_90a"))
     return jobs

@@ -35,10 +35,12 @@
 //   wgmmas run. Group scales (groups of 128 multiples along K) are applied per row at each promotion.
 // - W4A8 MXFP4 (kWFormat == 2): e2m1 codes (sign and magnitude) in the same tiles, each tile followed by 256
 //   bytes of table offsets (one byte per row and 32-K group = one wgmma k-step); one bulk copy fetches both.
-//   The e8m0 scales are folded on the host: per row and 128-K block, 2^(max group exponent - 6) goes into the
-//   per-row scale of the promotion (scale mode 2), and each group's remaining 2^d (d in [-5, 6]) into the
-//   consumer's magnitude -> e4m3 table (two integer multiply-adds: e2m1 * 2^d stays an e4m3 normal;
-//   `mx_table`). Exact: the products are those of dequantize.
+//   The e8m0 scales are folded on the host: 2^(max group exponent - 6) of each row goes into a per-row scale
+//   applied in the epilogue (scale mode 0, as per-channel weights; where every row's groups span at most 12
+//   binades), else that of each row and 128-K block into the per-row scale of the block's promotion (scale
+//   mode 2), and each group's remaining 2^d (d in [-5, 6]) into the consumer's magnitude -> e4m3 table (two
+//   integer multiply-adds: e2m1 * 2^d stays an e4m3 normal; `mx_table`). Exact: the products are those of
+//   dequantize.
 // - Grouped (MoE) variant, kGrouped: the weights are E experts stacked along N, each N rounded up to Np, a
 //   multiple of 128, with zero rows (e4m3: one [E * Np, Kp] map; 4-bit: expert e's tiles after those of
 //   experts 0 .. e-1), scales likewise ([E * Np] per-channel, [E * Np / 128, num_kb] blocks, [num_kb, E * Np]
@@ -298,7 +300,7 @@ __device__ __forceinline__ void run(const Params& p) {
   constexpr bool kBlockScale = kScaleMode == 1;
   constexpr bool kMx = kWFormat == kMxfp4;
   static_assert(kWFormat == kE4m3 || kWFormat == kInt4 || kMx, "e4m3, int4 or MXFP4 weights");
-  static_assert(!kMx || kScaleMode == 2, "MXFP4 folds its scales into per-row scales of each K block");
+  static_assert(!kMx || kScaleMode == 0 || kScaleMode == 2, "MXFP4 folds its scales per row, or per row and K block");
   static_assert(kScaleMode >= 0 && kScaleMode <= 2, "scale mode 0, 1 or 2");
   constexpr int kBlockN = L::kBlockN;
   constexpr int kAcc = kBlockM / 2;
