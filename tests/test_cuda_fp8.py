@@ -49,11 +49,10 @@ def _specs() -> list[jit.KernelSpec]:
         for w in ("int4", "e4m3"):
             specs.append(fp8_gemm.fp8_spec(w, "rowcol", "bf16", "bf16", tuning))
     # W4A8 MXFP4, scales folded per K block (group) or per row (rowcol: four K blocks a promotion at 128 tokens)
-    for m, n, mode in ((1, 4096, "group"), (4096, 28672, "group"), (1, 4096, "rowcol"), (256, 28672, "rowcol")):
+    for m, n, mode in ((1, 4096, "group"), (4096, 28672, "group"), (256, 28672, "rowcol")):
         tuning = fp8_gemm.choose_tile_tuning(m, n, 8192, H200, "mxfp4")
         specs.append(fp8_gemm.fp8_spec("mxfp4", mode, "bf16", "bf16", tuning))
-    ahead = ((4096, "int4", "rowcol"), (4096, "int4", "group"), (4096, "mxfp4", "group"), (4096, "mxfp4", "rowcol"))
-    for m, w, mode in ahead:  # codes ahead
+    for m, w, mode in ((4096, "int4", "rowcol"), (4096, "int4", "group"), (4096, "mxfp4", "rowcol")):  # codes ahead
         tuning = dataclasses.replace(fp8_gemm.choose_tile_tuning(m, 8192, 8192, H200, w), prefetch_codes=True)
         specs.append(fp8_gemm.fp8_spec(w, mode, "bf16", "bf16", tuning))
     for w, mode in (("int4", "group"), ("mxfp4", "group"), ("int4", "rowcol"), ("e4m3", "block128")):  # token halves

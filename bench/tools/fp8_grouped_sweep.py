@@ -38,8 +38,13 @@ from humming.moe.grouped import gather_rows
 from humming.timing import time_calls
 
 M_VALUES = (1024, 4096, 8192)
-#: The FP8 case of each model (``--models``): DeepSeek-V3's own FP8 blocks, Qwen3's experts as W4A8.
-FP8_CASES = {"deepseek-v3": "w8a8-fp8-block", "qwen3-30b-a3b": "w4a8-int4-channel-fp8"}
+#: The FP8 case of each model (``--models``): DeepSeek-V3's own FP8 blocks, Qwen3's experts as W4A8 int4,
+#: gpt-oss-120b's MXFP4 experts with fp8 activations (scales folded per row where the rows allow it).
+FP8_CASES = {
+    "deepseek-v3": "w8a8-fp8-block",
+    "qwen3-30b-a3b": "w4a8-int4-channel-fp8",
+    "gpt-oss-120b": "w4a8-mxfp4-fp8",
+}
 
 
 def variants(default: fp8_gemm.Fp8Tuning, w_format: str, scale_mode: str) -> list[fp8_gemm.Fp8Tuning]:
