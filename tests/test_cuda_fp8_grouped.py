@@ -197,6 +197,48 @@ def test_every_grouped_tuning_computes_the_same_function(compiled, seed):
         _check_skipped_unwritten(out, row_expert)
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(4, 1024, 1024, 128, -1, "fp8", w="int4"),  # per channel: four K blocks a promotion
+        Case(4, 1024, 1024, 128, 128, "fp8", bias=torch.bfloat16, w="int4"),  # groups: token halves
+        Case(4, 1024, 1024, 128, 32, "fp8", w="mxfp4"),  # folded per row: four K blocks a promotion
+        Case(4, 1024, 1024, 128, 32, "fp8", torch.float16, w="mxfp4", mx_shift=12),  # per K block: token halves
+    ],
+    ids=_ids,
+)
+def test_grouped_4bit_variants_match_the_default(case, seed):
+    """The variants fp8_grouped_sweep times on 128-token tiles of 4-bit experts: codes read ahead and token
+    halves give the default's bits (the same products summed in the same order), four K blocks a promotion (per
+    channel / per-row MXFP4 folds) matches float64; each on a persistent grid too."""
+    qw = _weight(case)
+    expert_ids, row_expert, valid = _routing(_counts(case.e), case.block_m)
+    qa = _activations(case, valid)
+    bias = None if case.bias is None else torch.randn(case.e, case.n, device="cuda", dtype=case.bias)
+    prep = fp8_gemm.prepare(qw)
+    assert prep.scale_mode == _mode(case)
+    limits = fp8_gemm.device_limits(torch.cuda.current_device())
+    default = fp8_gemm.choose_grouped_tuning(case.block_m, valid.shape[0], case.n, case.e, limits, prep.w_format)
+    assert default.block_m == 128
+
+    def run(tuning):
+        out = torch.full((valid.shape[0], case.n), float("nan"), device="cuda", dtype=case.out)
+        fp8_gemm.run_grouped(prep, qa, qa.scheme, expert_ids, case.block_m, bias, case.out, tuning, out)
+        _check_skipped_unwritten(out, row_expert)
+        return out
+
+    ref = _reference(qa, qw, row_expert, valid, bias)
+    for grid in (default, dataclasses.replace(default, persistent=True)):
+        want = run(grid)
+        assert_rel_close(want[valid], ref[valid], precision=torch.float64, seed=seed)
+        same = [dataclasses.replace(grid, prefetch_codes=True), dataclasses.replace(grid, token_halves=True)]
+        for tuning in same:
+            assert torch.equal(run(tuning)[valid], want[valid]), tuning
+        if prep.scale_mode == "rowcol":
+            promoted = run(dataclasses.replace(grid, promote_blocks=4))
+            assert_rel_close(promoted[valid], ref[valid], precision=torch.float64, seed=seed)
+
+
 def test_persistent_grouped_grid_gives_the_bits_of_one_block_per_tile(compiled, seed, monkeypatch):
     """A persistent grid over grouped tiles (3 SMs' block slots: each block walks many tiles and skips those of
     unused segments without touching its stage ring) computes each used tile as a block of its own would, and
