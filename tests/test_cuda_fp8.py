@@ -22,7 +22,7 @@ from helpers import (
 )
 
 import humming
-from humming.cuda_kernels import _fp8_launch, _fp8_layout, fp8_gemm, jit
+from humming.cuda_kernels import _fp8_launch, _fp8_layout, _fp8_tuning, fp8_gemm, jit
 from humming.ir.activation import get_act_scheme
 from humming.moe import expert_weight
 from humming.testing import random_activation, random_weight, reference
@@ -273,7 +273,8 @@ def test_tile_tuning_walks_128_token_tiles_past_the_block_slots(w):
         tiles = -(-n // t.block_n) * -(-m // t.block_m)
         assert t.persistent == (t.block_m == 128 and tiles > H200.sm_count * t.min_blocks), (m, n, t)
         assert t.promote_blocks == (4 if w != "e4m3" and t.block_m == 128 else 1), (m, n, t)
-        assert t.token_halves == (w != "e4m3" and t.block_m == 128 and m <= 1024), (m, n, t)
+        halves_up_to = _fp8_tuning._TOKEN_HALVES_MAX_M
+        assert t.token_halves == (w != "e4m3" and t.block_m == 128 and m <= halves_up_to), (m, n, t)
         assert t.grid_blocks(tiles, H200) == (min(tiles, H200.sm_count * t.min_blocks) if t.persistent else tiles)
     assert fp8_gemm.choose_tile_tuning(1024, 8192, 8192, H200, w).persistent  # 512 tiles of 128 x 128
     assert not fp8_gemm.choose_tile_tuning(256, 8192, 8192, H200, w).persistent  # 128 tiles: one wave
@@ -758,6 +759,9 @@ def test_mxfp4_that_cannot_be_folded_exactly_is_refused():
     x = torch.empty(4, 256, dtype=torch.bfloat16)
     narrow = _mx_weight(n, k, torch.full((n, k // 32), 120))
     assert "per-token or per-tensor" in fp8_gemm.unsupported(narrow, get_act_scheme("fp8_g128"), x)
+    stacked_nvfp4 = humming.stack([humming.quantize(torch.randn(64, 256), weight="nvfp4") for _ in range(2)])
+    with pytest.raises(ValueError, match=r"qw: the W4A8 GEMM takes e2m1 weights with e8m0 scales"):
+        fp8_gemm.prepare(stacked_nvfp4)
     nvfp4 = humming.quantize(torch.randn(64, 256), weight="nvfp4")
     bf16_scales = humming.quantize(torch.randn(64, 256), weight="e2m1", group_size=32, scale_dtype=torch.bfloat16)
     for qw in (nvfp4, bf16_scales):

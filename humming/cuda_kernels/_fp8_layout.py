@@ -268,7 +268,12 @@ def _prepare_stacked(qw) -> PreparedFp8:
     if qw.format.name not in GROUPED_W_FORMATS:
         raise ValueError(f"qw: the grouped FP8 GEMM takes e4m3 / int4 / MXFP4 experts, not {qw.describe()}")
     experts = qw.num_experts
-    per_row = _experts_mx_fold(qw)[1] if qw.format.name == "e2m1" else None  # one scale mode for all experts
+    per_row = None
+    if qw.format.name == "e2m1":  # one scale mode for all experts, decided over all of them
+        reason = _layout_unsupported(qw)
+        if reason is not None:
+            raise ValueError(f"qw: {reason}")
+        per_row = _experts_mx_fold(qw)[1]
     first = _prepare_2d(expert_weight(qw, 0), per_row)
     dims = {"weight": 0, "w_scale": 0, "w_block_scale": 0, "w_group_scale": 1}
     slots, stacked = {}, {}  # each expert's extent along the stacked dimension, the stacked tensors

@@ -20,8 +20,9 @@ _MIN_SPLIT_KB = 8  # K blocks of 128 per split at least: a split still fills a f
 #: workspace's memset, the red.adds, the rounding copy) outweigh the slots it fills
 _MIN_SPLIT_K_BLOCKS = 32
 _PRODUCER_REGS = 40
-#: Up to this many tokens, 4-bit weights' 128-token tiles promoted at every K block run as two 64-token halves
-#: (int4 g128 / MXFP4 x fp8 at 28672 x 8192: 7-9% faster at M = 256, 2-3% at 1024, up to 4% slower at 4096)
+#: Up to this many tokens, 4-bit weights' 128-token tiles promoted at every K block run as two 64-token halves:
+#: faster there, slower at large M where the tiles keep the tensor core busy without them
+#: (bench/results/h100/token_halves_2026-12-06/fp8_near_defaults.json)
 _TOKEN_HALVES_MAX_M = 1024
 
 
