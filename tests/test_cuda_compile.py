@@ -188,6 +188,34 @@ def test_decode_sass_uses_tensor_cores_and_16_byte_async_loads(compiled, tmp_pat
         assert "LDL" not in sass and "STL" not in sass, f"{spec.name} uses local memory"
 
 
+def _sass_lines(kernel, tmp_path) -> list[str]:
+    return [line for line in cubin_tool("cuobjdump", ["-sass"], kernel, tmp_path).splitlines() if "/*" in line]
+
+
+def test_decode_loads_its_first_weights_before_the_grid_dependency_wait(compiled, tmp_path):
+    """Behind the activation pass (programmatic launch) the decode kernel streams its first chunks' weights
+    (16-byte L2-only copies) before griddepcontrol.wait (SASS ACQBULK), and the activations (cached copies)
+    only after it; on sm_80 the wait does not exist."""
+    for spec in _decode_specs():
+        if "_sk" in spec.name:  # stream-K waits before its first copies: its warps' first chunks vary
+            continue
+        lines = _sass_lines(compiled[(spec.name, "sm_90")], tmp_path)
+        wait = next(i for i, line in enumerate(lines) if "ACQBULK" in line)
+        first_weight = next(i for i, line in enumerate(lines) if "LDGSTS.E.BYPASS.128" in line)
+        first_x = next(i for i, line in enumerate(lines) if re.search(r"LDGSTS\.E\.128\b", line))
+        assert first_weight < wait < first_x, (spec.name, first_weight, wait, first_x)
+        assert not any("ACQBULK" in line for line in _sass_lines(compiled[(spec.name, "sm_80")], tmp_path))
+
+
+def test_act_quant_lets_its_dependents_start_and_the_gemms_wait(compiled, tmp_path):
+    """The activation pass starts its dependents at once (griddepcontrol.launch_dependents: SASS PREEXIT); the
+    sm_90a GEMM waits for what it wrote (ACQBULK)."""
+    for spec in _act_quant_specs():
+        assert any("PREEXIT" in line for line in _sass_lines(compiled[(spec.name, "sm_90")], tmp_path)), spec.name
+    for spec in _gemm_specs():
+        assert any("ACQBULK" in line for line in _sass_lines(compiled[(spec.name, "sm_90a")], tmp_path)), spec.name
+
+
 def test_act_quant_reads_16_bytes_at_once_and_stays_in_fp32(compiled, tmp_path):
     """One 16-byte load per 8 elements, and no float64 instruction: the element arithmetic settles the rounding
     in float32 (the Triton pass's float64 step is for NVFP4 scales only)."""

@@ -985,3 +985,126 @@ def test_warmup_compiles_every_cuda_kernel_the_served_calls_launch(case, kernels
     assert kernels <= set(launched), launched
     assert in_warmup == [] and served == [], f"compiled at first use: in warmup's runs {in_warmup}, served {served}"
     assert uncovered, "the compile hook saw no kernel of a call warmup did not cover"
+
+
+def _fake_kernel(calls: list, stream_type):
+    """What PackedLaunch reads of a LoadedKernel, its plain launch recorded into ``calls``."""
+    ok = types.SimpleNamespace(name="CUDA_SUCCESS")
+
+    def launch(*args):
+        calls.append(("cuLaunchKernel", args))
+        return (ok,)
+
+    return types.SimpleNamespace(
+        _function="function",
+        _threads=384,
+        _launch=launch,
+        _stream=stream_type,
+        _success=ok,
+        allow_smem=lambda smem: None,
+    )
+
+
+def test_programmatic_packed_launch_asks_the_driver_for_stream_serialization(monkeypatch):
+    """A programmatic PackedLaunch goes through cuLaunchKernelEx with the grid, block, shared memory and
+    stream of a plain one and the programmatic-stream-serialization attribute on; a plain one through
+    cuLaunchKernel. Both pass the same parameter pointer array."""
+    driver = pytest.importorskip("cuda.bindings.driver")
+    from humming.cuda_kernels import _driver
+
+    calls: list = []
+    kernel = _fake_kernel(calls, driver.CUstream)
+
+    def launch_ex(config, function, params, extra):
+        attr = config.attrs[0]
+        calls.append(
+            (
+                "cuLaunchKernelEx",
+                (
+                    config.gridDimX,
+                    config.gridDimY,
+                    config.gridDimZ,
+                    config.blockDimX,
+                    config.sharedMemBytes,
+                    config.numAttrs,
+                    attr.id,
+                    attr.value.programmaticStreamSerializationAllowed,
+                    function,
+                    params,
+                    extra,
+                ),
+            )
+        )
+        return (kernel._success,)
+
+    monkeypatch.setattr(driver, "cuLaunchKernelEx", launch_ex)
+    plain = _driver.PackedLaunch(kernel, (7, 2, 1), 4096, _driver.ctypes.c_int(5))
+    programmatic = _driver.PackedLaunch(kernel, (7, 2, 1), 4096, _driver.ctypes.c_int(5), programmatic=True)
+    plain(11)
+    programmatic(11)
+    programmatic(11)
+    (name, args), (name_ex, args_ex), repeat = calls
+    assert name == "cuLaunchKernel" and args[:7] == ("function", 7, 2, 1, 384, 1, 1) and args[7] == 4096
+    serialization = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert name_ex == "cuLaunchKernelEx" and args_ex[:8] == (7, 2, 1, 384, 4096, 1, serialization, 1)
+    assert args_ex[8] == "function" and args_ex[9] == programmatic._tail[0] and args_ex[10] == 0
+    assert repeat == calls[1]
+
+
+def test_programmatic_launches_need_hopper_and_the_flag(monkeypatch):
+    """Programmatic launches from sm_90 on, unless HUMMING_PDL is off; below sm_90 the kernels' waits are not
+    built, so the launches stay plain."""
+    from humming.cuda_kernels import _driver
+
+    capability = {0: (9, 0), 1: (8, 9), 2: (10, 0)}
+    monkeypatch.setattr(_driver, "device_info", lambda index: types.SimpleNamespace(capability=capability[index]))
+    monkeypatch.delenv("HUMMING_PDL", raising=False)
+    assert [_driver.programmatic_launches(i) for i in range(3)] == [True, False, True]
+    monkeypatch.setenv("HUMMING_PDL", "0")
+    assert not any(_driver.programmatic_launches(i) for i in range(3))
+    monkeypatch.setenv("HUMMING_PDL", "maybe")
+    with pytest.raises(ValueError, match="HUMMING_PDL"):
+        _driver.programmatic_launches(0)
+
+
+# Plans without split-K (whose fp32 additions come in a varying order): 8192 rows fill the decode kernel's grid,
+# and 300 tokens the FP8 GEMM's.
+PDL_ROUTES = [("int4-g128", "fp8", m) for m in (1, 16, 300)] + [
+    ("int4-channel", "fp8", 1),
+    ("mxfp4", "fp8", 1),
+    ("mxfp4", "fp8", 300),
+    ("e4m3-channel", "fp8", 300),
+    ("e4m3-block", "fp8_g128", 300),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weight,act,m", PDL_ROUTES, ids=lambda v: str(v))
+def test_programmatic_launch_keeps_the_bits(weight, act, m, seed, monkeypatch):
+    """The GEMM launched programmatically behind the CUDA activation pass (it starts while the pass runs and
+    waits for its output) gives the bits of the plain launch, eagerly and replayed from a CUDA graph on new
+    activations; two weights of the same values, their launchers made under HUMMING_PDL on and off."""
+    n, k = 8192, 1024
+    w = torch.randn(n, k, device="cuda") * 0.05
+    qws = {}
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    for flag in ("1", "0"):
+        monkeypatch.setenv("HUMMING_PDL", flag)
+        qws[flag] = humming.quantize(w, **{**WEIGHTS, "int4-channel": dict(weight="int4", group_size=-1)}[weight])
+        humming.linear(x, qws[flag], act=act)  # makes the launcher under the flag
+    monkeypatch.delenv("HUMMING_PDL")
+    for _ in range(3):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 3
+        on, off = (humming.linear(x, qws[f], act=act) for f in ("1", "0"))
+        assert torch.isfinite(on.float()).all() and torch.equal(on, off), (weight, act, m, seed)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        # a producer of x inside the graph, so that the pass's input is written just before it
+        y = x * 2
+        on = humming.linear(y, qws["1"], act=act)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        on.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(on, humming.linear(x * 2, qws["0"], act=act)), (weight, act, m, seed)

@@ -7,7 +7,7 @@ Faked (see :func:`fake_gpu`):
   device are made on the CPU;
 - device properties are an H200's (sm_90, 132 SMs), so the dispatcher's tables and heuristics apply;
 - ``torch.cuda`` stream, device and capture queries return stream 0 of device 0, not capturing;
-- the CUDA driver (module loading, ``cuTensorMapEncodeTiled``, ``cuFuncSetAttribute``, ``cuLaunchKernel``) and
+- the CUDA driver (module loading, ``cuTensorMapEncodeTiled``, ``cuFuncSetAttribute``, ``cuLaunchKernel(Ex)``) and
   NVRTC: nothing is compiled or launched, the launches are counted;
 - Triton: its driver (device 0, stream 0, target sm_90) and its compiler: a kernel "compiles" into a
   ``CompiledKernel`` whose launcher only counts.
@@ -137,6 +137,7 @@ def fake_gpu() -> None:
     driver.cuModuleGetFunction = counted("cuModuleGetFunction", (ok, driver.CUfunction()))
     driver.cuFuncSetAttribute = counted("cuFuncSetAttribute", (ok,))
     driver.cuLaunchKernel = counted("cuda launch", (ok,))
+    driver.cuLaunchKernelEx = counted("cuda launch", (ok,))
     driver.cuTensorMapEncodeTiled = counted("cuTensorMapEncodeTiled", lambda: (ok, driver.CUtensorMap()))
     _driver.compile_kernel = lambda spec, arch: jit.CompiledKernel(spec, arch, "", b"", "", "fake", 0.0)
 

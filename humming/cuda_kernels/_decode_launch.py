@@ -162,6 +162,9 @@ class DecodeLaunch:
     dtype and the tuning (``None``: :func:`default_tuning`). It holds the loaded kernel, the grid, the shared
     memory and the parameter struct with everything but the addresses of the call's tensors, so that a call
     only allocates the output and launches on the current stream. Calls must match the shape it was made for.
+    ``programmatic``: launched right behind the call's activation pass (:class:`~._driver.PackedLaunch`), taken
+    for one token tile (M <= 8) only: with two the programmatic launch measured slower on a one-wave grid
+    (bench/results/h100/pdl_2026-12-07/pdl_ab.json).
     """
 
     def __init__(
@@ -174,6 +177,7 @@ class DecodeLaunch:
         out_dtype: torch.dtype,
         tuning: DecodeTuning | None,
         device: int,
+        programmatic: bool = False,
     ) -> None:
         n, k = prep.n, prep.k
         if tuning is None:
@@ -222,6 +226,7 @@ class DecodeLaunch:
                 None,
                 0,
             ),
+            programmatic and tuning.mt == 1,
         )
 
     def __call__(

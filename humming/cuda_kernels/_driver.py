@@ -18,6 +18,7 @@ import threading
 
 import torch
 
+from .._env import env
 from ..device import device_info
 from .jit import CompiledKernel, KernelNotReadyError, KernelSpec, compile_kernel, device_arch
 
@@ -30,6 +31,7 @@ __all__ = [
     "get_kernel",
     "load",
     "loaded",
+    "programmatic_launches",
     "tensor_map",
     "tensor_map_2d",
 ]
@@ -209,11 +211,23 @@ class PackedLaunch:
     ctypes structure instance) kept with the pointer array the driver reads it through, so that a call writes
     its tensors' addresses into ``params`` and launches, building nothing. The driver copies the parameters
     during the launch call, so the struct may be rewritten as soon as it returns; callers hold ``lock`` from
-    their first write to the launch (threads sharing a launcher)."""
+    their first write to the launch (threads sharing a launcher).
+
+    ``programmatic``: a programmatic dependent launch (``cuLaunchKernelEx``, sm_90+), for a kernel that the
+    call launches right behind a kernel of its own (the activation pass): it may start before that kernel ends,
+    and waits for it with ``grid_dependency_wait`` (common.cuh) before reading what it wrote. Only such a
+    pair may use it: a kernel before the call (one writing the weights, say) is not waited for."""
 
     _STREAMS_KEPT = 64
 
-    def __init__(self, kernel: LoadedKernel, grid: tuple[int, int, int], smem: int, params: ctypes.Structure):
+    def __init__(
+        self,
+        kernel: LoadedKernel,
+        grid: tuple[int, int, int],
+        smem: int,
+        params: ctypes.Structure,
+        programmatic: bool = False,
+    ):
         kernel.allow_smem(smem)
         self.params = params
         self.lock = threading.Lock()
@@ -222,6 +236,11 @@ class PackedLaunch:
         self._tail = (ctypes.addressof(self._argv), 0)
         self._launch, self._stream, self._success = kernel._launch, kernel._stream, kernel._success
         self._streams: dict[int, object] = {}
+        self._config = _programmatic_config(grid, kernel._threads, smem) if programmatic else None
+        if self._config is not None:
+            from cuda.bindings import driver
+
+            self._launch_ex, self._function = driver.cuLaunchKernelEx, kernel._function
 
     def __call__(self, stream: int) -> None:
         """Launch on ``stream`` (a ``cudaStream_t`` as int) with ``params`` as they are."""
@@ -230,9 +249,35 @@ class PackedLaunch:
             if len(self._streams) >= self._STREAMS_KEPT:
                 self._streams.clear()
             handle = self._streams[stream] = self._stream(stream)
-        result = self._launch(*self._head, handle, *self._tail)
+        if self._config is None:
+            result = self._launch(*self._head, handle, *self._tail)
+        else:
+            self._config.hStream = handle
+            result = self._launch_ex(self._config, self._function, *self._tail)
         if result[0] != self._success:
             check(result)
+
+
+def programmatic_launches(device_index: int) -> bool:
+    """Whether a GEMM launched behind humming's activation pass on ``device_index`` may use programmatic
+    dependent launch: sm_90 and newer, unless ``HUMMING_PDL`` is off (A/B timings)."""
+    return env("HUMMING_PDL") and device_info(device_index).capability >= (9, 0)
+
+
+def _programmatic_config(grid: tuple[int, int, int], threads: int, smem: int):
+    """A ``CUlaunchConfig`` of one block shape with programmatic stream serialization allowed."""
+    from cuda.bindings import driver
+
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = smem
+    config.attrs = [attr]
+    config.numAttrs = 1
+    return config
 
 
 def loaded(spec: KernelSpec, device_index: int) -> LoadedKernel | None:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..device import device_index, device_limits
 from ..ir.weight import cdiv
-from ._driver import PackedLaunch, current_stream, fields, get_kernel, tensor_map, tensor_map_2d
+from ._driver import PackedLaunch, current_stream, fields, get_kernel, programmatic_launches, tensor_map, tensor_map_2d
 from ._fp8_layout import SCALE_MODES, W_FORMATS, PreparedFp8
 from ._fp8_tuning import _BK, Fp8Tuning, smem_bytes
 from ._layout import CPP_DTYPE, DTYPE_CODE
@@ -213,7 +213,10 @@ class Fp8Launch:
             params.w_group_scale = _ptr(prep.w_group_scale)
             params.w_group_stride = prep.w_group_scale.shape[1] if prep.w_group_scale is not None else 0
         params.block_m = block_m
-        self.packed = PackedLaunch(self.kernel, self.grid, self.smem, params)
+        # dense, behind the CUDA pass: the GEMM starts while the pass runs (programmatic launch); the grouped
+        # kernel reads its segments' experts before it could wait
+        programmatic = isinstance(self.quantize, CudaQuantizePass) and not block_m and programmatic_launches(device)
+        self.packed = PackedLaunch(self.kernel, self.grid, self.smem, params, programmatic)
         self.address = ctypes.addressof(params)
 
     def __call__(

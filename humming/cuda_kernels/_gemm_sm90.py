@@ -397,7 +397,8 @@ class GemmLaunch:
     ``block_m`` (and ``gather``: x is the tokens, read through the call's ``rows``; ``gated``: the fused
     activation of gate-up rows, see :func:`run_grouped_gemm`). It holds the loaded kernel, the grid, the
     encoder of x's tensor map and the parameter struct with everything but the addresses of the call's
-    tensors. Calls must match the shape it was made for."""
+    tensors. Calls must match the shape it was made for. ``programmatic``: launched right behind the call's
+    activation pass (:class:`~._driver.PackedLaunch`)."""
 
     def __init__(
         self,
@@ -412,6 +413,7 @@ class GemmLaunch:
         block_m: int = 0,
         gather: bool = False,
         gated=None,
+        programmatic: bool = False,
     ) -> None:
         if tuning is None:
             tuning = default_gemm_tuning(m, prep.n, prep.k, prep.layout, device_limits(device))
@@ -469,6 +471,7 @@ class GemmLaunch:
                 1.0 if gated is None or gated.limit is None else gated.limit,
                 int(gated is not None and gated.gate_up_layout == "interleaved"),
             ),
+            programmatic,
         )
         self.x_map_address = ctypes.addressof(self.packed.params) + _Params.x_map.offset
 

@@ -15,6 +15,8 @@
 //   time from L1). Groups (kGroup 16 ... 256, K % kGroup == 0): block (row, j) of kThreads threads takes
 //   columns [j, j + 1) * kThreads * 8 of the row, kGroup / 8 neighbouring lanes a group, reduced by shuffles
 //   (rows along the grid's x: M may pass the 65535 blocks of y).
+// - The pass lets the kernel launched behind it start at once (launch_dependents, common.cuh): the GEMMs that
+//   read its output wait for it with grid_dependency_wait.
 #include "humming/common.cuh"
 
 namespace humming {
@@ -139,6 +141,7 @@ __device__ __forceinline__ void run(const Params& p) {
   static_assert(kGroup == 0 || (kGroup >= 16 && kGroup <= 256 && (kGroup & (kGroup - 1)) == 0),
                 "per token, or groups of 16 ... 256 columns");
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
+  launch_dependents();  // a GEMM launched behind the pass starts its weight loads now (grid_dependency_wait)
   const int vecs = p.K / 8;
   if constexpr (kGroup == 0) {
     const int row = blockIdx.x;

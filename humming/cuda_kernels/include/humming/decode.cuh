@@ -16,7 +16,10 @@
 //   its half's two k16 steps;
 // - each thread streams its weight fragments, scale and zero pairs through a private multi-stage
 //   cp.async pipeline in shared memory, and each warp its activation chunk (read back with ldmatrix),
-//   so many chunks are in flight per SM without holding registers.
+//   so many chunks are in flight per SM without holding registers;
+// - launched behind humming's activation pass (programmatic launch, sm_90+), the tiles schedule copies its
+//   first chunks' weights before grid_dependency_wait and their activations after it, so that the weight
+//   stream starts while the pass runs.
 //
 // Three schedules of the same per-chunk work (Schedule):
 // - tiles: one block per kR row tiles; its warps split K round-robin and reduce in shared memory;
@@ -233,6 +236,12 @@ struct Pipeline {
 
   // Copy the chunk under the cursors (scale group `group`) into `stage`, then advance the cursors.
   __device__ __forceinline__ void copy(int stage, int group) {
+    copy_weights(stage, group);
+    copy_x(stage);
+  }
+
+  // The weight part of copy: codes, scales and zero points.
+  __device__ __forceinline__ void copy_weights(int stage, int group) {
     const int s_off = group * group_stride_s, z_off = group * group_stride_z;
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
@@ -246,6 +255,10 @@ struct Pipeline {
       }
       w_src[r] += w_step;
     }
+  }
+
+  // The activation part of copy.
+  __device__ __forceinline__ void copy_x(int stage) {
 #pragma unroll
     for (int i = 0; i < kMT * 2; ++i) {
       cp_async_ca_zfill<16>(x_base + stage * kWarps * kMT * 1024 + x_dst[i], x_src[i], x_ok[i]);
@@ -409,7 +422,21 @@ __device__ __forceinline__ void tile_pass(const Params& p, Pipeline<A, kBits, kE
 
   float acc[kR][kMT][4];
   zero(acc);
-  int stage = pipe.prime(issue);
+  // The first kStages - 1 chunks (pipe.prime): their weights first, then, behind humming's activation pass
+  // (programmatic launch), the wait for the activations it writes, then their activations. All the weights are
+  // in the first commit group, each chunk's activations in its own.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (first + s * kWarps < chunk_end) pipe.copy_weights(s, (first + s * kWarps) >> p.group_shift);
+  }
+  grid_dependency_wait();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (next < chunk_end) pipe.copy_x(s);
+    next += kWarps;
+    cp_async_commit();
+  }
+  int stage = 0;
   for (int chunk = first; chunk < chunk_end; chunk += kWarps) stage = pipe.step(stage, issue, acc);
   cp_async_wait<0>();
 
@@ -602,6 +629,7 @@ __device__ __forceinline__ void run_stream_k(const Params& p) {
 
   float acc[kR][kMT][4];
   zero(acc);
+  grid_dependency_wait();  // behind humming's activation pass: its output is visible from here
   int stage = pipe.prime(issue);
   int share_begin = chunk;  // the first chunk of this warp's share of `tile`
   for (int left = count; left > 0; --left) {

@@ -53,6 +53,9 @@
 //   ring, barrier phases and pipeline step count running on across them, so that the producer loads a tile's
 //   first stages while the consumers run the epilogue of the tile before, and each warpgroup's TMA store is
 //   waited on only before its output slab is written again (or before the block exits).
+// - Launched behind humming's activation pass (programmatic launch), a dense block's producer loads the weights
+//   of its first kStages steps before grid_dependency_wait and their activations after it; the consumers wait
+//   before reading the activations' scales.
 // - Split-K (kSplitK): blockIdx.z of gridDim.z takes the K blocks [z * num_kb / Z, (z + 1) * num_kb / Z)
 //   (possibly none), so that small-M calls whose tile grid leaves block slots empty still stream the
 //   weights from every slot. Its partial sum is already in fp32 and already scaled (per-channel x per-token
@@ -376,6 +379,29 @@ __device__ __forceinline__ void run(const Params& p) {
     if (tid == 0) {
       prefetch_tensor_map(&p.w_map);
       prefetch_tensor_map(&p.x_map);
+      // Stage s's full barrier expects the whole stage, and gets K block kb of the located tile's weights.
+      auto load_weights = [&](int s, int kb) {
+        mbar_expect_tx(full(s), L::kStageTx);
+        if constexpr (kWFormat == kE4m3) {
+          tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, w_base);
+        } else {
+#pragma unroll
+          for (int w = 0; w < kWgs; ++w) {
+            const long tile_index = long(w_base / 64 + w) * p.num_kb + kb;
+            bulk_load(w_tile(s) + w * L::kTile, p.w_packed + tile_index * L::kTile, L::kTile, full(s));
+          }
+        }
+      };
+      // Behind humming's activation pass (programmatic launch) the weights of a dense block's first kStages steps
+      // are loaded before the wait for the pass's output; the loop then loads only their activations. (Grouped
+      // blocks locate their tiles through expert_ids, which are read after the wait.)
+      int weights_ahead = 0;
+      if (!kGrouped && int(blockIdx.x) < num_tiles) {
+        locate(blockIdx.x);
+        weights_ahead = min(kStages, kb_count);
+        for (int i = 0; i < weights_ahead; ++i) load_weights(i, kb_begin + i);  // steps 0 .. : stages 0 ..
+      }
+      grid_dependency_wait();
       int it = 0;           // pipeline step
       RingPos<kStages> at;  // its place in the ring
       for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
@@ -384,22 +410,14 @@ __device__ __forceinline__ void run(const Params& p) {
           const int kb = kb_begin + i;
           const int s = at.stage;
           if (it >= kStages) mbar_wait(empty(s), at.phase ^ 1);  // the stage's previous turn is released
-          mbar_expect_tx(full(s), L::kStageTx);
-          if constexpr (kWFormat == kE4m3) {
-            tma_load_2d(w_tile(s), &p.w_map, full(s), kb * kBK, w_base);
-          } else {
-#pragma unroll
-            for (int w = 0; w < kWgs; ++w) {
-              const long tile_index = long(w_base / 64 + w) * p.num_kb + kb;
-              bulk_load(w_tile(s) + w * L::kTile, p.w_packed + tile_index * L::kTile, L::kTile, full(s));
-            }
-          }
+          if (it >= weights_ahead) load_weights(s, kb);
           tma_load_2d(x_tile(s), &p.x_map, full(s), kb * kBK, m_tile * kBlockM);
         }
       }
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
+    grid_dependency_wait();  // the activations' scales, read from global memory, are the pass's output
     const int warp = tid / 32;
     const int lane = tid % 32;
     const int col = 2 * (lane % 4);  // this thread's first token column in each group of 8

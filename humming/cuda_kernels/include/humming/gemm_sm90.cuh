@@ -179,6 +179,7 @@ __device__ __forceinline__ void run(const Params& p) {
 
   if (wg == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
+    grid_dependency_wait();  // behind humming's activation pass (programmatic launch): x is its output
     // kGather: this thread copies 16-byte column c of the tile's rows r0 + 16 j, their tokens read again for
     // each chunk (L1 hits) rather than held: the producer has 24 or 40 registers.
     [[maybe_unused]] const int c = threadIdx.x % 8, r0 = threadIdx.x / 8;
@@ -253,6 +254,7 @@ __device__ __forceinline__ void run(const Params& p) {
     }
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
+    grid_dependency_wait();  // and so are x's scales, which the epilogue reads
     const int t = threadIdx.x - 128;      // 0..255 over both consumer warpgroups
     const int tile = t / 32;              // 16-row tile of the block: warp w of consumer c has 4c + w
     const int lane = t & 31;
