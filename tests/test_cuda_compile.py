@@ -193,9 +193,10 @@ def _sass_lines(kernel, tmp_path) -> list[str]:
 
 
 def test_decode_loads_its_first_weights_before_the_grid_dependency_wait(compiled, tmp_path):
-    """Behind the activation pass (programmatic launch) the decode kernel streams its first chunks' weights
-    (16-byte L2-only copies) before griddepcontrol.wait (SASS ACQBULK), and the activations (cached copies)
-    only after it; on sm_80 the wait does not exist."""
+    """Behind the activation pass (programmatic launch) the dense decode kernel streams its first chunks'
+    weights (16-byte L2-only copies) before griddepcontrol.wait (SASS ACQBULK), and the activations (cached
+    copies) only after it; the grouped one (launched so behind any kernel) waits before any global load. On
+    sm_80 the wait does not exist."""
     for spec in _decode_specs():
         if "_sk" in spec.name:  # stream-K waits before its first copies: its warps' first chunks vary
             continue
@@ -203,17 +204,30 @@ def test_decode_loads_its_first_weights_before_the_grid_dependency_wait(compiled
         wait = next(i for i, line in enumerate(lines) if "ACQBULK" in line)
         first_weight = next(i for i, line in enumerate(lines) if "LDGSTS.E.BYPASS.128" in line)
         first_x = next(i for i, line in enumerate(lines) if re.search(r"LDGSTS\.E\.128\b", line))
-        assert first_weight < wait < first_x, (spec.name, first_weight, wait, first_x)
+        if "_grouped" in spec.name:
+            first_load = next(i for i, line in enumerate(lines) if re.search(r"\bLDG(STS)?\.", line))
+            assert wait < first_load, (spec.name, wait, first_load)
+        else:
+            assert first_weight < wait < first_x, (spec.name, first_weight, wait, first_x)
         assert not any("ACQBULK" in line for line in _sass_lines(compiled[(spec.name, "sm_80")], tmp_path))
 
 
 def test_act_quant_lets_its_dependents_start_and_the_gemms_wait(compiled, tmp_path):
-    """The activation pass starts its dependents at once (griddepcontrol.launch_dependents: SASS PREEXIT); the
-    sm_90a GEMM waits for what it wrote (ACQBULK)."""
+    """The activation pass and the sm_90a GEMM start their dependents at once (griddepcontrol.launch_dependents:
+    SASS PREEXIT); the GEMM waits for the kernel before it (ACQBULK), the grouped one before any global load."""
     for spec in _act_quant_specs():
         assert any("PREEXIT" in line for line in _sass_lines(compiled[(spec.name, "sm_90")], tmp_path)), spec.name
-    for spec in _gemm_specs():
-        assert any("ACQBULK" in line for line in _sass_lines(compiled[(spec.name, "sm_90a")], tmp_path)), spec.name
+    for spec in _combine_specs():  # launched programmatically behind w2: it waits before reading y
+        lines = _sass_lines(compiled[(spec.name, "sm_90")], tmp_path)
+        wait = next(i for i, line in enumerate(lines) if "ACQBULK" in line)
+        assert wait < next(i for i, line in enumerate(lines) if re.search(r"\bLDG\.", line)), spec.name
+    for spec in _gemm_specs() + _grouped_specs() + _gather_specs():
+        lines = _sass_lines(compiled[(spec.name, "sm_90a")], tmp_path)
+        wait = next((i for i, line in enumerate(lines) if "ACQBULK" in line), None)
+        assert wait is not None and any("PREEXIT" in line for line in lines), spec.name
+        if spec.name.startswith("humming_gemm_sm90_grouped"):
+            first_load = next(i for i, line in enumerate(lines) if re.search(r"\bLDG(STS)?\.|UTMALDG|UBLKCP", line))
+            assert wait < first_load, (spec.name, wait, first_load)
 
 
 def test_act_quant_reads_16_bytes_at_once_and_stays_in_fp32(compiled, tmp_path):
@@ -254,6 +268,10 @@ def test_gemm_sm90_keeps_a_wgmma_group_in_flight_while_it_dequantizes(compiled, 
     point and scale applied: 80+ instructions) while the queued group runs: both waits of the unrolled loop
     leave a group in flight, and the one followed by a wgmma in the code's order (the other's is across the
     loop's back edge) has a whole dequantization before it."""
+    for spec in _combine_specs():  # launched programmatically behind w2: it waits before reading y
+        lines = _sass_lines(compiled[(spec.name, "sm_90")], tmp_path)
+        wait = next(i for i, line in enumerate(lines) if "ACQBULK" in line)
+        assert wait < next(i for i, line in enumerate(lines) if re.search(r"\bLDG\.", line)), spec.name
     for spec in _gemm_specs() + _grouped_specs() + _gather_specs():
         sass = cubin_tool("cuobjdump", ["-sass"], compiled[(spec.name, "sm_90a")], tmp_path)
         assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 2, spec.name

@@ -736,13 +736,19 @@ def test_fused_moe_prepared_call_then_a_captured_graph(m, seed):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = moe.fused_moe(x, w13, w2, weights, ids)
+    _check_replays(graph, captured, (x, weights, ids), inputs, lambda: unprepared(x, weights, ids))
+
+
+def _check_replays(graph, captured, tensors, inputs, expected) -> None:
+    """Twice: fresh ``inputs()`` copied into the graph's input ``tensors``, its output poisoned, a replay, then
+    the output bit-equal to ``expected()``."""
     for _ in range(2):
-        for tensor, fresh in zip((x, weights, ids), inputs()):
+        for tensor, fresh in zip(tensors, inputs()):
             tensor.copy_(fresh)
         captured.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(captured, unprepared(x, weights, ids))
+        assert torch.equal(captured, expected())
 
 
 @pytest.mark.parametrize("backend,module", [("auto", "cuda"), ("cuda", "cuda"), ("triton", "triton")])
@@ -1108,3 +1114,41 @@ def test_programmatic_launch_keeps_the_bits(weight, act, m, seed, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(on, humming.linear(x * 2, qws["0"], act=act)), (weight, act, m, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 300])
+@pytest.mark.parametrize("weight", ["int4-g128", "mxfp4"])
+def test_fused_moe_programmatic_launches_keep_the_bits(weight, m, seed, monkeypatch):
+    """fused_moe's grouped GEMMs and combine launched programmatically (each waits for the kernel before it
+    first) give the bits of plain launches, eagerly and replayed from a CUDA graph whose first kernel writes
+    the tokens; two sets of experts of the same values, their launches made under HUMMING_PDL on and off."""
+    from humming import moe
+
+    e, k, inter, topk = 16, 512, 256, 4
+    w13 = torch.randn(e, 2 * inter, k, device="cuda") * 0.05
+    w2 = torch.randn(e, k, inter, device="cuda") * 0.05
+    quantize = {"int4-g128": dict(weight="int4", group_size=128), "mxfp4": dict(weight="mxfp4")}[weight]
+    experts = {flag: (humming.quantize(w13, **quantize), humming.quantize(w2, **quantize)) for flag in ("1", "0")}
+
+    def inputs():
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        weights = torch.softmax(torch.randn(m, topk, device="cuda"), -1)
+        ids = torch.stack([torch.randperm(e, device="cuda")[:topk] for _ in range(m)]).to(torch.int32)
+        return x, weights, ids
+
+    x, weights, ids = inputs()
+    for flag, (a, b) in experts.items():  # each set's launches made under its flag
+        monkeypatch.setenv("HUMMING_PDL", flag)
+        moe.fused_moe(x, a, b, weights, ids)
+    monkeypatch.delenv("HUMMING_PDL")
+    for _ in range(3):
+        x, weights, ids = inputs()
+        on, off = (moe.fused_moe(x, *experts[flag], weights, ids) for flag in ("1", "0"))
+        assert not on.isnan().any() and torch.equal(on, off), (weight, m, seed)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe.fused_moe(x * 2, *experts["1"], weights, ids)
+    _check_replays(
+        graph, captured, (x, weights, ids), inputs, lambda: moe.fused_moe(x * 2, *experts["0"], weights, ids)
+    )

@@ -213,9 +213,9 @@ class Fp8Launch:
             params.w_group_scale = _ptr(prep.w_group_scale)
             params.w_group_stride = prep.w_group_scale.shape[1] if prep.w_group_scale is not None else 0
         params.block_m = block_m
-        # dense, behind the CUDA pass: the GEMM starts while the pass runs (programmatic launch); the grouped
-        # kernel reads its segments' experts before it could wait
-        programmatic = isinstance(self.quantize, CudaQuantizePass) and not block_m and programmatic_launches(device)
+        # programmatic launch: dense behind the CUDA pass (the GEMM starts while the pass runs); grouped always
+        # (the grouped kernel waits for the kernel before it first)
+        programmatic = (block_m > 0 or isinstance(self.quantize, CudaQuantizePass)) and programmatic_launches(device)
         self.packed = PackedLaunch(self.kernel, self.grid, self.smem, params, programmatic)
         self.address = ctypes.addressof(params)
 

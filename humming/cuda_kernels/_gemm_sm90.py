@@ -24,7 +24,15 @@ import torch
 
 from ..device import device_index, device_limits
 from ..workspaces import WORKSPACES
-from ._driver import PackedLaunch, current_stream, fields, get_kernel, rows_tensor_map, tensor_map
+from ._driver import (
+    PackedLaunch,
+    current_stream,
+    fields,
+    get_kernel,
+    programmatic_launches,
+    rows_tensor_map,
+    tensor_map,
+)
 from ._layout import (
     CPP_DTYPE,
     DTYPE_CODE,
@@ -383,7 +391,11 @@ def grouped_launch(prep, m, x_dtype, x_stride, bias_dtype, out_dtype, tuning, de
     if tuning is None:
         smem = device_limits(device).smem_per_block
         tuning = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
-    return GemmLaunch(prep, m, x_dtype, x_stride, bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
+    # programmatic: the grouped kernel waits for the kernel before it first
+    programmatic = programmatic_launches(device)
+    return GemmLaunch(
+        prep, m, x_dtype, x_stride, bias_dtype, out_dtype, tuning, device, block_m, gather, gated, programmatic
+    )
 
 
 def _device_index(x: torch.Tensor) -> int:

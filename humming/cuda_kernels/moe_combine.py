@@ -17,7 +17,7 @@ import torch
 from ..device import device_index, device_info
 from ..ir.dtypes import FLOAT_DTYPES, HALF_DTYPES
 from ._decode_launch import DECODE_CCS
-from ._driver import PackedLaunch, current_stream, fields, get_kernel
+from ._driver import PackedLaunch, current_stream, fields, get_kernel, programmatic_launches
 from ._layout import CPP_DTYPE, DTYPE_CODE
 from .jit import KernelSpec, compiler_unavailable_reason, device_arch, per_call_cache
 
@@ -89,7 +89,8 @@ class CudaCombine:
         params.num_experts, params.topk, params.slot_block = num_experts, topk, slot_block
         spec = combine_spec(DTYPE_CODE[y.dtype], DTYPE_CODE[topk_weights.dtype], DTYPE_CODE[dtype])
         grid = (t, -(-h // (8 * _THREADS)), 1)
-        self.packed = PackedLaunch(get_kernel(spec, self.device), grid, 0, params)
+        # programmatic: the combine waits for the kernel before it (w2) first
+        self.packed = PackedLaunch(get_kernel(spec, self.device), grid, 0, params, programmatic_launches(self.device))
 
     def __call__(self, y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         if y.data_ptr() % 16:

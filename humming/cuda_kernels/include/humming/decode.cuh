@@ -19,7 +19,8 @@
 //   so many chunks are in flight per SM without holding registers;
 // - launched behind humming's activation pass (programmatic launch, sm_90+), the tiles schedule copies its
 //   first chunks' weights before grid_dependency_wait and their activations after it, so that the weight
-//   stream starts while the pass runs.
+//   stream starts while the pass runs; the grouped variant waits before anything (it is launched
+//   programmatically behind any kernel). Every variant lets the kernel launched behind it start at once.
 //
 // Three schedules of the same per-chunk work (Schedule):
 // - tiles: one block per kR row tiles; its warps split K round-robin and reduce in shared memory;
@@ -531,6 +532,7 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
     tile_pass<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, kSplit, false, kAct>(
         p, pipe, smem, tile0, tile0, chunk_begin, chunk_end, 0, 0);
   } else {
+    grid_dependency_wait();  // launched programmatically: expert ids, rows and x may be the previous kernel's
     constexpr int kRows = kMT * 8;
     const int units = p.M / kRows, stride = gridDim.y;
     for (int base = blockIdx.y; base < units; base += 32 * stride) {
@@ -650,6 +652,7 @@ __device__ __forceinline__ void run_stream_k(const Params& p) {
 template <DType A, int kBits, bool kE2m1, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps,
           int kStages, Schedule kSchedule, bool kGrouped = false, int kAct = kNoAct>
 __device__ __forceinline__ void run(const Params& p) {
+  launch_dependents();  // a kernel launched programmatically behind this one starts (and waits) now
   if constexpr (kSchedule == Schedule::stream_k) {
     static_assert(!kGrouped, "the grouped variant runs the tiles schedule");
     run_stream_k<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages>(p);

@@ -53,9 +53,10 @@
 //   ring, barrier phases and pipeline step count running on across them, so that the producer loads a tile's
 //   first stages while the consumers run the epilogue of the tile before, and each warpgroup's TMA store is
 //   waited on only before its output slab is written again (or before the block exits).
-// - Launched behind humming's activation pass (programmatic launch), a dense block's producer loads the weights
-//   of its first kStages steps before grid_dependency_wait and their activations after it; the consumers wait
-//   before reading the activations' scales.
+// - Programmatic launch: the block lets the kernel launched behind it start at once. Launched behind humming's
+//   activation pass, a dense block's producer loads the weights of its first kStages steps before
+//   grid_dependency_wait and their activations after it, and the consumers wait before reading the
+//   activations' scales; a grouped block (launched so behind any kernel) waits before reading anything.
 // - Split-K (kSplitK): blockIdx.z of gridDim.z takes the K blocks [z * num_kb / Z, (z + 1) * num_kb / Z)
 //   (possibly none), so that small-M calls whose tile grid leaves block slots empty still stream the
 //   weights from every slot. Its partial sum is already in fp32 and already scaled (per-channel x per-token
@@ -351,6 +352,9 @@ __device__ __forceinline__ void run(const Params& p) {
     w_base = expert * ((p.N + 127) / 128 * 128) + n_tile * kBlockN;
     return true;
   };
+  launch_dependents();  // a kernel launched programmatically behind this one starts (and waits) now
+  // Grouped: launched programmatically behind any kernel, so wait before reading anything (expert ids first)
+  if constexpr (kGrouped) grid_dependency_wait();
   if (gridDim.x == num_tiles && !locate(blockIdx.x)) return;  // a block's only tile is skipped: before any barrier
   // Each tile's K blocks (all of them unless split-K): its K block kb_begin + i is the tile's pipeline step i. The
   // block's steps run through the stage ring in order across its tiles (RingPos).

@@ -56,6 +56,9 @@
 //   arrival counter; the block that arrives last reads the totals back (atomicExch, which leaves zeros),
 //   applies the epilogue and resets the counter: the workspace is zero between calls (no memset). The
 //   order of the adds varies, so results vary in the last bits of fp32 from call to call.
+// - Programmatic launch (sm_90): the block lets the kernel launched behind it start at once; it waits for the
+//   kernel before it (grid_dependency_wait) before reading x (dense: behind humming's activation pass) or,
+//   grouped (launched so behind any kernel), before reading anything.
 #include "humming/dequant.cuh"
 #include "humming/sm90_ptx.cuh"
 
@@ -158,6 +161,9 @@ __device__ __forceinline__ void run(const Params& p) {
   };
   // The expert of a tile's rows (-1: an unused segment, skipped by every thread alike).
   auto expert_of = [&](int t) { return kGrouped ? p.expert_ids[m_tile_of(t) * kBM / p.block_m] : 0; };
+  launch_dependents();  // a kernel launched programmatically behind this one starts (and waits) now
+  // Grouped: launched programmatically behind any kernel, so wait before reading anything (expert ids first)
+  if constexpr (kGrouped) grid_dependency_wait();
   if (!kPersistent && expert_of(0) < 0) return;  // the whole block: before any barrier
   const int n_chunks = p.K / 64;
   // Each tile's chunks: [k_begin, k_begin + count) (all of K but with kSplitK; the host keeps count >= 1)

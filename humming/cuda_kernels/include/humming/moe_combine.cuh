@@ -7,6 +7,7 @@
 //   [0, num_experts).
 // - Each thread takes 8 columns (one 16-byte load of y per slot, one 16-byte store): H % 8 == 0, y and out
 //   rows 16-byte aligned. Grid (T, cdiv(H, 8 * kThreads)): tokens along x, which takes more than 65535.
+// - Launched programmatically (PackedLaunch): it waits for the kernel before it first (grid_dependency_wait).
 #include "humming/common.cuh"
 
 namespace humming {
@@ -24,6 +25,7 @@ struct Params {
 template <DType Y, DType W, DType O, int kThreads>
 __device__ __forceinline__ void run(const Params& p) {
   static_assert(Y != DType::f32 && O != DType::f32, "16-bit y and out");
+  grid_dependency_wait();  // launched programmatically behind w2: y is its output
   const int t = blockIdx.x, col = 8 * (blockIdx.y * kThreads + threadIdx.x);
   if (col >= p.H) return;
   float acc[8] = {};
