@@ -74,8 +74,9 @@ class Kernel:
       alignment, device) with a bias of ``bias_dtype`` (``None``: no bias), everything that depends only on
       that shape done once when it is made; ``None`` where the kernel has no such split (``run`` is called).
       Grouped kernels: ``launcher(x, qweight, act, block_m, m_pad, bias_dtype, out_dtype, tuning, gather,
-      gated)`` -> ``(x, expert_ids, bias, rows) -> out`` for calls of ``m_pad`` grouped rows shaped as ``x``
-      (``gather``: through ``rows``; ``gated``: as ``gates``), or ``None`` for a call it does not split so.
+      gated, programmatic)`` -> ``(x, expert_ids, bias, rows) -> out`` for calls of ``m_pad`` grouped rows shaped
+      as ``x`` (``gather``: through ``rows``; ``gated``: as ``gates``; ``programmatic``: launched
+      programmatically, or plainly), or ``None`` for a call it does not split so.
     - ``pass_launcher(quantize, x, qweight, act, bias_dtype, out_dtype, tuning)`` (dense kernels that quantize
       16-bit ``x`` themselves first): ``launcher`` with the activation pass ``quantize`` (``x -> (codes,
       scales, global_scale)`` for calls shaped as ``x``) chosen by the caller, since the cheapest pass to

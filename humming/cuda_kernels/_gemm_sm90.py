@@ -386,13 +386,16 @@ def run_grouped_gemm(
     return launch(x, bias, out, expert_ids, rows=rows)
 
 
-def grouped_launch(prep, m, x_dtype, x_stride, bias_dtype, out_dtype, tuning, device, block_m, gather, gated):
-    """The :class:`GemmLaunch` of a grouped call of ``m`` grouped rows (``tuning`` None: the default one)."""
+def grouped_launch(
+    prep, m, x_dtype, x_stride, bias_dtype, out_dtype, tuning, device, block_m, gather, gated, programmatic=True
+):
+    """The :class:`GemmLaunch` of a grouped call of ``m`` grouped rows (``tuning`` None: the default one),
+    launched programmatically (the grouped kernel waits for the kernel before it first) unless ``programmatic``
+    is false."""
     if tuning is None:
         smem = device_limits(device).smem_per_block
         tuning = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
-    # programmatic: the grouped kernel waits for the kernel before it first
-    programmatic = programmatic_launches(device)
+    programmatic = programmatic and programmatic_launches(device)
     return GemmLaunch(
         prep, m, x_dtype, x_stride, bias_dtype, out_dtype, tuning, device, block_m, gather, gated, programmatic
     )

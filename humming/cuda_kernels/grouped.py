@@ -100,7 +100,19 @@ def grouped_linear(
     )
 
 
-def launcher(x, qweight, act, block_m: int, m_pad: int, bias_dtype, out_dtype, tuning, gather: bool, gated=None):
+def launcher(
+    x,
+    qweight,
+    act,
+    block_m: int,
+    m_pad: int,
+    bias_dtype,
+    out_dtype,
+    tuning,
+    gather: bool,
+    gated=None,
+    programmatic=True,
+):
     """The grouped WnA16 GEMM's :attr:`humming.kernel.Kernel.launcher`: ``(x, expert_ids, bias, rows) -> out``
     for every call of :func:`grouped_linear` shaped as this one (``x``'s dtype, shape, strides and alignment,
     ``m_pad`` grouped rows, gathering or not, gated or not, a bias of ``bias_dtype``), checked once, its launch
@@ -122,8 +134,9 @@ def launcher(x, qweight, act, block_m: int, m_pad: int, bias_dtype, out_dtype, t
     aligned = aligned_rows(x)  # the rows the kernel reads (a copy of unaligned ones)
     copy, stride, device = aligned is not x, aligned.stride(0), device_index(x.device)
     kind = (bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
-    make = lambda: _gemm_sm90.grouped_launch(prep, m_pad, x.dtype, stride, *kind)
-    key = (m_pad, x.dtype, stride, *kind)  # run_grouped_gemm's: the calls of both paths share a launch
+    make = lambda: _gemm_sm90.grouped_launch(prep, m_pad, x.dtype, stride, *kind, programmatic)
+    # run_grouped_gemm's key (the calls of both paths share a launch), plain launches apart
+    key = (m_pad, x.dtype, stride, *kind) + (() if programmatic else ("plain",))
     launch = _launches.get(qweight, key, make)
 
     def run(x, expert_ids, bias, rows):

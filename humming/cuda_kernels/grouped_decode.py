@@ -110,6 +110,7 @@ class GroupedDecodeLaunch:
         block_m: int,
         gather: bool,
         gated=None,
+        programmatic: bool = True,
     ) -> None:
         n, k = prep.n, prep.k
         segments = segment_grid(m_pad, block_m, prep.num_experts)
@@ -150,7 +151,7 @@ class GroupedDecodeLaunch:
                 gate_up_interleaved=int(gated is not None and gated.gate_up_layout == "interleaved"),
                 num_experts=prep.num_experts,
             ),
-            programmatic_launches(device),  # the grouped kernel waits for the kernel before it first
+            programmatic and programmatic_launches(device),  # the kernel waits for the one before it first
         )
 
     def __call__(
@@ -193,7 +194,19 @@ def _prepared(qweight, gated) -> PreparedWeight:
     return _wna16.prepare(qweight) if gated is None else _wna16.prepare_gate_up(qweight, gated.gate_up_layout)
 
 
-def launcher(x, qweight, act, block_m: int, m_pad: int, bias_dtype, out_dtype, tuning, gather: bool, gated=None):
+def launcher(
+    x,
+    qweight,
+    act,
+    block_m: int,
+    m_pad: int,
+    bias_dtype,
+    out_dtype,
+    tuning,
+    gather: bool,
+    gated=None,
+    programmatic=True,
+):
     """The kernel's :attr:`humming.kernel.Kernel.launcher`: ``(x, expert_ids, bias, rows) -> out`` for every
     call of :func:`grouped_linear` shaped as this one, checked once, its launch made ready. ``expert_ids``
     and ``rows`` contiguous, ``bias`` contiguous or ``None``."""
@@ -208,7 +221,7 @@ def launcher(x, qweight, act, block_m: int, m_pad: int, bias_dtype, out_dtype, t
     prep = _prepared(qweight, gated)
     aligned = aligned_rows(x)  # the rows the kernel reads (a copy of unaligned ones)
     copy, stride, device = aligned is not x, aligned.stride(0), device_index(x.device)
-    kind = (m_pad, x.dtype, stride, bias_dtype, out_dtype, tuning, device, block_m, gather, gated)
+    kind = (m_pad, x.dtype, stride, bias_dtype, out_dtype, tuning, device, block_m, gather, gated, programmatic)
     launch = _launches.get(qweight, kind, lambda: GroupedDecodeLaunch(prep, *kind))
 
     def run(x, expert_ids, bias, rows):

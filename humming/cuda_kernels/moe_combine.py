@@ -77,7 +77,9 @@ class CudaCombine:
     checks them: ``fallback``), launched on CUDA with the same bits; ``y`` whose address is not 16-byte aligned
     goes through ``fallback``."""
 
-    def __init__(self, fallback, y, topk_weights, dtype, slot_block: int = 0, num_experts: int = 0) -> None:
+    def __init__(
+        self, fallback, y, topk_weights, dtype, slot_block: int = 0, num_experts: int = 0, programmatic: bool = True
+    ) -> None:
         t, topk = topk_weights.shape
         h = y.shape[1]
         self.fallback, self.shape, self.dtype = fallback, (t, h), dtype
@@ -89,8 +91,9 @@ class CudaCombine:
         params.num_experts, params.topk, params.slot_block = num_experts, topk, slot_block
         spec = combine_spec(DTYPE_CODE[y.dtype], DTYPE_CODE[topk_weights.dtype], DTYPE_CODE[dtype])
         grid = (t, -(-h // (8 * _THREADS)), 1)
-        # programmatic: the combine waits for the kernel before it (w2) first
-        self.packed = PackedLaunch(get_kernel(spec, self.device), grid, 0, params, programmatic_launches(self.device))
+        # programmatic unless asked not to: the combine waits for the kernel before it (w2) first
+        programmatic = programmatic and programmatic_launches(self.device)
+        self.packed = PackedLaunch(get_kernel(spec, self.device), grid, 0, params, programmatic)
 
     def __call__(self, y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         if y.data_ptr() % 16:

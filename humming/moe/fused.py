@@ -203,14 +203,17 @@ def combine_kernel(y, topk_weights, dtype, backend: str) -> str:
     return "triton.moe_combine"
 
 
-def prepared_combine(y, slot_rows, topk_weights, dtype, backend: str, slot_block: int = 0, num_experts: int = 0):
-    """The prepared combine of fused_moe's kernel layer (:func:`combine_kernel`'s)."""
+def prepared_combine(
+    y, slot_rows, topk_weights, dtype, backend: str, slot_block: int = 0, num_experts: int = 0, programmatic=True
+):
+    """The prepared combine of fused_moe's kernel layer (:func:`combine_kernel`'s); ``programmatic``: the CUDA
+    combine's programmatic launch behind w2."""
     kernels = importlib.import_module("humming.triton_kernels.moe_layer")
     combine = kernels.PreparedCombine(y, slot_rows, topk_weights, dtype, slot_block, num_experts)
     if combine_kernel(y, topk_weights, dtype, backend) == "triton.moe_combine":
         return combine
     moe_combine = importlib.import_module("humming.cuda_kernels.moe_combine")
-    return moe_combine.CudaCombine(combine, y, topk_weights, dtype, slot_block, num_experts)
+    return moe_combine.CudaCombine(combine, y, topk_weights, dtype, slot_block, num_experts, programmatic)
 
 
 def run_fused_moe(
@@ -453,11 +456,14 @@ def slot_route(x, w13, w2, topk_weights, topk_ids, expert_map, act, block_m: int
     if not m_pad or not topk_ids.is_contiguous():
         return None
     dtype = x.dtype
-    launch13 = grouped_step(w13, x, m_pad, block_m, bias_dtypes[0], dtype, backend, activation)
-    launch2 = grouped_step(w2, x.new_empty(m_pad, w13.N // 2), None, block_m, bias_dtypes[1], dtype, backend)
+    # plain launches: one token's three kernels measured slower launched programmatically (each waiting for the
+    # one before it), the layers of more tokens faster (bench/results/h100/pdl_2026-12-07/pdl_moe.json)
+    launch13 = grouped_step(w13, x, m_pad, block_m, bias_dtypes[0], dtype, backend, activation, programmatic=False)
+    hidden = x.new_empty(m_pad, w13.N // 2)
+    launch2 = grouped_step(w2, hidden, None, block_m, bias_dtypes[1], dtype, backend, programmatic=False)
     ids = topk_ids.reshape(-1)
     y = x.new_empty(m_pad, w13.shape[2])
-    combine = prepared_combine(y, ids, topk_weights, dtype, backend, block_m, w13.num_experts)
+    combine = prepared_combine(y, ids, topk_weights, dtype, backend, block_m, w13.num_experts, programmatic=False)
     rows = torch.full((m_pad,), -1, dtype=torch.int32, device=x.device)
     rows[::block_m] = 0  # each segment's first row reads the token
 

@@ -220,12 +220,15 @@ def run_gated(x, w13, expert_ids, block_m: int, bias, activation, out_dtype, bac
         raise unwarmed_error(err, w13, None, x, backend, block_m, m_pad) from None
 
 
-def grouped_step(qweight, x, m_pad: int | None, block_m: int, bias_dtype, out_dtype, backend: str, gated=None):
+def grouped_step(
+    qweight, x, m_pad: int | None, block_m: int, bias_dtype, out_dtype, backend: str, gated=None, programmatic=True
+):
     """:func:`run_grouped` of 16-bit activations (``gated``: :func:`run_gated`) made ready, for every call shaped
     as ``x`` (dtype, shape, strides, alignment, device) with ``m_pad`` grouped rows gathered through ``rows``
     (``None``: ``x``'s grouped rows) and a bias of ``bias_dtype``: ``(x, expert_ids, bias, rows) -> out`` (the
     expert ids and rows are the alignment's, in range; ``rows`` ``None`` without a gather). With ``gated``:
-    ``None`` where the planned kernel has no such epilogue. Holds the weight weakly."""
+    ``None`` where the planned kernel has no such epilogue. ``programmatic``: a CUDA kernel's programmatic
+    launch (it waits for the kernel before it first), else a plain one. Holds the weight weakly."""
     plan = plan_grouped(qweight, None, x, block_m, backend, m_pad)
     kernel = GROUPED_KERNELS[plan.kernel]
     if gated is not None and not kernel.gates(qweight, x, gated):
@@ -238,7 +241,7 @@ def grouped_step(qweight, x, m_pad: int | None, block_m: int, bias_dtype, out_dt
     if kernel.launcher is not None:
         rows = grouped_x.shape[0] if m_pad is None else m_pad
         launch = kernel.launcher(
-            grouped_x, qweight, None, block_m, rows, bias_dtype, out_dtype, plan.tuning, gathers, gated
+            grouped_x, qweight, None, block_m, rows, bias_dtype, out_dtype, plan.tuning, gathers, gated, programmatic
         )
     if launch is None:
         options = {} if gated is None else {"gated": gated}
