@@ -1055,6 +1055,14 @@ def test_programmatic_packed_launch_asks_the_driver_for_stream_serialization(mon
     assert name_ex == "cuLaunchKernelEx" and args_ex[:8] == (7, 2, 1, 384, 4096, 1, serialization, 1)
     assert args_ex[8] == "function" and args_ex[9] == programmatic._tail[0] and args_ex[10] == 0
     assert repeat == calls[1]
+    # a driver that refuses the programmatic launch: the same launch plainly, then plain launches only
+    refused = types.SimpleNamespace(name="CUDA_ERROR_NOT_SUPPORTED")
+    monkeypatch.setattr(driver, "cuLaunchKernelEx", lambda *args: calls.append(("refused", args)) or (refused,))
+    fallback = _driver.PackedLaunch(kernel, (7, 2, 1), 4096, _driver.ctypes.c_int(5), programmatic=True)
+    del calls[:]
+    fallback(11)
+    fallback(11)
+    assert [name for name, _ in calls] == ["refused", "cuLaunchKernel", "cuLaunchKernel"]
 
 
 def test_programmatic_launches_need_hopper_and_the_flag(monkeypatch):

@@ -216,7 +216,8 @@ class PackedLaunch:
     ``programmatic``: a programmatic dependent launch (``cuLaunchKernelEx``, sm_90+), for a kernel that the
     call launches right behind a kernel of its own (the activation pass): it may start before that kernel ends,
     and waits for it with ``grid_dependency_wait`` (common.cuh) before reading what it wrote. Only such a
-    pair may use it: a kernel before the call (one writing the weights, say) is not waited for."""
+    pair may use it: a kernel before the call (one writing the weights, say) is not waited for. Where the
+    driver refuses it, the launch is made plainly, then every later one (the kernel's waits are then no-ops)."""
 
     _STREAMS_KEPT = 64
 
@@ -254,6 +255,9 @@ class PackedLaunch:
         else:
             self._config.hStream = handle
             result = self._launch_ex(self._config, self._function, *self._tail)
+            if result[0] != self._success:  # a driver without programmatic launches: plain ones from now on
+                self._config = None
+                result = self._launch(*self._head, handle, *self._tail)
         if result[0] != self._success:
             check(result)
 
