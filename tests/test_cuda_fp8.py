@@ -75,6 +75,8 @@ def _split_specs() -> list[jit.KernelSpec]:
         tuning = fp8_gemm.choose_split_tuning(m, n, n, H200, w)
         assert tuning.splits > 1, (m, n, w)
         specs.append(fp8_gemm.call_spec(w, mode, bias, torch.bfloat16, tuning))
+        # the last split reads the sums back and writes the 16-bit output itself
+        specs.append(fp8_gemm.call_spec(w, mode, bias, torch.bfloat16, dataclasses.replace(tuning, read_back=True)))
     return specs
 
 
@@ -135,6 +137,9 @@ def test_sass_holds_qgmma_tma_and_no_local_memory(compiled, tmp_path):
         assert ("UTMASTG.2D" in sass) == tma_store and ("STSM.16.MT88" in sass) == tma_store, name
         # split-K: fp32 reductions in L2 (red.global.add.f32) instead of stores; nowhere else
         assert bool(re.search(r"REDG\.E\.ADD\.F32", sass)) == ("_sk_" in name), name
+        # read back: the last split's exchange of the sums for zeros, after the barrier that tells it it is last
+        read_back = name.endswith("_rb")
+        assert ("ATOMG.E.EXCH" in sass) == read_back and ("BAR.RED.OR" in sass) == read_back, name
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{name} uses local memory"
 
 
@@ -306,6 +311,11 @@ def test_split_k_specs_say_what_they_need():
     assert "_sk" not in plain.name and plain.name.endswith("_m8_s12_mb2")
     with pytest.raises(ValueError, match=r"tuning: split-K .*got out='bf16'"):
         fp8_gemm.fp8_spec("e4m3", "rowcol", "bf16", "bf16", tuning)
+    read_back = fp8_gemm.call_spec("e4m3", "rowcol", None, torch.float16, dataclasses.replace(tuning, read_back=True))
+    assert "_of16_bf16_" in read_back.name and read_back.name.endswith("_sk_stg_rb")  # out f16, bias f16
+    assert ", false, false, true, humming::DType::f16, " in read_back.entry and read_back.entry.endswith(", true>")
+    with pytest.raises(ValueError, match="read_back: the read-back is split-K's"):
+        dataclasses.replace(tuning, splits=1, read_back=True)
     with pytest.raises(ValueError, match=r"tuning: split-K .*grouped=True"):
         fp8_gemm.call_spec("e4m3", "rowcol", None, torch.float32, tuning, grouped=True)
     for bad in (0, -1, 2.0, True):
@@ -1100,25 +1110,29 @@ def test_split_k_matches_float64_reference(case, seed, fp8_sm90):
     limits = fp8_gemm.device_limits(torch.cuda.current_device())
     chosen = fp8_gemm.choose_split_tuning(case.m, case.n, case.k, limits, prep.w_format)
     n_pad = -(-case.n // 8) * 8
-    for splits in sorted({max(2, chosen.splits), 3, 7}):
-        out = torch.full((case.m, n_pad), float("nan"), device="cuda", dtype=case.out)[:, : case.n]
-        tuning = dataclasses.replace(chosen, splits=splits)
-        fp8_gemm.run(prep, qa, qa.scheme, bias, case.out, tuning=tuning, out=out)
-        assert_rel_close(out, ref, precision=torch.float64, seed=seed)
+    for splits, read_back in itertools.product(sorted({max(2, chosen.splits), 3, 7}), (False, True)):
+        for _ in range(1 + read_back):  # read back twice: the first call leaves its workspace at zero
+            out = torch.full((case.m, n_pad), float("nan"), device="cuda", dtype=case.out)[:, : case.n]
+            tuning = dataclasses.replace(chosen, splits=splits, read_back=read_back)
+            fp8_gemm.run(prep, qa, qa.scheme, bias, case.out, tuning=tuning, out=out)
+            assert_rel_close(out, ref, precision=torch.float64, seed=seed)
         if case.out == torch.float32:
             single = fp8_gemm.run(prep, qa, qa.scheme, bias, case.out, tuning=dataclasses.replace(chosen, splits=1))
             rel = ((out - single).norm() / single.norm()).item()
-            assert rel < 1e-5, f"splits={splits}: {rel:.2e} from one split"
+            assert rel < 1e-5, f"splits={splits}, read_back={read_back}: {rel:.2e} from one split"
 
 
 @pytest.mark.gpu
-def test_split_k_cuda_graph_replay(seed, fp8_sm90):
-    """Split-K's workspace memset, kernel and rounding copy are captured; two splits add in either order to
-    the same fp32 sum, so replay equals an eager call bit for bit."""
+@pytest.mark.parametrize("read_back", [False, True])
+def test_split_k_cuda_graph_replay(read_back, seed, fp8_sm90):
+    """Split-K's workspace memset, kernel and rounding copy are captured (read back: the kernel alone, its
+    workspace zero between calls); two splits add in either order to the same fp32 sum, so replay equals an
+    eager call bit for bit."""
     qw, _, bias, _ = _problem(Case(16, 8192, 8192, -1, "fp8", bias=torch.bfloat16))
     prep, act = fp8_gemm.prepare(qw), get_act_scheme("fp8")
     tuning = fp8_gemm.choose_split_tuning(16, 8192, 8192, fp8_gemm.device_limits(torch.cuda.current_device()))
     assert tuning.splits == 2
+    tuning = dataclasses.replace(tuning, read_back=read_back)
     x = torch.randn(16, 8192, device="cuda", dtype=torch.bfloat16)
     eager = fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning)
     graph, captured = capture(lambda: fp8_gemm.run(prep, x, act, bias, torch.bfloat16, tuning=tuning))

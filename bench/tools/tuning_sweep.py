@@ -81,7 +81,8 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) 
     """The default, and each (warpgroups, blocks per SM) with the stages shared memory holds, with one split
     and with the split count that fills one wave; those of one split with more tiles than block slots also on a
     persistent grid; where K blocks may share a promotion, each also with two and four; 4-bit weights' on 128-token
-    tiles each also reading codes a K block ahead, and those promoted at every K block also in token halves."""
+    tiles each also reading codes a K block ahead, and those promoted at every K block also in token halves; each of
+    more than one split also read back by its last split."""
     base = choose_tuning(m, n, k, limits, w_format)
     out = [base]
     for wgs, blocks in ((1, 2), (2, 1), (1, 1), (2, 2)):
@@ -108,7 +109,8 @@ def fp8_tunings(m: int, n: int, k: int, limits, w_format: str, scale_mode: str) 
     ahead = [dataclasses.replace(t, prefetch_codes=True) for t in out]
     out += [t for t in ahead if t.reads_codes_ahead(w_format)]
     halves = [dataclasses.replace(t, token_halves=True) for t in out]
-    return out + [t for t in halves if t.issues_token_halves(w_format, scale_mode)]
+    out += [t for t in halves if t.issues_token_halves(w_format, scale_mode)]
+    return out + [dataclasses.replace(t, read_back=True) for t in out if t.splits > 1]
 
 
 def fields_apart(a, b) -> int:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..device import device_index, device_limits
 from ..ir.weight import cdiv
+from ..workspaces import WORKSPACES
 from ._driver import PackedLaunch, current_stream, fields, get_kernel, programmatic_launches, tensor_map, tensor_map_2d
 from ._fp8_layout import SCALE_MODES, W_FORMATS, PreparedFp8
 from ._fp8_tuning import _BK, Fp8Tuning, smem_bytes
@@ -35,10 +36,11 @@ def fp8_spec(
     codes, tuning, and the grouped (MoE) flag. Split-K kernels (``tuning.splits > 1``, one kernel for any
     count: the count is grid.z) write fp32 with plain stores and are not grouped."""
     split = tuning.splits > 1
-    if split and (out != "f32" or tuning.tma_store or grouped):
+    if split and ((out != "f32" and not tuning.read_back) or tuning.tma_store or grouped):
         raise ValueError(
-            f"tuning: split-K (splits={tuning.splits}) adds fp32 partial sums with plain stores, not grouped;"
-            f" got out={out!r}, tma_store={tuning.tma_store}, grouped={grouped} (call_spec sets these)"
+            f"tuning: split-K (splits={tuning.splits}) adds fp32 partial sums with plain stores (into an fp32"
+            f" output unless read back), not grouped; got out={out!r}, tma_store={tuning.tma_store},"
+            f" grouped={grouped} (call_spec sets these)"
         )
     producer, consumer = tuning.registers()
     promote = tuning.promotes_every(scale_mode)
@@ -53,6 +55,7 @@ def fp8_spec(
         + (f"_p{promote}" if promote > 1 else "")
         + ("_pc" if prefetch else "")
         + ("_th" if halves else "")
+        + ("_rb" if tuning.read_back else "")
     )
     args = ", ".join(
         (
@@ -71,6 +74,7 @@ def fp8_spec(
             str(promote),
             "true" if prefetch else "false",
             "true" if halves else "false",
+            "true" if tuning.read_back else "false",
         )
     )
     return KernelSpec(
@@ -115,7 +119,7 @@ def _activations(x, act, kp: int, block_m: int) -> _Activations:
 
 
 class _Params(ctypes.Structure):
-    """Mirror of ``humming::fp8_sm90::Params`` (512 bytes, 64-byte aligned in the kernel)."""
+    """Mirror of ``humming::fp8_sm90::Params`` (576 bytes, 64-byte aligned in the kernel)."""
 
     _fields_ = (
         *fields(ctypes.c_uint8 * 128, "w_map x_map out_map"),
@@ -127,7 +131,9 @@ class _Params(ctypes.Structure):
         *fields(ctypes.c_int, "w_group_stride"),
         *fields(ctypes.c_void_p, "expert_ids"),
         *fields(ctypes.c_int, "block_m"),
-        ("_tail", ctypes.c_uint8 * 4),
+        ("_pad", ctypes.c_uint8 * 4),
+        *fields(ctypes.c_void_p, "sums arrivals"),
+        ("_tail", ctypes.c_uint8 * 48),
     )
 
 
@@ -145,11 +151,12 @@ def call_spec(
     grouped: bool = False,
 ) -> KernelSpec:
     """The spec of one call: weight format, scale mode, bias dtype (``None``: no bias), output dtype, tuning
-    (fp32 output: the plain-store epilogue; split-K: that epilogue into the fp32 workspace), grouped flag."""
+    (fp32 output: the plain-store epilogue; split-K: that epilogue into the fp32 workspace, or read back into the
+    output), grouped flag."""
     bias_code = DTYPE_CODE[bias_dtype] if bias_dtype is not None else DTYPE_CODE[out_dtype]
-    if tuning.splits > 1:
+    if tuning.splits > 1 and not tuning.read_back:
         out_dtype = torch.float32
-    if out_dtype == torch.float32:  # the TMA-store epilogue writes 16-bit floats only
+    if out_dtype == torch.float32 or tuning.splits > 1:  # the TMA-store epilogue: 16-bit floats, one split
         tuning = dataclasses.replace(tuning, tma_store=False)
     return fp8_spec(w_format, scale_mode, DTYPE_CODE[out_dtype], bias_code, tuning, grouped)
 
@@ -183,6 +190,11 @@ class Fp8Launch:
         if out_dtype == torch.float32 or tuning.splits > 1:  # the TMA-store epilogue writes 16-bit floats only
             tuning = dataclasses.replace(tuning, tma_store=False)
         self.tuning = tuning
+        # read back: the splits' fp32 sums [m, N], then one arrival counter per tile (zero between calls)
+        tiles = cdiv(m, tuning.block_m) * cdiv(prep.n, tuning.block_n)
+        self.workspace_words = m * prep.n + tiles if tuning.read_back else 0
+        if self.workspace_words and not torch.cuda.is_current_stream_capturing():
+            WORKSPACES.reserve(self.workspace_words, device)  # and a spare for a capture stream
         self.kernel = get_kernel(
             call_spec(prep.w_format, prep.scale_mode, bias_dtype, out_dtype, tuning, block_m > 0), device
         )
@@ -253,11 +265,12 @@ class Fp8Launch:
         if bias is not None:
             bias = bias.contiguous()
         # split-K: the splits add into a zero-filled fp32 workspace (fp32 out: ``out`` itself), rounded afterwards;
-        # the memset and the copy are stream work, so CUDA-graph capture records them
+        # the memset and the copy are stream work, so CUDA-graph capture records them. Read back: into the
+        # zero-between-calls workspace, the last split writing ``out``.
         acc = out
-        if tuning.splits > 1 and out_dtype == torch.float32:
+        if tuning.splits > 1 and not tuning.read_back and out_dtype == torch.float32:
             acc = out.zero_()
-        elif tuning.splits > 1:
+        elif tuning.splits > 1 and not tuning.read_back:
             acc = torch.zeros((m, n), dtype=torch.float32, device=self.torch_device)
         packed, address = self.packed, self.address
         with packed.lock:
@@ -270,7 +283,11 @@ class Fp8Launch:
             params.bias = None if bias is None else bias.data_ptr()
             params.out, params.out_stride = acc.data_ptr(), acc.stride(0)
             params.expert_ids = None if expert_ids is None else expert_ids.data_ptr()
-            packed(current_stream(self.device))
+            stream = current_stream(self.device)
+            if self.workspace_words:
+                sums = WORKSPACES.get(self.workspace_words, self.device, stream).data_ptr()
+                params.sums, params.arrivals = sums, sums + 4 * m * n
+            packed(stream)
         del held  # the kernel is queued: the activations' memory may be reused in stream order
         if acc is not out:
             out.copy_(acc)

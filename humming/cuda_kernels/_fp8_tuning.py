@@ -42,7 +42,9 @@ class Fp8Tuning:
     latency passes behind the wgmma issue rather than at the start of the next conversion (tiles of more than 64
     tokens: with two accumulator sets ptxas moves the decoding out from under the wgmmas), and whether 128-token tiles
     promoted at every K block issue each block's wgmmas as two groups of 64 tokens (``token_halves``), so that each
-    half's promotion runs while the other half's wgmmas do."""
+    half's promotion runs while the other half's wgmmas do, and whether split-K's last split to finish a tile reads
+    its sums back from a workspace that stays zero between calls and writes the output (``read_back``), which saves
+    the host's memset and rounding copy."""
 
     wgs: int
     block_m: int
@@ -55,6 +57,7 @@ class Fp8Tuning:
     promote_blocks: int = 1
     prefetch_codes: bool = False
     token_halves: bool = False
+    read_back: bool = False
 
     def __post_init__(self):
         if isinstance(self.splits, bool) or not isinstance(self.splits, int) or self.splits < 1:
@@ -63,6 +66,8 @@ class Fp8Tuning:
             raise ValueError(f"persistent: a persistent grid runs one split, got splits={self.splits}")
         if self.promote_blocks not in (1, 2, 4):
             raise ValueError(f"promote_blocks: expected 1, 2 or 4, got {self.promote_blocks!r}")
+        if self.read_back and self.splits == 1:
+            raise ValueError("read_back: the read-back is split-K's, got splits=1")
 
     def promotes_every(self, scale_mode: str) -> int:
         """K blocks per promotion for weights of ``scale_mode``: ``promote_blocks`` with scales applied in the

@@ -63,7 +63,10 @@
 //   scales are linear; block and group scales are applied at each promotion); it is added with
 //   red.global.add.f32 into `out`, an fp32 [M, N] workspace the host zero-fills, and split 0 adds the bias.
 //   The host rounds the workspace to the output dtype. Results differ from one split only by fp32
-//   summation order. Not with kGrouped.
+//   summation order. Not with kGrouped. With kReadBack the splits add into `sums` instead, a workspace that
+//   is zero between calls, and count themselves in at the tile's arrival counter; the split that arrives last
+//   reads the tile's totals back (atomicExch, which leaves the zeros) and writes them to `out` in O, then
+//   resets the counter: no memset and no rounding pass on the host.
 #include "humming/common.cuh"
 #include "humming/sm90_ptx.cuh"
 
@@ -91,8 +94,10 @@ struct alignas(64) Params {
   int w_group_stride;
   const int* expert_ids;       // grouped: [M / block_m] expert of each segment, -1 = skip; else null
   int block_m;                 // grouped: rows per expert_ids entry
+  float* sums;                 // kReadBack: [M, N] fp32, zero between calls
+  int* arrivals;               // kReadBack: [tiles_m * tiles_n] counters, zero between calls
 };
-static_assert(sizeof(Params) == 512, "the host mirrors this layout (fp8_gemm.py, _Params)");
+static_assert(sizeof(Params) == 576, "the host mirrors this layout (_fp8_launch.py, _Params)");
 
 constexpr int kBK = 128;  // K per pipeline stage (bytes of e4m3 per tile row)
 
@@ -296,9 +301,10 @@ __device__ __forceinline__ void token_halves(int kb_begin, int kb_count, const L
 // shared memory ("convert").
 // kTokenHalves: 128-token tiles promoted at every K block: each block's wgmmas as two groups of 64 tokens, each
 // half promoted while the other's group runs (token_halves).
+// kReadBack: split-K's last split writes the tile in O (header comment).
 template <int kWgs, int kBlockM, int kStages, int kWFormat, int kScaleMode, bool kTmaStore, bool kGrouped,
           bool kSplitK, DType O, DType B, int kProducerRegs, int kConsumerRegs, int kPromoteBlocks,
-          bool kPrefetchCodes, bool kTokenHalves>
+          bool kPrefetchCodes, bool kTokenHalves, bool kReadBack>
 __device__ __forceinline__ void run(const Params& p) {
   using L = SmemLayout<kWgs, kBlockM, kStages, kWFormat>;
   constexpr bool kBlockScale = kScaleMode == 1;
@@ -314,7 +320,9 @@ __device__ __forceinline__ void run(const Params& p) {
   constexpr int kReleasesPerWg = kWFormat == kE4m3 ? 4 : 128;  // see "warp specialisation" above
   static_assert(kBlockM % 8 == 0 && kBlockM <= 128, "tokens per block: a multiple of 8, at most 128");
   static_assert(!kTmaStore || O == DType::bf16 || O == DType::f16, "the TMA-store epilogue writes 16-bit floats");
-  static_assert(!kSplitK || (!kTmaStore && !kGrouped && O == DType::f32), "split-K adds fp32 with plain stores");
+  static_assert(!kSplitK || (!kTmaStore && !kGrouped && (O == DType::f32 || kReadBack)),
+                "split-K adds fp32 with plain stores (into out, or read back into it)");
+  static_assert(!kReadBack || kSplitK, "the read-back is split-K's");
   static_assert(kPromoteBlocks == 1 || ((kPromoteBlocks == 2 || kPromoteBlocks == 4) && kScaleMode == 0 &&
                                         !kTwoAccumulators),
                 "two or four K blocks per promotion: scales in the epilogue, one accumulator set");
@@ -732,9 +740,12 @@ __device__ __forceinline__ void run(const Params& p) {
           stmatrix_x2_trans(slab + token * 128 + ((chunk ^ (token % 8)) << 4), pack2<O>(v00, v01), pack2<O>(v10, v11));
         } else {
           const int t = m_tile * kBlockM + 8 * j + col;
-          const long row0 = long(t) * p.out_stride, row1 = row0 + p.out_stride;
+          // the read-back's workspace has rows of N
+          const long stride = kReadBack ? long(p.N) : long(p.out_stride), row0 = long(t) * stride, row1 = row0 + stride;
           auto put = [&](long at, float v) {
-            if constexpr (kSplitK) {
+            if constexpr (kReadBack) {
+              red_add_f32(p.sums + at, v);
+            } else if constexpr (kSplitK) {
               red_add_f32(static_cast<float*>(p.out) + at, v);
             } else {
               store_float<O>(p.out, at, v);
@@ -744,6 +755,30 @@ __device__ __forceinline__ void run(const Params& p) {
           if (t + 1 < p.M && n < p.N) put(row1 + n, v01);
           if (t < p.M && n + 8 < p.N) put(row0 + n + 8, v10);
           if (t + 1 < p.M && n + 8 < p.N) put(row1 + n + 8, v11);
+        }
+      }
+      if constexpr (kReadBack) {
+        // Count this split in once all its consumers' adds are visible; the last split to arrive reads the tile's
+        // totals back, at L2 where the adds went, restoring the zeros, and writes them in O.
+        __threadfence();
+        named_barrier_sync(1 + kWgs, 128 * kWgs);  // every consumer's adds are fenced before the arrival
+        const int counter = m_tile * p.tiles_n + n_tile;
+        const bool arrived_last = threadIdx.x == 0 && atomicAdd(p.arrivals + counter, 1) == int(gridDim.z) - 1;
+        if (named_barrier_or(1 + kWgs, 128 * kWgs, arrived_last)) {
+          __threadfence();  // every other split's adds happened before its arrival, which this split saw
+#pragma unroll
+          for (int j = 0; j < kBlockM / 8; ++j) {
+            const int t = m_tile * kBlockM + 8 * j + col;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int token = t + (e & 1), channel = n + 8 * (e >> 1);
+              if (token < p.M && channel < p.N) {
+                const float total_value = atomicExch(p.sums + long(token) * p.N + channel, 0.0f);
+                store_float<O>(p.out, long(token) * p.out_stride + channel, total_value);
+              }
+            }
+          }
+          if (threadIdx.x == 0) p.arrivals[counter] = 0;
         }
       }
       if constexpr (kTmaStore) {
