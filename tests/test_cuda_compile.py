@@ -21,6 +21,8 @@ def _decode_specs() -> list[jit.KernelSpec]:
         wna16_decode.decode_spec(L(4, -1, "f16"), "f16", "f16", "f16", T(2, 2, 8, 3, 1)),
         wna16_decode.decode_spec(L(8, 128, "f32"), "bf16", "f32", "bf16", T(8, 1, 8, 2, 1)),
         wna16_decode.decode_spec(L(8, -1, "bf16"), "f16", "f16", "f32", T(1, 1, 8, 4, 4)),
+        # split-K with two token tiles read back by the tile's last block (DecodeTuning.read_back)
+        wna16_decode.decode_spec(L(4, 8, "bf16"), "bf16", "bf16", "bf16", T(2, 2, 4, 3, 4, read_back=True)),
         wna16_decode.decode_spec(L(4, 0, "e8m0", "e2m1"), "bf16", "bf16", "bf16", T(1, 2, 8, 3, 1)),
         wna16_decode.decode_spec(L(4, 0, "e8m0_any", "e2m1"), "f16", "f32", "f16", T(2, 2, 8, 3, 1, 2)),
         # the grouped variant (cuda.grouped_decode) at its default tunings: blocks of 8 and 16, gated, and 16-bit

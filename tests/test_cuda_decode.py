@@ -287,10 +287,13 @@ def test_tunings_agree(tuning, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tuning", [(1, 1, 4, 4, 5), (1, 2, 4, 4, 3), (2, 1, 4, 3, 5), (4, 1, 4, 2, 2)])
+@pytest.mark.parametrize(
+    "tuning", [(1, 1, 4, 4, 5), (1, 2, 4, 4, 3), (2, 1, 4, 3, 5), (4, 1, 4, 2, 2), (2, 1, 4, 3, 5, 0, True)]
+)
 def test_split_k_repeated_calls(tuning, seed):
-    """Split-K with one token tile (the tile's last block reads the fp32 workspace back and leaves it zero)
-    and with more (an fp32 output rounded by a copy): 16-bit outputs over repeated calls, poisoned first."""
+    """Split-K with one token tile (the tile's last block reads the fp32 workspace back and leaves it zero),
+    with more (an fp32 output rounded by a copy) and with more read back: 16-bit outputs over repeated calls,
+    poisoned first."""
     tuning = wna16_decode.DecodeTuning(*tuning)
     qw = _quantize(512, 64 * 45, "int4-g64", device="cuda")
     prep = prepare_weight(qw)
@@ -306,7 +309,11 @@ def test_split_k_repeated_calls(tuning, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tuning", [(1, 1, 4, 4, 5), (2, 1, 4, 3, 5)], ids=["read-back", "fp32-output"])
+@pytest.mark.parametrize(
+    "tuning",
+    [(1, 1, 4, 4, 5), (2, 1, 4, 3, 5), (2, 1, 4, 3, 5, 0, True)],
+    ids=["read-back", "fp32-output", "two-tiles-read-back"],
+)
 def test_split_k_in_a_cuda_graph(tuning, seed, tmp_path, monkeypatch):
     """Split-K warmed and captured on the default capture stream, replayed on fresh inputs: the read-back
     variant's workspace (reserved by warmup) stays zero between replays; the fp32 output's memset and rounding

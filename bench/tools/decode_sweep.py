@@ -44,7 +44,8 @@ H200_LIMITS = (132, 232448, 233472)
 
 def variants(m: int, n: int, k: int, bits: int, limits: tuple[int, int, int]) -> list[DecodeTuning]:
     """The default tuning, then each of 1 / 2 / 4 row tiles per warp (those dividing N / 16), 4 / 8 warps and
-    2-4 stages that fits shared memory, as the tile grid (split-K where the default splits) and as stream-K."""
+    2-4 stages that fits shared memory, as the tile grid (split-K where the default splits; with several token
+    tiles also read back) and as stream-K."""
     tiles, _ = candidate_tunings(m, n, k, bits, *limits)
     out = [choose_decode_tuning(m, n, k, bits, *limits)]
     for r in (1, 2, 4):
@@ -56,6 +57,8 @@ def variants(m: int, n: int, k: int, bits: int, limits: tuple[int, int, int]) ->
                 if grid.smem_bytes(bits) > limits[1]:
                     continue
                 out.append(grid)
+                if grid.splits > 1 and grid.mt > 1:  # the read-back that one token tile takes by default
+                    out.append(dataclasses.replace(grid, read_back=True))
                 blocks_per_sm = max(1, min(2, limits[2] // (grid.smem_bytes(bits) + 1024), 64 // warps))
                 if tiles.splits == 1 and 8 % r == 0:
                     out.append(dataclasses.replace(grid, stream_k=blocks_per_sm))

@@ -5,7 +5,7 @@ Stream-K (``DecodeTuning.stream_k``) runs a persistent grid whose warps each tak
 of the (row tile group, 64-column chunk) units; split-K (``DecodeTuning.splits``) a tile grid whose
 blocks each take one range of K. Tiles shared by several warps or blocks are summed with atomics, in an
 order that varies from call to call (results are nondeterministic in the last bits of fp32): in an fp32
-workspace read back by the tile's last warp or block (stream-K, and split-K with one token tile:
+workspace read back by the tile's last warp or block (stream-K, and split-K with one token tile or ``read_back``:
 ``DecodeTuning.reads_back``), else in a zeroed fp32 output rounded by a copy. The workspace and its
 arrival counters are zero between calls (the last warp or block of a tile restores them), so they are
 allocated once per (device, stream), zero-filled, and grown when a
@@ -75,6 +75,8 @@ def decode_spec(
     out_kernel = "f32" if tuning.splits > 1 and not tuning.reads_back else out
     if tuning.stream_k:
         schedule, suffix = "stream_k", f"_sk{tuning.stream_k}"
+    elif tuning.reads_back:
+        schedule, suffix = "split_k_read_back", "_splitk_rb"
     else:
         schedule, suffix = ("split_k", "_splitk") if tuning.splits > 1 else ("tiles", "")
     if grouped:

@@ -14,9 +14,10 @@ __all__ = ["DecodeTuning", "candidate_tunings", "choose_decode_tuning", "default
 @dataclass(frozen=True)
 class DecodeTuning:
     """Speed-only knobs: token tiles of 8 (``mt``), 16-row tiles per warp (``r``), ``warps`` per block,
-    cp.async pipeline ``stages`` (chunks in flight per thread), blocks along K (``splits``), and
+    cp.async pipeline ``stages`` (chunks in flight per thread), blocks along K (``splits``),
     ``stream_k``: 0 for one block per ``r`` row tiles, else the blocks per SM of the persistent stream-K
-    grid (also the kernel's ``__launch_bounds__`` minimum, so registers allow that many)."""
+    grid (also the kernel's ``__launch_bounds__`` minimum, so registers allow that many), and ``read_back``:
+    split-K with several token tiles reads back too (:attr:`reads_back`)."""
 
     mt: int
     r: int
@@ -24,17 +25,21 @@ class DecodeTuning:
     stages: int
     splits: int
     stream_k: int = 0
+    read_back: bool = False
 
     def __post_init__(self) -> None:
         if self.stream_k < 0 or (self.stream_k and (self.splits != 1 or 8 % self.r)):
             raise ValueError(f"stream_k: expected 0, or > 0 with splits=1 and r dividing 8; got {self}")
+        if self.read_back and self.splits == 1:
+            raise ValueError(f"read_back: the read-back is split-K's, got {self}")
 
     @property
     def reads_back(self) -> bool:
-        """Split-K with one token tile: the blocks add into the fp32 workspace and the tile's last block
-        writes the output (one launch). With more token tiles that single block's read-back costs more than
-        the memset, the fp32 output and the rounding copy it saves, so those add into an fp32 output."""
-        return self.splits > 1 and self.mt == 1
+        """Split-K with one token tile (or ``read_back``): the blocks add into the fp32 workspace and the
+        tile's last block writes the output (one launch). With more token tiles that single block's read-back
+        measured costlier than the memset, the fp32 output and the rounding copy it saves on the GPU, so those
+        add into an fp32 output unless ``read_back`` (which saves the host those two torch calls)."""
+        return self.splits > 1 and (self.mt == 1 or self.read_back)
 
     def smem_bytes(self, bits: int) -> int:
         """Dynamic shared memory: the pipeline (``Pipeline`` in decode.cuh), which the tile grid's warps

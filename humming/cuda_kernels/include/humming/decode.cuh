@@ -24,11 +24,11 @@
 //
 // Three schedules of the same per-chunk work (Schedule):
 // - tiles: one block per kR row tiles; its warps split K round-robin and reduce in shared memory;
-// - split_k: the same, with blockIdx.y splitting K too (for shapes with too few row tiles to fill the GPU).
-//   With one token tile the blocks add into an fp32 workspace with red.add and the tile's last block to
-//   arrive writes the output, leaving the workspace and its counter at zero (as stream_k does: no memset,
-//   no rounding pass); with more, that one block's read-back costs more than it saves, and the blocks add
-//   into an fp32 output (O = f32) that the host zeroes and rounds;
+// - split_k: the same, with blockIdx.y splitting K too (for shapes with too few row tiles to fill the GPU):
+//   the blocks add into an fp32 output (O = f32) that the host zeroes and rounds; split_k_read_back (the
+//   default with one token tile, DecodeTuning.reads_back): they add into an fp32 workspace with red.add and
+//   the tile's last block to arrive writes the output, leaving the workspace and its counter at zero (as
+//   stream_k does: no memset, no rounding pass);
 // - stream_k: a persistent grid (blocks per SM x SMs). The work units (row tile group, 64-column chunk)
 //   are flattened tile-major and each warp takes one contiguous range of them, so every warp moves the
 //   same bytes whatever the shape: no partial last wave, and one pipeline ramp per warp rather than per
@@ -90,7 +90,7 @@ __device__ __forceinline__ float epilogue(const Params& p, int token, long bias_
   return sum;
 }
 
-enum class Schedule { tiles, split_k, stream_k };
+enum class Schedule { tiles, split_k, split_k_read_back, stream_k };
 
 // x, opaque to the compiler: what is computed from it inside a rarely taken branch stays there instead
 // of being hoisted out of the loop into registers that the loop's hot path needs.
@@ -405,12 +405,12 @@ __device__ __forceinline__ void zero(float (&acc)[kR][kMT][4]) {
 // row0 + t. Each value is summed in warp order: without split-K, equal inputs give bit-equal outputs on every
 // call. The pipeline's shared memory may be refilled after it.
 template <DType A, int kBits, bool kE2m1, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps,
-          int kStages, bool kSplit, bool kGrouped, int kAct>
+          int kStages, bool kSplit, bool kReadBack, bool kGrouped, int kAct>
 __device__ __forceinline__ void tile_pass(const Params& p, Pipeline<A, kBits, kE2m1, kZero, S, kMT, kR, kWarps, kStages>& pipe,
                                           uint4* smem, int tile0, int w_tile0, int chunk_begin, int chunk_end,
                                           int row0, int expert) {
+  static_assert(!kReadBack || kSplit, "the read-back is split-K's");
   constexpr int kThreads = kWarps * 32;
-  constexpr bool kReadBack = kSplit && kMT == 1;  // DecodeTuning.reads_back
   const int lane = pipe.lane;
   const int first = chunk_begin + pipe.warp;
   pipe.seek(p, w_tile0, first);
@@ -518,7 +518,7 @@ __device__ __forceinline__ void tile_pass(const Params& p, Pipeline<A, kBits, kE
 // chunks [blockIdx.y * chunks_per_split, +chunks_per_split). Grouped (kGrouped): the block's row tiles for
 // every used unit of kMT * 8 grouped rows among units blockIdx.y, blockIdx.y + gridDim.y, ..., all K.
 template <DType A, int kBits, bool kE2m1, int kZero, DType S, DType O, DType B, int kMT, int kR, int kWarps,
-          int kStages, bool kSplit, bool kGrouped, int kAct>
+          int kStages, bool kSplit, bool kReadBack, bool kGrouped, int kAct>
 __device__ __forceinline__ void run_tiles(const Params& p) {
   static_assert(!(kGrouped && kSplit), "the grouped variant runs whole K per block");
   static_assert(kAct == kNoAct || (kGrouped && O != DType::f32), "the gated epilogue is grouped, 16-bit O");
@@ -529,7 +529,7 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
   if constexpr (!kGrouped) {
     const int chunk_begin = blockIdx.y * p.chunks_per_split;
     const int chunk_end = min(n_chunks, chunk_begin + p.chunks_per_split);
-    tile_pass<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, kSplit, false, kAct>(
+    tile_pass<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, kSplit, kReadBack, false, kAct>(
         p, pipe, smem, tile0, tile0, chunk_begin, chunk_end, 0, 0);
   } else {
     grid_dependency_wait();  // launched programmatically: expert ids, rows and x may be the previous kernel's
@@ -545,7 +545,7 @@ __device__ __forceinline__ void run_tiles(const Params& p) {
         const int expert = __shfl_sync(0xffffffffu, lane_expert, l);
         const int row0 = (base + l * stride) * kRows;
         pipe.set_rows(p, row0);
-        tile_pass<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, false, true, kAct>(
+        tile_pass<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, false, false, true, kAct>(
             p, pipe, smem, tile0, expert * (p.N / 16) + tile0, 0, n_chunks, row0, expert);
       }
     }
@@ -657,8 +657,9 @@ __device__ __forceinline__ void run(const Params& p) {
     static_assert(!kGrouped, "the grouped variant runs the tiles schedule");
     run_stream_k<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages>(p);
   } else {
-    run_tiles<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, kSchedule == Schedule::split_k, kGrouped,
-              kAct>(p);
+    constexpr bool kReadBack = kSchedule == Schedule::split_k_read_back;
+    run_tiles<A, kBits, kE2m1, kZero, S, O, B, kMT, kR, kWarps, kStages, kSchedule == Schedule::split_k || kReadBack,
+              kReadBack, kGrouped, kAct>(p);
   }
 }
 
