@@ -9,7 +9,7 @@
 | ``HUMMING_CACHE_DIR`` | the folder of the on-disk CUDA kernel cache | the user cache folder's ``humming`` |
 | ``HUMMING_CACHE_LOCK_TIMEOUT`` | finite non-negative seconds to wait for a cache entry's lock | 600 |
 | ``HUMMING_KERNELS_SITE`` | a folder: the peer library the benchmarks import | none |
-| ``HUMMING_PDL`` | a flag: programmatic launch of GEMMs behind humming's activation pass (sm_90+) | on |
+| ``HUMMING_PDL`` | a flag: programmatic launches of the CUDA kernels behind the kernel before them (sm_90+) | on |
 | ``TRITON_INTERPRET`` | a flag: Triton's CPU interpreter (Triton too reads 1 / true / yes / on as on) | off |
 
 A flag is ``1`` / ``true`` / ``yes`` / ``on`` or ``0`` / ``false`` / ``no`` / ``off`` (any case). An empty or

@@ -1002,6 +1002,7 @@ def _fake_kernel(calls: list, stream_type):
         return (ok,)
 
     return types.SimpleNamespace(
+        device_index=0,
         _function="function",
         _threads=384,
         _launch=launch,
@@ -1044,6 +1045,7 @@ def test_programmatic_packed_launch_asks_the_driver_for_stream_serialization(mon
         return (kernel._success,)
 
     monkeypatch.setattr(driver, "cuLaunchKernelEx", launch_ex)
+    monkeypatch.setattr(_driver, "programmatic_launches", lambda device_index: True)
     plain = _driver.PackedLaunch(kernel, (7, 2, 1), 4096, _driver.ctypes.c_int(5))
     programmatic = _driver.PackedLaunch(kernel, (7, 2, 1), 4096, _driver.ctypes.c_int(5), programmatic=True)
     plain(11)
@@ -1063,6 +1065,11 @@ def test_programmatic_packed_launch_asks_the_driver_for_stream_serialization(mon
     fallback(11)
     fallback(11)
     assert [name for name, _ in calls] == ["refused", "cuLaunchKernel", "cuLaunchKernel"]
+    # where programmatic launches are off (HUMMING_PDL, a GPU before sm_90), one asked for is plain
+    monkeypatch.setattr(_driver, "programmatic_launches", lambda device_index: False)
+    del calls[:]
+    _driver.PackedLaunch(kernel, (7, 2, 1), 4096, _driver.ctypes.c_int(5), programmatic=True)(11)
+    assert [name for name, _ in calls] == ["cuLaunchKernel"]
 
 
 def test_programmatic_launches_need_hopper_and_the_flag(monkeypatch):

@@ -213,10 +213,11 @@ class PackedLaunch:
     during the launch call, so the struct may be rewritten as soon as it returns; callers hold ``lock`` from
     their first write to the launch (threads sharing a launcher).
 
-    ``programmatic``: a programmatic dependent launch (``cuLaunchKernelEx``, sm_90+), for a kernel that the
-    call launches right behind a kernel of its own (the activation pass): it may start before that kernel ends,
-    and waits for it with ``grid_dependency_wait`` (common.cuh) before reading what it wrote. Only such a
-    pair may use it: a kernel before the call (one writing the weights, say) is not waited for. Where the
+    ``programmatic``: a programmatic dependent launch (``cuLaunchKernelEx``) where :func:`programmatic_launches`
+    allows it: the kernel may start before the kernel before it ends, and waits for it with
+    ``grid_dependency_wait`` (common.cuh). Before that wait it may read only what that kernel cannot be
+    writing: the dense GEMMs, which load weights early, launch so only behind the call's own activation pass;
+    the grouped GEMMs and the combine wait before reading anything, so any kernel may precede them. Where the
     driver refuses it, the launch is made plainly, then every later one (the kernel's waits are then no-ops)."""
 
     _STREAMS_KEPT = 64
@@ -237,6 +238,7 @@ class PackedLaunch:
         self._tail = (ctypes.addressof(self._argv), 0)
         self._launch, self._stream, self._success = kernel._launch, kernel._stream, kernel._success
         self._streams: dict[int, object] = {}
+        programmatic = programmatic and programmatic_launches(kernel.device_index)
         self._config = _programmatic_config(grid, kernel._threads, smem) if programmatic else None
         if self._config is not None:
             from cuda.bindings import driver
@@ -263,8 +265,8 @@ class PackedLaunch:
 
 
 def programmatic_launches(device_index: int) -> bool:
-    """Whether a GEMM launched behind humming's activation pass on ``device_index`` may use programmatic
-    dependent launch: sm_90 and newer, unless ``HUMMING_PDL`` is off (A/B timings)."""
+    """Whether launches asked to be programmatic (:class:`PackedLaunch`) are on ``device_index``: sm_90 and
+    newer, unless ``HUMMING_PDL`` is off (A/B timings)."""
     return env("HUMMING_PDL") and device_info(device_index).capability >= (9, 0)
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..device import device_index, device_limits
 from ..ir.weight import cdiv
 from ..workspaces import WORKSPACES
-from ._driver import PackedLaunch, current_stream, fields, get_kernel, programmatic_launches, tensor_map, tensor_map_2d
+from ._driver import PackedLaunch, current_stream, fields, get_kernel, tensor_map, tensor_map_2d
 from ._fp8_layout import SCALE_MODES, W_FORMATS, PreparedFp8
 from ._fp8_tuning import _BK, Fp8Tuning, smem_bytes
 from ._layout import CPP_DTYPE, DTYPE_CODE
@@ -227,7 +227,7 @@ class Fp8Launch:
         params.block_m = block_m
         # programmatic launch: dense behind the CUDA pass (the GEMM starts while the pass runs); grouped always
         # (the grouped kernel waits for the kernel before it first)
-        programmatic = (block_m > 0 or isinstance(self.quantize, CudaQuantizePass)) and programmatic_launches(device)
+        programmatic = block_m > 0 or isinstance(self.quantize, CudaQuantizePass)
         self.packed = PackedLaunch(self.kernel, self.grid, self.smem, params, programmatic)
         self.address = ctypes.addressof(params)
 

@@ -24,15 +24,7 @@ import torch
 
 from ..device import device_index, device_limits
 from ..workspaces import WORKSPACES
-from ._driver import (
-    PackedLaunch,
-    current_stream,
-    fields,
-    get_kernel,
-    programmatic_launches,
-    rows_tensor_map,
-    tensor_map,
-)
+from ._driver import PackedLaunch, current_stream, fields, get_kernel, rows_tensor_map, tensor_map
 from ._layout import (
     CPP_DTYPE,
     DTYPE_CODE,
@@ -395,7 +387,6 @@ def grouped_launch(
     if tuning is None:
         smem = device_limits(device).smem_per_block
         tuning = default_grouped_tuning(block_m, m, prep.num_experts, prep.layout, smem)
-    programmatic = programmatic and programmatic_launches(device)
     return GemmLaunch(
         prep, m, x_dtype, x_stride, bias_dtype, out_dtype, tuning, device, block_m, gather, gated, programmatic
     )
@@ -412,8 +403,9 @@ class GemmLaunch:
     ``block_m`` (and ``gather``: x is the tokens, read through the call's ``rows``; ``gated``: the fused
     activation of gate-up rows, see :func:`run_grouped_gemm`). It holds the loaded kernel, the grid, the
     encoder of x's tensor map and the parameter struct with everything but the addresses of the call's
-    tensors. Calls must match the shape it was made for. ``programmatic``: launched right behind the call's
-    activation pass (:class:`~._driver.PackedLaunch`)."""
+    tensors. Calls must match the shape it was made for. ``programmatic``: a programmatic launch
+    (:class:`~._driver.PackedLaunch`): dense, right behind the call's activation pass; grouped, behind any kernel
+    (the grouped kernel waits before reading anything)."""
 
     def __init__(
         self,

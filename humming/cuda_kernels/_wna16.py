@@ -15,7 +15,6 @@ from ..device import device_index, device_info
 from ..ir.dtypes import HALF_DTYPES
 from ..kernel import Kernel
 from ._decode_launch import DECODE_CCS
-from ._driver import programmatic_launches
 from ._layout import (
     PreparedWeight,
     aligned_rows,
@@ -149,8 +148,7 @@ def launcher(make, x: torch.Tensor, qweight, act, bias_dtype, out_dtype: torch.d
         quantize = quantize_pass(x, act, values=True)
         cuda_pass = isinstance(quantize, CudaQuantizePass)
         # behind the CUDA pass, the GEMM starts while the pass runs (programmatic launch)
-        programmatic = cuda_pass and programmatic_launches(index)
-        launch = make(prepare(qweight), m, x.dtype, k, bias_dtype, out_dtype, tuning, index, programmatic=programmatic)
+        launch = make(prepare(qweight), m, x.dtype, k, bias_dtype, out_dtype, tuning, index, programmatic=cuda_pass)
         if cuda_pass:  # values and scales in one allocation
             scale_stride = x_scale_stride(quantize.scales_shape[0] * quantize.scales_shape[1], m)
 

@@ -23,7 +23,7 @@ from ..kernel import Kernel, LaunchesByWeight, always_gathers
 from . import _wna16
 from ._decode_launch import DECODE_CCS, _Params, decode_spec
 from ._decode_tuning import DecodeTuning
-from ._driver import PackedLaunch, current_stream, get_kernel, programmatic_launches
+from ._driver import PackedLaunch, current_stream, get_kernel
 from ._layout import DTYPE_CODE, PreparedWeight, aligned_rows, check_out, weight_layout, weight_unsupported
 from ._support import runtime_unavailable
 from .grouped import gated_unsupported
@@ -151,7 +151,7 @@ class GroupedDecodeLaunch:
                 gate_up_interleaved=int(gated is not None and gated.gate_up_layout == "interleaved"),
                 num_experts=prep.num_experts,
             ),
-            programmatic and programmatic_launches(device),  # the kernel waits for the one before it first
+            programmatic,  # the kernel waits for the one before it before reading anything
         )
 
     def __call__(

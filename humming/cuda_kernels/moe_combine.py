@@ -17,7 +17,7 @@ import torch
 from ..device import device_index, device_info
 from ..ir.dtypes import FLOAT_DTYPES, HALF_DTYPES
 from ._decode_launch import DECODE_CCS
-from ._driver import PackedLaunch, current_stream, fields, get_kernel, programmatic_launches
+from ._driver import PackedLaunch, current_stream, fields, get_kernel
 from ._layout import CPP_DTYPE, DTYPE_CODE
 from .jit import KernelSpec, compiler_unavailable_reason, device_arch, per_call_cache
 
@@ -92,7 +92,6 @@ class CudaCombine:
         spec = combine_spec(DTYPE_CODE[y.dtype], DTYPE_CODE[topk_weights.dtype], DTYPE_CODE[dtype])
         grid = (t, -(-h // (8 * _THREADS)), 1)
         # programmatic unless asked not to: the combine waits for the kernel before it (w2) first
-        programmatic = programmatic and programmatic_launches(self.device)
         self.packed = PackedLaunch(get_kernel(spec, self.device), grid, 0, params, programmatic)
 
     def __call__(self, y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
