@@ -6,6 +6,7 @@ places (their bit patterns differ between torch and the GPU's conversion instruc
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -63,6 +64,19 @@ CASES = [
     Case("nf4", group_size=64, scale_dtype=torch.bfloat16),
 ]
 
+#: The weights the packed 16-bit decode takes (humming/triton_kernels/_dequant16.py) for the output dtype named:
+#: 4-bit integer codes with 16-bit scales of that dtype, with or without 8-bit zero points, groups larger and
+#: smaller than the kernel's K tile, K not a multiple of a word.
+DEQUANT16_CASES = [
+    (Case("int4", group_size=128, scale_dtype=torch.bfloat16, shape=(48, 512)), torch.bfloat16),
+    (Case("int4", group_size=-1, scale_dtype=torch.float16, shape=(40, 200)), torch.float16),
+    (Case("int4", zero_point=True, group_size=64, scale_dtype=torch.bfloat16, shape=(33, 130)), torch.bfloat16),
+    (Case("int4", zero_point=True, group_size=32, scale_dtype=torch.float16, shape=(64, 1024)), torch.float16),
+    (Case("int4", zero_point=True, group_size=512, scale_dtype=torch.bfloat16, shape=(16, 1024)), torch.bfloat16),
+    (Case("e2m1", group_size=32, scale_dtype=torch.float8_e8m0fnu, shape=(48, 512)), torch.bfloat16),
+    (Case("e2m1", group_size=32, scale_dtype=torch.float8_e8m0fnu, shape=(17, 96)), torch.bfloat16),
+]
+
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_dequant_matches_reference(case: Case, seed: int, device: str) -> None:
@@ -106,3 +120,33 @@ def test_launch_is_made_ready_once_per_weight_and_dtype(device: str) -> None:
 def test_dequant_realistic_shape(seed: int) -> None:
     qw = humming.quantize(torch.randn(4096, 4096, device="cuda"), "int4", group_size=128)
     assert_bit_exact(triton_dequant.dequantize(qw, torch.bfloat16), humming.dequantize(qw, torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, dtype", DEQUANT16_CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_packed_16_bit_decode_is_bit_exact(case: Case, dtype: torch.dtype, seed: int) -> None:
+    """The packed 16-bit decode gives ``humming.dequantize(qw, dtype)`` bit for bit: on quantized weights, then
+    with scales of random significands over 2^-40 .. 2^40 (products that round, in every binade) and random
+    codes and zero points over their whole ranges."""
+    from humming.triton_kernels._dequant16 import dequant16_applies
+
+    qw = humming.quantize(
+        torch.randn(case.shape, device="cuda") * 3,
+        case.weight,
+        group_size=case.group_size,
+        zero_point=case.zero_point,
+        scale_dtype=case.scale_dtype,
+    )
+    assert dequant16_applies(qw, dtype, triton_dequant._BLOCK_K, torch.cuda.get_device_capability())
+    assert_bit_exact(triton_dequant.dequantize(qw, dtype), humming.dequantize(qw, dtype))
+    exponents = torch.randint(-40, 41, qw.scales.shape, device="cuda").float()
+    signs = torch.where(torch.rand(qw.scales.shape, device="cuda") < 0.5, -1.0, 1.0)
+    scales = (signs * (1 + torch.rand(qw.scales.shape, device="cuda")) * 2.0**exponents).to(dtype)
+    if qw.scales.dtype == torch.float8_e8m0fnu:  # every code: 2^-127 .. 2^127 and NaN
+        scales = torch.randint(0, 256, qw.scales.shape, device="cuda", dtype=torch.uint8).view(qw.scales.dtype)
+    zeros = None if qw.zeros is None else torch.randint(0, 256, qw.zeros.shape, device="cuda", dtype=torch.uint8)
+    words = qw.qweight  # K not a multiple of a word: the last word's padding stays zero
+    if qw.K % 8 == 0:
+        words = torch.randint(-(2**31), 2**31, qw.qweight.shape, device="cuda", dtype=torch.int32)
+    wide = dataclasses.replace(qw, qweight=words, scales=scales, zeros=zeros)
+    assert_bit_exact(triton_dequant.dequantize(wide, dtype), humming.dequantize(wide, dtype))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import rel_err
+from helpers import assert_bit_exact, rel_err
 
 import humming
 
@@ -238,6 +238,43 @@ def test_wna16_gpu_dequant_first(m: int, seed: int) -> None:
     assert not torch.isnan(out).any()
     ref = x.float() @ humming.dequantize(qw, torch.bfloat16).float().T
     assert rel_err(out, ref.double()) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "config",
+    [
+        TileConfig(16, 128, 128, split_k=2, num_stages=3, swap=True),  # two splits: the sums' order is fixed
+        TileConfig(16, 64, 256, split_k=2),
+        TileConfig(64, 128, 64),
+        TileConfig(128, 128, 64, num_warps=8),
+    ],
+    ids=lambda c: c.name(),
+)
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("int4", scale_dtype=torch.bfloat16),
+        Case("int4", 64, True, torch.float16, x_dtype=torch.float16),
+        Case("mxfp4"),
+    ],
+    ids=str,
+)
+def test_packed_16_bit_decode_keeps_the_gemm_bits(case: Case, config: TileConfig, seed: int, monkeypatch) -> None:
+    """The tensor-core kernels give the same bits with the packed 16-bit decode as with the fp32 decode
+    rounded to the activations' dtype (same tiles, same MMA inputs), and match the reference."""
+    from humming.triton_kernels import _wna16_launch
+
+    m = min(config.block_m, 16) if config.swap else 3 * config.block_m // 2
+    w = torch.randn(1024, 2048, device="cuda")
+    fast, plain = case.quantize(w), case.quantize(w)  # equal weights, launches made ready separately
+    assert _wna16_launch.dequant16_applies(fast, case.x_dtype, config.block_k, torch.cuda.get_device_capability())
+    x = torch.randn(m, 2048, device="cuda").to(case.x_dtype)
+    bias = torch.randn(1024, device="cuda")
+    _check(case, fast, x, bias, case.x_dtype, config)
+    out_fast = wna16.linear(x, fast, bias, config=config)
+    monkeypatch.setattr(_wna16_launch, "dequant16_applies", lambda *args: False)
+    assert_bit_exact(out_fast, wna16.linear(x, plain, bias, config=config))
 
 
 def test_wna16_strided_g_idx(seed: int, device: str) -> None:

@@ -131,7 +131,7 @@ def main() -> int:
         n, k = SHAPE
         group_k = 0 if qw.group_shape[1] < 0 else qw.group_shape[1]
         cfg = wna16.wna16_config(args.m, n, k, qw.bits, h200.sm_count, group_k, h200.smem_per_block)
-        spec = wna16.kernel_spec(label, qw, dtype, cfg)
+        spec = wna16.kernel_spec(label, qw, dtype, cfg, 80 if dtype == torch.bfloat16 else 75)
         for arch in args.arch or (90, 80):
             row = analyse(spec, arch, cfg.block_n * cfg.block_k)
             row.update(case=label, m=args.m, config=cfg.name())

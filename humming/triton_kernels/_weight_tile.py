@@ -51,6 +51,7 @@ __all__ = [
     "pointer_types",
     "scale_kind",
     "scale_tile",
+    "subgroup_tile",
     "triton_type",
     "unpack_tile",
     "weight_spec",
@@ -395,7 +396,7 @@ def with_global_scale(scales, weight, spec):
 
 
 @triton.jit
-def _subgroup_tile(ptr, stride_n, offs_n, k0, N, K, BK: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr, EVEN_K):
+def subgroup_tile(ptr, stride_n, offs_n, k0, N, K, BK: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr, EVEN_K):
     """Per-group values for a tile that holds whole groups along K (``BK % GK == 0``): ``[BN, BK // GK]``."""
     gn = offs_n // GN if GN > 0 else offs_n * 0
     gk = k0 // GK + tl.arange(0, BK // GK)
@@ -424,14 +425,14 @@ def load_weight_tile(weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: t
         w = tl.reshape(w, (BN, BK // GK, GK))
     if spec.HAS_ZP:
         if SUBGROUPS:
-            z = _subgroup_tile(weight.z, weight.stride_zn, offs_n, k0, N, K, BK, GN, GK, EVEN_K)
+            z = subgroup_tile(weight.z, weight.stride_zn, offs_n, k0, N, K, BK, GN, GK, EVEN_K)
             z = z.to(tl.float32)[:, :, None]
         else:
             z = zero_tile(weight, spec, offs_n, offs_k, k0, N, K, BK, EVEN_K)
         w = w - z.to(tl.float32)
     if spec.S_KIND != 0:
         if SUBGROUPS:
-            s = _subgroup_tile(weight.s, weight.stride_sn, offs_n, k0, N, K, BK, GN, GK, EVEN_K)
+            s = subgroup_tile(weight.s, weight.stride_sn, offs_n, k0, N, K, BK, GN, GK, EVEN_K)
             s = decode_scale(s, spec.S_KIND)
         else:
             s = scale_tile(weight, spec, offs_n, offs_k, k0, N, K, BK, EVEN_K)

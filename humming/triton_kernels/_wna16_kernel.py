@@ -17,6 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._dequant16 import dequantized_tile
 from ._tiles import route_tile, store_tile, tile_ids
 from ._weight_tile import (
     WeightArgs,
@@ -29,7 +30,7 @@ from ._weight_tile import (
     with_global_scale,
     zero_tile,
 )
-from .interpreter import cast, dot
+from .interpreter import dot
 
 __all__ = ["_wna16_gemv_kernel", "_wna16_kernel", "_wna16_swap_kernel"]
 
@@ -73,6 +74,7 @@ def _wna16_kernel(
     EVEN_K: tl.constexpr,
     GROUPED: tl.constexpr,
     GATHER: tl.constexpr,
+    DEQUANT16: tl.constexpr,  # the packed 16-bit decode (_dequant16)
 ):
     """The tiled kernel; with ``GROUPED`` the MoE grouped GEMM: row ``r`` of ``x`` uses expert
     ``expert_ptr[r // route_bm]`` (``BM`` divides ``route_bm``, so one tile has one expert), tiles of
@@ -104,8 +106,8 @@ def _wna16_kernel(
         k0 = t * BK
         offs_k = k0 + tl.arange(0, BK)
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
-        w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
-        acc = dot(x, tl.trans(cast(w, x.dtype)), acc)
+        w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, x.dtype, DEQUANT16)
+        acc = dot(x, tl.trans(w), acc)
 
     store_tile(acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 
@@ -137,6 +139,7 @@ def _wna16_swap_kernel(
     HAS_BIAS: tl.constexpr,
     WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
     EVEN_K: tl.constexpr,
+    DEQUANT16: tl.constexpr,  # the packed 16-bit decode (_dequant16)
 ):
     """``out^T [BN, BM] = W_tile [BN, BK] @ x^T [BK, BM]`` for M <= BM (16): the dequantized weight tile (exactly
     :func:`humming.dequantize`, rounded once to the activations' dtype, as the tiled kernel) is the MMA's
@@ -156,8 +159,8 @@ def _wna16_swap_kernel(
         k0 = t * BK
         offs_k = k0 + tl.arange(0, BK)
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
-        w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
-        acc = dot(cast(w, x.dtype), tl.trans(x), acc)
+        w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, x.dtype, DEQUANT16)
+        acc = dot(w, tl.trans(x), acc)
     store_tile(tl.trans(acc), out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..device import KNOWN_LIMITS
+from ..device import KNOWN_LIMITS, device_info
 from ..ir.weight import QuantizedWeight
 from ..workspaces import WORKSPACES
 from . import registry
+from ._dequant16 import dequant16_applies
 from ._launch import LaunchesByWeight, PreparedLaunch
 from ._tiles import split_k_words
 from ._weight_tile import kernel_tensors, pointer_args, pointer_types, triton_type, weight_spec
@@ -83,6 +84,9 @@ class _Ready:
         }
         per_call = ("x_ptr", "bias_ptr", "out_ptr", "ws_ptr")
         kernel = _wna16_swap_kernel if cfg.swap else _wna16_gemv_kernel
+        if cfg.swap or self.tiled:
+            capability = device_info(x.device).capability if x.device.type == "cuda" else (0, 0)
+            values["DEQUANT16"] = dequant16_applies(qweight, x.dtype, cfg.block_k, capability)
         if self.tiled:
             e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
             kernel, per_call = _wna16_kernel, (*per_call, "expert_ptr", "rows_ptr")
@@ -130,6 +134,8 @@ def compile_specs() -> list[registry.CompileSpec]:
         ("uint4-zp-g128", quantize(w, "int4", 128, True), torch.float16, TileConfig(4, 16, 128, num_stages=1), 75),
         ("nvfp4", quantize(w, "nvfp4"), torch.bfloat16, gemv(1, 16), 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, swap, 80),
+        ("uint4-zp-g32", quantize(w, "int4", 32, True, scale_dtype=torch.float16), torch.float16, swap, 75),
+        ("uint4-zp-g64", quantize(w, "int4", 64, True, scale_dtype=torch.bfloat16), torch.bfloat16, medium, 80),
         ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, swap, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
@@ -185,6 +191,7 @@ def kernel_spec(
             "HAS_BIAS": True,
             "EVEN_K": True,
             "WEIGHT": spec,
+            **({} if is_gemv else {"DEQUANT16": dequant16_applies(qw, x_dtype, cfg.block_k, divmod(min_arch, 10))}),
         },
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

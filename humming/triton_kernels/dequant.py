@@ -11,12 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..device import device_info
 from ..ir.dtypes import FLOAT_DTYPES
 from ..ir.weight import QuantizedWeight
 from . import registry
+from ._dequant16 import dequant16_applies, dequantized_tile
 from ._launch import LaunchesByWeight, PreparedLaunch
-from ._weight_tile import WeightArgs, kernel_tensors, load_weight_tile, pointer_args, pointer_types, weight_spec
-from .interpreter import cast
+from ._weight_tile import WeightArgs, kernel_tensors, pointer_args, pointer_types, weight_spec
 
 __all__ = ["dequantize"]
 
@@ -44,14 +45,15 @@ def _dequant_kernel(
     BK: tl.constexpr,
     WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
     EVEN_K: tl.constexpr,
+    DEQUANT16: tl.constexpr,  # the packed 16-bit decode (_dequant16)
 ):
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     k0 = tl.program_id(1) * BK
-    w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
+    w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, out_ptr.dtype.element_ty, DEQUANT16)
     offs_k = k0 + tl.arange(0, BK)
     out = out_ptr + offs_n.to(tl.int64)[:, None] * stride_on + offs_k[None, :]
-    tl.store(out, cast(w, out_ptr.dtype.element_ty), mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))
+    tl.store(out, w, mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))
 
 
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -65,7 +67,7 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.bfloat16) -> torc
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dequantize: dtype must be bfloat16, float16 or float32, got {dtype}")
     out = torch.empty(qw.N, qw.K, dtype=dtype, device=qw.device)
-    _ready.get(qw, (dtype, qw.device), lambda: _prepared(qw))(qw.device.index, out)
+    _ready.get(qw, (dtype, qw.device), lambda: _prepared(qw, dtype))(qw.device.index, out)
     return out
 
 
@@ -73,9 +75,11 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.bfloat16) -> torc
 _ready = LaunchesByWeight()
 
 
-def _prepared(qw: QuantizedWeight) -> PreparedLaunch:
-    """The dequantization of ``qw`` into a contiguous ``[N, K]`` output (the one tensor each call passes)."""
+def _prepared(qw: QuantizedWeight, dtype: torch.dtype) -> PreparedLaunch:
+    """The dequantization of ``qw`` into a contiguous ``[N, K]`` output of ``dtype`` (the one tensor each call
+    passes)."""
     n, k = qw.N, qw.K
+    capability = device_info(qw.device).capability if qw.device.type == "cuda" else (0, 0)
     t = kernel_tensors(qw)
     values = {
         **pointer_args(t),
@@ -89,6 +93,7 @@ def _prepared(qw: QuantizedWeight) -> PreparedLaunch:
         "EVEN_K": k % _BLOCK_K == 0,
         "BK": _BLOCK_K,
         "WEIGHT": weight_spec(qw),
+        "DEQUANT16": dequant16_applies(qw, dtype, _BLOCK_K, capability),
     }
     grid = (triton.cdiv(n, _BLOCK_N), triton.cdiv(k, _BLOCK_K))
     return PreparedLaunch(_dequant_kernel, grid, values, ("out_ptr",), _NUM_WARPS)
@@ -100,6 +105,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
     specs = []
     for label, qw in (
         ("int4-g128", quantize(torch.ones(64, 256), "int4", group_size=128)),
+        ("uint4-zp-g64-bf16", quantize(torch.ones(64, 256), "int4", 64, True, scale_dtype=torch.bfloat16)),
         ("nvfp4", quantize(torch.ones(64, 256), "nvfp4")),
         ("uint3-zp-actorder", quantize(torch.ones(64, 256), "int3", 32, True, g_idx=torch.arange(256) % 8)),
     ):
@@ -108,7 +114,13 @@ def _compile_specs() -> list[registry.CompileSpec]:
                 name=f"dequant-{label}",
                 kernel=_dequant_kernel,
                 pointers={**pointer_types(qw), "out_ptr": "*bf16"},
-                constexprs={"BN": _BLOCK_N, "BK": _BLOCK_K, "EVEN_K": True, "WEIGHT": weight_spec(qw)},
+                constexprs={
+                    "BN": _BLOCK_N,
+                    "BK": _BLOCK_K,
+                    "EVEN_K": True,
+                    "WEIGHT": weight_spec(qw),
+                    "DEQUANT16": dequant16_applies(qw, torch.bfloat16, _BLOCK_K, (8, 0)),
+                },
                 aligned=("K", "stride_qn", "stride_on"),
             )
         )

@@ -1,0 +1,253 @@
+"""4-bit weights straight to 16-bit tiles, two weights per instruction (private).
+
+:func:`~._weight_tile.load_weight_tile` decodes every weight in fp32 and the tensor-core kernels round the tile
+to the activations' dtype: about eight instructions per weight on sm_90, so the small-M kernels are bound by
+issue, not by the weight bytes. Where the formats allow it, :func:`load_weight_tile_16` computes the same bits
+on packed pairs of 16-bit floats instead (PTX through ``tl.inline_asm_elementwise``, two code words per
+invocation):
+
+- a 4-bit field is OR'd into the mantissa of a 16-bit float of value ``2^m`` (128 for bf16, 1024 for fp16:
+  ``lop3`` on two fields at a time, with the sign bit of a signed field flipped in the same instruction), so
+  the float holds ``2^m + c`` exactly;
+- one ``fma`` subtracts ``2^m`` (plus 8 for signed codes: ``(c ^ 8) - 8`` is the two's complement value), and
+  for unsigned codes with integer zero points one more subtracts the zero point (``q - z`` is an integer of
+  at most 9 bits: exact in both formats);
+- one ``fma`` multiplies by the scale and adds -0: the product of a 4-bit integer and a 16-bit float is exact
+  in fp32, so its one rounding to the 16-bit format is the rounding :func:`humming.dequantize` applies to
+  ``(q - z) * float32(scale)``. The result is bit-equal to the fp32 decode rounded to the activations' dtype
+  (tests/test_triton_wna16.py compares the two paths bit for bit on the GPU).
+
+e2m1 codes with e8m0 scales (MXFP4) and bf16 activations take the same path with their own placement of the
+bits (:func:`_e2m1_asm`).
+
+It applies where those steps are exact (:func:`dequant16_applies`): int4 / uint4 codes with 16-bit scales of
+the activations' dtype and integer zero points of at most 8 bits, or MXFP4 for bf16; no global scale, no
+act-order; on the GPU only (Triton's interpreter runs no inline assembly) and for bf16 on sm_80 and later
+(``fma.rn.bf16x2``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ir.weight import QuantizedWeight
+from ._weight_tile import (
+    KIND_FLOAT,
+    KIND_INT,
+    KIND_UINT,
+    NAN_NONE,
+    SCALE_E8M0,
+    SCALE_FLOAT,
+    group_tile,
+    load_weight_tile,
+    subgroup_tile,
+    weight_spec,
+)
+from .interpreter import INTERPRET, cast
+
+__all__ = ["dequant16_applies", "dequantized_tile", "load_weight_tile_16"]
+
+#: Per 16-bit format: (the bits of 2^m, whose mantissa holds a 4-bit field in its low bits; the bits of 1.0).
+_MAGIC = {"bf16": (0x4300, 0x3F80), "f16": (0x6400, 0x3C00)}
+_MAGIC_VALUE = {"bf16": 128.0, "f16": 1024.0}
+
+
+def _pair(half: int) -> str:
+    """A 16-bit pattern in both halves of a 32-bit PTX immediate."""
+    return f"0x{half:04X}{half:04X}"
+
+
+def _negative_bits(value: float, fmt: str) -> int:
+    """The 16-bit pattern of ``-value`` (an integer exact in the format)."""
+    dtype = torch.bfloat16 if fmt == "bf16" else torch.float16
+    return torch.tensor(-value, dtype=dtype).view(torch.int16).item() & 0xFFFF
+
+
+def _asm(fmt: str, signed: bool, zero_points: bool) -> str:
+    """PTX of one invocation: one code word (``$4``, repeated in ``$5`` .. ``$11``: eight fields, field ``j`` in
+    bits ``4j``), its scale (``$12``: two copies), with zero points its negated value (``$16``) -> fields
+    ``2i`` and ``2i + 1`` as two 16-bit floats in ``$i``."""
+    magic, one = _MAGIC[fmt]
+    offset = _MAGIC_VALUE[fmt] + (8 if signed else 0)
+    kind = "bf16x2" if fmt == "bf16" else "f16x2"
+    lut_c = _pair(magic | (0x0008 if signed else 0))
+    ops = [
+        "{",
+        ".reg .b32 t, u, one, off, nz;",
+        f"mov.b32 one, {_pair(one)};",
+        f"mov.b32 off, {_pair(_negative_bits(offset, fmt))};",
+        f"mov.b32 nz, {_pair(0x8000)};",
+    ]
+    ops.append("shr.u32 u, $4, 4;")
+    for i in range(4):
+        # byte i of the word -> the low half (field 2i in bits 0-3), byte i of the word >> 4 -> the high half
+        # (field 2i + 1 in bits 16-19)
+        ops.append(f"prmt.b32 t, $4, u, 0x{i + 4:X}0{i:X};")
+        ops.append(f"lop3.b32 t, t, 0x000F000F, {lut_c}, 0x6A;")
+        ops.append(f"fma.rn.{kind} t, t, one, off;")
+        if zero_points:
+            ops.append(f"fma.rn.{kind} t, t, one, $16;")
+        ops.append(f"fma.rn.{kind} ${i}, t, $12, nz;")
+    ops.append("}")
+    return "\n".join(ops)
+
+
+def _e2m1_asm() -> str:
+    """PTX of one invocation for e2m1 codes and bf16 activations, operands as :func:`_asm`'s (``$12``: the
+    scale, ``2^(c - 127)`` as bf16): a field's magnitude bits go to bf16 bits 6-8 (its exponent field's two
+    low bits and its mantissa's top bit) and its sign to bit 15, which is the field's value times 2^-126
+    (a zero exponent field reads as the subnormal ``m * 2^-127``, i.e. ``m * 0.5`` times 2^-126); one exact
+    multiply by 2^126 and one by the scale, rounded once, follow."""
+    ops = [
+        "{",
+        ".reg .b32 t, u, a, b, big, nz;",
+        f"mov.b32 big, {_pair(0x7E80)};",  # 2^126
+        f"mov.b32 nz, {_pair(0x8000)};",
+        "shr.u32 u, $4, 4;",
+    ]
+    for i in range(4):
+        ops += [
+            f"prmt.b32 t, $4, u, 0x{i + 4:X}0{i:X};",
+            "shl.b32 a, t, 6;",
+            "shl.b32 b, t, 12;",
+            "and.b32 a, a, 0x01C001C0;",
+            "lop3.b32 t, a, b, 0x80008000, 0xF8;",  # a | (b & c)
+            "fma.rn.bf16x2 t, t, big, nz;",
+            f"fma.rn.bf16x2 ${i}, t, $12, nz;",
+        ]
+    ops.append("}")
+    return "\n".join(ops)
+
+
+# The PTX of each (16-bit format, signed codes, zero points), as constexprs the kernels select by name.
+ASM_BF16_S4 = tl.constexpr(_asm("bf16", True, False))
+ASM_BF16_U4 = tl.constexpr(_asm("bf16", False, False))
+ASM_BF16_U4_ZP = tl.constexpr(_asm("bf16", False, True))
+ASM_F16_S4 = tl.constexpr(_asm("f16", True, False))
+ASM_F16_U4 = tl.constexpr(_asm("f16", False, False))
+ASM_F16_U4_ZP = tl.constexpr(_asm("f16", False, True))
+ASM_BF16_E2M1 = tl.constexpr(_e2m1_asm())
+
+
+def dequant16_applies(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int, capability: tuple[int, int]) -> bool:
+    """Whether :func:`load_weight_tile_16` computes ``qw``'s tiles of ``block_k`` columns for activations of
+    ``act_dtype`` on a GPU of ``capability`` (see the module docstring)."""
+    if INTERPRET or act_dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if act_dtype == torch.bfloat16 and capability < (8, 0):
+        return False
+    spec = weight_spec(qw)
+    groups_ok = spec.GK == 0 or spec.GK % block_k == 0 or (block_k % spec.GK == 0 and spec.GK % 8 == 0)
+    if spec.W_BITS != 4 or spec.HAS_GS or spec.ACT_ORDER or not groups_ok or block_k < 32:
+        return False
+    if spec.W_KIND == KIND_FLOAT:  # e2m1 with e8m0 scales (MXFP4), bf16 activations
+        e2m1 = (spec.W_EBITS, spec.W_MBITS, spec.W_BIAS, spec.W_NAN) == (2, 1, 1, NAN_NONE)
+        return e2m1 and spec.S_KIND == SCALE_E8M0 and not spec.HAS_ZP and act_dtype == torch.bfloat16
+    zeros_ok = not spec.HAS_ZP or (spec.W_KIND == KIND_UINT and qw.zeros.dtype == torch.uint8)
+    return (
+        spec.W_KIND in (KIND_INT, KIND_UINT)
+        and spec.S_KIND == SCALE_FLOAT
+        and qw.scales.dtype == act_dtype
+        and zeros_ok
+    )
+
+
+@triton.jit
+def _as_16_bit(vals, spec, DTYPE: tl.constexpr, SCALES: tl.constexpr):
+    """Scales (``SCALES``) or zero points as stored -> ``DTYPE``: e8m0 codes ``c`` as the bf16 bits of ``2^(c - 127)``
+    (``c = 0`` the subnormal 2^-127, 255 NaN), 16-bit scales as they are, zero points negated (exact: 8 bits)."""
+    if SCALES and spec.S_KIND == 3:
+        c = vals.to(tl.int32)
+        bits = tl.where(c == 0, 0x0040, tl.where(c == 255, 0x7FC0, c << 7))
+        out = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif SCALES:
+        out = vals.to(DTYPE)
+    else:
+        out = (-(vals.to(tl.float32))).to(DTYPE)
+    return out
+
+
+@triton.jit
+def _per_word(
+    ptr,
+    stride_n,
+    offs_n,
+    k0,
+    N,
+    K,
+    BK: tl.constexpr,
+    spec,
+    EVEN_K: tl.constexpr,
+    DTYPE: tl.constexpr,
+    SCALES: tl.constexpr,
+):
+    """The scales (``SCALES``) or negated zero points of each code word of the tile as ``DTYPE``
+    (:func:`_as_16_bit`, converted once per group): ``[BN, 1]`` where the tile lies in one group along K, else
+    ``[BN, BK // 8]``."""
+    BN: tl.constexpr = offs_n.shape[0]
+    if spec.GK > 0 and spec.GK < BK:
+        vals = _as_16_bit(
+            subgroup_tile(ptr, stride_n, offs_n, k0, N, K, BK, spec.GN, spec.GK, EVEN_K), spec, DTYPE, SCALES
+        )
+        vals = tl.reshape(tl.broadcast_to(vals[:, :, None], (BN, BK // spec.GK, spec.GK // 8)), (BN, BK // 8))
+    else:
+        vals = group_tile(ptr, stride_n, offs_n, offs_n, k0, N, K, offs_n, BK, spec.GN, spec.GK, False, EVEN_K)
+        vals = _as_16_bit(vals, spec, DTYPE, SCALES)
+    return vals
+
+
+@triton.jit
+def load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr):
+    """``[BN, BK]`` of ``humming.dequantize(qw, DTYPE)``: rows ``offs_n``, columns ``k0 .. k0 + BK``, for the weights
+    :func:`dequant16_applies` accepts (the same bits as rounding :func:`~._weight_tile.load_weight_tile`'s tile
+    to ``DTYPE``). Elements outside ``[N, K]`` are finite garbage, as there."""
+    BN: tl.constexpr = offs_n.shape[0]
+    BKW: tl.constexpr = BK // 8
+    rows = weight.qw + offs_n.to(tl.int64)[:, None] * weight.stride_qn
+    offs_w = tl.multiple_of(k0 // 8, BKW) + tl.arange(0, BKW)
+    ok = offs_n[:, None] < N
+    if not EVEN_K:
+        ok = ok & (offs_w[None, :] < (K + 7) // 8)
+    words = tl.load(rows + offs_w[None, :], mask=ok, other=0)
+    scales = _per_word(weight.s, weight.stride_sn, offs_n, k0, N, K, BK, spec, EVEN_K, DTYPE, True)
+    if spec.HAS_ZP:
+        zeros = _per_word(weight.z, weight.stride_zn, offs_n, k0, N, K, BK, spec, EVEN_K, DTYPE, False)
+        args = [words, scales, zeros]
+        constraints: tl.constexpr = "=r,=r,=r,=r," + "r," * 8 + "r,r,r,r," + "r,r,r,r"
+    else:
+        args = [words, scales]
+        constraints: tl.constexpr = "=r,=r,=r,=r," + "r," * 8 + "r,r,r,r"
+    if spec.W_KIND == 2:
+        asm: tl.constexpr = ASM_BF16_E2M1
+    elif DTYPE == tl.bfloat16:  # noqa: SIM300 (DTYPE is a parameter)
+        if spec.HAS_ZP:
+            asm: tl.constexpr = ASM_BF16_U4_ZP
+        elif spec.W_KIND == 0:
+            asm: tl.constexpr = ASM_BF16_S4
+        else:
+            asm: tl.constexpr = ASM_BF16_U4
+    else:
+        if spec.HAS_ZP:
+            asm: tl.constexpr = ASM_F16_U4_ZP
+        elif spec.W_KIND == 0:
+            asm: tl.constexpr = ASM_F16_S4
+        else:
+            asm: tl.constexpr = ASM_F16_U4
+    args = [tl.broadcast_to(a[:, :, None], (BN, BKW, 8)) for a in args]
+    w = tl.inline_asm_elementwise(asm, constraints, args, dtype=scales.dtype, is_pure=True, pack=8)
+    return tl.reshape(w, (BN, BK))
+
+
+@triton.jit
+def dequantized_tile(
+    weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr, DEQUANT16: tl.constexpr
+):
+    """``[BN, BK]`` of ``humming.dequantize(qw, DTYPE)``: by :func:`load_weight_tile_16` where the host found it
+    exact (``DEQUANT16``, :func:`dequant16_applies`), else the fp32 decode rounded once."""
+    if DEQUANT16:
+        w = load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK, EVEN_K, DTYPE)
+    else:
+        w = cast(load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K), DTYPE)
+    return w
