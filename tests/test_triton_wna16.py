@@ -246,6 +246,7 @@ def test_wna16_gpu_dequant_first(m: int, seed: int) -> None:
     [
         TileConfig(16, 128, 128, split_k=2, num_stages=3, swap=True),  # two splits: the sums' order is fixed
         TileConfig(16, 64, 256, split_k=2),
+        TileConfig(32, 64, 128),
         TileConfig(64, 128, 64),
         TileConfig(128, 128, 64, num_warps=8),
     ],
@@ -265,10 +266,11 @@ def test_packed_16_bit_decode_keeps_the_gemm_bits(case: Case, config: TileConfig
     rounded to the activations' dtype (same tiles, same MMA inputs), and match the reference."""
     from humming.triton_kernels import _wna16_launch
 
-    m = min(config.block_m, 16) if config.swap else 3 * config.block_m // 2
+    m = config.block_m if config.swap else 3 * config.block_m // 2
     w = torch.randn(1024, 2048, device="cuda")
     fast, plain = case.quantize(w), case.quantize(w)  # equal weights, launches made ready separately
-    assert _wna16_launch.dequant16_applies(fast, case.x_dtype, config.block_k, torch.cuda.get_device_capability())
+    cc = torch.cuda.get_device_capability()
+    assert _wna16_launch.dequant16_applies(fast, case.x_dtype, config.block_k, cc)
     x = torch.randn(m, 2048, device="cuda").to(case.x_dtype)
     bias = torch.randn(1024, device="cuda")
     _check(case, fast, x, bias, case.x_dtype, config)

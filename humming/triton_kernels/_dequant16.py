@@ -66,12 +66,15 @@ def _negative_bits(value: float, fmt: str) -> int:
 
 
 def _asm(fmt: str, signed: bool, zero_points: bool) -> str:
-    """PTX of one invocation: one code word (``$4``, repeated in ``$5`` .. ``$11``: eight fields, field ``j`` in
-    bits ``4j``), its scale (``$12``: two copies), with zero points its negated value (``$16``) -> fields
-    ``2i`` and ``2i + 1`` as two 16-bit floats in ``$i``."""
+    """PTX of one invocation: two code words (``$8``, ``$9``: eight fields each, field ``j`` in bits ``4j``), the
+    scale of each (``$10``: two 16-bit floats), with zero points their negated values (``$11``) -> field ``j`` of
+    both words as two 16-bit floats in ``$j``. Every output element depends on its own word's input elements
+    only, whichever two elements Triton hands an invocation."""
     magic, one = _MAGIC[fmt]
     offset = _MAGIC_VALUE[fmt] + (8 if signed else 0)
     kind = "bf16x2" if fmt == "bf16" else "f16x2"
+    # lop3 LUT 0x6A: b ? a ^ c : c. Inside the field mask the code (its sign bit flipped by c's bit 3 for
+    # signed codes), outside it the magic number's bits.
     lut_c = _pair(magic | (0x0008 if signed else 0))
     ops = [
         "{",
@@ -80,23 +83,24 @@ def _asm(fmt: str, signed: bool, zero_points: bool) -> str:
         f"mov.b32 off, {_pair(_negative_bits(offset, fmt))};",
         f"mov.b32 nz, {_pair(0x8000)};",
     ]
-    ops.append("shr.u32 u, $4, 4;")
-    for i in range(4):
-        # byte i of the word -> the low half (field 2i in bits 0-3), byte i of the word >> 4 -> the high half
-        # (field 2i + 1 in bits 16-19)
-        ops.append(f"prmt.b32 t, $4, u, 0x{i + 4:X}0{i:X};")
-        ops.append(f"lop3.b32 t, t, 0x000F000F, {lut_c}, 0x6A;")
-        ops.append(f"fma.rn.{kind} t, t, one, off;")
-        if zero_points:
-            ops.append(f"fma.rn.{kind} t, t, one, $16;")
-        ops.append(f"fma.rn.{kind} ${i}, t, $12, nz;")
+    for byte in range(4):
+        ops += [
+            f"prmt.b32 t, $8, $9, 0x{byte + 4:X}0{byte:X};",  # byte b of each word -> the low byte of a half
+            "shr.u32 u, t, 4;",
+        ]
+        for reg, field in (("t", 2 * byte), ("u", 2 * byte + 1)):
+            ops.append(f"lop3.b32 {reg}, {reg}, 0x000F000F, {lut_c}, 0x6A;")
+            ops.append(f"fma.rn.{kind} {reg}, {reg}, one, off;")
+            if zero_points:
+                ops.append(f"fma.rn.{kind} {reg}, {reg}, one, $11;")
+            ops.append(f"fma.rn.{kind} ${field}, {reg}, $10, nz;")
     ops.append("}")
     return "\n".join(ops)
 
 
 def _e2m1_asm() -> str:
-    """PTX of one invocation for e2m1 codes and bf16 activations, operands as :func:`_asm`'s (``$12``: the
-    scale, ``2^(c - 127)`` as bf16): a field's magnitude bits go to bf16 bits 6-8 (its exponent field's two
+    """PTX of one invocation for e2m1 codes and bf16 activations, operands as :func:`_asm`'s (``$10``: the
+    scales, ``2^(c - 127)`` as bf16): a field's magnitude bits go to bf16 bits 6-8 (its exponent field's two
     low bits and its mantissa's top bit) and its sign to bit 15, which is the field's value times 2^-126
     (a zero exponent field reads as the subnormal ``m * 2^-127``, i.e. ``m * 0.5`` times 2^-126); one exact
     multiply by 2^126 and one by the scale, rounded once, follow."""
@@ -105,18 +109,18 @@ def _e2m1_asm() -> str:
         ".reg .b32 t, u, a, b, big, nz;",
         f"mov.b32 big, {_pair(0x7E80)};",  # 2^126
         f"mov.b32 nz, {_pair(0x8000)};",
-        "shr.u32 u, $4, 4;",
     ]
-    for i in range(4):
-        ops += [
-            f"prmt.b32 t, $4, u, 0x{i + 4:X}0{i:X};",
-            "shl.b32 a, t, 6;",
-            "shl.b32 b, t, 12;",
-            "and.b32 a, a, 0x01C001C0;",
-            "lop3.b32 t, a, b, 0x80008000, 0xF8;",  # a | (b & c)
-            "fma.rn.bf16x2 t, t, big, nz;",
-            f"fma.rn.bf16x2 ${i}, t, $12, nz;",
-        ]
+    for byte in range(4):
+        ops += [f"prmt.b32 t, $8, $9, 0x{byte + 4:X}0{byte:X};", "shr.u32 u, t, 4;"]
+        for reg, field in (("t", 2 * byte), ("u", 2 * byte + 1)):
+            ops += [
+                f"shl.b32 a, {reg}, 6;",
+                f"shl.b32 b, {reg}, 12;",
+                "and.b32 a, a, 0x01C001C0;",
+                f"lop3.b32 {reg}, a, b, 0x80008000, 0xF8;",  # a | (b & c)
+                f"fma.rn.bf16x2 {reg}, {reg}, big, nz;",
+                f"fma.rn.bf16x2 ${field}, {reg}, $10, nz;",
+            ]
     ops.append("}")
     return "\n".join(ops)
 
@@ -215,10 +219,10 @@ def load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K
     if spec.HAS_ZP:
         zeros = _per_word(weight.z, weight.stride_zn, offs_n, k0, N, K, BK, spec, EVEN_K, DTYPE, False)
         args = [words, scales, zeros]
-        constraints: tl.constexpr = "=r,=r,=r,=r," + "r," * 8 + "r,r,r,r," + "r,r,r,r"
+        constraints: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r"
     else:
         args = [words, scales]
-        constraints: tl.constexpr = "=r,=r,=r,=r," + "r," * 8 + "r,r,r,r"
+        constraints: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r"
     if spec.W_KIND == 2:
         asm: tl.constexpr = ASM_BF16_E2M1
     elif DTYPE == tl.bfloat16:  # noqa: SIM300 (DTYPE is a parameter)
@@ -235,9 +239,12 @@ def load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K
             asm: tl.constexpr = ASM_F16_S4
         else:
             asm: tl.constexpr = ASM_F16_U4
-    args = [tl.broadcast_to(a[:, :, None], (BN, BKW, 8)) for a in args]
-    w = tl.inline_asm_elementwise(asm, constraints, args, dtype=scales.dtype, is_pure=True, pack=8)
-    return tl.reshape(w, (BN, BK))
+    f = tl.inline_asm_elementwise(asm, constraints, args, dtype=(scales.dtype,) * 8, is_pure=True, pack=2)
+    # [BN, BKW, 2, 2, 2]: index (h, i, j) is field 4h + 2i + j of a word (join puts its new axis in each thread)
+    w = tl.join(tl.join(tl.join(f[0], f[1]), tl.join(f[2], f[3])), tl.join(tl.join(f[4], f[5]), tl.join(f[6], f[7])))
+    # Made [BK, BN] and transposed back: reshaped to [BN, BK] directly, the tile fails to compile as the shared
+    # B operand of sm_90's wgmma (Triton 3.9: "Illegal shared layout" in TritonGPUOptimizeDotOperands).
+    return tl.trans(tl.reshape(tl.permute(w, (1, 2, 3, 4, 0)), (BK, BN)))
 
 
 @triton.jit
