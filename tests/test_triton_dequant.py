@@ -67,7 +67,7 @@ CASES = [
 #: The weights the packed 16-bit decode takes (humming/triton_kernels/_dequant16.py) for the output dtype named:
 #: 4-bit integer codes with 16-bit scales of that dtype, with or without 8-bit zero points, groups larger and
 #: smaller than the kernel's K tile, K not a multiple of a word.
-DEQUANT16_CASES = [
+PACKED_CASES = [
     (Case("int4", group_size=128, scale_dtype=torch.bfloat16, shape=(48, 512)), torch.bfloat16),
     (Case("int4", group_size=-1, scale_dtype=torch.float16, shape=(40, 200)), torch.float16),
     (Case("int4", zero_point=True, group_size=64, scale_dtype=torch.bfloat16, shape=(33, 130)), torch.bfloat16),
@@ -123,12 +123,14 @@ def test_dequant_realistic_shape(seed: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case, dtype", DEQUANT16_CASES, ids=lambda v: str(v).replace("torch.", ""))
-def test_packed_16_bit_decode_is_bit_exact(case: Case, dtype: torch.dtype, seed: int) -> None:
+@pytest.mark.parametrize("case, dtype", PACKED_CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_packed_16_bit_decode_is_bit_exact(case: Case, dtype: torch.dtype, seed: int, monkeypatch) -> None:
     """The packed 16-bit decode gives ``humming.dequantize(qw, dtype)`` bit for bit: on quantized weights, then
     with scales of random significands over 2^-40 .. 2^40 (products that round, in every binade) and random
     codes and zero points over their whole ranges."""
-    from humming.triton_kernels._dequant16 import dequant16_applies
+    from humming.triton_kernels._dequant16 import packed_decode
+
+    monkeypatch.setenv("HUMMING_TRITON_PACKED_DECODE", "1")
 
     qw = humming.quantize(
         torch.randn(case.shape, device="cuda") * 3,
@@ -137,7 +139,7 @@ def test_packed_16_bit_decode_is_bit_exact(case: Case, dtype: torch.dtype, seed:
         zero_point=case.zero_point,
         scale_dtype=case.scale_dtype,
     )
-    assert dequant16_applies(qw, dtype, triton_dequant._BLOCK_K, torch.cuda.get_device_capability())
+    assert packed_decode(qw, dtype, triton_dequant._BLOCK_K, torch.cuda.get_device_capability())
     assert_bit_exact(triton_dequant.dequantize(qw, dtype), humming.dequantize(qw, dtype))
     exponents = torch.randint(-40, 41, qw.scales.shape, device="cuda").float()
     signs = torch.where(torch.rand(qw.scales.shape, device="cuda") < 0.5, -1.0, 1.0)

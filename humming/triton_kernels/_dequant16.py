@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._env import env
 from ..ir.weight import QuantizedWeight
 from ._weight_tile import (
     KIND_FLOAT,
@@ -47,7 +48,7 @@ from ._weight_tile import (
 )
 from .interpreter import INTERPRET, cast
 
-__all__ = ["dequant16_applies", "dequantized_tile", "load_weight_tile_16"]
+__all__ = ["dequant16_applies", "dequantized_tile", "load_weight_tile_16", "packed_asm", "packed_decode", "ptx_of"]
 
 #: Per 16-bit format: (the bits of 2^m, whose mantissa holds a 4-bit field in its low bits; the bits of 1.0).
 _MAGIC = {"bf16": (0x4300, 0x3F80), "f16": (0x6400, 0x3C00)}
@@ -125,14 +126,11 @@ def _e2m1_asm() -> str:
     return "\n".join(ops)
 
 
-# The PTX of each (16-bit format, signed codes, zero points), as constexprs the kernels select by name.
-ASM_BF16_S4 = tl.constexpr(_asm("bf16", True, False))
-ASM_BF16_U4 = tl.constexpr(_asm("bf16", False, False))
-ASM_BF16_U4_ZP = tl.constexpr(_asm("bf16", False, True))
-ASM_F16_S4 = tl.constexpr(_asm("f16", True, False))
-ASM_F16_U4 = tl.constexpr(_asm("f16", False, False))
-ASM_F16_U4_ZP = tl.constexpr(_asm("f16", False, True))
-ASM_BF16_E2M1 = tl.constexpr(_e2m1_asm())
+#: The PTX of each (16-bit format, signed codes, zero points) of 4-bit integer codes, and of MXFP4 for bf16.
+_INT4_ASM = {
+    (fmt, signed, zp): _asm(fmt, signed, zp) for fmt in _MAGIC for signed in (False, True) for zp in (False, True)
+}
+_E2M1_ASM = _e2m1_asm()
 
 
 def dequant16_applies(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int, capability: tuple[int, int]) -> bool:
@@ -156,6 +154,27 @@ def dequant16_applies(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int,
         and qw.scales.dtype == act_dtype
         and zeros_ok
     )
+
+
+def packed_asm(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int, capability: tuple[int, int]) -> str:
+    """The PTX of ``qw``'s packed decode for ``act_dtype`` activations where it is exact
+    (:func:`dequant16_applies`), else ``""``: the kernels' ``PACKED`` constexpr (what the compile checks build)."""
+    return ptx_of(qw, act_dtype) if dequant16_applies(qw, act_dtype, block_k, capability) else ""
+
+
+def ptx_of(qw: QuantizedWeight, act_dtype: torch.dtype) -> str:
+    """The packed decode's PTX for ``qw``'s format and ``act_dtype`` activations (a weight
+    :func:`dequant16_applies` accepts)."""
+    spec = weight_spec(qw)
+    if spec.W_KIND == KIND_FLOAT:
+        return _E2M1_ASM
+    return _INT4_ASM[("bf16" if act_dtype == torch.bfloat16 else "f16", spec.W_KIND == KIND_INT, spec.HAS_ZP)]
+
+
+def packed_decode(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int, capability: tuple[int, int]) -> str:
+    """A launch's ``PACKED`` constexpr: :func:`packed_asm` while ``HUMMING_TRITON_PACKED_DECODE`` is on, else
+    ``""`` (the fp32 decode). Off by default until a GPU run has checked its bits and timed it."""
+    return packed_asm(qw, act_dtype, block_k, capability) if env("HUMMING_TRITON_PACKED_DECODE") else ""
 
 
 @triton.jit
@@ -203,7 +222,9 @@ def _per_word(
 
 
 @triton.jit
-def load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr):
+def load_weight_tile_16(
+    weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr, PACKED: tl.constexpr
+):
     """``[BN, BK]`` of ``humming.dequantize(qw, DTYPE)``: rows ``offs_n``, columns ``k0 .. k0 + BK``, for the weights
     :func:`dequant16_applies` accepts (the same bits as rounding :func:`~._weight_tile.load_weight_tile`'s tile
     to ``DTYPE``). Elements outside ``[N, K]`` are finite garbage, as there."""
@@ -223,23 +244,7 @@ def load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K
     else:
         args = [words, scales]
         constraints: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r"
-    if spec.W_KIND == 2:
-        asm: tl.constexpr = ASM_BF16_E2M1
-    elif DTYPE == tl.bfloat16:  # noqa: SIM300 (DTYPE is a parameter)
-        if spec.HAS_ZP:
-            asm: tl.constexpr = ASM_BF16_U4_ZP
-        elif spec.W_KIND == 0:
-            asm: tl.constexpr = ASM_BF16_S4
-        else:
-            asm: tl.constexpr = ASM_BF16_U4
-    else:
-        if spec.HAS_ZP:
-            asm: tl.constexpr = ASM_F16_U4_ZP
-        elif spec.W_KIND == 0:
-            asm: tl.constexpr = ASM_F16_S4
-        else:
-            asm: tl.constexpr = ASM_F16_U4
-    f = tl.inline_asm_elementwise(asm, constraints, args, dtype=(scales.dtype,) * 8, is_pure=True, pack=2)
+    f = tl.inline_asm_elementwise(PACKED, constraints, args, dtype=(scales.dtype,) * 8, is_pure=True, pack=2)
     # [BN, BKW, 2, 2, 2]: index (h, i, j) is field 4h + 2i + j of a word (join puts its new axis in each thread)
     w = tl.join(tl.join(tl.join(f[0], f[1]), tl.join(f[2], f[3])), tl.join(tl.join(f[4], f[5]), tl.join(f[6], f[7])))
     # Made [BK, BN] and transposed back: reshaped to [BN, BK] directly, the tile fails to compile as the shared
@@ -249,12 +254,12 @@ def load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K
 
 @triton.jit
 def dequantized_tile(
-    weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr, DEQUANT16: tl.constexpr
+    weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr, PACKED: tl.constexpr
 ):
-    """``[BN, BK]`` of ``humming.dequantize(qw, DTYPE)``: by :func:`load_weight_tile_16` where the host found it
-    exact (``DEQUANT16``, :func:`dequant16_applies`), else the fp32 decode rounded once."""
-    if DEQUANT16:
-        w = load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK, EVEN_K, DTYPE)
+    """``[BN, BK]`` of ``humming.dequantize(qw, DTYPE)``: by :func:`load_weight_tile_16` with the PTX the host chose
+    (``PACKED``, :func:`packed_decode`), else (``""``) the fp32 decode rounded once."""
+    if len(PACKED) > 0:
+        w = load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK, EVEN_K, DTYPE, PACKED)
     else:
         w = cast(load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K), DTYPE)
     return w

@@ -74,7 +74,7 @@ def _wna16_kernel(
     EVEN_K: tl.constexpr,
     GROUPED: tl.constexpr,
     GATHER: tl.constexpr,
-    DEQUANT16: tl.constexpr,  # the packed 16-bit decode (_dequant16)
+    PACKED: tl.constexpr,  # the packed 16-bit decode's PTX, or "" (_dequant16.packed_decode)
 ):
     """The tiled kernel; with ``GROUPED`` the MoE grouped GEMM: row ``r`` of ``x`` uses expert
     ``expert_ptr[r // route_bm]`` (``BM`` divides ``route_bm``, so one tile has one expert), tiles of
@@ -106,7 +106,7 @@ def _wna16_kernel(
         k0 = t * BK
         offs_k = k0 + tl.arange(0, BK)
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
-        w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, x.dtype, DEQUANT16)
+        w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, x.dtype, PACKED)
         acc = dot(x, tl.trans(w), acc)
 
     store_tile(acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
@@ -139,7 +139,7 @@ def _wna16_swap_kernel(
     HAS_BIAS: tl.constexpr,
     WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
     EVEN_K: tl.constexpr,
-    DEQUANT16: tl.constexpr,  # the packed 16-bit decode (_dequant16)
+    PACKED: tl.constexpr,  # the packed 16-bit decode's PTX, or "" (_dequant16.packed_decode)
 ):
     """``out^T [BN, BM] = W_tile [BN, BK] @ x^T [BK, BM]`` for M <= BM (16): the dequantized weight tile (exactly
     :func:`humming.dequantize`, rounded once to the activations' dtype, as the tiled kernel) is the MMA's
@@ -159,7 +159,7 @@ def _wna16_swap_kernel(
         k0 = t * BK
         offs_k = k0 + tl.arange(0, BK)
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
-        w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, x.dtype, DEQUANT16)
+        w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, x.dtype, PACKED)
         acc = dot(w, tl.trans(x), acc)
     store_tile(tl.trans(acc), out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 

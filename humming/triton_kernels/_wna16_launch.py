@@ -10,7 +10,7 @@ from ..device import KNOWN_LIMITS, device_info
 from ..ir.weight import QuantizedWeight
 from ..workspaces import WORKSPACES
 from . import registry
-from ._dequant16 import dequant16_applies
+from ._dequant16 import packed_asm, packed_decode
 from ._launch import LaunchesByWeight, PreparedLaunch
 from ._tiles import split_k_words
 from ._weight_tile import kernel_tensors, pointer_args, pointer_types, triton_type, weight_spec
@@ -86,7 +86,7 @@ class _Ready:
         kernel = _wna16_swap_kernel if cfg.swap else _wna16_gemv_kernel
         if cfg.swap or self.tiled:
             capability = device_info(x.device).capability if x.device.type == "cuda" else (0, 0)
-            values["DEQUANT16"] = dequant16_applies(qweight, x.dtype, cfg.block_k, capability)
+            values["PACKED"] = packed_decode(qweight, x.dtype, cfg.block_k, capability)
         if self.tiled:
             e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
             kernel, per_call = _wna16_kernel, (*per_call, "expert_ptr", "rows_ptr")
@@ -191,7 +191,7 @@ def kernel_spec(
             "HAS_BIAS": True,
             "EVEN_K": True,
             "WEIGHT": spec,
-            **({} if is_gemv else {"DEQUANT16": dequant16_applies(qw, x_dtype, cfg.block_k, divmod(min_arch, 10))}),
+            **({} if is_gemv else {"PACKED": packed_asm(qw, x_dtype, cfg.block_k, divmod(min_arch, 10))}),
         },
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -15,7 +15,7 @@ from ..device import device_info
 from ..ir.dtypes import FLOAT_DTYPES
 from ..ir.weight import QuantizedWeight
 from . import registry
-from ._dequant16 import dequant16_applies, dequantized_tile
+from ._dequant16 import dequantized_tile, packed_asm, packed_decode
 from ._launch import LaunchesByWeight, PreparedLaunch
 from ._weight_tile import WeightArgs, kernel_tensors, pointer_args, pointer_types, weight_spec
 
@@ -45,12 +45,12 @@ def _dequant_kernel(
     BK: tl.constexpr,
     WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
     EVEN_K: tl.constexpr,
-    DEQUANT16: tl.constexpr,  # the packed 16-bit decode (_dequant16)
+    PACKED: tl.constexpr,  # the packed 16-bit decode's PTX, or "" (_dequant16.packed_decode)
 ):
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     k0 = tl.program_id(1) * BK
-    w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, out_ptr.dtype.element_ty, DEQUANT16)
+    w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, out_ptr.dtype.element_ty, PACKED)
     offs_k = k0 + tl.arange(0, BK)
     out = out_ptr + offs_n.to(tl.int64)[:, None] * stride_on + offs_k[None, :]
     tl.store(out, w, mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))
@@ -93,7 +93,7 @@ def _prepared(qw: QuantizedWeight, dtype: torch.dtype) -> PreparedLaunch:
         "EVEN_K": k % _BLOCK_K == 0,
         "BK": _BLOCK_K,
         "WEIGHT": weight_spec(qw),
-        "DEQUANT16": dequant16_applies(qw, dtype, _BLOCK_K, capability),
+        "PACKED": packed_decode(qw, dtype, _BLOCK_K, capability),
     }
     grid = (triton.cdiv(n, _BLOCK_N), triton.cdiv(k, _BLOCK_K))
     return PreparedLaunch(_dequant_kernel, grid, values, ("out_ptr",), _NUM_WARPS)
@@ -119,7 +119,7 @@ def _compile_specs() -> list[registry.CompileSpec]:
                     "BK": _BLOCK_K,
                     "EVEN_K": True,
                     "WEIGHT": weight_spec(qw),
-                    "DEQUANT16": dequant16_applies(qw, torch.bfloat16, _BLOCK_K, (8, 0)),
+                    "PACKED": packed_asm(qw, torch.bfloat16, _BLOCK_K, (8, 0)),
                 },
                 aligned=("K", "stride_qn", "stride_on"),
             )

@@ -1,0 +1,180 @@
+"""The Triton packed 16-bit decode (humming/triton_kernels/_dequant16.py) without a GPU: its PTX, run
+instruction by instruction by a small emulator here, gives ``humming.dequantize``'s bits for every code, sign
+and zero point, over scales of random significands across the binades; and the host's choice of when it applies.
+
+The emulator knows the instructions the decode uses (``mov``, ``prmt`` in its default mode, ``shr``, ``shl``,
+``and``, ``lop3``, ``fma.rn`` on bf16 / f16 pairs). An ``fma`` is computed exactly in float64 (its operands are
+16-bit floats and its products of these decodes fit in fp32's significand) and rounded once to the 16-bit
+format through fp32, which is exact up to that last rounding. The GPU tests (tests/test_triton_dequant.py,
+tests/test_triton_wna16.py) check the same bits on the hardware.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+import humming
+from humming.triton_kernels import _dequant16
+
+MASK = 0xFFFFFFFF
+HALF = {"bf16x2": torch.bfloat16, "f16x2": torch.float16}
+
+
+def _halves(value: int, dtype: torch.dtype) -> torch.Tensor:
+    """The two 16-bit floats of a 32-bit register, low half first, as float64."""
+    bits = torch.tensor([value & 0xFFFF, value >> 16], dtype=torch.int32).to(torch.int16)
+    return bits.view(dtype).double()
+
+
+def _pack(values: torch.Tensor, dtype: torch.dtype) -> int:
+    """Two float64 values rounded once to ``dtype`` (exact float64 -> fp32 first: see the module docstring)."""
+    halves = values.float().to(dtype).view(torch.int16).to(torch.int32) & 0xFFFF
+    return int(halves[0]) | int(halves[1]) << 16
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    source = (b << 32 | a).to_bytes(8, "little")
+    return int.from_bytes(bytes(source[(selector >> 4 * i) & 7] for i in range(4)), "little")
+
+
+def _lop3(a: int, b: int, c: int, lut: int) -> int:
+    out = 0
+    for bit in range(32):
+        index = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1)
+        out |= ((lut >> index) & 1) << bit
+    return out
+
+
+def run_ptx(ptx: str, operands: dict[int, int]) -> dict[int, int]:
+    """Run the decode's PTX on 32-bit ``operands`` (``$n`` -> value); returns every ``$n`` it wrote."""
+    regs = {f"${n}": value for n, value in operands.items()}
+    read = lambda token: int(token, 16) if token.startswith("0x") else regs[token]
+    for line in ptx.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        dst, *src = [t.strip() for t in args.split(",")]
+        if op == "mov.b32":
+            regs[dst] = read(src[0])
+        elif op == "prmt.b32":
+            regs[dst] = _prmt(read(src[0]), read(src[1]), read(src[2]))
+        elif op == "shr.u32":
+            regs[dst] = read(src[0]) >> int(src[1])
+        elif op == "shl.b32":
+            regs[dst] = (read(src[0]) << int(src[1])) & MASK
+        elif op == "and.b32":
+            regs[dst] = read(src[0]) & read(src[1])
+        elif op == "lop3.b32":
+            regs[dst] = _lop3(read(src[0]), read(src[1]), read(src[2]), int(src[3], 16))
+        elif op.startswith("fma.rn."):
+            dtype = HALF[op.split(".")[-1]]
+            a, b, c = (_halves(read(t), dtype) for t in src)
+            regs[dst] = _pack(a * b + c, dtype)
+        else:
+            raise AssertionError(f"the emulator does not know {op!r}")
+    return {int(name[1:]): value for name, value in regs.items() if re.fullmatch(r"\$\d+", name)}
+
+
+def _word_pairs(qw) -> list[tuple[int, int, int, int]]:
+    """(row, first column, word, second word) for every pair of neighbouring words of ``qw``'s rows."""
+    words = qw.qweight.to(torch.int64) & MASK
+    return [(r, 16 * j, int(words[r, 2 * j]), int(words[r, 2 * j + 1])) for r in range(qw.N) for j in range(qw.K // 16)]
+
+
+def _scale_bits(qw, dtype: torch.dtype, row: int, col: int) -> int:
+    """The 16-bit scale of ``(row, col)``'s group as the kernel hands it to the PTX."""
+    group = col // qw.group_shape[1] if qw.group_shape[1] > 0 else 0
+    s = qw.scales[row, group]
+    if s.dtype == torch.float8_e8m0fnu:
+        code = int(s.view(torch.uint8))
+        bits = 0x0040 if code == 0 else 0x7FC0 if code == 255 else code << 7
+    else:
+        bits = int(s.to(dtype).view(torch.int16)) & 0xFFFF
+    return bits
+
+
+CASES = [
+    ("int4", 32, False, torch.bfloat16),
+    ("int4", 64, False, torch.float16),
+    ("int4", 32, True, torch.bfloat16),
+    ("int4", -1, True, torch.float16),
+    ("mxfp4", 32, False, torch.bfloat16),
+]
+
+
+def _group(qw, col: int) -> int:
+    return col // qw.group_shape[1] if qw.group_shape[1] > 0 else 0
+
+
+def _bits16(value: float, dtype: torch.dtype) -> int:
+    return int(torch.tensor(value, dtype=torch.float32).to(dtype).view(torch.int16)) & 0xFFFF
+
+
+@pytest.mark.parametrize("weight, group_size, zero_point, dtype", CASES, ids=str)
+def test_packed_ptx_gives_the_reference_bits(weight, group_size, zero_point, dtype, seed) -> None:
+    n, k = 6, 64
+    if weight == "mxfp4":
+        qw = humming.quantize(torch.randn(n, k), "mxfp4")
+        codes = torch.randint(0, 255, qw.scales.shape, dtype=torch.uint8)  # 255 (NaN) is not a valid scale
+        codes[0, :2] = torch.tensor([0, 254], dtype=torch.uint8)  # 2^-127 and 2^127
+        qw = dataclasses.replace(qw, scales=codes.view(torch.float8_e8m0fnu))
+    else:
+        qw = humming.quantize(torch.randn(n, k), "int4", group_size, zero_point, scale_dtype=dtype)
+        span = 40 if dtype == torch.bfloat16 else 12  # every binade the format holds products of 4-bit codes in
+        exponents = torch.randint(-span, span + 1, qw.scales.shape).double()
+        signs = torch.where(torch.rand(qw.scales.shape) < 0.5, -1.0, 1.0).double()
+        scales = (signs * (1 + torch.rand(qw.scales.shape).double()) * 2.0**exponents).to(dtype)
+        zeros = None if qw.zeros is None else torch.randint(0, 256, qw.zeros.shape, dtype=torch.uint8)
+        qw = dataclasses.replace(qw, scales=scales, zeros=zeros)
+    words = torch.randint(-(2**31), 2**31, qw.qweight.shape, dtype=torch.int32)  # every code, every sign
+    qw = dataclasses.replace(qw, qweight=words)
+    ptx = _dequant16.ptx_of(qw, dtype)
+    dense = humming.dequantize(qw, dtype)
+    ref, ref_nan = dense.view(torch.int16).to(torch.int32) & 0xFFFF, torch.isnan(dense.float())
+    for row, col, w0, w1 in _word_pairs(qw):
+        scale = [_scale_bits(qw, dtype, row, c) for c in (col, col + 8)]
+        operands = {8: w0, 9: w1, 10: scale[0] | scale[1] << 16}
+        if qw.zeros is not None:
+            neg = [_bits16(-float(qw.zeros[row, _group(qw, c)]), dtype) for c in (col, col + 8)]
+            operands[11] = neg[0] | neg[1] << 16
+        out = run_ptx(ptx, operands)
+        for field in range(8):
+            for half, base in ((0, col), (1, col + 8)):
+                got, c = (out[field] >> 16 * half) & 0xFFFF, base + field
+                if ref_nan[row, c]:
+                    assert torch.isnan(_halves(got, dtype)[0]), (row, c)
+                else:
+                    assert got == int(ref[row, c]), (row, c, hex(got), hex(int(ref[row, c])))
+
+
+def test_the_host_takes_the_packed_decode_where_it_is_exact(monkeypatch) -> None:
+    """``dequant16_applies`` (off under the interpreter, which runs no PTX: patched here) accepts 4-bit integer
+    codes with 16-bit scales of the activations' dtype and uint8 zero points, and MXFP4 for bf16, and nothing
+    whose decode would round differently; ``packed_decode`` adds ``HUMMING_TRITON_PACKED_DECODE`` (off by
+    default)."""
+    monkeypatch.setattr(_dequant16, "INTERPRET", False)
+    w = torch.randn(64, 256)
+    applies = lambda qw, dtype=torch.bfloat16, cc=(9, 0), bk=128: _dequant16.dequant16_applies(qw, dtype, bk, cc)
+    int4_bf16 = humming.quantize(w, "int4", 128, scale_dtype=torch.bfloat16)
+    assert applies(int4_bf16) and applies(int4_bf16, bk=64) and not applies(int4_bf16, cc=(7, 5))
+    assert not applies(int4_bf16, torch.float16)  # bf16 scales for fp16 activations: rounded twice
+    assert applies(humming.quantize(w, "int4", 32, True, scale_dtype=torch.float16), torch.float16, (7, 5))
+    assert applies(humming.quantize(w, "int4", -1, True, scale_dtype=torch.bfloat16))
+    assert not applies(humming.quantize(w, "int4", 128))  # fp32 scales
+    assert not applies(humming.quantize(w, "int4", 128, "float", scale_dtype=torch.bfloat16))
+    assert not applies(humming.quantize(w, "int8", -1, scale_dtype=torch.bfloat16))
+    assert not applies(humming.quantize(w, "int4", 32, g_idx=torch.arange(256) % 8, scale_dtype=torch.bfloat16))
+    mxfp4 = humming.quantize(w, "mxfp4")
+    assert applies(mxfp4) and not applies(mxfp4, torch.float16)
+    assert not applies(humming.quantize(w, "nvfp4"))  # a global scale: the fp32 product rounds first
+    monkeypatch.delenv("HUMMING_TRITON_PACKED_DECODE", raising=False)
+    assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, (9, 0)) == ""
+    monkeypatch.setenv("HUMMING_TRITON_PACKED_DECODE", "1")
+    assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, (9, 0)) == _dequant16.ptx_of(
+        int4_bf16, torch.bfloat16
+    )
