@@ -139,7 +139,7 @@ def test_packed_16_bit_decode_is_bit_exact(case: Case, dtype: torch.dtype, seed:
         zero_point=case.zero_point,
         scale_dtype=case.scale_dtype,
     )
-    assert packed_decode(qw, dtype, triton_dequant._BLOCK_K, torch.cuda.get_device_capability())
+    assert packed_decode(qw, dtype, triton_dequant._BLOCK_K, qw.device)
     assert_bit_exact(triton_dequant.dequantize(qw, dtype), humming.dequantize(qw, dtype))
     span = 40 if dtype == torch.bfloat16 else 12  # fp16 scales stay finite (the IR takes finite scales only)
     exponents = torch.randint(-span, span + 1, qw.scales.shape, device="cuda").float()

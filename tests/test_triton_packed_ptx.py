@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 
 import pytest
 import torch
@@ -172,9 +173,12 @@ def test_the_host_takes_the_packed_decode_where_it_is_exact(monkeypatch) -> None
     mxfp4 = humming.quantize(w, "mxfp4")
     assert applies(mxfp4) and not applies(mxfp4, torch.float16)
     assert not applies(humming.quantize(w, "nvfp4"))  # a global scale: the fp32 product rounds first
+    h200 = types.SimpleNamespace(capability=(9, 0))
+    monkeypatch.setattr(_dequant16, "device_info", lambda device: h200)
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.delenv("HUMMING_TRITON_PACKED_DECODE", raising=False)
-    assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, (9, 0)) == ""
+    assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, gpu) == ""
     monkeypatch.setenv("HUMMING_TRITON_PACKED_DECODE", "1")
-    assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, (9, 0)) == _dequant16.ptx_of(
-        int4_bf16, torch.bfloat16
-    )
+    ptx = _dequant16.ptx_of(int4_bf16, torch.bfloat16)
+    assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, gpu) == ptx
+    assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, cpu) == ""  # the interpreter runs no PTX

@@ -96,9 +96,9 @@ def candidate_tunings(
     splits = 1
     if n // (16 * r) < sm_count:  # too few row tiles to fill the GPU: split K until 16-row tiles fill it twice
         splits = max(1, min(-(-2 * sm_count // (n // 16)), chunks // (warps * 2)))
-    # Two token tiles read back too: one launch instead of the memset, the kernel and the rounding copy, at
-    # the same GPU time (H100, 2048 x 7168 at M = 16: 9.7 -> 9.6 us graph, 41.3 -> 19.1 us eager); four
-    # token tiles lost 10% of GPU time to it (bench/results/h100/dequant16_2026-12-07/decode_read_back.json).
+    # Two token tiles read back too: one launch instead of the memset, the kernel and the rounding copy, at the
+    # same GPU time; with four the read-back costs GPU time (bench/results/h100/dequant16_2026-12-07/
+    # decode_read_back.json).
     tiles = DecodeTuning(mt, r, warps, stages, splits, read_back=splits > 1 and mt == 2)
     stream_k = DecodeTuning(mt, r, warps, stages, 1, stream_k_blocks_per_sm(tiles, bits, smem_per_sm))
     return tiles, stream_k

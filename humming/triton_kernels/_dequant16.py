@@ -1,10 +1,10 @@
 """4-bit weights straight to 16-bit tiles, two weights per instruction (private).
 
 :func:`~._weight_tile.load_weight_tile` decodes every weight in fp32 and the tensor-core kernels round the tile
-to the activations' dtype: about eight instructions per weight on sm_90, so the small-M kernels are bound by
-issue, not by the weight bytes. Where the formats allow it, :func:`load_weight_tile_16` computes the same bits
-on packed pairs of 16-bit floats instead (PTX through ``tl.inline_asm_elementwise``, two code words per
-invocation):
+to the activations' dtype: several instructions per weight, more than the issue rate allows at the byte floor,
+so the small-M kernels are bound by issue, not by the weight bytes (bench/results/cpu-sass/triton_dequant16.md).
+Where the formats allow it, :func:`load_weight_tile_16` computes the same bits on packed pairs of 16-bit floats
+instead (PTX through ``tl.inline_asm_elementwise``, two code words per invocation):
 
 - a 4-bit field is OR'd into the mantissa of a 16-bit float of value ``2^m`` (128 for bf16, 1024 for fp16:
   ``lop3`` on two fields at a time, with the sign bit of a signed field flipped in the same instruction), so
@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from .._env import env
+from ..device import device_info
 from ..ir.weight import QuantizedWeight
 from ._weight_tile import (
     KIND_FLOAT,
@@ -52,7 +53,7 @@ __all__ = ["dequant16_applies", "dequantized_tile", "load_weight_tile_16", "pack
 
 #: Per 16-bit format: (the bits of 2^m, whose mantissa holds a 4-bit field in its low bits; the bits of 1.0).
 _MAGIC = {"bf16": (0x4300, 0x3F80), "f16": (0x6400, 0x3C00)}
-_MAGIC_VALUE = {"bf16": 128.0, "f16": 1024.0}
+_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
 def _pair(half: int) -> str:
@@ -60,10 +61,14 @@ def _pair(half: int) -> str:
     return f"0x{half:04X}{half:04X}"
 
 
+def _value(bits: int, fmt: str) -> float:
+    """The value of a 16-bit pattern of the format."""
+    return torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(_DTYPES[fmt]).item()
+
+
 def _negative_bits(value: float, fmt: str) -> int:
     """The 16-bit pattern of ``-value`` (an integer exact in the format)."""
-    dtype = torch.bfloat16 if fmt == "bf16" else torch.float16
-    return torch.tensor(-value, dtype=dtype).view(torch.int16).item() & 0xFFFF
+    return torch.tensor(-value, dtype=_DTYPES[fmt]).view(torch.int16).item() & 0xFFFF
 
 
 def _asm(fmt: str, signed: bool, zero_points: bool) -> str:
@@ -72,7 +77,7 @@ def _asm(fmt: str, signed: bool, zero_points: bool) -> str:
     both words as two 16-bit floats in ``$j``. Every output element depends on its own word's input elements
     only, whichever two elements Triton hands an invocation."""
     magic, one = _MAGIC[fmt]
-    offset = _MAGIC_VALUE[fmt] + (8 if signed else 0)
+    offset = _value(magic, fmt) + (8 if signed else 0)
     kind = "bf16x2" if fmt == "bf16" else "f16x2"
     # lop3 LUT 0x6A: b ? a ^ c : c. Inside the field mask the code (its sign bit flipped by c's bit 3 for
     # signed codes), outside it the magic number's bits.
@@ -171,10 +176,12 @@ def ptx_of(qw: QuantizedWeight, act_dtype: torch.dtype) -> str:
     return _INT4_ASM[("bf16" if act_dtype == torch.bfloat16 else "f16", spec.W_KIND == KIND_INT, spec.HAS_ZP)]
 
 
-def packed_decode(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int, capability: tuple[int, int]) -> str:
-    """A launch's ``PACKED`` constexpr: :func:`packed_asm` while ``HUMMING_TRITON_PACKED_DECODE`` is on, else
-    ``""`` (the fp32 decode). Off by default until a GPU run has checked its bits and timed it."""
-    return packed_asm(qw, act_dtype, block_k, capability) if env("HUMMING_TRITON_PACKED_DECODE") else ""
+def packed_decode(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int, device: torch.device) -> str:
+    """A launch's ``PACKED`` constexpr on ``device``: :func:`packed_asm` while ``HUMMING_TRITON_PACKED_DECODE`` is
+    on, else ``""`` (the fp32 decode). Off by default until a GPU run has checked its bits and timed it."""
+    if not env("HUMMING_TRITON_PACKED_DECODE") or device.type != "cuda":
+        return ""
+    return packed_asm(qw, act_dtype, block_k, device_info(device).capability)
 
 
 @triton.jit

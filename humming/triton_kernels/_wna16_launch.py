@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..device import KNOWN_LIMITS, device_info
+from ..device import KNOWN_LIMITS
 from ..ir.weight import QuantizedWeight
 from ..workspaces import WORKSPACES
 from . import registry
@@ -85,8 +85,7 @@ class _Ready:
         per_call = ("x_ptr", "bias_ptr", "out_ptr", "ws_ptr")
         kernel = _wna16_swap_kernel if cfg.swap else _wna16_gemv_kernel
         if cfg.swap or self.tiled:
-            capability = device_info(x.device).capability if x.device.type == "cuda" else (0, 0)
-            values["PACKED"] = packed_decode(qweight, x.dtype, cfg.block_k, capability)
+            values["PACKED"] = packed_decode(qweight, x.dtype, cfg.block_k, x.device)
         if self.tiled:
             e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
             kernel, per_call = _wna16_kernel, (*per_call, "expert_ptr", "rows_ptr")

@@ -11,7 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..device import device_info
 from ..ir.dtypes import FLOAT_DTYPES
 from ..ir.weight import QuantizedWeight
 from . import registry
@@ -79,7 +78,6 @@ def _prepared(qw: QuantizedWeight, dtype: torch.dtype) -> PreparedLaunch:
     """The dequantization of ``qw`` into a contiguous ``[N, K]`` output of ``dtype`` (the one tensor each call
     passes)."""
     n, k = qw.N, qw.K
-    capability = device_info(qw.device).capability if qw.device.type == "cuda" else (0, 0)
     t = kernel_tensors(qw)
     values = {
         **pointer_args(t),
@@ -93,7 +91,7 @@ def _prepared(qw: QuantizedWeight, dtype: torch.dtype) -> PreparedLaunch:
         "EVEN_K": k % _BLOCK_K == 0,
         "BK": _BLOCK_K,
         "WEIGHT": weight_spec(qw),
-        "PACKED": packed_decode(qw, dtype, _BLOCK_K, capability),
+        "PACKED": packed_decode(qw, dtype, _BLOCK_K, qw.device),
     }
     grid = (triton.cdiv(n, _BLOCK_N), triton.cdiv(k, _BLOCK_K))
     return PreparedLaunch(_dequant_kernel, grid, values, ("out_ptr",), _NUM_WARPS)
