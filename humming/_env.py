@@ -10,7 +10,7 @@
 | ``HUMMING_CACHE_LOCK_TIMEOUT`` | finite non-negative seconds to wait for a cache entry's lock | 600 |
 | ``HUMMING_KERNELS_SITE`` | a folder: the peer library the benchmarks import | none |
 | ``HUMMING_PDL`` | a flag: programmatic launches of the CUDA kernels behind the kernel before them (sm_90+) | on |
-| ``HUMMING_TRITON_PACKED_DECODE`` | a flag: the Triton WnA16 kernels' packed 16-bit decode where it is exact | off |
+| ``HUMMING_TRITON_PACKED_DECODE`` | a flag: the Triton WnA16 kernels' packed 16-bit decode where it is exact | on |
 | ``TRITON_INTERPRET`` | a flag: Triton's CPU interpreter (Triton too reads 1 / true / yes / on as on) | off |
 
 A flag is ``1`` / ``true`` / ``yes`` / ``on`` or ``0`` / ``false`` / ``no`` / ``off`` (any case). An empty or
@@ -76,7 +76,7 @@ _VARIABLES: dict[str, tuple[Callable[[str], object], object]] = {
     "HUMMING_CACHE_LOCK_TIMEOUT": (_seconds, 600.0),
     "HUMMING_KERNELS_SITE": (_folder, None),
     "HUMMING_PDL": (_flag, True),
-    "HUMMING_TRITON_PACKED_DECODE": (_flag, False),
+    "HUMMING_TRITON_PACKED_DECODE": (_flag, True),
     "TRITON_INTERPRET": (_flag, False),
 }
 _parsed: dict[tuple[str, object], object] = {}  # (name, raw value) -> parsed value (values of path readers vary)

@@ -17,6 +17,8 @@ import types
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import humming
 from humming.triton_kernels import _dequant16
@@ -153,10 +155,29 @@ def test_packed_ptx_gives_the_reference_bits(weight, group_size, zero_point, dty
                     assert got == int(ref[row, c]), (row, c, hex(got), hex(int(ref[row, c])))
 
 
+@triton.jit
+def _fields_probe(out_ptr, BN: tl.constexpr, BKW: tl.constexpr):
+    """Field ``j`` of word ``w`` in row ``n`` holds ``n * 8 * BKW + 8w + j``: its place in the tile."""
+    BK: tl.constexpr = 8 * BKW
+    base = tl.arange(0, BN)[:, None] * BK + 8 * tl.arange(0, BKW)[None, :]
+    tile = _dequant16.fields_to_tile(base, base + 1, base + 2, base + 3, base + 4, base + 5, base + 6, base + 7)
+    offs = tl.arange(0, BN)[:, None] * BK + tl.arange(0, BK)[None, :]
+    tl.store(out_ptr + offs, tile)
+
+
+@pytest.mark.parametrize("bn, bkw", [(16, 4), (64, 16), (32, 32)])
+def test_fields_land_in_their_columns(bn, bkw, device) -> None:
+    """The packed decode's eight field tiles become the ``[BN, BK]`` tile with field ``j`` of word ``w`` in
+    column ``8w + j`` (the PTX's outputs, checked above, are fields; this is where the kernels put them)."""
+    out = torch.full((bn, 8 * bkw), -1, dtype=torch.int32, device=device)
+    _fields_probe[(1,)](out, bn, bkw)
+    assert torch.equal(out.cpu(), torch.arange(bn * 8 * bkw, dtype=torch.int32).view(bn, 8 * bkw))
+
+
 def test_the_host_takes_the_packed_decode_where_it_is_exact(monkeypatch) -> None:
     """``dequant16_applies`` (off under the interpreter, which runs no PTX: patched here) accepts 4-bit integer
     codes with 16-bit scales of the activations' dtype and uint8 zero points, and MXFP4 for bf16, and nothing
-    whose decode would round differently; ``packed_decode`` adds ``HUMMING_TRITON_PACKED_DECODE`` (off by
+    whose decode would round differently; ``packed_decode`` adds ``HUMMING_TRITON_PACKED_DECODE`` (on by
     default)."""
     monkeypatch.setattr(_dequant16, "INTERPRET", False)
     w = torch.randn(64, 256)
@@ -177,8 +198,10 @@ def test_the_host_takes_the_packed_decode_where_it_is_exact(monkeypatch) -> None
     monkeypatch.setattr(_dequant16, "device_info", lambda device: h200)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.delenv("HUMMING_TRITON_PACKED_DECODE", raising=False)
+    ptx = _dequant16.ptx_of(int4_bf16, torch.bfloat16)
+    assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, gpu) == ptx  # on by default
+    monkeypatch.setenv("HUMMING_TRITON_PACKED_DECODE", "0")
     assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, gpu) == ""
     monkeypatch.setenv("HUMMING_TRITON_PACKED_DECODE", "1")
-    ptx = _dequant16.ptx_of(int4_bf16, torch.bfloat16)
     assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, gpu) == ptx
     assert _dequant16.packed_decode(int4_bf16, torch.bfloat16, 128, cpu) == ""  # the interpreter runs no PTX

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import assert_bit_exact, rel_err
+from helpers import rel_err
 
 import humming
 
 wna16 = pytest.importorskip("humming.triton_kernels.wna16")
 from humming.triton_kernels.configs import TileConfig  # noqa: E402
-from humming.triton_kernels.wna16_configs import wna16_config  # noqa: E402
+from humming.triton_kernels.wna16_configs import TILED_16, wna16_config  # noqa: E402
 
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
@@ -193,6 +193,22 @@ def test_wna16_rejects(make, match: str, device: str) -> None:
         wna16.linear(x, qw.to(device))
 
 
+@pytest.mark.parametrize("packed", ["", "int", "float"])
+def test_small_m_tiles_follow_the_decode(packed: str) -> None:
+    """Up to 16 tokens the chooser takes the GEMV kernel at M = 1 and the swapped kernel with 128-row weight tiles
+    above, except for weights the packed 16-bit decode reads: integer codes keep the GEMV kernel at M = 1 and
+    take 64-row swapped tiles; e2m1 codes take the tiled kernel's 16-row tile from one token on. Above 16
+    tokens the decode does not change the tiles."""
+    pick = lambda m: wna16_config(m, 28672, 8192, 4, 132, 128, 232448, packed=packed)
+    one, few = pick(1), pick(8)
+    if packed == "float":
+        assert one.replace(split_k=1) == few.replace(split_k=1) == TILED_16
+    else:
+        assert one.block_m == 1 and not one.swap
+        assert few.swap and few.block_n == (64 if packed == "int" else 128)
+    assert pick(64) == wna16_config(64, 28672, 8192, 4, 132, 128, 232448)
+
+
 def test_config_override_rejects_unknown_field() -> None:
     with pytest.raises(ValueError, match="unknown field"):
         wna16_config(1, 64, 64, 4, 132).replace(block_q=3)
@@ -261,9 +277,13 @@ def test_wna16_gpu_dequant_first(m: int, seed: int) -> None:
     ],
     ids=str,
 )
-def test_packed_16_bit_decode_keeps_the_gemm_bits(case: Case, config: TileConfig, seed: int, monkeypatch) -> None:
-    """The tensor-core kernels give the same bits with the packed 16-bit decode as with the fp32 decode
-    rounded to the activations' dtype (same tiles, same MMA inputs), and match the reference."""
+def test_packed_16_bit_decode_matches_the_fp32_decode(case: Case, config: TileConfig, seed: int, monkeypatch) -> None:
+    """The tensor-core kernels with the packed 16-bit decode match the reference, and the fp32 decode rounded to
+    the activations' dtype up to the order of the fp32 accumulation: the tiles are bit-equal
+    (tests/test_triton_dequant.py), but the compiler may order K differently inside the MMA instructions for
+    the two register layouts (the mma.sync tiles do), which moves a sum by far under 2^-16 of its magnitudes
+    ``|x| @ |w|^T`` and its rounding by an ulp; one weight in a wrong column moves it by about one product,
+    2^-11 of that sum here."""
     from humming.triton_kernels import _wna16_launch
 
     m = config.block_m if config.swap else 3 * config.block_m // 2
@@ -276,7 +296,14 @@ def test_packed_16_bit_decode_keeps_the_gemm_bits(case: Case, config: TileConfig
     _check(case, fast, x, bias, case.x_dtype, config)
     out_fast = wna16.linear(x, fast, bias, config=config)
     monkeypatch.setenv("HUMMING_TRITON_PACKED_DECODE", "0")
-    assert_bit_exact(out_fast, wna16.linear(x, plain, bias, config=config))
+    out_plain = wna16.linear(x, plain, bias, config=config)
+    magnitudes = x.abs().double() @ humming.dequantize(plain, case.x_dtype).abs().double().T
+    ulp = torch.finfo(case.x_dtype).eps * torch.maximum(out_fast.abs(), out_plain.abs()).double()
+    excess = (out_fast.double() - out_plain.double()).abs() - (2 * ulp + magnitudes * 2**-16)
+    worst = divmod(int(excess.argmax()), excess.shape[1])
+    assert bool((excess <= 0).all()), (
+        f"{worst}: {out_fast[worst].item()} vs {out_plain[worst].item()}, sum of magnitudes {magnitudes[worst].item()}"
+    )
 
 
 def test_wna16_strided_g_idx(seed: int, device: str) -> None:

@@ -6,8 +6,8 @@
 #   gpu_big     the big_memory tests, one at a time
 #   sanitizers  compute-sanitizer memcheck and racecheck over one small run of each CUDA kernel family
 #   fuzz        the hypothesis properties (tests/test_fuzz.py), random examples, one property per process
-#   packed      the Triton WnA16, dequantization and grouped tests with HUMMING_TRITON_PACKED_DECODE=1 (not in the
-#               default STEPS while the packed decode is off by default)
+#   fp32_decode the Triton WnA16, dequantization and grouped tests with HUMMING_TRITON_PACKED_DECODE=0: the decode
+#               the formats the packed one does not take run, on the weights it takes (not in the default STEPS)
 # Each parallel step prints a line per test (-v), so that a step cut by its time box still names its failures.
 # Logs under $OUT: env.log, gpu_tests.log, gpu_heavy.log, gpu_big.log, gpu_memory.log (each gpu test's peak), sanitizers.log,
 # fuzz.log; the last lines printed are one summary line per step.
@@ -74,10 +74,10 @@ export SANITIZER
 step sanitizers "${SAN_S:-90}" bash -c sanitize
 # memcheck also lists cuda-bindings' cuGetProcAddress probes (host API errors); kernel errors are the rest
 [ -f "$OUT/sanitizers.log" ] && grep -E "^### |ERROR SUMMARY|RACECHECK SUMMARY|Invalid __|Out of bounds" "$OUT/sanitizers.log"
-step packed "${PACKED_S:-150}" env HUMMING_TRITON_PACKED_DECODE=1 "${PYTEST[@]}" \
+step fp32_decode "${FP32_DECODE_S:-150}" env HUMMING_TRITON_PACKED_DECODE=0 "${PYTEST[@]}" \
   -m "gpu and not big_memory and not heavy_memory" -n "$LIGHT" tests/test_triton_dequant.py tests/test_triton_wna16.py \
   tests/test_triton_large.py tests/moe/test_grouped.py tests/moe/test_gather.py
-failures packed
+failures fp32_decode
 step fuzz "${FUZZ_S:-70}" env HUMMING_FUZZ_PROFILE=long HUMMING_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-40}" \
   "${PYTEST[@]}" -m gpu -n "$LIGHT" tests/test_fuzz.py
 echo "-- largest GPU peaks (GiB):"

@@ -49,7 +49,16 @@ from ._weight_tile import (
 )
 from .interpreter import INTERPRET, cast
 
-__all__ = ["dequant16_applies", "dequantized_tile", "load_weight_tile_16", "packed_asm", "packed_decode", "ptx_of"]
+__all__ = [
+    "dequant16_applies",
+    "dequantized_tile",
+    "fields_to_tile",
+    "load_weight_tile_16",
+    "packed_asm",
+    "packed_codes",
+    "packed_decode",
+    "ptx_of",
+]
 
 #: Per 16-bit format: (the bits of 2^m, whose mantissa holds a 4-bit field in its low bits; the bits of 1.0).
 _MAGIC = {"bf16": (0x4300, 0x3F80), "f16": (0x6400, 0x3C00)}
@@ -178,10 +187,18 @@ def ptx_of(qw: QuantizedWeight, act_dtype: torch.dtype) -> str:
 
 def packed_decode(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int, device: torch.device) -> str:
     """A launch's ``PACKED`` constexpr on ``device``: :func:`packed_asm` while ``HUMMING_TRITON_PACKED_DECODE`` is
-    on, else ``""`` (the fp32 decode). Off by default until a GPU run has checked its bits and timed it."""
+    on (the default), else ``""`` (the fp32 decode)."""
     if not env("HUMMING_TRITON_PACKED_DECODE") or device.type != "cuda":
         return ""
     return packed_asm(qw, act_dtype, block_k, device_info(device).capability)
+
+
+def packed_codes(qw: QuantizedWeight, act_dtype: torch.dtype, device: torch.device) -> str:
+    """The kind of codes (``"int"``, ``"float"``) the packed decode reads of ``qw`` for ``act_dtype`` activations on
+    ``device`` with K tiles of 128, or ``""`` where it does not apply: the tile chooser's input."""
+    if not packed_decode(qw, act_dtype, 128, device):
+        return ""
+    return "float" if weight_spec(qw).W_KIND == KIND_FLOAT else "int"
 
 
 @triton.jit
@@ -235,7 +252,6 @@ def load_weight_tile_16(
     """``[BN, BK]`` of ``humming.dequantize(qw, DTYPE)``: rows ``offs_n``, columns ``k0 .. k0 + BK``, for the weights
     :func:`dequant16_applies` accepts (the same bits as rounding :func:`~._weight_tile.load_weight_tile`'s tile
     to ``DTYPE``). Elements outside ``[N, K]`` are finite garbage, as there."""
-    BN: tl.constexpr = offs_n.shape[0]
     BKW: tl.constexpr = BK // 8
     rows = weight.qw + offs_n.to(tl.int64)[:, None] * weight.stride_qn
     offs_w = tl.multiple_of(k0 // 8, BKW) + tl.arange(0, BKW)
@@ -252,8 +268,18 @@ def load_weight_tile_16(
         args = [words, scales]
         constraints: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r"
     f = tl.inline_asm_elementwise(PACKED, constraints, args, dtype=(scales.dtype,) * 8, is_pure=True, pack=2)
-    # [BN, BKW, 2, 2, 2]: index (h, i, j) is field 4h + 2i + j of a word (join puts its new axis in each thread)
-    w = tl.join(tl.join(tl.join(f[0], f[1]), tl.join(f[2], f[3])), tl.join(tl.join(f[4], f[5]), tl.join(f[6], f[7])))
+    return fields_to_tile(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7])
+
+
+@triton.jit
+def fields_to_tile(f0, f1, f2, f3, f4, f5, f6, f7):
+    """``[BN, BKW]`` tiles of fields 0..7 of each code word -> the ``[BN, 8 * BKW]`` tile, field ``j`` of word
+    ``w`` in column ``8w + j``."""
+    BN: tl.constexpr = f0.shape[0]
+    BK: tl.constexpr = 8 * f0.shape[1]
+    # tl.join adds its axis last, so the innermost join's axis varies slowest: [BN, BKW, a, b, c] holds field
+    # 4a + 2b + c, and [BKW, a, b, c] flattens to 8w + 4a + 2b + c.
+    w = tl.join(tl.join(tl.join(f0, f4), tl.join(f2, f6)), tl.join(tl.join(f1, f5), tl.join(f3, f7)))
     # Made [BK, BN] and transposed back: reshaped to [BN, BK] directly, the tile fails to compile as the shared
     # B operand of sm_90's wgmma (Triton 3.9: "Illegal shared layout" in TritonGPUOptimizeDotOperands).
     return tl.trans(tl.reshape(tl.permute(w, (1, 2, 3, 4, 0)), (BK, BN)))

@@ -126,6 +126,7 @@ def compile_specs() -> list[registry.CompileSpec]:
     h200 = KNOWN_LIMITS["NVIDIA H200"]  # the tiles of an H200-like problem
     gemv = lambda m, group_k: wna16_config(m, 28672, 8192, 4, h200.sm_count, group_k)
     swap = wna16_config(8, 28672, 8192, 4, h200.sm_count, 128, h200.smem_per_block)
+    swap_packed = wna16_config(8, 28672, 8192, 4, h200.sm_count, 128, h200.smem_per_block, packed="int")
     cases = (
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 128), 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 0), 80),
@@ -136,6 +137,9 @@ def compile_specs() -> list[registry.CompileSpec]:
         ("uint4-zp-g32", quantize(w, "int4", 32, True, scale_dtype=torch.float16), torch.float16, swap, 75),
         ("uint4-zp-g64", quantize(w, "int4", 64, True, scale_dtype=torch.bfloat16), torch.bfloat16, medium, 80),
         ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, swap, 80),
+        ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, swap_packed, 80),
+        ("uint4-zp-g128", quantize(w, "int4", 128, True, scale_dtype=torch.bfloat16), torch.bfloat16, swap_packed, 80),
+        ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),

@@ -33,6 +33,7 @@ from ..ir.weight import QuantizedWeight
 from ..kernel import Kernel
 from ..workspaces import WORKSPACES
 from . import dequant, registry
+from ._dequant16 import packed_codes
 from ._support import device_unsupported, unavailable
 from ._tiles import split_k_words
 from ._wna16_launch import compile_specs, kernel_spec, launch, prepared_launch
@@ -158,8 +159,9 @@ def default_config(qweight: QuantizedWeight, x: torch.Tensor) -> TileConfig:
     limits = device_limits(x.device)
     act_order, zero_points = qweight.g_idx is not None, qweight.zeros is not None
     group_k = _group_k(qweight)
+    packed = packed_codes(qweight, x.dtype, x.device)
     return wna16_config(
-        m, qweight.N, k, qweight.bits, limits.sm_count, group_k, limits.smem_per_block, act_order, zero_points
+        m, qweight.N, k, qweight.bits, limits.sm_count, group_k, limits.smem_per_block, act_order, zero_points, packed
     )
 
 

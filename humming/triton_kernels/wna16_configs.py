@@ -12,7 +12,8 @@ order, within the tolerances the tests state.
   (:func:`_gemv_tile`), split along K until the grid covers the GPU eight times.
 - M = 2..16: the swapped-operand tensor-core kernel (the 128-row weight tile is the MMA's large side, the
   16 token slots its narrow one), split along K until the grid covers the GPU four times (8 K tiles per
-  split at least) or else twice. ``block_m`` 2 or 4 without ``swap`` still selects the GEMV kernel when a
+  split at least) or else twice. Weights the packed 16-bit decode reads take :data:`_PACKED_SMALL_M`'s tiles
+  (e2m1 codes from M = 1 on). ``block_m`` 2 or 4 without ``swap`` still selects the GEMV kernel when a
   config asks for it.
 - M up to 128: tensor-core tiles that grow with M, split along K until the grid covers the GPU twice.
 - M > 128 without bias and with ``out_dtype == x.dtype``: ``dequant_first``, the weight dequantized once per
@@ -53,6 +54,16 @@ _ZERO_POINT_BUCKETS = {
 #: The tiled kernel's 16-row tile (the grouped kernel's at ``block_m`` 16, where the swapped kernel does not run).
 TILED_16 = TileConfig(16, 64, 256, num_warps=4, num_stages=4)
 
+#: The M <= 16 tiles of weights the packed 16-bit decode reads (:mod:`._dequant16`), by the kind of their codes:
+#: decoding two weights per instruction, the swapped kernel keeps pace with 64-row weight tiles (more programs
+#: in flight) for integer codes; e2m1 codes, whose GEMV decode runs in fp32, take the tiled kernel's 16-row tile
+#: from one token on (bench/results/h100/dequant16_2026-12-07/: triton_packed_ab.json,
+#: triton_decode_flag_on_old_tiles.json).
+_PACKED_SMALL_M = {
+    "int": TileConfig(16, 64, 128, num_warps=4, num_stages=3, swap=True),
+    "float": TILED_16,
+}
+
 
 def _gemv_tile(cfg: TileConfig, bits: int, group_k: int, act_order: bool) -> TileConfig:
     """The GEMV tile. Fields that fill whole words in groups of whole words (the kernel's packed path): 16
@@ -80,7 +91,7 @@ def smem_estimate(cfg: TileConfig, bits: int, group_k: int = 0, act_order: bool 
     stages both dot operands through it (``(BM + BN) * BK`` 16-bit values). Calibrated against
     ``compiled.metadata.shared`` of ahead-of-time compiles for sm_80 and sm_90 (exact for the tiled buckets
     without act-order; tests/test_triton_smem.py checks the chooser's results). The swapped-operand kernel
-    stages the same tiles. The GEMV kernel (``block_m <= 4``) keeps its fp32 products in registers and
+    stages the same tiles, its activations one stage more on some Triton versions. The GEMV kernel (``block_m <= 4``) keeps its fp32 products in registers and
     reduces them through shared memory once: at most ``[BM, BN, BK]`` fp32; on its packed path (whole-word
     fields, one row) per-word sums ``[BN, BK / fields]`` and the activation tile it redistributes, counted
     twice.
@@ -97,7 +108,9 @@ def smem_estimate(cfg: TileConfig, bits: int, group_k: int = 0, act_order: bool 
     else:
         groups = bn * max(bk // group_k, 1) * 8 if group_k else bn * 8
     per_stage = bm * bk * 2 + words + groups
-    return (cfg.num_stages - 1) * per_stage + (bm + bn) * bk * 2
+    # triton 3.8 pipelines the swapped kernel's activation tile one stage deeper than the weight's
+    extra_x = bm * bk * 2 if cfg.swap else 0
+    return (cfg.num_stages - 1) * per_stage + extra_x + (bm + bn) * bk * 2
 
 
 def wna16_config(
@@ -110,14 +123,18 @@ def wna16_config(
     smem_limit: int = 0,
     act_order: bool = False,
     zero_points: bool = False,
+    packed: str = "",
 ) -> TileConfig:
     """The tile configuration for ``x [m, k] @ W[n, k]^T`` with ``bits``-bit weights in scale groups of
     ``group_k`` along K (0: one group per row, or ``act_order`` groups read through ``g_idx``), with or without
-    ``zero_points``, on a device with ``sm_count`` multiprocessors and ``smem_limit`` bytes of shared memory
-    per block (0: no limit); :func:`smem_estimate` of the result fits."""
+    ``zero_points``, read by the packed 16-bit decode (``packed``: ``"int"`` or ``"float"``, the kind of its
+    codes) or not (``""``), on a device with ``sm_count`` multiprocessors and ``smem_limit`` bytes of shared
+    memory per block (0: no limit); :func:`smem_estimate` of the result fits."""
     bound, cfg = next((bound, c) for bound, c in _BUCKETS if bound is None or m <= bound)
     if zero_points:
         cfg = _ZERO_POINT_BUCKETS.get(bound, cfg)
+    if packed and (bound == 16 or (bound == 1 and packed == "float")):
+        cfg = _PACKED_SMALL_M[packed]
     if cfg.block_m <= 4:
         cfg = _gemv_tile(cfg, bits, group_k, act_order)
     if 32 % bits:  # fields straddle words: each element reads its two words, so keep the staged tiles small
