@@ -91,10 +91,10 @@ def smem_estimate(cfg: TileConfig, bits: int, group_k: int = 0, act_order: bool 
     stages both dot operands through it (``(BM + BN) * BK`` 16-bit values). Calibrated against
     ``compiled.metadata.shared`` of ahead-of-time compiles for sm_80 and sm_90 (exact for the tiled buckets
     without act-order; tests/test_triton_smem.py checks the chooser's results). The swapped-operand kernel
-    stages the same tiles, its activations one stage more on some Triton versions. The GEMV kernel (``block_m <= 4``) keeps its fp32 products in registers and
-    reduces them through shared memory once: at most ``[BM, BN, BK]`` fp32; on its packed path (whole-word
-    fields, one row) per-word sums ``[BN, BK / fields]`` and the activation tile it redistributes, counted
-    twice.
+    stages the same tiles, its activations one stage more on some Triton versions. The GEMV kernel
+    (``block_m <= 4``) keeps its fp32 products in registers and reduces them through shared memory once: at
+    most ``[BM, BN, BK]`` fp32; on its packed path (whole-word fields, one row) per-word sums
+    ``[BN, BK / fields]`` and the activation tile it redistributes, counted twice.
     """
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     if bm <= 4 and not cfg.swap:
