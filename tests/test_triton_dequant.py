@@ -66,7 +66,8 @@ CASES = [
 
 #: The weights the packed 16-bit decode takes (humming/triton_kernels/_dequant16.py) for the output dtype named:
 #: 4-bit integer codes with 16-bit scales of that dtype, with or without 8-bit zero points, groups larger and
-#: smaller than the kernel's K tile, K not a multiple of a word.
+#: smaller than the kernel's K tile, K not a multiple of a word; e2m1 codes with e8m0 or e4m3 scales (no global
+#: scale: the dequantization keeps the fp32 decode for one).
 PACKED_CASES = [
     (Case("int4", group_size=128, scale_dtype=torch.bfloat16, shape=(48, 512)), torch.bfloat16),
     (Case("int4", group_size=-1, scale_dtype=torch.float16, shape=(40, 200)), torch.float16),
@@ -75,6 +76,7 @@ PACKED_CASES = [
     (Case("int4", zero_point=True, group_size=512, scale_dtype=torch.bfloat16, shape=(16, 1024)), torch.bfloat16),
     (Case("e2m1", group_size=32, scale_dtype=torch.float8_e8m0fnu, shape=(48, 512)), torch.bfloat16),
     (Case("e2m1", group_size=32, scale_dtype=torch.float8_e8m0fnu, shape=(17, 96)), torch.bfloat16),
+    (Case("e2m1", group_size=16, scale_dtype=torch.float8_e4m3fn, shape=(48, 512)), torch.bfloat16),
 ]
 
 
@@ -147,6 +149,9 @@ def test_packed_16_bit_decode_is_bit_exact(case: Case, dtype: torch.dtype, seed:
     scales = (signs * (1 + torch.rand(qw.scales.shape, device="cuda")) * 2.0**exponents).to(dtype)
     if qw.scales.dtype == torch.float8_e8m0fnu:  # every finite code: 2^-127 .. 2^127
         scales = torch.randint(0, 255, qw.scales.shape, device="cuda", dtype=torch.uint8).view(qw.scales.dtype)
+    elif qw.scales.dtype == torch.float8_e4m3fn:  # every finite code, both signs, subnormals included
+        codes = torch.randint(0, 256, qw.scales.shape, device="cuda", dtype=torch.uint8)
+        scales = torch.where(codes & 0x7F == 0x7F, codes - 1, codes).view(qw.scales.dtype)
     zeros = None if qw.zeros is None else torch.randint(0, 256, qw.zeros.shape, device="cuda", dtype=torch.uint8)
     words = qw.qweight  # K not a multiple of a word: the last word's padding stays zero
     if qw.K % 8 == 0:

@@ -107,6 +107,7 @@ CASES = [
     ("int4", 32, True, torch.bfloat16),
     ("int4", -1, True, torch.float16),
     ("mxfp4", 32, False, torch.bfloat16),
+    ("nvfp4", 16, False, torch.bfloat16),
 ]
 
 
@@ -126,6 +127,12 @@ def test_packed_ptx_gives_the_reference_bits(weight, group_size, zero_point, dty
         codes = torch.randint(0, 255, qw.scales.shape, dtype=torch.uint8)  # 255 (NaN) is not a valid scale
         codes[0, :2] = torch.tensor([0, 254], dtype=torch.uint8)  # 2^-127 and 2^127
         qw = dataclasses.replace(qw, scales=codes.view(torch.float8_e8m0fnu))
+    elif weight == "nvfp4":  # every finite e4m3 scale, both signs; the global scale is applied after the tile
+        qw = humming.quantize(torch.randn(n, k), "nvfp4")
+        codes = torch.randint(0, 256, qw.scales.shape, dtype=torch.uint8)
+        codes = torch.where(codes & 0x7F == 0x7F, codes - 1, codes)
+        codes[0, :2] = torch.tensor([0x01, 0x7E], dtype=torch.uint8)  # 2^-9 and 448
+        qw = dataclasses.replace(qw, scales=codes.view(torch.float8_e4m3fn), global_scale=None)
     else:
         qw = humming.quantize(torch.randn(n, k), "int4", group_size, zero_point, scale_dtype=dtype)
         span = 40 if dtype == torch.bfloat16 else 12  # every binade the format holds products of 4-bit codes in
@@ -174,6 +181,40 @@ def test_fields_land_in_their_columns(bn, bkw, device) -> None:
     assert torch.equal(out.cpu(), torch.arange(bn * 8 * bkw, dtype=torch.int32).view(bn, 8 * bkw))
 
 
+@triton.jit
+def _scales_probe(s_ptr, out_ptr, N, K, stride_sn, k0, BN: tl.constexpr, BK: tl.constexpr, WEIGHT: tl.constexpr):
+    """The 16-bit scale the packed decode hands the PTX for each code word of the tile at ``k0``."""
+    vals = _dequant16._per_word(s_ptr, stride_sn, tl.arange(0, BN), k0, N, K, BK, WEIGHT, True, tl.bfloat16, True)
+    offs = tl.arange(0, BN)[:, None] * (BK // 8) + tl.arange(0, BK // 8)[None, :]
+    tl.store(out_ptr + offs, tl.broadcast_to(vals, (BN, BK // 8)))
+
+
+@pytest.mark.parametrize("weight, group_size", [("mxfp4", 32), ("nvfp4", 16), ("int4", 256)], ids=str)
+def test_word_scales_are_the_scales_in_bf16(weight, group_size, device) -> None:
+    """Each code word gets its group's scale as bf16, exactly: e8m0 codes (2^-127 .. 2^127) by their bits, e4m3
+    codes (every finite one, subnormals included) through their value, 16-bit scales as stored; groups smaller
+    than the tile (one per word pair or per word) and larger."""
+    from humming.triton_kernels._weight_tile import kernel_tensors, weight_spec
+
+    n, k, bk = 16, 512, 128
+    scale_dtype = torch.bfloat16 if weight == "int4" else None
+    qw = humming.quantize(torch.randn(n, k), weight, group_size, scale_dtype=scale_dtype)
+    if qw.scales.dtype == torch.float8_e8m0fnu:
+        codes = torch.randint(0, 255, qw.scales.shape, dtype=torch.uint8)
+        qw = dataclasses.replace(qw, scales=codes.view(qw.scales.dtype))
+    elif qw.scales.dtype == torch.float8_e4m3fn:
+        codes = torch.randint(0, 256, qw.scales.shape, dtype=torch.uint8)
+        qw = dataclasses.replace(qw, scales=torch.where(codes & 0x7F == 0x7F, codes - 1, codes).view(qw.scales.dtype))
+    qw = qw.to(device)
+    scales = kernel_tensors(qw)["s"]
+    for k0 in (0, 256):
+        out = torch.full((n, bk // 8), float("nan"), dtype=torch.bfloat16, device=device)
+        _scales_probe[(1,)](scales, out, n, k, scales.stride(0), k0, n, bk, weight_spec(qw))
+        groups = (k0 + 8 * torch.arange(bk // 8)) // group_size
+        expected = qw.scales.float()[:, groups].to(torch.bfloat16)
+        assert torch.equal(out.view(torch.int16).cpu(), expected.view(torch.int16).cpu()), (weight, k0)
+
+
 def test_the_host_takes_the_packed_decode_where_it_is_exact(monkeypatch) -> None:
     """``dequant16_applies`` (off under the interpreter, which runs no PTX: patched here) accepts 4-bit integer
     codes with 16-bit scales of the activations' dtype and uint8 zero points, and MXFP4 for bf16, and nothing
@@ -193,7 +234,11 @@ def test_the_host_takes_the_packed_decode_where_it_is_exact(monkeypatch) -> None
     assert not applies(humming.quantize(w, "int4", 32, g_idx=torch.arange(256) % 8, scale_dtype=torch.bfloat16))
     mxfp4 = humming.quantize(w, "mxfp4")
     assert applies(mxfp4) and not applies(mxfp4, torch.float16)
-    assert not applies(humming.quantize(w, "nvfp4"))  # a global scale: the fp32 product rounds first
+    nvfp4 = humming.quantize(w, "nvfp4")
+    assert not applies(nvfp4)  # a global scale: the fp32 product rounds first, unless the kernel applies it after
+    assert _dequant16.dequant16_applies(nvfp4, torch.bfloat16, 128, (9, 0), global_scale_after=True)
+    assert not _dequant16.dequant16_applies(nvfp4, torch.float16, 128, (9, 0), global_scale_after=True)
+    assert applies(humming.quantize(w, "e2m1", 16, scale_dtype=torch.float8_e4m3fn))  # e4m3 scales, no global one
     h200 = types.SimpleNamespace(capability=(9, 0))
     monkeypatch.setattr(_dequant16, "device_info", lambda device: h200)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")

@@ -306,6 +306,39 @@ def test_packed_16_bit_decode_matches_the_fp32_decode(case: Case, config: TileCo
     )
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "config",
+    [
+        TileConfig(16, 64, 256, split_k=2),
+        TileConfig(16, 64, 128, split_k=2, num_stages=3, swap=True),
+        TileConfig(64, 128, 64),
+    ],
+    ids=lambda c: c.name(),
+)
+def test_packed_nvfp4_applies_the_global_scale_after_the_dot(config: TileConfig, seed: int) -> None:
+    """NVFP4 with the packed decode: the tiles hold ``code * scale`` exactly (no rounding to bf16) and the
+    kernel multiplies its fp32 sums by the global scale, so the output is the float64 product of the exact
+    weights up to the fp32 accumulation (2^-16 of ``|x| @ |w|^T``, as above) and its own rounding."""
+    from humming.triton_kernels import _wna16_launch
+
+    qw = humming.quantize(torch.randn(1024, 2048, device="cuda"), "nvfp4")
+    assert qw.global_scale is not None
+    assert _wna16_launch.packed_decode(qw, torch.bfloat16, config.block_k, qw.device, global_scale_after=True)
+    m = config.block_m if config.swap else 3 * config.block_m // 2
+    x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(1024, device="cuda")
+    out = torch.full((m, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
+    wna16.linear(x, qw, bias, config=config, out=out)
+    assert not torch.isnan(out).any()
+    w = humming.dequantize(qw, torch.float64)
+    ref = x.double() @ w.T + bias.double()
+    bound = 2 * torch.finfo(torch.bfloat16).eps * ref.abs() + (x.double().abs() @ w.abs().T) * 2**-16
+    excess = (out.double() - ref).abs() - bound
+    worst = divmod(int(excess.argmax()), excess.shape[1])
+    assert bool((excess <= 0).all()), f"{worst}: {out[worst].item()} vs {ref[worst].item()}"
+
+
 def test_wna16_strided_g_idx(seed: int, device: str) -> None:
     """An act-order ``g_idx`` that is a strided view (every other element of a bigger tensor) gives the
     same result as its contiguous copy: the kernel reads ``g_idx[k]`` at ``k``."""

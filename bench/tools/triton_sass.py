@@ -122,6 +122,8 @@ def main() -> int:
     import humming
     from humming.device import KNOWN_LIMITS
     from humming.triton_kernels import wna16
+    from humming.triton_kernels._dequant16 import dequant16_applies
+    from humming.triton_kernels._weight_tile import KIND_FLOAT, weight_spec
 
     h200 = KNOWN_LIMITS["NVIDIA H200"]
     rows = []
@@ -130,7 +132,10 @@ def main() -> int:
         qw = humming.quantize(torch.ones(256, 512), **qargs)
         n, k = SHAPE
         group_k = 0 if qw.group_shape[1] < 0 else qw.group_shape[1]
-        cfg = wna16.wna16_config(args.m, n, k, qw.bits, h200.sm_count, group_k, h200.smem_per_block)
+        packed = ""  # the kind of codes the packed 16-bit decode reads, as wna16.default_config finds it
+        if dequant16_applies(qw, dtype, 128, (9, 0), global_scale_after=True):
+            packed = "float" if weight_spec(qw).W_KIND == KIND_FLOAT else "int"
+        cfg = wna16.wna16_config(args.m, n, k, qw.bits, h200.sm_count, group_k, h200.smem_per_block, packed=packed)
         spec = wna16.kernel_spec(label, qw, dtype, cfg, 80 if dtype == torch.bfloat16 else 75)
         for arch in args.arch or (90, 80):
             row = analyse(spec, arch, cfg.block_n * cfg.block_k)

@@ -17,13 +17,15 @@ instead (PTX through ``tl.inline_asm_elementwise``, two code words per invocatio
   ``(q - z) * float32(scale)``. The result is bit-equal to the fp32 decode rounded to the activations' dtype
   (tests/test_triton_wna16.py compares the two paths bit for bit on the GPU).
 
-e2m1 codes with e8m0 scales (MXFP4) and bf16 activations take the same path with their own placement of the
-bits (:func:`_e2m1_asm`).
+e2m1 codes with e8m0 scales (MXFP4) or e4m3 scales (NVFP4) and bf16 activations take the same path with their
+own placement of the bits (:func:`_e2m1_asm`): an e2m1 value has at most 2 significant bits and an e4m3 scale 4,
+so their product is exact in bf16, and so is the tile. NVFP4's fp32 global scale would round that product
+again: the tile leaves it out, and the GEMM kernels multiply their fp32 accumulators by it
+(``global_scale_after``); the dequantization kernel, which has no accumulator, keeps the fp32 decode for it.
 
 It applies where those steps are exact (:func:`dequant16_applies`): int4 / uint4 codes with 16-bit scales of
-the activations' dtype and integer zero points of at most 8 bits, or MXFP4 for bf16; no global scale, no
-act-order; on the GPU only (Triton's interpreter runs no inline assembly) and for bf16 on sm_80 and later
-(``fma.rn.bf16x2``).
+the activations' dtype and integer zero points of at most 8 bits, or MXFP4 / NVFP4 for bf16; no act-order; on
+the GPU only (Triton's interpreter runs no inline assembly) and for bf16 on sm_80 and later (``fma.rn.bf16x2``).
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ from ._weight_tile import (
     KIND_INT,
     KIND_UINT,
     NAN_NONE,
+    SCALE_E4M3,
     SCALE_E8M0,
     SCALE_FLOAT,
+    decode_scale,
     group_tile,
     load_weight_tile,
     subgroup_tile,
@@ -53,6 +57,7 @@ __all__ = [
     "dequant16_applies",
     "dequantized_tile",
     "fields_to_tile",
+    "global_scale_after",
     "load_weight_tile_16",
     "packed_asm",
     "packed_codes",
@@ -147,20 +152,30 @@ _INT4_ASM = {
 _E2M1_ASM = _e2m1_asm()
 
 
-def dequant16_applies(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int, capability: tuple[int, int]) -> bool:
+def dequant16_applies(
+    qw: QuantizedWeight,
+    act_dtype: torch.dtype,
+    block_k: int,
+    capability: tuple[int, int],
+    global_scale_after: bool = False,
+) -> bool:
     """Whether :func:`load_weight_tile_16` computes ``qw``'s tiles of ``block_k`` columns for activations of
-    ``act_dtype`` on a GPU of ``capability`` (see the module docstring)."""
+    ``act_dtype`` on a GPU of ``capability`` (see the module docstring); a weight with a global scale only for
+    a kernel that applies it after the tile (``global_scale_after``)."""
     if INTERPRET or act_dtype not in (torch.bfloat16, torch.float16):
         return False
     if act_dtype == torch.bfloat16 and capability < (8, 0):
         return False
     spec = weight_spec(qw)
     groups_ok = spec.GK == 0 or spec.GK % block_k == 0 or (block_k % spec.GK == 0 and spec.GK % 8 == 0)
-    if spec.W_BITS != 4 or spec.HAS_GS or spec.ACT_ORDER or not groups_ok or block_k < 32:
+    if spec.W_BITS != 4 or spec.ACT_ORDER or not groups_ok or block_k < 32:
         return False
-    if spec.W_KIND == KIND_FLOAT:  # e2m1 with e8m0 scales (MXFP4), bf16 activations
+    if spec.W_KIND == KIND_FLOAT:  # e2m1 with e8m0 (MXFP4) or e4m3 scales (NVFP4), bf16 activations
         e2m1 = (spec.W_EBITS, spec.W_MBITS, spec.W_BIAS, spec.W_NAN) == (2, 1, 1, NAN_NONE)
-        return e2m1 and spec.S_KIND == SCALE_E8M0 and not spec.HAS_ZP and act_dtype == torch.bfloat16
+        scales_ok = spec.S_KIND == SCALE_E8M0 or (spec.S_KIND == SCALE_E4M3 and (global_scale_after or not spec.HAS_GS))
+        return e2m1 and scales_ok and not spec.HAS_ZP and act_dtype == torch.bfloat16
+    if spec.HAS_GS:
+        return False
     zeros_ok = not spec.HAS_ZP or (spec.W_KIND == KIND_UINT and qw.zeros.dtype == torch.uint8)
     return (
         spec.W_KIND in (KIND_INT, KIND_UINT)
@@ -170,10 +185,17 @@ def dequant16_applies(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int,
     )
 
 
-def packed_asm(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int, capability: tuple[int, int]) -> str:
+def packed_asm(
+    qw: QuantizedWeight,
+    act_dtype: torch.dtype,
+    block_k: int,
+    capability: tuple[int, int],
+    global_scale_after: bool = False,
+) -> str:
     """The PTX of ``qw``'s packed decode for ``act_dtype`` activations where it is exact
     (:func:`dequant16_applies`), else ``""``: the kernels' ``PACKED`` constexpr (what the compile checks build)."""
-    return ptx_of(qw, act_dtype) if dequant16_applies(qw, act_dtype, block_k, capability) else ""
+    applies = dequant16_applies(qw, act_dtype, block_k, capability, global_scale_after)
+    return ptx_of(qw, act_dtype) if applies else ""
 
 
 def ptx_of(qw: QuantizedWeight, act_dtype: torch.dtype) -> str:
@@ -185,18 +207,24 @@ def ptx_of(qw: QuantizedWeight, act_dtype: torch.dtype) -> str:
     return _INT4_ASM[("bf16" if act_dtype == torch.bfloat16 else "f16", spec.W_KIND == KIND_INT, spec.HAS_ZP)]
 
 
-def packed_decode(qw: QuantizedWeight, act_dtype: torch.dtype, block_k: int, device: torch.device) -> str:
+def packed_decode(
+    qw: QuantizedWeight,
+    act_dtype: torch.dtype,
+    block_k: int,
+    device: torch.device,
+    global_scale_after: bool = False,
+) -> str:
     """A launch's ``PACKED`` constexpr on ``device``: :func:`packed_asm` while ``HUMMING_TRITON_PACKED_DECODE`` is
     on (the default), else ``""`` (the fp32 decode)."""
     if not env("HUMMING_TRITON_PACKED_DECODE") or device.type != "cuda":
         return ""
-    return packed_asm(qw, act_dtype, block_k, device_info(device).capability)
+    return packed_asm(qw, act_dtype, block_k, device_info(device).capability, global_scale_after)
 
 
 def packed_codes(qw: QuantizedWeight, act_dtype: torch.dtype, device: torch.device) -> str:
-    """The kind of codes (``"int"``, ``"float"``) the packed decode reads of ``qw`` for ``act_dtype`` activations on
-    ``device`` with K tiles of 128, or ``""`` where it does not apply: the tile chooser's input."""
-    if not packed_decode(qw, act_dtype, 128, device):
+    """The kind of codes (``"int"``, ``"float"``) the GEMM kernels' packed decode reads of ``qw`` for ``act_dtype``
+    activations on ``device`` with K tiles of 128, or ``""`` where it does not apply: the tile chooser's input."""
+    if not packed_decode(qw, act_dtype, 128, device, global_scale_after=True):
         return ""
     return "float" if weight_spec(qw).W_KIND == KIND_FLOAT else "int"
 
@@ -204,8 +232,11 @@ def packed_codes(qw: QuantizedWeight, act_dtype: torch.dtype, device: torch.devi
 @triton.jit
 def _as_16_bit(vals, spec, DTYPE: tl.constexpr, SCALES: tl.constexpr):
     """Scales (``SCALES``) or zero points as stored -> ``DTYPE``: e8m0 codes ``c`` as the bf16 bits of ``2^(c - 127)``
-    (``c = 0`` the subnormal 2^-127, 255 NaN), 16-bit scales as they are, zero points negated (exact: 8 bits)."""
-    if SCALES and spec.S_KIND == 3:
+    (``c = 0`` the subnormal 2^-127, 255 NaN), e4m3 scales by their fp32 value (exact in bf16), 16-bit scales
+    as they are, zero points negated (exact: 8 bits)."""
+    if SCALES and spec.S_KIND == 2:  # e4m3
+        out = decode_scale(vals, spec.S_KIND).to(DTYPE)
+    elif SCALES and spec.S_KIND == 3:  # e8m0
         c = vals.to(tl.int32)
         bits = tl.where(c == 0, 0x0040, tl.where(c == 255, 0x7FC0, c << 7))
         out = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
@@ -251,7 +282,8 @@ def load_weight_tile_16(
 ):
     """``[BN, BK]`` of ``humming.dequantize(qw, DTYPE)``: rows ``offs_n``, columns ``k0 .. k0 + BK``, for the weights
     :func:`dequant16_applies` accepts (the same bits as rounding :func:`~._weight_tile.load_weight_tile`'s tile
-    to ``DTYPE``). Elements outside ``[N, K]`` are finite garbage, as there."""
+    to ``DTYPE``), without the global scale (the caller applies it after the dot). Elements outside ``[N, K]``
+    are finite garbage, as there."""
     BKW: tl.constexpr = BK // 8
     rows = weight.qw + offs_n.to(tl.int64)[:, None] * weight.stride_qn
     offs_w = tl.multiple_of(k0 // 8, BKW) + tl.arange(0, BKW)
@@ -290,9 +322,19 @@ def dequantized_tile(
     weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr, PACKED: tl.constexpr
 ):
     """``[BN, BK]`` of ``humming.dequantize(qw, DTYPE)``: by :func:`load_weight_tile_16` with the PTX the host chose
-    (``PACKED``, :func:`packed_decode`), else (``""``) the fp32 decode rounded once."""
+    (``PACKED``, :func:`packed_decode`; the global scale left out, see :func:`global_scale_after`), else (``""``)
+    the fp32 decode rounded once."""
     if len(PACKED) > 0:
         w = load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK, EVEN_K, DTYPE, PACKED)
     else:
         w = cast(load_weight_tile(weight, spec, offs_n, k0, N, K, BK, EVEN_K), DTYPE)
     return w
+
+
+@triton.jit
+def global_scale_after(acc, weight, spec, PACKED: tl.constexpr):
+    """A GEMM's fp32 accumulator of :func:`dequantized_tile`'s tiles times the weight's global scale where the
+    packed tiles left it out (``PACKED`` non-empty and the weight has one), else ``acc`` as it is."""
+    if len(PACKED) > 0 and spec.HAS_GS:
+        acc = acc * tl.load(weight.gs)
+    return acc

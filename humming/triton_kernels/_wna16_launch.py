@@ -85,7 +85,7 @@ class _Ready:
         per_call = ("x_ptr", "bias_ptr", "out_ptr", "ws_ptr")
         kernel = _wna16_swap_kernel if cfg.swap else _wna16_gemv_kernel
         if cfg.swap or self.tiled:
-            values["PACKED"] = packed_decode(qweight, x.dtype, cfg.block_k, x.device)
+            values["PACKED"] = packed_decode(qweight, x.dtype, cfg.block_k, x.device, global_scale_after=True)
         if self.tiled:
             e_stride = lambda name, per_expert_dims: t[name].stride(0) if t[name].dim() == per_expert_dims else 0
             kernel, per_call = _wna16_kernel, (*per_call, "expert_ptr", "rows_ptr")
@@ -140,6 +140,7 @@ def compile_specs() -> list[registry.CompileSpec]:
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, swap_packed, 80),
         ("uint4-zp-g128", quantize(w, "int4", 128, True, scale_dtype=torch.bfloat16), torch.bfloat16, swap_packed, 80),
         ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, small, 80),
+        ("nvfp4", quantize(w, "nvfp4"), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
@@ -194,7 +195,7 @@ def kernel_spec(
             "HAS_BIAS": True,
             "EVEN_K": True,
             "WEIGHT": spec,
-            **({} if is_gemv else {"PACKED": packed_asm(qw, x_dtype, cfg.block_k, divmod(min_arch, 10))}),
+            **({} if is_gemv else {"PACKED": packed_asm(qw, x_dtype, cfg.block_k, divmod(min_arch, 10), True)}),
         },
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
