@@ -197,8 +197,8 @@ def test_wna16_rejects(make, match: str, device: str) -> None:
 def test_small_m_tiles_follow_the_decode(packed: str) -> None:
     """Up to 16 tokens the chooser takes the GEMV kernel at M = 1 and the swapped kernel with 128-row weight tiles
     above, except for weights the packed 16-bit decode reads: integer codes keep the GEMV kernel at M = 1 and
-    take 64-row swapped tiles; e2m1 codes take the tiled kernel's 16-row tile from one token on. Above 16
-    tokens the decode does not change the tiles."""
+    take 64-row swapped tiles; e2m1 codes take the tiled kernel's 16-row tile from one token on; 8-bit weights
+    (never packed) swapped K tiles of 64. Above 16 tokens the decode does not change the tiles."""
     pick = lambda m: wna16_config(m, 28672, 8192, 4, 132, 128, 232448, packed=packed)
     one, few = pick(1), pick(8)
     if packed == "float":
@@ -206,6 +206,8 @@ def test_small_m_tiles_follow_the_decode(packed: str) -> None:
     else:
         assert one.block_m == 1 and not one.swap
         assert few.swap and few.block_n == (64 if packed == "int" else 128)
+    if not packed:  # 8-bit weights: the 4-bit tile's weight bytes per K tile
+        assert wna16_config(8, 28672, 8192, 8, 132, 0, 232448).block_k == 64
     assert pick(64) == wna16_config(64, 28672, 8192, 4, 132, 128, 232448)
 
 

@@ -11,10 +11,10 @@ order, within the tolerances the tests state.
   work): 128 rows of 16 words (four 16-byte loads per thread and row) where fields fill whole words
   (:func:`_gemv_tile`), split along K until the grid covers the GPU eight times.
 - M = 2..16: the swapped-operand tensor-core kernel (the 128-row weight tile is the MMA's large side, the
-  16 token slots its narrow one), split along K until the grid covers the GPU four times (8 K tiles per
-  split at least) or else twice. Weights the packed 16-bit decode reads take :data:`_PACKED_SMALL_M`'s tiles
-  (e2m1 codes from M = 1 on). ``block_m`` 2 or 4 without ``swap`` still selects the GEMV kernel when a
-  config asks for it.
+  16 token slots its narrow one), split along K until the grid covers the GPU four times (1024 columns of K
+  per split at least) or else twice; 8-bit weights with K tiles of 64. Weights the packed 16-bit decode reads
+  take :data:`_PACKED_SMALL_M`'s tiles (e2m1 codes from M = 1 on). ``block_m`` 2 or 4 without ``swap`` still
+  selects the GEMV kernel when a config asks for it.
 - M up to 128: tensor-core tiles that grow with M, split along K until the grid covers the GPU twice.
 - M > 128 without bias and with ``out_dtype == x.dtype``: ``dequant_first``, the weight dequantized once per
   call to the activations' dtype and one cuBLAS GEMM: one more pass over the weight, which cuBLAS's
@@ -91,7 +91,8 @@ def smem_estimate(cfg: TileConfig, bits: int, group_k: int = 0, act_order: bool 
     stages both dot operands through it (``(BM + BN) * BK`` 16-bit values). Calibrated against
     ``compiled.metadata.shared`` of ahead-of-time compiles for sm_80 and sm_90 (exact for the tiled buckets
     without act-order; tests/test_triton_smem.py checks the chooser's results). The swapped-operand kernel
-    stages the same tiles, its activations one stage more on some Triton versions. The GEMV kernel
+    stages the same tiles, its activations one stage more on some Triton versions, and a conversion of its
+    weight tile or its accumulator (Triton's scratch space, counted as the larger of the two). The GEMV kernel
     (``block_m <= 4``) keeps its fp32 products in registers and reduces them through shared memory once: at
     most ``[BM, BN, BK]`` fp32; on its packed path (whole-word fields, one row) per-word sums
     ``[BN, BK / fields]`` and the activation tile it redistributes, counted twice.
@@ -108,9 +109,12 @@ def smem_estimate(cfg: TileConfig, bits: int, group_k: int = 0, act_order: bool 
     else:
         groups = bn * max(bk // group_k, 1) * 8 if group_k else bn * 8
     per_stage = bm * bk * 2 + words + groups
-    # triton 3.8 pipelines the swapped kernel's activation tile one stage deeper than the weight's
-    extra_x = bm * bk * 2 if cfg.swap else 0
-    return (cfg.num_stages - 1) * per_stage + extra_x + (bm + bn) * bk * 2
+    swapped = 0
+    if cfg.swap:
+        # triton 3.8 pipelines the activation tile one stage deeper than the weight's; the decoded tile may pass
+        # through shared memory on its way to the MMA's register operand, or the accumulator on its way out
+        swapped = bm * bk * 2 + max(bn * bk * 2, bm * bn * 4)
+    return (cfg.num_stages - 1) * per_stage + swapped + (bm + bn) * bk * 2
 
 
 def wna16_config(
@@ -135,6 +139,8 @@ def wna16_config(
         cfg = _ZERO_POINT_BUCKETS.get(bound, cfg)
     if packed and (bound == 16 or (bound == 1 and packed == "float")):
         cfg = _PACKED_SMALL_M[packed]
+    elif cfg.swap and bits == 8:  # the weight bytes of the 4-bit tile (bench/results/h100/dequant16_2026-12-07/)
+        cfg = cfg.replace(block_k=64)
     if cfg.block_m <= 4:
         cfg = _gemv_tile(cfg, bits, group_k, act_order)
     if 32 % bits:  # fields straddle words: each element reads its two words, so keep the staged tiles small
@@ -144,11 +150,11 @@ def wna16_config(
     k_tiles = -(-k // cfg.block_k)
     # Small programs (the GEMV's, no staged tiles; the swapped kernel's 16 token slots): several per
     # multiprocessor keep enough loads in flight (bench/results/h200/triton_decode.json: the split variants
-    # at M = 1 .. 16). The swapped kernel goes to four waves only while each split keeps 8 K tiles (its
-    # partial sums are 16 rows wide), else to two.
+    # at M = 1 .. 16). The swapped kernel goes to four waves only while each split keeps 1024 columns of K
+    # (its partial sums are 16 rows wide), else to two.
     if cfg.swap:
         split = max(
-            choose_split_k(tiles, k_tiles, sm_count, waves=4, min_k_tiles=8),
+            choose_split_k(tiles, k_tiles, sm_count, waves=4, min_k_tiles=max(1, 1024 // cfg.block_k)),
             choose_split_k(tiles, k_tiles, sm_count, waves=2),
         )
     else:
