@@ -1,10 +1,11 @@
 """A/B of the Triton WnA16 kernels' packed 16-bit decode (``HUMMING_TRITON_PACKED_DECODE`` on against off), same
 process, same inputs: the data behind turning it on by default (issue 26).
 
-For each case, shape and M it times the chooser's config and the decode-size tiles beside it (the swapped-operand
-kernel, the tiled kernel's 16-row and 64-row tiles), each with the fp32 decode and with the packed one, on separate
-weight copies past the L2 (a launch is made ready once per weight, under the flag as it was then). Every variant
-is checked against the float64 product of the dequantized weight before it is timed (CUDA-graph time,
+For each case, shape and M it times the chooser's config (with the packed decode on, the default) and the tiles
+beside it (the swapped-operand kernel, the tiled kernel's 16-, 32- and 64-row tiles; above 128 tokens its 128-row
+tiles against the dequantize-first GEMM), each with the fp32 decode and with the packed one, on separate weight
+copies past the L2 (a launch is made ready once per weight, under the flag as it was then). Every variant is
+checked against the float64 product of the dequantized weight before it is timed (CUDA-graph time,
 :func:`humming.timing.time_calls`); torch bf16 and the byte floor sit beside. Writes one JSON row per
 (case, shape, M, variant) and prints a table.
 
@@ -36,9 +37,10 @@ CASES = {
     "int4-g128": dict(weight="int4", group_size=128, scale_dtype=torch.bfloat16),
     "mxfp4": dict(weight="mxfp4"),
     "uint4-zp-g128": dict(weight="int4", group_size=128, zero_point=True, scale_dtype=torch.bfloat16),
+    "nvfp4": dict(weight="nvfp4"),
 }
 SHAPES = ((28672, 8192), (8192, 8192))
-M_VALUES = (16, 1, 4, 64, 256)
+M_VALUES = (16, 1, 4, 64, 256, 1024)
 #: The copy roof the floors are read against (bytes / s).
 ROOF = 4.3e12
 FLAG = "HUMMING_TRITON_PACKED_DECODE"
@@ -58,6 +60,9 @@ def variants(m: int, n: int, k: int, default: TileConfig, sm_count: int) -> dict
         out["tiled-32"] = fill(TileConfig(32, 64, 128, num_warps=4, num_stages=4), 2)
     elif m <= 128:
         out["tiled-64"] = fill(TileConfig(64, 128, 64, num_warps=4, num_stages=4), 2)
+    else:  # the tiled kernel against the dequantize-first GEMM the chooser takes above 128 tokens
+        out["tiled-128"] = fill(TileConfig(128, 128, 64, num_warps=8, num_stages=4), 2)
+        out["tiled-128x256"] = fill(TileConfig(128, 256, 64, num_warps=8, num_stages=3), 2)
     return out
 
 
@@ -89,7 +94,8 @@ def main() -> int:
                     break
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 torch_us = time_calls([lambda x=x, d=dense: x @ d.T])["graph_us"]
-                default = wna16.default_config(weights["0"][0], x)
+                os.environ[FLAG] = "1"  # the chooser's config with the packed decode on, its default
+                default = wna16.default_config(weights["1"][0], x)
                 for name, cfg in variants(m, n, k, default, sm_count).items():
                     row = dict(case=case, n=n, k=k, m=m, variant=name, config=cfg.name(), torch_us=torch_us)
                     row["floor_us"] = floor_us

@@ -138,8 +138,6 @@ def compile_specs() -> list[registry.CompileSpec]:
         ("uint4-zp-g64", quantize(w, "int4", 64, True, scale_dtype=torch.bfloat16), torch.bfloat16, medium, 80),
         ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, swap, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, swap_packed, 80),
-        ("uint4-zp-g128", quantize(w, "int4", 128, True, scale_dtype=torch.bfloat16), torch.bfloat16, swap_packed, 80),
-        ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, small, 80),
         ("nvfp4", quantize(w, "nvfp4"), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, small, 80),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, large, 80),
