@@ -209,6 +209,8 @@ def test_small_m_tiles_follow_the_decode(packed: str) -> None:
     if not packed:  # 8-bit weights: the 4-bit tile's weight bytes per K tile
         assert wna16_config(8, 28672, 8192, 8, 132, 0, 232448).block_k == 64
     assert pick(64) == wna16_config(64, 28672, 8192, 4, 132, 128, 232448)
+    with pytest.raises(ValueError, match="packed"):
+        wna16_config(8, 28672, 8192, 4, 132, 128, 232448, packed="e2m1")
 
 
 def test_config_override_rejects_unknown_field() -> None:

@@ -14,14 +14,15 @@ instead (PTX through ``tl.inline_asm_elementwise``, two code words per invocatio
   at most 9 bits: exact in both formats);
 - one ``fma`` multiplies by the scale and adds -0: the product of a 4-bit integer and a 16-bit float is exact
   in fp32, so its one rounding to the 16-bit format is the rounding :func:`humming.dequantize` applies to
-  ``(q - z) * float32(scale)``. The result is bit-equal to the fp32 decode rounded to the activations' dtype
-  (tests/test_triton_wna16.py compares the two paths bit for bit on the GPU).
+  ``(q - z) * float32(scale)``. The tile is bit-equal to the fp32 decode rounded to the activations' dtype
+  (tests/test_triton_dequant.py checks it bit for bit on the GPU; the GEMMs built on it may order K
+  differently inside their MMA instructions, tests/test_triton_wna16.py).
 
 e2m1 codes with e8m0 scales (MXFP4) or e4m3 scales (NVFP4) and bf16 activations take the same path with their
 own placement of the bits (:func:`_e2m1_asm`): an e2m1 value has at most 2 significant bits and an e4m3 scale 4,
 so their product is exact in bf16, and so is the tile. NVFP4's fp32 global scale would round that product
 again: the tile leaves it out, and the GEMM kernels multiply their fp32 accumulators by it
-(``global_scale_after``); the dequantization kernel, which has no accumulator, keeps the fp32 decode for it.
+(:func:`times_global_scale`); the dequantization kernel, which has no accumulator, keeps the fp32 decode for it.
 
 It applies where those steps are exact (:func:`dequant16_applies`): int4 / uint4 codes with 16-bit scales of
 the activations' dtype and integer zero points of at most 8 bits, or MXFP4 / NVFP4 for bf16; no act-order; on
@@ -57,12 +58,12 @@ __all__ = [
     "dequant16_applies",
     "dequantized_tile",
     "fields_to_tile",
-    "global_scale_after",
     "load_weight_tile_16",
     "packed_asm",
     "packed_codes",
     "packed_decode",
     "ptx_of",
+    "times_global_scale",
 ]
 
 #: Per 16-bit format: (the bits of 2^m, whose mantissa holds a 4-bit field in its low bits; the bits of 1.0).
@@ -322,7 +323,7 @@ def dequantized_tile(
     weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr, PACKED: tl.constexpr
 ):
     """``[BN, BK]`` of ``humming.dequantize(qw, DTYPE)``: by :func:`load_weight_tile_16` with the PTX the host chose
-    (``PACKED``, :func:`packed_decode`; the global scale left out, see :func:`global_scale_after`), else (``""``)
+    (``PACKED``, :func:`packed_decode`; the global scale left out, see :func:`times_global_scale`), else (``""``)
     the fp32 decode rounded once."""
     if len(PACKED) > 0:
         w = load_weight_tile_16(weight, spec, offs_n, k0, N, K, BK, EVEN_K, DTYPE, PACKED)
@@ -332,7 +333,7 @@ def dequantized_tile(
 
 
 @triton.jit
-def global_scale_after(acc, weight, spec, PACKED: tl.constexpr):
+def times_global_scale(acc, weight, spec, PACKED: tl.constexpr):
     """A GEMM's fp32 accumulator of :func:`dequantized_tile`'s tiles times the weight's global scale where the
     packed tiles left it out (``PACKED`` non-empty and the weight has one), else ``acc`` as it is."""
     if len(PACKED) > 0 and spec.HAS_GS:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._dequant16 import dequantized_tile, global_scale_after
+from ._dequant16 import dequantized_tile, times_global_scale
 from ._tiles import route_tile, store_tile, tile_ids
 from ._weight_tile import (
     WeightArgs,
@@ -108,7 +108,7 @@ def _wna16_kernel(
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
         w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, x.dtype, PACKED)
         acc = dot(x, tl.trans(w), acc)
-    acc = global_scale_after(acc, weight, WEIGHT, PACKED)
+    acc = times_global_scale(acc, weight, WEIGHT, PACKED)
 
     store_tile(acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 
@@ -162,7 +162,7 @@ def _wna16_swap_kernel(
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok if EVEN_K else m_ok & (offs_k[None, :] < K), other=0.0)
         w = dequantized_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K, x.dtype, PACKED)
         acc = dot(w, tl.trans(x), acc)
-    acc = global_scale_after(acc, weight, WEIGHT, PACKED)
+    acc = times_global_scale(acc, weight, WEIGHT, PACKED)
     store_tile(tl.trans(acc), out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 
 

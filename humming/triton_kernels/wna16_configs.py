@@ -134,6 +134,8 @@ def wna16_config(
     ``zero_points``, read by the packed 16-bit decode (``packed``: ``"int"`` or ``"float"``, the kind of its
     codes) or not (``""``), on a device with ``sm_count`` multiprocessors and ``smem_limit`` bytes of shared
     memory per block (0: no limit); :func:`smem_estimate` of the result fits."""
+    if packed and packed not in _PACKED_SMALL_M:
+        raise ValueError(f"packed: expected '', 'int' or 'float' (the kind of codes decoded), got {packed!r}")
     bound, cfg = next((bound, c) for bound, c in _BUCKETS if bound is None or m <= bound)
     if zero_points:
         cfg = _ZERO_POINT_BUCKETS.get(bound, cfg)
