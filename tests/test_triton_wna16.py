@@ -81,16 +81,27 @@ CASES = [
 SHAPES = [(1, 64, 256), (5, 40, 200), (33, 48, 136)]
 
 
+def _kernel_weights(qw, x: torch.Tensor, cfg: TileConfig) -> torch.Tensor:
+    """The weights the kernel multiplies, in float64: the fp32 decode on the GEMV path (block_m <= 4); on the
+    tensor-core paths each weight rounded once to x's dtype, except a global-scaled weight on the packed decode,
+    whose tiles hold ``code * scale`` exactly and whose sums the kernel multiplies by the global scale."""
+    from humming.triton_kernels._dequant16 import packed_decode
+
+    if cfg.block_m <= 4 and not cfg.swap:
+        return humming.dequantize(qw, torch.float32).double()
+    if qw.global_scale is not None and packed_decode(qw, x.dtype, cfg.block_k, x.device, global_scale_after=True):
+        return humming.dequantize(qw, torch.float64)
+    return humming.dequantize(qw, x.dtype).double()
+
+
 def _check(case: Case, qw, x, bias, out_dtype, config=None) -> None:
     m, n = x.shape[0], qw.N
     out = torch.full((m, n), float("nan"), dtype=out_dtype, device=x.device)
     result = wna16.linear(x, qw, bias, out_dtype, config=config, out=out)
     assert result.data_ptr() == out.data_ptr()
     assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} outputs not written (NaN poison left)"
-    # The GEMV path (block_m <= 4) uses the fp32 weights; the tensor-core paths round them to x's dtype.
-    cfg = config or wna16_config(m, n, qw.K, qw.bits, 1)
-    gemv = cfg.block_m <= 4 and not cfg.swap
-    ref = x.double() @ humming.dequantize(qw, torch.float32 if gemv else x.dtype).double().T
+    cfg = config or wna16.default_config(qw, x)
+    ref = x.double() @ _kernel_weights(qw, x, cfg).T
     if bias is not None:
         ref = ref + bias.double()
     err = rel_err(out, ref)
