@@ -3,9 +3,10 @@ instruction by instruction by a small emulator here, gives ``humming.dequantize`
 and zero point, over scales of random significands across the binades; and the host's choice of when it applies.
 
 The emulator knows the instructions the decode uses (``mov``, ``prmt`` in its default mode, ``shr``, ``shl``,
-``and``, ``lop3``, ``fma.rn`` on bf16 / f16 pairs). An ``fma`` is computed exactly in float64 (its operands are
-16-bit floats and its products of these decodes fit in fp32's significand) and rounded once to the 16-bit
-format through fp32, which is exact up to that last rounding. The GPU tests (tests/test_triton_dequant.py,
+``and``, ``lop3``, ``fma.rn`` on bf16 / f16 pairs, ``cvt.rn.satfinite.e4m3x2.f16x2``). The scaled GEMM's packed
+e4m3 decode (humming/triton_kernels/_decode_e4m3.py) runs on it too. An ``fma`` is computed exactly in float64
+(its operands are 16-bit floats and its products of these decodes fit in fp32's significand) and rounded once
+to the 16-bit format through fp32, which is exact up to that last rounding. The GPU tests (tests/test_triton_dequant.py,
 tests/test_triton_wna16.py) check the same bits on the hardware.
 """
 
@@ -21,7 +22,7 @@ import triton
 import triton.language as tl
 
 import humming
-from humming.triton_kernels import _dequant16
+from humming.triton_kernels import _decode_e4m3, _dequant16
 
 MASK = 0xFFFFFFFF
 HALF = {"bf16x2": torch.bfloat16, "f16x2": torch.float16}
@@ -62,7 +63,9 @@ def run_ptx(ptx: str, operands: dict[int, int]) -> dict[int, int]:
             continue
         op, args = line.split(None, 1)
         dst, *src = [t.strip() for t in args.split(",")]
-        if op == "mov.b32":
+        if op == "mov.b32" and src[0].startswith("{"):  # two 16-bit registers, low half first
+            regs[dst] = read(src[0][1:]) | read(src[1][:-1]) << 16
+        elif op == "mov.b32":
             regs[dst] = read(src[0])
         elif op == "prmt.b32":
             regs[dst] = _prmt(read(src[0]), read(src[1]), read(src[2]))
@@ -74,6 +77,10 @@ def run_ptx(ptx: str, operands: dict[int, int]) -> dict[int, int]:
             regs[dst] = read(src[0]) & read(src[1])
         elif op == "lop3.b32":
             regs[dst] = _lop3(read(src[0]), read(src[1]), read(src[2]), int(src[3], 16))
+        elif op == "cvt.rn.satfinite.e4m3x2.f16x2":  # each half rounded once, clamped to +-448; low half low
+            e4m3 = _halves(read(src[0]), torch.float16).clamp(-448, 448).to(torch.float8_e4m3fn)
+            codes = e4m3.view(torch.uint8).to(torch.int32)
+            regs[dst] = int(codes[0]) | int(codes[1]) << 8
         elif op.startswith("fma.rn."):
             dtype = HALF[op.split(".")[-1]]
             a, b, c = (_halves(read(t), dtype) for t in src)
@@ -162,6 +169,48 @@ def test_packed_ptx_gives_the_reference_bits(weight, group_size, zero_point, dty
                     assert got == int(ref[row, c]), (row, c, hex(got), hex(int(ref[row, c])))
 
 
+@pytest.mark.parametrize("signed, zero_points", [(True, False), (False, False), (False, True)], ids=str)
+def test_packed_e4m3_ptx_gives_the_fp32_decode_bits(signed, zero_points, seed) -> None:
+    """The scaled GEMM's packed e4m3 decode gives, for every 4-bit code of four random words (and any uint8 zero
+    point, whose ``q - z`` may need rounding), the e4m3 byte the fp32 decode converts to: ``e4m3(q - z)``."""
+    ptx = _decode_e4m3.e4m3_asm(signed, zero_points)
+    for _ in range(64):
+        words = [int(w) & MASK for w in torch.randint(-(2**31), 2**31, (4,), dtype=torch.int64)]
+        zeros = torch.randint(0, 256, (4,)) if zero_points else torch.zeros(4, dtype=torch.int64)
+        operands = dict(zip(range(8, 12), words))
+        if zero_points:
+            neg = [_bits16(-float(z), torch.float16) for z in zeros]
+            operands.update({12: neg[0] | neg[1] << 16, 13: neg[2] | neg[3] << 16})
+        out = run_ptx(ptx, operands)
+        for field in range(8):
+            for i, word in enumerate(words):
+                code = (word >> 4 * field) & 0xF
+                value = code - 16 if signed and code >= 8 else code
+                expected = torch.tensor(float(value - int(zeros[i]))).to(torch.float8_e4m3fn).view(torch.uint8)
+                got = (out[field] >> 8 * i) & 0xFF
+                assert got == int(expected), (field, i, hex(word), int(zeros[i]), hex(got), hex(int(expected)))
+
+
+def test_the_host_takes_the_packed_e4m3_decode_where_it_is_exact(monkeypatch) -> None:
+    """``e4m3_applies`` (off under the interpreter: patched here) takes int4 / uint4 codes (uint8 zero points) on
+    the e4m3 MMA from sm_89 on, with the scales promoted or applied at the end, not folded into the weight;
+    ``packed_e4m3`` adds ``HUMMING_TRITON_PACKED_DECODE``."""
+    monkeypatch.setattr(_decode_e4m3, "INTERPRET", False)
+    w = torch.randn(64, 256)
+    int4 = humming.quantize(w, "int4", 128, scale_dtype=torch.bfloat16)
+    applies = lambda qw, mma="e4m3", w_scale="promote", cc=(9, 0): _decode_e4m3.e4m3_applies(qw, mma, w_scale, cc)
+    assert applies(int4) and applies(int4, cc=(8, 9)) and applies(int4, w_scale="end")
+    assert not applies(int4, cc=(8, 0)) and not applies(int4, mma="bf16") and not applies(int4, w_scale="fold")
+    assert applies(humming.quantize(w, "int4", 128, True, scale_dtype=torch.bfloat16))
+    assert not applies(humming.quantize(w, "int8", -1, scale_dtype=torch.float32))
+    assert not applies(humming.quantize(w, "mxfp4"))
+    assert not applies(humming.quantize(w, "int4", 32, g_idx=torch.arange(256) % 8, scale_dtype=torch.bfloat16))
+    monkeypatch.delenv("HUMMING_TRITON_PACKED_DECODE", raising=False)
+    assert _decode_e4m3.packed_e4m3(int4, "e4m3", "promote", (9, 0)) == _decode_e4m3.e4m3_asm(True, False)
+    monkeypatch.setenv("HUMMING_TRITON_PACKED_DECODE", "0")
+    assert _decode_e4m3.packed_e4m3(int4, "e4m3", "promote", (9, 0)) == ""
+
+
 @triton.jit
 def _fields_probe(out_ptr, BN: tl.constexpr, BKW: tl.constexpr):
     """Field ``j`` of word ``w`` in row ``n`` holds ``n * 8 * BKW + 8w + j``: its place in the tile."""
@@ -184,7 +233,7 @@ def test_fields_land_in_their_columns(bn, bkw, device) -> None:
 @triton.jit
 def _scales_probe(s_ptr, out_ptr, N, K, stride_sn, k0, BN: tl.constexpr, BK: tl.constexpr, WEIGHT: tl.constexpr):
     """The 16-bit scale the packed decode hands the PTX for each code word of the tile at ``k0``."""
-    vals = _dequant16._per_word(s_ptr, stride_sn, tl.arange(0, BN), k0, N, K, BK, WEIGHT, True, tl.bfloat16, True)
+    vals = _dequant16.per_word(s_ptr, stride_sn, tl.arange(0, BN), k0, N, K, BK, WEIGHT, True, tl.bfloat16, True)
     offs = tl.arange(0, BN)[:, None] * (BK // 8) + tl.arange(0, BK // 8)[None, :]
     tl.store(out_ptr + offs, tl.broadcast_to(vals, (BN, BK // 8)))
 

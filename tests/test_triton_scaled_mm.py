@@ -224,3 +224,42 @@ def test_scaled_mm_gpu(case, m, seed):
 @pytest.mark.parametrize("case", [c for c in CASES if c.act in ("fp8", "fp8_g128")][:3], ids=str)
 def test_scaled_mm_gpu_large(case, seed):
     _run(case, 8192, 28672, 8192, "cuda", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 200])
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("int4-g128-bf16", "uint4-zp-g64")], ids=str)
+def test_packed_e4m3_decode_matches_the_fp32_decode(case, m, seed, monkeypatch):
+    """W4A8 with the packed e4m3 decode (humming/triton_kernels/_decode_e4m3.py) against the fp32 decode, on two
+    weights of the same values (a launch is made ready under the flag as it is at its first call): the operand
+    tiles are bit-equal (tests/test_triton_packed_ptx.py), so the outputs may differ only by the order of the
+    fp32 sums (2 ulps plus 2^-16 of ``|A| @ |W|^T``); a weight in a wrong column moves an output by about 2^-11
+    of it. Both are checked against the float64 reference first."""
+    from humming.triton_kernels import _decode_e4m3
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("the packed e4m3 decode needs sm_89 (cvt to e4m3x2)")
+    w = torch.randn(1024, 2048, device="cuda")
+    fast, plain = case.quantize(w), case.quantize(w)
+    x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+    scheme = humming.ACT_SCHEMES[case.act]
+    qa = humming.quantize_activation(x, scheme)
+    capability = torch.cuda.get_device_capability()
+    plan = scaled_mm.compute_plan(fast, scheme, scaled_mm.act_group_k(scheme), capability)
+    assert _decode_e4m3.e4m3_ptx(fast, plan.mma, plan.w_scale, capability), "the case does not take the packed decode"
+    outs = {}
+    for flag, qw in (("1", fast), ("0", plain)):
+        monkeypatch.setenv("HUMMING_TRITON_PACKED_DECODE", flag)
+        out = torch.full((m, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
+        scaled_mm.linear(qa, qw, None, None, torch.bfloat16, None, out)
+        outs[flag] = out
+    a = humming.dequantize_activation(qa, torch.float64)
+    wd = humming.dequantize(plain, torch.float64)
+    ref, magnitudes = a @ wd.T, a.abs() @ wd.abs().T
+    for out in outs.values():
+        assert not torch.isnan(out).any()
+        assert bool(((out.double() - ref).abs() <= 5e-4 * magnitudes + 2.0**-8 * ref.abs()).all())
+    ulp = 2.0**-8 * torch.maximum(outs["1"].abs(), outs["0"].abs()).double()
+    excess = (outs["1"].double() - outs["0"].double()).abs() - (2 * ulp + magnitudes * 2**-16)
+    worst = divmod(int(excess.argmax()), excess.shape[1])
+    assert bool((excess <= 0).all()), f"{worst}: {outs['1'][worst].item()} vs {outs['0'][worst].item()}"

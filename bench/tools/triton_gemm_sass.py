@@ -66,12 +66,12 @@ def chosen_spec(label: str, arch: int, m: int):
         if isinstance(plan, str):
             return None, plan, None
         cfg = plan_config(plan, qw, m, capability, limits, (n, k))
-        return scaled_mm.kernel_spec(label, qw, scheme, plan, torch.bfloat16, cfg), cfg.name(), plan
+        return scaled_mm.kernel_spec(label, qw, scheme, plan, torch.bfloat16, cfg, arch), cfg.name(), plan
     group_k = max(qw.group_shape[1], 0)
     cfg = wna16_config(m, n, k, qw.bits, limits.sm_count, group_k, limits.smem_per_block)
     name = cfg.name()
     cfg = cfg.replace(dequant_first=False)  # the fused kernel, also where the chooser picks dequantize + cuBLAS
-    return wna16.kernel_spec(label, qw, act, cfg), name, None
+    return wna16.kernel_spec(label, qw, act, cfg, arch), name, None  # the arch's packed decode where it applies
 
 
 def analyse(spec, arch: int) -> dict:

@@ -62,6 +62,7 @@ __all__ = [
     "packed_asm",
     "packed_codes",
     "packed_decode",
+    "per_word",
     "ptx_of",
     "times_global_scale",
 ]
@@ -249,7 +250,7 @@ def _as_16_bit(vals, spec, DTYPE: tl.constexpr, SCALES: tl.constexpr):
 
 
 @triton.jit
-def _per_word(
+def per_word(
     ptr,
     stride_n,
     offs_n,
@@ -292,9 +293,9 @@ def load_weight_tile_16(
     if not EVEN_K:
         ok = ok & (offs_w[None, :] < (K + 7) // 8)
     words = tl.load(rows + offs_w[None, :], mask=ok, other=0)
-    scales = _per_word(weight.s, weight.stride_sn, offs_n, k0, N, K, BK, spec, EVEN_K, DTYPE, True)
+    scales = per_word(weight.s, weight.stride_sn, offs_n, k0, N, K, BK, spec, EVEN_K, DTYPE, True)
     if spec.HAS_ZP:
-        zeros = _per_word(weight.z, weight.stride_zn, offs_n, k0, N, K, BK, spec, EVEN_K, DTYPE, False)
+        zeros = per_word(weight.z, weight.stride_zn, offs_n, k0, N, K, BK, spec, EVEN_K, DTYPE, False)
         args = [words, scales, zeros]
         constraints: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r"
     else:

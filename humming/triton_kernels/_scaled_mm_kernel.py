@@ -8,6 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._decode_e4m3 import load_weight_tile_e4m3
 from ._tiles import route_tile, store_tile, tile_ids
 from ._weight_tile import (
     WeightArgs,
@@ -60,21 +61,26 @@ def _weight_operand(
     N,
     K,
     BK: tl.constexpr,
+    EVEN_K: tl.constexpr,
     MMA: tl.constexpr,
     MMA_DTYPE: tl.constexpr,
     W_SCALE: tl.constexpr,
+    PACKED: tl.constexpr,
 ):
     """The weight operand ``[BK, BN]`` of one K step: ``decode(q) - zero`` (times a folded scale), exact in the
-    MMA type; for int8 MMAs the integer ``q - zero`` itself."""
-    codes = unpack_tile(weight, spec, offs_n, k0, N, K, BK)
-    if MMA == "int8":
+    MMA type; for int8 MMAs the integer ``q - zero`` itself; with ``PACKED`` (:mod:`._decode_e4m3`) the same
+    e4m3 operand by packed conversion."""
+    if len(PACKED) > 0:
+        w_op = load_weight_tile_e4m3(weight, spec, offs_n, k0, N, K, BK, EVEN_K, PACKED)
+    elif MMA == "int8":
+        codes = unpack_tile(weight, spec, offs_n, k0, N, K, BK)
         W_BITS: tl.constexpr = spec.W_BITS
         w_int = (codes << (32 - W_BITS)) >> (32 - W_BITS) if spec.W_KIND == 0 else codes
         if spec.HAS_ZP:
             w_int = w_int - zero_tile(weight, spec, offs_n, offs_k, k0, N, K, BK).to(tl.int32)
         w_op = w_int.to(tl.int8)
     else:
-        w_val = decode_weight(codes, weight, spec)
+        w_val = decode_weight(unpack_tile(weight, spec, offs_n, k0, N, K, BK), weight, spec)
         if spec.HAS_ZP:
             w_val = w_val - zero_tile(weight, spec, offs_n, offs_k, k0, N, K, BK).to(tl.float32)
         if W_SCALE == "fold":
@@ -138,6 +144,7 @@ def _scaled_mm_kernel(
     WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile), without act-order
     GROUPED: tl.constexpr,  # MoE: rows use expert expert_ptr[row // route_bm] (as wna16's grouped kernel)
     GATHER: tl.constexpr,  # MoE: output row r reads activation row rows_ptr[r] (codes and scales; -1: zeros)
+    PACKED: tl.constexpr = "",  # the packed e4m3 decode's PTX (_decode_e4m3.packed_e4m3), or "" (fp32 decode)
 ):
     pid_m, pid_n = tile_ids(M, N, BM, BN, GROUP_M)
     expert, offs_m, src, src_ok = route_tile(expert_ptr, rows_ptr, pid_m, M, route_bm, BM, GROUPED, GATHER)
@@ -228,7 +235,9 @@ def _scaled_mm_kernel(
                 b_raw = tl.load(w_rows + offs_k[None, :], mask=b_mask, other=0.0)
                 b_op = tl.trans(b_raw)
             else:
-                b_op = _weight_operand(weight, WEIGHT, offs_n, offs_k, k0, N, K, BK, MMA, MMA_DTYPE, W_SCALE)
+                b_op = _weight_operand(
+                    weight, WEIGHT, offs_n, offs_k, k0, N, K, BK, EVEN_K, MMA, MMA_DTYPE, W_SCALE, PACKED
+                )
 
             if PROMOTE:
                 # Each K step's partial product joins the fp32 accumulator with its scales.

@@ -12,6 +12,7 @@ from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
 from ..workspaces import WORKSPACES
 from . import registry
+from ._decode_e4m3 import e4m3_ptx, packed_e4m3
 from ._launch import LaunchesByWeight, PreparedLaunch
 from ._scaled_mm_kernel import _scaled_mm_kernel
 from ._scaled_mm_plan import (
@@ -174,6 +175,7 @@ class _Ready:
             "WEIGHT": _weight(qweight),
             "GROUPED": grouped,
             "GATHER": rows is not None,
+            "PACKED": packed_e4m3(qweight, plan.mma, plan.w_scale, device_capability(device)),
         }
         cfg_grid = grid(cfg, m, n)
         self.workspace_words = split_k_words(m, n, cfg_grid[0]) if self.split else 0
@@ -225,6 +227,7 @@ def compile_specs() -> list[registry.CompileSpec]:
         ("e4m3-channel", quantize(w, "e4m3", -1, scale_dtype=torch.float32), "fp8", (9, 0), 89, torch.bfloat16),
         ("fp8-block128", quantize(w, "fp8_block"), "fp8_g128", (9, 0), 89, torch.bfloat16),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), "fp8", (9, 0), 89, torch.bfloat16),
+        ("uint4-zp-g128", quantize(w, "int4", 128, True, scale_dtype=torch.float16), "fp8", (9, 0), 89, torch.float16),
         ("mxfp4", quantize(w, "mxfp4"), "fp8", (9, 0), 80, torch.bfloat16),
         ("nf4-g64", quantize(w, "nf4", 64, scale_dtype=torch.float16), "fp8", (8, 0), 75, torch.float16),
         ("nvfp4", quantize(w, "nvfp4"), "nvfp4", (8, 0), 75, torch.float16),
@@ -308,6 +311,7 @@ def kernel_spec(
             "WEIGHT": _weight(qw),
             "GROUPED": qw.num_experts is not None,
             "GATHER": gather,
+            "PACKED": e4m3_ptx(qw, plan.mma, plan.w_scale, divmod(min_arch, 10)),
         },
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

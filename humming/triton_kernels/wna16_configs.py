@@ -11,7 +11,7 @@ order, within the tolerances the tests state.
   work): 128 rows of 16 words (four 16-byte loads per thread and row) where fields fill whole words
   (:func:`_gemv_tile`), split along K until the grid covers the GPU eight times.
 - M = 2..16: the swapped-operand tensor-core kernel (the 128-row weight tile is the MMA's large side, the
-  16 token slots its narrow one), split along K until the grid covers the GPU four times (1024 columns of K
+  16 token slots its narrow one), split along K until the grid covers the GPU four times (2048 columns of K
   per split at least) or else twice; 8-bit weights with K tiles of 64. Weights the packed 16-bit decode reads
   take :data:`_PACKED_SMALL_M`'s tiles (e2m1 codes from M = 1 on). ``block_m`` 2 or 4 without ``swap`` still
   selects the GEMV kernel when a config asks for it.
@@ -152,11 +152,11 @@ def wna16_config(
     k_tiles = -(-k // cfg.block_k)
     # Small programs (the GEMV's, no staged tiles; the swapped kernel's 16 token slots): several per
     # multiprocessor keep enough loads in flight (bench/results/h200/triton_decode.json: the split variants
-    # at M = 1 .. 16). The swapped kernel goes to four waves only while each split keeps 1024 columns of K
+    # at M = 1 .. 16). The swapped kernel goes to four waves only while each split keeps 2048 columns of K
     # (its partial sums are 16 rows wide), else to two.
     if cfg.swap:
         split = max(
-            choose_split_k(tiles, k_tiles, sm_count, waves=4, min_k_tiles=max(1, 1024 // cfg.block_k)),
+            choose_split_k(tiles, k_tiles, sm_count, waves=4, min_k_tiles=max(1, 2048 // cfg.block_k)),
             choose_split_k(tiles, k_tiles, sm_count, waves=2),
         )
     else:
