@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .._env import env
 from ..ir.weight import QuantizedWeight
-from ._dequant16 import fields_to_tile, per_word
+from ._dequant16 import code_words, fields_to_tile, per_word
 from ._weight_tile import KIND_INT, KIND_UINT, weight_spec
 from .interpreter import INTERPRET
 
@@ -103,13 +103,7 @@ def load_weight_tile_e4m3(weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN
     """``[BN, BK]`` e4m3 values ``q - z`` of rows ``offs_n``, columns ``k0 .. k0 + BK`` (the fp32 decode's
     operand, bit for bit) for the weights :func:`e4m3_applies` accepts. Elements outside ``[N, K]`` are finite
     garbage, as the fp32 decode's."""
-    BKW: tl.constexpr = BK // 8
-    rows = weight.qw + offs_n.to(tl.int64)[:, None] * weight.stride_qn
-    offs_w = tl.multiple_of(k0 // 8, BKW) + tl.arange(0, BKW)
-    ok = offs_n[:, None] < N
-    if not EVEN_K:
-        ok = ok & (offs_w[None, :] < (K + 7) // 8)
-    words = tl.load(rows + offs_w[None, :], mask=ok, other=0)
+    words = code_words(weight, offs_n, k0, N, K, BK, EVEN_K)
     if spec.HAS_ZP:
         zeros = per_word(weight.z, weight.stride_zn, offs_n, k0, N, K, BK, spec, EVEN_K, tl.float16, False)
         args = [words, tl.broadcast_to(zeros, words.shape)]

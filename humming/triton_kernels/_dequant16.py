@@ -55,6 +55,7 @@ from ._weight_tile import (
 from .interpreter import INTERPRET, cast
 
 __all__ = [
+    "code_words",
     "dequant16_applies",
     "dequantized_tile",
     "fields_to_tile",
@@ -279,6 +280,19 @@ def per_word(
 
 
 @triton.jit
+def code_words(weight, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """The int32 code words ``[BN, BK // 8]`` of 4-bit fields holding columns ``k0 .. k0 + BK`` of rows ``offs_n``
+    (0 outside ``[N, K]``)."""
+    BKW: tl.constexpr = BK // 8
+    rows = weight.qw + offs_n.to(tl.int64)[:, None] * weight.stride_qn
+    offs_w = tl.multiple_of(k0 // 8, BKW) + tl.arange(0, BKW)
+    ok = offs_n[:, None] < N
+    if not EVEN_K:
+        ok = ok & (offs_w[None, :] < (K + 7) // 8)
+    return tl.load(rows + offs_w[None, :], mask=ok, other=0)
+
+
+@triton.jit
 def load_weight_tile_16(
     weight, spec, offs_n, k0, N, K, BK: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr, PACKED: tl.constexpr
 ):
@@ -286,13 +300,7 @@ def load_weight_tile_16(
     :func:`dequant16_applies` accepts (the same bits as rounding :func:`~._weight_tile.load_weight_tile`'s tile
     to ``DTYPE``), without the global scale (the caller applies it after the dot). Elements outside ``[N, K]``
     are finite garbage, as there."""
-    BKW: tl.constexpr = BK // 8
-    rows = weight.qw + offs_n.to(tl.int64)[:, None] * weight.stride_qn
-    offs_w = tl.multiple_of(k0 // 8, BKW) + tl.arange(0, BKW)
-    ok = offs_n[:, None] < N
-    if not EVEN_K:
-        ok = ok & (offs_w[None, :] < (K + 7) // 8)
-    words = tl.load(rows + offs_w[None, :], mask=ok, other=0)
+    words = code_words(weight, offs_n, k0, N, K, BK, EVEN_K)
     scales = per_word(weight.s, weight.stride_sn, offs_n, k0, N, K, BK, spec, EVEN_K, DTYPE, True)
     if spec.HAS_ZP:
         zeros = per_word(weight.z, weight.stride_zn, offs_n, k0, N, K, BK, spec, EVEN_K, DTYPE, False)
