@@ -21,7 +21,7 @@ import humming
 
 wna16 = pytest.importorskip("humming.triton_kernels.wna16")
 from humming.triton_kernels.configs import TileConfig  # noqa: E402
-from humming.triton_kernels.wna16_configs import TILED_16, wna16_config  # noqa: E402
+from humming.triton_kernels.wna16_configs import TILED_16, smem_estimate, wna16_config  # noqa: E402
 
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
@@ -366,3 +366,35 @@ def test_wna16_strided_g_idx(seed: int, device: str) -> None:
     x = torch.randn(7, k, device=device).to(torch.bfloat16)
     _check(case, qw, x, None, torch.bfloat16, config=TileConfig(16, 32, 64))  # the tiled kernel
     _check(case, qw, x[:2], None, torch.bfloat16, config=TileConfig(2, 32, 64))  # the GEMV kernel
+
+
+#: packed kind -> the kernel the chooser picks at M = 1, 8, 256 and 1024 (28672 x 8192 int4 g128 on an H100)
+_CHOSEN = {
+    "int": ("gemv", "swap-n64", "fused", "dequant-first"),
+    "float": ("tiled-16", "tiled-16", "fused", "dequant-first"),
+    "": ("gemv", "swap-n128", "dequant-first", "dequant-first"),
+}
+
+
+def _kernel_of(cfg: TileConfig) -> str:
+    if cfg.dequant_first:
+        return "dequant-first"
+    if cfg.swap:
+        return f"swap-n{cfg.block_n}"
+    if cfg.block_m <= 4:
+        return "gemv"
+    return f"tiled-{cfg.block_m}" if cfg.block_m == 16 else "fused"
+
+
+@pytest.mark.parametrize("packed", list(_CHOSEN))
+def test_chooser_buckets_for_the_packed_decode(packed: str) -> None:
+    """The kernels :func:`wna16_config` picks by M for weights the packed 16-bit decode reads (``packed``: the kind
+    of their codes) and for the others (``""``): e2m1 codes on the 16-row tiled kernel from one token, integer
+    codes on the 64-row swapped tile up to 16 tokens, packed weights on the fused 128-row tile up to 256 tokens
+    where the others dequantize first; each tile within an H100's shared memory."""
+    limit, sms = 232448, 132
+    chosen = [wna16_config(m, 28672, 8192, 4, sms, 128, limit, packed=packed) for m in (1, 8, 256, 1024)]
+    assert tuple(_kernel_of(cfg) for cfg in chosen) == _CHOSEN[packed]
+    assert all(smem_estimate(cfg, 4, 128) <= limit for cfg in chosen)
+    with pytest.raises(ValueError, match="packed"):
+        wna16_config(8, 64, 256, 4, sms, packed="e2m1")

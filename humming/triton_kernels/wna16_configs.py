@@ -18,7 +18,8 @@ order, within the tolerances the tests state.
 - M up to 128: tensor-core tiles that grow with M, split along K until the grid covers the GPU twice.
 - M > 128 without bias and with ``out_dtype == x.dtype``: ``dequant_first``, the weight dequantized once per
   call to the activations' dtype and one cuBLAS GEMM: one more pass over the weight, which cuBLAS's
-  large-tile efficiency pays back at large M.
+  large-tile efficiency pays back at large M; weights the packed 16-bit decode reads keep the fused kernel up
+  to :data:`_PACKED_FUSED_MAX_M` tokens.
 
 Which of these, or a CUDA kernel, runs a call is the dispatcher's decision (``humming/dispatch/``, per-GPU
 tables from ``python -m humming tune``); ``bench/results/<gpu>/`` holds the timings.
@@ -63,6 +64,13 @@ _PACKED_SMALL_M = {
     "int": TileConfig(16, 64, 128, num_warps=4, num_stages=3, swap=True),
     "float": TILED_16,
 }
+
+#: Up to this many tokens above 128, weights the packed decode reads stay on the fused 128-row tile: it ran as fast
+#: as dequantize-first at 8192 x 8192 and 1.2-1.5x faster at 28672 x 8192 at M = 256 (one pass over the packed
+#: weight against two over the 16-bit one); at M = 1024 cuBLAS's tile efficiency wins
+#: (bench/results/h100/triton_2026-12-07/: triton_gemm.json, triton_gemm_8192.json).
+_PACKED_FUSED_MAX_M = 256
+_PACKED_FUSED = TileConfig(128, 128, 64, num_warps=8, num_stages=3)
 
 
 def _gemv_tile(cfg: TileConfig, bits: int, group_k: int, act_order: bool) -> TileConfig:
@@ -141,6 +149,8 @@ def wna16_config(
         cfg = _ZERO_POINT_BUCKETS.get(bound, cfg)
     if packed and (bound == 16 or (bound == 1 and packed == "float")):
         cfg = _PACKED_SMALL_M[packed]
+    elif packed and cfg.dequant_first and m <= _PACKED_FUSED_MAX_M:
+        cfg = _PACKED_FUSED
     elif cfg.swap and bits == 8:  # the weight bytes of the 4-bit tile (bench/results/h100/dequant16_2026-12-07/)
         cfg = cfg.replace(block_k=64)
     if cfg.block_m <= 4:
@@ -153,7 +163,8 @@ def wna16_config(
     # Small programs (the GEMV's, no staged tiles; the swapped kernel's 16 token slots): several per
     # multiprocessor keep enough loads in flight (bench/results/h200/triton_decode.json: the split variants
     # at M = 1 .. 16). The swapped kernel goes to four waves only while each split keeps 2048 columns of K
-    # (its partial sums are 16 rows wide), else to two.
+    # (its partial sums are 16 rows wide), else to two (bench/results/h100/triton_2026-12-07/
+    # triton_decode_split1024.json: 8192 x 8192 int4 at M = 4 / 16, four splits 27.0 / 27.6 us, eight 30.7 / 31.3).
     if cfg.swap:
         split = max(
             choose_split_k(tiles, k_tiles, sm_count, waves=4, min_k_tiles=max(1, 2048 // cfg.block_k)),
