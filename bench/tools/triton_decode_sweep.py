@@ -65,6 +65,10 @@ def variants(m: int, n: int, k: int, qw, default: TileConfig, sm_count: int) -> 
         out["gemv-st3"] = default.replace(num_stages=3)
         out["gemv-split/2"] = default.replace(split_k=max(1, default.split_k // 2))
         out["gemv-split*2"] = default.replace(split_k=default.split_k * 2)
+        # twice the words in flight per thread and iteration, the grid kept
+        wide = default.replace(block_k=default.block_k * 2, split_k=max(1, default.split_k // 2))
+        out["gemv-k*2"] = wide
+        out["gemv-k*2-st2"] = wide.replace(num_stages=2)
     if default.swap:
         for bn, bk in ((64, 128), (128, 64), (64, 256)):
             out[f"swap-n{bn}k{bk}"] = fill(default.replace(block_n=bn, block_k=bk), 2)
@@ -78,6 +82,7 @@ def variants(m: int, n: int, k: int, qw, default: TileConfig, sm_count: int) -> 
     if m > 1:
         out["swap-waves4"] = fill(wna16.wna16_config(16, n, k, qw.bits, sm_count), 4)
     out["tiled-16"] = fill(TILED_16, 2)  # the tiled kernel's 16-row tile (M = 2..16 before the swapped kernel)
+    out["default-again"] = default  # timed last: the spread of one config's time within the run
     return out
 
 
