@@ -10,7 +10,7 @@
 | ``HUMMING_CACHE_LOCK_TIMEOUT`` | finite non-negative seconds to wait for a cache entry's lock | 600 |
 | ``HUMMING_KERNELS_SITE`` | a folder: the peer library the benchmarks import | none |
 | ``HUMMING_PDL`` | a flag: programmatic launches of the CUDA kernels behind the kernel before them (sm_90+) | on |
-| ``HUMMING_TRITON_PACKED_DECODE`` | a flag: the Triton WnA16 kernels' packed 16-bit decode where it is exact | on |
+| ``HUMMING_TRITON_PACKED_DECODE`` | a flag: the Triton kernels' packed 4-bit decodes where exact | on |
 | ``TRITON_INTERPRET`` | a flag: Triton's CPU interpreter (Triton too reads 1 / true / yes / on as on) | off |
 
 A flag is ``1`` / ``true`` / ``yes`` / ``on`` or ``0`` / ``false`` / ``no`` / ``off`` (any case). An empty or
