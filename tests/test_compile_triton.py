@@ -34,10 +34,26 @@ def _compile(arch: int) -> list[dict]:
     return json.loads(proc.stdout)
 
 
-@pytest.fixture(scope="module")
-def compiled() -> dict:
+def _compile_all() -> dict[int, list[dict]]:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return {arch: pool.submit(_compile, arch) for arch in registry.ARCHS}
+        futures = {arch: pool.submit(_compile, arch) for arch in registry.ARCHS}
+        return {arch: future.result() for arch, future in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[int, list[dict]]:
+    """The compile check's results per architecture, computed once per run: under pytest-xdist the first
+    worker to need them compiles (on every core) and the others read its results from the run's shared
+    temporary folder, instead of each worker compiling everything again on the same cores."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _compile_all()
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "compile_triton.json"  # one folder per run, all workers
+    with FileLock(f"{shared}.lock"):
+        if not shared.is_file():
+            shared.write_text(json.dumps(_compile_all()))
+        return {int(arch): results for arch, results in json.loads(shared.read_text()).items()}
 
 
 @pytest.mark.parametrize("arch", registry.ARCHS, ids=lambda a: f"sm_{a}")
@@ -51,7 +67,7 @@ def test_every_family_is_compiled_for_every_arch(arch: int) -> None:
 
 @pytest.mark.parametrize("arch", registry.ARCHS, ids=lambda a: f"sm_{a}")
 def test_every_kernel_compiles(arch: int, compiled: dict) -> None:
-    results = compiled[arch].result()
+    results = compiled[arch]
     names = {r["name"] for r in results}
     assert any(n.startswith("wna16-") for n in names) and any(n.startswith("dequant-") for n in names)
     failed = [f"{r['name']}: {r['problem']}" for r in results if not r["ok"]]
