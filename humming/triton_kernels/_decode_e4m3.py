@@ -2,9 +2,9 @@
 group (private).
 
 The scaled GEMM's fp8 path (W4A8: int4 / uint4 weights on e4m3 activations) decodes each weight in fp32 and
-converts it to e4m3: about 13 instructions per weight in the K loop of its sm_90 tile, with the tile stored to
-shared memory one byte at a time (bench/results/cpu-sass/triton_scaled_mm.md), three times what the wgmma of
-the tile takes to issue. Here (PTX through ``tl.inline_asm_elementwise``, four code words per invocation):
+converts it to e4m3, with the tile stored to shared memory one byte at a time: its K loop issues several times
+what the tile's wgmma takes (bench/results/cpu-sass/triton_w4a8_packed.md). Here (PTX through
+``tl.inline_asm_elementwise``, four code words per invocation):
 
 - a field is OR'd into the mantissa of an fp16 of value 1024 (``lop3`` on one field of two words at a time,
   a signed field's sign bit flipped in the same instruction): the fp16 holds ``1024 + c`` exactly;

@@ -65,10 +65,10 @@ _PACKED_SMALL_M = {
     "float": TILED_16,
 }
 
-#: Up to this many tokens above 128, weights the packed decode reads stay on the fused 128-row tile: it ran as fast
-#: as dequantize-first at 8192 x 8192 and 1.2-1.5x faster at 28672 x 8192 at M = 256 (one pass over the packed
-#: weight against two over the 16-bit one); at M = 1024 cuBLAS's tile efficiency wins
-#: (bench/results/h100/triton_2026-12-07/: triton_gemm.json, triton_gemm_8192.json).
+#: Up to this many tokens above 128, weights the packed decode reads stay on the fused 128-row tile: one pass over
+#: the packed weight against dequantize-first's two over the 16-bit one, which at M = 256 ran as fast or faster;
+#: at M = 1024 cuBLAS's tile efficiency wins (bench/results/h100/triton_2026-12-07/: triton_gemm.json,
+#: triton_gemm_8192.json).
 _PACKED_FUSED_MAX_M = 256
 _PACKED_FUSED = TileConfig(128, 128, 64, num_warps=8, num_stages=3)
 
@@ -164,7 +164,7 @@ def wna16_config(
     # multiprocessor keep enough loads in flight (bench/results/h200/triton_decode.json: the split variants
     # at M = 1 .. 16). The swapped kernel goes to four waves only while each split keeps 2048 columns of K
     # (its partial sums are 16 rows wide), else to two (bench/results/h100/triton_2026-12-07/
-    # triton_decode_split1024.json: 8192 x 8192 int4 at M = 4 / 16, four splits 27.0 / 27.6 us, eight 30.7 / 31.3).
+    # triton_decode_split1024.json: shorter splits measured slower at 8192 x 8192).
     if cfg.swap:
         split = max(
             choose_split_k(tiles, k_tiles, sm_count, waves=4, min_k_tiles=max(1, 2048 // cfg.block_k)),
