@@ -14,7 +14,16 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["CPU_LIMITS", "KNOWN_LIMITS", "DeviceInfo", "DeviceLimits", "device_index", "device_info", "device_limits"]
+__all__ = [
+    "CPU_LIMITS",
+    "KNOWN_LIMITS",
+    "DeviceInfo",
+    "DeviceLimits",
+    "device_index",
+    "device_info",
+    "device_limits",
+    "resident_blocks",
+]
 
 
 class DeviceLimits(NamedTuple):
@@ -96,3 +105,23 @@ def device_limits(device: torch.device | str | int | None = None) -> DeviceLimit
     if isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu":
         return CPU_LIMITS
     return device_info(device).limits
+
+
+#: Shared memory the hardware reserves per resident block (sm_80 and later; sm_75 reserves none: one more
+#: KiB per block only makes the count conservative there).
+_SMEM_PER_BLOCK_RESERVED = 1024
+
+
+def resident_blocks(device: torch.device | str | int | None, num_warps: int, regs_per_thread: int, smem: int) -> int:
+    """How many blocks of one kernel (``num_warps`` warps, ``regs_per_thread`` registers, ``smem`` bytes of
+    shared memory per block) one multiprocessor of CUDA ``device`` holds at once: the least that its
+    registers (allocated per warp in units of 256), threads, shared memory and block slots allow, at least 1.
+    What a persistent kernel sizes its grid by."""
+    props = torch.cuda.get_device_properties(device_index(device))
+    warp_regs = -(-regs_per_thread * 32 // 256) * 256
+    counts = [16, props.max_threads_per_multi_processor // (32 * num_warps)]
+    if warp_regs:
+        counts.append(props.regs_per_multiprocessor // warp_regs // num_warps)
+    if smem:
+        counts.append(props.shared_memory_per_multiprocessor // (smem + _SMEM_PER_BLOCK_RESERVED))
+    return max(1, min(counts))

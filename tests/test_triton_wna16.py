@@ -155,6 +155,46 @@ def test_wna16_tile_configs(config: TileConfig, seed: int, device: str) -> None:
     _check(case, qw, x, torch.randn(40, device=device), torch.bfloat16, config=config)
 
 
+@pytest.mark.parametrize("waves", [1, 3])
+@pytest.mark.parametrize("config", [TileConfig(1, 16, 32), TileConfig(2, 16, 32)], ids=lambda c: c.name())
+def test_wna16_gemv_stream_k(config: TileConfig, waves: int, seed: int, device: str) -> None:
+    """The persistent GEMV deals 5 output tiles' K tiles (N and K ragged; 13 each on the interpreter, 32 on a
+    GPU) over its programs (on the interpreter one multiprocessor holding one, so 1 or 3 programs; on a GPU
+    the first call runs one per multiprocessor and wave, fewer than the K tiles at one wave, the later ones as
+    many as the compiled kernel lets a multiprocessor hold): shares that cover whole output tiles, that end
+    inside one, and that run from one tile into the next all write every output once, with the bias once,
+    whatever the order in which the parts arrive. Called twice: the workspace is left zero."""
+    case = Case("int4", group_size=32)
+    k = 400 if device == "cpu" else 1000
+    qw = case.quantize(torch.randn(72, k, device=device))
+    config = config.replace(split_k=waves)
+    for _ in range(2):
+        x = torch.randn(config.block_m, k, device=device).to(torch.bfloat16)
+        _check(case, qw, x, torch.randn(72, device=device), torch.bfloat16, config=config)
+
+
+@pytest.mark.parametrize("regs, held", [(124, 4), (168, 3), (249, 2), (80, 6)])
+def test_gemv_grid_is_what_the_multiprocessors_hold(regs: int, held: int, monkeypatch) -> None:
+    """The persistent GEMV's grid: one program per multiprocessor before its kernel is compiled, then as many
+    as an H100's multiprocessor holds of the compiled kernel (4 warps: its registers decide), times the waves,
+    capped at one program per K tile."""
+    import types
+
+    from humming.device import DeviceLimits
+    from humming.triton_kernels import _wna16_launch
+
+    h100 = types.SimpleNamespace(regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048)
+    h100.shared_memory_per_multiprocessor = 233472
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: h100)
+    monkeypatch.setattr(_wna16_launch, "device_limits", lambda device: DeviceLimits(132, 232448, 233472))
+    kernel = types.SimpleNamespace(n_regs=regs, metadata=types.SimpleNamespace(shared=512))
+    cuda = torch.device("cuda", 0)
+    for waves in (1, 2):
+        first, regrid = _wna16_launch._gemv_grids(cuda, 224 * 64, TileConfig(1, 128, 128, split_k=waves))
+        assert first == (132 * waves, 1) and regrid(kernel) == (132 * held * waves, 1)
+    assert _wna16_launch._gemv_grids(cuda, 200, TileConfig(1, 128, 128))[1](kernel) == (200, 1)
+
+
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_wna16_dequant_first(x_dtype: torch.dtype, seed: int, device: str) -> None:
     """The large-M path (dequantize once, one library GEMM) where it applies, the tiled kernel where not."""

@@ -57,18 +57,14 @@ def variants(m: int, n: int, k: int, qw, default: TileConfig, sm_count: int) -> 
     fill = lambda cfg, waves: cfg.replace(
         split_k=choose_split_k(-(-m // cfg.block_m) * -(-n // cfg.block_n), -(-k // cfg.block_k), sm_count, waves)
     )
-    if default.block_m <= 4 and not default.swap:
+    if default.block_m <= 4 and not default.swap:  # the persistent GEMV: split_k is its waves
         for bn in (64, 256):
-            out[f"gemv-n{bn}"] = fill(default.replace(block_n=bn), 4)
+            out[f"gemv-n{bn}"] = default.replace(block_n=bn)
         out["gemv-w8"] = default.replace(num_warps=8)
         out["gemv-st2"] = default.replace(num_stages=2)
-        out["gemv-st3"] = default.replace(num_stages=3)
-        out["gemv-split/2"] = default.replace(split_k=max(1, default.split_k // 2))
-        out["gemv-split*2"] = default.replace(split_k=default.split_k * 2)
-        # twice the words in flight per thread and iteration, the grid kept
-        wide = default.replace(block_k=default.block_k * 2, split_k=max(1, default.split_k // 2))
-        out["gemv-k*2"] = wide
-        out["gemv-k*2-st2"] = wide.replace(num_stages=2)
+        for waves in (2, 4):
+            out[f"gemv-waves{waves}"] = default.replace(split_k=waves)
+        out["gemv-k*2"] = default.replace(block_k=default.block_k * 2)  # twice the words in flight per thread
     if default.swap:
         for bn, bk in ((64, 128), (128, 64), (64, 256)):
             out[f"swap-n{bn}k{bk}"] = fill(default.replace(block_n=bn, block_k=bk), 2)
@@ -102,6 +98,7 @@ def main() -> int:
     parser.add_argument("--shapes", default=None, help="NxK,... (default: the standard shapes)")
     parser.add_argument("--m", default=",".join(map(str, M_VALUES)))
     parser.add_argument("--budget-s", type=float, default=math.inf, help="stop timing new shapes after this")
+    parser.add_argument("--variants", default=None, help="only these variants (comma-separated names)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, check only (the CPU interpreter)")
     args = parser.parse_args()
     start = time.perf_counter()
@@ -132,7 +129,10 @@ def main() -> int:
                 x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
                 default = wna16.default_config(first, x)
                 timed = {}
-                for name, cfg in variants(m, n, k, first, default, limits.sm_count).items():
+                chosen = variants(m, n, k, first, default, limits.sm_count)
+                if args.variants:
+                    chosen = {name: cfg for name, cfg in chosen.items() if name in args.variants.split(",")}
+                for name, cfg in chosen.items():
                     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
                     try:
                         wna16.linear(x, first, None, torch.bfloat16, config=cfg, out=out)

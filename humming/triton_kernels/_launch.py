@@ -188,6 +188,10 @@ class CompiledLaunches:
         """Whether a launch with ``key``, ``args`` and ``num_warps`` finds its kernel compiled already."""
         return (key, num_warps, self._constexprs(args)) in self.compiled
 
+    def kernel(self, key, args: tuple, num_warps: int) -> CompiledKernel | None:
+        """The compiled kernel a launch with ``key``, ``args`` and ``num_warps`` runs, once it has one."""
+        return self.compiled.get((key, num_warps, self._constexprs(args)))
+
     def direct_launch(self, key, args: tuple, num_warps: int) -> DirectLaunch | None:
         """The :class:`DirectLaunch` a launch with ``key``, ``args`` and ``num_warps`` uses, if it has one."""
         return self.direct.get((key, num_warps, self._constexprs(args)))
@@ -219,12 +223,16 @@ class CompiledLaunches:
 
 class PreparedLaunch:
     """One kind of call of Triton kernel ``fn`` made ready: its grid, launch options and every argument but the
-    tensors that change between calls (``per_call``, parameter names), in the kernel's order. A call passes
+    tensors that change between calls (``per_call``, parameter names), in the kernel's order. ``regrid``
+    (a persistent kernel: its grid depends on how many of its blocks a multiprocessor holds) maps the compiled
+    kernel to the grid of every launch after the first, which runs on ``grid`` and compiles it. A call passes
     those tensors; they and the device make the launch key of :class:`CompiledLaunches` (each one's dtype and
     16-byte alignment: what Triton specializes a pointer on), so ``values`` must hold everything else a
     compiled kernel depends on, and the prepared launch is kept per such kind of call by its caller."""
 
-    def __init__(self, fn, grid, values: dict, per_call: tuple[str, ...], num_warps: int, **options) -> None:
+    def __init__(
+        self, fn, grid, values: dict, per_call: tuple[str, ...], num_warps: int, regrid=None, **options
+    ) -> None:
         names = list(fn.arg_names)
         missing = [name for name in names if name not in values and name not in per_call]
         if missing:
@@ -233,6 +241,7 @@ class PreparedLaunch:
         self.slots = tuple(names.index(name) for name in per_call)
         self.grid = (*grid, 1, 1)[:3]
         self.num_warps, self.options = num_warps, options
+        self.regrid = regrid
         self.launches = CompiledLaunches(fn)
         self.direct: dict = {}  # launch key -> (its DirectLaunch, the fields of the per-call tensors)
 
@@ -257,6 +266,10 @@ class PreparedLaunch:
             args[slot] = tensor
         launches, args = self.launches, tuple(args)
         launches.launch(key, self.grid, args, self.num_warps, device, **self.options)
+        kernel = launches.kernel(key, args, self.num_warps)
+        if self.regrid is not None and kernel is not None:
+            self.grid = (*self.regrid(kernel), 1, 1)[:3]
+            self.regrid = None
         launch = launches.direct_launch(key, args, self.num_warps)
         if launch is not None:
             launch.set(args)

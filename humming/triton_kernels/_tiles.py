@@ -14,7 +14,7 @@ import triton.language as tl
 
 from .interpreter import cast
 
-__all__ = ["route_tile", "split_k_words", "store_tile", "tile_ids"]
+__all__ = ["add_partial_tile", "route_tile", "split_k_words", "store_tile", "tile_ids"]
 
 
 def split_k_words(m: int, n: int, tiles: int) -> int:
@@ -76,29 +76,44 @@ def store_tile(
     acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr
 ):
     """Writes the fp32 tile ``acc`` (rows ``offs_m``, columns ``offs_n``) to ``out_ptr``: plus the bias,
-    rounded once to the output's dtype.
+    rounded once to the output's dtype. Split along K (``SPLIT_K > 1``), each program adds its slice through
+    :func:`add_partial_tile`, as one of ``SPLIT_K`` parts of the tile of its ``program_id(0)``."""
+    if SPLIT_K > 1:
+        add_partial_tile(
+            acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, tl.program_id(0), 1, SPLIT_K
+        )
+    else:
+        _store_out(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS)
 
-    Split along K (``SPLIT_K > 1``), each program adds its slice into the workspace ``ws_ptr`` (32-bit words,
-    :func:`split_k_words`; zero between calls) and counts itself in its tile's arrival count; the last to
-    arrive reads the totals back with atomic exchanges, which leave zeros, resets the count, and writes the
-    output as above. The order of the additions varies between calls (the last bits of fp32). The exchanges
-    move the fp32 bits as int32 (what every Triton version, its interpreter too, exchanges)."""
+
+@triton.jit
+def add_partial_tile(
+    acc, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS: tl.constexpr, tile, parts, total
+):
+    """Adds the fp32 partial sums ``acc`` of output tile ``tile`` into the workspace ``ws_ptr`` (32-bit words,
+    :func:`split_k_words`; zero between calls) and counts ``parts`` (of ``total``) into the tile's arrival
+    count; the call that completes the count reads the totals back with atomic exchanges, which leave zeros,
+    resets the count, and writes the output as :func:`store_tile` does. The order of the additions varies
+    between calls (the last bits of fp32). The exchanges move the fp32 bits as int32 (what every Triton
+    version, its interpreter too, exchanges)."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    words = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    sums = ws_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
+    tl.atomic_add(sums + words, acc, mask=mask, sem="relaxed")
+    tl.debug_barrier()  # every thread's additions before the tile's arrival
+    count = ws_ptr + (M * N + tile)
+    if tl.atomic_add(count, parts, sem="acq_rel") == total - parts:
+        zeros = tl.zeros(acc.shape, dtype=tl.int32)
+        acc = tl.atomic_xchg(ws_ptr + words, zeros, mask=mask, sem="relaxed").to(tl.float32, bitcast=True)
+        tl.atomic_xchg(count, 0, sem="relaxed")
+        _store_out(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS)
+
+
+@triton.jit
+def _store_out(acc, out_ptr, stride_om, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS: tl.constexpr):
+    """``acc`` plus the bias, rounded once to the output's dtype, into ``out_ptr``."""
     out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if SPLIT_K > 1:
-        words = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        sums = ws_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
-        tl.atomic_add(sums + words, acc, mask=mask, sem="relaxed")
-        tl.debug_barrier()  # every thread's additions before the tile's arrival
-        count = ws_ptr + (M * N + tl.program_id(0))
-        if tl.atomic_add(count, 1, sem="acq_rel") == SPLIT_K - 1:
-            zeros = tl.zeros(acc.shape, dtype=tl.int32)
-            acc = tl.atomic_xchg(ws_ptr + words, zeros, mask=mask, sem="relaxed").to(tl.float32, bitcast=True)
-            tl.atomic_xchg(count, 0, sem="relaxed")
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-            tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=mask)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out, cast(acc, out_ptr.dtype.element_ty), mask=mask)

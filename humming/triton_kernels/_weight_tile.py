@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ..ir.weight import QuantizedWeight
+from .interpreter import and_or
 
 __all__ = [
     "WeightArgs",
@@ -247,7 +248,7 @@ def int_fields(words, spec, zoff):
     high = (tl.arange(0, PER_WORD) >= PER_WORD // 2)[:, None, None]
     w = words
     half = tl.where(high, w >> 16, w)
-    bits = (half & (((1 << W_BITS) - 1) << offset)) | 0x4B000000
+    bits = and_or(half, ((1 << W_BITS) - 1) << offset, 0x4B000000)
     pow2 = ((offset + 127) << 23).to(tl.float32, bitcast=True)
     return bits.to(tl.float32, bitcast=True) - (8388608.0 + zoff * pow2)
 

@@ -7,9 +7,10 @@ and layout (:mod:`._weight_tile`).
   accumulation); with ``GROUPED`` the MoE grouped GEMM, with ``GATHER`` reading token rows through an index.
 - :func:`_wna16_swap_kernel`: few tokens (M <= 16) on tensor cores with the operands swapped: the weight
   tile is the MMA's 64/128-row side and the tokens its 16-wide side, so no MMA row is idle.
-- :func:`_wna16_gemv_kernel`: decode (M <= 4) without tensor cores.
+- :func:`_wna16_gemv_kernel`: decode (M <= 4) without tensor cores, persistent and stream-K.
 
-Both split K when a config asks (fp32 atomics into a workspace).
+The tiled and swapped kernels split K when a config asks; all three add partial sums into a workspace with
+fp32 atomics (:func:`~._tiles.add_partial_tile`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ._dequant16 import dequantized_tile, times_global_scale
-from ._tiles import route_tile, store_tile, tile_ids
+from ._tiles import add_partial_tile, route_tile, store_tile, tile_ids
 from ._weight_tile import (
     WeightArgs,
     decode_weight,
@@ -228,13 +229,61 @@ def _wna16_gemv_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    SPLIT_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
     EVEN_K: tl.constexpr,
 ):
     """Decode (M <= BM <= 4): no tensor cores. Products accumulate in fp32 registers and are reduced along K
-    once, after the loop.
+    once per output tile.
+
+    Persistent and stream-K: the grid's programs deal the ``cdiv(N, BN) * cdiv(K, BK)`` K tiles of all output
+    tiles evenly among themselves (tile-major), so every program streams the same number of weight bytes and
+    the grid, sized to the multiprocessors, ends in one wave whatever the shape. A program whose share covers
+    a whole output tile writes it; a share that starts or ends inside one adds its partial sums into the
+    workspace (:func:`~._tiles.add_partial_tile`), and whichever part completes the tile writes it.
+    """
+    weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
+    offs_m = tl.arange(0, BM)
+    k_tiles = tl.cdiv(K, BK)
+    units = tl.cdiv(N, BN).to(tl.int64) * k_tiles
+    pid = tl.program_id(0).to(tl.int64)
+    unit = pid * units // tl.num_programs(0)
+    end = (pid + 1) * units // tl.num_programs(0)
+    while unit < end:
+        tile = (unit // k_tiles).to(tl.int32)
+        first = (unit - tile.to(tl.int64) * k_tiles).to(tl.int32)
+        last = tl.minimum(first + (end - unit), k_tiles).to(tl.int32)
+        offs_n = tile * BN + tl.arange(0, BN)
+        y = _gemv_tile_sums(x_ptr, weight, WEIGHT, offs_m, offs_n, M, N, K, stride_xm, first, last, BM, BN, BK, EVEN_K)
+        if last - first == k_tiles:
+            store_tile(y, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, 1)
+        else:
+            add_partial_tile(
+                y, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, tile, last - first, k_tiles
+            )
+        unit += last - first
+
+
+@triton.jit
+def _gemv_tile_sums(
+    x_ptr,
+    weight,
+    WEIGHT: tl.constexpr,
+    offs_m,
+    offs_n,
+    M,
+    N,
+    K,
+    stride_xm,
+    first,
+    last,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """fp32 ``[BM, BN]``: the products of rows ``offs_m`` of x and rows ``offs_n`` of the weight over K tiles
+    ``first .. last - 1``.
 
     Whole-word fields in groups of whole words (every format but 3/5/6/7-bit codes and act-order): the word
     tile ``[BN, BK / f]`` (``f`` fields per word) is decoded in place into ``[BN, BK / f, f]``
@@ -247,15 +296,6 @@ def _wna16_gemv_kernel(
     what tensor cores need). Results are at least as accurate as the tensor-core path's; they differ from it
     by up to one bf16/fp16 rounding of each weight, inside the tolerances the tests state.
     """
-    weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, gidx_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
-    offs_m = tl.arange(0, BM)
-    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
-    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    m_ok = offs_m[:, None] < M
-    k_tiles = tl.cdiv(K, BK)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
-    first = tl.program_id(1) * per_split
-    last = tl.minimum(first + per_split, k_tiles)
     PER_WORD: tl.constexpr = 32 // WEIGHT.W_BITS
     PACKED: tl.constexpr = (
         BM == 1 and (32 % WEIGHT.W_BITS == 0) and (not WEIGHT.ACT_ORDER) and (WEIGHT.GK % PER_WORD == 0)
@@ -268,7 +308,7 @@ def _wna16_gemv_kernel(
         BKW: tl.constexpr = BK // PER_WORD
         acc = tl.zeros((1, BN, BKW), dtype=tl.float32)
         n_words = (K * WEIGHT.W_BITS + 31) // 32
-        q_rows = qw_ptr + offs_n.to(tl.int64)[None, :, None] * stride_qn
+        q_rows = weight.qw + offs_n.to(tl.int64)[None, :, None] * weight.stride_qn
         n_ok = offs_n[None, :, None] < N
         x_scale = _field_scales(weight, WEIGHT)[:, None, None]
         for t in range(first, last):
@@ -291,6 +331,8 @@ def _wna16_gemv_kernel(
             acc += part
         y = tl.sum(tl.sum(acc, axis=2), axis=0)[None, :]
     else:
+        x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+        m_ok = offs_m[:, None] < M
         acc = tl.zeros((BM, BN, BK), dtype=tl.float32)
         for t in range(first, last):
             k0 = t * BK
@@ -299,4 +341,4 @@ def _wna16_gemv_kernel(
             w = load_weight_tile(weight, WEIGHT, offs_n, k0, N, K, BK, EVEN_K)
             acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
         y = tl.sum(acc, axis=2)
-    store_tile(y, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
+    return y

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..device import KNOWN_LIMITS
+from ..device import KNOWN_LIMITS, device_limits, resident_blocks
 from ..ir.weight import QuantizedWeight
 from ..workspaces import WORKSPACES
 from . import registry
@@ -62,8 +62,9 @@ class _Ready:
         m, n, k = out.shape[0], qweight.N, x.shape[1]
         t = kernel_tensors(qweight)
         self.m, self.n, self.route_bm, self.stand_in = m, n, route_bm, t["qw"]
-        self.split = cfg.split_k > 1
         self.tiled = not cfg.swap and cfg.block_m > 4  # else the swapped-operand or the GEMV kernel
+        gemv = not cfg.swap and not self.tiled
+        self.split = cfg.split_k > 1 or gemv  # the GEMV's stream-K shares may end inside an output tile
         values = {
             **pointer_args(t),
             "M": m,
@@ -77,11 +78,12 @@ class _Ready:
             "BM": cfg.block_m,
             "BN": cfg.block_n,
             "BK": cfg.block_k,
-            "SPLIT_K": cfg.split_k,
             "HAS_BIAS": bias is not None,
             "EVEN_K": k % cfg.block_k == 0,
             "WEIGHT": weight_spec(qweight),
         }
+        if not gemv:
+            values["SPLIT_K"] = cfg.split_k
         per_call = ("x_ptr", "bias_ptr", "out_ptr", "ws_ptr")
         kernel = _wna16_swap_kernel if cfg.swap else _wna16_gemv_kernel
         if cfg.swap or self.tiled:
@@ -101,9 +103,14 @@ class _Ready:
                 stride_be=bias.stride(0) if grouped and bias is not None else 0,
                 route_bm=route_bm,
             )
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
-        self.workspace_words = split_k_words(m, n, grid[0]) if self.split else 0
-        self.launch = PreparedLaunch(kernel, grid, values, per_call, cfg.num_warps, num_stages=cfg.num_stages)
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        grid, regrid = (tiles, cfg.split_k), None
+        if gemv:  # persistent: split_k waves of what the multiprocessors hold, at most one program per K tile
+            grid, regrid = _gemv_grids(x.device, tiles * triton.cdiv(k, cfg.block_k), cfg)
+        self.workspace_words = split_k_words(m, n, tiles) if self.split else 0
+        self.launch = PreparedLaunch(
+            kernel, grid, values, per_call, cfg.num_warps, regrid=regrid, num_stages=cfg.num_stages
+        )
 
     def __call__(self, x, bias, out, expert_ids, rows) -> torch.Tensor:
         device = x.device
@@ -114,6 +121,16 @@ class _Ready:
             tensors += (stand_in if expert_ids is None else expert_ids, stand_in if rows is None else rows)
         self.launch(device.index, *tensors)
         return out
+
+
+def _gemv_grids(device: torch.device, units: int, cfg: TileConfig):
+    """The persistent GEMV's grid before its kernel is compiled (one program per multiprocessor and wave) and
+    the function of the compiled kernel that gives the grid after (as many per multiprocessor as it holds);
+    never more programs than ``units`` (K tiles of all output tiles)."""
+    sm_count = device_limits(device).sm_count
+    grid = lambda per_sm: (min(units, sm_count * per_sm * cfg.split_k), 1)
+    held = lambda kernel: resident_blocks(device, cfg.num_warps, kernel.n_regs, kernel.metadata.shared)
+    return grid(1), lambda kernel: grid(held(kernel))
 
 
 def compile_specs() -> list[registry.CompileSpec]:
@@ -181,14 +198,14 @@ def kernel_spec(
             "x_ptr": "*" + triton_type(x_dtype),
             "bias_ptr": "*fp32",
             "out_ptr": "*" + triton_type(x_dtype),
-            "ws_ptr": "*i32" if cfg.split_k > 1 else "*" + triton_type(x_dtype),  # no split-K: the output
+            "ws_ptr": "*i32" if cfg.split_k > 1 or is_gemv else "*" + triton_type(x_dtype),  # no split-K: the output
             **({} if narrow else {"expert_ptr": "*i32", "rows_ptr": "*i32"}),
         },
         constexprs={
             "BM": cfg.block_m,
             "BN": cfg.block_n,
             "BK": cfg.block_k,
-            "SPLIT_K": cfg.split_k,
+            **({} if is_gemv else {"SPLIT_K": cfg.split_k}),
             **({} if narrow else tiled),
             "HAS_BIAS": True,
             "EVEN_K": True,

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from .._env import env
 
-__all__ = ["INTERPRET", "cast", "dot", "fma", "fp8_dot", "sort_distinct"]
+__all__ = ["INTERPRET", "and_or", "cast", "dot", "fma", "fp8_dot", "sort_distinct"]
 
 #: True when kernels run under Triton's CPU interpreter (read once, at import, as Triton itself does).
 INTERPRET = env("TRITON_INTERPRET")
@@ -53,6 +53,21 @@ def _row_dot(a, b, acc):
     fp64) summed in fp64 and rounded to fp32 once, so a row's result does not depend on the order numpy's
     matmul picks for it by its place in the tile."""
     return acc + tl.dot(a.to(tl.float64), b.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def and_or(x, mask, bits: tl.constexpr):
+    """``(x & mask) | bits`` on int32 tensors, one ``lop3`` per element on the GPU: written as an AND and an
+    OR, ptxas keeps both constants as immediates and so emits two instructions (a ``LOP3`` encodes one
+    immediate); passed to inline PTX, the mask rides in a register. Plain operators under the interpreter,
+    which runs no inline assembly."""
+    if _INTERPRET:
+        out = (x & mask) | bits
+    else:
+        out = tl.inline_asm_elementwise(
+            f"lop3.b32 $0, $1, $2, {bits}, 0xEA;", "=r,r,r", [x, mask], dtype=tl.int32, is_pure=True, pack=1
+        )
+    return out
 
 
 @triton.jit

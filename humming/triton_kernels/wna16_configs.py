@@ -9,7 +9,8 @@ order, within the tolerances the tests state.
 
 - M = 1: the GEMV kernel (no tensor cores: at decode the weight decode, not the multiply-adds, is the
   work): 128 rows of 16 words (four 16-byte loads per thread and row) where fields fill whole words
-  (:func:`_gemv_tile`), split along K until the grid covers the GPU eight times.
+  (:func:`_gemv_tile`), persistent: as many programs as the multiprocessors hold (``split_k`` times that),
+  which deal the K tiles of all output tiles evenly (stream-K).
 - M = 2..16: the swapped-operand tensor-core kernel (the 128-row weight tile is the MMA's large side, the
   16 token slots its narrow one), split along K until the grid covers the GPU four times (2048 columns of K
   per split at least) or else twice; 8-bit weights with K tiles of 64. Weights the packed 16-bit decode reads
@@ -76,12 +77,14 @@ _PACKED_FUSED = TileConfig(128, 128, 64, num_warps=8, num_stages=3)
 def _gemv_tile(cfg: TileConfig, bits: int, group_k: int, act_order: bool) -> TileConfig:
     """The GEMV tile. Fields that fill whole words in groups of whole words (the kernel's packed path): 16
     words of each of ``block_n`` rows per iteration, four per thread (16-byte loads), whatever the group
-    (the kernel reads one scale per row and tile, or per word for smaller groups). Otherwise (3/5/6/7-bit
-    fields, act-order): tiles inside one scale group along K (``block_k`` a power of two of at least 32
-    that divides ``group_k``), ~1024 weights per iteration."""
+    (the kernel reads one scale per row and tile, or per word for smaller groups); 32 words for 8-bit
+    fields, whose four per word leave the iteration's fixed work (the activations, the scales) too few
+    weights at 16 (bench/results/h100/gemv_2026-12-07/decode_new.json: ``gemv-k*2``). Otherwise
+    (3/5/6/7-bit fields, act-order): tiles inside one scale group along K (``block_k`` a power of two of at
+    least 32 that divides ``group_k``), ~1024 weights per iteration."""
     per_word = 32 // bits if 32 % bits == 0 else 0
     if per_word and not act_order and group_k % per_word == 0:
-        return cfg.replace(block_k=16 * per_word)
+        return cfg.replace(block_k=(32 if per_word <= 4 else 16) * per_word)
     block_k = min(256, group_k & -group_k) if group_k else 256
     block_k = max(block_k, 32)
     block_n = max(8, min(64, 8192 // block_k)) // cfg.block_m
@@ -158,20 +161,22 @@ def wna16_config(
     if 32 % bits:  # fields straddle words: each element reads its two words, so keep the staged tiles small
         cfg = cfg.replace(block_k=min(cfg.block_k, 64))
     cfg = fit_smem(cfg, lambda c: smem_estimate(c, bits, group_k, act_order), smem_limit)
+    if cfg.block_m <= 4 and not cfg.swap:
+        return cfg.replace(split_k=1)  # the persistent GEMV: one wave
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     k_tiles = -(-k // cfg.block_k)
-    # Small programs (the GEMV's, no staged tiles; the swapped kernel's 16 token slots): several per
-    # multiprocessor keep enough loads in flight (bench/results/h200/triton_decode.json: the split variants
-    # at M = 1 .. 16). The swapped kernel goes to four waves only while each split keeps 2048 columns of K
-    # (its partial sums are 16 rows wide), else to two (bench/results/h100/triton_2026-12-07/
-    # triton_decode_split1024.json: shorter splits measured slower at 8192 x 8192).
+    # The swapped kernel's small programs (16 token slots): several per multiprocessor keep enough loads in
+    # flight (bench/results/h200/triton_decode.json: the split variants at M = 1 .. 16). It goes to four
+    # waves only while each split keeps 2048 columns of K (its partial sums are 16 rows wide), else to two
+    # (bench/results/h100/triton_2026-12-07/triton_decode_split1024.json: shorter splits measured slower at
+    # 8192 x 8192).
     if cfg.swap:
         split = max(
             choose_split_k(tiles, k_tiles, sm_count, waves=4, min_k_tiles=max(1, 2048 // cfg.block_k)),
             choose_split_k(tiles, k_tiles, sm_count, waves=2),
         )
     else:
-        split = choose_split_k(tiles, k_tiles, sm_count, waves=8 if cfg.block_m <= 4 else 2)
+        split = choose_split_k(tiles, k_tiles, sm_count, waves=2)
     return cfg.replace(split_k=split)
 
 
