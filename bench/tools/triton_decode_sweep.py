@@ -128,6 +128,13 @@ def main() -> int:
                     continue
                 x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
                 default = wna16.default_config(first, x)
+                if not args.smoke:  # the first timing of a point ran 10-20% slow (gemv_2026-12-07): discarded
+                    time_calls(
+                        [
+                            lambda qw=qw, c=default, x=x: wna16.linear(x, qw, None, torch.bfloat16, config=c)
+                            for qw in copies
+                        ]
+                    )
                 timed = {}
                 chosen = variants(m, n, k, first, default, limits.sm_count)
                 if args.variants:
