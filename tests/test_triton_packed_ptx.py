@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 import humming
-from humming.triton_kernels import _decode_e4m3, _dequant16
+from humming.triton_kernels import _decode_e4m3, _dequant16, _weight_tile
 
 MASK = 0xFFFFFFFF
 HALF = {"bf16x2": torch.bfloat16, "f16x2": torch.float16}
@@ -41,8 +41,12 @@ def _pack(values: torch.Tensor, dtype: torch.dtype) -> int:
 
 
 def _prmt(a: int, b: int, selector: int) -> int:
+    """``prmt.b32`` in its default mode: byte ``i`` of the result is the byte of ``b:a`` that nibble ``i`` of the
+    selector picks (bits 0-2), or with the nibble's bit 3 set that byte's sign bit replicated."""
     source = (b << 32 | a).to_bytes(8, "little")
-    return int.from_bytes(bytes(source[(selector >> 4 * i) & 7] for i in range(4)), "little")
+    nibbles = [(selector >> 4 * i) & 15 for i in range(4)]
+    picked = [source[n & 7] if n < 8 else (0xFF if source[n & 7] & 0x80 else 0) for n in nibbles]
+    return int.from_bytes(bytes(picked), "little")
 
 
 def _lop3(a: int, b: int, c: int, lut: int) -> int:
@@ -189,6 +193,43 @@ def test_packed_e4m3_ptx_gives_the_fp32_decode_bits(signed, zero_points, seed) -
                 expected = torch.tensor(float(value - int(zeros[i]))).to(torch.float8_e4m3fn).view(torch.uint8)
                 got = (out[field] >> 8 * i) & 0xFF
                 assert got == int(expected), (field, i, hex(word), int(zeros[i]), hex(got), hex(int(expected)))
+
+
+def test_e2m1_byte_table_ptx_gives_twice_the_values_offset_by_12(seed) -> None:
+    """The GEMV's e2m1 decode (``_weight_tile._e2m1_bytes_asm``) turns every code of random words, both signs and
+    both zeros among them, into the byte ``12 + 2 * value`` (code ``i`` -> byte ``i`` of ``$0``, code ``4 + i`` ->
+    byte ``i`` of ``$1``): the values of the e2m1 format."""
+    values = humming.ir.get_format("e2m1").decode(torch.arange(16, dtype=torch.uint8)).double()
+    words = [int(w) & MASK for w in torch.randint(-(2**31), 2**31, (62,), dtype=torch.int64)]
+    words += [0x76543210, 0xFEDCBA98]  # every code in every place
+    for word in words:
+        out = run_ptx(_weight_tile._e2m1_bytes_asm(), {2: word})
+        for field in range(8):
+            got = (out[field // 4] >> 8 * (field % 4)) & 0xFF
+            expected = 12 + 2 * values[(word >> 4 * field) & 15]
+            assert got == expected, (hex(word), field, got, float(expected))
+
+
+@triton.jit
+def _e2m1_probe(words_ptr, out_ptr, W: tl.constexpr):
+    """The GEMV's e2m1 fields of ``W`` words, field ``j`` of word ``w`` at ``out[j, w]``."""
+    words = tl.load(words_ptr + tl.arange(0, W))[None, None, :]
+    fields = _weight_tile.e2m1_fields(words)  # [8, 1, W]
+    tl.store(out_ptr + tl.arange(0, 8)[:, None, None] * W + tl.arange(0, W)[None, None, :], fields)
+
+
+def test_e2m1_fields_are_exact(seed, device) -> None:
+    """What the GEMV multiplies for e2m1 codes: field ``j`` of each word is ``2 * value * 2^(8 (j % 2))`` exactly,
+    for every code in every place (on a GPU through the byte table's PTX, on the interpreter by arithmetic)."""
+    values = humming.ir.get_format("e2m1").decode(torch.arange(16, dtype=torch.uint8)).double()
+    words = torch.randint(-(2**31), 2**31, (64,), dtype=torch.int64)
+    words[:2] = torch.tensor([0x76543210, 0xFEDCBA98 - 2**32])
+    words = words.to(torch.int32)
+    out = torch.full((8, 64), float("nan"), dtype=torch.float32, device=device)
+    _e2m1_probe[(1,)](words.to(device), out, 64)
+    codes = (words.to(torch.int64)[None, :] >> (4 * torch.arange(8)[:, None])) & 15
+    expected = 2 * values[codes] * (2.0 ** (8 * (torch.arange(8) % 2)))[:, None].double()
+    assert torch.equal(out.cpu().double(), expected)
 
 
 def test_the_host_takes_the_packed_e4m3_decode_where_it_is_exact(monkeypatch) -> None:

@@ -22,12 +22,15 @@ from ._dequant16 import dequantized_tile, times_global_scale
 from ._tiles import add_partial_tile, route_tile, store_tile, tile_ids
 from ._weight_tile import (
     WeightArgs,
+    decode_scale,
     decode_weight,
+    e2m1_fields,
     field_offsets,
     float_fields,
     int_fields,
     load_weight_tile,
     scale_tile,
+    subgroup_tile,
     with_global_scale,
     zero_tile,
 )
@@ -175,6 +178,8 @@ def _word_values(words, weight, spec, z):
     if _int_fields_apply(weight, spec):
         zoff = z.to(tl.float32) if spec.HAS_ZP else 0.0
         v = int_fields(words, spec, zoff)
+    elif _e2m1_table_applies(spec):
+        v = e2m1_fields(words)
     else:
         if spec.W_KIND == 2 and spec.W_EBITS < 8:
             v = float_fields(words, spec)
@@ -196,11 +201,20 @@ def _int_fields_apply(weight, spec):
 
 
 @triton.jit
+def _e2m1_table_applies(spec):
+    """Whether :func:`_word_values` decodes e2m1 fields by byte table (:func:`~._weight_tile.e2m1_fields`):
+    e2m1 codes without zero points."""
+    return (spec.W_KIND == 2) and (spec.W_EBITS == 2) and (spec.W_MBITS == 1) and (spec.W_BIAS == 1) and not spec.HAS_ZP
+
+
+@triton.jit
 def _field_scales(weight, spec):
     """``[32 // bits]`` fp32: what the activation of each field of a word is multiplied by (``2^-o_j`` where
     :func:`_word_values` scales the field by ``2^o_j``, else 1)."""
     if _int_fields_apply(weight, spec):
         out = ((127 - field_offsets(spec.W_BITS)) << 23).to(tl.float32, bitcast=True)
+    elif _e2m1_table_applies(spec):
+        out = ((126 - 8 * (tl.arange(0, 8) % 2)) << 23).to(tl.float32, bitcast=True)
     else:
         out = tl.full((32 // spec.W_BITS,), 1.0, tl.float32)
     return out
@@ -306,7 +320,12 @@ def _gemv_tile_sums(
         # (the fields) in each thread's registers, so the decode, the products and their sum over the fields
         # of a word move no data between threads; the activations [fields, 1, words] are the one exchange.
         BKW: tl.constexpr = BK // PER_WORD
-        acc = tl.zeros((1, BN, BKW), dtype=tl.float32)
+        # Groups of at most four words lie in one thread (four words per 16-byte load): their sums add up there
+        # and take their scale once per group, read once per group ([BN, BK / GK]).
+        PER_GROUP: tl.constexpr = WEIGHT.GK // PER_WORD if WEIGHT.GK > 0 and BK % WEIGHT.GK == 0 else 0
+        GROUPED: tl.constexpr = WEIGHT.S_KIND != 0 and PER_GROUP > 0 and PER_GROUP <= 4 and PER_GROUP < BKW
+        SUMS: tl.constexpr = BKW // PER_GROUP if GROUPED else BKW
+        acc = tl.zeros((1, BN, SUMS), dtype=tl.float32)
         n_words = (K * WEIGHT.W_BITS + 31) // 32
         q_rows = weight.qw + offs_n.to(tl.int64)[None, :, None] * weight.stride_qn
         n_ok = offs_n[None, :, None] < N
@@ -323,7 +342,11 @@ def _gemv_tile_sums(
             x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0) if not EVEN_K else tl.load(x_ptr + offs_k)
             x = tl.trans(tl.reshape(x.to(tl.float32), (BKW, PER_WORD)))[:, None, :]  # [PER_WORD, 1, BKW]
             part = tl.sum(v * (x * x_scale), axis=0, keep_dims=True)
-            if WEIGHT.S_KIND != 0:
+            if GROUPED:
+                part = tl.sum(tl.reshape(part, (1, BN, SUMS, PER_GROUP)), axis=3)
+                s = subgroup_tile(weight.s, weight.stride_sn, offs_n, k0, N, K, BK, WEIGHT.GN, WEIGHT.GK, EVEN_K)
+                part = part * with_global_scale(decode_scale(s, WEIGHT.S_KIND), weight, WEIGHT)[None, :, :]
+            elif WEIGHT.S_KIND != 0:
                 sc = with_global_scale(
                     scale_tile(weight, WEIGHT, offs_n, first_k, k0, N, K, BK, EVEN_K), weight, WEIGHT
                 )

@@ -40,11 +40,13 @@ import triton.language as tl
 
 from .._env import env
 
-__all__ = ["INTERPRET", "and_or", "cast", "dot", "fma", "fp8_dot", "sort_distinct"]
+__all__ = ["INTERPRET", "INTERPRETED", "and_or", "cast", "dot", "fma", "fp8_dot", "sort_distinct"]
 
 #: True when kernels run under Triton's CPU interpreter (read once, at import, as Triton itself does).
 INTERPRET = env("TRITON_INTERPRET")
-_INTERPRET = tl.constexpr(INTERPRET)
+#: :data:`INTERPRET` for kernels: a helper whose inline assembly the interpreter cannot run branches on it to
+#: plain operators computing the same bits (:func:`and_or`, ``_weight_tile.e2m1_fields``).
+INTERPRETED = tl.constexpr(INTERPRET)
 
 
 @triton.jit
@@ -61,7 +63,7 @@ def and_or(x, mask, bits: tl.constexpr):
     OR, ptxas keeps both constants as immediates and so emits two instructions (a ``LOP3`` encodes one
     immediate); passed to inline PTX, the mask rides in a register. Plain operators under the interpreter,
     which runs no inline assembly."""
-    if _INTERPRET:
+    if INTERPRETED:
         out = (x & mask) | bits
     else:
         out = tl.inline_asm_elementwise(
@@ -73,7 +75,7 @@ def and_or(x, mask, bits: tl.constexpr):
 @triton.jit
 def dot(a, b, acc):
     """``acc + a @ b`` with fp32 accumulation; operands upcast to fp32 under the interpreter only."""
-    if _INTERPRET:
+    if INTERPRETED:
         return _row_dot(a.to(tl.float32), b.to(tl.float32), acc)
     return tl.dot(a, b, acc)
 
@@ -82,7 +84,7 @@ def dot(a, b, acc):
 def fp8_dot(a, b, acc, max_num_imprecise_acc: tl.constexpr):
     """``acc + a @ b`` of float8e4nv operands, fp32 accumulation (promoted every ``max_num_imprecise_acc``
     along K); NaN codes (0x7F / 0xFF) make their outputs NaN also under the interpreter (module doc)."""
-    if _INTERPRET:
+    if INTERPRETED:
         a_bits = a.to(tl.uint8, bitcast=True)
         b_bits = b.to(tl.uint8, bitcast=True)
         a32 = tl.where((a_bits & 0x7F) == 0x7F, float("nan"), a.to(tl.float32))
@@ -94,7 +96,7 @@ def fp8_dot(a, b, acc, max_num_imprecise_acc: tl.constexpr):
 @triton.jit
 def fma(a, b, c):
     """``a * b + c`` of fp32 values, rounded once on the GPU; under the interpreter exact in sign (module doc)."""
-    if _INTERPRET:
+    if INTERPRETED:
         return (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
     return tl.fma(a, b, c)
 
@@ -102,7 +104,7 @@ def fma(a, b, c):
 @triton.jit
 def cast(x, dtype: tl.constexpr):
     """fp32 ``x`` -> ``dtype``, rounded to nearest even (also under the interpreter, see the module doc)."""
-    if _INTERPRET and dtype == tl.bfloat16:
+    if INTERPRETED and dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         rounded = tl.where(x != x, 0x7FC0, rounded)  # NaN: the canonical quiet NaN, as torch
@@ -114,7 +116,7 @@ def cast(x, dtype: tl.constexpr):
 def sort_distinct(x, BLOCK: tl.constexpr):
     """``tl.sort`` of ``BLOCK`` distinct keys; under the interpreter by ranking (see the module doc), which
     gives the same order as the keys are distinct."""
-    if _INTERPRET and BLOCK <= 1024:
+    if INTERPRETED and BLOCK <= 1024:
         place = tl.sum((x[None, :] < x[:, None]).to(tl.int32), axis=1)
         return tl.sum(tl.where(place[None, :] == tl.arange(0, BLOCK)[:, None], x[None, :], 0), axis=1)
     return tl.sort(x)
