@@ -177,7 +177,8 @@ def test_wna16_gemv_stream_k(config: TileConfig, waves: int, seed: int, device: 
 def test_gemv_grid_is_what_the_multiprocessors_hold(regs: int, held: int, monkeypatch) -> None:
     """The persistent GEMV's grid: one program per multiprocessor before its kernel is compiled, then as many
     as an H100's multiprocessor holds of the compiled kernel (4 warps: its registers decide), times the waves,
-    capped at one program per K tile."""
+    capped at one program per K tile; one per multiprocessor still where the compiled kernel reports no
+    register count."""
     import types
 
     from humming.device import DeviceLimits
@@ -193,6 +194,8 @@ def test_gemv_grid_is_what_the_multiprocessors_hold(regs: int, held: int, monkey
         first, regrid = _wna16_launch._gemv_grids(cuda, 224 * 64, TileConfig(1, 128, 128, split_k=waves))
         assert first == (132 * waves, 1) and regrid(kernel) == (132 * held * waves, 1)
     assert _wna16_launch._gemv_grids(cuda, 200, TileConfig(1, 128, 128))[1](kernel) == (200, 1)
+    unreported = types.SimpleNamespace(n_regs=None, metadata=kernel.metadata)  # a Triton without the count
+    assert _wna16_launch._gemv_grids(cuda, 224 * 64, TileConfig(1, 128, 128))[1](unreported) == (132, 1)
 
 
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -129,7 +129,11 @@ def _gemv_grids(device: torch.device, units: int, cfg: TileConfig):
     never more programs than ``units`` (K tiles of all output tiles)."""
     sm_count = device_limits(device).sm_count
     grid = lambda per_sm: (min(units, sm_count * per_sm * cfg.split_k), 1)
-    held = lambda kernel: resident_blocks(device, cfg.num_warps, kernel.n_regs, kernel.metadata.shared)
+
+    def held(kernel) -> int:  # a Triton that does not report the registers keeps one program per multiprocessor
+        regs = getattr(kernel, "n_regs", None)
+        return resident_blocks(device, cfg.num_warps, regs, kernel.metadata.shared) if regs else 1
+
     return grid(1), lambda kernel: grid(held(kernel))
 
 
