@@ -8,7 +8,7 @@ fit the shared memory loses stages, then K and N width (:func:`~.configs.fit_sme
 order, within the tolerances the tests state.
 
 - M = 1: the GEMV kernel (no tensor cores: at decode the weight decode, not the multiply-adds, is the
-  work): 128 rows of 16 words (four 16-byte loads per thread and row) where fields fill whole words
+  work): 128 rows of 16 words (32 for 8-bit codes) per iteration where fields fill whole words
   (:func:`_gemv_tile`), persistent: as many programs as the multiprocessors hold (``split_k`` times that),
   which deal the K tiles of all output tiles evenly (stream-K).
 - M = 2..16: the swapped-operand tensor-core kernel (the 128-row weight tile is the MMA's large side, the
