@@ -23,7 +23,8 @@ spreads its last dimension over threads and keeps its first one in each thread's
 first shifting each field down to bit 0: integer fields are read where they lie in their 16-bit half of the
 word (one AND-OR and one subtraction per weight, the value scaled by a power of two that the caller removes
 from the activations), float fields are placed into fp32 exponent and mantissa bits straight from the word
-and scaled by one exact power of two.
+and scaled by one exact power of two, and e2m1 fields (:func:`e2m1_fields`) become integer bytes by table
+lookup, then read as integer fields.
 """
 
 from __future__ import annotations
