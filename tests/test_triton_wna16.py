@@ -173,6 +173,38 @@ def test_wna16_gemv_stream_k(config: TileConfig, waves: int, seed: int, device: 
         _check(case, qw, x, torch.randn(72, device=device), torch.bfloat16, config=config)
 
 
+def test_tile_config_refuses_counts_below_one() -> None:
+    """A config with no K splits (or no warps, stages, tiles) would launch an empty grid and leave the output
+    unwritten: refused where it is made, naming the field."""
+    for field in ("split_k", "num_warps", "num_stages", "block_n"):
+        with pytest.raises(ValueError, match=f"{field}=0"):
+            TileConfig(1, 128, 128).replace(**{field: 0})
+    with pytest.raises(ValueError, match=r"split_k=2\.0"):
+        TileConfig(1, 128, 128, split_k=2.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias, out_dtype", [(False, torch.bfloat16), (True, torch.bfloat16), (False, torch.float32)])
+def test_warmup_sets_aside_the_gemv_workspace(bias: bool, out_dtype: torch.dtype, monkeypatch) -> None:
+    """The GEMV (M = 1) always adds into the split-K workspace, so warmup sets it aside (a CUDA graph capture
+    cannot allocate it), as it does for a split tile; a dequantize-first call (M = 4096 without bias, output in
+    x's dtype) needs none."""
+    from humming.triton_kernels._tiles import split_k_words
+
+    reserved = []
+    monkeypatch.setattr(wna16.WORKSPACES, "reserve", lambda words, device: reserved.append(words))
+    qw = humming.quantize(torch.randn(4096, 1024, device="cuda"), "int4", 128, scale_dtype=torch.bfloat16)
+    options = dict(act_dtype=torch.bfloat16, out_dtype=out_dtype, bias_dtype=torch.bfloat16 if bias else None)
+    wna16._warmup_jobs(qw, None, 1, device=0, **options)
+    cfg = wna16.default_config(qw, torch.empty(1, 1024, dtype=torch.bfloat16, device="cuda"))
+    assert cfg.gemv and reserved == [split_k_words(1, 4096, 4096 // cfg.block_n)]
+    reserved.clear()
+    wna16._warmup_jobs(qw, None, 4096, device=0, **options)
+    large = wna16.default_config(qw, torch.empty(4096, 1024, dtype=torch.bfloat16, device="cuda"))
+    runs_dequant_first = large.dequant_first and not bias and out_dtype == torch.bfloat16
+    assert (reserved == []) == (runs_dequant_first or large.split_k == 1)
+
+
 @pytest.mark.parametrize("regs, held", [(124, 4), (168, 3), (249, 2), (80, 6)])
 def test_gemv_grid_is_what_the_multiprocessors_hold(regs: int, held: int, monkeypatch) -> None:
     """The persistent GEMV's grid: one program per multiprocessor before its kernel is compiled, then as many

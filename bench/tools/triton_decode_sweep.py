@@ -128,7 +128,7 @@ def main() -> int:
                     continue
                 x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
                 default = wna16.default_config(first, x)
-                if not args.smoke:  # the first timing of a point ran 10-20% slow (gemv_2026-12-07): discarded
+                if not args.smoke:  # a point's first timing runs slow (bench/results/h100/gemv_2026-12-07/): dropped
                     time_calls(
                         [
                             lambda qw=qw, c=default, x=x: wna16.linear(x, qw, None, torch.bfloat16, config=c)

@@ -266,10 +266,11 @@ class PreparedLaunch:
             args[slot] = tensor
         launches, args = self.launches, tuple(args)
         launches.launch(key, self.grid, args, self.num_warps, device, **self.options)
-        kernel = launches.kernel(key, args, self.num_warps)
-        if self.regrid is not None and kernel is not None:
-            self.grid = (*self.regrid(kernel), 1, 1)[:3]
-            self.regrid = None
+        if self.regrid is not None:
+            kernel = launches.kernel(key, args, self.num_warps)
+            if kernel is not None:
+                self.grid = (*self.regrid(kernel), 1, 1)[:3]
+                self.regrid = None
         launch = launches.direct_launch(key, args, self.num_warps)
         if launch is not None:
             launch.set(args)

@@ -300,8 +300,8 @@ def e2m1_fields(words):
     """e2m1 fields (sign, 2 exponent bits with bias 1, 1 mantissa bit) of a word tile ``[1, BN, W]`` -> fp32
     ``[8, BN, W]``: field ``j`` is ``2 * value * 2^(8 (j % 2))``, exact (the caller multiplies the activation of
     field ``j`` by ``2^-(8 (j % 2) + 1)``). Each code becomes the byte ``12 + 2 * value`` by table lookup
-    (:func:`_e2m1_bytes_asm`), and the bytes are read in place as :func:`int_fields` reads 8-bit fields: about
-    five instructions per weight where :func:`float_fields` spends eight."""
+    (:func:`_e2m1_bytes_asm`: a few instructions per word), and the bytes are read in place as
+    :func:`int_fields` reads 8-bit fields, where :func:`float_fields` shifts, masks and signs every field."""
     j = tl.arange(0, 8)[:, None, None]
     offset = 8 * (j % 2)
     if INTERPRETED:  # no inline assembly: the same bytes by integer arithmetic

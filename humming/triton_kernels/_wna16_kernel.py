@@ -323,8 +323,8 @@ def _gemv_tile_sums(
         # Groups of at most four words lie in one thread (four words per 16-byte load): their sums add up there
         # and take their scale once per group, read once per group ([BN, BK / GK]).
         PER_GROUP: tl.constexpr = WEIGHT.GK // PER_WORD if WEIGHT.GK > 0 and BK % WEIGHT.GK == 0 else 0
-        GROUPED: tl.constexpr = WEIGHT.S_KIND != 0 and PER_GROUP > 0 and PER_GROUP <= 4 and PER_GROUP < BKW
-        SUMS: tl.constexpr = BKW // PER_GROUP if GROUPED else BKW
+        SCALE_PER_GROUP: tl.constexpr = WEIGHT.S_KIND != 0 and PER_GROUP > 0 and PER_GROUP <= 4 and PER_GROUP < BKW
+        SUMS: tl.constexpr = BKW // PER_GROUP if SCALE_PER_GROUP else BKW
         acc = tl.zeros((1, BN, SUMS), dtype=tl.float32)
         n_words = (K * WEIGHT.W_BITS + 31) // 32
         q_rows = weight.qw + offs_n.to(tl.int64)[None, :, None] * weight.stride_qn
@@ -342,7 +342,7 @@ def _gemv_tile_sums(
             x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0) if not EVEN_K else tl.load(x_ptr + offs_k)
             x = tl.trans(tl.reshape(x.to(tl.float32), (BKW, PER_WORD)))[:, None, :]  # [PER_WORD, 1, BKW]
             part = tl.sum(v * (x * x_scale), axis=0, keep_dims=True)
-            if GROUPED:
+            if SCALE_PER_GROUP:
                 part = tl.sum(tl.reshape(part, (1, BN, SUMS, PER_GROUP)), axis=3)
                 s = subgroup_tile(weight.s, weight.stride_sn, offs_n, k0, N, K, BK, WEIGHT.GN, WEIGHT.GK, EVEN_K)
                 part = part * with_global_scale(decode_scale(s, WEIGHT.S_KIND), weight, WEIGHT)[None, :, :]

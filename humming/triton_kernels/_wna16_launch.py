@@ -18,7 +18,7 @@ from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel, _wna16_swap_kernel
 from .configs import TileConfig
 from .wna16_configs import _BUCKETS, TILED_16, grouped_config, wna16_config
 
-__all__ = ["compile_specs", "kernel_spec", "launch", "prepared_launch"]
+__all__ = ["compile_specs", "kernel_spec", "launch", "prepared_launch", "uses_workspace"]
 
 
 def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1, rows=None) -> torch.Tensor:
@@ -62,9 +62,9 @@ class _Ready:
         m, n, k = out.shape[0], qweight.N, x.shape[1]
         t = kernel_tensors(qweight)
         self.m, self.n, self.route_bm, self.stand_in = m, n, route_bm, t["qw"]
-        self.tiled = not cfg.swap and cfg.block_m > 4  # else the swapped-operand or the GEMV kernel
-        gemv = not cfg.swap and not self.tiled
-        self.split = cfg.split_k > 1 or gemv  # the GEMV's stream-K shares may end inside an output tile
+        gemv = cfg.gemv
+        self.tiled = not cfg.swap and not gemv  # else the swapped-operand or the GEMV kernel
+        self.split = uses_workspace(cfg)
         values = {
             **pointer_args(t),
             "M": m,
@@ -121,6 +121,12 @@ class _Ready:
             tensors += (stand_in if expert_ids is None else expert_ids, stand_in if rows is None else rows)
         self.launch(device.index, *tensors)
         return out
+
+
+def uses_workspace(cfg: TileConfig) -> bool:
+    """Whether a launch of the WnA16 kernels with tile ``cfg`` adds partial sums into the split-K workspace:
+    split along K, or the GEMV, whose stream-K shares may end inside an output tile."""
+    return cfg.split_k > 1 or cfg.gemv
 
 
 def _gemv_grids(device: torch.device, units: int, cfg: TileConfig):
@@ -190,7 +196,7 @@ def kernel_spec(
     an expert-stacked ``qw``; ``gather``: reading token rows through ``rows``) launches for ``qw`` with
     ``x_dtype`` activations and tile ``cfg``."""
     spec = weight_spec(qw)
-    is_gemv = cfg.block_m <= 4 and not cfg.swap
+    is_gemv = cfg.gemv
     narrow = is_gemv or cfg.swap  # the kernels without expert and row pointers
     tiled = {"GROUP_M": cfg.group_m, "GROUPED": qw.num_experts is not None, "GATHER": gather}
     kind = "_gemv" if is_gemv else "_swap" if cfg.swap else ""
@@ -202,7 +208,7 @@ def kernel_spec(
             "x_ptr": "*" + triton_type(x_dtype),
             "bias_ptr": "*fp32",
             "out_ptr": "*" + triton_type(x_dtype),
-            "ws_ptr": "*i32" if cfg.split_k > 1 or is_gemv else "*" + triton_type(x_dtype),  # no split-K: the output
+            "ws_ptr": "*i32" if uses_workspace(cfg) else "*" + triton_type(x_dtype),  # no workspace: the output
             **({} if narrow else {"expert_ptr": "*i32", "rows_ptr": "*i32"}),
         },
         constexprs={

@@ -46,6 +46,18 @@ class TileConfig:
     #: is the MMA's large side, the ``block_m`` (16) tokens its narrow one). Same numerics as the tiled kernel.
     swap: bool = False
 
+    def __post_init__(self) -> None:
+        counts = ("block_m", "block_n", "block_k", "split_k", "group_m", "num_warps", "num_stages")
+        bad = [f"{name}={getattr(self, name)!r}" for name in counts if not isinstance(getattr(self, name), int)]
+        bad += [f"{name}={getattr(self, name)}" for name in counts if not bad and getattr(self, name) < 1]
+        if bad:
+            raise ValueError(f"TileConfig: expected positive integers, got {', '.join(bad)}")
+
+    @property
+    def gemv(self) -> bool:
+        """Whether the WnA16 kernel it selects is the GEMV one (``block_m <= 4`` without ``swap``)."""
+        return self.block_m <= 4 and not self.swap
+
     def replace(self, **overrides) -> TileConfig:
         """A copy with some fields changed; an unknown field name is an error."""
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}

@@ -36,7 +36,7 @@ from . import dequant, registry
 from ._dequant16 import packed_codes
 from ._support import device_unsupported, unavailable
 from ._tiles import split_k_words
-from ._wna16_launch import compile_specs, kernel_spec, launch, prepared_launch
+from ._wna16_launch import compile_specs, kernel_spec, launch, prepared_launch, uses_workspace
 from .configs import MIN_GROUPED_BLOCK_M, TileConfig
 from .interpreter import INTERPRET
 from .wna16_configs import grouped_config, wna16_config
@@ -111,7 +111,7 @@ def linear(
     if x.shape[0] == 0:
         return out
     cfg = _config(x, qweight, config)
-    if cfg.dequant_first and bias is None and out_dtype == x.dtype:
+    if _dequant_first(cfg, bias is not None, x.dtype, out_dtype):
         return torch.matmul(x, dequant.dequantize(qweight, x.dtype).T, out=out)
     return launch(x, qweight, bias, out, cfg)
 
@@ -127,11 +127,17 @@ def _check(x: torch.Tensor, qweight: QuantizedWeight) -> None:
         raise ValueError(f"triton wna16: x is on {x.device}; CPU tensors need TRITON_INTERPRET=1")
 
 
+def _dequant_first(cfg: TileConfig, bias: bool, x_dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
+    """Whether a call with tile ``cfg`` runs as dequantize + one library GEMM: where the tile asks for it, without
+    bias and with an output of x's dtype (else the Triton kernel runs with the tile)."""
+    return cfg.dequant_first and not bias and out_dtype == x_dtype
+
+
 def _config(x: torch.Tensor, qweight: QuantizedWeight, config: TileConfig | None) -> TileConfig:
     """The tile configuration of a call of :func:`linear` with ``x``'s M > 0 rows: ``config`` or the default."""
     m = x.shape[0]
     cfg = config or default_config(qweight, x)
-    if (cfg.block_m <= 4 or cfg.swap) and m > cfg.block_m:
+    if (cfg.gemv or cfg.swap) and m > cfg.block_m:
         kind = "swapped-operand" if cfg.swap else "GEMV"
         raise ValueError(f"triton wna16: {kind} config block_m={cfg.block_m} cannot take M={m}")
     return cfg
@@ -145,7 +151,7 @@ def _launcher(x: torch.Tensor, qweight: QuantizedWeight, act, bias_dtype, out_dt
     _check(x, qweight)
     cfg = _config(x, qweight, tuning)
     m, n = x.shape[0], qweight.N
-    if cfg.dequant_first and bias_dtype is None and out_dtype == x.dtype:
+    if _dequant_first(cfg, bias_dtype is not None, x.dtype, out_dtype):
         weight = weakref.ref(qweight)  # the prepared call is kept per weight, weakly: it must not hold it
         return lambda x, bias: torch.matmul(x, dequant.dequantize(weight(), x.dtype).T)
     bias = None if bias_dtype is None else torch.empty(n, dtype=bias_dtype, device=x.device)
@@ -238,7 +244,7 @@ def _warmup_jobs(qweight, act, m, *, act_dtype, out_dtype, bias_dtype, device, b
     split-K workspace of a dense call of ``m`` rows, which a CUDA graph capture cannot allocate."""
     if block_m is None:
         cfg = default_config(qweight, torch.empty(m, qweight.K, dtype=act_dtype, device=f"cuda:{device}"))
-        if cfg.split_k > 1 and not cfg.dequant_first:
+        if uses_workspace(cfg) and not _dequant_first(cfg, bias_dtype is not None, act_dtype, out_dtype):
             tiles = -(-m // cfg.block_m) * -(-qweight.N // cfg.block_n)
             WORKSPACES.reserve(split_k_words(m, qweight.N, tiles), device)
     return []

@@ -77,7 +77,7 @@ _PACKED_FUSED = TileConfig(128, 128, 64, num_warps=8, num_stages=3)
 def _gemv_tile(cfg: TileConfig, bits: int, group_k: int, act_order: bool) -> TileConfig:
     """The GEMV tile. Fields that fill whole words in groups of whole words (the kernel's packed path): 16
     words of each of ``block_n`` rows per iteration, four per thread (16-byte loads), whatever the group
-    (the kernel reads one scale per row and tile, or per word for smaller groups); 32 words for 8-bit
+    (the kernel reads one scale per row and tile, group, or word, whichever is largest); 32 words for 8-bit
     fields, whose four per word leave the iteration's fixed work (the activations, the scales) too few
     weights at 16 (bench/results/h100/gemv_2026-12-07/decode_new.json: ``gemv-k*2``). Otherwise
     (3/5/6/7-bit fields, act-order): tiles inside one scale group along K (``block_k`` a power of two of at
