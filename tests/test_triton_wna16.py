@@ -156,14 +156,19 @@ def test_wna16_tile_configs(config: TileConfig, seed: int, device: str) -> None:
 
 
 @pytest.mark.parametrize("waves", [1, 3])
-@pytest.mark.parametrize("config", [TileConfig(1, 16, 32), TileConfig(2, 16, 32)], ids=lambda c: c.name())
+@pytest.mark.parametrize(
+    "config",
+    [TileConfig(1, 16, 32), TileConfig(1, 16, 32, num_stages=2), TileConfig(2, 16, 32)],
+    ids=lambda c: c.name(),
+)
 def test_wna16_gemv_stream_k(config: TileConfig, waves: int, seed: int, device: str) -> None:
     """The persistent GEMV deals 5 output tiles' K tiles (N and K ragged; 13 each on the interpreter, 32 on a
     GPU) over its programs (on the interpreter one multiprocessor holding one, so 1 or 3 programs; on a GPU
     the first call runs one per multiprocessor and wave, fewer than the K tiles at one wave, the later ones as
     many as the compiled kernel lets a multiprocessor hold): shares that cover whole output tiles, that end
     inside one, and that run from one tile into the next all write every output once, with the bias once,
-    whatever the order in which the parts arrive. Called twice: the workspace is left zero."""
+    whatever the order in which the parts arrive; loading one K tile ahead (``num_stages=2``) reads nothing past
+    a share's last tile into its sums. Called twice: the workspace is left zero."""
     case = Case("int4", group_size=32)
     k = 400 if device == "cpu" else 1000
     qw = case.quantize(torch.randn(72, k, device=device))
@@ -171,6 +176,30 @@ def test_wna16_gemv_stream_k(config: TileConfig, waves: int, seed: int, device: 
     for _ in range(2):
         x = torch.randn(config.block_m, k, device=device).to(torch.bfloat16)
         _check(case, qw, x, torch.randn(72, device=device), torch.bfloat16, config=config)
+
+
+#: The formats the GEMV decodes in place, word by word (its packed path): integer fields with and without zero
+#: points, 8-bit words, e2m1 by byte table (with e8m0 and e4m3 scales), on ragged K.
+_GEMV_PACKED_CASES = [
+    Case("int4", group_size=32),
+    Case("int4", zero_point=True, group_size=64, x_dtype=torch.float16),
+    Case("int8", group_size=-1, scale_dtype=torch.bfloat16, out_dtype=torch.float32),
+    Case("mxfp4"),
+    Case("nvfp4", out_dtype=torch.float32),
+]
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize("case", _GEMV_PACKED_CASES, ids=str)
+def test_wna16_gemv_loads_ahead(case: Case, stages: int, seed: int, device: str) -> None:
+    """The GEMV's ``num_stages`` counts the K tiles a program has in flight: with two, each iteration loads the
+    next tile's words and activations before decoding its own (in registers; Triton compiles one stage). Same
+    function either way, ragged K (the last tile's words partly past K) and N."""
+    n, k = 40, 456
+    qw = case.quantize(torch.randn(n, k, device=device))
+    x = torch.randn(1, k, device=device).to(case.x_dtype)
+    config = TileConfig(1, 32, 64, split_k=3, num_stages=stages)  # three shares: two end inside a tile
+    _check(case, qw, x, torch.randn(n, device=device), case.out_dtype or case.x_dtype, config=config)
 
 
 def test_tile_config_refuses_counts_below_one() -> None:

@@ -246,6 +246,7 @@ def _wna16_gemv_kernel(
     HAS_BIAS: tl.constexpr,
     WEIGHT: tl.constexpr,  # the weight's WeightSpec (_weight_tile)
     EVEN_K: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the next K tile's words and activations before decoding this one's
 ):
     """Decode (M <= BM <= 4): no tensor cores. Products accumulate in fp32 registers and are reduced along K
     once per output tile.
@@ -268,7 +269,9 @@ def _wna16_gemv_kernel(
         first = (unit - tile.to(tl.int64) * k_tiles).to(tl.int32)
         last = tl.minimum(first + (end - unit), k_tiles).to(tl.int32)
         offs_n = tile * BN + tl.arange(0, BN)
-        y = _gemv_tile_sums(x_ptr, weight, WEIGHT, offs_m, offs_n, M, N, K, stride_xm, first, last, BM, BN, BK, EVEN_K)
+        y = _gemv_tile_sums(
+            x_ptr, weight, WEIGHT, offs_m, offs_n, M, N, K, stride_xm, first, last, BM, BN, BK, EVEN_K, PREFETCH
+        )
         if last - first == k_tiles:
             store_tile(y, out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, 1)
         else:
@@ -295,6 +298,7 @@ def _gemv_tile_sums(
     BN: tl.constexpr,
     BK: tl.constexpr,
     EVEN_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """fp32 ``[BM, BN]``: the products of rows ``offs_m`` of x and rows ``offs_n`` of the weight over K tiles
     ``first .. last - 1``.
@@ -330,16 +334,23 @@ def _gemv_tile_sums(
         q_rows = weight.qw + offs_n.to(tl.int64)[None, :, None] * weight.stride_qn
         n_ok = offs_n[None, :, None] < N
         x_scale = _field_scales(weight, WEIGHT)[:, None, None]
+        # With PREFETCH the loop carries the next K tile's words and activations: their loads are in flight
+        # while this tile decodes (one more word tile of registers per thread).
+        if PREFETCH:
+            words_next, x_next = _gemv_packed_loads(x_ptr, q_rows, n_ok, first, last, n_words, K, BK, BKW, EVEN_K, True)
         for t in range(first, last):
             offs_w = tl.multiple_of(t * BKW, BKW) + tl.arange(0, BKW)
-            w_ok = n_ok if EVEN_K else n_ok & (offs_w[None, None, :] < n_words)
-            words = tl.load(q_rows + offs_w[None, None, :], mask=w_ok, other=0)
+            if PREFETCH:
+                words, x = words_next, x_next
+                words_next, x_next = _gemv_packed_loads(
+                    x_ptr, q_rows, n_ok, t + 1, last, n_words, K, BK, BKW, EVEN_K, True
+                )
+            else:
+                words, x = _gemv_packed_loads(x_ptr, q_rows, n_ok, t, last, n_words, K, BK, BKW, EVEN_K, False)
             first_k = offs_w * PER_WORD  # element index of each word's field 0; one group holds whole words
             k0 = t * BK
             z = zero_tile(weight, WEIGHT, offs_n, first_k, k0, N, K, BK, EVEN_K)[None, :, :] if WEIGHT.HAS_ZP else 0
             v = _word_values(words, weight, WEIGHT, z)  # [PER_WORD, BN, BKW]
-            offs_k = k0 + tl.arange(0, BK)
-            x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0) if not EVEN_K else tl.load(x_ptr + offs_k)
             x = tl.trans(tl.reshape(x.to(tl.float32), (BKW, PER_WORD)))[:, None, :]  # [PER_WORD, 1, BKW]
             part = tl.sum(v * (x * x_scale), axis=0, keep_dims=True)
             if SCALE_PER_GROUP:
@@ -365,3 +376,31 @@ def _gemv_tile_sums(
             acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
         y = tl.sum(acc, axis=2)
     return y
+
+
+@triton.jit
+def _gemv_packed_loads(
+    x_ptr,
+    q_rows,
+    n_ok,
+    t,
+    last,
+    n_words,
+    K,
+    BK: tl.constexpr,
+    BKW: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    AHEAD: tl.constexpr,
+):
+    """K tile ``t``'s word tile ``[1, BN, BKW]`` and activations ``[BK]`` for the packed GEMV. ``AHEAD``: ``t`` may
+    be the tile after the share's last (``last``), which reads nothing (zeros)."""
+    offs_w = tl.multiple_of(t * BKW, BKW) + tl.arange(0, BKW)
+    offs_k = t * BK + tl.arange(0, BK)
+    w_ok = n_ok if EVEN_K else n_ok & (offs_w[None, None, :] < n_words)
+    if AHEAD:
+        words = tl.load(q_rows + offs_w[None, None, :], mask=w_ok & (t < last), other=0)
+        x = tl.load(x_ptr + offs_k, mask=(offs_k < K) & (t < last), other=0.0)
+    else:
+        words = tl.load(q_rows + offs_w[None, None, :], mask=w_ok, other=0)
+        x = tl.load(x_ptr + offs_k) if EVEN_K else tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0)
+    return words, x

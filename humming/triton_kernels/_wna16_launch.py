@@ -84,6 +84,8 @@ class _Ready:
         }
         if not gemv:
             values["SPLIT_K"] = cfg.split_k
+        else:
+            values["PREFETCH"] = gemv_prefetch(cfg)
         per_call = ("x_ptr", "bias_ptr", "out_ptr", "ws_ptr")
         kernel = _wna16_swap_kernel if cfg.swap else _wna16_gemv_kernel
         if cfg.swap or self.tiled:
@@ -109,7 +111,7 @@ class _Ready:
             grid, regrid = _gemv_grids(x.device, tiles * triton.cdiv(k, cfg.block_k), cfg)
         self.workspace_words = split_k_words(m, n, tiles) if self.split else 0
         self.launch = PreparedLaunch(
-            kernel, grid, values, per_call, cfg.num_warps, regrid=regrid, num_stages=cfg.num_stages
+            kernel, grid, values, per_call, cfg.num_warps, regrid=regrid, num_stages=triton_stages(cfg)
         )
 
     def __call__(self, x, bias, out, expert_ids, rows) -> torch.Tensor:
@@ -121,6 +123,20 @@ class _Ready:
             tensors += (stand_in if expert_ids is None else expert_ids, stand_in if rows is None else rows)
         self.launch(device.index, *tensors)
         return out
+
+
+def gemv_prefetch(cfg: TileConfig) -> bool:
+    """Whether the GEMV kernel with tile ``cfg`` loads each K tile one iteration ahead, in registers: a GEMV
+    tile's ``num_stages`` counts the K tiles in flight per program. Triton's own pipelining (through shared
+    memory) does not run it: that adds a shared-memory round trip per word to a kernel that reads each word
+    once."""
+    return cfg.gemv and cfg.num_stages > 1
+
+
+def triton_stages(cfg: TileConfig) -> int:
+    """The ``num_stages`` Triton compiles the WnA16 kernel of tile ``cfg`` with (one for the GEMV:
+    :func:`gemv_prefetch`)."""
+    return 1 if cfg.gemv else cfg.num_stages
 
 
 def uses_workspace(cfg: TileConfig) -> bool:
@@ -215,7 +231,7 @@ def kernel_spec(
             "BM": cfg.block_m,
             "BN": cfg.block_n,
             "BK": cfg.block_k,
-            **({} if is_gemv else {"SPLIT_K": cfg.split_k}),
+            **({"PREFETCH": gemv_prefetch(cfg)} if is_gemv else {"SPLIT_K": cfg.split_k}),
             **({} if narrow else tiled),
             "HAS_BIAS": True,
             "EVEN_K": True,
@@ -223,7 +239,7 @@ def kernel_spec(
             **({} if is_gemv else {"PACKED": packed_asm(qw, x_dtype, cfg.block_k, divmod(min_arch, 10), True)}),
         },
         num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=triton_stages(cfg),
         mma="none" if is_gemv else "best" if cfg.block_m >= 64 else "any",
         min_arch=min_arch,
         aligned=("N", "K", "stride_xm", "stride_qn", "stride_sn", "stride_zn", "stride_om"),
