@@ -136,7 +136,7 @@ def test_wna16_few_tokens(case: Case, m: int, seed: int, device: str) -> None:
     "config",
     [
         TileConfig(16, 32, 64, split_k=2, swap=True),
-        TileConfig(1, 64, 64, split_k=3),
+        TileConfig(1, 64, 64, split_k=3, num_stages=1),
         TileConfig(16, 16, 64, split_k=3),
         TileConfig(32, 32, 32, split_k=2, group_m=1),
         TileConfig(16, 64, 128),
@@ -158,7 +158,7 @@ def test_wna16_tile_configs(config: TileConfig, seed: int, device: str) -> None:
 @pytest.mark.parametrize("waves", [1, 3])
 @pytest.mark.parametrize(
     "config",
-    [TileConfig(1, 16, 32), TileConfig(1, 16, 32, num_stages=2), TileConfig(2, 16, 32)],
+    [TileConfig(1, 16, 32, num_stages=1), TileConfig(1, 16, 32, num_stages=2), TileConfig(2, 16, 32)],
     ids=lambda c: c.name(),
 )
 def test_wna16_gemv_stream_k(config: TileConfig, waves: int, seed: int, device: str) -> None:
@@ -192,9 +192,9 @@ _GEMV_PACKED_CASES = [
 @pytest.mark.parametrize("stages", [1, 2])
 @pytest.mark.parametrize("case", _GEMV_PACKED_CASES, ids=str)
 def test_wna16_gemv_loads_ahead(case: Case, stages: int, seed: int, device: str) -> None:
-    """The GEMV's ``num_stages`` counts the K tiles a program has in flight: with two, each iteration loads the
-    next tile's words and activations before decoding its own (in registers; Triton compiles one stage). Same
-    function either way, ragged K (the last tile's words partly past K) and N."""
+    """A GEMV tile of more than one stage loads one K tile ahead: each iteration loads the next tile's words and
+    activations before decoding its own (in registers; Triton compiles one stage). Same function either way,
+    ragged K (the last tile's words partly past K) and N."""
     n, k = 40, 456
     qw = case.quantize(torch.randn(n, k, device=device))
     x = torch.randn(1, k, device=device).to(case.x_dtype)

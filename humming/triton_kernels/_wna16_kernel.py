@@ -393,13 +393,14 @@ def _gemv_packed_loads(
     AHEAD: tl.constexpr,
 ):
     """K tile ``t``'s word tile ``[1, BN, BKW]`` and activations ``[BK]`` for the packed GEMV. ``AHEAD``: ``t`` may
-    be the tile after the share's last (``last``), which reads nothing (zeros)."""
+    be the tile after the share's last (``last``), which reads nothing (zeros): ``t < last`` is tested as each
+    offset below the share's end, elementwise like the other bounds."""
     offs_w = tl.multiple_of(t * BKW, BKW) + tl.arange(0, BKW)
     offs_k = t * BK + tl.arange(0, BK)
     w_ok = n_ok if EVEN_K else n_ok & (offs_w[None, None, :] < n_words)
     if AHEAD:
-        words = tl.load(q_rows + offs_w[None, None, :], mask=w_ok & (t < last), other=0)
-        x = tl.load(x_ptr + offs_k, mask=(offs_k < K) & (t < last), other=0.0)
+        words = tl.load(q_rows + offs_w[None, None, :], mask=w_ok & (offs_w[None, None, :] < last * BKW), other=0)
+        x = tl.load(x_ptr + offs_k, mask=(offs_k < K) & (offs_k < last * BK), other=0.0)
     else:
         words = tl.load(q_rows + offs_w[None, None, :], mask=w_ok, other=0)
         x = tl.load(x_ptr + offs_k) if EVEN_K else tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0)

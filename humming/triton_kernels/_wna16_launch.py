@@ -127,9 +127,9 @@ class _Ready:
 
 def gemv_prefetch(cfg: TileConfig) -> bool:
     """Whether the GEMV kernel with tile ``cfg`` loads each K tile one iteration ahead, in registers: a GEMV
-    tile's ``num_stages`` counts the K tiles in flight per program. Triton's own pipelining (through shared
-    memory) does not run it: that adds a shared-memory round trip per word to a kernel that reads each word
-    once."""
+    tile of more than one stage does (on its packed path, whole-word fields; the others load in the loop).
+    Triton's own pipelining (through shared memory) does not run it: that adds a shared-memory round trip per
+    word to a kernel that reads each word once."""
     return cfg.gemv and cfg.num_stages > 1
 
 
