@@ -172,6 +172,13 @@ def compile_specs() -> list[registry.CompileSpec]:
     swap_packed = wna16_config(8, 28672, 8192, 4, h200.sm_count, 128, h200.smem_per_block, packed="int")
     cases = (
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 128), 80),
+        (  # the GEMV loading one K tile ahead (gemv_prefetch)
+            "int4-g128",
+            quantize(w, "int4", 128, scale_dtype=torch.bfloat16),
+            torch.bfloat16,
+            gemv(1, 128).replace(num_stages=2),
+            80,
+        ),
         ("int8-channel", quantize(w, "int8", -1, scale_dtype=torch.bfloat16), torch.bfloat16, gemv(1, 0), 80),
         ("mxfp4", quantize(w, "mxfp4"), torch.bfloat16, gemv(1, 32), 80),
         ("uint4-zp-g128", quantize(w, "int4", 128, True), torch.float16, TileConfig(4, 16, 128, num_stages=1), 75),
