@@ -74,9 +74,9 @@ def variants(m: int, n: int, k: int, qw, default: TileConfig, sm_count: int) -> 
     if m <= 4:
         gemv = wna16.wna16_config(1, n, k, qw.bits, sm_count, max(qw.group_shape[1], 0))
         out["gemv"] = gemv = gemv.replace(block_m=1 if m == 1 else 4, block_n=gemv.block_n // (1 if m == 1 else 4))
-        # two K tiles in flight per program: the next one's words and activations load while this one decodes
-        out["gemv-st2"] = gemv.replace(num_stages=2)
-        out["gemv-st2-n64"] = gemv.replace(num_stages=2, block_n=gemv.block_n // 2)
+        if m == 1:  # the packed path (one token) loads the next K tile's words and activations while this one decodes
+            out["gemv-st2"] = gemv.replace(num_stages=2)
+            out["gemv-st2-n64"] = gemv.replace(num_stages=2, block_n=gemv.block_n // 2)
     if m > 1:
         out["swap-waves4"] = fill(wna16.wna16_config(16, n, k, qw.bits, sm_count), 4)
     out["tiled-16"] = fill(TILED_16, 2)  # the tiled kernel's 16-row tile (M = 2..16 before the swapped kernel)
