@@ -1167,3 +1167,36 @@ def test_fused_moe_programmatic_launches_keep_the_bits(weight, m, seed, monkeypa
     _check_replays(
         graph, captured, (x, weights, ids), inputs, lambda: moe.fused_moe(x * 2, *experts["0"], weights, ids)
     )
+
+
+@pytest.mark.parametrize(
+    "act, bias",
+    [("fp8", True), ("fp8_g128", False), ("int8", False), ("mxfp4", True), ("fp8_tensor", True), ("nvfp4", False)],
+)
+def test_fused_moe_quantized_steps_prepared(act, bias, seed, monkeypatch):
+    """On the Triton layer, fused_moe of per-token or per-group activation scales runs prepared steps (w13's
+    GEMM quantizing its tokens, the activation pass quantizing w2's input, w2's GEMM) and never
+    ``run_grouped``; tensor-wide and global scales (quantized over each call's routed rows) take ``run_grouped``.
+    Either way, bit for bit the unprepared path's, biases included, and repeat calls agree."""
+    from humming import moe
+    from humming.ir.activation import get_act_scheme
+    from humming.reference.moe_layer import check_activation
+
+    fused = sys.modules["humming.moe.fused"]
+    e, k, inter, topk, t = 3, 128, 128, 2, 3
+    bias_of = lambda *shape: torch.randn(*shape) if bias else None
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k), "int4", 32, bias=bias_of(e, 2 * inter))
+    w2 = humming.quantize(torch.randn(e, k, inter), "int4", 32, bias=bias_of(e, k))
+    x, weights = torch.randn(t, k).bfloat16(), torch.softmax(torch.randn(t, topk), -1)
+    ids = torch.stack([torch.randperm(e)[:topk] for _ in range(t)]).to(torch.int32)
+    grouped_runs = []
+    run_grouped = fused.run_grouped
+    monkeypatch.setattr(fused, "run_grouped", lambda *a: grouped_runs.append(a[1].shape) or run_grouped(*a))
+    first = moe.fused_moe(x, w13, w2, weights, ids, act=act, backend="triton")
+    again = moe.fused_moe(x, w13, w2, weights, ids, act=act, backend="triton")
+    prepared = not grouped_runs
+    assert prepared == (act not in ("fp8_tensor", "nvfp4")), grouped_runs
+    activation = check_activation("silu", None, None, "concat")
+    args = (weights, ids, None, activation, get_act_scheme(act), None, None, None, "triton")
+    unprepared = fused.run_fused_moe(x, w13, w13.bias, w2, w2.bias, *args)
+    assert torch.equal(first, unprepared) and torch.equal(again, unprepared) and torch.isfinite(first).all()

@@ -62,7 +62,14 @@ FORMATS = (
     ("int8 x int8", dict(weight="int8", group_size=-1), "int8"),
 )
 #: The MoE shapes: (preset of humming.bench.moe.MODELS, weight format of the experts).
-MOE = (("qwen3-30b-a3b", "int4 g128"), ("deepseek-v3", "int4 g128"), ("gpt-oss-120b", "mxfp4"))
+MOE = (
+    ("qwen3-30b-a3b", "int4 g128"),
+    ("deepseek-v3", "int4 g128"),
+    ("deepseek-v3", "fp8 128x128 blocks x fp8_g128"),
+    ("gpt-oss-120b", "mxfp4"),
+)
+#: The activation scheme of each expert format (16-bit where absent).
+_MOE_ACTS = {"fp8 128x128 blocks x fp8_g128": "fp8_g128"}
 
 
 def _sync(device) -> None:
@@ -221,8 +228,12 @@ def reference_rows(args, device) -> list[dict]:
 
 def _experts(fmt: str, e: int, n: int, k: int, device, bias: bool) -> QuantizedWeight:
     """Random codes with plausible scales, ``[e, n, k]`` (the values never matter for time)."""
-    codes = torch.randint(-(2**31), 2**31 - 1, (e, n, k // 8), dtype=torch.int32, device=device)
     b = torch.randn(e, n, dtype=torch.bfloat16, device=device) if bias else None
+    if fmt.startswith("fp8 128x128"):  # e4m3 bytes with bits 3 and 7 clear: finite (no 0x7f / 0xff)
+        codes = torch.randint(0, 2**31 - 1, (e, n, k // 4), dtype=torch.int32, device=device) & 0x77777777
+        scales = torch.rand(e, n // 128, k // 128, device=device) * 0.01
+        return QuantizedWeight((e, n, k), "e4m3", codes, scales, (128, 128), bias=b)
+    codes = torch.randint(-(2**31), 2**31 - 1, (e, n, k // 8), dtype=torch.int32, device=device)
     if fmt == "mxfp4":
         scales = torch.full((e, n, k // 32), 120, dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)
         return QuantizedWeight((e, n, k), "e2m1", codes, scales, (1, 32), bias=b)
@@ -243,7 +254,7 @@ def moe_rows(args, device) -> list[dict]:
         topk = min(model.topk, experts)
         w13 = _experts(fmt, experts, 2 * inter, hidden, device, model.bias)
         w2 = _experts(fmt, experts, hidden, inter, device, model.bias)
-        options = dict(activation=model.activation, gate_up_layout=model.gate_up_layout)
+        options = dict(activation=model.activation, gate_up_layout=model.gate_up_layout, act=_MOE_ACTS.get(fmt))
         if model.alpha is not None:
             options.update(alpha=model.alpha, limit=model.limit)
         fn = lambda x, weights, ids, w13=w13, w2=w2, options=options: humming.moe.fused_moe(

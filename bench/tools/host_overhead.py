@@ -19,7 +19,7 @@ launch, stream query and caching-allocator allocation costs a little more. Each 
 the launches and the aten ops of one call (views left out: the allocations, and torch ops that launch GPU
 kernels of their own).
 
-``--moe``: one eager ``humming.moe.fused_moe`` call instead (int4 g128 experts, ``--experts`` of them,
+``--moe``: one eager ``humming.moe.fused_moe`` call instead (``--moe-format`` experts, ``--experts`` of them,
 ``--topk`` each; ``w13 [E, 2 * --moe-inter, --moe-k]``, small so that the host time shows), with ``topk_ids``
 already on the "GPU"; routing, alignment, both grouped GEMMs, the activation pass and the combine.
 
@@ -226,9 +226,10 @@ def _runs_on_cuda(qw, scheme, x) -> bool:
 def _moe_layer(
     experts: int, inter: int, k: int, fmt: str = "int4", bias: bool = False, gate_up_layout: str = "concat"
 ) -> tuple:
-    """``(w13, w2)``: expert weights of random codes, int4 g128 (``fmt="int4"``) or MXFP4 (``"mxfp4"``), with
-    random bf16 biases where ``bias``, prepared for the CUDA grouped kernels (w13 with its rows in the gated
-    epilogue's order for ``gate_up_layout``, as fused_moe runs it)."""
+    """``(w13, w2)``: expert weights of random codes, int4 g128 (``fmt="int4"``), MXFP4 (``"mxfp4"``) or e4m3 in
+    128 x 128 blocks (``"fp8_block"``, DeepSeek-V3's, run with fp8_g128 activations), with random bf16 biases
+    where ``bias``, prepared for the CUDA grouped kernels (w13 with its rows in the gated epilogue's order for
+    ``gate_up_layout``, as fused_moe runs it)."""
     from humming import cuda_kernels
     from humming.cuda_kernels import _wna16
     from humming.ir.weight import QuantizedWeight
@@ -236,6 +237,10 @@ def _moe_layer(
     def weight(n, width):
         codes = torch.randint(-(2**31), 2**31 - 1, (experts, n, width // 8), dtype=torch.int32)
         biases = torch.randn(experts, n, dtype=torch.bfloat16) if bias else None
+        if fmt == "fp8_block":
+            codes = torch.randn(experts, n, width).to(torch.float8_e4m3fn).view(torch.int32)
+            scales = torch.rand(experts, n // 128, width // 128) + 0.5
+            return QuantizedWeight((experts, n, width), "e4m3", codes, scales, (128, 128), bias=biases)
         if fmt == "mxfp4":
             e8m0 = torch.full((experts, n, width // 32), 120, dtype=torch.uint8).view(torch.float8_e8m0fnu)
             return QuantizedWeight((experts, n, width), "e2m1", codes, e8m0, (1, 32), bias=biases)
@@ -248,6 +253,10 @@ def _moe_layer(
         _wna16.prepare_gate_up(layer[0], gate_up_layout)
         cuda_kernels.prepare(layer[1])
     return layer
+
+
+#: The activation scheme fused_moe runs each ``--moe-format`` with.
+_MOE_ACTS = {"int4": None, "mxfp4": None, "fp8_block": "fp8_g128"}
 
 
 def _count(call) -> tuple[int, int]:
@@ -266,16 +275,17 @@ def _moe_rows(args, layer, before: dict) -> list[dict]:
 
     w13, w2 = layer
     rows = []
-    print(f"E={args.experts} topk={args.topk} w13 [E, {2 * args.moe_inter}, {args.moe_k}] int4 g128: host us per")
+    fmt, act = args.moe_format, _MOE_ACTS[args.moe_format]
+    print(f"E={args.experts} topk={args.topk} w13 [E, {2 * args.moe_inter}, {args.moe_k}] {fmt}: host us per")
     print("eager fused_moe call (CPU-side, GPU faked)")
     print(f"{'M':>4} {'us':>8}  launches  aten ops" + ("  | before: us  launches  aten ops" if before else ""))
     for m in (int(v) for v in args.m.split(",")):
         x = torch.randn(m, args.moe_k, dtype=torch.bfloat16)
         ids = torch.stack([torch.randperm(args.experts)[: args.topk] for _ in range(m)]).to(torch.int32)
         weights = torch.rand(m, args.topk)
-        call = lambda: moe.fused_moe(x, w13, w2, weights, ids)  # noqa: B023 (called in this loop)
+        call = lambda: moe.fused_moe(x, w13, w2, weights, ids, act=act)  # noqa: B023 (called in this loop)
         launches, aten_ops = _count(call)
-        row = {"combination": "fused_moe int4 g128", "m": m, "backend": "auto", "launches": launches}
+        row = {"combination": f"fused_moe {fmt}", "m": m, "backend": "auto", "launches": launches}
         row |= {"aten_ops": aten_ops, "us": round(measure(call, args.iters), 1)}
         rows.append(row)
         line = f"{m:>4} {row['us']:8.1f}  {launches:>8}  {aten_ops:>8}"
@@ -286,7 +296,7 @@ def _moe_rows(args, layer, before: dict) -> list[dict]:
         if args.profile and args.profile in row["combination"]:
             profile = cProfile.Profile()
             profile.runcall(lambda: [call() for _ in range(args.iters)])  # noqa: B023
-            pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+            pstats.Stats(profile).sort_stats(os.environ.get("HOST_PROFILE_SORT", "tottime")).print_stats(30)
     return rows
 
 
@@ -316,10 +326,11 @@ def main() -> None:
     parser.add_argument("--topk", type=int, default=8)
     parser.add_argument("--moe-inter", type=int, default=256)
     parser.add_argument("--moe-k", type=int, default=512)
+    parser.add_argument("--moe-format", choices=sorted(_MOE_ACTS), default="int4", help="the experts' format")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.moe:
-        layer = _moe_layer(args.experts, args.moe_inter, args.moe_k)
+        layer = _moe_layer(args.experts, args.moe_inter, args.moe_k, args.moe_format)
         fake_gpu()
         before = {r["m"]: r for r in json.loads(Path(args.compare).read_text())} if args.compare else {}
         rows = _moe_rows(args, layer, before)
@@ -380,7 +391,7 @@ def main() -> None:
                 if args.profile and args.profile in name:
                     profile = cProfile.Profile()
                     profile.runcall(lambda: [call() for _ in range(args.iters)])  # noqa: B023
-                    pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+                    pstats.Stats(profile).sort_stats(os.environ.get("HOST_PROFILE_SORT", "tottime")).print_stats(30)
     if args.save:
         Path(args.save).write_text(json.dumps(rows, indent=1) + "\n")
 

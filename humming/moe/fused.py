@@ -364,14 +364,19 @@ def _make_call(
         else:
             launch13 = grouped_step(w13, x, m_pad, block_m, bias13, dtype, backend)
             if triton_layer:
-                first = lambda x, ids, bias, rows, num_rows: kernels.activate(
-                    launch13(x, ids, bias, rows), activation, None, num_rows
-                )
+                activate = kernels.PreparedActivate(x.new_empty(m_pad, w13.N), activation)
+                first = lambda x, ids, bias, rows, num_rows: activate(launch13(x, ids, bias, rows), num_rows)
             else:
                 first = lambda x, ids, bias, rows, num_rows: moe_layer.activate(
                     launch13(x, ids, bias, rows), activation, dtype
                 )
         launch2 = grouped_step(w2, x.new_empty(m_pad, w13.N // 2), None, block_m, bias2, dtype, backend)
+        second = lambda hidden, ids, bias: launch2(hidden, ids, bias, None)
+    elif steps := prepared_quantized_steps(
+        x, w13, w2, m_pad, block_m, act, act_scales, activation, bias13, bias2, backend
+    ):
+        launch13, activate, launch2 = steps
+        first = lambda x, ids, bias, rows, num_rows, *scales: activate(launch13(x, ids, bias, rows), num_rows)
         second = lambda hidden, ids, bias: launch2(hidden, ids, bias, None)
     else:
         # quantized activations: each GEMM through run_grouped (its quantization and non-finite rows per call)
@@ -413,6 +418,28 @@ def _make_call(
         return combine(second(hidden, expert_ids, w2_bias), slot_rows, topk_weights)
 
     return call
+
+
+def prepared_quantized_steps(
+    x, w13, w2, m_pad: int, block_m: int, act, act_scales, activation, bias13, bias2, backend: str
+) -> tuple | None:
+    """``(w13's GEMM, the activation pass, w2's GEMM)`` made ready for a Triton layer of quantized activations
+    with dynamic scales (each GEMM quantizing its 16-bit input, or w2's input quantized in the activation pass
+    where it can be), as :func:`run_fused_moe` runs them, for biases of dtypes ``bias13`` / ``bias2`` (``None``:
+    none); ``None`` where a step is not prepared so (tensor-wide
+    scales, kernels that do not gather, the CUDA layer): the caller then runs :func:`run_grouped` per call."""
+    if not on_triton(x, backend) or any(scale is not None for scale in act_scales):
+        return None
+    from ..triton_kernels import moe_layer as kernels
+
+    dtype = x.dtype
+    launch13 = grouped_step(w13, x, m_pad, block_m, bias13, dtype, backend, act=act)
+    if launch13 is None:
+        return None
+    fuse = kernels.act_unsupported(act) is None
+    activate = kernels.PreparedActivate(x.new_empty(m_pad, w13.N), activation, act if fuse else None)
+    launch2 = grouped_step(w2, activate.empty(), None, block_m, bias2, dtype, backend, act=act)
+    return None if launch2 is None else (launch13, activate, launch2)
 
 
 #: The grouped kernel the slot-major route runs both GEMMs on (it skips segments whose expert id is out of

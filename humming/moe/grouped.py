@@ -221,28 +221,45 @@ def run_gated(x, w13, expert_ids, block_m: int, bias, activation, out_dtype, bac
 
 
 def grouped_step(
-    qweight, x, m_pad: int | None, block_m: int, bias_dtype, out_dtype, backend: str, gated=None, programmatic=True
+    qweight,
+    x,
+    m_pad: int | None,
+    block_m: int,
+    bias_dtype,
+    out_dtype,
+    backend: str,
+    gated=None,
+    programmatic=True,
+    act: ActScheme | None = None,
 ):
-    """:func:`run_grouped` of 16-bit activations (``gated``: :func:`run_gated`) made ready, for every call shaped
-    as ``x`` (dtype, shape, strides, alignment, device) with ``m_pad`` grouped rows gathered through ``rows``
-    (``None``: ``x``'s grouped rows) and a bias of ``bias_dtype``: ``(x, expert_ids, bias, rows) -> out`` (the
-    expert ids and rows are the alignment's, in range; ``rows`` ``None`` without a gather). With ``gated``:
-    ``None`` where the planned kernel has no such epilogue. ``programmatic``: a CUDA kernel's programmatic
-    launch (it waits for the kernel before it first), else a plain one. Holds the weight weakly."""
-    plan = plan_grouped(qweight, None, x, block_m, backend, m_pad)
+    """:func:`run_grouped` (``gated``: :func:`run_gated`) made ready, for every call shaped as ``x`` (dtype,
+    shape, strides, alignment, device) with ``m_pad`` grouped rows gathered through ``rows`` (``None``: ``x``'s
+    grouped rows) and a bias of ``bias_dtype``: ``(x, expert_ids, bias, rows) -> out`` (the expert ids and rows
+    are the alignment's, in range; ``rows`` ``None`` without a gather). With ``gated``: ``None`` where the
+    planned kernel has no such epilogue. ``act``: activations of that scheme (``x`` 16-bit, quantized by the
+    step, or a :class:`QuantizedActivation` of it, as every call passes them), prepared where the planned
+    kernel's launcher takes them, else ``None`` (the caller runs :func:`run_grouped`). ``programmatic``: a CUDA
+    kernel's programmatic launch (it waits for the kernel before it first), else a plain one. Holds the weight
+    weakly."""
+    x_data = x.codes if isinstance(x, QuantizedActivation) else x
+    plan = plan_grouped(qweight, act, x_data, block_m, backend, m_pad)
     kernel = GROUPED_KERNELS[plan.kernel]
     if gated is not None and not kernel.gates(qweight, x, gated):
         return None
     weight = weakref.ref(qweight)
     gather = m_pad is not None
-    gathers = gather and kernel.gathers(qweight, None, x.shape[0], m_pad)
+    gathers = gather and kernel.gathers(qweight, act, x_data.shape[0], m_pad)
+    if act is not None and gather and not gathers:
+        return None
     grouped_x = x if gathers or not gather else x.new_empty(m_pad, x.shape[1])  # what the kernel reads
     launch = None
     if kernel.launcher is not None:
         rows = grouped_x.shape[0] if m_pad is None else m_pad
         launch = kernel.launcher(
-            grouped_x, qweight, None, block_m, rows, bias_dtype, out_dtype, plan.tuning, gathers, gated, programmatic
+            grouped_x, qweight, act, block_m, rows, bias_dtype, out_dtype, plan.tuning, gathers, gated, programmatic
         )
+    if launch is None and act is not None:
+        return None
     if launch is None:
         options = {} if gated is None else {"gated": gated}
 
@@ -258,7 +275,7 @@ def grouped_step(
                 return launch(gather_rows(x, rows), expert_ids, bias, None)
             return launch(x, expert_ids, bias, rows)
         except KernelNotReadyError as err:  # during a capture: name the warmup call this one needed
-            raise unwarmed_error(err, weight(), None, x, backend, block_m, m_pad) from None
+            raise unwarmed_error(err, weight(), act, getattr(x, "codes", x), backend, block_m, m_pad) from None
 
     return run
 

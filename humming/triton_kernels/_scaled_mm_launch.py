@@ -22,6 +22,7 @@ from ._scaled_mm_plan import (
     compute_plan,
     device_capability,
     grid,
+    grouped_call_config,
     plan_constexprs,
     weight_decode,
 )
@@ -29,7 +30,7 @@ from ._tiles import split_k_words
 from ._weight_tile import WeightSpec, kernel_tensors, pointer_types, triton_type, weight_spec
 from .scaled_mm_configs import ScaledMMConfig
 
-__all__ = ["compile_specs", "dense_launcher", "kernel_spec", "launch", "launch_codes"]
+__all__ = ["compile_specs", "dense_launcher", "grouped_launch", "kernel_spec", "launch", "launch_codes"]
 
 
 def launch(
@@ -106,6 +107,37 @@ def dense_launcher(scheme: ActScheme, quantize, qweight: QuantizedWeight, out_dt
         if ready is None:
             ready = _Ready(scheme, codes, a_scales, weight(), bias, out_dtype, config, None, False, 1, None)
         return ready(codes, a_scales, global_scale, bias, None, None, None)
+
+    return call
+
+
+def grouped_launch(
+    scheme: ActScheme, quantize, qweight: QuantizedWeight, out_dtype: torch.dtype, route_bm: int, m_pad: int
+):
+    """``(x, expert_ids, bias, rows) -> out`` for grouped calls of one kind, ``m_pad`` grouped rows in routing
+    blocks of ``route_bm``: ``x`` 16-bit, quantized by ``quantize`` (a cached pass of :mod:`.act_quant`), or, with
+    ``quantize`` ``None``, a :class:`QuantizedActivation` of ``scheme``; read through ``rows`` or in grouped order,
+    the same for every call of the kind. The tile is :func:`~._scaled_mm_plan.grouped_call_config`'s, as
+    :func:`.scaled_mm.grouped_linear` picks it; it and the launch are made ready at the first call, from that
+    call's quantized buffers, and reused by the next ones without a lookup."""
+    weight, ready = weakref.ref(qweight), None  # held weakly, as the caller keeps it per weight
+
+    def call(x, expert_ids, bias, rows):
+        nonlocal ready
+        if quantize is None:
+            codes, global_scale = x.codes, x.global_scale
+            a_scales = x.scales if x.scales.dtype == torch.float32 else x.scales.view(torch.uint8)
+        else:
+            codes, a_scales, global_scale = quantize(x)
+        bias = None if bias is None else bias.contiguous()
+        if ready is None:
+            qw, device = weight(), codes.device
+            plan = compute_plan(qw, scheme, act_group_k(scheme, a_scales), device_capability(device))
+            if isinstance(plan, str):
+                raise ValueError(f"triton scaled_mm: {plan}")
+            config = grouped_call_config(plan, qw, route_bm, m_pad, device)
+            ready = _Ready(scheme, codes, a_scales, qw, bias, out_dtype, config, None, True, route_bm, rows)
+        return ready(codes, a_scales, global_scale, bias, None, expert_ids, rows)
 
     return call
 

@@ -51,6 +51,14 @@ def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning, rows=Non
     return grouped_linear(x, qweight, expert_ids, block_m, bias, act, out_dtype, rows=rows)
 
 
+def _launcher(x, qweight, act, block_m, m_pad, bias_dtype, out_dtype, tuning, gather, gated=None, programmatic=True):
+    """:attr:`humming.kernel.Kernel.launcher`: the scaled GEMM's prepared grouped call for quantized activations
+    (:func:`.scaled_mm.grouped_launcher`); ``None`` for 16-bit ones (``run`` is called)."""
+    if act is None or gated is not None:
+        return None
+    return _scaled_mm().grouped_launcher(x, qweight, act, block_m, m_pad, out_dtype)
+
+
 #: ``triton.grouped``: every weight format (WnA16) and every activation scheme of the scaled GEMM, gathering
 #: token rows in the kernel.
 KERNEL = Kernel(
@@ -60,4 +68,5 @@ KERNEL = Kernel(
     lambda qweight, act, x, block_m: unavailable() or grouped_unsupported(qweight, act, x, block_m),
     _run,
     gathers=always_gathers,
+    launcher=_launcher,
 )

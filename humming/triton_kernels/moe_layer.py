@@ -31,7 +31,7 @@ from ._launch import CompiledLaunches
 from .act_quant import element_spec, per_token_tile, scale_kind, scheme_unsupported
 from .interpreter import cast
 
-__all__ = ["PreparedCombine", "act_unsupported", "activate", "combine"]
+__all__ = ["PreparedActivate", "PreparedCombine", "act_unsupported", "activate", "combine"]
 
 
 @triton.jit
@@ -240,46 +240,84 @@ def activate(
     """``h [M, 2I]`` (fp16 / bf16 / fp32, rows contiguous) activated -> ``[M, I]`` in ``h``'s dtype, or with
     ``act`` a :class:`QuantizedActivation` of those values (:func:`act_unsupported` says which schemes).
     ``num_rows``: an int32 0-d tensor on ``h``'s device; rows from it on are left unwritten."""
-    _check("h", h, FLOAT_DTYPES)
-    if not isinstance(activation, Activation):
-        raise ValueError(f"activation: expected a checked Activation, got {activation!r}")
-    m, two_i = h.shape
-    if two_i % 2:
-        raise ValueError(f"h: expected [M, 2I] (gate and up columns), got an odd width {two_i}")
-    inter = two_i // 2
     if num_rows is None:
-        num_rows = torch.full((), m, dtype=torch.int32, device=h.device)
-    scheme = None if act is None else get_act_scheme(act)
-    if scheme is None:
-        out = torch.empty(m, inter, dtype=h.dtype, device=h.device)
-        scales = out  # not read
-        quant = _NO_QUANT
-        block_k = min(triton.next_power_of_2(inter), 1024)
-        block_m, num_warps = max(1, min(triton.next_power_of_2(m), 4096 // block_k)), 4
-        grid = (triton.cdiv(m, block_m), triton.cdiv(inter, block_k), 1)
-    else:
-        reason = act_unsupported(scheme)
-        if reason:
-            raise ValueError(reason)
-        quant = _quant_constexprs(scheme)
-        group_k = quant["GROUP_K"]
-        spans = 1 if group_k == 0 else triton.cdiv(inter, group_k)
-        if group_k:
-            block_k, block_m, num_warps = group_k, max(1, min(triton.next_power_of_2(m), 4096 // group_k, 64)), 4
+        _check("h", h, FLOAT_DTYPES)
+        num_rows = torch.full((), h.shape[0], dtype=torch.int32, device=h.device)
+    return PreparedActivate(h, activation, act)(h, num_rows)
+
+
+class PreparedActivate:
+    """:func:`activate` made ready (checked, its tiles, grid and launch arguments but the tensors worked out)
+    for every call whose ``h`` has this one's dtype, shape and strides, on its device."""
+
+    def __init__(self, h: torch.Tensor, activation: Activation, act: str | ActScheme | None = None) -> None:
+        _check("h", h, FLOAT_DTYPES)
+        if not isinstance(activation, Activation):
+            raise ValueError(f"activation: expected a checked Activation, got {activation!r}")
+        m, two_i = h.shape
+        if two_i % 2:
+            raise ValueError(f"h: expected [M, 2I] (gate and up columns), got an odd width {two_i}")
+        inter = two_i // 2
+        scheme = None if act is None else get_act_scheme(act)
+        if scheme is None:
+            quant, spans, fp32 = _NO_QUANT, 0, True
+            block_k = min(triton.next_power_of_2(inter), 1024)
+            block_m, num_warps = max(1, min(triton.next_power_of_2(m), 4096 // block_k)), 4
+            grid = (triton.cdiv(m, block_m), triton.cdiv(inter, block_k), 1)
         else:
-            block_k, block_m, num_warps = per_token_tile(m, inter)
-        out = torch.empty(m, inter, dtype=torch.uint8, device=h.device)
-        fp32 = scale_kind(scheme) == "fp32"
-        scales = torch.empty(m, spans, dtype=torch.float32 if fp32 else torch.uint8, device=h.device)
-        grid = (triton.cdiv(m, block_m), spans, 1)
-    if m and inter:
+            reason = act_unsupported(scheme)
+            if reason:
+                raise ValueError(reason)
+            quant = _quant_constexprs(scheme)
+            group_k = quant["GROUP_K"]
+            spans = 1 if group_k == 0 else triton.cdiv(inter, group_k)
+            if group_k:
+                block_k, block_m, num_warps = group_k, max(1, min(triton.next_power_of_2(m), 4096 // group_k, 64)), 4
+            else:
+                block_k, block_m, num_warps = per_token_tile(m, inter)
+            fp32 = scale_kind(scheme) == "fp32"
+            grid = (triton.cdiv(m, block_m), spans, 1)
         a = activation
-        act_args = (a.name, a.alpha or 0.0, a.limit or 0.0, a.gate_up_layout == "interleaved")
-        args = (h, out, scales, num_rows, m, inter, h.stride(0), out.stride(0), scales.stride(0))
-        _launch(_ACT_LAUNCHES, grid, (*args, *act_args, *quant.values(), block_m, block_k), num_warps, h.device)
-    if scheme is None:
-        return out
-    return QuantizedActivation(scheme, out, scales if fp32 else scales.view(scheme.scale_dtype))
+        self.scheme, self.fp32, self.spans = scheme, fp32, spans
+        self.shape, self.dtype, self.device = (m, inter), h.dtype, h.device
+        self.grid, self.num_warps = grid, num_warps
+        # the arguments after the four tensors (the output strides are those of fresh contiguous buffers; the
+        # scales' is not read without quantization)
+        self.values = (
+            m,
+            inter,
+            h.stride(0),
+            inter,
+            spans if scheme else inter,
+            *(a.name, a.alpha or 0.0, a.limit or 0.0, a.gate_up_layout == "interleaved"),
+            *quant.values(),
+            block_m,
+            block_k,
+        )
+        out_dtype = h.dtype if scheme is None else torch.uint8
+        scales_dtype = torch.float32 if fp32 else torch.uint8
+        self.key = (h.device, h.dtype, out_dtype, scales_dtype if scheme else out_dtype, torch.int32, *self.values)
+        self.launches = bool(m and inter)
+
+    def empty(self) -> torch.Tensor | QuantizedActivation:
+        """A new output buffer of these calls (unwritten)."""
+        if self.scheme is None:
+            return torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        out = torch.empty(self.shape, dtype=torch.uint8, device=self.device)
+        scales_dtype = torch.float32 if self.fp32 else torch.uint8
+        scales = torch.empty(self.shape[0], self.spans, dtype=scales_dtype, device=self.device)
+        return QuantizedActivation(self.scheme, out, scales if self.fp32 else scales.view(self.scheme.scale_dtype))
+
+    def __call__(self, h: torch.Tensor, num_rows: torch.Tensor) -> torch.Tensor | QuantizedActivation:
+        result = self.empty()
+        if self.launches:
+            out, scales = (result, result) if self.scheme is None else (result.codes, result.scales)
+            if not self.fp32:
+                scales = scales.view(torch.uint8)
+            tensors = (h, out, scales, num_rows)
+            key = self.key + tuple(t.data_ptr() % 16 for t in tensors)
+            _launch(_ACT_LAUNCHES, self.grid, (*tensors, *self.values), self.num_warps, self.device, key)
+        return result
 
 
 def combine(y: torch.Tensor, slot_rows: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -42,7 +42,7 @@ from ..workspaces import WORKSPACES
 from . import act_quant, registry
 from ._act_order import act_order_layout
 from ._act_quant_pass import pass_for
-from ._scaled_mm_launch import compile_specs, dense_launcher, kernel_spec, launch, launch_codes
+from ._scaled_mm_launch import compile_specs, dense_launcher, grouped_launch, kernel_spec, launch, launch_codes
 from ._scaled_mm_plan import (
     ACT_SCALE_DTYPES,
     ComputePlan,
@@ -67,6 +67,7 @@ __all__ = [
     "compute_plan",
     "deterministic_config",
     "device_capability",
+    "grouped_launcher",
     "grouped_linear",
     "grouped_unsupported",
     "kernel_spec",
@@ -241,6 +242,26 @@ def grouped_linear(
     bias = None if bias is None else bias.contiguous()
     rows = None if rows is None else rows.contiguous()
     return launch(qa, qweight, bias, out_dtype, config, out, expert_ids.contiguous(), block_m, rows)
+
+
+def grouped_launcher(x, qweight: QuantizedWeight, act, block_m: int, m_pad: int, out_dtype: torch.dtype):
+    """:func:`grouped_linear` made ready for every call shaped as this one (``humming.moe.grouped_step``):
+    ``(x, expert_ids, bias, rows) -> out``, ``m_pad`` grouped rows, ``x`` 16-bit tokens or grouped rows (quantized
+    by their cached pass) or a :class:`~humming.QuantizedActivation` (its codes then shape the calls); checked
+    here, once. ``None`` where every call must take :func:`grouped_linear`: tensor-wide or global activation
+    scales (quantized over the routed rows of each call), or no rows."""
+    scheme = get_act_scheme(act)
+    prequantized = isinstance(x, QuantizedActivation)
+    codes = x.codes if prequantized else x
+    if scheme.group_shape[0] != 1 or scheme.global_scale or codes.shape[0] == 0 or m_pad == 0:
+        return None
+    if prequantized and x.scheme != scheme:
+        raise ValueError(f"triton scaled_mm: x is quantized with {x.scheme.name}, but act={scheme.name}")
+    reason = grouped_unsupported(qweight, scheme, codes, block_m)
+    if reason:
+        raise ValueError(f"triton scaled_mm: {reason}")
+    quantize = None if prequantized else pass_for(x, scheme, False, None, 0)
+    return grouped_launch(scheme, quantize, qweight, out_dtype, block_m, m_pad)
 
 
 def prepare(qweight: QuantizedWeight, act=None) -> QuantizedWeight:
