@@ -147,6 +147,16 @@ class QuantizedActivation:
             if t is not None and t.device != codes.device:
                 raise ValueError(f"{field}: on {t.device}, but codes are on {codes.device}; use one device")
 
+    @classmethod
+    def from_kernel(cls, scheme: ActScheme, codes, scales, global_scale=None) -> QuantizedActivation:
+        """The activations a humming kernel wrote into buffers it allocated to ``scheme``'s shapes and dtypes,
+        without the field checks (a kernel's per-call output: the checks would cost more host time than its
+        launch)."""
+        qa = object.__new__(cls)
+        for name, value in (("scheme", scheme), ("codes", codes), ("scales", scales), ("global_scale", global_scale)):
+            object.__setattr__(qa, name, value)
+        return qa
+
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)

@@ -61,7 +61,7 @@ def quantize_activation(
     codes, scales, gscale = pass_for(x, scheme, scale is not None, None, 0, perm is not None)(x, scale, perm)
     if scale_kind(scheme) != "fp32":
         scales = scales.view(scheme.scale_dtype)
-    return QuantizedActivation(scheme, codes, scales, gscale)
+    return QuantizedActivation.from_kernel(scheme, codes, scales, gscale)
 
 
 def quantize_activation_values(x: torch.Tensor, act: str | ActScheme) -> tuple[torch.Tensor, torch.Tensor]:

@@ -306,7 +306,9 @@ class PreparedActivate:
         out = torch.empty(self.shape, dtype=torch.uint8, device=self.device)
         scales_dtype = torch.float32 if self.fp32 else torch.uint8
         scales = torch.empty(self.shape[0], self.spans, dtype=scales_dtype, device=self.device)
-        return QuantizedActivation(self.scheme, out, scales if self.fp32 else scales.view(self.scheme.scale_dtype))
+        return QuantizedActivation.from_kernel(
+            self.scheme, out, scales if self.fp32 else scales.view(self.scheme.scale_dtype)
+        )
 
     def __call__(self, h: torch.Tensor, num_rows: torch.Tensor) -> torch.Tensor | QuantizedActivation:
         result = self.empty()
