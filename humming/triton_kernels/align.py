@@ -20,6 +20,7 @@ each row's token (``slot // topk``, -1 for padding): ``grouped_linear``'s ``rows
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -388,16 +389,24 @@ class PreparedAlign:
         self.num_slots, self.device, self.separate = num_slots, device, separate
         m_pad = padded_rows(num_slots, num_experts, block_m)
         self.layout = lay = layout(num_slots, num_experts, block) if num_slots else None
-        work = _work_elements(lay, num_experts) if num_slots else 0
-        # src_slots, expert_ids, num_rows, slot_rows, token_rows, work: offsets rounded to 4 int32 (16 bytes)
+        work = -(-_work_elements(lay, num_experts) // 4) * 4 if num_slots else 0
+        # src_slots, expert_ids, num_rows, slot_rows, token_rows, work, each at an offset of a multiple of 4 int32
+        # (16 bytes), laid out as src_slots, token_rows, work, slot_rows, expert_ids, num_rows: the parts whose
+        # sizes are multiples of 4 first, so that one split into views needs few gaps between them
         sizes = (m_pad, m_pad // block_m, 1, num_slots, m_pad, work)
-        self.parts, at = [], 0
-        for size in sizes:
-            self.parts.append((at, at + size))
-            at += -(-size // 4) * 4
+        self.parts = [None] * len(sizes)
+        self.split_sizes, picks, at = [], [], 0
+        for i in (0, 4, 5, 3, 1, 2):
+            self.parts[i] = (at, at + sizes[i])
+            picks.append((i, len(self.split_sizes)))
+            self.split_sizes.append(sizes[i])
+            at += sizes[i]
+            if at % 4 and i != 2:  # a gap to the next part's 16-byte boundary (none after the last part)
+                self.split_sizes.append(4 - at % 4)
+                at += 4 - at % 4
         self.elements = at
-        # the parts and the gaps after them, for one split of the buffer into views (every other one a part)
-        self.split_sizes = [n for a, b in self.parts for n in (b - a, -(-(b - a) // 4) * 4 - (b - a))]
+        # the split's views of src_slots, expert_ids, num_rows, slot_rows, token_rows, work, in that order
+        self.pick = operator.itemgetter(*(view for _, view in sorted(picks)))
         self.key = (device.index, num_experts, block_m, topk, lay)
         self.constexprs = (num_experts, block_m, topk) + ((lay.block, lay.block_e, _steps(num_experts)) if lay else ())
 
@@ -408,7 +417,7 @@ class PreparedAlign:
             src_slots, expert_ids, num_rows, slot_rows, token_rows, work = (empty(b - a) for a, b in self.parts)
         else:
             buffer = torch.empty(self.elements, dtype=torch.int32, device=self.device)
-            parts = buffer.split_with_sizes(self.split_sizes)[::2]
+            parts = self.pick(buffer.split_with_sizes(self.split_sizes))
             src_slots, expert_ids, num_rows, slot_rows, token_rows, work = parts
         num_rows = num_rows[0]
         outputs = src_slots, expert_ids, num_rows, slot_rows, token_rows

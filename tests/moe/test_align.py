@@ -5,6 +5,8 @@ range dropped, up to the expert limit; on the GPU real sizes, no host sync and C
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from helpers import capture, rel_err
@@ -13,7 +15,7 @@ from moe_cases import random_routing
 import humming
 from humming import moe
 from humming.moe._checks import MAX_EXPERTS
-from humming.moe.align import align
+from humming.moe.align import align, padded_rows
 from humming.reference import align as reference
 
 wna16 = pytest.importorskip("humming.triton_kernels.wna16")
@@ -201,6 +203,20 @@ def test_triton_align_at_the_expert_limit(monkeypatch, block, device) -> None:
 
 def test_compile_specs_reach_the_expert_limit() -> None:
     assert MAX_EXPERTS in {spec.constexprs["NUM_EXPERTS"] for spec in kernels._compile_specs()}
+
+
+@pytest.mark.parametrize("t, topk, e, block_m", [(3, 2, 6, 16), (5, 3, 7, 8), (64, 8, 256, 16), (1, 1, 3, 8)])
+def test_triton_align_buffer_parts_aligned_and_apart(t, topk, e, block_m) -> None:
+    """The one allocation of an align call: every output (and the workspace) starts on a 16-byte boundary, as
+    the launch keys assume, the outputs have their own lengths, and no two parts overlap."""
+    ids = torch.randint(0, e, (t, topk), dtype=torch.int32)
+    prepared = kernels.PreparedAlign(ids.shape, e, block_m, ids.device)
+    outputs = prepared(ids)
+    m_pad = padded_rows(t * topk, e, block_m)
+    assert [tuple(o.shape) for o in outputs] == [(m_pad,), (m_pad // block_m,), (), (t * topk,), (m_pad,)]
+    spans = sorted(prepared.parts)
+    assert all(a % 4 == 0 for a, _ in spans) and all(b <= a for (_, b), (a, _) in itertools.pairwise(spans))
+    assert all(o.data_ptr() % 16 == 0 for o in outputs) and spans[-1][1] == prepared.elements
 
 
 def test_triton_align_no_slots(device) -> None:
