@@ -203,3 +203,18 @@ def test_report_plots_the_committed_sweeps(tmp_path):
     ratios = report._ratios_by_point("linear", report.load(tmp_path)["linear"]["rows"], lambda t: t.get(report.PEER))
     # the README's headline: W4A16 int4 g128 at 28672x8192 takes 1.24x humming-kernels' time at M = 16
     assert round(ratios[("w4a16-int4-g128", "28672x8192", "bf16")][16], 2) == 1.24
+
+
+def test_grouped_parts_time_each_backend_on_its_layers_routing(monkeypatch):
+    """A grouped kernel's row is timed on the routing block of the layer of its backend: a Triton kernel's tile
+    divides the block, so on the CUDA layer's fitted blocks (144 rows) it would run 16-row tiles."""
+    from humming.moe import grouped
+
+    fitted = grouped.takes_fitted_blocks
+    monkeypatch.setattr(grouped, "takes_fitted_blocks", lambda *a: a[-1] in ("auto", "cuda") or fitted(*a))
+    group = MoeGroup(Experts(TINY_OSS, "mxfp4-a16", torch.bfloat16, "cpu"), "grouped_w13", "random")
+    inp = group.inputs(64)  # 128 slots over 4 experts: 32 rows each, above the 16-row decode block
+    *_, auto_block = group.grouped(inp)
+    rows, routing, triton_block = group.grouped(inp, "triton")
+    assert triton_block == 64 and auto_block != triton_block
+    assert routing.expert_ids.shape[0] * triton_block == rows.shape[0]

@@ -266,18 +266,19 @@ class MoeGroup(Group):
         per_expert = sum(nbytes(self.qweights(s)[0]) for s in stacks) // self.model.experts
         return per_expert * inp.ids.unique().numel()
 
-    def grouped(self, inp: Inputs):
-        """humming's grouped layout for ``inp``: ``(rows [M_pad, K], routing, block_m)``."""
+    def grouped(self, inp: Inputs, backend: str = "auto"):
+        """humming's grouped layout for ``inp`` on the routing of ``backend``'s layer (:func:`block_m_of`):
+        ``(rows [M_pad, K], routing, block_m)``."""
+        block_m = block_m_of(self.experts, inp.ids.numel(), inp.x, backend)
 
         def build():
             from ..moe import moe_align
 
-            block_m = block_m_of(self.experts, inp.ids.numel(), inp.x)
             routing = moe_align(inp.ids, self.shape.experts, block_m)
             rows = inp.x[routing.src_slots.clamp_min(0).long() // inp.ids.shape[1]]
             return rows, routing, block_m
 
-        return self.cached(("grouped", inp.m), build)
+        return self.cached(("grouped", inp.m, block_m), build)
 
     def sorted_rows(self, inp: Inputs):
         """The unpadded grouped layout: ``(rows [M * topk, K] sorted by expert, slot order, rows per expert)``."""
@@ -383,15 +384,17 @@ def coarse_to_fine(values) -> list[int]:
     return [values[i] for i in picked]
 
 
-def block_m_of(experts: Experts, num_slots: int, x: torch.Tensor) -> int:
-    """The routing block humming's fused_moe takes for ``num_slots`` slots of 16-bit tokens like ``x``
-    (:func:`humming.moe.grouped.layer_block_m`): the grouped parts are timed on the layer's routing."""
+def block_m_of(experts: Experts, num_slots: int, x: torch.Tensor, backend: str = "auto") -> int:
+    """The routing block humming's fused_moe takes for ``num_slots`` slots of 16-bit tokens like ``x`` on
+    ``backend`` (:func:`humming.moe.grouped.layer_block_m`): the grouped parts are timed on the routing of the
+    layer that runs them (a Triton kernel's tile divides the routing block: on the CUDA layer's fitted blocks,
+    such as 144, it would run 16-row tiles)."""
     from ..ir.activation import get_act_scheme
     from ..moe.grouped import layer_block_m
 
     w13, w2 = experts.qweights("w13")[0], experts.qweights("w2")[0]
     act = None if CASES[experts.case][1] is None else get_act_scheme(CASES[experts.case][1])
-    return layer_block_m(num_slots, w13, w2, x, act, "auto")
+    return layer_block_m(num_slots, w13, w2, x, act, backend)
 
 
 def warm(experts: Experts, m_values, act) -> None:
@@ -475,7 +478,7 @@ def _humming_layer(group: MoeGroup, inp: Inputs) -> Prepared:
 def _grouped_kernel(name: str) -> Callable[[MoeGroup, Inputs], Prepared | str]:
     def prepare(group: MoeGroup, inp: Inputs) -> Prepared | str:
         kernel, qws = GROUPED_KERNELS[name], group.qweights()
-        rows, routing, block_m = group.grouped(inp)
+        rows, routing, block_m = group.grouped(inp, kernel.backend)
         reason = kernel.unsupported(qws[0], group.act, rows, block_m)
         if reason is not None:
             return reason
