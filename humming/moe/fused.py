@@ -426,8 +426,8 @@ def prepared_quantized_steps(
     """``(w13's GEMM, the activation pass, w2's GEMM)`` made ready for a Triton layer of quantized activations
     with dynamic scales (each GEMM quantizing its 16-bit input, or w2's input quantized in the activation pass
     where it can be), as :func:`run_fused_moe` runs them, for biases of dtypes ``bias13`` / ``bias2`` (``None``:
-    none); ``None`` where a step is not prepared so (tensor-wide
-    scales, kernels that do not gather, the CUDA layer): the caller then runs :func:`run_grouped` per call."""
+    none); ``None`` where a step is not prepared so (tensor-wide scales, kernels that do not gather, the CUDA
+    layer): the caller then runs :func:`run_grouped` per call."""
     if not on_triton(x, backend) or any(scale is not None for scale in act_scales):
         return None
     from ..triton_kernels import moe_layer as kernels
