@@ -77,6 +77,8 @@ def variants(m: int, n: int, k: int, qw, default: TileConfig, sm_count: int) -> 
         if m == 1:  # the packed path (one token) loads the next K tile's words and activations while this one decodes
             out["gemv-st2"] = gemv.replace(num_stages=2)
             out["gemv-st2-n64"] = gemv.replace(num_stages=2, block_n=gemv.block_n // 2)
+            out["gemv-st2-w8"] = gemv.replace(num_stages=2, num_warps=8)
+            out["gemv-st2-waves2"] = gemv.replace(num_stages=2, split_k=2)
     if m > 1:
         out["swap-waves4"] = fill(wna16.wna16_config(16, n, k, qw.bits, sm_count), 4)
     out["tiled-16"] = fill(TILED_16, 2)  # the tiled kernel's 16-row tile (M = 2..16 before the swapped kernel)
