@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..device import DeviceLimits
 from ..ir.weight import cdiv
+from ..reference.align import max_slots
 from .jit import per_call_cache
 
 _BK = 128  # K per pipeline stage
@@ -174,11 +175,11 @@ def choose_grouped_tuning(
 
     Tokens per block: the largest wgmma N (at most 128) that divides ``block_m``, so that a tile never spans
     two segments. Warpgroups and stages as :func:`choose_tuning`, over the segments in use at most (the
-    routing is not read on the host): ``M_pad`` is the worst case of ``S`` slots, ``S + E (block_m - 1)``
-    rounded up, and ``S`` slots fill at most ``S // block_m + min(E, S)`` segments.
+    routing is not read on the host): ``M_pad`` holds at most ``S`` slots (``max_slots``), and ``S`` slots
+    fill at most ``S // block_m + min(E, S)`` segments.
     """
     tile = next(b for b in reversed(_BLOCK_M_CHOICES) if block_m % b == 0)
-    slots = max(1, m_pad - num_experts * (block_m - 1))
+    slots = max(1, max_slots(m_pad, num_experts, block_m))
     segments = min(m_pad // block_m, slots // block_m + min(num_experts, slots))
     return _fill_tuning(tile, cdiv(n, 128) * segments * (block_m // tile), limits, w_format)
 

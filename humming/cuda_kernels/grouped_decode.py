@@ -20,6 +20,7 @@ import torch
 
 from ..device import device_index, device_info, device_limits
 from ..kernel import Kernel, LaunchesByWeight, always_gathers
+from ..reference.align import max_slots
 from . import _wna16
 from ._decode_launch import DECODE_CCS, _Params, decode_spec
 from ._decode_tuning import DecodeTuning
@@ -81,12 +82,10 @@ def grouped_decode_tuning(block_m: int, n: int, k: int, segments: int, sm_count:
 
 def segment_grid(m_pad: int, block_m: int, num_experts: int) -> int:
     """Segments the grid covers (its y extent): how many a ``moe_align`` routing of ``m_pad`` grouped rows
-    uses at most (its routed slots are at most ``m_pad - E (block_m - 1)``, each used expert pads its last
-    segment), or every segment of other ``m_pad``; at most 65535 (the kernel loops over the rest)."""
-    segments = m_pad // block_m
-    slots = m_pad - num_experts * (block_m - 1)
-    if slots > 0:
-        segments = min(segments, -(-(slots + min(num_experts, slots) * (block_m - 1)) // block_m))
+    uses at most (its routed slots are at most ``max_slots``, each used expert pads its last segment); at
+    most 65535 (the kernel loops over the rest)."""
+    slots = max_slots(m_pad, num_experts, block_m)
+    segments = min(m_pad // block_m, -(-(slots + min(num_experts, slots) * (block_m - 1)) // block_m))
     return max(1, min(segments, 65535))
 
 

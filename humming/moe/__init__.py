@@ -4,9 +4,9 @@ Layout: the "contiguous grouped" layout of DeepGEMM and vLLM's fused_moe. The ``
 (slot ``t * topk + j`` = token ``t``'s ``j``-th expert) are sorted by expert into one ``[M_pad, K]`` matrix;
 each expert's segment is padded to a multiple of ``block_m`` rows, so every ``block_m`` block of rows has
 one expert (``expert_ids``) and a kernel tile reads one expert's weights and contiguous activations (what
-TMA needs). ``M_pad`` is the worst case, fixed by ``(T, topk, E, block_m)``, so that routing never reads
-anything back to the host and the whole layer can be captured in a CUDA graph; blocks past the last used
-one have expert id -1 and kernels skip them.
+TMA needs). ``M_pad`` is the worst case (:func:`padded_rows`), fixed by ``(T, topk, E, block_m)``, so that
+routing never reads anything back to the host and the whole layer can be captured in a CUDA graph; blocks
+past the last used one have expert id -1 and kernels skip them.
 
 - :func:`moe_align`: routing ``topk_ids [T, topk]`` -> :class:`MoeRouting` (Triton kernels on CUDA tensors, no
   host sync).

@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["align", "padded_rows"]
+__all__ = ["align", "max_slots", "padded_rows"]
 
 
 def padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
-    """``M_pad``: the grouped rows of the worst case, every expert's segment padded by ``block_m - 1``."""
-    worst = num_slots + num_experts * (block_m - 1)
+    """``M_pad``: the grouped rows of the worst case, the segment of every expert in use padded by
+    ``block_m - 1``; at most ``min(E, num_slots)`` experts are in use (a decode step's few slots then get
+    few rows, not a padded segment per expert of the model)."""
+    worst = num_slots + torch.sym_min(num_experts, num_slots) * (block_m - 1)
     return (worst + block_m - 1) // block_m * block_m  # not -(-a // b): the size may be symbolic
+
+
+def max_slots(m_pad: int, num_experts: int, block_m: int) -> int:
+    """The most routed slots a routing of ``m_pad`` grouped rows can hold: the largest ``S`` whose
+    :func:`padded_rows` is at most ``m_pad`` (``S * block_m`` rows while ``S <= E``, then ``S + E * (block_m - 1)``
+    rounded up). An upper bound too for layouts padded for every expert (``S + E * (block_m - 1)``)."""
+    if m_pad <= num_experts * block_m:
+        return m_pad // block_m
+    return m_pad - num_experts * (block_m - 1)
 
 
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int):

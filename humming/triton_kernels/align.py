@@ -115,7 +115,7 @@ def _padded(counts, BLOCK_M: tl.constexpr):
 @triton.jit
 def _padded_rows(num_slots, NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr):
     """``M_pad`` (:func:`humming.reference.align.padded_rows`)."""
-    return _padded(num_slots + NUM_EXPERTS * (BLOCK_M - 1), BLOCK_M)
+    return _padded(num_slots + tl.minimum(num_slots, NUM_EXPERTS) * (BLOCK_M - 1), BLOCK_M)
 
 
 @triton.jit

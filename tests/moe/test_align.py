@@ -17,6 +17,7 @@ from humming import moe
 from humming.moe._checks import MAX_EXPERTS
 from humming.moe.align import align, padded_rows
 from humming.reference import align as reference
+from humming.reference.align import max_slots
 
 wna16 = pytest.importorskip("humming.triton_kernels.wna16")
 kernels = pytest.importorskip("humming.triton_kernels.align")
@@ -54,7 +55,7 @@ def test_moe_align(t: int, topk: int, e: int, block_m: int, empty: int, backend:
     empty = min(empty, e - topk)
     ids = random_routing(t, topk, e, device, empty)
     r = moe.moe_align(ids.long() if t % 2 else ids, e, block_m, backend=backend)
-    m_pad = -(-(t * topk + e * (block_m - 1)) // block_m) * block_m
+    m_pad = -(-(t * topk + min(e, t * topk) * (block_m - 1)) // block_m) * block_m
     assert r.src_slots.shape == (m_pad,) and r.expert_ids.shape == (m_pad // block_m,) and r.block_m == block_m
     assert r.src_slots.dtype == r.expert_ids.dtype == r.num_rows.dtype == torch.int32
     assert r.src_slots.device == r.expert_ids.device == r.num_rows.device == ids.device
@@ -217,6 +218,30 @@ def test_triton_align_buffer_parts_aligned_and_apart(t, topk, e, block_m) -> Non
     spans = sorted(prepared.parts)
     assert all(a % 4 == 0 for a, _ in spans) and all(b <= a for (_, b), (a, _) in itertools.pairwise(spans))
     assert all(o.data_ptr() % 16 == 0 for o in outputs) and spans[-1][1] == prepared.elements
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("t, topk, e, block_m", [(1, 8, 256, 16), (3, 2, 8, 8), (2, 4, 8, 16)])
+def test_align_worst_routing_fills_m_pad(t, topk, e, block_m, backend, device) -> None:
+    """M_pad is tight where there are no more slots than experts: slots on distinct experts each open a
+    segment of one block, and those fill M_pad exactly (the M_pad of padding every expert is larger)."""
+    slots = t * topk
+    ids = torch.randperm(e)[:slots].view(t, topk).to(torch.int32).to(device)
+    r = moe.moe_align(ids, e, block_m, backend=backend)
+    every_expert = -(-(slots + e * (block_m - 1)) // block_m) * block_m  # each of the E experts padded
+    assert r.m_pad == padded_rows(slots, e, block_m) == int(r.num_rows) == slots * block_m
+    assert (r.m_pad < every_expert) == (slots < e)
+
+
+@pytest.mark.parametrize("e, block_m", [(1, 8), (8, 16), (256, 16), (256, 128)])
+def test_max_slots_bounds_the_slots_of_m_pad(e, block_m) -> None:
+    """``max_slots`` of a routing's M_pad is at least its slots, also for M_pad padded for every expert (other
+    producers' worst case), and M_pad of ``max_slots`` slots fits M_pad."""
+    for slots in range(1, 3 * e * block_m, max(1, e * block_m // 37)):
+        for m_pad in (padded_rows(slots, e, block_m), slots + e * (block_m - 1)):
+            assert slots <= max_slots(m_pad, e, block_m), (slots, m_pad)
+        tight = padded_rows(slots, e, block_m)
+        assert padded_rows(max_slots(tight, e, block_m), e, block_m) <= tight
 
 
 def test_triton_align_no_slots(device) -> None:
