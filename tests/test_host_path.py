@@ -1200,3 +1200,29 @@ def test_fused_moe_quantized_steps_prepared(act, bias, seed, monkeypatch):
     args = (weights, ids, None, activation, get_act_scheme(act), None, None, None, "triton")
     unprepared = fused.run_fused_moe(x, w13, w13.bias, w2, w2.bias, *args)
     assert torch.equal(first, unprepared) and torch.equal(again, unprepared) and torch.isfinite(first).all()
+
+
+def test_fused_moe_triton_16_bit_grouped_gemms_prepared(seed, monkeypatch):
+    """The Triton layer's grouped GEMMs of 16-bit activations are made ready with the prepared call: a repeat
+    call plans and checks nothing (``grouped_linear`` is not called), with the unprepared path's bits."""
+    from humming import moe
+    from humming.reference.moe_layer import check_activation
+    from humming.triton_kernels import wna16
+
+    fused = sys.modules["humming.moe.fused"]
+    e, k, inter, topk, t = 3, 64, 32, 2, 3
+    w13 = humming.quantize(torch.randn(e, 2 * inter, k), "int4", 32, bias=torch.randn(e, 2 * inter))
+    w2 = humming.quantize(torch.randn(e, k, inter), "mxfp4")
+    x, weights = torch.randn(t, k).half(), torch.softmax(torch.randn(t, topk), -1)
+    ids = torch.stack([torch.randperm(e)[:topk] for _ in range(t)]).to(torch.int32)
+    first = moe.fused_moe(x, w13, w2, weights, ids, backend="triton")
+    planned = []
+    grouped_linear = wna16.grouped_linear
+    monkeypatch.setattr(wna16, "grouped_linear", lambda *a, **kw: planned.append(1) or grouped_linear(*a, **kw))
+    again = moe.fused_moe(x, w13, w2, weights, ids, backend="triton")
+    assert not planned
+    activation = check_activation("silu", None, None, "concat")
+    args = (weights, ids, None, activation, None, None, None, None, "triton")
+    unprepared = fused.run_fused_moe(x, w13, w13.bias, w2, w2.bias, *args)
+    assert planned and torch.equal(first, unprepared) and torch.equal(again, unprepared)
+    assert torch.isfinite(first).all()

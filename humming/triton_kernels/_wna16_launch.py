@@ -42,10 +42,11 @@ def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: in
     return ready(x, bias, out, expert_ids, rows)
 
 
-def prepared_launch(x, qweight, bias, out, cfg: TileConfig):
-    """A dense call's launch made ready for calls shaped as this one (``x``, ``bias``'s presence, ``out``):
-    ``(x, bias, out, None, None) -> out``."""
-    return _Ready(x, qweight, bias, out, cfg, False, 1, None)
+def prepared_launch(x, qweight, bias, out, cfg: TileConfig, route_bm: int = 0, rows=None):
+    """A call's launch made ready for calls shaped as this one (``x``, ``bias``'s presence, ``out``): a dense
+    call's ``(x, bias, out, None, None) -> out``, or with ``route_bm`` a grouped call's in routing blocks of that
+    many rows, ``(x, bias, out, expert_ids, rows) -> out`` (``rows``: present for calls that gather)."""
+    return _Ready(x, qweight, bias, out, cfg, route_bm > 0, max(route_bm, 1), rows)
 
 
 #: The launches made ready, per weight object, by the kind of call (what :func:`launch` keys them on).

@@ -52,10 +52,13 @@ def _run(x, qweight, expert_ids, block_m, bias, act, out_dtype, tuning, rows=Non
 
 
 def _launcher(x, qweight, act, block_m, m_pad, bias_dtype, out_dtype, tuning, gather, gated=None, programmatic=True):
-    """:attr:`humming.kernel.Kernel.launcher`: the scaled GEMM's prepared grouped call for quantized activations
-    (:func:`.scaled_mm.grouped_launcher`); ``None`` for 16-bit ones (``run`` is called)."""
-    if act is None or gated is not None:
+    """:attr:`humming.kernel.Kernel.launcher`: the prepared grouped call of the WnA16 GEMM for 16-bit activations
+    (:func:`.wna16.grouped_launcher`), of the scaled GEMM for quantized ones (:func:`.scaled_mm.grouped_launcher`);
+    ``None`` with a gated epilogue, which these kernels do not have."""
+    if gated is not None:
         return None
+    if act is None:
+        return wna16.grouped_launcher(x, qweight, block_m, m_pad, out_dtype)
     return _scaled_mm().grouped_launcher(x, qweight, act, block_m, m_pad, out_dtype)
 
 

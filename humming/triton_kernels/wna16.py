@@ -46,6 +46,7 @@ __all__ = [
     "default_config",
     "deterministic_config",
     "grouped_config",
+    "grouped_launcher",
     "grouped_linear",
     "grouped_unsupported",
     "kernel_spec",
@@ -208,10 +209,20 @@ def grouped_linear(
     out = _out_buffer(out, m, n, out_dtype, x.device)
     if m == 0 or x.shape[0] == 0:  # no rows, or only padding rows (unspecified)
         return out
+    cfg = config or _grouped_config(qweight, x, block_m, m)
+    if block_m % cfg.block_m or cfg.block_m < MIN_GROUPED_BLOCK_M:
+        raise ValueError(f"triton wna16: config block_m={cfg.block_m} must divide block_m={block_m} and be >= 16")
+    bias = None if bias is None else bias.contiguous()
+    rows = None if rows is None else rows.contiguous()
+    return launch(x, qweight, bias, out, cfg, expert_ids.contiguous(), block_m, rows)
+
+
+def _grouped_config(qweight: QuantizedWeight, x: torch.Tensor, block_m: int, m_pad: int) -> TileConfig:
+    """The tile :func:`grouped_linear` runs ``m_pad`` grouped rows with (:func:`.wna16_configs.grouped_config`)."""
     limits = device_limits(x.device)
-    cfg = config or grouped_config(
-        m,
-        n,
+    return grouped_config(
+        m_pad,
+        qweight.N,
         qweight.K,
         qweight.bits,
         block_m,
@@ -222,11 +233,30 @@ def grouped_linear(
         qweight.zeros is not None,
         qweight.format.name == "e2m1",
     )
-    if block_m % cfg.block_m or cfg.block_m < MIN_GROUPED_BLOCK_M:
-        raise ValueError(f"triton wna16: config block_m={cfg.block_m} must divide block_m={block_m} and be >= 16")
-    bias = None if bias is None else bias.contiguous()
-    rows = None if rows is None else rows.contiguous()
-    return launch(x, qweight, bias, out, cfg, expert_ids.contiguous(), block_m, rows)
+
+
+def grouped_launcher(x, qweight: QuantizedWeight, block_m: int, m_pad: int, out_dtype: torch.dtype):
+    """:func:`grouped_linear` made ready for every call shaped as this one (``humming.moe.grouped_step``):
+    ``(x, expert_ids, bias, rows) -> out`` for ``m_pad`` grouped rows of 16-bit ``x`` (its grouped rows, or
+    the tokens read through ``rows``, the same for every call), checked and its tile chosen here, once; the
+    launch is made ready at the first call. ``None`` for calls of no rows (:func:`grouped_linear` runs them)."""
+    reason = grouped_unsupported(qweight, x, block_m)
+    if reason:
+        raise ValueError(f"triton wna16: {reason}")
+    if m_pad == 0 or x.shape[0] == 0:
+        return None
+    cfg = _grouped_config(qweight, x, block_m, m_pad)
+    weight, ready, n = weakref.ref(qweight), None, qweight.N  # held weakly, as the caller keeps it per weight
+
+    def call(x, expert_ids, bias, rows):
+        nonlocal ready
+        out = torch.empty(m_pad, n, dtype=out_dtype, device=x.device)
+        bias = None if bias is None else bias.contiguous()
+        if ready is None:
+            ready = prepared_launch(x, weight(), bias, out, cfg, block_m, rows)
+        return ready(x, bias, out, expert_ids, rows)
+
+    return call
 
 
 def _kernel_unsupported(qweight: QuantizedWeight, act, x: torch.Tensor) -> str | None:
