@@ -21,7 +21,8 @@ kernels of their own).
 
 ``--moe``: one eager ``humming.moe.fused_moe`` call instead (``--moe-format`` experts, ``--experts`` of them,
 ``--topk`` each; ``w13 [E, 2 * --moe-inter, --moe-k]``, small so that the host time shows), with ``topk_ids``
-already on the "GPU"; routing, alignment, both grouped GEMMs, the activation pass and the combine.
+already on the "GPU"; routing, alignment, both grouped GEMMs, the activation pass and the combine, on
+``--moe-backend`` (the Triton layer with ``triton``).
 
 Usage: ``python bench/tools/host_overhead.py [--n 28672] [--k 8192] [--iters 2000] [--only COMBO] [--m 1,16]
 [--profile COMBO] [--save FILE.json] [--compare FILE.json] [--moe]`` (preparing the weights at full size takes
@@ -283,9 +284,9 @@ def _moe_rows(args, layer, before: dict) -> list[dict]:
         x = torch.randn(m, args.moe_k, dtype=torch.bfloat16)
         ids = torch.stack([torch.randperm(args.experts)[: args.topk] for _ in range(m)]).to(torch.int32)
         weights = torch.rand(m, args.topk)
-        call = lambda: moe.fused_moe(x, w13, w2, weights, ids, act=act)  # noqa: B023 (called in this loop)
+        call = lambda: moe.fused_moe(x, w13, w2, weights, ids, act=act, backend=args.moe_backend)  # noqa: B023
         launches, aten_ops = _count(call)
-        row = {"combination": f"fused_moe {fmt}", "m": m, "backend": "auto", "launches": launches}
+        row = {"combination": f"fused_moe {fmt}", "m": m, "backend": args.moe_backend, "launches": launches}
         row |= {"aten_ops": aten_ops, "us": round(measure(call, args.iters), 1)}
         rows.append(row)
         line = f"{m:>4} {row['us']:8.1f}  {launches:>8}  {aten_ops:>8}"
@@ -327,6 +328,7 @@ def main() -> None:
     parser.add_argument("--moe-inter", type=int, default=256)
     parser.add_argument("--moe-k", type=int, default=512)
     parser.add_argument("--moe-format", choices=sorted(_MOE_ACTS), default="int4", help="the experts' format")
+    parser.add_argument("--moe-backend", default="auto", help="fused_moe's backend (triton: the Triton layer)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.moe:
