@@ -70,6 +70,12 @@ def launch_codes(
 ) -> torch.Tensor:
     """:func:`launch` on the buffers of a quantized activation: ``codes``, the scales as the kernel reads them
     (float32, or the uint8 bytes of 8-bit scales) and the global scale, as the quantizing pass returns them."""
+    ready = _ready_launch(scheme, codes, a_scales, qweight, bias, out_dtype, config, out, expert_ids, route_bm, rows)
+    return ready(codes, a_scales, global_scale, bias, out, expert_ids, rows)
+
+
+def _ready_launch(scheme, codes, a_scales, qweight, bias, out_dtype, config, out, expert_ids, route_bm, rows):
+    """The :class:`_Ready` of calls of this kind, kept per weight (made by the first)."""
     grouped = expert_ids is not None
     m = codes.shape[0] if rows is None else rows.shape[0]
     key = (
@@ -90,8 +96,7 @@ def launch_codes(
         codes.device,
     )
     make = lambda: _Ready(scheme, codes, a_scales, qweight, bias, out_dtype, config, out, grouped, route_bm, rows)
-    ready = _ready.get(qweight, key, make)
-    return ready(codes, a_scales, global_scale, bias, out, expert_ids, rows)
+    return _ready.get(qweight, key, make)
 
 
 def dense_launcher(scheme: ActScheme, quantize, qweight: QuantizedWeight, out_dtype: torch.dtype, config):
@@ -119,7 +124,8 @@ def grouped_launch(
     ``quantize`` ``None``, a :class:`QuantizedActivation` of ``scheme``; read through ``rows`` or in grouped order,
     the same for every call of the kind. The tile is :func:`~._scaled_mm_plan.grouped_call_config`'s, as
     :func:`.scaled_mm.grouped_linear` picks it; it and the launch are made ready at the first call, from that
-    call's quantized buffers, and reused by the next ones without a lookup."""
+    call's quantized buffers (the one :func:`launch_codes` keeps for them), and reused by the next ones without a
+    lookup."""
     weight, ready = weakref.ref(qweight), None  # held weakly, as the caller keeps it per weight
 
     def call(x, expert_ids, bias, rows):
@@ -136,7 +142,8 @@ def grouped_launch(
             if isinstance(plan, str):
                 raise ValueError(f"triton scaled_mm: {plan}")
             config = grouped_call_config(plan, qw, route_bm, m_pad, device)
-            ready = _Ready(scheme, codes, a_scales, qw, bias, out_dtype, config, None, True, route_bm, rows)
+            args = (codes, a_scales, qw, bias, out_dtype, config, None, expert_ids, route_bm, rows)
+            ready = _ready_launch(scheme, *args)
         return ready(codes, a_scales, global_scale, bias, None, expert_ids, rows)
 
     return call

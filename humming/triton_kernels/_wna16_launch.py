@@ -18,12 +18,18 @@ from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel, _wna16_swap_kernel
 from .configs import TileConfig
 from .wna16_configs import _BUCKETS, TILED_16, grouped_config, wna16_config
 
-__all__ = ["compile_specs", "kernel_spec", "launch", "prepared_launch", "uses_workspace"]
+__all__ = ["compile_specs", "kernel_spec", "launch", "prepared_launch", "ready_launch", "uses_workspace"]
 
 
 def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1, rows=None) -> torch.Tensor:
     """One launch of the tiled (or swapped-operand, or GEMV) kernel into ``out`` (``[M, N]``: ``x``'s rows, or
     ``rows``' count when the grouped kernel gathers them); split-K accumulates in an fp32 workspace."""
+    return ready_launch(x, qweight, bias, out, cfg, expert_ids, route_bm, rows)(x, bias, out, expert_ids, rows)
+
+
+def ready_launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1, rows=None):
+    """The launch of :func:`launch`'s calls of this kind, made ready by the first and kept per weight:
+    ``(x, bias, out, expert_ids, rows) -> out``."""
     grouped = expert_ids is not None
     key = (
         out.shape[0],
@@ -38,15 +44,13 @@ def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: in
         rows is not None,
         x.device,
     )
-    ready = _ready.get(qweight, key, lambda: _Ready(x, qweight, bias, out, cfg, grouped, route_bm, rows))
-    return ready(x, bias, out, expert_ids, rows)
+    return _ready.get(qweight, key, lambda: _Ready(x, qweight, bias, out, cfg, grouped, route_bm, rows))
 
 
-def prepared_launch(x, qweight, bias, out, cfg: TileConfig, route_bm: int = 0, rows=None):
-    """A call's launch made ready for calls shaped as this one (``x``, ``bias``'s presence, ``out``): a dense
-    call's ``(x, bias, out, None, None) -> out``, or with ``route_bm`` a grouped call's in routing blocks of that
-    many rows, ``(x, bias, out, expert_ids, rows) -> out`` (``rows``: present for calls that gather)."""
-    return _Ready(x, qweight, bias, out, cfg, route_bm > 0, max(route_bm, 1), rows)
+def prepared_launch(x, qweight, bias, out, cfg: TileConfig):
+    """A dense call's launch made ready for calls shaped as this one (``x``, ``bias``'s presence, ``out``):
+    ``(x, bias, out, None, None) -> out``."""
+    return _Ready(x, qweight, bias, out, cfg, False, 1, None)
 
 
 #: The launches made ready, per weight object, by the kind of call (what :func:`launch` keys them on).

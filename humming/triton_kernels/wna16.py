@@ -36,7 +36,7 @@ from . import dequant, registry
 from ._dequant16 import packed_codes
 from ._support import device_unsupported, unavailable
 from ._tiles import split_k_words
-from ._wna16_launch import compile_specs, kernel_spec, launch, prepared_launch, uses_workspace
+from ._wna16_launch import compile_specs, kernel_spec, launch, prepared_launch, ready_launch, uses_workspace
 from .configs import MIN_GROUPED_BLOCK_M, TileConfig
 from .interpreter import INTERPRET
 from .wna16_configs import grouped_config, wna16_config
@@ -239,7 +239,8 @@ def grouped_launcher(x, qweight: QuantizedWeight, block_m: int, m_pad: int, out_
     """:func:`grouped_linear` made ready for every call shaped as this one (``humming.moe.grouped_step``):
     ``(x, expert_ids, bias, rows) -> out`` for ``m_pad`` grouped rows of 16-bit ``x`` (its grouped rows, or
     the tokens read through ``rows``, the same for every call), checked and its tile chosen here, once; the
-    launch is made ready at the first call. ``None`` for calls of no rows (:func:`grouped_linear` runs them)."""
+    launch is made ready at the first call (the one :func:`grouped_linear` keeps for such calls). ``None`` for
+    calls of no rows (:func:`grouped_linear` runs them)."""
     reason = grouped_unsupported(qweight, x, block_m)
     if reason:
         raise ValueError(f"triton wna16: {reason}")
@@ -253,7 +254,7 @@ def grouped_launcher(x, qweight: QuantizedWeight, block_m: int, m_pad: int, out_
         out = torch.empty(m_pad, n, dtype=out_dtype, device=x.device)
         bias = None if bias is None else bias.contiguous()
         if ready is None:
-            ready = prepared_launch(x, weight(), bias, out, cfg, block_m, rows)
+            ready = ready_launch(x, weight(), bias, out, cfg, expert_ids, block_m, rows)
         return ready(x, bias, out, expert_ids, rows)
 
     return call
