@@ -1170,14 +1170,22 @@ def test_fused_moe_programmatic_launches_keep_the_bits(weight, m, seed, monkeypa
 
 
 @pytest.mark.parametrize(
-    "act, bias",
-    [("fp8", True), ("fp8_g128", False), ("mxfp4", True), ("fp8_tensor", False)],
+    "act, bias, static",
+    [
+        ("fp8", True, False),
+        ("fp8_g128", False, False),
+        ("mxfp4", True, False),
+        ("fp8_tensor", False, False),
+        ("fp8_tensor", True, True),
+        ("fp8", False, True),
+    ],
 )
-def test_fused_moe_quantized_steps_prepared(act, bias, seed, monkeypatch):
+def test_fused_moe_quantized_steps_prepared(act, bias, static, seed, monkeypatch):
     """On the Triton layer, fused_moe of per-token or per-group activation scales runs prepared steps (w13's
     GEMM quantizing its tokens, the activation pass quantizing w2's input, w2's GEMM) and never
-    ``run_grouped``; tensor-wide and global scales (quantized over each call's routed rows) take ``run_grouped``.
-    Either way, bit for bit the unprepared path's, biases included, and repeat calls agree."""
+    ``run_grouped``, and so do static scales (each GEMM on the caller's quantized input); dynamic tensor-wide
+    scales (quantized over each call's routed rows) take ``run_grouped``. Either way, bit for bit the
+    unprepared path's, biases included, and repeat calls agree."""
     from humming import moe
     from humming.ir.activation import get_act_scheme
     from humming.reference.moe_layer import check_activation
@@ -1192,12 +1200,14 @@ def test_fused_moe_quantized_steps_prepared(act, bias, seed, monkeypatch):
     grouped_runs = []
     run_grouped = fused.run_grouped
     monkeypatch.setattr(fused, "run_grouped", lambda *a: grouped_runs.append(a[1].shape) or run_grouped(*a))
-    first = moe.fused_moe(x, w13, w2, weights, ids, act=act, backend="triton")
-    again = moe.fused_moe(x, w13, w2, weights, ids, act=act, backend="triton")
+    scales = (torch.tensor(0.03), torch.tensor(0.02)) if static else (None, None)
+    options = dict(act=act, w13_act_scale=scales[0], w2_act_scale=scales[1], backend="triton")
+    first = moe.fused_moe(x, w13, w2, weights, ids, **options)
+    again = moe.fused_moe(x, w13, w2, weights, ids, **options)
     prepared = not grouped_runs
-    assert prepared == (act != "fp8_tensor"), grouped_runs
+    assert prepared == (static or act != "fp8_tensor"), grouped_runs
     activation = check_activation("silu", None, None, "concat")
-    args = (weights, ids, None, activation, get_act_scheme(act), None, None, None, "triton")
+    args = (weights, ids, None, activation, get_act_scheme(act), *scales, None, "triton")
     unprepared = fused.run_fused_moe(x, w13, w13.bias, w2, w2.bias, *args)
     assert torch.equal(first, unprepared) and torch.equal(again, unprepared) and torch.isfinite(first).all()
 

@@ -16,7 +16,7 @@ from ..deterministic import is_deterministic
 from ..dispatch.kernels import GROUPED_KERNELS, backend_unavailable
 from ..dispatch.plan import plan_grouped, requested_backend
 from ..dispatch.support import combination_error
-from ..ir.activation import ActScheme, get_act_scheme
+from ..ir.activation import ActScheme, QuantizedActivation, get_act_scheme
 from ..ir.weight import QuantizedWeight
 from ..reference import moe_layer
 from ._checks import (
@@ -376,7 +376,10 @@ def _make_call(
         x, w13, w2, m_pad, block_m, act, act_scales, activation, bias13, bias2, backend
     ):
         launch13, activate, launch2 = steps
-        first = lambda x, ids, bias, rows, num_rows, *scales: activate(launch13(x, ids, bias, rows), num_rows)
+
+        def first(x, ids, bias, rows, num_rows, w13_scale=None, w2_scale=None):
+            return static(activate(launch13(static(x, w13_scale), ids, bias, rows), num_rows), w2_scale)
+
         second = lambda hidden, ids, bias: launch2(hidden, ids, bias, None)
     else:
         # quantized activations: each GEMM through run_grouped (its quantization and non-finite rows per call)
@@ -423,22 +426,30 @@ def _make_call(
 def prepared_quantized_steps(
     x, w13, w2, m_pad: int, block_m: int, act, act_scales, activation, bias13, bias2, backend: str
 ) -> tuple | None:
-    """``(w13's GEMM, the activation pass, w2's GEMM)`` made ready for a Triton layer of quantized activations
-    with dynamic scales (each GEMM quantizing its 16-bit input, or w2's input quantized in the activation pass
-    where it can be), as :func:`run_fused_moe` runs them, for biases of dtypes ``bias13`` / ``bias2`` (``None``:
-    none); ``None`` where a step is not prepared so (tensor-wide scales, kernels that do not gather, the CUDA
-    layer): the caller then runs :func:`run_grouped` per call."""
-    if not on_triton(x, backend) or any(scale is not None for scale in act_scales):
+    """``(w13's GEMM, the activation pass, w2's GEMM)`` made ready for a Triton layer of quantized activations,
+    as :func:`run_fused_moe` runs them, for biases of dtypes ``bias13`` / ``bias2`` (``None``: none): a GEMM of
+    a dynamic scale quantizes its 16-bit input (w2's is quantized in the activation pass where it can be), one
+    of a static scale (``act_scales``: given for the call kind, or ``None``) takes the caller's
+    :class:`QuantizedActivation` of ``[1, 1]`` scales. ``None`` where a step is not prepared so (dynamic
+    tensor-wide scales, kernels that do not gather, the CUDA layer): the caller then runs :func:`run_grouped`
+    per call."""
+    if not on_triton(x, backend):
         return None
     from ..triton_kernels import moe_layer as kernels
 
+    scheme, (static13, static2) = get_act_scheme(act), (scale is not None for scale in act_scales)
+    statically_quantized = lambda rows, width: QuantizedActivation.from_kernel(
+        scheme, x.new_empty(rows, width, dtype=torch.uint8), x.new_empty(1, 1, dtype=torch.float32)
+    )
     dtype = x.dtype
-    launch13 = grouped_step(w13, x, m_pad, block_m, bias13, dtype, backend, act=act)
+    w13_input = statically_quantized(*x.shape) if static13 else x
+    launch13 = grouped_step(w13, w13_input, m_pad, block_m, bias13, dtype, backend, act=act)
     if launch13 is None:
         return None
-    fuse = kernels.act_unsupported(act) is None
+    fuse = not static2 and kernels.act_unsupported(act) is None
     activate = kernels.PreparedActivate(x.new_empty(m_pad, w13.N), activation, act if fuse else None)
-    launch2 = grouped_step(w2, activate.empty(), None, block_m, bias2, dtype, backend, act=act)
+    w2_input = statically_quantized(m_pad, w13.N // 2) if static2 else activate.empty()
+    launch2 = grouped_step(w2, w2_input, None, block_m, bias2, dtype, backend, act=act)
     return None if launch2 is None else (launch13, activate, launch2)
 
 

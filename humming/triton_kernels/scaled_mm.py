@@ -247,13 +247,15 @@ def grouped_linear(
 def grouped_launcher(x, qweight: QuantizedWeight, act, block_m: int, m_pad: int, out_dtype: torch.dtype):
     """:func:`grouped_linear` made ready for every call shaped as this one (``humming.moe.grouped_step``):
     ``(x, expert_ids, bias, rows) -> out``, ``m_pad`` grouped rows, ``x`` 16-bit tokens or grouped rows (quantized
-    by their cached pass) or a :class:`~humming.QuantizedActivation` (its codes then shape the calls); checked
-    here, once. ``None`` where every call must take :func:`grouped_linear`: tensor-wide or global activation
-    scales (quantized over the routed rows of each call), or no rows."""
+    by their cached pass) or a :class:`~humming.QuantizedActivation` (its codes and scales then shape the
+    calls); checked here, once. ``None`` where every call must take :func:`grouped_linear`: 16-bit ``x`` under
+    tensor-wide or global activation scales (quantized over the routed rows of each call), or no rows."""
     scheme = get_act_scheme(act)
     prequantized = isinstance(x, QuantizedActivation)
     codes = x.codes if prequantized else x
-    if scheme.group_shape[0] != 1 or scheme.global_scale or codes.shape[0] == 0 or m_pad == 0:
+    if codes.shape[0] == 0 or m_pad == 0:
+        return None
+    if not prequantized and (scheme.group_shape[0] != 1 or scheme.global_scale):
         return None
     if prequantized and x.scheme != scheme:
         raise ValueError(f"triton scaled_mm: x is quantized with {x.scheme.name}, but act={scheme.name}")
