@@ -127,12 +127,13 @@ def grouped_launch(
     call's quantized buffers (the one :func:`launch_codes` keeps for them), and reused by the next ones without a
     lookup."""
     weight, ready = weakref.ref(qweight), None  # held weakly, as the caller keeps it per weight
+    byte_scales = scheme.scale_dtype != torch.float32  # 8-bit scales: the kernel reads their bytes
 
     def call(x, expert_ids, bias, rows):
         nonlocal ready
         if quantize is None:
             codes, global_scale = x.codes, x.global_scale
-            a_scales = x.scales if x.scales.dtype == torch.float32 else x.scales.view(torch.uint8)
+            a_scales = x.scales.view(torch.uint8) if byte_scales else x.scales
         else:
             codes, a_scales, global_scale = quantize(x)
         bias = None if bias is None else bias.contiguous()

@@ -18,7 +18,7 @@ from ._wna16_kernel import _wna16_gemv_kernel, _wna16_kernel, _wna16_swap_kernel
 from .configs import TileConfig
 from .wna16_configs import _BUCKETS, TILED_16, grouped_config, wna16_config
 
-__all__ = ["compile_specs", "kernel_spec", "launch", "prepared_launch", "ready_launch", "uses_workspace"]
+__all__ = ["compile_specs", "kernel_spec", "launch", "ready_launch", "uses_workspace"]
 
 
 def launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_bm: int = 1, rows=None) -> torch.Tensor:
@@ -45,12 +45,6 @@ def ready_launch(x, qweight, bias, out, cfg: TileConfig, expert_ids=None, route_
         x.device,
     )
     return _ready.get(qweight, key, lambda: _Ready(x, qweight, bias, out, cfg, grouped, route_bm, rows))
-
-
-def prepared_launch(x, qweight, bias, out, cfg: TileConfig):
-    """A dense call's launch made ready for calls shaped as this one (``x``, ``bias``'s presence, ``out``):
-    ``(x, bias, out, None, None) -> out``."""
-    return _Ready(x, qweight, bias, out, cfg, False, 1, None)
 
 
 #: The launches made ready, per weight object, by the kind of call (what :func:`launch` keys them on).

@@ -36,7 +36,7 @@ from . import dequant, registry
 from ._dequant16 import packed_codes
 from ._support import device_unsupported, unavailable
 from ._tiles import split_k_words
-from ._wna16_launch import compile_specs, kernel_spec, launch, prepared_launch, ready_launch, uses_workspace
+from ._wna16_launch import compile_specs, kernel_spec, launch, ready_launch, uses_workspace
 from .configs import MIN_GROUPED_BLOCK_M, TileConfig
 from .interpreter import INTERPRET
 from .wna16_configs import grouped_config, wna16_config
@@ -156,7 +156,7 @@ def _launcher(x: torch.Tensor, qweight: QuantizedWeight, act, bias_dtype, out_dt
         weight = weakref.ref(qweight)  # the prepared call is kept per weight, weakly: it must not hold it
         return lambda x, bias: torch.matmul(x, dequant.dequantize(weight(), x.dtype).T)
     bias = None if bias_dtype is None else torch.empty(n, dtype=bias_dtype, device=x.device)
-    ready = prepared_launch(x, qweight, bias, torch.empty(m, n, dtype=out_dtype, device=x.device), cfg)
+    ready = ready_launch(x, qweight, bias, torch.empty(m, n, dtype=out_dtype, device=x.device), cfg)
     return lambda x, bias: ready(x, bias, torch.empty(m, n, dtype=out_dtype, device=x.device), None, None)
 
 
