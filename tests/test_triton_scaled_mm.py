@@ -51,6 +51,7 @@ CASES = [
     Case("int4-g128-fp16", dict(weight="int4", group_size=128, scale_dtype=torch.float16), "int8"),
     Case("uint4-zp-channel", dict(weight="int4", group_size=-1, zero_point=True), "int8"),
     Case("mxfp4", dict(weight="mxfp4"), "fp8"),
+    Case("mxfp4", dict(weight="mxfp4"), "fp8_g128"),
     Case("int4-g32-fp32", dict(weight="int4", group_size=32, scale_dtype=torch.float32), "fp8"),
     Case("int8-channel", dict(weight="int8", group_size=-1, scale_dtype=torch.float32), "fp8"),
     Case("nf4-g64", dict(weight="nf4", group_size=64, scale_dtype=torch.float16), "fp8"),
@@ -194,6 +195,45 @@ def test_one_nan_activation_makes_one_nan_row(act, backend, seed, device):
     qw = humming.quantize(torch.randn(16, 64, device=device), "int8" if act == "int8_tensor" else "int4", 32)
     y = humming.linear(x, qw, act=act, backend=backend)
     assert torch.isnan(y[2]).all() and torch.isfinite(y[[0, 1, 3]]).all(), f"{act} {backend} seed={seed}"
+
+
+def _mx_spread(n: int, k: int, binades: int, device, seed: int) -> torch.Tensor:
+    """A weight whose 32-column groups have largest magnitude 6 * 2^-s for s = 0 .. binades - 1 (e8m0 scales
+    2^-s), every row spanning all of them."""
+    g = torch.Generator().manual_seed(seed)
+    shifts = torch.stack([torch.randperm(binades, generator=g) for _ in range(n)])
+    shifts = shifts.repeat(1, -(-k // 32 // binades) + 1)[:, : -(-k // 32)]
+    w = torch.rand(n, k, generator=g) * 12 - 6
+    w[:, ::32] = 6.0
+    return (w * torch.exp2(-shifts.float()).repeat_interleave(32, 1)[:, :k]).to(device)
+
+
+@pytest.mark.parametrize("binades", [15, 16])
+@pytest.mark.parametrize("act", ["fp8", "fp8_g128"])
+def test_mxfp4_row_fold(act, binades, seed, device):
+    """MXFP4 x fp8 on the fp8 MMA: each group's e8m0 scale relative to its row's top folds into the e4m3
+    operand (down to e4m3's subnormals at 15 binades) and the row's scale applies at the end; rows spanning 16
+    binades take the 16-bit fold instead. Exact either way (the tensor cores' operands hold the values)."""
+    m, n, k = 5, 24, 32 * 20
+    scheme = humming.ACT_SCHEMES[act]
+    qw = humming.quantize(_mx_spread(n, k, binades, device, seed), "mxfp4")
+    qw.qweight.view(torch.uint8)[3, :16] = 0  # row 3's first group all zeros, under a scale above the row's top
+    qw.scales.view(torch.uint8)[3, 0] = 254
+    if binades > 15:
+        assert "span 16 binades" in scaled_mm.row_tops(qw)
+    else:
+        tops = scaled_mm.row_tops(qw)
+        codes = qw.scales.view(torch.uint8).int()
+        assert tops.shape == (n,) and tops[3] == codes[3, 1:].max() and tops[0] == codes[0].max()
+    plan = scaled_mm.compute_plan(qw, scheme, scaled_mm.act_group_k(scheme), (9, 0))
+    assert (plan.mma, plan.w_scale) == (("e4m3", "rowfold") if binades <= 15 else ("bf16", "fold"))
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    bias = torch.randn(n, device=device)
+    out = torch.full((m, n), float("nan"), dtype=torch.float32, device=device)
+    y = scaled_mm.linear(x, qw, bias, scheme, torch.float32, out=out)
+    tol = _tolerance(qw, plan, x.device.type == "cuda")
+    what = f"mxfp4 x {act}, {binades} binades, {plan} seed={seed}"
+    _check(y, x, qw, bias, act, humming.quantize_activation(x, scheme), tol, what)
 
 
 def test_unsupported_reasons():

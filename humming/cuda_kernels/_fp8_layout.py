@@ -10,7 +10,6 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from ..ir.weight import cdiv, expert_weight
 
@@ -174,16 +173,13 @@ def _compute_mx_fold(qw, per_row: bool = True) -> _MxFold | str:
     ``per_row`` allows it (one scale per row: the kernel sums several K blocks per promotion, as for per-channel
     weights), else each (row, 128-K block)'s. Blocks whose groups span more than 12 binades are refused (e8m0 NaN
     scales cannot occur: QuantizedWeight refuses non-finite scales)."""
-    from ..ir.quantize import unpacked_codes
+    from ..ir.quantize import live_exponents
 
     n, k = qw.N, qw.K
     n_pad, k_pad, groups = cdiv(n, 128) * 128, cdiv(k, 128) * 128, cdiv(k, 32)
-    raw = qw.scales.view(torch.uint8)
-    exps = raw.to(torch.int32).repeat_interleave(qw.group_size // 32, dim=1)[:, :groups] - 127
-    magnitudes = F.pad(unpacked_codes(qw) & 7, (0, groups * 32 - k)).view(n, groups, 32)
     dead = -(1 << 20)  # below every e8m0 exponent: groups without a nonzero code, and the padding
     e = torch.full((n_pad, k_pad // 32), dead, dtype=torch.int32, device=qw.device)
-    e[:n, :groups] = torch.where(magnitudes.any(-1).bool(), exps, dead)
+    e[:n, :groups] = live_exponents(qw, dead).repeat_interleave(qw.group_size // 32, dim=1)[:, :groups]
     live = e > dead
     if per_row:
         top = e.amax(-1, keepdim=True)

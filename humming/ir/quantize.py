@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ._checks import non_finite_error
 from .dtypes import DEQUANTIZED_DTYPES, FLOAT_DTYPES, HALF_DTYPES
@@ -14,7 +15,7 @@ from .layout import expand_groups, group_reduce, parse_group_size
 from .packing import pack_codes, unpack_codes
 from .weight import SCALE_DTYPES, QuantizedWeight, normalized_group_shape
 
-__all__ = ["WEIGHT_SCHEMES", "WeightScheme", "dequantize", "quantize", "unpacked_codes"]
+__all__ = ["WEIGHT_SCHEMES", "WeightScheme", "dequantize", "live_exponents", "quantize", "unpacked_codes"]
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,21 @@ def _round_scale(
 def unpacked_codes(qw: QuantizedWeight) -> torch.Tensor:
     """uint8 codes ``[*E, N, K]`` of a quantized weight."""
     return unpack_codes(qw.qweight, qw.bits, qw.K)
+
+
+def live_exponents(qw: QuantizedWeight, dead: int) -> torch.Tensor:
+    """int32 ``[*E, N, G]``: the exponent ``e`` of each scale group's e8m0 scale ``2^e`` (groups of
+    ``qw.group_size`` along K; the weight has e8m0 scales, one row of scales per row) where the group holds a
+    nonzero code, ``dead`` where it does not (its scale multiplies only zeros, so it constrains no fold of the
+    scales into the codes)."""
+    g, n, k = qw.group_size, qw.N, qw.K
+    groups = qw.scales.shape[-1]
+    codes = unpacked_codes(qw)
+    sign_magnitude = qw.format.kind == "float" and qw.format.signed  # -0 is a zero
+    magnitudes = codes & ((1 << (qw.bits - 1)) - 1) if sign_magnitude else codes
+    magnitudes = F.pad(magnitudes, (0, groups * g - k)).view(*magnitudes.shape[:-1], groups, g)
+    exps = qw.scales.view(torch.uint8).to(torch.int32) - 127
+    return torch.where(magnitudes.any(-1).bool(), exps, dead).view(*qw.shape[:-2], n, groups)
 
 
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -15,6 +15,7 @@ from ._weight_tile import (
     decode_codes,
     decode_scale,
     decode_weight,
+    group_tile,
     scale_tile,
     unpack_tile,
     with_global_scale,
@@ -35,6 +36,31 @@ def _scale_vec(ptr, stride, offs, ok, col, PER_ROW: tl.constexpr, GROUP: tl.cons
     else:
         s = tl.load(ptr + col + offs * 0)
     return decode_scale(s, S_KIND)
+
+
+@triton.jit
+def _pow2(e):
+    """fp32 ``2^e`` of int32 exponents ``e`` in [-126, 127] (normal numbers), exactly."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_fold(weight, spec, offs_n, offs_k, k0, N, K, tops, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """``2^(e - t + 6)`` broadcastable to ``[BN, BK]``: the power of two that a group of e8m0 scale code ``e``
+    folds into the e4m3 operand in a row of top code ``t`` (``tops``, [BN]; :func:`._scaled_mm_plan.row_tops`),
+    at most ``2^6``; a group of zeros may lie below the fold's range (clamped: its values stay 0)."""
+    s = weight.s
+    e = group_tile(s, weight.stride_sn, offs_n, offs_k, k0, N, K, weight.gidx, BK, spec.GN, spec.GK, False, EVEN_K)
+    return _pow2(tl.maximum(tl.minimum(e.to(tl.int32) - tops[:, None] + 6, 6), -126))
+
+
+@triton.jit
+def _row_scale(tops):
+    """fp32 ``2^(t - 127 - 6)`` of e8m0 codes ``t`` (the rows' scales of a row fold), subnormals included: the
+    product of two normal powers of two."""
+    e = tops - 133
+    high = tl.maximum(e, -126)
+    return _pow2(high) * _pow2(e - high)
 
 
 @triton.jit
@@ -66,8 +92,10 @@ def _weight_operand(
     MMA_DTYPE: tl.constexpr,
     W_SCALE: tl.constexpr,
     PACKED: tl.constexpr,
+    tops,
 ):
-    """The weight operand ``[BK, BN]`` of one K step: ``decode(q) - zero`` (times a folded scale), exact in the
+    """The weight operand ``[BK, BN]`` of one K step: ``decode(q) - zero`` (times a folded scale, or with
+    ``"rowfold"`` the power of two of :func:`_row_fold` for the rows' top scale codes ``tops``), exact in the
     MMA type; for int8 MMAs the integer ``q - zero`` itself; with ``PACKED`` (:mod:`._decode_e4m3`) the same
     e4m3 operand by packed conversion."""
     if len(PACKED) > 0:
@@ -85,6 +113,8 @@ def _weight_operand(
             w_val = w_val - zero_tile(weight, spec, offs_n, offs_k, k0, N, K, BK).to(tl.float32)
         if W_SCALE == "fold":
             w_val = w_val * scale_tile(weight, spec, offs_n, offs_k, k0, N, K, BK)
+        elif W_SCALE == "rowfold":
+            w_val = w_val * _row_fold(weight, spec, offs_n, offs_k, k0, N, K, tops, BK, EVEN_K)
         w_op = w_val.to(tl.float8e4nv) if MMA == "e4m3" else cast(w_val, MMA_DTYPE)
     return tl.trans(w_op)
 
@@ -100,6 +130,7 @@ def _scaled_mm_kernel(
     z_ptr,
     gs_ptr,
     lut_ptr,
+    rt_ptr,  # int32 [*E, N]: the rows' top scale codes of a "rowfold" plan (_scaled_mm_plan.row_tops)
     bias_ptr,
     out_ptr,
     ws_ptr,
@@ -119,6 +150,7 @@ def _scaled_mm_kernel(
     stride_se,
     stride_ze,
     stride_gse,
+    stride_rte,
     stride_be,
     route_bm,
     BM: tl.constexpr,
@@ -131,7 +163,7 @@ def _scaled_mm_kernel(
     MMA: tl.constexpr,  # "int8", "e4m3", "fp16", "bf16", "fp32" or "scaled" (tl.dot_scaled, sm_100+)
     MMA_DTYPE: tl.constexpr,
     A_SCALE: tl.constexpr,  # "end", "promote", "fold" or "native" (inside tl.dot_scaled)
-    W_SCALE: tl.constexpr,  # "none", "end", "promote", "fold" or "native"
+    W_SCALE: tl.constexpr,  # "none", "end", "promote", "fold", "rowfold" or "native"
     A_KIND: tl.constexpr,
     A_BITS: tl.constexpr,
     A_EBITS: tl.constexpr,
@@ -156,6 +188,7 @@ def _scaled_mm_kernel(
         s_ptr += expert * stride_se
         z_ptr += expert * stride_ze
         gs_ptr += expert * stride_gse
+        rt_ptr += expert * stride_rte
         bias_ptr += expert * stride_be
     # No act-order here (unsupported() refuses g_idx): the gidx slot is a dummy that WEIGHT never reads.
     weight = WeightArgs(qw_ptr, s_ptr, z_ptr, gs_ptr, z_ptr, lut_ptr, stride_qn, stride_sn, stride_zn)
@@ -181,6 +214,7 @@ def _scaled_mm_kernel(
     w_rows = qb_ptr.to(tl.pointer_type(MMA_DTYPE)) + offs_n.to(tl.int64)[:, None] * stride_qb
     w_rows_ok = offs_n[:, None] < N
     a_op_rows = a_ptr.to(tl.pointer_type(MMA_DTYPE)) + src[:, None] * stride_am
+    tops = tl.load(rt_ptr + offs_n, mask=offs_n < N, other=127) if W_SCALE == "rowfold" else offs_n
 
     acc = tl.zeros((BM, BN), dtype=tl.float32 if PROMOTE else ACC_DTYPE)
     k_tiles = tl.cdiv(K, BK)
@@ -236,7 +270,7 @@ def _scaled_mm_kernel(
                 b_op = tl.trans(b_raw)
             else:
                 b_op = _weight_operand(
-                    weight, WEIGHT, offs_n, offs_k, k0, N, K, BK, EVEN_K, MMA, MMA_DTYPE, W_SCALE, PACKED
+                    weight, WEIGHT, offs_n, offs_k, k0, N, K, BK, EVEN_K, MMA, MMA_DTYPE, W_SCALE, PACKED, tops
                 )
 
             if PROMOTE:
@@ -263,6 +297,8 @@ def _scaled_mm_kernel(
     if W_SCALE == "end":
         w_s = _scale_vec(s_ptr, stride_sn, offs_n, offs_n < N, 0, W_PER_ROW, W_GN, WEIGHT.S_KIND)
         acc = acc * with_global_scale(w_s, weight, WEIGHT)[None, :]
+    elif W_SCALE == "rowfold":  # the plan has no global scale here
+        acc = acc * _row_scale(tops)[None, :]
     if A_HAS_GS:
         acc = acc * tl.load(ags_ptr)
     if WEIGHT.HAS_GS and W_SCALE != "end" and W_SCALE != "promote":

@@ -24,6 +24,7 @@ from ._scaled_mm_plan import (
     grid,
     grouped_call_config,
     plan_constexprs,
+    row_tops,
     weight_decode,
 )
 from ._tiles import split_k_words
@@ -181,6 +182,7 @@ class _Ready:
         self.m, self.n, self.out_dtype, self.device, self.route_bm = m, n, out_dtype, device, route_bm
         self.split = cfg.split_k > 1
         self.stand_in = t["qw"]
+        tops = row_tops(qweight) if plan.w_scale == "rowfold" else None
         values = {
             "qw_ptr": t["qw"],
             "qb_ptr": t["qw"].view(torch.uint8),
@@ -188,6 +190,7 @@ class _Ready:
             "z_ptr": t["z"],
             "gs_ptr": t["gs"],
             "lut_ptr": t["lut"],
+            "rt_ptr": t["qw"] if tops is None else tops,
             "M": m,
             "N": n,
             "K": k,
@@ -202,6 +205,7 @@ class _Ready:
             "stride_se": e_stride("s", 3),
             "stride_ze": e_stride("z", 3),
             "stride_gse": e_stride("gs", 1),
+            "stride_rte": n if grouped and tops is not None else 0,
             "stride_be": bias.stride(0) if grouped and bias is not None else 0,
             "route_bm": route_bm,
             "BM": cfg.block_m,
@@ -268,7 +272,9 @@ def compile_specs() -> list[registry.CompileSpec]:
         ("fp8-block128", quantize(w, "fp8_block"), "fp8_g128", (9, 0), 89, torch.bfloat16),
         ("int4-g128", quantize(w, "int4", 128, scale_dtype=torch.bfloat16), "fp8", (9, 0), 89, torch.bfloat16),
         ("uint4-zp-g128", quantize(w, "int4", 128, True, scale_dtype=torch.float16), "fp8", (9, 0), 89, torch.float16),
-        ("mxfp4", quantize(w, "mxfp4"), "fp8", (9, 0), 80, torch.bfloat16),
+        ("mxfp4", quantize(w, "mxfp4"), "fp8", (9, 0), 89, torch.bfloat16),
+        ("mxfp4", quantize(w, "mxfp4"), "fp8_g128", (9, 0), 89, torch.bfloat16),
+        ("mxfp4-bf16", quantize(w, "mxfp4"), "fp8", (8, 0), 80, torch.bfloat16),
         ("nf4-g64", quantize(w, "nf4", 64, scale_dtype=torch.float16), "fp8", (8, 0), 75, torch.float16),
         ("nvfp4", quantize(w, "nvfp4"), "nvfp4", (8, 0), 75, torch.float16),
         ("mxfp4", quantize(w, "mxfp4"), "mxfp4", (8, 0), 80, torch.bfloat16),
@@ -289,6 +295,7 @@ def compile_specs() -> list[registry.CompileSpec]:
         ("grouped-gather-uint4-zp-g128", experts("int4", 128, True), "int8", (8, 0), 80, torch.bfloat16),
         ("grouped-gather-nvfp4", experts("nvfp4"), "nvfp4", (8, 0), 75, torch.float16),
         ("grouped-gather-mxfp4", experts("mxfp4"), "mxfp4", (8, 0), 80, torch.bfloat16),
+        ("grouped-gather-mxfp4", experts("mxfp4"), "fp8", (9, 0), 89, torch.bfloat16),
         ("grouped-gather-mxfp4-native", experts("mxfp4"), "mxfp4", (10, 0), 100, torch.bfloat16),
     )
     specs = []
@@ -333,6 +340,7 @@ def kernel_spec(
             "a_ptr": "*u8",
             "as_ptr": a_scale_type,
             "ags_ptr": "*fp32",
+            "rt_ptr": "*i32",
             "bias_ptr": "*fp32",
             "out_ptr": "*" + triton_type(out_dtype),
             "ws_ptr": "*i32" if cfg.split_k > 1 else "*" + triton_type(out_dtype),  # no split-K: the output

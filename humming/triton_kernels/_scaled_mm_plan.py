@@ -2,14 +2,15 @@
 tensor-core operand type, where each scale is applied, the promotion step along K) and the kernel constexprs
 it implies; the tile configuration (tuning, :mod:`.scaled_mm_configs`) and the grid of a call.
 
-The plan depends only on the formats and the device's capability; under the interpreter it is made for
-sm_90.
+The plan depends on the formats and the device's capability (under the interpreter it is made for sm_90),
+and for MXFP4 weights under fp8 activations on whether the weight's scales fold per row (:func:`row_tops`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ import triton.language as tl
 from ..device import DeviceLimits, device_info, device_limits
 from ..ir.activation import ActScheme
 from ..ir.formats import NumberFormat, get_format
+from ..ir.quantize import live_exponents
 from ..ir.weight import QuantizedWeight
 from ._weight_tile import scale_kind
 from .configs import grouped_tile
@@ -36,6 +38,7 @@ __all__ = [
     "grouped_call_config",
     "plan_config",
     "plan_constexprs",
+    "row_tops",
     "weight_decode",
 ]
 
@@ -65,7 +68,9 @@ class ComputePlan:
     """How a (weight, activation) pair is computed: the numerics, not the tiling.
 
     ``mma``: tensor-core operand type; ``a_scale`` / ``w_scale``: ``"end"``, ``"promote"`` or ``"fold"``
-    (``w_scale`` is ``"none"`` without weight scales); ``k_step``: the promotion step along K (0 = none).
+    (``w_scale`` is ``"none"`` without weight scales, or ``"rowfold"``: e8m0 group scales split into a scale
+    per row, applied at the end, and a power of two per group folded into the operand, :func:`row_tops`);
+    ``k_step``: the promotion step along K (0 = none).
     """
 
     mma: str
@@ -87,7 +92,7 @@ class ComputePlan:
     @property
     def folds(self) -> bool:
         """Scales multiplied into an operand: the kernel loads scale tiles along K (more shared memory)."""
-        return "fold" in (self.a_scale, self.w_scale)
+        return "fold" in (self.a_scale, self.w_scale) or self.w_scale == "rowfold"
 
 
 def _weight_values(fmt: NumberFormat, zeros: str | None) -> torch.Tensor | None:
@@ -138,12 +143,44 @@ def act_group_k(scheme: ActScheme, scales: torch.Tensor | None = None) -> int:
 
 def compute_plan(qw: QuantizedWeight, scheme: ActScheme, a_gk: int, capability: tuple[int, int]) -> ComputePlan | str:
     """The :class:`ComputePlan` for weight ``qw`` with activations ``scheme`` (scale group ``a_gk`` along K)
-    on a GPU of ``capability``, or the reason it cannot be computed exactly. Cached per format and layout."""
+    on a GPU of ``capability``, or the reason it cannot be computed exactly. Cached per format and layout (and
+    per weight, where it depends on whether its scales fold per row)."""
     zeros = None if qw.zeros is None else ("float" if qw.zeros.is_floating_point() else "int")
     w_gk = qw.group_shape[1] if qw.scales is not None and qw.group_shape[1] != -1 else 0
     w_scale_dtype = None if qw.scales is None else qw.scales.dtype
     w_global = qw.global_scale is not None
-    return _compute_plan(qw.format, zeros, w_scale_dtype, w_gk, w_global, scheme, a_gk, tuple(capability))
+    args = (qw.format, zeros, w_scale_dtype, w_gk, w_global, scheme, a_gk, tuple(capability))
+    plan = _compute_plan(*args, True)
+    if not isinstance(plan, str) and plan.w_scale == "rowfold" and isinstance(row_tops(qw), str):
+        plan = _compute_plan(*args, False)
+    return plan
+
+
+#: e2m1 values times 2^d are e4m3 values for these d: 0.5 * 2^-8 = 2^-9 (e4m3's least subnormal) .. 6 * 2^6 = 384.
+ROW_FOLD_SHIFTS = (-8, 6)
+_row_tops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def row_tops(qw: QuantizedWeight) -> torch.Tensor | str:
+    """int32 ``[*E, N]`` (contiguous): each row's largest e8m0 scale code over its groups that hold a nonzero
+    code (127 for a row without one), or why the weight's scales do not fold per row. An MXFP4 weight under
+    e4m3 activations then runs on the fp8 MMA: a group of exponent code ``e`` in a row of top ``t`` folds
+    ``2^(e - t + 6)`` into its e2m1 values, exact in e4m3 while ``e - t + 6`` is in :data:`ROW_FOLD_SHIFTS`
+    (every such group of the row lies within 15 binades of its top), and the row's ``2^(t - 127 - 6)`` scales
+    the accumulator at the end. Computed once per weight (it reads the weight: one host synchronisation)."""
+    tops = _row_tops.get(qw)
+    if tops is None:
+        dead = -(1 << 20)
+        e = live_exponents(qw, dead)
+        top = e.amax(-1, keepdim=True)
+        low = torch.where(e > dead, e - top, 0).amin()
+        if int(low) + ROW_FOLD_SHIFTS[1] < ROW_FOLD_SHIFTS[0]:
+            span = ROW_FOLD_SHIFTS[1] - ROW_FOLD_SHIFTS[0] + 1
+            tops = f"the e8m0 scales of a row span {1 - int(low)} binades; fp8 activations fold at most {span} per row"
+        else:
+            tops = torch.where(top > dead, top + 127, 127).squeeze(-1).to(torch.int32).contiguous()
+        _row_tops[qw] = tops
+    return tops
 
 
 @functools.cache
@@ -156,6 +193,7 @@ def _compute_plan(
     scheme: ActScheme,
     a_gk: int,
     capability: tuple[int, int],
+    row_fold: bool,
 ) -> ComputePlan | str:
     a_fmt = scheme.element_format
     a_values = a_fmt.value_table().to(torch.float64)
@@ -192,6 +230,11 @@ def _compute_plan(
             return ComputePlan("int8", a_mode, w_mode, math.gcd(*steps) if steps else 0)
         if a_fmt.name == "e4m3" and _exact_in(w_values, "e4m3") and capability >= (8, 9):
             return ComputePlan("e4m3", a_mode, w_mode, math.gcd(*steps) if steps else 0)
+    # MXFP4 weights (e8m0 scales per 32 along K) under e4m3 activations: each group's scale relative to its row's
+    # largest folds into the e4m3 operand, the row's scale applies at the end (row_tops says where that is exact).
+    a_steps = [a_gk] if a_mode == "promote" else []
+    if row_fold and mx_weight and a_mode and a_fmt.name == "e4m3" and capability >= (8, 9) and tileable(a_steps, 8):
+        return ComputePlan("e4m3", a_mode, "rowfold", a_gk if a_steps else 0)
 
     # Upcasting path: fold fine-grained fp8 scales where the product is exact, promote the others.
     a_fold = _fold_dtype(a_values, scheme.scale_dtype) if 0 < a_gk < 64 else None

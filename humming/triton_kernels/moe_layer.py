@@ -240,10 +240,10 @@ def activate(
     """``h [M, 2I]`` (fp16 / bf16 / fp32, rows contiguous) activated -> ``[M, I]`` in ``h``'s dtype, or with
     ``act`` a :class:`QuantizedActivation` of those values (:func:`act_unsupported` says which schemes).
     ``num_rows``: an int32 0-d tensor on ``h``'s device; rows from it on are left unwritten."""
+    prepared = PreparedActivate(h, activation, act)  # checks h
     if num_rows is None:
-        _check("h", h, FLOAT_DTYPES)
         num_rows = torch.full((), h.shape[0], dtype=torch.int32, device=h.device)
-    return PreparedActivate(h, activation, act)(h, num_rows)
+    return prepared(h, num_rows)
 
 
 class PreparedActivate:

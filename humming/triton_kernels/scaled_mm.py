@@ -14,10 +14,13 @@ tensor cores can take exactly. The IR is read as is (no repacking). One kernel, 
   in the epilogue), ``promote`` (changes along K: the partial dot of each K step is promoted to the fp32
   accumulator with its scales, as DeepSeek's 1x128 x 128x128 fp8 recipe), ``fold`` (multiplied into the
   operand before the dot, where the product is exact: e8m0 scales into bf16, e4m3 scales of e2m1 / int4
-  values into fp16; MXFP4 x fp8, NVFP4, MXFP4 x MXFP4) or ``native`` (inside ``tl.dot_scaled``). A weight's
-  global scale multiplies its scales first (``fp32(scale) * global``, as :func:`humming.dequantize` rounds it)
-  where they are applied at the end or promoted, and the epilogue after a fold; e8m0 weight scales with a
-  global scale are never folded. The activation's global scale multiplies the epilogue.
+  values into fp16; NVFP4, MXFP4 x MXFP4), ``rowfold`` (MXFP4 weights under e4m3 activations on the fp8
+  MMA: each group's e8m0 scale relative to its row's largest folded into the e4m3 operand, the row's scale in
+  the epilogue; exact where a row's groups span at most 15 binades, else the bf16 fold) or ``native`` (inside
+  ``tl.dot_scaled``). A weight's global scale multiplies its scales first (``fp32(scale) * global``, as
+  :func:`humming.dequantize` rounds it) where they are applied at the end or promoted, and the epilogue after
+  a fold; e8m0 weight scales with a global scale are never folded. The activation's global scale multiplies
+  the epilogue.
 
 The plan (:func:`compute_plan`) is numerics and depends only on the formats and the device's capability; tile
 sizes (:mod:`.scaled_mm_configs`) are tuning. Under the interpreter the plan is made for sm_90.
@@ -53,6 +56,7 @@ from ._scaled_mm_plan import (
     device_capability,
     grid,
     grouped_call_config,
+    row_tops,
 )
 from ._support import device_unsupported, unavailable
 from ._tiles import split_k_words
@@ -73,6 +77,7 @@ __all__ = [
     "kernel_spec",
     "linear",
     "prepare",
+    "row_tops",
     "unsupported",
 ]
 
