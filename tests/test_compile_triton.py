@@ -9,11 +9,13 @@ compiled in a subprocess with ``TRITON_INTERPRET`` unset; the subprocesses run i
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +109,34 @@ def test_kernels_contract_multiply_adds_whatever_the_tritons_default() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     fma, mul = map(int, proc.stdout.split())
     assert fma >= 8 and mul == 0, proc.stdout
+
+
+def _jit_functions(tree) -> list:
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list)
+    ]
+
+
+def test_no_kernel_branches_on_a_jit_functions_result() -> None:
+    """Triton 3.6 compiles the result of a call to a jit function as a runtime value, even when every argument
+    is a constexpr: an ``if`` on it builds both branches, which then must agree in every variable's type (field
+    decodes of different widths do not), where newer Tritons fold the call and compile. Conditions on
+    constexprs are spelled as constexpr assignments instead."""
+    import humming.triton_kernels as package
+
+    trees = {path: ast.parse(path.read_text()) for path in Path(package.__file__).parent.glob("*.py")}
+    jit_names = {f.name for tree in trees.values() for f in _jit_functions(tree)}
+    found = []
+    for path, tree in trees.items():
+        for function in _jit_functions(tree):
+            for node in ast.walk(function):
+                if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+                    calls = [c for c in ast.walk(node.test) if isinstance(c, ast.Call)]
+                    names = [
+                        c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", "") for c in calls
+                    ]
+                    if any(name in jit_names for name in names):
+                        found.append(f"{path.name}:{node.lineno}: {ast.unparse(node.test)}")
+    assert jit_names and not found, "\n".join(found)

@@ -310,17 +310,19 @@ def test_wna16_rejects(make, match: str, device: str) -> None:
 
 @pytest.mark.parametrize("packed", ["", "int", "float"])
 def test_small_m_tiles_follow_the_decode(packed: str) -> None:
-    """Up to 16 tokens the chooser takes the GEMV kernel at M = 1 and the swapped kernel with 128-row weight tiles
-    above, except for weights the packed 16-bit decode reads: integer codes keep the GEMV kernel at M = 1 and
-    take 64-row swapped tiles; e2m1 codes take the tiled kernel's 16-row tile from one token on; 8-bit weights
-    (never packed) swapped K tiles of 64. Above 16 tokens the decode does not change the tiles."""
+    """Up to 16 tokens the chooser takes the GEMV kernel at M = 1 (loading one K tile ahead for 4-bit codes
+    without zero points) and the swapped kernel with 128-row weight tiles above, except for weights the packed
+    16-bit decode reads: integer codes take 64-row swapped tiles, e2m1 codes the tiled kernel's 16-row tile;
+    8-bit weights (never packed) swapped K tiles of 64. Above 16 tokens the decode does not change the tiles."""
     pick = lambda m: wna16_config(m, 28672, 8192, 4, 132, 128, 232448, packed=packed)
     one, few = pick(1), pick(8)
+    assert one.block_m == 1 and not one.swap and one.num_stages == 2
     if packed == "float":
-        assert one.replace(split_k=1) == few.replace(split_k=1) == TILED_16
+        assert few.replace(split_k=1) == TILED_16
     else:
-        assert one.block_m == 1 and not one.swap
         assert few.swap and few.block_n == (64 if packed == "int" else 128)
+    assert wna16_config(1, 28672, 8192, 4, 132, 128, 232448, zero_points=True).num_stages == 1
+    assert wna16_config(1, 28672, 8192, 8, 132, 0, 232448).num_stages == 1
     if not packed:  # 8-bit weights: the 4-bit tile's weight bytes per K tile
         assert wna16_config(8, 28672, 8192, 8, 132, 0, 232448).block_k == 64
     assert pick(64) == wna16_config(64, 28672, 8192, 4, 132, 128, 232448)
@@ -475,7 +477,7 @@ def test_wna16_strided_g_idx(seed: int, device: str) -> None:
 #: packed kind -> the kernel the chooser picks at M = 1, 8, 256 and 1024 (28672 x 8192 int4 g128 on an H100)
 _CHOSEN = {
     "int": ("gemv", "swap-n64", "fused", "dequant-first"),
-    "float": ("tiled-16", "tiled-16", "fused", "dequant-first"),
+    "float": ("gemv", "tiled-16", "fused", "dequant-first"),
     "": ("gemv", "swap-n128", "dequant-first", "dequant-first"),
 }
 
@@ -493,7 +495,7 @@ def _kernel_of(cfg: TileConfig) -> str:
 @pytest.mark.parametrize("packed", list(_CHOSEN))
 def test_chooser_buckets_for_the_packed_decode(packed: str) -> None:
     """The kernels :func:`wna16_config` picks by M for weights the packed 16-bit decode reads (``packed``: the kind
-    of their codes) and for the others (``""``): e2m1 codes on the 16-row tiled kernel from one token, integer
+    of their codes) and for the others (``""``): e2m1 codes on the 16-row tiled kernel from two tokens, integer
     codes on the 64-row swapped tile up to 16 tokens, packed weights on the fused 128-row tile up to 256 tokens
     where the others dequantize first; each tile within an H100's shared memory."""
     limit, sms = 232448, 132

@@ -170,15 +170,24 @@ def _wna16_swap_kernel(
     store_tile(tl.trans(acc), out_ptr, stride_om, bias_ptr, ws_ptr, offs_m, offs_n, M, N, HAS_BIAS, SPLIT_K)
 
 
+#: How :func:`_word_values` reads a word's fields (the GEMV's ``FIELDS`` constexpr): decoded one by one, integer
+#: fields in place (integer codes of 1, 2, 4 or 8 bits, integer zero points or none: :func:`~._weight_tile.int_fields`),
+#: or e2m1 codes without zero points by byte table (:func:`~._weight_tile.e2m1_fields`). The GEMV works it out
+#: in a constexpr assignment: triton 3.6 compiles the result of a jit function as a runtime value, even of
+#: constexpr arguments, so an ``if`` on it would build both branches.
+_FIELDS_INT, _FIELDS_E2M1 = tl.constexpr(1), tl.constexpr(2)  # 0: decoded one by one
+
+
 @triton.jit
-def _word_values(words, weight, spec, z):
+def _word_values(words, weight, spec, z, FIELDS: tl.constexpr):
     """The fields of a word tile ``[1, BN, W]`` -> fp32 ``[32 // bits, BN, W]``: ``decode(q) - zero`` (zero points
-    ``z`` as stored, broadcastable to ``[1, BN, W]``; unused without them). Integer codes with integer zero
-    points come scaled by ``2^field_offsets`` (:func:`~._weight_tile.int_fields`), the others as they are."""
-    if _int_fields_apply(weight, spec):
+    ``z`` as stored, broadcastable to ``[1, BN, W]``; unused without them), read as ``FIELDS`` says. Integer
+    fields come scaled by ``2^field_offsets`` (:func:`~._weight_tile.int_fields`), e2m1 ones by 2^12 in odd
+    fields, the others as they are."""
+    if FIELDS == _FIELDS_INT:
         zoff = z.to(tl.float32) if spec.HAS_ZP else 0.0
         v = int_fields(words, spec, zoff)
-    elif _e2m1_table_applies(spec):
+    elif FIELDS == _FIELDS_E2M1:
         v = e2m1_fields(words)
     else:
         if spec.W_KIND == 2 and spec.W_EBITS < 8:
@@ -194,26 +203,12 @@ def _word_values(words, weight, spec, z):
 
 
 @triton.jit
-def _int_fields_apply(weight, spec):
-    """Whether :func:`_word_values` reads integer fields in place (integer codes of 1, 2, 4 or 8 bits,
-    integer zero points or none)."""
-    return (spec.W_KIND <= 1) and (16 % spec.W_BITS == 0) and (not spec.HAS_ZP or weight.z.dtype.element_ty.is_int())
-
-
-@triton.jit
-def _e2m1_table_applies(spec):
-    """Whether :func:`_word_values` decodes e2m1 fields by byte table (:func:`~._weight_tile.e2m1_fields`):
-    e2m1 codes without zero points."""
-    return (spec.W_KIND == 2) and (spec.W_EBITS == 2) and (spec.W_MBITS == 1) and (spec.W_BIAS == 1) and not spec.HAS_ZP
-
-
-@triton.jit
-def _field_scales(weight, spec):
+def _field_scales(spec, FIELDS: tl.constexpr):
     """``[32 // bits]`` fp32: what the activation of each field of a word is multiplied by (``2^-o_j`` where
     :func:`_word_values` scales the field by ``2^o_j``, else 1)."""
-    if _int_fields_apply(weight, spec):
+    if FIELDS == _FIELDS_INT:
         out = ((127 - field_offsets(spec.W_BITS)) << 23).to(tl.float32, bitcast=True)
-    elif _e2m1_table_applies(spec):
+    elif FIELDS == _FIELDS_E2M1:
         out = ((126 - 8 * (tl.arange(0, 8) % 2)) << 23).to(tl.float32, bitcast=True)
     else:
         out = tl.full((32 // spec.W_BITS,), 1.0, tl.float32)
@@ -333,7 +328,12 @@ def _gemv_tile_sums(
         n_words = (K * WEIGHT.W_BITS + 31) // 32
         q_rows = weight.qw + offs_n.to(tl.int64)[None, :, None] * weight.stride_qn
         n_ok = offs_n[None, :, None] < N
-        x_scale = _field_scales(weight, WEIGHT)[:, None, None]
+        INT_CODES: tl.constexpr = WEIGHT.W_KIND <= 1 and 16 % WEIGHT.W_BITS == 0
+        INT_ZEROS: tl.constexpr = not WEIGHT.HAS_ZP or weight.z.dtype.element_ty.is_int()
+        E2M1: tl.constexpr = WEIGHT.W_KIND == 2 and WEIGHT.W_EBITS == 2 and WEIGHT.W_MBITS == 1 and WEIGHT.W_BIAS == 1
+        E2M1_TABLE: tl.constexpr = E2M1 and not WEIGHT.HAS_ZP
+        FIELDS: tl.constexpr = _FIELDS_INT if INT_CODES and INT_ZEROS else (_FIELDS_E2M1 if E2M1_TABLE else 0)
+        x_scale = _field_scales(WEIGHT, FIELDS)[:, None, None]
         # With PREFETCH the loop carries the next K tile's words and activations: their loads are in flight
         # while this tile decodes (one more word tile of registers per thread).
         if PREFETCH:
@@ -350,7 +350,7 @@ def _gemv_tile_sums(
             first_k = offs_w * PER_WORD  # element index of each word's field 0; one group holds whole words
             k0 = t * BK
             z = zero_tile(weight, WEIGHT, offs_n, first_k, k0, N, K, BK, EVEN_K)[None, :, :] if WEIGHT.HAS_ZP else 0
-            v = _word_values(words, weight, WEIGHT, z)  # [PER_WORD, BN, BKW]
+            v = _word_values(words, weight, WEIGHT, z, FIELDS)  # [PER_WORD, BN, BKW]
             x = tl.trans(tl.reshape(x.to(tl.float32), (BKW, PER_WORD)))[:, None, :]  # [PER_WORD, 1, BKW]
             part = tl.sum(v * (x * x_scale), axis=0, keep_dims=True)
             if SCALE_PER_GROUP:

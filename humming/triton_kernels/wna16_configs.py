@@ -10,12 +10,13 @@ order, within the tolerances the tests state.
 - M = 1: the GEMV kernel (no tensor cores: at decode the weight decode, not the multiply-adds, is the
   work): 128 rows of 16 words (32 for 8-bit codes) per iteration where fields fill whole words
   (:func:`_gemv_tile`), persistent: as many programs as the multiprocessors hold (``split_k`` times that),
-  which deal the K tiles of all output tiles evenly (stream-K).
+  which deal the K tiles of all output tiles evenly (stream-K). 4-bit codes without zero points load each K
+  tile one iteration ahead (two stages: :func:`._wna16_launch.gemv_prefetch`).
 - M = 2..16: the swapped-operand tensor-core kernel (the 128-row weight tile is the MMA's large side, the
   16 token slots its narrow one), split along K until the grid covers the GPU four times (2048 columns of K
   per split at least) or else twice; 8-bit weights with K tiles of 64. Weights the packed 16-bit decode reads
-  take :data:`_PACKED_SMALL_M`'s tiles (e2m1 codes from M = 1 on). ``block_m`` 2 or 4 without ``swap`` still
-  selects the GEMV kernel when a config asks for it.
+  take :data:`_PACKED_SMALL_M`'s tiles. ``block_m`` 2 or 4 without ``swap`` still selects the GEMV kernel
+  when a config asks for it.
 - M up to 128: tensor-core tiles that grow with M, split along K until the grid covers the GPU twice.
 - M > 128 without bias and with ``out_dtype == x.dtype``: ``dequant_first``, the weight dequantized once per
   call to the activations' dtype and one cuBLAS GEMM: one more pass over the weight, which cuBLAS's
@@ -35,7 +36,7 @@ __all__ = ["TILED_16", "grouped_config", "smem_estimate", "wna16_config"]
 #: (largest M of the bucket, config); the first bucket whose bound is >= M is used. ``block_m <= 4`` selects
 #: the GEMV kernel (no tensor cores: for decode the weight decode, not the MACs, is the work).
 _BUCKETS = (
-    (1, TileConfig(1, 128, 128, num_warps=4, num_stages=1)),
+    (1, TileConfig(1, 128, 128, num_warps=4, num_stages=2)),
     (16, TileConfig(16, 128, 128, num_warps=4, num_stages=3, swap=True)),
     (32, TileConfig(32, 64, 128, num_warps=4, num_stages=4)),
     (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4)),
@@ -56,11 +57,12 @@ _ZERO_POINT_BUCKETS = {
 #: The tiled kernel's 16-row tile (the grouped kernel's at ``block_m`` 16, where the swapped kernel does not run).
 TILED_16 = TileConfig(16, 64, 256, num_warps=4, num_stages=4)
 
-#: The M <= 16 tiles of weights the packed 16-bit decode reads (:mod:`._dequant16`), by the kind of their codes:
+#: The M = 2..16 tiles of weights the packed 16-bit decode reads (:mod:`._dequant16`), by the kind of their codes:
 #: decoding two weights per instruction, the swapped kernel keeps pace with 64-row weight tiles (more programs
-#: in flight) for integer codes; e2m1 codes, whose GEMV decode runs in fp32, take the tiled kernel's 16-row tile
-#: from one token on (bench/results/h100/dequant16_2026-12-07/: triton_packed_ab.json,
-#: triton_decode_flag_on_old_tiles.json).
+#: in flight) for integer codes; e2m1 codes take the tiled kernel's 16-row tile
+#: (bench/results/h100/dequant16_2026-12-07/: triton_packed_ab.json, triton_decode_flag_on_old_tiles.json). At
+#: M = 1 both take the GEMV, whose e2m1 byte table outran the 16-row tile by 7-14%
+#: (bench/results/h100/decode_2026-12-07b/decode.json).
 _PACKED_SMALL_M = {
     "int": TileConfig(16, 64, 128, num_warps=4, num_stages=3, swap=True),
     "float": TILED_16,
@@ -150,7 +152,7 @@ def wna16_config(
     bound, cfg = next((bound, c) for bound, c in _BUCKETS if bound is None or m <= bound)
     if zero_points:
         cfg = _ZERO_POINT_BUCKETS.get(bound, cfg)
-    if packed and (bound == 16 or (bound == 1 and packed == "float")):
+    if packed and bound == 16:
         cfg = _PACKED_SMALL_M[packed]
     elif packed and cfg.dequant_first and m <= _PACKED_FUSED_MAX_M:
         cfg = _PACKED_FUSED
@@ -158,6 +160,8 @@ def wna16_config(
         cfg = cfg.replace(block_k=64)
     if cfg.block_m <= 4:
         cfg = _gemv_tile(cfg, bits, group_k, act_order)
+        if bits != 4 or zero_points:  # loading ahead measured on 4-bit codes without zero points only
+            cfg = cfg.replace(num_stages=1)
     if 32 % bits:  # fields straddle words: each element reads its two words, so keep the staged tiles small
         cfg = cfg.replace(block_k=min(cfg.block_k, 64))
     cfg = fit_smem(cfg, lambda c: smem_estimate(c, bits, group_k, act_order), smem_limit)
