@@ -62,7 +62,7 @@ TILED_16 = TileConfig(16, 64, 256, num_warps=4, num_stages=4)
 #: in flight) for integer codes; e2m1 codes take the tiled kernel's 16-row tile
 #: (bench/results/h100/dequant16_2026-12-07/: triton_packed_ab.json, triton_decode_flag_on_old_tiles.json). At
 #: M = 1 both take the GEMV, whose e2m1 byte table outran the 16-row tile by 7-14%
-#: (bench/results/h100/decode_2026-12-07b/decode.json).
+#: (bench/results/h100/sweep_2026-12-07b/decode.json).
 _PACKED_SMALL_M = {
     "int": TileConfig(16, 64, 128, num_warps=4, num_stages=3, swap=True),
     "float": TILED_16,
@@ -160,7 +160,9 @@ def wna16_config(
         cfg = cfg.replace(block_k=64)
     if cfg.block_m <= 4:
         cfg = _gemv_tile(cfg, bits, group_k, act_order)
-        if bits != 4 or zero_points:  # loading ahead measured on 4-bit codes without zero points only
+        # loading ahead measured on 4-bit codes without zero points only (2-7% at M = 1 on an H100,
+        # bench/results/h100/sweep_2026-12-07b/decode.json: gemv-st2)
+        if bits != 4 or zero_points:
             cfg = cfg.replace(num_stages=1)
     if 32 % bits:  # fields straddle words: each element reads its two words, so keep the staged tiles small
         cfg = cfg.replace(block_k=min(cfg.block_k, 64))
