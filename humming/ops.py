@@ -148,7 +148,8 @@ def weight_from_args(qweight, scales, zeros, global_scale, g_idx, handle: int, m
 
 # ------------------------------------------------------------------------------------------- call sites
 _site_numbers = itertools.count(1)
-_sites: dict[str, tuple] = {}  # site -> the call's values, weights as weak references
+# site -> (the call's values, weights as weak references; the positions of those weights)
+_sites: dict[str, tuple[tuple, tuple[int, ...]]] = {}
 _site_ids: dict[tuple, str] = {}  # the call's values, weights as handles -> site
 
 
@@ -174,7 +175,8 @@ def bind(*values) -> str:
         described = "|".join(v.signature if isinstance(v, QuantizedWeight) else str(v) for v in values)
         site = _site_ids[key] = f"{next(_site_numbers)}:{described}"
         forget = lambda _, key=key: _forget(key)
-        _sites[site] = tuple(weakref.ref(v, forget) if isinstance(v, QuantizedWeight) else v for v in values)
+        entry = tuple(weakref.ref(v, forget) if isinstance(v, QuantizedWeight) else v for v in values)
+        _sites[site] = entry, tuple(i for i, v in enumerate(values) if isinstance(v, QuantizedWeight))
     return site
 
 
@@ -184,13 +186,18 @@ def bind(*values) -> str:
 bind._dynamo_marked_constant = True
 
 
-def bound(site: str) -> tuple:
+def bound(site: str) -> list:
     """The values of a site of :func:`bind`; ``ValueError`` naming ``site`` when it names none (a weight of
-    it is gone, or it comes from another process)."""
-    entry = _sites.get(site)
-    if entry is None:
+    it is gone, or it comes from another process). Called by every compiled call: the weights are
+    dereferenced at their known positions."""
+    found = _sites.get(site)
+    if found is None:
         raise ValueError(f"site: {site!r} names no live weights in this process (humming.ops.bind makes sites)")
-    return tuple(v() if type(v) is weakref.ref else v for v in entry)
+    entry, weights = found
+    values = list(entry)
+    for i in weights:
+        values[i] = entry[i]()
+    return values
 
 
 def _fields(qw: QuantizedWeight) -> tuple:

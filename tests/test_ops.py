@@ -222,7 +222,7 @@ def test_site_names_its_live_weights_only(seed):
     assert ops.bind(other, None, torch.bfloat16, "auto") != site
     assert ops.bind(qw, None, torch.float16, "auto") != site
     found = ops.bound(site)
-    assert found[0] is qw and found[1:] == (None, torch.bfloat16, "auto")
+    assert found[0] is qw and found[1:] == [None, torch.bfloat16, "auto"]
     del qw, found
     gc.collect()
     with pytest.raises(ValueError, match=r"site: '\d+:int4;1,-1;64x128\|None\|torch.bfloat16\|auto' names no live"):
