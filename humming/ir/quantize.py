@@ -278,15 +278,19 @@ def live_exponents(qw: QuantizedWeight, dead: int) -> torch.Tensor:
     """int32 ``[*E, N, G]``: the exponent ``e`` of each scale group's e8m0 scale ``2^e`` (groups of
     ``qw.group_size`` along K; the weight has e8m0 scales, one row of scales per row) where the group holds a
     nonzero code, ``dead`` where it does not (its scale multiplies only zeros, so it constrains no fold of the
-    scales into the codes)."""
+    scales into the codes). Unpacks one expert's codes at a time."""
     g, n, k = qw.group_size, qw.N, qw.K
     groups = qw.scales.shape[-1]
-    codes = unpacked_codes(qw)
     sign_magnitude = qw.format.kind == "float" and qw.format.signed  # -0 is a zero
-    magnitudes = codes & ((1 << (qw.bits - 1)) - 1) if sign_magnitude else codes
-    magnitudes = F.pad(magnitudes, (0, groups * g - k)).view(*magnitudes.shape[:-1], groups, g)
-    exps = qw.scales.view(torch.uint8).to(torch.int32) - 127
-    return torch.where(magnitudes.any(-1).bool(), exps, dead).view(*qw.shape[:-2], n, groups)
+    packed = qw.qweight.reshape(-1, *qw.qweight.shape[-2:])
+    exps = qw.scales.view(torch.uint8).reshape(-1, n, groups).to(torch.int32) - 127
+    for i in range(packed.shape[0]):
+        codes = unpack_codes(packed[i], qw.bits, k)
+        magnitudes = codes & ((1 << (qw.bits - 1)) - 1) if sign_magnitude else codes
+        if groups * g != k:
+            magnitudes = F.pad(magnitudes, (0, groups * g - k))
+        exps[i].masked_fill_(~magnitudes.view(n, groups, g).any(-1).bool(), dead)
+    return exps.view(*qw.shape[:-2], n, groups)
 
 
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
