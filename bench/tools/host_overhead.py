@@ -193,10 +193,14 @@ def _weights(n: int, k: int) -> dict:
     fp8_channel = QuantizedWeight((n, k), "e4m3", words(8), scales(n, 1), (1, -1))
     fp8_block = QuantizedWeight((n, k), "e4m3", words(8), scales(n // 128, k // 128), (128, 128))
     int8_channel = QuantizedWeight((n, k), "int8", words(8), scales(n, 1), (1, -1))
+    zeros = torch.randint(0, 16, (n, k // 128), dtype=torch.uint8)
+    uint4_zp = QuantizedWeight((n, k), "uint4", words(4), scales(n, k // 128, torch.float16), (1, 128), zeros=zeros)
     nvfp4 = quantize(torch.randn(n, k), "nvfp4")
     return {
         "W4A16 int4 g128": (int4, None),
         "MXFP4 x bf16": (mxfp4, None),
+        "W4A16 uint4 + zero points g128": (uint4_zp, None),
+        "W8A16 int8 channel": (int8_channel, None),
         "W8A8 fp8 channel, act fp8": (fp8_channel, "fp8"),
         "W8A8 fp8 block, act fp8_g128": (fp8_block, "fp8_g128"),
         "W4A8 int4 x fp8": (int4, "fp8"),
