@@ -22,8 +22,9 @@ tensor cores can take exactly. The IR is read as is (no repacking). One kernel, 
   a fold; e8m0 weight scales with a global scale are never folded. The activation's global scale multiplies
   the epilogue.
 
-The plan (:func:`compute_plan`) is numerics and depends only on the formats and the device's capability; tile
-sizes (:mod:`.scaled_mm_configs`) are tuning. Under the interpreter the plan is made for sm_90.
+The plan (:func:`compute_plan`) is numerics and depends on the formats and the device's capability (and, for
+MXFP4 weights under fp8 activations, on whether the weight's scales fold per row: :func:`row_tops`); tile sizes
+(:mod:`.scaled_mm_configs`) are tuning. Under the interpreter the plan is made for sm_90.
 
 This module holds the entry points, the support checks and the kernel object the dispatcher lists
 (:data:`KERNEL`, ``triton.scaled_mm``); the kernel lives in ``_scaled_mm_kernel``, the plan, the tile choice
