@@ -299,23 +299,26 @@ class PreparedActivate:
         self.key = (h.device, h.dtype, out_dtype, scales_dtype if scheme else out_dtype, torch.int32, *self.values)
         self.launches = bool(m and inter)
 
-    def empty(self) -> torch.Tensor | QuantizedActivation:
-        """A new output buffer of these calls (unwritten)."""
+    def _buffers(self) -> tuple:
+        """``(result, out, scales)``: a new output of these calls (unwritten), and the two buffers the kernel
+        writes (the scales as it writes them: float32, or the bytes of 8-bit scales; ``out`` itself, not read,
+        without quantization)."""
         if self.scheme is None:
-            return torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            return out, out, out
         out = torch.empty(self.shape, dtype=torch.uint8, device=self.device)
         scales_dtype = torch.float32 if self.fp32 else torch.uint8
         scales = torch.empty(self.shape[0], self.spans, dtype=scales_dtype, device=self.device)
-        return QuantizedActivation.from_kernel(
-            self.scheme, out, scales if self.fp32 else scales.view(self.scheme.scale_dtype)
-        )
+        typed = scales if self.fp32 else scales.view(self.scheme.scale_dtype)
+        return QuantizedActivation.from_kernel(self.scheme, out, typed), out, scales
+
+    def empty(self) -> torch.Tensor | QuantizedActivation:
+        """A new output buffer of these calls (unwritten)."""
+        return self._buffers()[0]
 
     def __call__(self, h: torch.Tensor, num_rows: torch.Tensor) -> torch.Tensor | QuantizedActivation:
-        result = self.empty()
+        result, out, scales = self._buffers()
         if self.launches:
-            out, scales = (result, result) if self.scheme is None else (result.codes, result.scales)
-            if not self.fp32:
-                scales = scales.view(torch.uint8)
             tensors = (h, out, scales, num_rows)
             key = self.key + tuple(t.data_ptr() % 16 for t in tensors)
             _launch(_ACT_LAUNCHES, self.grid, (*tensors, *self.values), self.num_warps, self.device, key)
